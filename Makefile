@@ -1,0 +1,35 @@
+# `make help` lists the targets. Everything runs from a virtualenv that `make venv` creates.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+NPROC  ?= 4
+
+.DEFAULT_GOAL := help
+.PHONY: help venv test test-unit run list clean
+
+help: ## show the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-12s %s\n", $$1, $$2}'
+
+venv: $(STAMP) ## create .venv and install the dependencies (torch 2.13.0)
+
+$(STAMP): requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet -r requirements.txt
+	touch $@
+
+test: venv ## run every test
+	$(PY) -m pytest -q
+
+test-unit: venv ## run the fast tests only (no processes started)
+	$(PY) -m pytest -q -m "not local"
+
+run: venv ## run every exercise on the local cluster (NPROC=4 ranks)
+	$(PY) -m lab run all --nproc $(NPROC)
+
+list: venv ## list the exercises
+	$(PY) -m lab list
+
+clean: ## remove the virtualenv and caches
+	rm -rf $(VENV) .pytest_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

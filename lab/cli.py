@@ -1,0 +1,178 @@
+"""``python -m lab``: the only module that prints to the user or exits."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import traceback
+from dataclasses import replace
+from pathlib import Path
+from typing import NoReturn, Sequence
+
+import yaml
+from rich.console import Console
+
+from . import suite
+from .errors import ExitCode, LabError, UsageError
+from .inventory import Inventory, load_inventory, local_inventory
+from .judge import exit_code, judge
+from .plan import BACKENDS, DEFAULT_TIMEOUT, INIT_METHODS, Options, Plan, Resources, build_plan, ports_needed
+from .ports import reserved_ports
+from .report import LineStreamer, print_report, to_json
+from .runner import run_plan
+
+DEBUG_LOG = Path(tempfile.gettempdir()) / "lab-debug.log"
+
+EXIT_CODES = """\
+exit codes:
+  0    every check passed
+  1    a check failed (a wrong result, or an exercise raised or crashed)
+  2    bad usage or bad input (command line, inventory)
+  3    a host could not be reached
+  4    a rank did not finish a step within --timeout and was stopped
+  5    the run itself broke (a rank could not start or died outside any exercise)
+  130  interrupted (Ctrl-C or SIGTERM); every rank was stopped"""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, exit 2, like every bad input
+        self.exit(ExitCode.BAD_INPUT, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m lab",
+        description="Run torch.distributed exercises on a cluster of hosts and check every result.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    commands.add_parser("list", help="list the exercises, one line each")
+
+    run = commands.add_parser(
+        "run", help="run exercises on the local cluster or the hosts of an inventory, and check them",
+        description="Run exercises (or 'all') and check every rank's result against an independent oracle.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("exercises", nargs="+", metavar="NAME", help="exercise names, or 'all' (see 'list')")
+    run.add_argument("--hosts", metavar="INVENTORY", help="an Ansible-style YAML inventory; "
+                     "without it: the local cluster, --nproc processes on this machine")
+    run.add_argument("--nproc", type=int, default=4, metavar="N", help="ranks of the local cluster (default 4)")
+    run.add_argument("--backend", choices=BACKENDS, help="default: nccl when every rank has its own GPU, else gloo")
+    run.add_argument("--init", choices=INIT_METHODS, default="env",
+                     help="how the ranks rendezvous for the shared process group (default env)")
+    run.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                     help=f"the longest any rank may spend on one step: start-up, rendezvous or one "
+                          f"exercise (default {DEFAULT_TIMEOUT:g})")
+    run.add_argument("--solution", metavar="FILE.py", help="run this file in place of the exercise's "
+                     "reference program (one exercise) and check it the same way")
+    run.add_argument("--json", action="store_true", help="print the results as JSON on stdout "
+                     "(rank output goes to stderr)")
+    run.add_argument("--dry-run", action="store_true", help="print the plan as YAML and exit")
+    run.add_argument("--keep", action="store_true", help="keep the run directory on every host")
+    run.add_argument("-v", "--verbose", action="store_true", help="log what the lab does")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if getattr(args, "verbose", False) else logging.WARNING,
+                        format="lab: %(message)s")
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        if args.command == "list":
+            return cmd_list()
+        return cmd_run(args)
+    except LabError as exc:
+        print(f"lab: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("lab: interrupted", file=sys.stderr)
+        return ExitCode.INTERRUPTED
+    except Exception as exc:  # a bug: one line here, the whole traceback in the debug log
+        DEBUG_LOG.write_text(traceback.format_exc())
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        print(f"lab: internal error: {type(exc).__name__}: {exc} "
+              f"({Path(frame.filename).name}:{frame.lineno}; full traceback in {DEBUG_LOG})", file=sys.stderr)
+        return ExitCode.RUN_ERROR
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def cmd_list() -> int:
+    width = max(map(len, suite.EXERCISES))
+    for exercise in suite.EXERCISES.values():
+        print(f"{exercise.name:{width}}  {exercise.summary}")
+    return ExitCode.OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    options = _options(args)
+    inventory = load_inventory(args.hosts) if args.hosts else _local_cluster(args.nproc)
+    token = secrets.token_hex(6)
+    run_dir = os.path.join(tempfile.gettempdir(), f"lab-run-{token}")
+    with reserved_ports(ports_needed(options)) as ports:
+        plan = build_plan(inventory, options, Resources(ports, token, run_dir))
+        if args.dry_run:
+            print(yaml.safe_dump(plan.to_dict(), sort_keys=False), end="")
+            return ExitCode.OK
+        return _run(plan, args)
+
+
+def _run(plan: Plan, args: argparse.Namespace) -> int:
+    console = Console(stderr=args.json, highlight=False)
+    outcome = run_plan(plan, on_line=LineStreamer(console), keep=args.keep)
+    reports = judge(outcome)
+    code = exit_code(outcome, reports)
+    if args.json:
+        print(json.dumps(to_json(outcome, reports, code), indent=2))
+    else:
+        print_report(console, outcome, reports)
+    return code
+
+
+def _options(args: argparse.Namespace) -> Options:
+    try:
+        exercises = tuple(suite.select(args.exercises))
+    except KeyError as exc:
+        raise UsageError(f"unknown exercise {exc.args[0]!r}; see 'python -m lab list'") from None
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
+    solution = None
+    if args.solution:
+        path = Path(args.solution)
+        if path.suffix != ".py" or not path.is_file():
+            raise UsageError(f"--solution {args.solution}: not a readable .py file")
+        solution = str(path.resolve())
+    return Options(exercises, args.backend, args.init, args.timeout, solution)
+
+
+def _local_cluster(nproc: int) -> Inventory:
+    if nproc < 1:
+        raise UsageError(f"--nproc must be at least 1, got {nproc}")
+    inventory = local_inventory(nproc)
+    gpus = local_gpu_count()
+    return Inventory(inventory.path, tuple(replace(h, gpus=gpus) for h in inventory.hosts))
+
+
+def local_gpu_count() -> int:
+    """GPUs torch can use here; asks torch only when nvidia-smi shows any (importing it is slow)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0
+    try:
+        listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    if "GPU" not in listed:
+        return 0
+    import torch
+
+    return int(torch.cuda.device_count())

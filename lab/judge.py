@@ -1,0 +1,90 @@
+"""Check: turn a run's raw outcome into one judged line per exercise, and an exit code."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .check import Mismatch, Verdict, World
+from .errors import ExitCode
+from .runner import ExerciseRun, RankState, RunOutcome
+from .suite import EXERCISES
+
+
+@dataclass(frozen=True)
+class ExerciseReport:
+    name: str
+    status: str  # "pass" | "fail" | "timeout" | "not run"
+    seconds: float | None
+    reason: str = ""
+    ranks: tuple[int, ...] = ()  # the ranks the failure is about
+    mismatches: tuple[Mismatch, ...] = ()
+    notes: tuple[str, ...] = ()
+    details: dict[int, str] = field(default_factory=dict)  # rank -> traceback, where useful
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "pass"
+
+
+def world_of(outcome: RunOutcome) -> World:
+    plan = outcome.plan
+    return World(plan.world_size, plan.backend, tuple(r.host for r in plan.ranks),
+                 tuple(r.local_rank for r in plan.ranks))
+
+
+def judge(outcome: RunOutcome) -> list[ExerciseReport]:
+    world = world_of(outcome)
+    return [_judge_one(outcome.exercises[name], outcome, world) for name in outcome.plan.exercise_names]
+
+
+def _judge_one(run: ExerciseRun, outcome: RunOutcome, world: World) -> ExerciseReport:
+    seconds = max(run.seconds.values()) if run.seconds else None
+    if run.errors:
+        rank, err = min(run.errors.items())
+        where = f" at {err['where']}" if err.get("where") else ""
+        more = f" (and {len(run.errors) - 1} more ranks)" if len(run.errors) > 1 else ""
+        return ExerciseReport(run.name, "fail", seconds, f"rank {rank} raised {err['error']}{where}{more}",
+                              tuple(sorted(run.errors)),
+                              details={r: e.get("traceback", "") for r, e in run.errors.items()})
+    if len(run.results) == world.world_size:
+        verdict: Verdict = EXERCISES[run.name].check(run.results, world)
+        return ExerciseReport(run.name, "pass" if verdict.passed else "fail", seconds, verdict.reason,
+                              verdict.failed_ranks, verdict.mismatches, verdict.notes)
+    return _unfinished(run, outcome, seconds)
+
+
+def _unfinished(run: ExerciseRun, outcome: RunOutcome, seconds: float | None) -> ExerciseReport:
+    """Some ranks never reported: say which, and why (hung, died, never started)."""
+    here = [s for s in outcome.ranks if s.step == run.name and s.spec.rank not in run.results]
+    hung = [s for s in here if s.spec.rank in outcome.hung]
+    if outcome.status == "timeout" and here:
+        stuck = hung or here
+        reason = "; ".join(_stuck(s, outcome.plan.timeout) for s in stuck)
+        return ExerciseReport(run.name, "timeout", seconds, reason, tuple(s.spec.rank for s in stuck))
+    died = [s for s in here if not s.done and s.exit_code not in (None, 0)]
+    if died:
+        reason = "; ".join(f"rank {s.spec.rank} ({s.spec.host}) exited with code {s.exit_code} "
+                           f"during {run.name}" for s in died)
+        return ExerciseReport(run.name, "fail", seconds, reason, tuple(s.spec.rank for s in died))
+    fatal = [s for s in outcome.ranks if s.fatal]
+    if fatal:
+        s = fatal[0]
+        return ExerciseReport(run.name, "not run", seconds, f"rank {s.spec.rank} ({s.spec.host}) could "
+                              f"not start: {s.fatal}", (s.spec.rank,))
+    return ExerciseReport(run.name, "not run", seconds, f"not run: the run ended ({outcome.status}) before it")
+
+
+def _stuck(state: RankState, timeout: float) -> str:
+    where = f" at {state.stopped_at}" if state.stopped_at else ""
+    return f"rank {state.spec.rank} ({state.spec.host}) stopped after {timeout:g}s in {state.step}{where}"
+
+
+def exit_code(outcome: RunOutcome, reports: list[ExerciseReport]) -> ExitCode:
+    if outcome.status == "interrupted":
+        return ExitCode.INTERRUPTED
+    if outcome.status == "timeout":
+        return ExitCode.TIMEOUT
+    if any(r.status == "fail" for r in reports):
+        return ExitCode.CHECK_FAILED
+    if outcome.status == "crashed" or any(not r.passed for r in reports):
+        return ExitCode.RUN_ERROR
+    return ExitCode.OK

@@ -1,0 +1,208 @@
+"""The plan: a pure function from (inventory, options, resources) to what every rank runs.
+
+Nothing here does I/O or imports torch: the CLI gathers the inputs (free ports, a run
+token, the local GPU count) and ``--dry-run`` prints the result as YAML.
+
+A plan is a list of ranks (host, rank, local rank, device, injected environment) and
+a list of stages. A stage is one rendezvous and the exercises that run under it, in
+one process per rank: every "shared" exercise reuses a single process group, so
+``run all`` pays process start-up, the torch import and the rendezvous once, while the
+init-* exercises each form (and destroy) their own group in the same processes.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+from .errors import UsageError
+from .inventory import Host, Inventory
+from .suite import Exercise
+
+BACKENDS = ("gloo", "nccl")
+INIT_METHODS = ("env", "tcp", "file")
+DEFAULT_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the user asked for on the command line."""
+
+    exercises: tuple[Exercise, ...]
+    backend: str | None = None  # None: nccl when every rank has its own GPU, else gloo
+    init: str = "env"
+    timeout: float = DEFAULT_TIMEOUT  # seconds any one step (start-up, rendezvous, an exercise) may take
+    solution: str | None = None  # a .py file run in place of the (single) exercise's program
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What the plan needs from the world: chosen by the caller, so the plan stays pure."""
+
+    ports: tuple[int, ...]  # free ports on rank 0's host, one per port-based rendezvous
+    token: str  # unique per run: tags result lines, names the run directory
+    run_dir: str  # per-run scratch directory (file:// rendezvous files live here)
+
+
+@dataclass(frozen=True)
+class Stage:
+    rendezvous: str  # "none" | "shared" | "env" | "tcp" | "file" (see lab.suite)
+    init: str  # "none" | "env" | "tcp" | "file": the method this stage's group uses
+    init_method: str | None  # the init_method string, e.g. "tcp://10.0.0.1:29500"
+    addr: str | None
+    port: int | None
+    path: str | None
+    exercises: tuple[dict[str, str], ...]  # ({"name": ..., "program": ...}, ...)
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    rank: int
+    local_rank: int
+    host: str
+    device: str
+    env: dict[str, str] = field(hash=False)  # the rendezvous settings injected into this rank
+
+
+@dataclass(frozen=True)
+class Plan:
+    world_size: int
+    backend: str
+    init: str
+    master_addr: str
+    master_port: int | None
+    timeout: float
+    token: str
+    run_dir: str
+    hosts: tuple[Host, ...]
+    ranks: tuple[RankSpec, ...]
+    stages: tuple[Stage, ...]
+
+    @property
+    def exercise_names(self) -> tuple[str, ...]:
+        return tuple(e["name"] for s in self.stages for e in s.exercises)
+
+    def host(self, name: str) -> Host:
+        return next(h for h in self.hosts if h.name == name)
+
+    def rank_plan(self, rank: RankSpec) -> dict[str, Any]:
+        """The instructions one worker reads from LAB_RANK_PLAN."""
+        return {"token": self.token, "backend": self.backend, "device": rank.device,
+                "timeout": self.timeout, "stages": [asdict(s) for s in self.stages]}
+
+    def worker_env(self, rank: RankSpec) -> dict[str, str]:
+        """Everything a worker process gets in its environment."""
+        return {**rank.env, "LAB_RANK_PLAN": json.dumps(self.rank_plan(rank)),
+                "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for ``--dry-run`` (YAML) and ``--json``."""
+        return {
+            "world_size": self.world_size, "backend": self.backend, "init": self.init,
+            "master_addr": self.master_addr, "master_port": self.master_port,
+            "timeout": self.timeout, "run_dir": self.run_dir,
+            "hosts": [{"name": h.name, "address": h.address, "connection": h.connection,
+                       "slots": h.slots, "gpus": h.gpus} for h in self.hosts],
+            "ranks": [{"rank": r.rank, "local_rank": r.local_rank, "host": r.host,
+                       "device": r.device, "env": dict(r.env)} for r in self.ranks],
+            "stages": [{"rendezvous": s.rendezvous, "init_method": s.init_method,
+                        "exercises": [e["name"] for e in s.exercises]} for s in self.stages],
+        }
+
+
+def default_backend(hosts: Sequence[Host]) -> str:
+    """nccl only when every rank has its own GPU, else gloo."""
+    return "nccl" if all(h.gpus >= h.slots for h in hosts) else "gloo"
+
+
+def data_address(host: Host) -> str:
+    """The address peers use to reach ``host``; local hosts are on loopback."""
+    if host.is_local:
+        return "127.0.0.1"
+    return host.data_address or host.address
+
+
+def ports_needed(options: Options) -> int:
+    """How many ports the plan will take from ``Resources.ports``."""
+    return sum(1 for kind, _ in _group_by_stage(options) if kind in ("env", "tcp"))
+
+
+def build_plan(inventory: Inventory, options: Options, resources: Resources) -> Plan:
+    """Lay the ranks out over the hosts and the exercises over rendezvous stages."""
+    hosts = inventory.hosts
+    if not hosts:
+        raise UsageError(f"{inventory.path}: no hosts")
+    if options.init not in INIT_METHODS:
+        raise UsageError(f"--init must be one of {', '.join(INIT_METHODS)}, got {options.init!r}")
+    backend = options.backend or default_backend(hosts)
+    if backend not in BACKENDS:
+        raise UsageError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "nccl":
+        for h in hosts:
+            if h.gpus < h.slots:
+                raise UsageError(f"host {h.name}: nccl needs one GPU per rank, but it has "
+                                 f"{h.gpus} GPU(s) for {h.slots} slot(s); use --backend gloo")
+    if options.solution and len(options.exercises) != 1:
+        raise UsageError("--solution replaces one exercise's program: name exactly one exercise")
+    if not options.exercises:
+        raise UsageError("no exercise to run")
+
+    master = data_address(hosts[0])
+    ports = iter(resources.ports)
+    stages = tuple(_stage(kind, exs, master, ports, resources.run_dir, options)
+                   for kind, exs in _group_by_stage(options))
+    master_port = next((s.port for s in stages if s.port is not None), None)
+
+    ranks: list[RankSpec] = []
+    for host in hosts:
+        for local_rank in range(host.slots):
+            rank = len(ranks)
+            env = {"MASTER_ADDR": master, "RANK": str(rank), "WORLD_SIZE": str(inventory.world_size),
+                   "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(host.slots)}
+            if master_port is not None:
+                env["MASTER_PORT"] = str(master_port)
+            if host.network_interface:
+                env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = host.network_interface
+            device = f"cuda:{local_rank}" if backend == "nccl" else "cpu"
+            ranks.append(RankSpec(rank, local_rank, host.name, device, env))
+
+    return Plan(world_size=inventory.world_size, backend=backend, init=options.init,
+                master_addr=master, master_port=master_port, timeout=options.timeout,
+                token=resources.token, run_dir=resources.run_dir, hosts=hosts,
+                ranks=tuple(ranks), stages=stages)
+
+
+def _group_by_stage(options: Options) -> list[tuple[str, list[Exercise]]]:
+    """Stages in a fixed order: no-group first (it may fork), then the shared group,
+    then each exercise that forms its own group."""
+    none = [e for e in options.exercises if e.rendezvous == "none"]
+    shared = [e for e in options.exercises if e.rendezvous == "shared"]
+    own = [e for e in options.exercises if e.rendezvous in INIT_METHODS]
+    groups: list[tuple[str, list[Exercise]]] = []
+    if none:
+        groups.append(("none", none))
+    if shared:
+        groups.append((options.init, shared))  # the shared group uses --init
+    groups.extend((e.rendezvous, [e]) for e in own)
+    return groups
+
+
+def _stage(kind: str, exercises: list[Exercise], master: str, ports: Any, run_dir: str,
+           options: Options) -> Stage:
+    shared = exercises[0].rendezvous == "shared"
+    refs = tuple({"name": e.name, "program": options.solution or e.program} for e in exercises)
+    if kind == "none":
+        return Stage("none", "none", None, None, None, None, refs)
+    rendezvous = "shared" if shared else kind
+    if kind == "file":
+        path = f"{run_dir}/rendezvous-{'shared' if shared else exercises[0].name}"
+        return Stage(rendezvous, "file", f"file://{path}", None, None, path, refs)
+    port = next(ports, None)
+    if port is None:
+        raise ValueError("Resources.ports holds fewer ports than ports_needed(options)")
+    init_method = "env://" if kind == "env" else f"tcp://{_bracket(master)}:{port}"
+    return Stage(rendezvous, kind, init_method, master, port, None, refs)
+
+
+def _bracket(addr: str) -> str:
+    return f"[{addr}]" if ":" in addr else addr

@@ -1,0 +1,251 @@
+"""Run a plan: start every rank through its host's transport, stream, collect, stop.
+
+The runner never prints: each output line goes to an ``on_line`` callback and the
+outcome comes back as data. It guarantees that when :func:`run_plan` returns or
+raises (a failure, a timeout, Ctrl-C), no rank process is left on any host.
+
+A watchdog gives every step a rank takes (start-up, rendezvous, one exercise) at most
+``plan.timeout`` seconds. A rank past it is hung: the runner asks every live rank for
+its Python stacks (SIGUSR1, see lab.worker), notes where each one stopped, and kills
+them all.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import re
+import signal
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Callable
+
+from .errors import RunError
+from .plan import Plan, RankSpec
+from .transport import RankProcess, Transport, transport_for
+from .transport.local import PACKAGE_ROOT
+from .worker import MARK
+
+log = logging.getLogger(__name__)
+
+TAIL_LINES = 200
+DUMP_WAIT = 1.5  # seconds to wait for stack dumps after SIGUSR1
+CRASH_GRACE = 5.0  # seconds peers get to report after a rank died
+
+
+@dataclass
+class RankState:
+    """What the controller knows about one rank while and after it runs."""
+
+    spec: RankSpec
+    process: RankProcess | None = None
+    step: str = "startup"
+    step_started: float = field(default_factory=time.monotonic)
+    done: bool = False  # the worker said it finished
+    exit_code: int | None = None
+    fatal: str | None = None  # start-up or rendezvous failed outside any exercise
+    info: dict[str, Any] = field(default_factory=dict)  # hostname, pid, torch version
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    dump: list[str] = field(default_factory=list)  # stack dump after SIGUSR1
+    stopped_at: str | None = None  # where a hung rank was stopped
+    open_streams: int = 2
+
+    @property
+    def label(self) -> str:
+        return f"{self.spec.host} r{self.spec.rank}"
+
+    @property
+    def finished(self) -> bool:
+        return self.open_streams == 0 and self.exit_code is not None
+
+
+@dataclass
+class ExerciseRun:
+    """Every rank's report for one exercise."""
+
+    name: str
+    results: dict[int, Any] = field(default_factory=dict)
+    errors: dict[int, dict[str, str]] = field(default_factory=dict)
+    seconds: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass
+class RunOutcome:
+    plan: Plan
+    ranks: list[RankState]
+    exercises: dict[str, ExerciseRun]
+    status: str  # "completed" | "timeout" | "interrupted" | "crashed"
+    seconds: float
+    hung: list[int] = field(default_factory=list)  # ranks found past the timeout
+
+
+OnLine = Callable[[RankState, str, str], None]  # (rank, "out" | "err", line)
+
+
+def run_plan(plan: Plan, on_line: OnLine = lambda *_: None, keep: bool = False) -> RunOutcome:
+    """Run ``plan`` to the end, a timeout or an interrupt; leave nothing running."""
+    transports: dict[str, Transport] = {h.name: transport_for(h) for h in plan.hosts}
+    states = [RankState(spec) for spec in plan.ranks]
+    runs = {name: ExerciseRun(name) for name in plan.exercise_names}
+    events: queue.Queue[tuple[int, str, str | None]] = queue.Queue()
+    started = time.monotonic()
+    status = "completed"
+    hung: list[int] = []
+    try:
+        for t in transports.values():
+            t.prepare(plan.run_dir)
+        for i, state in enumerate(states):
+            state.process = _start(plan, state, transports[state.spec.host])
+            state.step_started = time.monotonic()
+            for stream_name, stream in (("out", state.process.stdout), ("err", state.process.stderr)):
+                threading.Thread(target=_pump, args=(stream, i, stream_name, events),
+                                 name=f"lab-read-{i}-{stream_name}", daemon=True).start()
+        status, hung = _watch(plan, states, runs, events, on_line)
+    except KeyboardInterrupt:
+        status = "interrupted"
+    finally:
+        _stop_all(states)
+        for t in transports.values():
+            try:
+                t.cleanup(plan.run_dir, keep)
+            finally:
+                t.close()
+    return RunOutcome(plan, states, runs, status, time.monotonic() - started, hung)
+
+
+def _start(plan: Plan, state: RankState, transport: Transport) -> RankProcess:
+    try:
+        return transport.start(transport.python_argv(), plan.worker_env(state.spec), plan.run_dir)
+    except OSError as exc:
+        raise RunError(f"host {state.spec.host}: cannot start rank {state.spec.rank}: {exc}") from exc
+
+
+def _pump(stream: IO[bytes], index: int, name: str, events: queue.Queue[tuple[int, str, str | None]]) -> None:
+    """Forward a stream's lines to the event queue; ``None`` marks its end."""
+    try:
+        for raw in iter(stream.readline, b""):
+            events.put((index, name, raw.decode("utf-8", "replace").rstrip("\r\n")))
+    except (OSError, ValueError):
+        pass
+    finally:
+        events.put((index, name, None))
+
+
+def _watch(plan: Plan, states: list[RankState], runs: dict[str, ExerciseRun],
+           events: queue.Queue[tuple[int, str, str | None]], on_line: OnLine) -> tuple[str, list[int]]:
+    """Consume events until every rank has finished, one hangs, or one dies."""
+    prefix = f"{MARK}{plan.token} "
+    crashed_at: float | None = None
+    while not all(s.finished for s in states):
+        try:
+            index, stream, line = events.get(timeout=0.2)
+        except queue.Empty:
+            pass
+        else:
+            state = states[index]
+            if line is None:
+                state.open_streams -= 1
+            elif stream == "out" and line.startswith(prefix):
+                _handle_event(state, runs, line[len(prefix):])
+            else:
+                state.tail.append(line)
+                on_line(state, stream, line)
+        now = time.monotonic()
+        for state in states:
+            if state.exit_code is None and state.process is not None:
+                state.exit_code = state.process.poll()
+                if state.exit_code is not None:
+                    state.step_started = now
+                    if not state.done and crashed_at is None:
+                        crashed_at = now
+        if crashed_at is not None and now - crashed_at > CRASH_GRACE:
+            return "crashed", []
+        late = [s.spec.rank for s in states if s.exit_code is None and now - s.step_started > plan.timeout]
+        if late:
+            _locate_hangs(plan, states, events)
+            return "timeout", late
+    return ("completed" if all(s.done for s in states) else "crashed"), []
+
+
+def _handle_event(state: RankState, runs: dict[str, ExerciseRun], payload: str) -> None:
+    try:
+        event = json.loads(payload)
+    except json.JSONDecodeError:
+        log.debug("rank %s: unreadable event %r", state.spec.rank, payload)
+        return
+    kind, rank = event.get("event"), state.spec.rank
+    if kind == "step":
+        state.step, state.step_started = event["step"], time.monotonic()
+    elif kind == "hello":
+        state.info = event
+    elif kind == "result":
+        run = runs[event["exercise"]]
+        run.results[rank] = event.get("value")
+        run.seconds[rank] = float(event.get("seconds", 0.0))
+    elif kind == "error":
+        runs[event["exercise"]].errors[rank] = {k: str(event.get(k, "")) for k in ("error", "where", "traceback")}
+    elif kind == "fatal":
+        state.fatal = event.get("error", "")
+    elif kind == "done":
+        state.done = True
+
+
+def _locate_hangs(plan: Plan, states: list[RankState], events: queue.Queue[tuple[int, str, str | None]]) -> None:
+    """Ask every live rank for its stacks and note where each one stopped."""
+    alive = [s for s in states if s.exit_code is None and s.process is not None]
+    for s in alive:
+        s.process.signal(signal.SIGUSR1)  # type: ignore[union-attr]
+    deadline = time.monotonic() + DUMP_WAIT
+    while time.monotonic() < deadline:
+        try:
+            index, stream, line = events.get(timeout=0.1)
+        except queue.Empty:
+            continue
+        if line is not None and stream == "err":
+            states[index].dump.append(line)
+    programs = _program_files(plan)
+    for s in alive:
+        s.stopped_at = where_stopped(s.dump, programs)
+
+
+_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+def where_stopped(dump: list[str], programs: dict[str, Path]) -> str | None:
+    """The innermost frame of a faulthandler dump inside an exercise program, as
+    ``file.py:LINE in FUNC: source``; else the innermost frame that is not the
+    lab's own watcher thread."""
+    frames = [m for m in map(_FRAME.match, dump) if m]
+    if not frames:
+        return None
+    mine = [m for m in frames if Path(m["path"]).name in programs]
+    frame = (mine or [m for m in frames if not m["path"].endswith("lab/worker.py")] or frames)[0]
+    name, line = Path(frame["path"]).name, int(frame["line"])
+    source = ""
+    local = programs.get(name)
+    if local is not None and local.exists():
+        lines = local.read_text(encoding="utf-8", errors="replace").splitlines()
+        source = lines[line - 1].strip() if 0 < line <= len(lines) else ""
+    return f"{name}:{line} in {frame['func']}" + (f": {source}" if source else "")
+
+
+def _program_files(plan: Plan) -> dict[str, Path]:
+    """File name -> local path of every program the plan runs."""
+    files: dict[str, Path] = {}
+    for stage in plan.stages:
+        for exercise in stage.exercises:
+            program = exercise["program"]
+            path = Path(program) if program.endswith(".py") else Path(PACKAGE_ROOT, *program.split(".")).with_suffix(".py")
+            files[path.name] = path
+    return files
+
+
+def _stop_all(states: list[RankState]) -> None:
+    for s in states:
+        if s.process is not None:
+            s.process.kill()
+            if s.exit_code is None:
+                s.exit_code = s.process.poll()

@@ -1,0 +1,85 @@
+"""The exercise suite: a plain registry from name to exercise.
+
+Each exercise pairs a rank program (``lab/exercises/<module>.py``, what a student
+reads and may replace with ``--solution``) with a checker
+(``lab/checks/<module>.py``, a pure-Python oracle that never imports torch).
+
+``rendezvous`` says who forms the process group:
+
+* ``"none"``: the program needs no process group (it may start processes itself);
+* ``"shared"``: the lab forms one default group (``--init``) that every shared
+  exercise of the run reuses, so ``run all`` pays start-up and rendezvous once;
+* ``"env"``, ``"tcp"``, ``"file"``: the program forms its own group with that
+  init method, from the settings the lab injects, and destroys it again.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .check import Verdict, World
+from .checks import basics, collectives, p2p
+
+Checker = Callable[[dict[int, dict], World], Verdict]
+
+RENDEZVOUS = ("none", "shared", "env", "tcp", "file")
+
+
+@dataclass(frozen=True)
+class Exercise:
+    name: str
+    summary: str
+    program: str  # dotted module of the reference rank program; it defines run(...)
+    check: Checker
+    rendezvous: str = "shared"
+
+
+def _exercises() -> dict[str, Exercise]:
+    items = [
+        Exercise("processes", "torch.multiprocessing: Process + join, then mp.spawn; each child reports once",
+                 "lab.exercises.processes", basics.check_processes, "none"),
+        Exercise("groups", "init_process_group, get_rank/get_world_size, new_group of a subset",
+                 "lab.exercises.groups", basics.check_groups),
+        Exercise("init-env", "init_method='env://': MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE",
+                 "lab.exercises.init_env", basics.check_init, "env"),
+        Exercise("init-tcp", "init_method='tcp://ADDR:PORT' with explicit rank and world_size",
+                 "lab.exercises.init_tcp", basics.check_init, "tcp"),
+        Exercise("init-file", "init_method='file:///PATH' on a path every rank shares",
+                 "lab.exercises.init_file", basics.check_init, "file"),
+        Exercise("p2p", "blocking send/recv: 0 -> 1, then a pass around the ring",
+                 "lab.exercises.p2p", p2p.check_p2p),
+        Exercise("p2p-async", "non-blocking isend/irecv and wait()",
+                 "lab.exercises.p2p_async", p2p.check_p2p_async),
+        Exercise("broadcast", "broadcast from rank 0 (and from the last rank)",
+                 "lab.exercises.broadcast", collectives.check_broadcast),
+        Exercise("reduce", "reduce to rank 0 with SUM, PRODUCT, MAX, MIN",
+                 "lab.exercises.reduce", collectives.check_reduce),
+        Exercise("all-reduce", "all_reduce with SUM, PRODUCT, MAX, MIN",
+                 "lab.exercises.all_reduce", collectives.check_all_reduce),
+        Exercise("scatter", "scatter a list of tensors from rank 0",
+                 "lab.exercises.scatter", collectives.check_scatter),
+        Exercise("gather", "gather every rank's tensor on rank 0",
+                 "lab.exercises.gather", collectives.check_gather),
+        Exercise("all-gather", "all_gather every rank's tensor on every rank",
+                 "lab.exercises.all_gather", collectives.check_all_gather),
+        Exercise("reduce-scatter", "reduce_scatter of [1,10,100,1000]*rank (the tutorial's example)",
+                 "lab.exercises.reduce_scatter", collectives.check_reduce_scatter),
+        Exercise("barrier", "barrier: no rank leaves before the last one arrives",
+                 "lab.exercises.barrier", collectives.check_barrier),
+    ]
+    return {e.name: e for e in items}
+
+
+EXERCISES: dict[str, Exercise] = _exercises()
+
+
+def select(names: list[str]) -> list[Exercise]:
+    """The exercises named (``all`` for every one), in suite order, each once.
+
+    Raises KeyError with the first unknown name.
+    """
+    wanted = set(EXERCISES) if "all" in names else set(names)
+    unknown = [n for n in names if n != "all" and n not in EXERCISES]
+    if unknown:
+        raise KeyError(unknown[0])
+    return [e for e in EXERCISES.values() if e.name in wanted]

@@ -1,0 +1,221 @@
+"""The rank side: one process per rank, started by the lab with its settings injected.
+
+Run as ``python -m lab.worker``. It needs only the standard library, torch and the
+exercise programs, because it runs on every host (uploaded there by the lab).
+
+Its instructions come in the environment, as a launcher would give them:
+RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, and
+``LAB_RANK_PLAN``: JSON with the backend, the device, a timeout and the stages.
+A stage is one rendezvous (or none) and the exercises that run under it, so
+exercises that can share a process group share one.
+
+It reports on stdout in lines ``<MARK><token> <json>`` (see :func:`emit`), which the
+controller tells apart from everything a program prints. Events:
+``step`` (the rank begins something: ``init:env``, an exercise),
+``result`` (an exercise's returned dict), ``error`` (an exercise raised), ``done``.
+
+The worker stops itself when its standard input closes (the controller is gone)
+and dumps every thread's stack on SIGUSR1, so a hang can be located.
+"""
+from __future__ import annotations
+
+import datetime
+import faulthandler
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from types import ModuleType
+from typing import Any, Callable
+
+MARK = "\x1flab:"
+PLAN_VAR = "LAB_RANK_PLAN"
+
+
+def emit(token: str, event: str, **fields: Any) -> None:
+    """Write one event line; tensors become lists."""
+    line = json.dumps({"event": event, **fields}, default=_jsonable)
+    sys.stdout.write(f"{MARK}{token} {line}\n")
+    sys.stdout.flush()
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    return repr(value)
+
+
+def _stop_when_orphaned() -> None:
+    """End this rank's whole process group once the controller closes our stdin."""
+
+    def watch() -> None:
+        try:
+            while os.read(0, 4096):  # unbuffered: no lock held at interpreter shutdown
+                pass
+        except OSError:
+            pass
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="lab-stdin-watch", daemon=True).start()
+
+
+def load_program(program: str) -> ModuleType:
+    """A program is a dotted module name or the path of a ``.py`` file (a solution)."""
+    if program.endswith(".py"):
+        spec = importlib.util.spec_from_file_location("lab_solution", program)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {program}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["lab_solution"] = module  # mp.spawn children pickle functions by module
+        spec.loader.exec_module(module)
+        return module
+    return importlib.import_module(program)
+
+
+def call_with_context(fn: Callable[..., Any], context: dict[str, Any]) -> Any:
+    """Call ``fn`` with the context values its signature names (rank, size, device, ...)."""
+    params = inspect.signature(fn).parameters
+    return fn(**{name: context[name] for name in params if name in context})
+
+
+class Rank:
+    def __init__(self, plan: dict[str, Any]) -> None:
+        import torch
+
+        self.plan = plan
+        self.token: str = plan["token"]
+        self.rank = int(os.environ["RANK"])
+        self.size = int(os.environ["WORLD_SIZE"])
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.backend: str = plan["backend"]
+        self.timeout = datetime.timedelta(seconds=float(plan["timeout"]))
+        self.device = torch.device(plan["device"])
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+
+    def emit(self, event: str, **fields: Any) -> None:
+        emit(self.token, event, rank=self.rank, **fields)
+
+    def run(self) -> int:
+        import torch
+
+        self.emit("hello", pid=os.getpid(), hostname=socket.gethostname(),
+                  python=sys.version.split()[0], torch=torch.__version__)
+        failures = 0
+        for stage in self.plan["stages"]:
+            failures += self.run_stage(stage)
+        self.emit("done", failures=failures)
+        return 0
+
+    def context(self, init_method: str | None) -> dict[str, Any]:
+        return {"rank": self.rank, "size": self.size, "world_size": self.size,
+                "local_rank": self.local_rank, "device": self.device,
+                "backend": self.backend, "init_method": init_method}
+
+    def run_stage(self, stage: dict[str, Any]) -> int:
+        """Form the stage's rendezvous (if the lab owns it), run its exercises, tear down."""
+        import torch.distributed as dist
+
+        init_method = stage.get("init_method")
+        shared = stage["rendezvous"] == "shared"
+        try:
+            if stage["init"] == "env":
+                os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = stage["addr"], str(stage["port"])
+            if stage["init"] == "file":
+                ensure_shared_path(stage["path"], self.rank, self.size, self.timeout.total_seconds())
+            if shared:
+                self.emit("step", step=f"init:{stage['init']}")
+                dist.init_process_group(self.backend, init_method=init_method, rank=self.rank,
+                                        world_size=self.size, timeout=self.timeout)
+        except Exception as exc:  # the stage's exercises cannot run: each one failed for this reason
+            for exercise in stage["exercises"]:
+                self.emit("error", exercise=exercise["name"], error=f"{type(exc).__name__}: {exc}",
+                          where=f"rendezvous {init_method}", traceback=traceback.format_exc())
+            return len(stage["exercises"])
+        failures = 0
+        try:
+            for exercise in stage["exercises"]:
+                failures += not self.run_exercise(exercise, init_method)
+                if shared:
+                    dist.barrier()  # keep one exercise's messages out of the next
+        finally:
+            if shared and dist.is_initialized():
+                dist.destroy_process_group()
+        return failures
+
+    def run_exercise(self, exercise: dict[str, str], init_method: str | None) -> bool:
+        name = exercise["name"]
+        self.emit("step", step=name)
+        started = time.monotonic()
+        try:
+            program = load_program(exercise["program"])
+            value = call_with_context(program.run, self.context(init_method))
+        except Exception as exc:  # an exercise's failure is a result, not the worker's end
+            self.emit("error", exercise=name, error=f"{type(exc).__name__}: {exc}",
+                      where=_where(exc, exercise["program"]), traceback=traceback.format_exc())
+            return False
+        self.emit("result", exercise=name, value=value, seconds=time.monotonic() - started)
+        return True
+
+
+class SharedPathError(RuntimeError):
+    pass
+
+
+def ensure_shared_path(path: str, rank: int, size: int, timeout: float) -> None:
+    """Prove that every rank sees the same directory before a ``file://`` rendezvous.
+
+    Each rank drops a marker beside the rendezvous file and waits for all the others'.
+    A rank that never sees them all is not on a shared filesystem, and FileStore
+    would wait forever: say so instead.
+    """
+    markers = f"{path}.ranks"
+    os.makedirs(markers, exist_ok=True)
+    with open(os.path.join(markers, str(rank)), "w") as f:
+        f.write(socket.gethostname())
+    deadline = time.monotonic() + min(timeout, 15.0)
+    while True:
+        seen = sorted(int(n) for n in os.listdir(markers) if n.isdigit())
+        if len(seen) >= size:
+            return
+        if time.monotonic() > deadline:
+            raise SharedPathError(
+                f"{path} is not shared: rank {rank} on {socket.gethostname()} sees markers of "
+                f"ranks {seen} only; file:// needs a directory every rank reaches (e.g. NFS)")
+        time.sleep(0.05)
+
+
+def _where(exc: BaseException, program: str) -> str:
+    """``file:line: source`` of the deepest frame inside the exercise program."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    name = program.replace(".", "/") + ".py" if not program.endswith(".py") else program
+    mine = [f for f in frames if f.filename.endswith(name)] or frames[-1:]
+    if not mine:
+        return ""
+    f = mine[-1]
+    return f"{os.path.basename(f.filename)}:{f.lineno}: {(f.line or '').strip()}"
+
+
+def main() -> int:
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    _stop_when_orphaned()
+    plan = json.loads(os.environ[PLAN_VAR])
+    try:
+        return Rank(plan).run()
+    except Exception as exc:  # start-up failed outside any exercise: report it, don't just die
+        emit(plan["token"], "fatal", rank=int(os.environ.get("RANK", -1)),
+             error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+    return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

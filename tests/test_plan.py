@@ -1,0 +1,121 @@
+"""The plan is pure data: checked here without torch, processes or a network."""
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+import yaml
+
+from lab import suite
+from lab.errors import UsageError
+from lab.inventory import Host, Inventory, local_inventory
+from lab.plan import Options, Resources, build_plan, default_backend, ports_needed
+from lab.ports import reserved_ports
+
+RES = Resources(ports=(29501, 29502, 29503), token="t0k3n", run_dir="/tmp/lab-run-t0k3n")
+
+
+def opts(*names: str, **kw: object) -> Options:
+    return Options(tuple(suite.select(list(names) or ["all"])), **kw)  # type: ignore[arg-type]
+
+
+def inv(*hosts: Host) -> Inventory:
+    return Inventory("inventory.yaml", hosts)
+
+
+def test_local_cluster_lays_out_ranks_on_loopback() -> None:
+    plan = build_plan(local_inventory(4), opts("p2p"), RES)
+    assert plan.world_size == 4 and plan.backend == "gloo"
+    assert [(r.rank, r.local_rank, r.device) for r in plan.ranks] == [(i, i, "cpu") for i in range(4)]
+    env = plan.ranks[2].env
+    assert env == {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29501", "RANK": "2", "WORLD_SIZE": "4",
+                   "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4"}
+
+
+def test_slots_over_hosts_give_local_ranks_per_host() -> None:
+    a = Host("a", "10.0.0.1", slots=2, data_address="192.168.0.1", network_interface="eth1")
+    b = Host("b", "10.0.0.2", slots=2)
+    plan = build_plan(inv(a, b), opts("p2p"), RES)
+    assert [(r.host, r.rank, r.local_rank) for r in plan.ranks] == [
+        ("a", 0, 0), ("a", 1, 1), ("b", 2, 0), ("b", 3, 1)]
+    assert all(r.env["LOCAL_WORLD_SIZE"] == "2" for r in plan.ranks)
+    # MASTER_ADDR is rank 0's data-plane address, not the address SSH uses.
+    assert plan.master_addr == "192.168.0.1"
+    assert plan.ranks[0].env["GLOO_SOCKET_IFNAME"] == "eth1" == plan.ranks[0].env["NCCL_SOCKET_IFNAME"]
+    assert "GLOO_SOCKET_IFNAME" not in plan.ranks[2].env
+
+
+def test_backend_defaults_to_nccl_only_when_every_rank_has_a_gpu() -> None:
+    assert default_backend([Host("a", "x", slots=2, gpus=2)]) == "nccl"
+    assert default_backend([Host("a", "x", slots=2, gpus=2), Host("b", "y", slots=2, gpus=1)]) == "gloo"
+    plan = build_plan(inv(Host("a", "x", slots=2, gpus=2)), opts("p2p"), RES)
+    assert plan.backend == "nccl" and [r.device for r in plan.ranks] == ["cuda:0", "cuda:1"]
+
+
+def test_nccl_with_too_few_gpus_names_the_host() -> None:
+    with pytest.raises(UsageError, match="host b: nccl needs one GPU per rank"):
+        build_plan(inv(Host("a", "x", gpus=1), Host("b", "y", slots=2, gpus=1)), opts("p2p", backend="nccl"), RES)
+
+
+def test_run_all_shares_one_group_and_gives_each_init_exercise_its_own() -> None:
+    options = opts("all")
+    assert ports_needed(options) == 3  # shared env group, init-env, init-tcp
+    plan = build_plan(local_inventory(2), options, RES)
+    kinds = [(s.rendezvous, s.init_method) for s in plan.stages]
+    assert kinds == [("none", None), ("shared", "env://"), ("env", "env://"),
+                     ("tcp", "tcp://127.0.0.1:29503"), ("file", "file:///tmp/lab-run-t0k3n/rendezvous-init-file")]
+    assert [s.port for s in plan.stages] == [None, 29501, 29502, 29503, None]
+    shared = plan.stages[1].exercises
+    assert [e["name"] for e in shared][:3] == ["groups", "p2p", "p2p-async"]
+    assert len(shared) == len(suite.EXERCISES) - 4
+    assert set(plan.exercise_names) == set(suite.EXERCISES)
+
+
+@pytest.mark.parametrize("init, method", [
+    ("tcp", "tcp://127.0.0.1:29501"), ("file", "file:///tmp/lab-run-t0k3n/rendezvous-shared")])
+def test_init_option_chooses_the_shared_groups_method(init: str, method: str) -> None:
+    options = opts("p2p", "broadcast", init=init)
+    assert ports_needed(options) == (1 if init == "tcp" else 0)
+    plan = build_plan(local_inventory(3), options, RES)
+    assert [(s.rendezvous, s.init_method) for s in plan.stages] == [("shared", method)]
+
+
+def test_ipv6_master_is_bracketed_in_tcp_urls() -> None:
+    plan = build_plan(inv(Host("a", "fd00::1")), opts("p2p", init="tcp"), RES)
+    assert plan.stages[0].init_method == "tcp://[fd00::1]:29501"
+
+
+def test_solution_replaces_the_program_and_needs_one_exercise() -> None:
+    plan = build_plan(local_inventory(2), opts("p2p", solution="/home/s/mine.py"), RES)
+    assert plan.stages[0].exercises == ({"name": "p2p", "program": "/home/s/mine.py"},)
+    with pytest.raises(UsageError, match="exactly one exercise"):
+        build_plan(local_inventory(2), opts("p2p", "broadcast", solution="/x.py"), RES)
+
+
+def test_worker_env_carries_the_rank_plan_and_dry_run_data_is_plain_yaml() -> None:
+    plan = build_plan(local_inventory(2), opts("all"), RES)
+    env = plan.worker_env(plan.ranks[1])
+    rank_plan = json.loads(env["LAB_RANK_PLAN"])
+    assert rank_plan["token"] == "t0k3n" and rank_plan["device"] == "cpu"
+    assert [s["rendezvous"] for s in rank_plan["stages"]] == ["none", "shared", "env", "tcp", "file"]
+    assert env["RANK"] == "1" and env["PYTHONUNBUFFERED"] == "1"
+    data = yaml.safe_load(yaml.safe_dump(plan.to_dict()))
+    assert data["world_size"] == 2 and data["ranks"][1]["env"]["RANK"] == "1"
+    assert "LAB_RANK_PLAN" not in data["ranks"][1]["env"]
+
+
+def test_select_keeps_suite_order_and_rejects_unknown_names() -> None:
+    assert [e.name for e in suite.select(["barrier", "p2p", "p2p"])] == ["p2p", "barrier"]
+    with pytest.raises(KeyError):
+        suite.select(["p2p", "nope"])
+
+
+def test_reserved_ports_are_free_distinct_and_held_against_other_runs() -> None:
+    with reserved_ports(3) as ports:
+        assert len(set(ports)) == 3
+        with reserved_ports(3) as other:
+            assert not set(ports) & set(other)
+        for port in ports:  # free for the rendezvous itself to bind
+            with socket.socket() as s:
+                s.bind(("", port))
