@@ -1,0 +1,735 @@
+"""lab.inventory: valid Ansible-style inventories, and every error with its exact line."""
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from lab.errors import ExitCode, InventoryError, UsageError
+from lab.inventory import Host, Inventory, load_inventory, local_inventory, parse_inventory
+
+REPO_INVENTORY = Path(__file__).resolve().parent.parent / "inventory.yaml"
+
+
+def parse(text: str, base_dir: str | os.PathLike[str] = "/nonexistent") -> Inventory:
+    return parse_inventory(textwrap.dedent(text), "inv.yaml", os.fspath(base_dir))
+
+
+def hosts(inventory: Inventory) -> dict[str, Host]:
+    return {host.name: host for host in inventory.hosts}
+
+
+def parse_error(text: str, base_dir: str | os.PathLike[str] = "/nonexistent") -> InventoryError:
+    with pytest.raises(InventoryError) as caught:
+        parse(text, base_dir)
+    return caught.value
+
+
+def assert_error(err: InventoryError, line: int | None, fragment: str, source: str = "inv.yaml") -> None:
+    message = str(err)
+    where = f"{source}:{line}: " if line is not None else f"{source}: "
+    assert message.startswith(where), message
+    assert "\n" not in message
+    assert fragment in message
+    assert (err.source, err.line) == (source, line)
+    assert err.exit_code == ExitCode.BAD_INPUT
+
+
+# -- valid inventories -----------------------------------------------------------------
+
+
+def test_example_inventory(tmp_path: Path) -> None:
+    (tmp_path / "keys").mkdir()
+    key = tmp_path / "keys" / "id_ed25519"
+    key.write_text("key\n")
+    inventory = parse("""\
+        all:
+          vars:
+            ansible_user: lab
+          hosts:
+            h1:
+              ansible_host: 172.28.0.11
+              ansible_port: 2222
+              ansible_user: root
+              ansible_ssh_private_key_file: keys/id_ed25519
+          children:
+            gpu:
+              vars: {gpus: 1}
+              hosts:
+                h2: {ansible_host: 10.0.0.2, slots: 2, data_address: 192.168.1.2,
+                     network_interface: eth1}
+                h3:
+        """, tmp_path)
+    assert inventory.path == "inv.yaml"
+    assert [host.name for host in inventory.hosts] == ["h1", "h2", "h3"]
+    assert inventory.world_size == 4
+    h1, h2, h3 = inventory.hosts
+    assert h1 == Host("h1", "172.28.0.11", port=2222, user="root", key_file=str(key), source="inv.yaml:5")
+    assert h2 == Host("h2", "10.0.0.2", user="lab", slots=2, gpus=1, data_address="192.168.1.2",
+                      network_interface="eth1", groups=("gpu",), source="inv.yaml:14")
+    assert h3 == Host("h3", "h3", user="lab", gpus=1, groups=("gpu",), source="inv.yaml:16")
+    assert not any(host.is_local for host in inventory.hosts)
+
+
+def test_defaults() -> None:
+    (host,) = parse("""\
+        all:
+          hosts:
+            h1:
+        """).hosts
+    assert host == Host("h1", "h1", source="inv.yaml:3")
+    assert (host.port, host.user, host.key_file, host.connection, host.python) == (
+        22, None, None, "ssh", "python3")
+    assert (host.slots, host.gpus, host.data_address, host.network_interface, host.container) == (
+        1, 0, None, None, None)
+
+
+def test_vars_inherit_all_then_parent_then_child_then_host() -> None:
+    inventory = parse("""\
+        all:
+          vars: {ansible_user: base, ansible_port: 2200, slots: 2, gpus: 1}
+          children:
+            rack:
+              vars: {ansible_user: rack, slots: 3, gpus: 2}
+              children:
+                gpu:
+                  vars: {ansible_user: gpu, slots: 4}
+                  hosts:
+                    h1: {ansible_user: own}
+                    h2:
+        """)
+    h1, h2 = inventory.hosts
+    assert (h1.user, h1.slots, h1.gpus, h1.port) == ("own", 4, 2, 2200)
+    assert (h2.user, h2.slots, h2.gpus, h2.port) == ("gpu", 4, 2, 2200)
+    assert h1.groups == h2.groups == ("rack", "gpu")
+
+
+def test_child_vars_win_by_depth_not_by_position_in_the_file() -> None:
+    # gpu is defined first but listed (bare) under rack, so it is deeper and wins over rack,
+    # although 'rack' sorts after 'gpu'.
+    (host,) = parse("""\
+        all:
+          children:
+            gpu:
+              vars: {slots: 4}
+              hosts:
+                h1:
+            rack:
+              vars: {slots: 2, gpus: 1}
+              children:
+                gpu:
+        """).hosts
+    assert (host.slots, host.gpus, host.groups) == (4, 1, ("gpu", "rack"))
+
+
+def test_groups_at_the_same_depth_apply_in_name_order() -> None:
+    (host,) = parse("""\
+        all:
+          children:
+            b:
+              vars: {slots: 3}
+              hosts: {h1: }
+            a:
+              vars: {slots: 2, gpus: 1}
+              hosts: {h1: }
+        """).hosts
+    assert (host.slots, host.gpus, host.groups) == (3, 1, ("b", "a"))
+
+
+def test_bare_reference_adds_a_group_and_keeps_the_definition() -> None:
+    inventory = parse("""\
+        all:
+          hosts:
+            h2:
+          children:
+            gpu:
+              hosts:
+                h1: {slots: 2}
+                h2: {slots: 3}
+            big:
+              hosts:
+                h1:
+                h2: {}
+        """)
+    assert [host.name for host in inventory.hosts] == ["h2", "h1"]  # order of first appearance
+    h2, h1 = inventory.hosts
+    assert (h1.slots, h1.groups, h1.source) == (2, ("gpu", "big"), "inv.yaml:7")
+    assert (h2.slots, h2.groups, h2.source) == (3, ("gpu", "big"), "inv.yaml:8")
+
+
+def test_top_level_groups_are_children_of_all() -> None:
+    inventory = parse("""\
+        all:
+          vars: {ansible_user: lab}
+        gpu:
+          vars: {gpus: 1}
+          hosts:
+            h1:
+        cpu:
+          hosts:
+            h2:
+        """)
+    assert [(h.name, h.user, h.gpus, h.groups) for h in inventory.hosts] == [
+        ("h1", "lab", 1, ("gpu",)), ("h2", "lab", 0, ("cpu",))]
+
+
+def test_all_is_optional() -> None:
+    (host,) = parse("""\
+        web:
+          hosts:
+            h1:
+        """).hosts
+    assert host.groups == ("web",)
+
+
+def test_key_file_is_resolved_against_the_inventory_directory(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "id_rel").write_text("key\n")
+    (tmp_path / "home" / ".ssh").mkdir(parents=True)
+    (tmp_path / "home" / ".ssh" / "id_home").write_text("key\n")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir("/")
+    inventory = parse(f"""\
+        all:
+          hosts:
+            relative: {{ansible_ssh_private_key_file: ./id_rel}}
+            home: {{ansible_ssh_private_key_file: ~/.ssh/id_home}}
+            absolute: {{ansible_ssh_private_key_file: {tmp_path / "id_rel"}}}
+        """, tmp_path)
+    assert [host.key_file for host in inventory.hosts] == [
+        str(tmp_path / "id_rel"), str(tmp_path / "home" / ".ssh" / "id_home"), str(tmp_path / "id_rel")]
+
+
+def test_key_file_in_group_vars_applies_to_its_hosts(tmp_path: Path) -> None:
+    (tmp_path / "id").write_text("key\n")
+    inventory = parse("""\
+        all:
+          vars: {ansible_ssh_private_key_file: id}
+          hosts: {h1: , h2: }
+        """, tmp_path)
+    assert {host.key_file for host in inventory.hosts} == {str(tmp_path / "id")}
+
+
+def test_connections() -> None:
+    inventory = hosts(parse("""\
+        all:
+          vars: {docker_container: shared}
+          hosts:
+            here: {ansible_connection: local, ansible_host: 127.0.0.1}
+            box: {ansible_connection: docker}
+            named: {ansible_connection: docker, docker_container: lab-node-2}
+            remote: {ansible_connection: ssh}
+        """))
+    assert inventory["here"].is_local and inventory["here"].address == "127.0.0.1"
+    assert (inventory["box"].connection, inventory["box"].container) == ("docker", "shared")
+    assert inventory["named"].container == "lab-node-2"
+    assert (inventory["remote"].connection, inventory["remote"].container) == ("ssh", None)
+    assert not inventory["box"].is_local
+
+
+def test_docker_container_defaults_to_the_host_name() -> None:
+    (host,) = parse("""\
+        all:
+          hosts:
+            node1: {ansible_connection: docker}
+        """).hosts
+    assert host.container == "node1"
+
+
+def test_python_interpreter() -> None:
+    inventory = hosts(parse("""\
+        all:
+          hosts:
+            h1: {ansible_python_interpreter: /opt/venv/bin/python}
+            h2: {ansible_python_interpreter: auto_silent}
+        """))
+    assert (inventory["h1"].python, inventory["h2"].python) == ("/opt/venv/bin/python", "python3")
+
+
+def test_common_ansible_keys_are_tolerated() -> None:
+    (host,) = parse("""\
+        all:
+          vars:
+            ansible_become: true
+            ansible_ssh_common_args: -o StrictHostKeyChecking=no
+          hosts:
+            h1: {ansible_ssh_extra_args: [-v]}
+        """).hosts
+    assert host == Host("h1", "h1", source="inv.yaml:6")
+
+
+def test_numbers_as_names_and_strings() -> None:
+    (host,) = parse("""\
+        all:
+          hosts:
+            10.0.0.5: {ansible_user: 1000, ansible_port: 0x16}
+        """).hosts
+    assert (host.name, host.address, host.user, host.port) == ("10.0.0.5", "10.0.0.5", "1000", 22)
+
+
+def test_anchors_aliases_and_merge_keys() -> None:
+    inventory = hosts(parse("""\
+        all:
+          hosts:
+            h1: &gpu_host {slots: 2, gpus: 1}
+            h2: *gpu_host
+            h3:
+              <<: *gpu_host
+              slots: 4
+            h4:
+              <<: [{slots: 5}, *gpu_host]
+        """))
+    assert [(h.slots, h.gpus) for h in inventory.values()] == [(2, 1), (2, 1), (4, 1), (5, 1)]
+    assert inventory["h2"].source == "inv.yaml:4"
+
+
+def test_a_group_repeated_through_an_alias_is_listed_not_redefined() -> None:
+    (host,) = parse("""\
+        all:
+          children:
+            a: &a
+              hosts: {h1: }
+            b:
+              children:
+                a: *a
+        """).hosts
+    assert host.groups == ("a", "b")
+
+
+def test_local_inventory() -> None:
+    inventory = local_inventory(4)
+    (host,) = inventory.hosts
+    assert (host.name, host.address, host.connection, host.slots) == ("local", "127.0.0.1", "local", 4)
+    assert host.is_local and inventory.world_size == 4
+
+
+def test_local_inventory_needs_a_process() -> None:
+    with pytest.raises(UsageError, match="got 0"):
+        local_inventory(0)
+
+
+def test_hosts_are_frozen() -> None:
+    (host,) = local_inventory(1).hosts
+    with pytest.raises(AttributeError):
+        host.slots = 2  # type: ignore[misc]
+
+
+# -- load_inventory: the file itself ---------------------------------------------------
+
+
+def test_load_inventory_resolves_keys_next_to_the_file(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "id").write_text("key\n")
+    path = tmp_path / "inventory.yaml"
+    path.write_text("all:\n  hosts:\n    h1: {ansible_ssh_private_key_file: id, slots: 3}\n")
+    monkeypatch.chdir("/")
+    inventory = load_inventory(path)
+    assert inventory.path == str(path)
+    (host,) = inventory.hosts
+    assert (host.key_file, host.slots, host.source) == (str(tmp_path / "id"), 3, f"{path}:3")
+
+
+def test_load_inventory_keeps_the_given_path_in_messages(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "inventory.yaml").write_text("all:\n  hosts:\n    h1: {slots: 0}\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InventoryError) as caught:
+        load_inventory("inventory.yaml")
+    assert_error(caught.value, 3, "slots must be an integer >= 1, got 0", source="inventory.yaml")
+
+
+def test_load_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "nope.yaml"
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(path)
+    assert_error(caught.value, None, "file not found", source=str(path))
+    assert str(caught.value) == f"{path}: file not found"
+
+
+def test_load_directory(tmp_path: Path) -> None:
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(tmp_path)
+    assert_error(caught.value, None, "is a directory", source=str(tmp_path))
+
+
+def test_load_file_that_is_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "inventory.yaml"
+    path.write_bytes(b"all:\n  hosts:\n    h\xff1:\n")
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(path)
+    assert_error(caught.value, 3, "not UTF-8", source=str(path))
+
+
+def test_load_empty_file(tmp_path: Path) -> None:
+    path = tmp_path / "inventory.yaml"
+    path.write_text("")
+    with pytest.raises(InventoryError) as caught:
+        load_inventory(path)
+    assert_error(caught.value, 1, "the inventory is empty", source=str(path))
+
+
+@pytest.mark.skipif(not REPO_INVENTORY.exists(), reason="the repository has no inventory.yaml yet")
+def test_repository_inventory_loads() -> None:
+    inventory = load_inventory(REPO_INVENTORY)
+    assert inventory.hosts and inventory.world_size >= len(inventory.hosts)
+
+
+# -- errors: each one names the exact line --------------------------------------------
+
+
+ERRORS = [
+    pytest.param("", 1, "the inventory is empty", id="empty"),
+    pytest.param("# just a comment\n", 1, "the inventory is empty", id="only-comments"),
+    pytest.param("""\
+        all:
+          hosts:
+            h1: a: b
+        """, 3, "invalid YAML: mapping values are not allowed here", id="yaml-syntax"),
+    pytest.param("all:\n  hosts:\n\th1:\n", 3,
+                 "invalid YAML: while scanning for the next token, found character '\\t'", id="yaml-tab"),
+    pytest.param("""\
+        all:
+          hosts:
+            h1: *nothing
+        """, 3, "invalid YAML: found undefined alias 'nothing'", id="yaml-undefined-alias"),
+    pytest.param("""\
+        all:
+          hosts: {h1: }
+        ---
+        all: {}
+        """, 3, "invalid YAML: expected a single document in the stream, but found another document",
+                 id="yaml-two-documents"),
+    pytest.param("all:\n  hosts:\n    h1: {ansible_user: \"a\x07\"}\n", 3, "unacceptable character #x0007",
+                 id="yaml-control-character"),
+    pytest.param("- h1\n- h2\n", 1, "the inventory must be a mapping of groups such as all:, got a list",
+                 id="top-level-list"),
+    pytest.param("hello\n", 1, "the inventory must be a mapping of groups such as all:, got 'hello'",
+                 id="top-level-scalar"),
+    pytest.param("""\
+        hosts:
+          h1:
+        """, 1, "'hosts' must be inside a group, e.g. under all:", id="top-level-hosts"),
+    pytest.param("""\
+        all:
+          vars: {slots: 2}
+          children:
+            gpu:
+        """, 1, "the inventory defines no hosts", id="no-hosts"),
+    pytest.param("""\
+        all:
+          hosts:
+            h1:
+              ansible_host: 10.0.0.1
+              slot: 2
+        """, 5, "unknown key 'slot' (known: ansible_host, ansible_port,", id="unknown-host-key"),
+    pytest.param("""\
+        all:
+          vars:
+            rack: 3
+          hosts: {h1: }
+        """, 3, "unknown key 'rack' (known: ", id="unknown-vars-key"),
+    pytest.param("""\
+        all:
+          children:
+            gpu:
+              hostz:
+                h1:
+        """, 4, "unknown key 'hostz' (known: hosts, vars, children)", id="unknown-group-key"),
+    pytest.param("""\
+        all:
+          children:
+            gpu:
+              gpus: 1
+              hosts: {h1: }
+        """, 4, "unknown key 'gpus' (known: hosts, vars, children; put variables under vars:)",
+                 id="var-at-group-level"),
+    pytest.param("""\
+        all:
+          hosts:
+            h1:
+              slots: two
+        """, 4, "slots must be an integer >= 1, got 'two'", id="slots-string"),
+    pytest.param("""\
+        all:
+          hosts:
+            h1: {slots: 0}
+        """, 3, "slots must be an integer >= 1, got 0", id="slots-zero"),
+    pytest.param("""\
+        all:
+          vars:
+            slots: yes
+          hosts: {h1: }
+        """, 3, "slots must be an integer >= 1, got yes", id="slots-bool"),
+    pytest.param("""\
+        all:
+          hosts:
+            h1: {slots: 1.5}
+        """, 3, "slots must be an integer >= 1, got 1.5", id="slots-float"),
+    pytest.param("""\
+        all:
+          hosts:
+            h1:
+              slots:
+        """, 4, "slots must be an integer >= 1, got nothing", id="slots-empty"),
+    pytest.param("""\
+        all:
+          hosts:
+            h1:
+              gpus: -1
+        """, 4, "gpus must be an integer >= 0, got -1", id="gpus-negative"),
+    pytest.param("""\
+        all:
+          hosts:
+            h1:
+              ansible_port: abc
+        """, 4, "ansible_port must be an integer from 1 to 65535, got 'abc'", id="port-string"),
+    pytest.param("""\
+        all:
+          hosts:
+            h1: {ansible_port: "22"}
+        """, 3, "ansible_port must be an integer from 1 to 65535, got '22'", id="port-quoted"),
+    pytest.param("""\
+        all:
+          hosts:
+            h1: {ansible_port: 0}
+        """, 3, "ansible_port must be an integer from 1 to 65535, got 0", id="port-zero"),
+    pytest.param("""\
+        all:
+          hosts:
+            h1:
+              ansible_port: 65536
+        """, 4, "ansible_port must be an integer from 1 to 65535, got 65536", id="port-too-big"),
+    pytest.param("""\
+        all:
+          hosts:
+            h1:
+              ansible_user:
+                name: lab
+        """, 5, "ansible_user must be a one-line string, got a mapping", id="user-mapping"),
+    pytest.param("""\
+        all:
+          hosts:
+            h1: {ansible_user: no}
+        """, 3, "ansible_user must be a one-line string, got no", id="user-bool"),
+    pytest.param("""\
+        all:
+          hosts:
+            h1:
+              ansible_host:
+        """, 4, "ansible_host must be a one-line string, got nothing", id="host-empty"),
+    pytest.param("""\
+        all:
+          hosts:
+            h1:
+              network_interface: "eth0\\neth1"
+        """, 4, "network_interface must be a one-line string, got 'eth0\\neth1'", id="interface-two-lines"),
+    pytest.param("""\
+        all:
+          hosts:
+            h1:
+              ansible_connection: winrm
+        """, 4, "ansible_connection must be one of ssh, local, docker, got 'winrm'", id="connection"),
+    pytest.param("""\
+        all:
+          vars:
+            ansible_user: lab
+            ansible_password: secret
+          hosts: {h1: }
+        """, 4, "password authentication is not supported; use ansible_ssh_private_key_file", id="password"),
+    pytest.param("""\
+        all:
+          hosts:
+            h1: {ansible_ssh_pass: secret}
+        """, 3, "password authentication is not supported", id="ssh-pass"),
+    pytest.param("""\
+        all:
+          hosts:
+            h1:
+            h2:
+            h1:
+        """, 5, "duplicate key 'h1' (first at line 3)", id="duplicate-host-key"),
+    pytest.param("""\
+        all:
+          hosts:
+            h1:
+              slots: 2
+              gpus: 1
+              slots: 3
+        """, 6, "duplicate key 'slots' (first at line 4)", id="duplicate-var-key"),
+    pytest.param("""\
+        all:
+          hosts: {h1: }
+        all:
+          hosts: {h2: }
+        """, 3, "duplicate key 'all' (first at line 1)", id="duplicate-top-level-key"),
+    pytest.param("""\
+        all:
+          hosts:
+            h1: {slots: 2}
+          children:
+            gpu:
+              hosts:
+                h1: {gpus: 1}
+        """, 7, "duplicate host 'h1' (first defined at line 3)", id="duplicate-host"),
+    pytest.param("""\
+        all:
+          children:
+            gpu:
+              hosts: {h1: }
+            rack:
+              children:
+                gpu:
+                  vars: {gpus: 1}
+        """, 7, "duplicate group 'gpu' (first defined at line 3)", id="duplicate-group"),
+    pytest.param("""\
+        all:
+          hosts:
+            web[01:03]:
+        """, 3, "invalid host name 'web[01:03]': use letters, digits, '.', '-' and '_'", id="host-range"),
+    pytest.param("""\
+        all:
+          hosts:
+            my host:
+        """, 3, "invalid host name 'my host'", id="host-name-space"),
+    pytest.param("""\
+        all:
+          hosts:
+            yes:
+        """, 3, "host name yes reads as a YAML boolean; quote it", id="host-name-bool"),
+    pytest.param("""\
+        all:
+          hosts:
+            ~: {slots: 2}
+        """, 3, "a key must be a name, got ~", id="host-name-null"),
+    pytest.param("""\
+        all:
+          hosts:
+            ? [h1, h2]
+            : {slots: 2}
+        """, 3, "a key must be a name, got a list", id="host-name-list"),
+    pytest.param("""\
+        all:
+          children:
+            gpu/nodes:
+              hosts: {h1: }
+        """, 3, "invalid group name 'gpu/nodes'", id="group-name"),
+    pytest.param("""\
+        all:
+          hosts:
+            - h1
+            - h2
+        """, 3, "hosts of group 'all' must be a mapping, got a list", id="hosts-list"),
+    pytest.param("""\
+        all:
+          hosts:
+            h1: 10.0.0.1
+        """, 3, "host 'h1' must be a mapping, got '10.0.0.1'", id="host-scalar"),
+    pytest.param("""\
+        all:
+          vars: [slots]
+          hosts: {h1: }
+        """, 2, "vars of group 'all' must be a mapping, got a list", id="vars-list"),
+    pytest.param("""\
+        all:
+          children: [gpu]
+        """, 2, "children of group 'all' must be a mapping, got a list", id="children-list"),
+    pytest.param("""\
+        all:
+          children:
+            gpu: h1
+        """, 3, "group 'gpu' must be a mapping, got 'h1'", id="group-scalar"),
+    pytest.param("""\
+        all:
+          hosts: {h1: }
+          children:
+            gpu:
+              children:
+                all:
+        """, 6, "'all' contains every group; it cannot be a child group", id="all-as-child"),
+    pytest.param("""\
+        all:
+          children:
+            a:
+              children:
+                b:
+                  hosts: {h1: }
+                  children:
+                    a:
+        """, 5, "group cycle: 'b' is listed under 'a', which is under 'b'", id="group-cycle"),
+    pytest.param("""\
+        all:
+          hosts: {h1: }
+          children:
+            a: &a
+              children:
+                a: *a
+        """, 6, "group cycle: 'a' is listed under itself", id="group-cycle-through-alias"),
+    pytest.param("""\
+        all:
+          hosts:
+            h1: &h
+              <<: *h
+        """, 3, "a merge (<<) cannot bring in the mapping it is part of", id="recursive-merge"),
+    pytest.param("""\
+        all:
+          hosts:
+            h1:
+              <<: 5
+        """, 4, "a merge (<<) value must be a mapping, got 5", id="merge-scalar"),
+]
+
+
+@pytest.mark.parametrize(("text", "line", "fragment"), ERRORS)
+def test_error(text: str, line: int, fragment: str) -> None:
+    assert_error(parse_error(text), line, fragment)
+
+
+def test_error_missing_key_file(tmp_path: Path) -> None:
+    err = parse_error("""\
+        all:
+          hosts:
+            h1:
+              ansible_ssh_private_key_file: keys/missing
+        """, tmp_path)
+    assert_error(err, 4, f"ansible_ssh_private_key_file: {tmp_path / 'keys' / 'missing'} does not exist")
+
+
+def test_error_key_file_in_group_vars_is_reported_where_it_is_written(tmp_path: Path) -> None:
+    err = parse_error("""\
+        all:
+          vars:
+            ansible_ssh_private_key_file: /no/such/key
+          hosts: {h1: }
+        """, tmp_path)
+    assert_error(err, 3, "ansible_ssh_private_key_file: /no/such/key does not exist")
+
+
+def test_error_key_file_is_a_directory(tmp_path: Path) -> None:
+    err = parse_error("""\
+        all:
+          hosts:
+            h1: {ansible_ssh_private_key_file: .}
+        """, tmp_path)
+    assert_error(err, 3, f"ansible_ssh_private_key_file: {tmp_path} is not a file")
+
+
+def test_error_in_an_aliased_mapping_names_the_anchor_line() -> None:
+    err = parse_error("""\
+        all:
+          hosts:
+            h1: &common
+              slots: 0
+            h2: *common
+        """)
+    assert_error(err, 4, "slots must be an integer >= 1, got 0")
+
+
+def test_error_long_values_are_cut_to_one_short_line() -> None:
+    err = parse_error(f"""\
+        all:
+          hosts:
+            h1: {{slots: {"x" * 200}}}
+        """)
+    assert_error(err, 3, "slots must be an integer >= 1, got '" + "x" * 57 + "...'")
