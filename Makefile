@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 NPROC  ?= 4
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test test-unit run list clean
+.PHONY: help venv python-venv test test-unit run list clean
 
 help: ## show the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -14,6 +14,7 @@ help: ## show the targets
 venv: $(STAMP) ## create .venv and install the dependencies (torch 2.13.0)
 
 $(STAMP): requirements.txt
+	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || $(MAKE) --no-print-directory python-venv
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -r requirements.txt
 	touch $@
@@ -29,6 +30,12 @@ run: venv ## run every exercise on the local cluster (NPROC=4 ranks)
 
 list: venv ## list the exercises
 	$(PY) -m lab list
+
+python-venv:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "lab: installing python3-venv from Debian"; \
+	  apt-get update -qq && apt-get install -y -qq python3-venv; \
+	else echo "lab: $(PYTHON) cannot make a virtualenv; install venv (Debian: sudo apt-get install python3-venv)"; exit 1; fi
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,70 @@
+"""Shared helpers: run the real CLI as a subprocess and look for processes it left behind."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+WRONG = Path(__file__).resolve().parent / "wrong"
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def text(self) -> str:
+        return self.out + self.err
+
+
+class Lab:
+    """Runs ``python -m lab`` with a marker in its environment that every rank inherits,
+    so a test can find any process the run left behind."""
+
+    def __init__(self) -> None:
+        self.marker = uuid.uuid4().hex
+        self.env = {**os.environ, "LAB_TEST_MARKER": self.marker, "COLUMNS": "200"}
+
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "lab", *args]
+
+    def __call__(self, *args: str, timeout: float = 240) -> Result:
+        proc = subprocess.run(self.argv(*args), cwd=REPO, env=self.env, capture_output=True,
+                              text=True, timeout=timeout)
+        return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(self.argv(*args), cwd=REPO, env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+
+    def leftovers(self) -> list[int]:
+        """Pids of live processes that carry this test's marker."""
+        needle = f"LAB_TEST_MARKER={self.marker}".encode()
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if needle in (entry / "environ").read_bytes().split(b"\0") and not _zombie(entry):
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+        return pids
+
+
+def _zombie(proc_dir: Path) -> bool:
+    stat = (proc_dir / "stat").read_text()
+    return stat[stat.rindex(")") + 2] == "Z"
+
+
+@pytest.fixture
+def lab() -> Lab:
+    return Lab()

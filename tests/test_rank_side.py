@@ -1,0 +1,54 @@
+"""Pieces of the rank side and the hang locator, without starting a cluster."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from lab.runner import where_stopped
+from lab.worker import SharedPathError, call_with_context, ensure_shared_path
+
+DUMP = """\
+Thread 0x00007f0000000001 (most recent call first):
+  File "/srv/run/lab/worker.py", line 58 in watch
+  File "/usr/lib/python3.11/threading.py", line 975 in run
+
+Current thread 0x00007f0000000002 (most recent call first):
+  File "/home/u/.venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2601 in recv
+  File "/srv/run/mine.py", line 3 in run
+  File "/srv/run/lab/worker.py", line 170 in run_exercise
+""".splitlines()
+
+
+def test_where_stopped_names_the_program_line_with_its_source(tmp_path: Path) -> None:
+    program = tmp_path / "mine.py"
+    program.write_text("def run(rank):\n    t = 0\n    dist.recv(t, src=0)\n")
+    assert where_stopped(DUMP, {"mine.py": program}) == "mine.py:3 in run: dist.recv(t, src=0)"
+
+
+def test_where_stopped_outside_any_program_skips_the_lab_watcher() -> None:
+    assert where_stopped(DUMP, {}) == "threading.py:975 in run"
+    assert where_stopped(["no frames here"], {}) is None
+
+
+def test_shared_path_check_passes_when_every_rank_sees_every_marker(tmp_path: Path) -> None:
+    path = str(tmp_path / "rendezvous")
+    peers = [threading.Thread(target=ensure_shared_path, args=(path, r, 3, 5.0)) for r in (1, 2)]
+    for t in peers:
+        t.start()
+    ensure_shared_path(path, 0, 3, 5.0)
+    for t in peers:
+        t.join()
+
+
+def test_shared_path_check_says_clearly_when_the_path_is_not_shared(tmp_path: Path) -> None:
+    path = str(tmp_path / "rendezvous")
+    with pytest.raises(SharedPathError, match=r"is not shared: rank 0 on .* sees markers of ranks \[0\] only"):
+        ensure_shared_path(path, 0, 2, 0.3)
+
+
+def test_programs_get_only_the_context_their_signature_names() -> None:
+    context = {"rank": 1, "size": 4, "device": "cpu", "backend": "gloo"}
+    assert call_with_context(lambda rank, size: (rank, size), context) == (1, 4)
+    assert call_with_context(lambda backend: backend, context) == "gloo"
