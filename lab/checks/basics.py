@@ -1,0 +1,91 @@
+"""Checkers of the set-up exercises: processes, groups and the three init methods."""
+from __future__ import annotations
+
+from typing import Any, Mapping, TypeGuard
+
+from ..check import Expect, Verdict, World
+from . import is_number, reported
+
+METHODS = ("Process", "spawn")  # how the processes exercise starts its children
+CHILDREN = 2  # children per method
+ENV_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
+
+
+def check_processes(results: dict[int, dict], world: World) -> Verdict:
+    """Each rank's children, per method, reported exactly once, with pids of their own."""
+    e = Expect()
+    for rank, result in reported(e, results, world).items():
+        reports = result.get("reports")
+        if not _are_reports(reports):
+            e.true(rank, "reports", False, expected="a list of [method, child index, pid]", got=reports)
+            continue
+        for method in METHODS:
+            for index in range(CHILDREN):
+                count = sum(1 for m, i, _ in reports if m == method and i == index)
+                e.equal(rank, f"reports from {method} child {index}", 1, count)
+        e.equal(rank, "number of reports", len(METHODS) * CHILDREN, len(reports))
+        pids = [pid for _, _, pid in reports]
+        e.true(rank, "child pids", len(set(pids)) == len(pids), expected="all different", got=pids)
+        own = result.get("pid")
+        if e.true(rank, "the rank's own pid", is_number(own), expected="a pid", got=own):
+            e.true(rank, "child pids", own not in pids, expected=f"none equal to the rank's pid {own}", got=pids)
+    return e.verdict()
+
+
+def _are_reports(value: Any) -> TypeGuard[list[list[Any]]]:
+    return isinstance(value, list) and all(
+        isinstance(r, list) and len(r) == 3 and isinstance(r[0], str) and is_number(r[1]) and is_number(r[2])
+        for r in value)
+
+
+def check_groups(results: dict[int, dict], world: World) -> Verdict:
+    """Rank and size in the world; in new_group(even ranks): the members' sum, -1 outside."""
+    e = Expect()
+    n = world.world_size
+    members = list(range(0, n, 2))
+    for rank, result in reported(e, results, world).items():
+        e.equal(rank, "get_rank()", rank, result.get("rank"))
+        e.equal(rank, "get_world_size()", n, result.get("world_size"))
+        e.equal(rank, "new_group members (the even ranks)", members, result.get("members"))
+        if rank in members:
+            e.equal(rank, "get_rank(group)", members.index(rank), result.get("group_rank"))
+            e.equal(rank, "get_world_size(group)", len(members), result.get("group_size"))
+            e.equal(rank, "all_reduce SUM of rank + 1 in the group", float(sum(m + 1 for m in members)),
+                    result.get("value"))
+        else:
+            e.equal(rank, "get_rank(group) outside the group", -1, result.get("group_rank"))
+            e.equal(rank, "get_world_size(group) outside the group", -1, result.get("group_size"))
+            e.equal(rank, "tensor of a rank outside the group (it takes no part)", float(rank + 1),
+                    result.get("value"))
+    return e.verdict()
+
+
+def check_init(results: dict[int, dict], world: World) -> Verdict:
+    """The group formed with the init method: ranks, size, an all_reduce, one method for all."""
+    e = Expect()
+    n = world.world_size
+    ranks = reported(e, results, world)
+    first = ranks[min(ranks)] if ranks else {}
+    for rank, result in ranks.items():
+        e.equal(rank, "get_rank()", rank, result.get("rank"))
+        e.equal(rank, "get_world_size()", n, result.get("world_size"))
+        e.equal(rank, "all_reduce SUM of rank + 1", float(sum(range(1, n + 1))), result.get("sum"))
+        method = result.get("init_method")
+        if e.true(rank, "init_method", isinstance(method, str) and method.split("://")[0] in ("env", "tcp", "file"),
+                  expected="env://, tcp://ADDR:PORT or file:///PATH", got=method):
+            e.equal(rank, f"init_method (the same as rank {min(ranks)}'s)", first.get("init_method"), method)
+        if method == "env://":
+            _check_env(e, rank, n, result.get("env"), first.get("env"))
+    return e.verdict()
+
+
+def _check_env(e: Expect, rank: int, n: int, env: Any, first: Any) -> None:
+    """env:// read RANK and WORLD_SIZE of this rank, and the master address every rank shares."""
+    if not e.true(rank, "environment read for env://", isinstance(env, Mapping) and set(ENV_VARS) <= env.keys(),
+                  expected=f"a dict of {', '.join(ENV_VARS)}", got=env):
+        return
+    e.equal(rank, "RANK in the environment", str(rank), env["RANK"])
+    e.equal(rank, "WORLD_SIZE in the environment", str(n), env["WORLD_SIZE"])
+    if isinstance(first, Mapping):
+        for name in ("MASTER_ADDR", "MASTER_PORT"):
+            e.equal(rank, f"{name} (the same for every rank)", first.get(name), env[name])

@@ -1,0 +1,381 @@
+"""The checkers on synthetic results: no torch, no processes.
+
+Each correct result is built the way the reference program reports it; each wrong one
+changes one thing, and the verdict must fail on the right rank with a reason that says
+what was expected and what came instead.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import pytest
+
+from lab.check import Verdict, World
+from lab.checks import basics, collectives, p2p
+
+Results = dict[int, Any]
+SIZES = [2, 3, 4]
+
+
+def processes_ok(n: int) -> Results:
+    return {r: {"pid": 100 + r, "reports": [[m, i, 1000 + 10 * r + 2 * k + i]
+                                            for k, m in enumerate(("Process", "spawn")) for i in range(2)]}
+            for r in range(n)}
+
+
+def groups_ok(n: int) -> Results:
+    members = list(range(0, n, 2))
+    total = float(sum(m + 1 for m in members))
+    return {r: {"rank": r, "world_size": n, "members": members,
+                "group_rank": members.index(r) if r in members else -1,
+                "group_size": len(members) if r in members else -1,
+                "value": total if r in members else float(r + 1)} for r in range(n)}
+
+
+def init_ok(n: int, method: str = "tcp://10.0.0.1:29500") -> Results:
+    results = {r: {"init_method": method, "rank": r, "world_size": n, "sum": n * (n + 1) / 2} for r in range(n)}
+    if method == "env://":
+        for r, result in results.items():
+            result["env"] = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "RANK": str(r), "WORLD_SIZE": str(n)}
+    return results
+
+
+def p2p_ok(n: int) -> Results:
+    return {r: {"pair": 1.0 if r < 2 else 0.0, "ring": float((r - 1) % n)} for r in range(n)}
+
+
+def broadcast_ok(n: int) -> Results:
+    return {r: {f"from_{s}": [1.0 + 100 * s, 2.0 + 100 * s, 3.0 + 100 * s] for s in (0, n - 1)} for r in range(n)}
+
+
+def filled(v: float) -> list[list[float]]:
+    return [[v, v], [v, v]]
+
+
+FACTORIAL = {2: 2, 3: 6, 4: 24}
+
+
+def reductions(n: int) -> dict[str, list[list[float]]]:
+    return {"SUM": filled(n * (n + 1) / 2), "PRODUCT": filled(FACTORIAL[n]), "MAX": filled(n), "MIN": filled(1)}
+
+
+def reduce_ok(n: int) -> Results:
+    return {r: reductions(n) if r == 0 else {} for r in range(n)}
+
+
+def all_reduce_ok(n: int) -> Results:
+    return {r: reductions(n) for r in range(n)}
+
+
+def scatter_ok(n: int) -> Results:
+    return {r: {"received": [10.0 * (r + 1)]} for r in range(n)}
+
+
+def gather_ok(n: int) -> Results:
+    return {r: {"gathered": [[float(i)] for i in range(n)]} if r == 0 else {} for r in range(n)}
+
+
+def all_gather_ok(n: int) -> Results:
+    return {r: {"gathered": [[float(i)] for i in range(n)]} for r in range(n)}
+
+
+def reduce_scatter_ok(n: int) -> Results:
+    return {r: {"received": [10 ** r * n * (n - 1) // 2]} for r in range(n)}
+
+
+def barrier_ok(n: int) -> Results:
+    last = 1000.0 + 0.2 * (n - 1)
+    return {r: {"arrived": 1000.0 + 0.2 * r, "left": last + 0.001 * r} for r in range(n)}
+
+
+CHECKS: dict[str, tuple[Callable[[dict[int, dict], World], Verdict], Callable[[int], Results]]] = {
+    "processes": (basics.check_processes, processes_ok),
+    "groups": (basics.check_groups, groups_ok),
+    "init": (basics.check_init, init_ok),
+    "p2p": (p2p.check_p2p, p2p_ok),
+    "p2p-async": (p2p.check_p2p_async, p2p_ok),
+    "broadcast": (collectives.check_broadcast, broadcast_ok),
+    "reduce": (collectives.check_reduce, reduce_ok),
+    "all-reduce": (collectives.check_all_reduce, all_reduce_ok),
+    "scatter": (collectives.check_scatter, scatter_ok),
+    "gather": (collectives.check_gather, gather_ok),
+    "all-gather": (collectives.check_all_gather, all_gather_ok),
+    "reduce-scatter": (collectives.check_reduce_scatter, reduce_scatter_ok),
+    "barrier": (collectives.check_barrier, barrier_ok),
+}
+
+
+def verdict(name: str, results: Results, n: int) -> Verdict:
+    return CHECKS[name][0](results, World.local(n))
+
+
+def assert_fails(v: Verdict, rank: int, reason_start: str) -> None:
+    assert not v.passed
+    assert rank in v.failed_ranks
+    assert v.reason.startswith(reason_start), v.reason
+
+
+# --- every checker: the correct result passes, a missing or malformed one fails ---
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("name", CHECKS)
+def test_correct_results_pass(name: str, n: int) -> None:
+    v = verdict(name, CHECKS[name][1](n), n)
+    assert v.passed and v.reason == "" and v.mismatches == (), v.reason
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("name", CHECKS)
+def test_a_rank_without_a_result_fails_naming_it(name: str, n: int) -> None:
+    results = CHECKS[name][1](n)
+    del results[n - 1]
+    v = verdict(name, results, n)
+    assert_fails(v, n - 1, f"rank {n - 1}: result: expected 'a result', got 'nothing'")
+
+
+@pytest.mark.parametrize("name", CHECKS)
+def test_a_result_that_is_not_a_dict_fails_without_crashing(name: str) -> None:
+    results = CHECKS[name][1](3)
+    results[0] = [1, 2, 3]
+    assert_fails(verdict(name, results, 3), 0, "rank 0: result: expected 'a dict', got [1, 2, 3]")
+
+
+@pytest.mark.parametrize("name", CHECKS)
+def test_a_result_with_missing_keys_fails_without_crashing(name: str) -> None:
+    results = CHECKS[name][1](3)
+    results[0] = {"unexpected": True}
+    assert_fails(verdict(name, results, 3), 0, "rank 0: ")
+
+
+# --- the tutorials' own numbers (4 ranks) ---
+
+def test_tutorial_values_for_four_ranks() -> None:
+    assert verdict("reduce-scatter", {r: {"received": [v]} for r, v in enumerate([6, 60, 600, 6000])}, 4).passed
+    assert verdict("scatter", {r: {"received": [v]} for r, v in enumerate([10.0, 20.0, 30.0, 40.0])}, 4).passed
+    assert verdict("all-gather", {r: {"gathered": [[0.0], [1.0], [2.0], [3.0]]} for r in range(4)}, 4).passed
+    ops = {"SUM": filled(10.0), "PRODUCT": filled(24.0), "MAX": filled(4.0), "MIN": filled(1.0)}
+    assert verdict("all-reduce", {r: ops for r in range(4)}, 4).passed
+    assert verdict("init", {r: {"init_method": "file:///tmp/x", "rank": r, "world_size": 4, "sum": 10.0}
+                            for r in range(4)}, 4).passed
+
+
+# --- processes ---
+
+def test_processes_child_reporting_twice_or_never() -> None:
+    results = processes_ok(2)
+    results[1]["reports"][3] = ["spawn", 0, 5555]  # spawn child 1 silent, child 0 twice
+    v = verdict("processes", results, 2)
+    assert_fails(v, 1, "rank 1: reports from spawn child 0: expected 1, got 2")
+    assert "rank 1: reports from spawn child 1: expected 1, got 0" in map(str, v.mismatches)
+
+
+def test_processes_pids_must_differ_from_each_other_and_the_rank() -> None:
+    results = processes_ok(2)
+    results[0]["reports"][1][2] = results[0]["reports"][0][2]
+    assert_fails(verdict("processes", results, 2), 0, "rank 0: child pids: expected 'all different'")
+    results = processes_ok(2)
+    results[1]["reports"][2][2] = results[1]["pid"]
+    assert_fails(verdict("processes", results, 2), 1, "rank 1: child pids: expected \"none equal to the rank's pid")
+
+
+def test_processes_extra_or_malformed_reports() -> None:
+    results = processes_ok(2)
+    results[0]["reports"].append(["thread", 0, 4242])
+    assert_fails(verdict("processes", results, 2), 0, "rank 0: number of reports: expected 4, got 5")
+    results = processes_ok(2)
+    results[1]["reports"] = [["Process", 0]]
+    assert_fails(verdict("processes", results, 2), 1,
+                 "rank 1: reports: expected 'a list of [method, child index, pid]'")
+
+
+# --- groups ---
+
+@pytest.mark.parametrize("n", SIZES)
+def test_groups_non_member_must_see_minus_one(n: int) -> None:
+    results = groups_ok(n)
+    results[1]["group_rank"] = 0
+    assert_fails(verdict("groups", results, n), 1, "rank 1: get_rank(group) outside the group: expected -1, got 0")
+
+
+def test_groups_tutorial_subset_instead_of_even_ranks() -> None:
+    results = groups_ok(4)
+    for r in range(4):
+        results[r]["members"] = [0, 1]
+    assert_fails(verdict("groups", results, 4), 0,
+                 "rank 0: new_group members (the even ranks): expected [0, 2], got [0, 1]")
+
+
+def test_groups_sum_inside_and_untouched_outside() -> None:
+    results = groups_ok(4)
+    results[2]["value"] = 10.0
+    results[3]["value"] = 4.0 + 1
+    v = verdict("groups", results, 4)
+    assert_fails(v, 2, "rank 2: all_reduce SUM of rank + 1 in the group: expected 4.0, got 10.0")
+    assert v.failed_ranks == (2, 3)
+
+
+# --- init ---
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("method", ["env://", "tcp://h:1", "file:///shared/rdzv"])
+def test_init_each_method_passes(n: int, method: str) -> None:
+    assert verdict("init", init_ok(n, method), n).passed
+
+
+def test_init_wrong_rank_sum_and_method() -> None:
+    results = init_ok(3)
+    results[2]["rank"] = 0
+    results[1]["sum"] = 5.0
+    v = verdict("init", results, 3)
+    assert_fails(v, 1, "rank 1: all_reduce SUM of rank + 1: expected 6.0, got 5.0")
+    assert "rank 2: get_rank(): expected 2, got 0" in map(str, v.mismatches)
+    results = init_ok(3)
+    results[2]["init_method"] = "tcp://other:2"
+    assert_fails(verdict("init", results, 3), 2,
+                 "rank 2: init_method (the same as rank 0's): expected 'tcp://10.0.0.1:29500'")
+    results = init_ok(2)
+    results[0]["init_method"] = "nccl"
+    assert_fails(verdict("init", results, 2), 0, "rank 0: init_method: expected 'env://, tcp://ADDR:PORT")
+
+
+def test_init_env_must_show_what_was_read() -> None:
+    results = init_ok(2, "env://")
+    results[1]["env"]["RANK"] = "0"
+    assert_fails(verdict("init", results, 2), 1, "rank 1: RANK in the environment: expected '1', got '0'")
+    results = init_ok(2, "env://")
+    results[1]["env"]["MASTER_PORT"] = "1"
+    assert_fails(verdict("init", results, 2), 1, "rank 1: MASTER_PORT (the same for every rank): expected '29500'")
+    results = init_ok(2, "env://")
+    del results[0]["env"]
+    assert_fails(verdict("init", results, 2), 0, "rank 0: environment read for env://")
+
+
+# --- p2p ---
+
+@pytest.mark.parametrize("n", SIZES)
+def test_p2p_ring_off_by_one(n: int) -> None:
+    results = p2p_ok(n)
+    for r in range(n):
+        results[r]["ring"] = float(r)  # what a rank gets when everyone sends its right neighbour's rank
+    assert_fails(verdict("p2p", results, n), 0, f"rank 0: send/recv ring: value received from rank {n - 1} "
+                 f"(its rank): expected {float(n - 1)}, got 0.0")
+
+
+def test_p2p_pair_not_received_and_async_label() -> None:
+    results = p2p_ok(3)
+    results[1]["pair"] = 0.0
+    assert_fails(verdict("p2p", results, 3), 1, "rank 1: send/recv 0 -> 1: tensor: expected 1.0, got 0.0")
+    assert_fails(verdict("p2p-async", results, 3), 1, "rank 1: isend/irecv 0 -> 1: tensor: expected 1.0, got 0.0")
+    results = p2p_ok(3)
+    results[2]["ring"] = -1.0  # nothing arrived
+    assert_fails(verdict("p2p-async", results, 3), 2, "rank 2: isend/irecv ring: value received from rank 1")
+
+
+# --- collectives ---
+
+def test_broadcast_from_the_last_rank_not_received() -> None:
+    results = broadcast_ok(4)
+    results[1]["from_3"] = [0.0, 0.0, 0.0]
+    assert_fails(verdict("broadcast", results, 4), 1,
+                 "rank 1: broadcast from rank 3: expected [301.0, 302.0, 303.0], got [0.0, 0.0, 0.0]")
+
+
+def test_reduce_checks_dst_only() -> None:
+    results = reduce_ok(4)
+    results[2] = {"SUM": "anything"}  # not dst: its tensor is undefined
+    assert verdict("reduce", results, 4).passed
+    results[0]["PRODUCT"] = filled(10.0)
+    assert_fails(verdict("reduce", results, 4), 0, "rank 0: reduce PRODUCT to rank 0: "
+                 "expected [[24.0, 24.0], [24.0, 24.0]], got [[10.0, 10.0], [10.0, 10.0]]")
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_all_reduce_max_for_sum(n: int) -> None:
+    results = all_reduce_ok(n)
+    for r in range(n):
+        results[r]["SUM"] = filled(float(n))
+    v = verdict("all-reduce", results, n)
+    s = float(n * (n + 1) // 2)
+    assert v.reason == (f"rank 0: all_reduce SUM: expected {filled(s)}, got {filled(float(n))} (and {n - 1} more)")
+    assert v.failed_ranks == tuple(range(n))
+
+
+def test_scatter_wrong_piece_and_unsupported_note() -> None:
+    results = scatter_ok(3)
+    results[2]["received"] = [10.0]
+    assert_fails(verdict("scatter", results, 3), 2,
+                 "rank 2: scatter from rank 0: piece received: expected [30.0], got [10.0]")
+    results = scatter_ok(3)
+    for r in range(3):
+        results[r].update(unsupported="scatter on nccl: Backend nccl does not\nsupport scatter",
+                          workaround="broadcast, keep own piece")
+    v = verdict("scatter", results, 3)
+    assert v.passed
+    assert v.notes == ("scatter on nccl: Backend nccl does not support scatter; "
+                       "the tutorial's workaround was used: broadcast, keep own piece",)
+
+
+def test_gather_checks_dst_only() -> None:
+    results = gather_ok(4)
+    results[3] = {"gathered": "garbage"}
+    assert verdict("gather", results, 4).passed
+    results[0]["gathered"][2] = [-1.0]
+    assert_fails(verdict("gather", results, 4), 0,
+                 "rank 0: gather to rank 0: expected [[0.0], [1.0], [2.0], [3.0]], got [[0.0], [1.0], [-1.0], [3.0]]")
+
+
+def test_all_gather_wrong_order_on_one_rank() -> None:
+    results = all_gather_ok(3)
+    results[1]["gathered"] = [[1.0], [0.0], [2.0]]
+    v = verdict("all-gather", results, 3)
+    assert_fails(v, 1, "rank 1: all_gather: expected [[0.0], [1.0], [2.0]], got [[1.0], [0.0], [2.0]]")
+    assert v.failed_ranks == (1,)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_reduce_scatter_swapped(n: int) -> None:
+    good = reduce_scatter_ok(n)
+    results = {r: good[n - 1 - r] for r in range(n)}
+    v = verdict("reduce-scatter", results, n)
+    first = n * (n - 1) // 2
+    assert_fails(v, 0, f"rank 0: reduce_scatter SUM: piece received: expected [{first}], got [{10 ** (n - 1) * first}]")
+
+
+# --- barrier ---
+
+@pytest.mark.parametrize("n", SIZES)
+def test_barrier_rank_leaving_before_the_last_arrives(n: int) -> None:
+    results = barrier_ok(n)
+    results[0]["left"] = results[0]["arrived"]
+    assert_fails(verdict("barrier", results, n), 0,
+                 f"rank 0: left the barrier before rank {n - 1} arrived (s after the first arrival): "
+                 f"expected '>= {0.2 * (n - 1):.3f}', got '0.000'")
+
+
+def test_barrier_tolerates_small_clock_skew_only() -> None:
+    results = barrier_ok(3)
+    results[1]["left"] = results[2]["arrived"] - 0.03
+    assert verdict("barrier", results, 3).passed
+    results[1]["left"] = results[2]["arrived"] - 0.08
+    assert_fails(verdict("barrier", results, 3), 1, "rank 1: left the barrier before rank 2 arrived")
+
+
+def test_barrier_times_must_be_numbers_and_hosts_are_noted() -> None:
+    results = barrier_ok(2)
+    results[1]["left"] = "later"
+    assert_fails(verdict("barrier", results, 2), 1, "rank 1: arrived and left (time.time()): expected 'two numbers'")
+    world = World(2, "gloo", ("a", "b"), (0, 0))
+    v = collectives.check_barrier(barrier_ok(2), world)
+    assert v.passed
+    assert v.notes == ("the ranks ran on 2 hosts: the barrier check assumes their clocks agree within 50 ms",)
+
+
+def test_checkers_never_import_torch() -> None:
+    import lab.checks.basics
+    import lab.checks.collectives
+    import lab.checks.p2p
+
+    for module in (lab.checks.basics, lab.checks.collectives, lab.checks.p2p, lab.checks):
+        source = inspect.getsource(module)
+        assert "import torch" not in source and "from torch" not in source, module.__name__

@@ -1,0 +1,151 @@
+"""The local cluster end to end: the real CLI, real processes, real torch.distributed (gloo)."""
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+import yaml
+
+from lab import suite
+
+from .conftest import WRONG, Lab
+
+pytestmark = pytest.mark.local
+
+
+def run_json(lab: Lab, *args: str) -> tuple[int, dict]:
+    result = lab("run", *args, "--json")
+    assert result.out.strip(), f"no JSON on stdout; stderr:\n{result.err[-3000:]}"
+    return result.code, json.loads(result.out)
+
+
+def by_name(report: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in report["exercises"]}
+
+
+@pytest.mark.parametrize("nproc", [2, 3, 4])
+@pytest.mark.parametrize("init", ["env", "tcp", "file"])
+def test_run_all_passes(lab: Lab, nproc: int, init: str) -> None:
+    code, report = run_json(lab, "all", "--nproc", str(nproc), "--init", init, "--backend", "gloo")
+    failed = {e["name"]: e["reason"] for e in report["exercises"] if e["status"] != "pass"}
+    assert (code, failed) == (0, {})
+    assert set(by_name(report)) == set(suite.EXERCISES)
+    assert report["plan"]["world_size"] == nproc and report["plan"]["init"] == init
+    assert lab.leftovers() == []
+
+
+def test_output_streams_with_host_and_rank_prefix_then_one_line_per_exercise(lab: Lab) -> None:
+    result = lab("run", "p2p", "reduce-scatter", "--nproc", "4")
+    assert result.code == 0, result.text
+    # The reduce-scatter program prints what each rank holds, as the tutorial does.
+    assert "[local r3] " in result.out
+    lines = result.out.splitlines()
+    assert any(line.startswith("PASS") and "p2p " in line for line in lines)
+    assert any(line.startswith("PASS") and "reduce-scatter" in line for line in lines)
+    assert lines[-1].startswith("2 passed, 0 failed")
+
+
+WRONG_PROGRAMS = [
+    ("all-reduce", "all_reduce_max_for_sum.py", "SUM"),
+    ("reduce-scatter", "reduce_scatter_swapped.py", "reduce_scatter"),
+    ("p2p", "p2p_ring_off_by_one.py", "ring"),
+    ("barrier", "barrier_skipped.py", "left"),
+    ("groups", "groups_wrong_subset.py", "rank"),
+    ("p2p", "p2p_crashes.py", "rank 1"),
+]
+
+
+@pytest.mark.parametrize("exercise, program, fragment", WRONG_PROGRAMS)
+def test_wrong_programs_fail_their_check_with_a_reason(lab: Lab, exercise: str, program: str,
+                                                      fragment: str) -> None:
+    code, report = run_json(lab, exercise, "--nproc", "4", "--solution", str(WRONG / program),
+                            "--timeout", "30")
+    entry = by_name(report)[exercise]
+    assert code == 1, entry
+    assert entry["status"] == "fail" and fragment in entry["reason"], entry
+    assert entry["ranks"], "a failure names the rank(s)"
+    assert lab.leftovers() == []
+
+
+def test_a_hanging_rank_is_stopped_at_the_timeout_and_located(lab: Lab) -> None:
+    started = time.monotonic()
+    code, report = run_json(lab, "p2p", "--nproc", "2", "--timeout", "5",
+                            "--solution", str(WRONG / "p2p_never_sends.py"))
+    elapsed = time.monotonic() - started
+    entry = by_name(report)["p2p"]
+    assert code == 4 and entry["status"] == "timeout"
+    assert entry["ranks"] == [1]
+    assert "rank 1 (local) stopped after 5s in p2p at p2p_never_sends.py:" in entry["reason"]
+    assert "dist.recv" in entry["reason"]
+    assert elapsed < 30
+    assert lab.leftovers() == []
+
+
+def test_sigint_stops_every_rank(lab: Lab) -> None:
+    proc = lab.popen("run", "p2p", "--nproc", "3", "--timeout", "120",
+                     "--solution", str(WRONG / "p2p_never_sends.py"))
+    deadline = time.monotonic() + 60
+    while len(lab.leftovers()) < 4 and time.monotonic() < deadline:  # lab + 3 ranks
+        time.sleep(0.2)
+    time.sleep(2)  # let the ranks get into the exercise
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 130, out
+    assert lab.leftovers() == []
+
+
+def test_local_hosts_from_an_inventory_run_end_to_end(lab: Lab, tmp_path) -> None:
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(
+        "all:\n  vars:\n    ansible_connection: local\n    slots: 2\n"
+        "  hosts:\n    alpha:\n    beta:\n")
+    result = lab("run", "p2p", "all-gather", "--hosts", str(inventory))
+    assert result.code == 0, result.text
+    assert "[alpha r0] " in result.out or "[beta r3] " in result.out or "PASS" in result.out
+    code, report = run_json(lab, "all-gather", "--hosts", str(inventory))
+    assert code == 0
+    assert [(r["host"], r["rank"]) for r in report["ranks"]] == [
+        ("alpha", 0), ("alpha", 1), ("beta", 2), ("beta", 3)]
+
+
+def test_dry_run_prints_the_plan_as_yaml_and_starts_nothing(lab: Lab) -> None:
+    result = lab("run", "all", "--nproc", "3", "--init", "tcp", "--dry-run")
+    assert result.code == 0, result.err
+    plan = yaml.safe_load(result.out)
+    assert plan["world_size"] == 3 and plan["backend"] == "gloo"
+    assert [r["env"]["RANK"] for r in plan["ranks"]] == ["0", "1", "2"]
+    assert plan["stages"][1]["init_method"].startswith("tcp://127.0.0.1:")
+
+
+def test_list_names_every_exercise(lab: Lab) -> None:
+    result = lab("list")
+    assert result.code == 0
+    assert [line.split()[0] for line in result.out.splitlines()] == list(suite.EXERCISES)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("run", "nope"), "unknown exercise 'nope'"),
+    (("run", "p2p", "--nproc", "0"), "--nproc must be at least 1"),
+    (("run", "p2p", "--timeout", "-1"), "--timeout must be positive"),
+    (("run", "p2p", "broadcast", "--solution", str(WRONG / "p2p_crashes.py")), "exactly one exercise"),
+    (("run", "p2p", "--solution", "/no/such/file.py"), "not a readable .py file"),
+    (("run", "p2p", "--backend", "mpi"), "invalid choice"),
+    (("run", "p2p", "--hosts", "/no/such/inventory.yaml"), "/no/such/inventory.yaml"),
+])
+def test_bad_input_is_one_line_and_exit_2(lab: Lab, args: tuple[str, ...], fragment: str) -> None:
+    result = lab(*args)
+    assert result.code == 2
+    assert fragment in result.err
+    assert len(result.err.strip().splitlines()) == 1, result.err
+    assert "Traceback" not in result.err
+
+
+def test_bad_inventory_names_file_and_line(lab: Lab, tmp_path) -> None:
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("all:\n  hosts:\n    a:\n      slots: 0\n")
+    result = lab("run", "p2p", "--hosts", str(inventory))
+    assert result.code == 2
+    assert result.err.strip().startswith(f"lab: error: {inventory}:4: ")
+    assert "slots" in result.err and "Traceback" not in result.err
