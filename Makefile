@@ -4,9 +4,10 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 NPROC  ?= 4
+LAB_UP_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help venv python-venv test test-unit run list clean
+.PHONY: help venv python-venv test test-unit run list lab-up lab-down lab-status clean
 
 help: ## show the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -22,11 +23,20 @@ $(STAMP): requirements.txt
 test: venv ## run every test
 	$(PY) -m pytest -q
 
-test-unit: venv ## run the fast tests only (no processes started)
-	$(PY) -m pytest -q -m "not local"
+test-unit: venv ## run the fast tests only (no processes, sshd or Docker)
+	$(PY) -m pytest -q -m "not local and not sshd and not docker"
 
 run: venv ## run every exercise on the local cluster (NPROC=4 ranks)
 	$(PY) -m lab run all --nproc $(NPROC)
+
+lab-up: venv ## build the image, start the 4-host container lab, write inventory.yaml, run p2p across it
+	$(PY) -m lab up $(LAB_UP_ARGS)
+
+lab-down: venv ## remove every container, network and volume of the lab
+	$(PY) -m lab down
+
+lab-status: venv ## show each lab host, its addresses and whether sshd answers
+	$(PY) -m lab status
 
 list: venv ## list the exercises
 	$(PY) -m lab list

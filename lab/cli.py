@@ -14,19 +14,23 @@ import tempfile
 import traceback
 from dataclasses import replace
 from pathlib import Path
-from typing import NoReturn, Sequence
+from typing import Callable, NoReturn, Sequence
 
 import yaml
 from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
-from . import suite
+from . import cluster, engine, image, suite
 from .errors import ExitCode, LabError, UsageError
 from .inventory import Inventory, load_inventory, local_inventory
 from .judge import exit_code, judge
 from .plan import BACKENDS, DEFAULT_TIMEOUT, INIT_METHODS, Options, Plan, Resources, build_plan, ports_needed
 from .ports import reserved_ports
 from .report import LineStreamer, print_report, to_json
+from .image import DEFAULT_BASE, OFFLINE
 from .runner import run_plan
+from .transport.ssh import SSHSettings
 
 DEBUG_LOG = Path(tempfile.gettempdir()) / "lab-debug.log"
 
@@ -75,7 +79,28 @@ def build_parser() -> argparse.ArgumentParser:
                      "(rank output goes to stderr)")
     run.add_argument("--dry-run", action="store_true", help="print the plan as YAML and exit")
     run.add_argument("--keep", action="store_true", help="keep the run directory on every host")
+    run.add_argument("--accept-new-host-keys", action="store_true",
+                     help="trust SSH host keys not yet in known_hosts (and record them)")
     run.add_argument("-v", "--verbose", action="store_true", help="log what the lab does")
+
+    up = commands.add_parser(
+        "up", help="build the lab image and start the container lab, write its inventory, smoke-test it",
+        description="Start a lab of hosts (containers with their own addresses and sshd) on the local "
+                    "Docker engine, write the inventory for it, and run the p2p exercise across them.")
+    up.add_argument("--hosts", type=int, default=4, metavar="N", help="hosts in the lab (default 4)")
+    up.add_argument("--slots", type=int, default=1, metavar="S", help="ranks per host in the inventory (default 1)")
+    up.add_argument("--base", default=DEFAULT_BASE, metavar="IMAGE",
+                    help=f"base image (default {DEFAULT_BASE}); '{OFFLINE}' builds a Debian base with "
+                         f"debootstrap, as happens when the base cannot be pulled")
+    up.add_argument("--gpus", choices=("auto", "all", "none"), default="auto",
+                    help="give the hosts the engine's GPUs (needs the NVIDIA container toolkit; "
+                         "auto: when the engine has the nvidia runtime)")
+    up.add_argument("--inventory", default="inventory.yaml", metavar="PATH",
+                    help="where to write the lab's inventory (default inventory.yaml)")
+    up.add_argument("--no-smoke", action="store_true", help="skip the p2p run across the hosts")
+
+    commands.add_parser("down", help="remove every container, network and volume of the lab")
+    commands.add_parser("status", help="show each lab host, its addresses and whether sshd answers")
     return parser
 
 
@@ -85,9 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="lab: %(message)s")
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        if args.command == "list":
-            return cmd_list()
-        return cmd_run(args)
+        command = {"list": lambda: cmd_list(), "run": lambda: cmd_run(args), "up": lambda: cmd_up(args),
+                   "down": lambda: cmd_down(), "status": lambda: cmd_status()}[args.command]
+        return command()
     except LabError as exc:
         print(f"lab: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -128,7 +153,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run(plan: Plan, args: argparse.Namespace) -> int:
     console = Console(stderr=args.json, highlight=False)
-    outcome = run_plan(plan, on_line=LineStreamer(console), keep=args.keep)
+    settings = SSHSettings(accept_new_host_keys=args.accept_new_host_keys)
+    outcome = run_plan(plan, on_line=LineStreamer(console), keep=args.keep, ssh=settings)
     reports = judge(outcome)
     code = exit_code(outcome, reports)
     if args.json:
@@ -136,6 +162,56 @@ def _run(plan: Plan, args: argparse.Namespace) -> int:
     else:
         print_report(console, outcome, reports)
     return code
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    if args.hosts < 1 or args.slots < 1:
+        raise UsageError("--hosts and --slots must be at least 1")
+    console = Console(highlight=False)
+    say = _sayer(console)
+    topology = cluster.Topology(hosts=args.hosts, slots=args.slots)
+    paths = cluster.LabPaths(Path(args.inventory).resolve())
+    client = engine.ensure_engine(say)
+    cluster.ensure_key(paths.key, say)
+    with console.status("building", spinner="dots") as spinner:
+        tag = image.ensure_image(client, args.base, paths.state, say,
+                                 lambda line: spinner.update(Text(line[:100], style="dim")))
+    gpus = args.gpus == "all" or (args.gpus == "auto" and "nvidia" in client.info().get("Runtimes", {}))
+    cluster.ensure_network(client, topology, say)
+    containers = cluster.start_hosts(client, topology, tag, paths, gpus, say)
+    cluster.collect_host_keys(containers, topology, paths)
+    cluster.wait_for_ssh(topology)
+    paths.inventory.write_text(cluster.inventory_text(topology))
+    say(f"wrote {args.inventory}: {topology.hosts} hosts x {topology.slots} slot(s)")
+    if args.no_smoke:
+        return ExitCode.OK
+    say("smoke check: p2p across the hosts")
+    return cmd_run(build_parser().parse_args(["run", "p2p", "--hosts", str(paths.inventory)]))
+
+
+def cmd_down() -> int:
+    console = Console(highlight=False)
+    removed = cluster.down(engine.client(), _sayer(console))
+    _sayer(console)(f"the lab is down ({removed} removed)" if removed else "no lab to remove")
+    return ExitCode.OK
+
+
+def cmd_status() -> int:
+    console = Console(highlight=False)
+    hosts = cluster.status(engine.client())
+    if not hosts:
+        console.print("no lab is running; start one with `make lab-up`")
+        return ExitCode.OK
+    table = Table("container", "hostname", "state", "addresses", "ssh")
+    for h in hosts:
+        table.add_row(h.container, h.hostname, h.state, ", ".join(h.addresses),
+                      Text("answers", style="green") if h.ssh else Text("no answer", style="red"))
+    console.print(table)
+    return ExitCode.OK if all(h.ssh for h in hosts) else ExitCode.UNREACHABLE
+
+
+def _sayer(console: Console) -> Callable[[str], None]:
+    return lambda message: console.print(Text(f"lab: {message}"), highlight=False)
 
 
 def _options(args: argparse.Namespace) -> Options:

@@ -59,12 +59,14 @@ class Host:
     port: int = 22
     user: str | None = None
     key_file: str | None = None  # absolute path
+    known_hosts: str | None = None  # absolute path of the lab's known_hosts file for this host
     connection: str = "ssh"  # ssh | local | docker
     python: str = _DEFAULT_PYTHON
     slots: int = 1  # ranks on this host
     gpus: int = 0
     data_address: str | None = None  # the address peers use for the data plane, if not `address`
     network_interface: str | None = None  # the NIC for the data plane (GLOO_SOCKET_IFNAME)
+    shared_dir: str | None = None  # a directory every host mounts (NFS...): file:// rendezvous
     container: str | None = None  # the container name, for connection docker
     groups: tuple[str, ...] = ()  # every group the host is in, `all` left out, in file order
     source: str = ""  # "inventory.yaml:12": where the host is defined
@@ -181,6 +183,14 @@ def _text(key: str, node: Node, base_dir: str) -> str:
     return value
 
 
+def _host_directory(key: str, node: Node, base_dir: str) -> str:
+    """An absolute directory on the host itself (not resolved here)."""
+    value = _text(key, node, base_dir)
+    if not value.startswith("/"):
+        raise _Invalid(f"{key} must be an absolute path on the host, got {_shown(node)}")
+    return value.rstrip("/") or "/"
+
+
 def _integer(minimum: int, maximum: int | None = None) -> _Reader:
     wanted = f"an integer >= {minimum}" if maximum is None else f"an integer from {minimum} to {maximum}"
 
@@ -214,18 +224,30 @@ def _key_file(key: str, node: Node, base_dir: str) -> str:
     return path
 
 
+def _known_hosts_file(key: str, node: Node, base_dir: str) -> str:
+    """A known_hosts path; the file itself may be missing (--accept-new-host-keys creates it)."""
+    path = os.path.abspath(os.path.join(base_dir, os.path.expanduser(_text(key, node, base_dir))))
+    if os.path.isdir(path):
+        raise _Invalid(f"{key}: {path} is a directory, not a file")
+    if not os.path.isdir(os.path.dirname(path)):
+        raise _Invalid(f"{key}: directory {os.path.dirname(path)} does not exist")
+    return path
+
+
 # Each key a host or group may set: the Host field it fills, and how its value is read.
 _VARS: dict[str, tuple[str, _Reader]] = {
     "ansible_host": ("address", _text),
     "ansible_port": ("port", _integer(1, 65535)),
     "ansible_user": ("user", _text),
     "ansible_ssh_private_key_file": ("key_file", _key_file),
+    "ssh_known_hosts_file": ("known_hosts", _known_hosts_file),
     "ansible_connection": ("connection", _connection),
     "ansible_python_interpreter": ("python", _python),
     "slots": ("slots", _integer(1)),
     "gpus": ("gpus", _integer(0)),
     "data_address": ("data_address", _text),
     "network_interface": ("network_interface", _text),
+    "shared_dir": ("shared_dir", _host_directory),
     "docker_container": ("container", _text),
 }
 

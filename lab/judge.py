@@ -38,12 +38,16 @@ def judge(outcome: RunOutcome) -> list[ExerciseReport]:
 
 def _judge_one(run: ExerciseRun, outcome: RunOutcome, world: World) -> ExerciseReport:
     seconds = max(run.seconds.values()) if run.seconds else None
-    if run.errors:
-        rank, err = min(run.errors.items())
-        where = f" at {err['where']}" if err.get("where") else ""
-        more = f" (and {len(run.errors) - 1} more ranks)" if len(run.errors) > 1 else ""
-        return ExerciseReport(run.name, "fail", seconds, f"rank {rank} raised {err['error']}{where}{more}",
-                              tuple(sorted(run.errors)),
+    died = [s for s in outcome.ranks if s.step == run.name and not s.done and s.exit_code not in (None, 0)
+            and not (outcome.status == "timeout" and s.spec.rank in outcome.hung)]
+    if died or run.errors:  # a dead rank first: its peers' errors are only the echo of it
+        causes = [f"rank {s.spec.rank} ({s.spec.host}) exited with code {s.exit_code} during {run.name}"
+                  for s in died]
+        causes += [f"rank {rank} raised {err['error']}" + (f" at {err['where']}" if err.get("where") else "")
+                   for rank, err in sorted(run.errors.items())]
+        more = f" (and {len(causes) - 1} more)" if len(causes) > 1 else ""
+        ranks = tuple(sorted({s.spec.rank for s in died} | set(run.errors)))
+        return ExerciseReport(run.name, "fail", seconds, causes[0] + more, ranks,
                               details={r: e.get("traceback", "") for r, e in run.errors.items()})
     if len(run.results) == world.world_size:
         verdict: Verdict = EXERCISES[run.name].check(run.results, world)
@@ -53,18 +57,12 @@ def _judge_one(run: ExerciseRun, outcome: RunOutcome, world: World) -> ExerciseR
 
 
 def _unfinished(run: ExerciseRun, outcome: RunOutcome, seconds: float | None) -> ExerciseReport:
-    """Some ranks never reported: say which, and why (hung, died, never started)."""
+    """Some ranks never reported: say which, and why (hung, or never got there)."""
     here = [s for s in outcome.ranks if s.step == run.name and s.spec.rank not in run.results]
-    hung = [s for s in here if s.spec.rank in outcome.hung]
     if outcome.status == "timeout" and here:
-        stuck = hung or here
+        stuck = [s for s in here if s.spec.rank in outcome.hung] or here
         reason = "; ".join(_stuck(s, outcome.plan.timeout) for s in stuck)
         return ExerciseReport(run.name, "timeout", seconds, reason, tuple(s.spec.rank for s in stuck))
-    died = [s for s in here if not s.done and s.exit_code not in (None, 0)]
-    if died:
-        reason = "; ".join(f"rank {s.spec.rank} ({s.spec.host}) exited with code {s.exit_code} "
-                           f"during {run.name}" for s in died)
-        return ExerciseReport(run.name, "fail", seconds, reason, tuple(s.spec.rank for s in died))
     fatal = [s for s in outcome.ranks if s.fatal]
     if fatal:
         s = fatal[0]

@@ -77,6 +77,13 @@ class Plan:
     hosts: tuple[Host, ...]
     ranks: tuple[RankSpec, ...]
     stages: tuple[Stage, ...]
+    uploads: dict[str, str] = field(default_factory=dict, hash=False)  # run-dir path -> local file
+    shared_run_dir: str | None = None  # the run's directory in the hosts' shared_dir, if any
+
+    @property
+    def code_dir(self) -> str:
+        """Where the lab's own code lies on every host: each run carries its own copy."""
+        return f"{self.run_dir}/code"
 
     @property
     def exercise_names(self) -> tuple[str, ...]:
@@ -93,7 +100,7 @@ class Plan:
     def worker_env(self, rank: RankSpec) -> dict[str, str]:
         """Everything a worker process gets in its environment."""
         return {**rank.env, "LAB_RANK_PLAN": json.dumps(self.rank_plan(rank)),
-                "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+                "PYTHONPATH": self.code_dir, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for ``--dry-run`` (YAML) and ``--json``."""
@@ -122,6 +129,18 @@ def data_address(host: Host) -> str:
     return host.data_address or host.address
 
 
+def shared_run_dir(hosts: Sequence[Host], run_dir: str) -> str | None:
+    """Where file:// rendezvous files go so that every rank sees them: the run directory
+    when every host is this machine, else the run's directory in the ``shared_dir`` all
+    hosts mount. None when there is none: the rank-side check then says so."""
+    if all(h.is_local for h in hosts):
+        return None
+    dirs = {h.shared_dir for h in hosts}
+    if len(dirs) != 1 or None in dirs:
+        return None
+    return f"{dirs.pop()}/{run_dir.rstrip('/').rsplit('/', 1)[-1]}"
+
+
 def ports_needed(options: Options) -> int:
     """How many ports the plan will take from ``Resources.ports``."""
     return sum(1 for kind, _ in _group_by_stage(options) if kind in ("env", "tcp"))
@@ -146,10 +165,21 @@ def build_plan(inventory: Inventory, options: Options, resources: Resources) -> 
         raise UsageError("--solution replaces one exercise's program: name exactly one exercise")
     if not options.exercises:
         raise UsageError("no exercise to run")
+    for exercise in options.exercises:
+        if inventory.world_size < exercise.min_ranks:
+            raise UsageError(f"{exercise.name} needs at least {exercise.min_ranks} ranks; "
+                             f"this cluster has {inventory.world_size}")
 
     master = data_address(hosts[0])
     ports = iter(resources.ports)
-    stages = tuple(_stage(kind, exs, master, ports, resources.run_dir, options)
+    uploads = {}
+    program = None  # the solution as every host sees it: copied into the run directory
+    if options.solution:
+        relative = f"solution/{options.solution.rsplit('/', 1)[-1]}"
+        uploads[relative] = options.solution
+        program = f"{resources.run_dir}/{relative}"
+    shared = shared_run_dir(hosts, resources.run_dir)
+    stages = tuple(_stage(kind, exs, master, ports, shared or resources.run_dir, program)
                    for kind, exs in _group_by_stage(options))
     master_port = next((s.port for s in stages if s.port is not None), None)
 
@@ -169,7 +199,7 @@ def build_plan(inventory: Inventory, options: Options, resources: Resources) -> 
     return Plan(world_size=inventory.world_size, backend=backend, init=options.init,
                 master_addr=master, master_port=master_port, timeout=options.timeout,
                 token=resources.token, run_dir=resources.run_dir, hosts=hosts,
-                ranks=tuple(ranks), stages=stages)
+                ranks=tuple(ranks), stages=stages, uploads=uploads, shared_run_dir=shared)
 
 
 def _group_by_stage(options: Options) -> list[tuple[str, list[Exercise]]]:
@@ -187,15 +217,15 @@ def _group_by_stage(options: Options) -> list[tuple[str, list[Exercise]]]:
     return groups
 
 
-def _stage(kind: str, exercises: list[Exercise], master: str, ports: Any, run_dir: str,
-           options: Options) -> Stage:
+def _stage(kind: str, exercises: list[Exercise], master: str, ports: Any, files_dir: str,
+           solution: str | None) -> Stage:
     shared = exercises[0].rendezvous == "shared"
-    refs = tuple({"name": e.name, "program": options.solution or e.program} for e in exercises)
+    refs = tuple({"name": e.name, "program": solution or e.program} for e in exercises)
     if kind == "none":
         return Stage("none", "none", None, None, None, None, refs)
     rendezvous = "shared" if shared else kind
     if kind == "file":
-        path = f"{run_dir}/rendezvous-{'shared' if shared else exercises[0].name}"
+        path = f"{files_dir}/rendezvous-{'shared' if shared else exercises[0].name}"
         return Stage(rendezvous, "file", f"file://{path}", None, None, path, refs)
     port = next(ports, None)
     if port is None:

@@ -88,7 +88,8 @@ def to_json(outcome: RunOutcome, reports: list[ExerciseReport], exit_code: int) 
             "mismatches": [{"rank": m.rank, "what": m.what, "expected": m.expected, "got": m.got}
                            for m in r.mismatches],
         } for r in reports],
-        "ranks": [{"rank": s.spec.rank, "host": s.spec.host, "exit_code": s.exit_code,
+        "ranks": [{"rank": s.spec.rank, "host": s.spec.host, "hostname": s.info.get("hostname"),
+                   "pid": s.info.get("pid"), "exit_code": s.exit_code,
                    "step": s.step, "stopped_at": s.stopped_at, "fatal": s.fatal,
                    "torch": s.info.get("torch")} for s in outcome.ranks],
     }

@@ -19,14 +19,15 @@ import signal
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable
 
-from .errors import RunError
+from .errors import HostUnreachable, LabError, RunError
 from .plan import Plan, RankSpec
-from .transport import RankProcess, Transport, transport_for
-from .transport.local import PACKAGE_ROOT
+from .transport import PACKAGE_DIR, RankProcess, Transport, code_uploads, transport_for
+from .transport.ssh import SSHSettings
 from .worker import MARK
 
 log = logging.getLogger(__name__)
@@ -85,9 +86,10 @@ class RunOutcome:
 OnLine = Callable[[RankState, str, str], None]  # (rank, "out" | "err", line)
 
 
-def run_plan(plan: Plan, on_line: OnLine = lambda *_: None, keep: bool = False) -> RunOutcome:
+def run_plan(plan: Plan, on_line: OnLine = lambda *_: None, keep: bool = False,
+             ssh: SSHSettings | None = None) -> RunOutcome:
     """Run ``plan`` to the end, a timeout or an interrupt; leave nothing running."""
-    transports: dict[str, Transport] = {h.name: transport_for(h) for h in plan.hosts}
+    transports: dict[str, Transport] = {h.name: transport_for(h, ssh) for h in plan.hosts}
     states = [RankState(spec) for spec in plan.ranks]
     runs = {name: ExerciseRun(name) for name in plan.exercise_names}
     events: queue.Queue[tuple[int, str, str | None]] = queue.Queue()
@@ -95,11 +97,16 @@ def run_plan(plan: Plan, on_line: OnLine = lambda *_: None, keep: bool = False) 
     status = "completed"
     hung: list[int] = []
     try:
-        for t in transports.values():
-            t.prepare(plan.run_dir)
-        for i, state in enumerate(states):
+        _prepare_all(plan, transports)
+        def start(state: RankState) -> None:  # recorded at once, so `finally` stops it
             state.process = _start(plan, state, transports[state.spec.host])
             state.step_started = time.monotonic()
+
+        with ThreadPoolExecutor(max_workers=min(32, len(states))) as pool:
+            for future in [pool.submit(start, s) for s in states]:
+                future.result()
+        for i, state in enumerate(states):
+            assert state.process is not None
             for stream_name, stream in (("out", state.process.stdout), ("err", state.process.stderr)):
                 threading.Thread(target=_pump, args=(stream, i, stream_name, events),
                                  name=f"lab-read-{i}-{stream_name}", daemon=True).start()
@@ -110,10 +117,28 @@ def run_plan(plan: Plan, on_line: OnLine = lambda *_: None, keep: bool = False) 
         _stop_all(states)
         for t in transports.values():
             try:
-                t.cleanup(plan.run_dir, keep)
+                for directory in filter(None, (plan.run_dir, plan.shared_run_dir)):
+                    t.cleanup(directory, keep)
             finally:
                 t.close()
     return RunOutcome(plan, states, runs, status, time.monotonic() - started, hung)
+
+
+def _prepare_all(plan: Plan, transports: dict[str, Transport]) -> None:
+    """Reach every host at once and carry the run's files there. A group never stops at the
+    first failure: every host is tried, and one error names all that failed."""
+    uploads = {**code_uploads(), **{rel: Path(local) for rel, local in plan.uploads.items()}}
+    with ThreadPoolExecutor(max_workers=min(32, len(transports))) as pool:
+        futures = {name: pool.submit(t.prepare, plan.run_dir, uploads) for name, t in transports.items()}
+    failures = [(name, f.exception()) for name, f in futures.items() if f.exception() is not None]
+    if not failures:
+        return
+    if all(isinstance(e, HostUnreachable) for _, e in failures):
+        raise HostUnreachable("; ".join(str(e) for _, e in failures))
+    name, error = next((n, e) for n, e in failures if not isinstance(e, HostUnreachable))
+    if isinstance(error, LabError):
+        raise error
+    raise RunError(f"host {name}: cannot prepare the run: {error}") from error
 
 
 def _start(plan: Plan, state: RankState, transport: Transport) -> RankProcess:
@@ -234,18 +259,23 @@ def where_stopped(dump: list[str], programs: dict[str, Path]) -> str | None:
 
 def _program_files(plan: Plan) -> dict[str, Path]:
     """File name -> local path of every program the plan runs."""
-    files: dict[str, Path] = {}
+    files = {Path(local).name: Path(local) for local in plan.uploads.values()}
     for stage in plan.stages:
         for exercise in stage.exercises:
             program = exercise["program"]
-            path = Path(program) if program.endswith(".py") else Path(PACKAGE_ROOT, *program.split(".")).with_suffix(".py")
-            files[path.name] = path
+            if not program.endswith(".py"):
+                path = PACKAGE_DIR.joinpath(*program.split(".")[1:]).with_suffix(".py")
+                files[path.name] = path
     return files
 
 
 def _stop_all(states: list[RankState]) -> None:
-    for s in states:
-        if s.process is not None:
-            s.process.kill()
-            if s.exit_code is None:
-                s.exit_code = s.process.poll()
+    """Kill every rank's process group, on all hosts at once."""
+    started = [s for s in states if s.process is not None]
+    if not started:
+        return
+    with ThreadPoolExecutor(max_workers=min(32, len(started))) as pool:
+        list(pool.map(lambda s: s.process.kill(), started))  # type: ignore[union-attr]
+    for s in started:
+        if s.exit_code is None:
+            s.exit_code = s.process.poll()  # type: ignore[union-attr]

@@ -32,6 +32,7 @@ class Exercise:
     program: str  # dotted module of the reference rank program; it defines run(...)
     check: Checker
     rendezvous: str = "shared"
+    min_ranks: int = 1
 
 
 def _exercises() -> dict[str, Exercise]:
@@ -47,9 +48,9 @@ def _exercises() -> dict[str, Exercise]:
         Exercise("init-file", "init_method='file:///PATH' on a path every rank shares",
                  "lab.exercises.init_file", basics.check_init, "file"),
         Exercise("p2p", "blocking send/recv: 0 -> 1, then a pass around the ring",
-                 "lab.exercises.p2p", p2p.check_p2p),
+                 "lab.exercises.p2p", p2p.check_p2p, min_ranks=2),
         Exercise("p2p-async", "non-blocking isend/irecv and wait()",
-                 "lab.exercises.p2p_async", p2p.check_p2p_async),
+                 "lab.exercises.p2p_async", p2p.check_p2p_async, min_ranks=2),
         Exercise("broadcast", "broadcast from rank 0 (and from the last rank)",
                  "lab.exercises.broadcast", collectives.check_broadcast),
         Exercise("reduce", "reduce to rank 0 with SUM, PRODUCT, MAX, MIN",

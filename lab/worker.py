@@ -22,7 +22,6 @@ from __future__ import annotations
 import datetime
 import faulthandler
 import importlib
-import importlib.util
 import inspect
 import json
 import os
@@ -36,6 +35,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 MARK = "\x1flab:"
+GROUP_TIMEOUT_MARGIN = 30.0  # seconds
 PLAN_VAR = "LAB_RANK_PLAN"
 
 
@@ -69,15 +69,16 @@ def _stop_when_orphaned() -> None:
 
 
 def load_program(program: str) -> ModuleType:
-    """A program is a dotted module name or the path of a ``.py`` file (a solution)."""
+    """A program is a dotted module name or the path of a ``.py`` file (a solution).
+
+    A file is imported by its name from its directory, which joins ``sys.path``: processes
+    that mp.spawn starts inherit the path and so can unpickle the solution's functions.
+    """
     if program.endswith(".py"):
-        spec = importlib.util.spec_from_file_location("lab_solution", program)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot load {program}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["lab_solution"] = module  # mp.spawn children pickle functions by module
-        spec.loader.exec_module(module)
-        return module
+        directory, name = os.path.split(os.path.abspath(program))
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
+        program = name[:-3]
     return importlib.import_module(program)
 
 
@@ -97,7 +98,7 @@ class Rank:
         self.size = int(os.environ["WORLD_SIZE"])
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.backend: str = plan["backend"]
-        self.timeout = datetime.timedelta(seconds=float(plan["timeout"]))
+        self.timeout = float(plan["timeout"])
         self.device = torch.device(plan["device"])
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -131,11 +132,14 @@ class Rank:
             if stage["init"] == "env":
                 os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = stage["addr"], str(stage["port"])
             if stage["init"] == "file":
-                ensure_shared_path(stage["path"], self.rank, self.size, self.timeout.total_seconds())
+                ensure_shared_path(stage["path"], self.rank, self.size, self.timeout)
             if shared:
                 self.emit("step", step=f"init:{stage['init']}")
+                # The controller's watchdog stops a hung rank at the lab's timeout and locates
+                # it; the group's own timeout is only the backstop, so it comes later.
                 dist.init_process_group(self.backend, init_method=init_method, rank=self.rank,
-                                        world_size=self.size, timeout=self.timeout)
+                                        world_size=self.size,
+                                        timeout=datetime.timedelta(seconds=self.timeout + GROUP_TIMEOUT_MARGIN))
         except Exception as exc:  # the stage's exercises cannot run: each one failed for this reason
             for exercise in stage["exercises"]:
                 self.emit("error", exercise=exercise["name"], error=f"{type(exc).__name__}: {exc}",
@@ -145,8 +149,9 @@ class Rank:
         try:
             for exercise in stage["exercises"]:
                 failures += not self.run_exercise(exercise, init_method)
-                if shared:
-                    dist.barrier()  # keep one exercise's messages out of the next
+                if shared:  # keep one exercise's messages out of the next
+                    self.emit("step", step=f"wait:{exercise['name']}")
+                    dist.barrier()
         finally:
             if shared and dist.is_initialized():
                 dist.destroy_process_group()
@@ -190,7 +195,8 @@ def ensure_shared_path(path: str, rank: int, size: int, timeout: float) -> None:
         if time.monotonic() > deadline:
             raise SharedPathError(
                 f"{path} is not shared: rank {rank} on {socket.gethostname()} sees markers of "
-                f"ranks {seen} only; file:// needs a directory every rank reaches (e.g. NFS)")
+                f"ranks {seen} only; file:// needs a directory every host mounts (NFS, ...): "
+                f"name it with shared_dir in the inventory")
         time.sleep(0.05)
 
 

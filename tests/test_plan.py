@@ -82,13 +82,15 @@ def test_init_option_chooses_the_shared_groups_method(init: str, method: str) ->
 
 
 def test_ipv6_master_is_bracketed_in_tcp_urls() -> None:
-    plan = build_plan(inv(Host("a", "fd00::1")), opts("p2p", init="tcp"), RES)
+    plan = build_plan(inv(Host("a", "fd00::1")), opts("broadcast", init="tcp"), RES)
     assert plan.stages[0].init_method == "tcp://[fd00::1]:29501"
 
 
 def test_solution_replaces_the_program_and_needs_one_exercise() -> None:
     plan = build_plan(local_inventory(2), opts("p2p", solution="/home/s/mine.py"), RES)
-    assert plan.stages[0].exercises == ({"name": "p2p", "program": "/home/s/mine.py"},)
+    # Every host runs its own copy, carried into the run directory.
+    assert plan.stages[0].exercises == ({"name": "p2p", "program": "/tmp/lab-run-t0k3n/solution/mine.py"},)
+    assert plan.uploads == {"solution/mine.py": "/home/s/mine.py"}
     with pytest.raises(UsageError, match="exactly one exercise"):
         build_plan(local_inventory(2), opts("p2p", "broadcast", solution="/x.py"), RES)
 
@@ -100,6 +102,7 @@ def test_worker_env_carries_the_rank_plan_and_dry_run_data_is_plain_yaml() -> No
     assert rank_plan["token"] == "t0k3n" and rank_plan["device"] == "cpu"
     assert [s["rendezvous"] for s in rank_plan["stages"]] == ["none", "shared", "env", "tcp", "file"]
     assert env["RANK"] == "1" and env["PYTHONUNBUFFERED"] == "1"
+    assert env["PYTHONPATH"] == "/tmp/lab-run-t0k3n/code"  # the run's own copy of the lab
     data = yaml.safe_load(yaml.safe_dump(plan.to_dict()))
     assert data["world_size"] == 2 and data["ranks"][1]["env"]["RANK"] == "1"
     assert "LAB_RANK_PLAN" not in data["ranks"][1]["env"]
@@ -119,3 +122,21 @@ def test_reserved_ports_are_free_distinct_and_held_against_other_runs() -> None:
         for port in ports:  # free for the rendezvous itself to bind
             with socket.socket() as s:
                 s.bind(("", port))
+
+
+def test_an_exercise_that_needs_more_ranks_than_the_cluster_has_is_refused() -> None:
+    with pytest.raises(UsageError, match="p2p needs at least 2 ranks; this cluster has 1"):
+        build_plan(local_inventory(1), opts("all"), RES)
+    assert build_plan(local_inventory(1), opts("broadcast"), RES).world_size == 1
+
+
+def test_file_rendezvous_goes_to_the_directory_every_host_shares() -> None:
+    a, b = Host("a", "10.0.0.1", shared_dir="/shared"), Host("b", "10.0.0.2", shared_dir="/shared")
+    plan = build_plan(inv(a, b), opts("init-file"), RES)
+    assert plan.shared_run_dir == "/shared/lab-run-t0k3n"
+    assert plan.stages[0].init_method == "file:///shared/lab-run-t0k3n/rendezvous-init-file"
+    # Hosts that share nothing: the path stays in the run directory and the rank-side
+    # check reports that it is not shared.
+    plan = build_plan(inv(a, Host("b", "10.0.0.2")), opts("init-file"), RES)
+    assert plan.shared_run_dir is None
+    assert plan.stages[0].path == "/tmp/lab-run-t0k3n/rendezvous-init-file"

@@ -8,10 +8,14 @@ survives) and killed. ``transport_for`` picks one from the host's ``connection``
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import IO, Mapping, Sequence
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Mapping, Sequence
 
 from ..errors import UsageError
 from ..inventory import Host
+
+if TYPE_CHECKING:
+    from .ssh import SSHSettings
 
 
 class RankProcess(ABC):
@@ -47,8 +51,9 @@ class Transport(ABC):
     def python_argv(self) -> list[str]:
         """How to run the lab's rank worker on this host."""
 
-    def prepare(self, run_dir: str) -> None:
-        """Make ``run_dir`` and whatever the worker needs on the host."""
+    @abstractmethod
+    def prepare(self, run_dir: str, uploads: Mapping[str, Path]) -> None:
+        """Make ``run_dir`` on the host and put each upload (path in run_dir -> local file) there."""
 
     def cleanup(self, run_dir: str, keep: bool = False) -> None:
         """Remove what ``prepare`` made (unless ``keep``)."""
@@ -57,10 +62,23 @@ class Transport(ABC):
         """Release the connection."""
 
 
-def transport_for(host: Host) -> Transport:
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # lab/
+
+
+def code_uploads() -> dict[str, Path]:
+    """The lab's own code, as every run carries it to every host (``code/lab/...``)."""
+    return {f"code/lab/{p.relative_to(PACKAGE_DIR).as_posix()}": p
+            for p in sorted(PACKAGE_DIR.rglob("*.py")) if "__pycache__" not in p.parts}
+
+
+def transport_for(host: Host, ssh: "SSHSettings | None" = None) -> Transport:
+    """The transport that reaches ``host`` (``ssh`` settings apply to SSH hosts)."""
     from .local import LocalTransport
+    from .ssh import SSHSettings, SSHTransport
 
     if host.connection == "local":
         return LocalTransport(host)
+    if host.connection == "ssh":
+        return SSHTransport(host, ssh or SSHSettings())
     raise UsageError(f"host {host.name}: connection '{host.connection}' is not available in this "
-                     f"version; only ansible_connection: local hosts can run")
+                     f"version; use ssh or local")

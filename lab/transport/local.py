@@ -11,9 +11,6 @@ from typing import Mapping, Sequence
 
 from . import RankProcess, Transport
 
-PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the directory that holds lab/
-
-
 class LocalProcess(RankProcess):
     def __init__(self, popen: subprocess.Popen[bytes]) -> None:
         self._popen = popen
@@ -42,15 +39,18 @@ class LocalTransport(Transport):
         python = self.host.python if self.host.python != "python3" else sys.executable
         return [python, "-m", "lab.worker"]
 
-    def prepare(self, run_dir: str) -> None:
-        os.makedirs(run_dir, exist_ok=True)
+    def prepare(self, run_dir: str, uploads: Mapping[str, Path]) -> None:
+        for relative, source in uploads.items():
+            target = Path(run_dir, relative)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
 
     def cleanup(self, run_dir: str, keep: bool = False) -> None:
         if not keep:
             shutil.rmtree(run_dir, ignore_errors=True)
 
     def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> RankProcess:
-        path = os.pathsep.join(p for p in (PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)
+        path = os.pathsep.join(p for p in (env.get("PYTHONPATH"), os.environ.get("PYTHONPATH")) if p)
         popen = subprocess.Popen(
             list(argv), cwd=cwd, env={**os.environ, **env, "PYTHONPATH": path},
             stdin=subprocess.PIPE,  # the worker stops itself when this closes

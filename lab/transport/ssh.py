@@ -1,0 +1,680 @@
+"""The SSH transport: ranks are processes on a host reached over SSH (paramiko).
+
+Contracts:
+
+- Constructing an :class:`SSHTransport` does no I/O. The first call that needs the host
+  (``prepare``, ``start``) reads ``~/.ssh/config`` and connects; every wait on the network
+  is bounded by ``SSHSettings.connect_timeout``.
+- The inventory's explicit values (``ansible_host``, a non-default ``ansible_port``,
+  ``ansible_user``, the key file) win over ``~/.ssh/config``, which is looked up by the
+  host's name and by its address (HostName, User, Port, IdentityFile, ProxyJump,
+  HashKnownHosts).
+- Host keys are checked against the lab's known_hosts file (the host's own, else the
+  settings') and ``~/.ssh/known_hosts``. An unknown key is refused unless
+  ``accept_new_host_keys``, which appends it to the lab file; a changed key is always
+  refused.
+- Authentication is by key only (the inventory's key file or IdentityFile, else ssh-agent
+  and the default keys), never by password.
+- Every failure to reach the host is a :class:`HostUnreachable` with one line that names it.
+- A rank is one exec channel. The remote shell prints its PID and execs the worker in its
+  place; sshd starts every exec command in a new session, so that PID is the process
+  group that ``signal`` and ``kill`` address. The channel's stdin stays open while the rank
+  runs: the worker kills its own group when it closes (the controller went away).
+"""
+from __future__ import annotations
+
+import fcntl
+import getpass
+import logging
+import os
+import posixpath
+import re
+import shlex
+import signal
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Iterator, Mapping, Sequence, cast
+
+import paramiko
+from paramiko.hostkeys import HostKeyEntry
+
+from ..errors import HostUnreachable, LabError, RunError, UsageError
+from ..inventory import Host
+from . import RankProcess, Transport
+
+log = logging.getLogger(__name__)
+WIRE_LOG = f"{__name__}.paramiko"  # paramiko's own log lines for the lab's connections
+
+
+def _only_when_verbose(record: logging.LogRecord) -> bool:
+    """paramiko logs a failed handshake with a traceback at ERROR; the lab raises one line for
+    it instead, so paramiko's lines show only when the lab logs at DEBUG (``-v``)."""
+    return log.isEnabledFor(logging.DEBUG)
+
+
+logging.getLogger(WIRE_LOG).addFilter(_only_when_verbose)
+
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+RANKS_PER_CONNECTION = 8  # sshd allows 10 sessions per connection (MaxSessions); keep two spare
+MAX_JUMPS = 8  # ProxyJump hops before we call it a loop
+PID_MARK = b"lab-pid:"
+LINES_BEFORE_PID = 100  # what a login script may print before the pid line
+
+
+@dataclass(frozen=True)
+class SSHSettings:
+    """How every SSH host of a run is reached."""
+
+    connect_timeout: float = 10.0  # seconds for any one wait: TCP, banner, auth, a channel, a reply
+    accept_new_host_keys: bool = False  # trust and record a host key seen for the first time
+    known_hosts: str | None = None  # the lab's known_hosts file; a host's own file wins
+    ssh_config: str = "~/.ssh/config"
+
+
+@dataclass(frozen=True)
+class _Endpoint:
+    """One SSH server to log in to: the host itself or a jump host on the way to it."""
+
+    who: str  # "host a" or "host a: jump host bastion"
+    address: str
+    port: int
+    user: str
+    key_files: tuple[str, ...]  # empty: ssh-agent and the default keys
+    jumps: tuple[str, ...]  # ProxyJump hops, the nearest to this server last
+    hash_known_hosts: bool
+
+    @property
+    def where(self) -> str:
+        """``host a (10.0.0.1:22)``: how messages name it."""
+        address = f"[{self.address}]" if ":" in self.address else self.address
+        return f"{self.who} ({address}:{self.port})"
+
+    @property
+    def known_hosts_name(self) -> str:
+        """The name its keys have in known_hosts, as ssh writes it."""
+        return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
+
+
+class SSHProcess(RankProcess):
+    """A rank started on an exec channel; ``pgid`` is its remote process group."""
+
+    def __init__(self, transport: SSHTransport, client: paramiko.SSHClient, channel: paramiko.Channel,
+                 pgid: int, stdout: IO[bytes], stderr: IO[bytes]) -> None:
+        self._transport = transport
+        self._client = client
+        self._channel = channel
+        self.pgid = pgid
+        self.stdout, self.stderr = stdout, stderr
+        self._released = False
+
+    def poll(self) -> int | None:
+        """The exit status; -1 when it ended without one (killed by a signal, connection lost)."""
+        return self._channel.recv_exit_status() if self._channel.exit_status_ready() else None
+
+    def signal(self, signum: int) -> None:
+        if not self._released:
+            self._transport.signal_group(self._client, self.pgid, signum)
+
+    def kill(self) -> None:
+        """SIGKILL the remote group, close stdin and the channel; never raises."""
+        if self._released:
+            return
+        self._released = True
+        try:
+            self._transport.signal_group(self._client, self.pgid, signal.SIGKILL)
+            self._channel.shutdown_write()
+            self._channel.status_event.wait(self._transport.settings.connect_timeout)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            log.debug("%s: closing rank pgid %s: %s", self._transport.host.name, self.pgid, exc)
+        finally:
+            self._channel.close()
+
+
+class SSHTransport(Transport):
+    """Reaches one host over SSH; see the module's contracts."""
+
+    def __init__(self, host: Host, settings: SSHSettings = SSHSettings()) -> None:
+        super().__init__(host)
+        self.settings = settings
+        self._config: paramiko.SSHConfig | None = None  # read at the first connection
+        self._endpoint: _Endpoint | None = None
+        self._lock = threading.RLock()  # ranks of one host may be started from several threads
+        self._clients: list[paramiko.SSHClient] = []  # [0]: files, signals; ranks fill each in turn
+        self._ranks_on: list[int] = []  # rank channels started on each of _clients
+        self._hop: paramiko.SSHClient | None = None  # the last jump host, shared by _clients
+        self._jump_clients: list[paramiko.SSHClient] = []
+        self._prepared = False
+
+    # -- the Transport interface ------------------------------------------------------
+
+    def python_argv(self) -> list[str]:
+        return [self.host.python, "-m", "lab.worker"]
+
+    def prepare(self, run_dir: str, uploads: Mapping[str, Path]) -> None:
+        """Make ``run_dir`` and the directories of the uploads in one command, then put
+        every file over one SFTP session (closed again: it would hold a session slot)."""
+        client = self._main()
+        targets = {posixpath.join(run_dir, relative): source for relative, source in uploads.items()}
+        dirs = sorted({run_dir, *(posixpath.dirname(target) for target in targets)})
+        status, output = self.run(client, "mkdir -p -- " + " ".join(map(shlex.quote, dirs)))
+        self._prepared = True
+        if status != 0:
+            raise RunError(f"host {self.host.name}: cannot make {run_dir}: {output}")
+        with self._talking("uploading the lab's files"):
+            sftp = client.open_sftp()
+            try:
+                sftp.get_channel().settimeout(self.settings.connect_timeout)  # type: ignore[union-attr]
+                for target, source in targets.items():
+                    try:
+                        with sftp.open(target, "wb") as remote:
+                            remote.set_pipelined(True)
+                            remote.write(source.read_bytes())
+                    except (TimeoutError, ConnectionError):
+                        raise
+                    except OSError as exc:  # a local file, or SFTP's answer (no such file, no space...)
+                        raise RunError(f"host {self.host.name}: cannot upload {source} to {target}: "
+                                       f"{exc.strerror or exc}") from None
+            finally:
+                sftp.close()
+
+    def cleanup(self, run_dir: str, keep: bool = False) -> None:
+        """``rm -rf`` the run directory if ``prepare`` made it; a failure is logged, not raised."""
+        if keep or not self._prepared:
+            return
+        if not posixpath.isabs(run_dir) or posixpath.normpath(run_dir) == "/":
+            raise ValueError(f"refusing to remove {run_dir!r}")
+        try:
+            status, output = self.run(self._main(), f"rm -rf -- {shlex.quote(run_dir)}")
+        except LabError as exc:
+            log.warning("%s; %s is left on host %s", exc, run_dir, self.host.name)
+            return
+        if status != 0:
+            log.warning("host %s: cannot remove %s: %s", self.host.name, run_dir, output)
+
+    def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> RankProcess:
+        """Start ``argv`` on its own channel and read its pid (= its process group)."""
+        client = self._rank_client()
+        command = remote_command(argv, env, cwd)
+        with self._talking("starting a rank"):
+            channel = self._session(client)
+            channel.exec_command(command)
+        stdout = cast(IO[bytes], channel.makefile("rb"))  # paramiko's files read like binary files
+        stderr = cast(IO[bytes], channel.makefile_stderr("rb"))
+        try:
+            pgid = self._read_pid(channel, stdout, stderr, argv, cwd)
+        except BaseException:
+            channel.close()
+            raise
+        log.debug("host %s: started pgid %d: %s", self.host.name, pgid, command)
+        return SSHProcess(self, client, channel, pgid, stdout, stderr)
+
+    def close(self) -> None:
+        """Close every connection, the jump hosts' last; safe to call twice."""
+        for client in (*self._clients, *reversed(self._jump_clients)):
+            client.close()
+        self._clients, self._ranks_on, self._jump_clients, self._hop = [], [], [], None
+
+    # -- commands ---------------------------------------------------------------------
+
+    def run(self, client: paramiko.SSHClient, command: str) -> tuple[int, str]:
+        """Run a short ``command``: its exit status and its output (stdout and stderr, stripped)."""
+        with self._talking(f"running {command.split()[0]}"):
+            channel = self._session(client)
+            try:
+                channel.settimeout(self.settings.connect_timeout)
+                channel.set_combine_stderr(True)
+                channel.exec_command(command)
+                output = channel.makefile("rb").read()
+                if not channel.status_event.wait(self.settings.connect_timeout):
+                    raise TimeoutError
+                return channel.recv_exit_status(), output.decode("utf-8", "replace").strip()
+            finally:
+                channel.close()
+
+    def signal_group(self, client: paramiko.SSHClient, pgid: int, signum: int) -> None:
+        """Send ``signum`` to remote process group ``pgid``; no error if it is gone or unreachable."""
+        name = signal.Signals(signum).name.removeprefix("SIG")
+        try:
+            status, output = self.run(client, f"kill -s {name} -- -{pgid}")
+        except HostUnreachable as exc:
+            log.warning("%s; cannot send SIG%s to its rank (pgid %d)", exc, name, pgid)
+            return
+        if status != 0:
+            log.debug("host %s: kill -s %s -- -%d: %s", self.host.name, name, pgid, output)
+
+    def _session(self, client: paramiko.SSHClient) -> paramiko.Channel:
+        transport = client.get_transport()
+        if transport is None or not transport.is_active():
+            raise EOFError("the connection is closed")
+        return transport.open_session(timeout=self.settings.connect_timeout)
+
+    def _read_pid(self, channel: paramiko.Channel, stdout: IO[bytes], stderr: IO[bytes],
+                  argv: Sequence[str], cwd: str) -> int:
+        channel.settimeout(self.settings.connect_timeout)
+        what = f"host {self.host.name}: cannot start {shlex.join(argv)} in {cwd}"
+        try:
+            for _ in range(LINES_BEFORE_PID):
+                line = stdout.readline()
+                if not line:
+                    break
+                if line.startswith(PID_MARK):
+                    channel.settimeout(None)  # from now on the rank's streams wait as long as it runs
+                    return int(line[len(PID_MARK):])
+                log.debug("host %s: before the pid: %r", self.host.name, line)
+            errors = stderr.read().decode("utf-8", "replace").strip().splitlines()
+        except TimeoutError:
+            raise RunError(f"{what}: no answer within {self.settings.connect_timeout:g}s") from None
+        raise RunError(f"{what}: {errors[-1] if errors else 'the remote shell ended without starting it'}")
+
+    @contextmanager
+    def _talking(self, doing: str) -> Iterator[None]:
+        """Turn a broken or silent connection into :class:`HostUnreachable`."""
+        try:
+            yield
+        except TimeoutError:
+            raise HostUnreachable(f"{self._where()}: no answer within {self.settings.connect_timeout:g}s "
+                                  f"while {doing}") from None
+        except (paramiko.SSHException, EOFError, ConnectionError) as exc:
+            raise HostUnreachable(f"{self._where()}: SSH connection failed while {doing}: "
+                                  f"{_reason(exc)}") from None
+
+    def _where(self) -> str:
+        return self._endpoint.where if self._endpoint else f"host {self.host.name}"
+
+    # -- connections ------------------------------------------------------------------
+
+    def _main(self) -> paramiko.SSHClient:
+        """The first connection: files, commands, and the first ranks."""
+        with self._lock:
+            if not self._clients:
+                self._clients.append(self._connect())
+                self._ranks_on.append(0)
+            return self._clients[0]
+
+    def _rank_client(self) -> paramiko.SSHClient:
+        """A connection with a free session slot for one more rank."""
+        with self._lock:
+            self._main()
+            if self._ranks_on[-1] >= RANKS_PER_CONNECTION:
+                self._clients.append(self._connect())
+                self._ranks_on.append(0)
+            self._ranks_on[-1] += 1
+            return self._clients[-1]
+
+    def _connect(self) -> paramiko.SSHClient:
+        """A new logged-in connection to the host, through its jump hosts if any."""
+        if self._config is None or self._endpoint is None:
+            self._config = _read_config(self.settings.ssh_config)
+            self._endpoint = self._target(self._config)
+        endpoint = self._endpoint
+        if not endpoint.jumps:
+            return self._login(endpoint, None)
+        if self._hop is None:
+            self._hop = self._reach(self._jump(self._config, endpoint.jumps), self._config, 1)
+        return self._login(endpoint, self._tunnel(self._hop, endpoint))
+
+    def _reach(self, endpoint: _Endpoint, config: paramiko.SSHConfig, depth: int) -> paramiko.SSHClient:
+        """A connection to jump host ``endpoint``, through the hops before it."""
+        sock = None
+        if endpoint.jumps:
+            if depth >= MAX_JUMPS:
+                raise HostUnreachable(f"{endpoint.who}: more than {MAX_JUMPS} ProxyJump hops (a loop in "
+                                      f"{self.settings.ssh_config}?)")
+            sock = self._tunnel(self._reach(self._jump(config, endpoint.jumps), config, depth + 1), endpoint)
+        client = self._login(endpoint, sock)
+        self._jump_clients.append(client)
+        return client
+
+    def _tunnel(self, hop: paramiko.SSHClient, endpoint: _Endpoint) -> paramiko.Channel:
+        """A ``direct-tcpip`` channel from jump host ``hop`` to ``endpoint``."""
+        transport = hop.get_transport()
+        try:
+            if transport is None or not transport.is_active():
+                raise EOFError("the connection to the jump host is closed")
+            return transport.open_channel("direct-tcpip", (endpoint.address, endpoint.port), ("127.0.0.1", 0),
+                                          timeout=self.settings.connect_timeout)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise HostUnreachable(f"{endpoint.where}: the jump host cannot connect to it: "
+                                  f"{_reason(exc)}") from None
+
+    def _login(self, endpoint: _Endpoint, sock: paramiko.Channel | None) -> paramiko.SSHClient:
+        """Connect to ``endpoint``, check its host key and log in with a key."""
+        timeout = self.settings.connect_timeout
+        known = _KnownHosts(self._known_hosts_files(), self.settings.accept_new_host_keys)
+        client = paramiko.SSHClient()  # no host keys loaded: every key goes to _CheckHostKey
+        client.set_log_channel(WIRE_LOG)
+        policy = _CheckHostKey(known, endpoint)
+        client.set_missing_host_key_policy(policy)
+        log.debug("%s: connecting as %s%s", endpoint.where, endpoint.user, " through a jump host" if sock else "")
+        started = time.monotonic()
+        try:
+            client.connect(endpoint.address, endpoint.port, username=endpoint.user,
+                           key_filename=list(endpoint.key_files) or None,  # type: ignore[arg-type]
+                           allow_agent=True, look_for_keys=not endpoint.key_files, sock=sock,
+                           timeout=timeout, banner_timeout=timeout, auth_timeout=timeout,
+                           channel_timeout=timeout, transport_factory=known.transport_factory(endpoint))
+        except BaseException as exc:
+            client.close()
+            silent = time.monotonic() - started >= timeout  # paramiko's errors for this vary
+            raise _unreachable(endpoint, exc, timeout, authenticating=policy.accepted, silent=silent) from None
+        return client
+
+    # -- where the host is ------------------------------------------------------------
+
+    def _known_hosts_files(self) -> tuple[str, ...]:
+        """The lab's file first (new keys go there), then ~/.ssh/known_hosts."""
+        lab = self.host.known_hosts or self.settings.known_hosts
+        files = [os.path.expanduser(path) for path in (lab, DEFAULT_KNOWN_HOSTS) if path]
+        return tuple(dict.fromkeys(files))
+
+    def _target(self, config: paramiko.SSHConfig) -> _Endpoint:
+        """The host as the inventory names it, completed from the SSH config."""
+        host = self.host
+        options = _lookup(config, host.name, host.address)
+        explicit_address = host.address != host.name  # ansible_host given
+        return _Endpoint(
+            who=f"host {host.name}",
+            address=host.address if explicit_address else options.get("hostname", host.name),
+            port=host.port if host.port != 22 else _port(options, f"host {host.name}"),
+            user=host.user or options.get("user") or getpass.getuser(),
+            key_files=(host.key_file,) if host.key_file else _identity_files(options),
+            jumps=_jumps(options, f"host {host.name}"),
+            hash_known_hosts=options.get("hashknownhosts", "no").lower() == "yes")
+
+    def _jump(self, config: paramiko.SSHConfig, jumps: tuple[str, ...]) -> _Endpoint:
+        """The last hop of ``jumps``; the hops before it lead there (else its own ProxyJump)."""
+        *before, spec = jumps
+        user, name, port = _parse_jump(spec, f"host {self.host.name}")
+        options = _lookup(config, name, name)
+        who = f"host {self.host.name}: jump host {spec}"
+        own_keys = _identity_files(options)
+        return _Endpoint(
+            who=who, address=options.get("hostname", name),
+            port=port or _port(options, who),
+            user=user or options.get("user") or getpass.getuser(),
+            key_files=own_keys or ((self.host.key_file,) if self.host.key_file else ()),
+            jumps=tuple(before) or _jumps(options, who),
+            hash_known_hosts=options.get("hashknownhosts", "no").lower() == "yes")
+
+
+# -- host keys ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _KnownKey:
+    key: paramiko.PKey
+    where: str  # "file:line"
+    revoked: bool
+
+
+class _KnownHosts:
+    """The known_hosts files one login checks; the first is where new keys are written.
+
+    The files are read at each check, so a key another transport just added counts.
+    """
+
+    def __init__(self, files: tuple[str, ...], accept_new: bool) -> None:
+        self.files = files
+        self.accept_new = accept_new
+
+    def keys_for(self, name: str) -> list[_KnownKey]:
+        found = []
+        for path in self.files:
+            try:
+                with open(path, "rb") as file:
+                    found += _keys_in(file.read(), name, path)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise UsageError(f"{path}: cannot read the known_hosts file: {exc.strerror}") from None
+        return found
+
+    def transport_factory(self, endpoint: _Endpoint) -> Any:
+        """Make paramiko ask the server for the key types known for it first (as ssh does),
+        so a host known by, say, its ECDSA key is not mistaken for a changed one."""
+        known = {k.key.get_name() for k in self.keys_for(endpoint.known_hosts_name) if not k.revoked}
+        if "ssh-rsa" in known:
+            known |= {"rsa-sha2-512", "rsa-sha2-256"}
+
+        def make(sock: Any, **kwargs: Any) -> paramiko.Transport:
+            transport = paramiko.Transport(sock, **kwargs)
+            options = transport.get_security_options()
+            types = list(options.key_types)
+            options.key_types = [t for t in types if t in known] + [t for t in types if t not in known]
+            return transport
+
+        return make
+
+    def check(self, endpoint: _Endpoint, key: paramiko.PKey) -> None:
+        """Accept ``key`` for ``endpoint`` or raise :class:`HostUnreachable`."""
+        name, blob = endpoint.known_hosts_name, key.asbytes()
+        shown = f"{key.get_name()} {key.fingerprint}"
+        known = self.keys_for(name)
+        for k in known:
+            if k.revoked and k.key.asbytes() == blob:
+                raise HostUnreachable(f"{endpoint.where}: its SSH host key ({shown}) is marked @revoked "
+                                      f"in {k.where}; refusing to connect")
+        if any(not k.revoked and k.key.asbytes() == blob for k in known):
+            return
+        old = next((k for k in known if not k.revoked), None)
+        if old is not None:
+            path = old.where.rsplit(":", 1)[0]
+            raise HostUnreachable(
+                f"{endpoint.where}: SSH host key CHANGED: the server offers {shown} but {old.where} "
+                f"has {old.key.get_name()} {old.key.fingerprint}; refusing to connect (someone may be "
+                f"intercepting the connection); if the change is expected, remove the old key with "
+                f"ssh-keygen -f {shlex.quote(path)} -R {shlex.quote(name)}")
+        if not self.accept_new:
+            raise HostUnreachable(f"{endpoint.where}: unknown SSH host key ({shown}); add it to "
+                                  f"known_hosts or pass --accept-new-host-keys")
+        self._remember(endpoint, key)
+
+    def _remember(self, endpoint: _Endpoint, key: paramiko.PKey) -> None:
+        """Append ``key`` to the first file, unless another transport just did (hosts that
+        share an address are prepared at once, each on its own thread)."""
+        path = self.files[0]
+        name = endpoint.known_hosts_name
+        written = paramiko.HostKeys.hash_host(name) if endpoint.hash_known_hosts else name
+        try:
+            os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+            with open(path, "a+b") as file:
+                fcntl.flock(file, fcntl.LOCK_EX)
+                file.seek(0)
+                text = file.read()
+                if any(k.key.asbytes() == key.asbytes() for k in _keys_in(text, name, path)):
+                    return
+                line = f"{written} {key.get_name()} {key.get_base64()}\n".encode()
+                file.write(line if not text or text.endswith(b"\n") else b"\n" + line)
+        except OSError as exc:
+            raise HostUnreachable(f"{endpoint.where}: cannot add its SSH host key to {path}: "
+                                  f"{exc.strerror}") from None
+        log.warning("%s: added SSH host key %s %s to %s", endpoint.where, key.get_name(), key.fingerprint, path)
+
+
+class _CheckHostKey(paramiko.MissingHostKeyPolicy):
+    """paramiko's hook for a key it does not know: here, for every key (none is loaded)."""
+
+    def __init__(self, known: _KnownHosts, endpoint: _Endpoint) -> None:
+        self.known = known
+        self.endpoint = endpoint
+        self.accepted = False  # the key passed: what fails after this is the login
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        self.known.check(self.endpoint, key)
+        self.accepted = True
+
+
+def _keys_in(text: bytes, name: str, path: str) -> list[_KnownKey]:
+    """The keys a known_hosts file's ``text`` holds for ``name``."""
+    lines = text.decode("utf-8", "replace").splitlines()
+    found = (_parse_known_line(line, name, f"{path}:{number}") for number, line in enumerate(lines, 1))
+    return [known for known in found if known is not None]
+
+
+def _parse_known_line(line: str, name: str, where: str) -> _KnownKey | None:
+    """The key on a known_hosts line if the line is about ``name``."""
+    line = line.strip()
+    if not line or line.startswith("#"):
+        return None
+    marker = None
+    if line.startswith("@"):
+        marker, _, line = line.partition(" ")
+        if marker != "@revoked":  # @cert-authority: certificates are not supported
+            return None
+    fields = line.split()
+    if len(fields) < 3 or not _names_match(fields[0], name):
+        return None
+    try:
+        entry = HostKeyEntry.from_line(" ".join(fields[:3]))
+    except Exception:  # noqa: BLE001 - a damaged line in someone's file is skipped, as ssh does
+        log.debug("%s: unreadable known_hosts line", where)
+        return None
+    return _KnownKey(entry.key, where, marker == "@revoked") if entry is not None else None
+
+
+def _names_match(patterns: str, name: str) -> bool:
+    """Whether a known_hosts names field (hashed names, patterns, ``!negations``) covers ``name``."""
+    matched = False
+    for pattern in patterns.split(","):
+        if pattern.startswith("|1|"):
+            try:
+                matched |= paramiko.HostKeys.hash_host(name, pattern) == pattern
+            except (ValueError, AssertionError):
+                continue
+        elif _glob(name, pattern.lstrip("!")):
+            if pattern.startswith("!"):
+                return False
+            matched = True
+    return matched
+
+
+def _glob(name: str, pattern: str) -> bool:
+    """ssh's host patterns: ``*`` and ``?`` are wildcards, everything else (``[``) is itself."""
+    regex = "".join(".*" if char == "*" else "." if char == "?" else re.escape(char) for char in pattern)
+    return re.fullmatch(regex, name, re.IGNORECASE) is not None
+
+
+# -- ssh config -----------------------------------------------------------------------
+
+
+def _read_config(path: str) -> paramiko.SSHConfig:
+    expanded = os.path.expanduser(path)
+    if not os.path.isfile(expanded):
+        return paramiko.SSHConfig()
+    try:
+        return paramiko.SSHConfig.from_path(expanded)
+    except (paramiko.SSHException, OSError, ValueError) as exc:
+        raise UsageError(f"{expanded}: cannot read the SSH config: {exc}") from None
+
+
+def _lookup(config: paramiko.SSHConfig, name: str, address: str) -> dict[str, Any]:
+    """The config's options for a host, by its name first, then by its address."""
+    options: dict[str, Any] = {}
+    for key in dict.fromkeys((address, name)):  # the name last: its values win
+        found = dict(config.lookup(key))
+        if found.get("hostname") == key:  # paramiko's default, not a configured HostName
+            del found["hostname"]
+        options.update(found)
+    if "proxycommand" in options and options["proxycommand"].lower() != "none" and "proxyjump" not in options:
+        raise UsageError(f"host {name}: ProxyCommand in the SSH config is not supported; use ProxyJump")
+    return options
+
+
+def _port(options: Mapping[str, Any], who: str) -> int:
+    try:
+        port = int(options.get("port", 22))
+    except ValueError:
+        port = 0
+    if not 0 < port < 65536:
+        raise UsageError(f"{who}: Port {options.get('port')!r} in the SSH config is not a port")
+    return port
+
+
+def _identity_files(options: Mapping[str, Any]) -> tuple[str, ...]:
+    """The config's IdentityFile paths that exist (ssh skips missing ones too)."""
+    paths = (os.path.expanduser(path) for path in options.get("identityfile", []))
+    return tuple(path for path in paths if os.path.isfile(path))
+
+
+def _jumps(options: Mapping[str, Any], who: str) -> tuple[str, ...]:
+    value = str(options.get("proxyjump", "none")).strip()
+    if value.lower() == "none":
+        return ()
+    hops = tuple(hop.strip() for hop in value.split(","))
+    for hop in hops:
+        _parse_jump(hop, who)
+    return hops
+
+
+def _parse_jump(spec: str, who: str) -> tuple[str | None, str, int | None]:
+    """``[user@]host[:port]`` or ``ssh://[user@]host[:port]`` (host may be ``[v6]``)."""
+    rest = spec.removeprefix("ssh://")
+    user, _, rest = rest.rpartition("@")
+    port = None
+    if rest.startswith("["):
+        host, _, tail = rest[1:].partition("]")
+        if tail:
+            port = tail.removeprefix(":")
+    else:
+        host, _, port = rest.partition(":")
+    try:
+        number = int(port) if port else None
+    except ValueError:
+        number = 0
+    if not host or (number is not None and not 0 < number < 65536):
+        raise UsageError(f"{who}: ProxyJump {spec!r} is not [user@]host[:port]")
+    return user or None, host, number
+
+
+# -- commands and messages ------------------------------------------------------------
+
+
+def remote_command(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> str:
+    """The command line for sshd: whatever the login shell, ``sh`` replaces it (same pid),
+    changes to ``cwd``, prints the pid and replaces itself with ``argv`` under ``env``."""
+    assignments = " ".join(shlex.quote(f"{key}={value}") for key, value in env.items())
+    script = (f"cd {shlex.quote(cwd)} && echo {PID_MARK.decode()}$$ && "
+              f"exec env {assignments} {shlex.join(argv)}")
+    return f"exec /bin/sh -c {shlex.quote(script)}"
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, paramiko.ChannelException):
+        return f"channel refused ({exc.text})"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
+
+
+def _unreachable(endpoint: _Endpoint, exc: BaseException, timeout: float, authenticating: bool,
+                 silent: bool) -> BaseException:
+    """The one-line error for a failed login (a LabError, or the original exception)."""
+    if isinstance(exc, LabError) or not isinstance(exc, Exception):
+        return exc  # our host-key verdict, or KeyboardInterrupt
+    if authenticating or isinstance(exc, paramiko.AuthenticationException):
+        keys = ", ".join(endpoint.key_files) or "from ssh-agent or ~/.ssh"
+        if isinstance(exc, paramiko.PasswordRequiredException):
+            why = ": it needs a passphrase; add it to ssh-agent"
+        elif isinstance(exc, paramiko.AuthenticationException):
+            why = ""  # the server said no
+        else:  # an unreadable key, no key at all, a timeout
+            why = f": {_reason(exc)}"
+        return HostUnreachable(f"{endpoint.who}: SSH authentication failed for user {endpoint.user} "
+                               f"(key {keys}){why}")
+    if isinstance(exc, socket.gaierror):
+        reason = f"cannot resolve {endpoint.address}: {exc.strerror}"
+    elif isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        reason = "; ".join(sorted({_reason(e) for e in exc.errors.values()}))
+    elif isinstance(exc, TimeoutError):
+        reason = f"no answer within {timeout:g}s"
+    elif silent:
+        reason = f"no answer within {timeout:g}s ({_reason(exc)})"
+    elif isinstance(exc, paramiko.SSHException):
+        reason = f"SSH handshake failed: {_reason(exc)}"
+    else:
+        reason = _reason(exc)
+    return HostUnreachable(f"{endpoint.where}: cannot connect: {reason}")
