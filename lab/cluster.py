@@ -7,6 +7,7 @@ inventory that ``up`` writes.
 """
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import logging
 import os
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 
 LABEL = "lab.managed"
 ROLE = "lab.role"
+KEY = "lab.key"  # the fingerprint of the public key a host trusts: a new key means a new host
 NETWORK = "lab-net"
 SUBNET = "10.213.0.0/24"
 FIRST_HOST = 11  # node1 is .11, node2 .12, ...
@@ -142,9 +144,10 @@ def start_hosts(client: docker.DockerClient, topology: Topology, image: str, pat
 def _start_host(client: docker.DockerClient, topology: Topology, i: int, image: str, paths: LabPaths,
                 gpus: bool, say: Say) -> Container:
     name, address = topology.container(i), topology.address(i)
+    labels = {LABEL: "1", ROLE: "host", KEY: _fingerprint(paths.key.with_suffix(".pub"))}
     try:
         c = client.containers.get(name)
-        same = (c.image.tags and image in c.image.tags and
+        same = (image in c.image.tags and all(c.labels.get(k) == v for k, v in labels.items()) and
                 c.attrs["NetworkSettings"]["Networks"].get(NETWORK, {}).get("IPAMConfig", {}).get("IPv4Address") == address)
         if same and c.status == "running":
             return c
@@ -159,11 +162,15 @@ def _start_host(client: docker.DockerClient, topology: Topology, i: int, image: 
         shm_size="1g", init=True,
         device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None)
     created = client.api.create_container(
-        image, name=name, hostname=topology.name(i), detach=True, labels={LABEL: "1", ROLE: "host"},
+        image, name=name, hostname=topology.name(i), detach=True, labels=labels,
         host_config=host_config,
         networking_config=client.api.create_networking_config({NETWORK: endpoint}))
     client.api.start(created["Id"])
     return client.containers.get(name)
+
+
+def _fingerprint(public_key: Path) -> str:
+    return hashlib.sha256(public_key.read_bytes()).hexdigest()[:16]
 
 
 def lab_containers(client: docker.DockerClient) -> list[Container]:

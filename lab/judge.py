@@ -38,8 +38,7 @@ def judge(outcome: RunOutcome) -> list[ExerciseReport]:
 
 def _judge_one(run: ExerciseRun, outcome: RunOutcome, world: World) -> ExerciseReport:
     seconds = max(run.seconds.values()) if run.seconds else None
-    died = [s for s in outcome.ranks if s.step == run.name and not s.done and s.exit_code not in (None, 0)
-            and not (outcome.status == "timeout" and s.spec.rank in outcome.hung)]
+    died = [s for s in outcome.ranks if s.step == run.name and s.died]
     if died or run.errors:  # a dead rank first: its peers' errors are only the echo of it
         causes = [f"rank {s.spec.rank} ({s.spec.host}) exited with code {s.exit_code} during {run.name}"
                   for s in died]
@@ -68,6 +67,11 @@ def _unfinished(run: ExerciseRun, outcome: RunOutcome, seconds: float | None) ->
         s = fatal[0]
         return ExerciseReport(run.name, "not run", seconds, f"rank {s.spec.rank} ({s.spec.host}) could "
                               f"not start: {s.fatal}", (s.spec.rank,))
+    died = sorted((s for s in outcome.ranks if s.died), key=lambda s: s.ended_at or 0.0)
+    if died:
+        s = died[0]  # the first to go; the others followed it
+        return ExerciseReport(run.name, "not run", seconds, f"not run: rank {s.spec.rank} ({s.spec.host}) "
+                              f"died with exit code {s.exit_code} during {s.step}", (s.spec.rank,))
     return ExerciseReport(run.name, "not run", seconds, f"not run: the run ended ({outcome.status}) before it")
 
 

@@ -52,11 +52,17 @@ class RankState:
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     dump: list[str] = field(default_factory=list)  # stack dump after SIGUSR1
     stopped_at: str | None = None  # where a hung rank was stopped
+    ended_at: float | None = None  # when it was seen to end by itself (not killed by the lab)
     open_streams: int = 2
 
     @property
     def label(self) -> str:
         return f"{self.spec.host} r{self.spec.rank}"
+
+    @property
+    def died(self) -> bool:
+        """It ended by itself before saying it was done: a crash, or its host went away."""
+        return self.ended_at is not None and not self.done and self.exit_code != 0
 
     @property
     def finished(self) -> bool:
@@ -183,7 +189,7 @@ def _watch(plan: Plan, states: list[RankState], runs: dict[str, ExerciseRun],
             if state.exit_code is None and state.process is not None:
                 state.exit_code = state.process.poll()
                 if state.exit_code is not None:
-                    state.step_started = now
+                    state.step_started = state.ended_at = now
                     if not state.done and crashed_at is None:
                         crashed_at = now
         if crashed_at is not None and now - crashed_at > CRASH_GRACE:

@@ -176,3 +176,19 @@ def test_a_second_lab_up_reuses_the_image(lab_up: Lab) -> None:
     assert result.code == 0, result.text
     assert "is up to date" in result.out and "building image" not in result.out
     assert time.monotonic() - started < 60
+
+
+def test_the_docker_transport_runs_ranks_by_docker_exec(lab_up: Lab, tmp_path: Path) -> None:
+    inventory = tmp_path / "docker.yaml"
+    inventory.write_text(yaml.safe_dump({"all": {
+        "vars": {"ansible_connection": "docker", "ansible_python_interpreter": cluster.PYTHON,
+                 "shared_dir": cluster.SHARED_DIR, "slots": 2},
+        "hosts": {TOPOLOGY.name(i): {"docker_container": TOPOLOGY.container(i),
+                                     "data_address": TOPOLOGY.address(i)} for i in (1, 2)}}}))
+    code, report = run_json(lab_up, "p2p", "all-reduce", "init-file", "--hosts", str(inventory))
+    assert code == 0, report
+    assert [r["hostname"] for r in report["ranks"]] == ["node1", "node1", "node2", "node2"]
+    code, report = run_json(lab_up, "p2p", "--hosts", str(inventory), "--timeout", "5",
+                            "--solution", str(WRONG / "p2p_never_sends.py"))
+    assert code == 4 and "p2p_never_sends.py" in report["exercises"][0]["reason"]
+    assert_no_workers_anywhere()

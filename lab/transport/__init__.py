@@ -7,11 +7,11 @@ survives) and killed. ``transport_for`` picks one from the host's ``connection``
 """
 from __future__ import annotations
 
+import shlex
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Mapping, Sequence
 
-from ..errors import UsageError
 from ..inventory import Host
 
 if TYPE_CHECKING:
@@ -62,6 +62,18 @@ class Transport(ABC):
         """Release the connection."""
 
 
+PID_MARK = b"lab-pid:"  # the line a remote rank's shell prints before it becomes the rank
+
+
+def remote_command(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> str:
+    """The command line for sshd: whatever the login shell, ``sh`` replaces it (same pid),
+    changes to ``cwd``, prints the pid and replaces itself with ``argv`` under ``env``."""
+    assignments = " ".join(shlex.quote(f"{key}={value}") for key, value in env.items())
+    script = (f"cd {shlex.quote(cwd)} && echo {PID_MARK.decode()}$$ && "
+              f"exec env {assignments} {shlex.join(argv)}")
+    return f"exec /bin/sh -c {shlex.quote(script)}"
+
+
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # lab/
 
 
@@ -73,12 +85,12 @@ def code_uploads() -> dict[str, Path]:
 
 def transport_for(host: Host, ssh: "SSHSettings | None" = None) -> Transport:
     """The transport that reaches ``host`` (``ssh`` settings apply to SSH hosts)."""
+    from .docker import DockerTransport
     from .local import LocalTransport
     from .ssh import SSHSettings, SSHTransport
 
     if host.connection == "local":
         return LocalTransport(host)
-    if host.connection == "ssh":
-        return SSHTransport(host, ssh or SSHSettings())
-    raise UsageError(f"host {host.name}: connection '{host.connection}' is not available in this "
-                     f"version; use ssh or local")
+    if host.connection == "docker":
+        return DockerTransport(host)
+    return SSHTransport(host, ssh or SSHSettings())

@@ -44,7 +44,7 @@ from paramiko.hostkeys import HostKeyEntry
 
 from ..errors import HostUnreachable, LabError, RunError, UsageError
 from ..inventory import Host
-from . import RankProcess, Transport
+from . import PID_MARK, RankProcess, Transport, remote_command
 
 log = logging.getLogger(__name__)
 WIRE_LOG = f"{__name__}.paramiko"  # paramiko's own log lines for the lab's connections
@@ -61,7 +61,6 @@ logging.getLogger(WIRE_LOG).addFilter(_only_when_verbose)
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 RANKS_PER_CONNECTION = 8  # sshd allows 10 sessions per connection (MaxSessions); keep two spare
 MAX_JUMPS = 8  # ProxyJump hops before we call it a loop
-PID_MARK = b"lab-pid:"
 LINES_BEFORE_PID = 100  # what a login script may print before the pid line
 
 
@@ -631,15 +630,6 @@ def _parse_jump(spec: str, who: str) -> tuple[str | None, str, int | None]:
 
 
 # -- commands and messages ------------------------------------------------------------
-
-
-def remote_command(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> str:
-    """The command line for sshd: whatever the login shell, ``sh`` replaces it (same pid),
-    changes to ``cwd``, prints the pid and replaces itself with ``argv`` under ``env``."""
-    assignments = " ".join(shlex.quote(f"{key}={value}") for key, value in env.items())
-    script = (f"cd {shlex.quote(cwd)} && echo {PID_MARK.decode()}$$ && "
-              f"exec env {assignments} {shlex.join(argv)}")
-    return f"exec /bin/sh -c {shlex.quote(script)}"
 
 
 def _reason(exc: BaseException) -> str:

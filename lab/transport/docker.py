@@ -1,0 +1,126 @@
+"""The docker transport: ranks are processes in a named container, started with ``docker exec``.
+
+For containers without sshd. Like pyinfra's docker connector it reuses a local process:
+each rank is a local ``docker exec -i`` whose streams are the rank's. The rank's shell
+prints its pid first (``docker exec`` starts every command in a new session, so that pid
+is its process group), which ``signal`` and ``kill`` address with a second exec. The
+``-i`` keeps the rank's stdin open: the worker kills its own group when the controller
+goes away, which a killed ``docker exec`` client alone would not do. Files go in and out
+through the engine's archive API (Docker SDK).
+"""
+from __future__ import annotations
+
+import io
+import logging
+import posixpath
+import select
+import shlex
+import shutil
+import signal
+import subprocess
+import tarfile
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import docker
+from docker.errors import APIError, DockerException, NotFound
+from docker.models.containers import Container
+
+from ..errors import HostUnreachable, RunError
+from ..inventory import Host
+from . import PID_MARK, RankProcess, Transport, remote_command
+
+log = logging.getLogger(__name__)
+
+API_TIMEOUT = 30  # seconds for one engine call
+START_TIMEOUT = 30.0  # seconds for a rank's shell to print its pid
+
+
+class DockerProcess(RankProcess):
+    def __init__(self, transport: DockerTransport, popen: subprocess.Popen[bytes], pgid: int) -> None:
+        assert popen.stdout is not None and popen.stderr is not None
+        self._transport, self._popen, self.pgid = transport, popen, pgid
+        self.stdout, self.stderr = popen.stdout, popen.stderr
+
+    def poll(self) -> int | None:
+        return self._popen.poll()
+
+    def signal(self, signum: int) -> None:
+        self._transport.exec(f"kill -s {signal.Signals(signum).name.removeprefix('SIG')} -- -{self.pgid}")
+
+    def kill(self) -> None:
+        if self._popen.poll() is None:
+            self.signal(signal.SIGKILL)
+        if self._popen.stdin and not self._popen.stdin.closed:
+            self._popen.stdin.close()
+        self._popen.kill()
+        self._popen.wait()
+
+
+class DockerTransport(Transport):
+    def __init__(self, host: Host) -> None:
+        super().__init__(host)
+        self.container_name = host.container or host.name
+        self._container: Container | None = None
+
+    def running(self) -> Container:
+        """The running container (looked up once); HostUnreachable when it is not there."""
+        if self._container is None:
+            try:
+                found = docker.from_env(version="auto", timeout=API_TIMEOUT).containers.get(self.container_name)
+            except NotFound:
+                raise HostUnreachable(f"host {self.host.name}: no container {self.container_name}") from None
+            except DockerException as exc:
+                raise HostUnreachable(f"host {self.host.name}: the Docker engine does not answer: {exc}") from None
+            if found.status != "running":
+                raise HostUnreachable(f"host {self.host.name}: container {self.container_name} is {found.status}")
+            self._container = found
+        return self._container
+
+    def exec(self, command: str) -> str:
+        """Run a short shell command in the container; its output (errors logged, not raised)."""
+        try:
+            code, out = self.running().exec_run(["/bin/sh", "-c", command], user=self.host.user or "")
+        except (APIError, HostUnreachable) as exc:
+            log.warning("host %s: %s failed: %s", self.host.name, command, exc)
+            return ""
+        if code != 0:
+            log.debug("host %s: %s: exit %s: %s", self.host.name, command, code, out)
+        return out.decode("utf-8", "replace")
+
+    def python_argv(self) -> list[str]:
+        return [self.host.python, "-m", "lab.worker"]
+
+    def prepare(self, run_dir: str, uploads: Mapping[str, Path]) -> None:
+        self.exec(f"mkdir -p {shlex.quote(run_dir)}")
+        archive = io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w") as tar:
+            for relative, source in uploads.items():
+                tar.add(str(source), arcname=relative)
+        try:
+            self.running().put_archive(run_dir, archive.getvalue())
+        except APIError as exc:
+            raise RunError(f"host {self.host.name}: cannot copy the run's files to {run_dir}: {exc}") from None
+
+    def cleanup(self, run_dir: str, keep: bool = False) -> None:
+        if not keep and posixpath.isabs(run_dir) and posixpath.normpath(run_dir) != "/":
+            self.exec(f"rm -rf -- {shlex.quote(run_dir)}")
+
+    def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> RankProcess:
+        docker_cli = shutil.which("docker")
+        if docker_cli is None:
+            raise RunError(f"host {self.host.name}: the docker command is needed for ansible_connection docker")
+        self.running()  # fail early, and with one line, when it is not there
+        user = ["--user", self.host.user] if self.host.user else []
+        popen = subprocess.Popen(
+            [docker_cli, "exec", "-i", *user, self.container_name, "/bin/sh", "-c", remote_command(argv, env, cwd)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert popen.stdout is not None
+        ready, _, _ = select.select([popen.stdout], [], [], START_TIMEOUT)
+        line = popen.stdout.readline() if ready else b""
+        if not line.startswith(PID_MARK):
+            popen.kill()
+            _, err = popen.communicate(timeout=START_TIMEOUT)
+            reason = (err.decode("utf-8", "replace").strip().splitlines() or [line.decode().strip() or "no output"])[-1]
+            raise RunError(f"host {self.host.name}: cannot start a rank in {self.container_name}: {reason}")
+        return DockerProcess(self, popen, int(line[len(PID_MARK):]))
