@@ -45,8 +45,11 @@ def lab_up() -> Iterator[Lab]:
     assert result.code == 0, result.text[-4000:]
     assert "PASS" in result.out and "p2p" in result.out  # the smoke check ran across the hosts
     yield lab
-    lab("down", timeout=300)
+    result = lab("down", timeout=300)
+    assert result.code == 0, result.text
     assert cluster.lab_containers(client) == []
+    assert client.networks.list(filters={"label": cluster.LABEL}) == []
+    assert client.volumes.list(filters={"label": cluster.LABEL}) == []
 
 
 def workers_on(container: str) -> list[str]:
