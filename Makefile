@@ -4,6 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 NPROC  ?= 4
+TOPOLOGY ?= plain
 LAB_UP_ARGS ?=
 
 .DEFAULT_GOAL := help
@@ -29,8 +30,8 @@ test-unit: venv ## run the fast tests only (no processes, sshd or Docker)
 run: venv ## run every exercise on the local cluster (NPROC=4 ranks)
 	$(PY) -m lab run all --nproc $(NPROC)
 
-lab-up: venv ## build the image, start the 4-host container lab, write inventory.yaml, run p2p across it
-	$(PY) -m lab up $(LAB_UP_ARGS)
+lab-up: venv ## build the image, start the 4-host lab (TOPOLOGY=plain|cross-vpc), write inventory.yaml, smoke-test it
+	$(PY) -m lab up --topology $(TOPOLOGY) $(LAB_UP_ARGS)
 
 lab-down: venv ## remove every container, network and volume of the lab
 	$(PY) -m lab down

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from . import cluster, engine, image, suite
+from . import cluster, crossvpc, engine, image, suite
 from .errors import ExitCode, LabError, UsageError
 from .inventory import Inventory, load_inventory, local_inventory
 from .judge import exit_code, judge
@@ -89,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "Docker engine, write the inventory for it, and run the p2p exercise across them.")
     up.add_argument("--hosts", type=int, default=4, metavar="N", help="hosts in the lab (default 4)")
     up.add_argument("--slots", type=int, default=1, metavar="S", help="ranks per host in the inventory (default 1)")
+    up.add_argument("--topology", choices=cluster.TOPOLOGIES, default="plain",
+                    help="plain: one network; cross-vpc: two private networks joined only through a NAT "
+                         "gateway, like two cloud VPCs (default plain)")
+    up.add_argument("--peering", action="store_true", help="cross-vpc: route between the private networks")
     up.add_argument("--base", default=DEFAULT_BASE, metavar="IMAGE",
                     help=f"base image (default {DEFAULT_BASE}); '{OFFLINE}' builds a Debian base with "
                          f"debootstrap, as happens when the base cannot be pulled")
@@ -100,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--no-smoke", action="store_true", help="skip the p2p run across the hosts")
 
     commands.add_parser("down", help="remove every container, network and volume of the lab")
+    net = commands.add_parser("net", help="change the running lab's network (cross-vpc)")
+    net_commands = net.add_subparsers(dest="net_command", required=True, metavar="WHAT", parser_class=_Parser)
+    peering = net_commands.add_parser("peering", help="add or remove the route between the two private networks")
+    peering.add_argument("state", choices=("on", "off", "show"))
     commands.add_parser("status", help="show each lab host, its addresses and whether sshd answers")
     return parser
 
@@ -111,7 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         command = {"list": lambda: cmd_list(), "run": lambda: cmd_run(args), "up": lambda: cmd_up(args),
-                   "down": lambda: cmd_down(), "status": lambda: cmd_status()}[args.command]
+                   "down": lambda: cmd_down(), "status": lambda: cmd_status(),
+                   "net": lambda: cmd_net(args)}[args.command]
         return command()
     except LabError as exc:
         print(f"lab: error: {exc}", file=sys.stderr)
@@ -169,7 +178,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         raise UsageError("--hosts and --slots must be at least 1")
     console = Console(highlight=False)
     say = _sayer(console)
-    topology = cluster.Topology(hosts=args.hosts, slots=args.slots)
+    if args.peering and args.topology != "cross-vpc":
+        raise UsageError("--peering is for --topology cross-vpc")
+    topology = cluster.Topology(hosts=args.hosts, slots=args.slots, kind=args.topology)
     paths = cluster.LabPaths(Path(args.inventory).resolve())
     client = engine.ensure_engine(say)
     cluster.ensure_key(paths.key, say)
@@ -177,13 +188,20 @@ def cmd_up(args: argparse.Namespace) -> int:
         tag = image.ensure_image(client, args.base, paths.state, say,
                                  lambda line: spinner.update(Text(line[:100], style="dim")))
     gpus = args.gpus == "all" or (args.gpus == "auto" and "nvidia" in client.info().get("Runtimes", {}))
-    cluster.ensure_network(client, topology, say)
+    cluster.ensure_networks(client, topology, say)
     containers = cluster.start_hosts(client, topology, tag, paths, gpus, say)
+    if topology.kind == "cross-vpc":
+        crossvpc.start_gateway(client, topology, tag, args.peering, say)
+        crossvpc.route_hosts_through_gateway(client, topology, tag)
     cluster.collect_host_keys(containers, topology, paths)
     cluster.wait_for_ssh(topology)
     paths.inventory.write_text(cluster.inventory_text(topology))
-    say(f"wrote {args.inventory}: {topology.hosts} hosts x {topology.slots} slot(s)")
+    say(f"wrote {args.inventory}: {topology.hosts} hosts x {topology.slots} slot(s), {topology.kind}")
     if args.no_smoke:
+        return ExitCode.OK
+    if topology.kind == "cross-vpc" and not args.peering:
+        say("no smoke check: without peering the mesh cannot form (that is the point); "
+            "see `python -m lab run cross-vpc --hosts inventory.yaml`")
         return ExitCode.OK
     say("smoke check: p2p across the hosts")
     return cmd_run(build_parser().parse_args(["run", "p2p", "--hosts", str(paths.inventory)]))
@@ -193,6 +211,14 @@ def cmd_down() -> int:
     console = Console(highlight=False)
     removed = cluster.down(engine.client(), _sayer(console))
     _sayer(console)(f"the lab is down ({removed} removed)" if removed else "no lab to remove")
+    return ExitCode.OK
+
+
+def cmd_net(args: argparse.Namespace) -> int:
+    client = engine.client()
+    if args.state != "show":
+        crossvpc.set_peering(client, args.state == "on")
+    _sayer(Console(highlight=False))(f"peering is {'on' if crossvpc.peering(client) else 'off'}")
     return ExitCode.OK
 
 

@@ -58,8 +58,9 @@ def _judge_one(run: ExerciseRun, outcome: RunOutcome, world: World) -> ExerciseR
 def _unfinished(run: ExerciseRun, outcome: RunOutcome, seconds: float | None) -> ExerciseReport:
     """Some ranks never reported: say which, and why (hung, or never got there)."""
     here = [s for s in outcome.ranks if s.step == run.name and s.spec.rank not in run.results]
-    if outcome.status == "timeout" and here:
-        stuck = [s for s in here if s.spec.rank in outcome.hung] or here
+    between = [s for s in outcome.ranks if s.spec.rank in outcome.hung and s.step not in outcome.exercises]
+    if outcome.status == "timeout" and (here or (between and run.name == _first_unreported(outcome))):
+        stuck = [s for s in here if s.spec.rank in outcome.hung] or here or between
         reason = "; ".join(_stuck(s, outcome.plan.timeout) for s in stuck)
         return ExerciseReport(run.name, "timeout", seconds, reason, tuple(s.spec.rank for s in stuck))
     fatal = [s for s in outcome.ranks if s.fatal]
@@ -75,9 +76,29 @@ def _unfinished(run: ExerciseRun, outcome: RunOutcome, seconds: float | None) ->
     return ExerciseReport(run.name, "not run", seconds, f"not run: the run ended ({outcome.status}) before it")
 
 
+def _first_unreported(outcome: RunOutcome) -> str | None:
+    """The first exercise some rank never reported on: where a hang outside any exercise
+    (start-up, a rendezvous, the barrier after one) held the run up."""
+    size = outcome.plan.world_size
+    return next((n for n in outcome.plan.exercise_names if len(outcome.exercises[n].results) < size), None)
+
+
+def describe_step(step: str) -> str:
+    """A worker's step as a person reads it."""
+    kind, _, detail = step.partition(":")
+    if kind == "init":
+        return f"the rendezvous (init_method {detail}://)"
+    if kind == "wait":
+        return f"the barrier after {detail}"
+    if step == "startup":
+        return "start-up (importing torch)"
+    return step
+
+
 def _stuck(state: RankState, timeout: float) -> str:
     where = f" at {state.stopped_at}" if state.stopped_at else ""
-    return f"rank {state.spec.rank} ({state.spec.host}) stopped after {timeout:g}s in {state.step}{where}"
+    return (f"rank {state.spec.rank} ({state.spec.host}) stopped after {timeout:g}s in "
+            f"{describe_step(state.step)}{where}")
 
 
 def exit_code(outcome: RunOutcome, reports: list[ExerciseReport]) -> ExitCode:

@@ -246,14 +246,22 @@ _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func
 
 
 def where_stopped(dump: list[str], programs: dict[str, Path]) -> str | None:
-    """The innermost frame of a faulthandler dump inside an exercise program, as
-    ``file.py:LINE in FUNC: source``; else the innermost frame that is not the
-    lab's own watcher thread."""
-    frames = [m for m in map(_FRAME.match, dump) if m]
-    if not frames:
-        return None
+    """Where a faulthandler dump shows the rank: the innermost frame inside an exercise
+    program, as ``file.py:LINE in FUNC: source``; else the innermost frame of the thread
+    that runs the exercises (the one with lab/worker.py frames), e.g. inside torch."""
+    threads: list[list[re.Match[str]]] = [[]]
+    for line in dump:
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            threads.append([])
+        elif m := _FRAME.match(line):
+            threads[-1].append(m)
+    frames = [f for t in threads for f in t]
     mine = [m for m in frames if Path(m["path"]).name in programs]
-    frame = (mine or [m for m in frames if not m["path"].endswith("lab/worker.py")] or frames)[0]
+    main = next((t for t in threads if any(f["path"].endswith("lab/worker.py") and f["func"] != "watch"
+                                           for f in t)), None)
+    frame = (mine or main or frames or [None])[0]
+    if frame is None:
+        return None
     name, line = Path(frame["path"]).name, int(frame["line"])
     source = ""
     local = programs.get(name)

@@ -27,8 +27,9 @@ def test_where_stopped_names_the_program_line_with_its_source(tmp_path: Path) ->
     assert where_stopped(DUMP, {"mine.py": program}) == "mine.py:3 in run: dist.recv(t, src=0)"
 
 
-def test_where_stopped_outside_any_program_skips_the_lab_watcher() -> None:
-    assert where_stopped(DUMP, {}) == "threading.py:975 in run"
+def test_where_stopped_outside_any_program_names_the_exercise_threads_innermost_frame() -> None:
+    # e.g. a rank stuck in init_process_group: the lab's stdin watcher thread is not it.
+    assert where_stopped(DUMP, {}) == "distributed_c10d.py:2601 in recv"
     assert where_stopped(["no frames here"], {}) is None
 
 
