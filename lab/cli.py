@@ -12,22 +12,23 @@ import subprocess
 import sys
 import tempfile
 import traceback
-from dataclasses import replace
+from contextlib import contextmanager
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Callable, NoReturn, Sequence
+from typing import Callable, Iterator, NoReturn, Sequence
 
 import yaml
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from . import cluster, crossvpc, engine, image, suite
+from . import cluster, crossvpc, doctor, engine, image, scenarios, suite
 from .errors import ExitCode, LabError, UsageError
 from .inventory import Inventory, load_inventory, local_inventory
-from .judge import exit_code, judge
+from .judge import exit_code, hung_at_start, judge
 from .plan import BACKENDS, DEFAULT_TIMEOUT, INIT_METHODS, Options, Plan, Resources, build_plan, ports_needed
 from .ports import reserved_ports
-from .report import LineStreamer, print_report, to_json
+from .report import STATUS_STYLES, LineStreamer, print_report, to_json
 from .image import DEFAULT_BASE, OFFLINE
 from .runner import run_plan
 from .transport.ssh import SSHSettings
@@ -103,6 +104,20 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where to write the lab's inventory (default inventory.yaml)")
     up.add_argument("--no-smoke", action="store_true", help="skip the p2p run across the hosts")
 
+    doc = commands.add_parser(
+        "doctor", help="check a cluster for what makes multi-node jobs fail or hang",
+        description="Check every host and every pair: SSH, python/torch versions, GPUs/NCCL, name "
+                    "resolution, the address gloo and NCCL advertise, MASTER_ADDR:MASTER_PORT, the "
+                    "all-pairs mesh, NAT, address families. Exit 0 only when the cluster can run a job.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    doc.add_argument("--hosts", metavar="INVENTORY", help="the inventory (default: the local cluster)")
+    doc.add_argument("--nproc", type=int, default=4, metavar="N", help="ranks of the local cluster (default 4)")
+    doc.add_argument("--master-port", type=int, metavar="PORT", help="check this MASTER_PORT (default: a free one)")
+    doc.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="per connection (default 5)")
+    doc.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    doc.add_argument("--accept-new-host-keys", action="store_true",
+                     help="trust SSH host keys not yet in known_hosts (and record them)")
+
     commands.add_parser("down", help="remove every container, network and volume of the lab")
     net = commands.add_parser("net", help="change the running lab's network (cross-vpc)")
     net_commands = net.add_subparsers(dest="net_command", required=True, metavar="WHAT", parser_class=_Parser)
@@ -120,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         command = {"list": lambda: cmd_list(), "run": lambda: cmd_run(args), "up": lambda: cmd_up(args),
                    "down": lambda: cmd_down(), "status": lambda: cmd_status(),
-                   "net": lambda: cmd_net(args)}[args.command]
+                   "net": lambda: cmd_net(args), "doctor": lambda: cmd_doctor(args)}[args.command]
         return command()
     except LabError as exc:
         print(f"lab: error: {exc}", file=sys.stderr)
@@ -150,26 +165,79 @@ def cmd_list() -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     options = _options(args)
     inventory = load_inventory(args.hosts) if args.hosts else _local_cluster(args.nproc)
-    token = secrets.token_hex(6)
-    run_dir = os.path.join(tempfile.gettempdir(), f"lab-run-{token}")
-    with reserved_ports(ports_needed(options)) as ports:
-        plan = build_plan(inventory, options, Resources(ports, token, run_dir))
+    if any(e.name == "cross-vpc" for e in options.exercises) and not args.dry_run:
+        return _run_cross_vpc(inventory, options, args)
+    with planned(inventory, options) as plan:
         if args.dry_run:
             print(yaml.safe_dump(plan.to_dict(), sort_keys=False), end="")
             return ExitCode.OK
-        return _run(plan, args)
+        return _run(plan, inventory, args)
 
 
-def _run(plan: Plan, args: argparse.Namespace) -> int:
+@contextmanager
+def planned(inventory: Inventory, options: Options) -> Iterator[Plan]:
+    """A plan with a fresh run token and free ports, held for as long as it runs."""
+    token = secrets.token_hex(6)
+    run_dir = os.path.join(tempfile.gettempdir(), f"lab-run-{token}")
+    with reserved_ports(ports_needed(options)) as ports:
+        yield build_plan(inventory, options, Resources(ports, token, run_dir))
+
+
+def _run_cross_vpc(inventory: Inventory, options: Options, args: argparse.Namespace) -> int:
+    """The tutorial's failure on the cross-VPC lab, the diagnosis, then the fix (lab.scenarios)."""
+    if len(options.exercises) != 1:
+        raise UsageError("cross-vpc runs alone: name no other exercise with it")
+    client = engine.client()
+    peered = crossvpc.peering(client)  # also: is this the cross-VPC lab at all?
+    console = Console(stderr=args.json, highlight=False)
+    say, stream = _sayer(console), LineStreamer(console)
+    settings = SSHSettings(accept_new_host_keys=args.accept_new_host_keys)
+    try:
+        say("1/3 peering off: the tutorial's job with MASTER_ADDR = the master's external address")
+        crossvpc.set_peering(client, False)
+        short = replace(options, timeout=min(options.timeout, scenarios.BROKEN_RUN_TIMEOUT))
+        with planned(inventory, short) as plan:
+            broken = run_plan(plan, on_line=stream, keep=args.keep, ssh=settings)
+        say("2/3 why: the doctor checks every host and pair")
+        diagnosis = doctor.diagnose(inventory, settings)
+        doctor.print_diagnosis(console, diagnosis)
+        for line in scenarios.explain(broken, diagnosis):
+            say(line)
+        say("3/3 peering on: the same job")
+        crossvpc.set_peering(client, True)
+        with planned(inventory, options) as plan:
+            fixed = run_plan(plan, on_line=stream, keep=args.keep, ssh=settings)
+    finally:
+        crossvpc.set_peering(client, peered)
+    steps = scenarios.judge_scenario(broken, diagnosis, judge(fixed))
+    passed = all(step.passed for step in steps)
+    if args.json:
+        print(json.dumps({"passed": passed, "steps": [asdict(step) for step in steps],
+                          "diagnosis": diagnosis.to_json()}, indent=2))
+    else:
+        console.print()
+        for step in steps:
+            console.print(Text(f"{'PASS' if step.passed else 'FAIL':8}", style=STATUS_STYLES["pass" if step.passed else "fail"])
+                          + Text(f"{step.what}: {step.detail}"), soft_wrap=True)
+        console.print(Text(f"cross-vpc {'passed' if passed else 'failed'}", style="bold"))
+    return ExitCode.OK if passed else ExitCode.CHECK_FAILED
+
+
+def _run(plan: Plan, inventory: Inventory, args: argparse.Namespace) -> int:
     console = Console(stderr=args.json, highlight=False)
     settings = SSHSettings(accept_new_host_keys=args.accept_new_host_keys)
     outcome = run_plan(plan, on_line=LineStreamer(console), keep=args.keep, ssh=settings)
     reports = judge(outcome)
     code = exit_code(outcome, reports)
+    causes = doctor.explain_hang(inventory, settings, plan.master_port) if hung_at_start(outcome) else []
     if args.json:
-        print(json.dumps(to_json(outcome, reports, code), indent=2))
+        print(json.dumps({**to_json(outcome, reports, code), "likely_causes": causes}, indent=2))
     else:
         print_report(console, outcome, reports)
+        if causes:
+            console.print(Text("likely cause (from `python -m lab doctor`):", style="bold yellow"))
+            for line in causes:
+                console.print(f"  {line}", soft_wrap=True, markup=False)
     return code
 
 
@@ -212,6 +280,19 @@ def cmd_down() -> int:
     removed = cluster.down(engine.client(), _sayer(console))
     _sayer(console)(f"the lab is down ({removed} removed)" if removed else "no lab to remove")
     return ExitCode.OK
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
+    inventory = load_inventory(args.hosts) if args.hosts else _local_cluster(args.nproc)
+    settings = SSHSettings(accept_new_host_keys=args.accept_new_host_keys)
+    diagnosis = doctor.diagnose(inventory, settings, master_port=args.master_port, timeout=args.timeout)
+    if args.json:
+        print(json.dumps(diagnosis.to_json(), indent=2))
+    else:
+        doctor.print_diagnosis(Console(highlight=False), diagnosis)
+    return diagnosis.exit_code
 
 
 def cmd_net(args: argparse.Namespace) -> int:

@@ -101,6 +101,16 @@ def _stuck(state: RankState, timeout: float) -> str:
             f"{describe_step(state.step)}{where}")
 
 
+def hung_at_start(outcome: RunOutcome) -> bool:
+    """The run timed out in a rendezvous or in the first exercise of its shared group: where
+    the network, not the program, is the usual cause (the doctor can tell)."""
+    if outcome.status != "timeout":
+        return False
+    first_shared = next((s.exercises[0]["name"] for s in outcome.plan.stages if s.rendezvous == "shared"), None)
+    return any(s.step.startswith("init:") or s.step == first_shared
+               for s in outcome.ranks if s.spec.rank in outcome.hung)
+
+
 def exit_code(outcome: RunOutcome, reports: list[ExerciseReport]) -> ExitCode:
     if outcome.status == "interrupted":
         return ExitCode.INTERRUPTED

@@ -117,6 +117,13 @@ class Plan:
         }
 
 
+def interface_env(host: Host) -> dict[str, str]:
+    """The data-plane interface settings a rank on ``host`` gets from the inventory."""
+    if not host.network_interface:
+        return {}
+    return {"GLOO_SOCKET_IFNAME": host.network_interface, "NCCL_SOCKET_IFNAME": host.network_interface}
+
+
 def default_backend(hosts: Sequence[Host]) -> str:
     """nccl only when every rank has its own GPU, else gloo."""
     return "nccl" if all(h.gpus >= h.slots for h in hosts) else "gloo"
@@ -191,8 +198,7 @@ def build_plan(inventory: Inventory, options: Options, resources: Resources) -> 
                    "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(host.slots)}
             if master_port is not None:
                 env["MASTER_PORT"] = str(master_port)
-            if host.network_interface:
-                env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = host.network_interface
+            env.update(interface_env(host))
             device = f"cuda:{local_rank}" if backend == "nccl" else "cpu"
             ranks.append(RankSpec(rank, local_rank, host.name, device, env))
 

@@ -26,7 +26,7 @@ from typing import IO, Any, Callable
 
 from .errors import HostUnreachable, LabError, RunError
 from .plan import Plan, RankSpec
-from .transport import PACKAGE_DIR, RankProcess, Transport, code_uploads, transport_for
+from .transport import PACKAGE_DIR, RankProcess, Transport, code_uploads, for_each_host, transport_for
 from .transport.ssh import SSHSettings
 from .worker import MARK
 
@@ -134,9 +134,8 @@ def _prepare_all(plan: Plan, transports: dict[str, Transport]) -> None:
     """Reach every host at once and carry the run's files there. A group never stops at the
     first failure: every host is tried, and one error names all that failed."""
     uploads = {**code_uploads(), **{rel: Path(local) for rel, local in plan.uploads.items()}}
-    with ThreadPoolExecutor(max_workers=min(32, len(transports))) as pool:
-        futures = {name: pool.submit(t.prepare, plan.run_dir, uploads) for name, t in transports.items()}
-    failures = [(name, f.exception()) for name, f in futures.items() if f.exception() is not None]
+    outcomes = for_each_host(transports, lambda t: t.prepare(plan.run_dir, uploads))
+    failures = [(name, e) for name, e in outcomes.items() if isinstance(e, Exception)]
     if not failures:
         return
     if all(isinstance(e, HostUnreachable) for _, e in failures):
@@ -286,10 +285,7 @@ def _program_files(plan: Plan) -> dict[str, Path]:
 def _stop_all(states: list[RankState]) -> None:
     """Kill every rank's process group, on all hosts at once."""
     started = [s for s in states if s.process is not None]
-    if not started:
-        return
-    with ThreadPoolExecutor(max_workers=min(32, len(started))) as pool:
-        list(pool.map(lambda s: s.process.kill(), started))  # type: ignore[union-attr]
+    for_each_host({s.label: s for s in started}, lambda s: s.process.kill())  # type: ignore[union-attr]
     for s in started:
         if s.exit_code is None:
             s.exit_code = s.process.poll()  # type: ignore[union-attr]

@@ -89,3 +89,15 @@ def _check_env(e: Expect, rank: int, n: int, env: Any, first: Any) -> None:
     if isinstance(first, Mapping):
         for name in ("MASTER_ADDR", "MASTER_PORT"):
             e.equal(rank, f"{name} (the same for every rank)", first.get(name), env[name])
+
+
+def check_cross_vpc(results: dict[int, dict], world: World) -> Verdict:
+    """The job across VPCs: the mesh formed, the all_reduce is right, one master for all."""
+    e = Expect()
+    n = world.world_size
+    ranks = reported(e, results, world)
+    masters = {r.get("master") for r in ranks.values()}
+    e.true(None, "MASTER_ADDR (one for every rank)", len(masters) == 1, expected="one address", got=sorted(map(str, masters)))
+    for rank, result in ranks.items():
+        e.equal(rank, "all_reduce SUM of rank + 1", float(sum(range(1, n + 1))), result.get("sum"))
+    return e.verdict()

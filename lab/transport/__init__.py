@@ -2,15 +2,17 @@
 
 A transport does one small thing for the runner: start a process on its host with a
 given environment and hand back a :class:`RankProcess` whose output can be read line
-by line, which can be signalled (its whole process group, so nothing it started
-survives) and killed. ``transport_for`` picks one from the host's ``connection``.
+by line, whose input can be written and closed, which can be signalled (its whole
+process group, so nothing it started survives) and killed. ``transport_for`` picks one
+from the host's ``connection``; ``for_each_host`` does one thing on many hosts at once.
 """
 from __future__ import annotations
 
 import shlex
 from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Mapping, Sequence
+from typing import IO, TYPE_CHECKING, Callable, Mapping, Sequence, TypeVar
 
 from ..inventory import Host
 
@@ -21,8 +23,21 @@ if TYPE_CHECKING:
 class RankProcess(ABC):
     """A started process on some host, and every process it started."""
 
+    stdin: IO[bytes]  # open while it runs; a worker stops itself when it closes
     stdout: IO[bytes]
     stderr: IO[bytes]
+
+    def send(self, data: bytes) -> None:
+        """Write ``data`` to the process's stdin now (flushed); OSError once it is closed or gone."""
+        self.stdin.write(data)
+        self.stdin.flush()
+
+    def close_stdin(self) -> None:
+        """Close the process's stdin, so it reads end-of-file; never raises, safe to call twice."""
+        try:
+            self.stdin.close()
+        except (OSError, EOFError):
+            pass
 
     @abstractmethod
     def poll(self) -> int | None:
@@ -50,6 +65,10 @@ class Transport(ABC):
     @abstractmethod
     def python_argv(self) -> list[str]:
         """How to run the lab's rank worker on this host."""
+
+    def module_argv(self, module: str) -> list[str]:
+        """How to run ``python -m module`` with the host's Python (the worker's interpreter)."""
+        return [self.python_argv()[0], "-m", module]
 
     @abstractmethod
     def prepare(self, run_dir: str, uploads: Mapping[str, Path]) -> None:
@@ -81,6 +100,28 @@ def code_uploads() -> dict[str, Path]:
     """The lab's own code, as every run carries it to every host (``code/lab/...``)."""
     return {f"code/lab/{p.relative_to(PACKAGE_DIR).as_posix()}": p
             for p in sorted(PACKAGE_DIR.rglob("*.py")) if "__pycache__" not in p.parts}
+
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+MAX_PARALLEL = 32  # hosts handled at once
+
+
+def for_each_host(items: Mapping[str, Item], action: Callable[[Item], Result]) -> dict[str, Result | Exception]:
+    """Run ``action`` on every item (one per host name) at once; each host's result, or the
+    exception it raised, by name. Every host is tried: one failure never stops the others."""
+    if not items:
+        return {}
+
+    def attempt(item: Item) -> Result | Exception:
+        try:
+            return action(item)
+        except Exception as exc:  # noqa: BLE001 - handed back to the caller, per host
+            return exc
+
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(items))) as pool:
+        futures = {name: pool.submit(attempt, item) for name, item in items.items()}
+    return {name: future.result() for name, future in futures.items()}
 
 
 def transport_for(host: Host, ssh: "SSHSettings | None" = None) -> Transport:

@@ -38,9 +38,9 @@ START_TIMEOUT = 30.0  # seconds for a rank's shell to print its pid
 
 class DockerProcess(RankProcess):
     def __init__(self, transport: DockerTransport, popen: subprocess.Popen[bytes], pgid: int) -> None:
-        assert popen.stdout is not None and popen.stderr is not None
+        assert popen.stdin is not None and popen.stdout is not None and popen.stderr is not None
         self._transport, self._popen, self.pgid = transport, popen, pgid
-        self.stdout, self.stderr = popen.stdout, popen.stderr
+        self.stdin, self.stdout, self.stderr = popen.stdin, popen.stdout, popen.stderr
 
     def poll(self) -> int | None:
         return self._popen.poll()
@@ -51,8 +51,7 @@ class DockerProcess(RankProcess):
     def kill(self) -> None:
         if self._popen.poll() is None:
             self.signal(signal.SIGKILL)
-        if self._popen.stdin and not self._popen.stdin.closed:
-            self._popen.stdin.close()
+        self.close_stdin()
         self._popen.kill()
         self._popen.wait()
 

@@ -14,8 +14,8 @@ from . import RankProcess, Transport
 class LocalProcess(RankProcess):
     def __init__(self, popen: subprocess.Popen[bytes]) -> None:
         self._popen = popen
-        assert popen.stdout is not None and popen.stderr is not None
-        self.stdout, self.stderr = popen.stdout, popen.stderr
+        assert popen.stdin is not None and popen.stdout is not None and popen.stderr is not None
+        self.stdin, self.stdout, self.stderr = popen.stdin, popen.stdout, popen.stderr
 
     def poll(self) -> int | None:
         return self._popen.poll()
@@ -28,8 +28,7 @@ class LocalProcess(RankProcess):
 
     def kill(self) -> None:
         self.signal(signal.SIGKILL)
-        if self._popen.stdin and not self._popen.stdin.closed:
-            self._popen.stdin.close()
+        self.close_stdin()
         self._popen.wait()
 
 

@@ -107,6 +107,7 @@ class SSHProcess(RankProcess):
         self._client = client
         self._channel = channel
         self.pgid = pgid
+        self.stdin = cast(IO[bytes], channel.makefile_stdin("wb"))  # closing it sends EOF (shutdown_write)
         self.stdout, self.stderr = stdout, stderr
         self._released = False
 
