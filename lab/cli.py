@@ -24,13 +24,14 @@ from rich.text import Text
 
 from . import cluster, crossvpc, doctor, engine, image, scenarios, suite
 from .errors import ExitCode, LabError, UsageError
+from .image import DEFAULT_BASE, OFFLINE
 from .inventory import Inventory, load_inventory, local_inventory
 from .judge import exit_code, hung_at_start, judge
 from .plan import BACKENDS, DEFAULT_TIMEOUT, INIT_METHODS, Options, Plan, Resources, build_plan, ports_needed
 from .ports import reserved_ports
 from .report import STATUS_STYLES, LineStreamer, print_report, to_json
-from .image import DEFAULT_BASE, OFFLINE
 from .runner import run_plan
+from .transport import with_master_address
 from .transport.ssh import SSHSettings
 
 DEBUG_LOG = Path(tempfile.gettempdir()) / "lab-debug.log"
@@ -165,6 +166,8 @@ def cmd_list() -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     options = _options(args)
     inventory = load_inventory(args.hosts) if args.hosts else _local_cluster(args.nproc)
+    if not args.dry_run:  # a dry run stays offline: it shows the addresses as given
+        inventory = with_master_address(inventory, _ssh_settings(args))
     if any(e.name == "cross-vpc" for e in options.exercises) and not args.dry_run:
         return _run_cross_vpc(inventory, options, args)
     with planned(inventory, options) as plan:
@@ -191,7 +194,7 @@ def _run_cross_vpc(inventory: Inventory, options: Options, args: argparse.Namesp
     peered = crossvpc.peering(client)  # also: is this the cross-VPC lab at all?
     console = Console(stderr=args.json, highlight=False)
     say, stream = _sayer(console), LineStreamer(console)
-    settings = SSHSettings(accept_new_host_keys=args.accept_new_host_keys)
+    settings = _ssh_settings(args)
     try:
         say("1/3 peering off: the tutorial's job with MASTER_ADDR = the master's external address")
         crossvpc.set_peering(client, False)
@@ -225,7 +228,7 @@ def _run_cross_vpc(inventory: Inventory, options: Options, args: argparse.Namesp
 
 def _run(plan: Plan, inventory: Inventory, args: argparse.Namespace) -> int:
     console = Console(stderr=args.json, highlight=False)
-    settings = SSHSettings(accept_new_host_keys=args.accept_new_host_keys)
+    settings = _ssh_settings(args)
     outcome = run_plan(plan, on_line=LineStreamer(console), keep=args.keep, ssh=settings)
     reports = judge(outcome)
     code = exit_code(outcome, reports)
@@ -286,8 +289,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
     inventory = load_inventory(args.hosts) if args.hosts else _local_cluster(args.nproc)
-    settings = SSHSettings(accept_new_host_keys=args.accept_new_host_keys)
-    diagnosis = doctor.diagnose(inventory, settings, master_port=args.master_port, timeout=args.timeout)
+    settings = _ssh_settings(args)
+    diagnosis = doctor.diagnose(with_master_address(inventory, settings), settings, inventory, settings, master_port=args.master_port, timeout=args.timeout)
     if args.json:
         print(json.dumps(diagnosis.to_json(), indent=2))
     else:
@@ -315,6 +318,10 @@ def cmd_status() -> int:
                       Text("answers", style="green") if h.ssh else Text("no answer", style="red"))
     console.print(table)
     return ExitCode.OK if all(h.ssh for h in hosts) else ExitCode.UNREACHABLE
+
+
+def _ssh_settings(args: argparse.Namespace) -> SSHSettings:
+    return SSHSettings(accept_new_host_keys=args.accept_new_host_keys)
 
 
 def _sayer(console: Console) -> Callable[[str], None]:

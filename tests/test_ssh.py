@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
@@ -23,10 +24,10 @@ from lab import suite
 from lab.errors import ExitCode, HostUnreachable, RunError
 from lab.inventory import Host, Inventory, load_inventory
 from lab.judge import judge
-from lab.plan import Options, Resources, build_plan, ports_needed
+from lab.plan import Options, Resources, build_plan, data_address, ports_needed
 from lab.ports import reserved_ports
 from lab.runner import RunOutcome, run_plan
-from lab.transport import RankProcess, code_uploads, transport_for
+from lab.transport import RankProcess, code_uploads, transport_for, with_master_address
 from lab.transport.ssh import RANKS_PER_CONNECTION, SSHSettings, SSHTransport
 
 from .sshd import SSHServer, free_port, keygen, require_sshd, start_sshd
@@ -477,3 +478,15 @@ def test_runner_over_ssh_stops_a_hung_rank_and_leaves_nothing(two_ssh_hosts: Inv
     assert outcome.ranks[1].stopped_at == "p2p_hangs.py:6 in run: time.sleep(600)"
     assert wait_until_gone(outcome.plan.token, 5.0) == []
     assert not Path(outcome.plan.run_dir).exists()
+
+
+def test_the_master_address_is_asked_of_the_host_when_the_inventory_names_it(server: SSHServer,
+                                                                            tmp_path: Path) -> None:
+    known = known_hosts(tmp_path / "known_hosts", f"[localhost]:{server.port} {server.host_public}\n")
+    named = replace(ssh_host(server, known), address="localhost")  # a name, as an ssh alias would be
+    settings = SSHSettings(connect_timeout=5.0, ssh_config=str(tmp_path / "no_ssh_config"))
+    inventory = with_master_address(Inventory("inv.yaml", (named,)), settings)
+    assert inventory.hosts[0].data_address == "127.0.0.1"  # what sshd says this connection reached
+    assert data_address(inventory.hosts[0]) == "127.0.0.1"
+    literal = Inventory("inv.yaml", (ssh_host(server, known),))
+    assert with_master_address(literal, settings) is literal  # an address needs no asking

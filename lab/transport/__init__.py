@@ -8,13 +8,18 @@ from the host's ``connection``; ``for_each_host`` does one thing on many hosts a
 """
 from __future__ import annotations
 
+import ipaddress
+import logging
 import shlex
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Callable, Mapping, Sequence, TypeVar
 
-from ..inventory import Host
+from ..inventory import Host, Inventory
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from .ssh import SSHSettings
@@ -77,6 +82,10 @@ class Transport(ABC):
     def cleanup(self, run_dir: str, keep: bool = False) -> None:
         """Remove what ``prepare`` made (unless ``keep``)."""
 
+    def own_address(self) -> str | None:
+        """The host's address as this transport reaches it, when it can tell (see ssh)."""
+        return None
+
     def close(self) -> None:
         """Release the connection."""
 
@@ -122,6 +131,32 @@ def for_each_host(items: Mapping[str, Item], action: Callable[[Item], Result]) -
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(items))) as pool:
         futures = {name: pool.submit(attempt, item) for name, item in items.items()}
     return {name: future.result() for name, future in futures.items()}
+
+
+def with_master_address(inventory: Inventory, ssh: "SSHSettings | None" = None) -> Inventory:
+    """The inventory with rank 0's data-plane address filled in, asked of the host itself,
+    when the inventory gives none and names the host by a name its peers may not resolve
+    (an ssh-config alias, say). MASTER_ADDR is that address."""
+    host = inventory.hosts[0] if inventory.hosts else None
+    if host is None or host.is_local or host.data_address or _is_ip(host.address):
+        return inventory
+    transport = transport_for(host, ssh)
+    try:
+        found = transport.own_address()
+    finally:
+        transport.close()
+    if not found:
+        return inventory
+    log.info("host %s: MASTER_ADDR is its address %s (asked of the host)", host.name, found)
+    return Inventory(inventory.path, (replace(host, data_address=found), *inventory.hosts[1:]))
+
+
+def _is_ip(address: str) -> bool:
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return True
 
 
 def transport_for(host: Host, ssh: "SSHSettings | None" = None) -> Transport:

@@ -212,6 +212,13 @@ class SSHTransport(Transport):
         log.debug("host %s: started pgid %d: %s", self.host.name, pgid, command)
         return SSHProcess(self, client, channel, pgid, stdout, stderr)
 
+    def own_address(self) -> str | None:
+        """The host's address on the connection that reaches it: sshd's SSH_CONNECTION says
+        "client port server port". The address peers use when the inventory gives none."""
+        status, output = self.run(self._main(), "echo $SSH_CONNECTION")
+        fields = output.split()
+        return fields[2] if status == 0 and len(fields) == 4 else None
+
     def close(self) -> None:
         """Close every connection, the jump hosts' last; safe to call twice."""
         for client in (*self._clients, *reversed(self._jump_clients)):
