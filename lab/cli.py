@@ -29,7 +29,7 @@ from .inventory import Inventory, load_inventory, local_inventory
 from .judge import exit_code, hung_at_start, judge
 from .plan import BACKENDS, DEFAULT_TIMEOUT, INIT_METHODS, Options, Plan, Resources, build_plan, ports_needed
 from .ports import reserved_ports
-from .report import STATUS_STYLES, LineStreamer, print_report, to_json
+from .report import STATUS_STYLES, LineStreamer, print_report, to_json, to_junit
 from .runner import run_plan
 from .transport import with_master_address
 from .transport.ssh import SSHSettings
@@ -79,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "reference program (one exercise) and check it the same way")
     run.add_argument("--json", action="store_true", help="print the results as JSON on stdout "
                      "(rank output goes to stderr)")
+    run.add_argument("--junit", metavar="FILE.xml", help="also write the results as JUnit XML (for grading in CI)")
     run.add_argument("--dry-run", action="store_true", help="print the plan as YAML and exit")
     run.add_argument("--keep", action="store_true", help="keep the run directory on every host")
     run.add_argument("--accept-new-host-keys", action="store_true",
@@ -233,6 +234,8 @@ def _run(plan: Plan, inventory: Inventory, args: argparse.Namespace) -> int:
     reports = judge(outcome)
     code = exit_code(outcome, reports)
     causes = doctor.explain_hang(inventory, settings, plan.master_port) if hung_at_start(outcome) else []
+    if args.junit:
+        Path(args.junit).write_bytes(to_junit(outcome, reports))
     if args.json:
         print(json.dumps({**to_json(outcome, reports, code), "likely_causes": causes}, indent=2))
     else:

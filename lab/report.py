@@ -1,6 +1,7 @@
 """Report: what a person (or a program, with --json) sees of a run."""
 from __future__ import annotations
 
+import xml.etree.ElementTree as ET
 from typing import Any
 
 from rich.console import Console
@@ -93,6 +94,41 @@ def to_json(outcome: RunOutcome, reports: list[ExerciseReport], exit_code: int) 
                    "step": s.step, "stopped_at": s.stopped_at, "fatal": s.fatal,
                    "torch": s.info.get("torch")} for s in outcome.ranks],
     }
+
+
+def to_junit(outcome: RunOutcome, reports: list[ExerciseReport], suite_name: str = "lab") -> bytes:
+    """JUnit XML: one test case per exercise, so any CI can show a class's submissions.
+
+    A failed check is a <failure> (the reason, then the mismatches); a hang is an <error>;
+    an exercise that never ran is <skipped>. The failing ranks' last lines go to system-out.
+    """
+    plan = outcome.plan
+    counts = {"failures": sum(r.status == "fail" for r in reports),
+              "errors": sum(r.status == "timeout" for r in reports),
+              "skipped": sum(r.status == "not run" for r in reports)}
+    root = ET.Element("testsuites")
+    suite = ET.SubElement(root, "testsuite", name=suite_name, tests=str(len(reports)),
+                          time=f"{outcome.seconds:.3f}", **{k: str(v) for k, v in counts.items()})
+    properties = ET.SubElement(suite, "properties")
+    for key in ("world_size", "backend", "init"):
+        ET.SubElement(properties, "property", name=key, value=str(getattr(plan, key)))
+    for r in reports:
+        case = ET.SubElement(suite, "testcase", classname=f"{suite_name}.{plan.backend}", name=r.name,
+                             time=f"{r.seconds or 0.0:.3f}")
+        if r.status == "fail":
+            ET.SubElement(case, "failure", message=r.reason, type="CheckFailed").text = \
+                "\n".join([r.reason, *map(str, r.mismatches), *(f"note: {n}" for n in r.notes)])
+        elif r.status == "timeout":
+            ET.SubElement(case, "error", message=r.reason, type="Timeout").text = r.reason
+        elif r.status == "not run":
+            ET.SubElement(case, "skipped", message=r.reason)
+        if not r.passed:
+            tails = [f"--- rank {rank} ({outcome.ranks[rank].spec.host})\n" + "\n".join(list(tail)[-TAIL_SHOWN:])
+                     for rank in r.ranks if rank < len(outcome.ranks) and (tail := outcome.ranks[rank].tail)]
+            if tails:
+                ET.SubElement(case, "system-out").text = "\n".join(tails)
+    ET.indent(root)
+    return ET.tostring(root, encoding="utf-8", xml_declaration=True)
 
 
 def _seconds(value: float | None) -> str:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import signal
+import xml.etree.ElementTree as ET
 import time
 
 import pytest
@@ -149,3 +150,19 @@ def test_bad_inventory_names_file_and_line(lab: Lab, tmp_path) -> None:
     assert result.code == 2
     assert result.err.strip().startswith(f"lab: error: {inventory}:4: ")
     assert "slots" in result.err and "Traceback" not in result.err
+
+
+def test_junit_report_grades_a_submission(lab: Lab, tmp_path) -> None:
+    report = tmp_path / "report.xml"
+    result = lab("run", "all-reduce", "--nproc", "3", "--junit", str(report),
+                 "--solution", str(WRONG / "all_reduce_max_for_sum.py"))
+    assert result.code == 1
+    suite = ET.parse(report).getroot().find("testsuite")
+    assert suite is not None and (suite.get("tests"), suite.get("failures")) == ("1", "1")
+    failure = suite.find("testcase/failure")
+    assert failure is not None and "all_reduce SUM" in failure.get("message", "")
+    result = lab("run", "all-reduce", "broadcast", "--nproc", "3", "--junit", str(report))
+    assert result.code == 0
+    cases = ET.parse(report).getroot().findall("testsuite/testcase")
+    assert [c.get("name") for c in cases] == ["broadcast", "all-reduce"]
+    assert all(len(c) == 0 for c in cases)  # no failure, error or skip inside
