@@ -27,7 +27,8 @@ from .errors import ExitCode, LabError, UsageError
 from .image import DEFAULT_BASE, OFFLINE
 from .inventory import Inventory, load_inventory, local_inventory
 from .judge import exit_code, hung_at_start, judge
-from .plan import BACKENDS, DEFAULT_TIMEOUT, INIT_METHODS, Options, Plan, Resources, build_plan, ports_needed
+from .plan import (BACKENDS, DEFAULT_TIMEOUT, INIT_METHODS, Options, Plan, Resources, build_launch_plan, build_plan,
+                   ports_needed)
 from .ports import reserved_ports
 from .report import STATUS_STYLES, LineStreamer, print_report, to_json, to_junit
 from .runner import run_plan
@@ -106,6 +107,22 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where to write the lab's inventory (default inventory.yaml)")
     up.add_argument("--no-smoke", action="store_true", help="skip the p2p run across the hosts")
 
+    launch = commands.add_parser(
+        "launch", help="run any script on every rank with the rendezvous injected (torchrun across hosts)",
+        description="Run SCRIPT on every rank of the cluster with MASTER_ADDR, MASTER_PORT, RANK, "
+                    "WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE in its environment, as torchrun would, "
+                    "across the hosts of an inventory. The tutorials' scripts run unchanged.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    launch.add_argument("--hosts", metavar="INVENTORY", help="the inventory (default: the local cluster)")
+    launch.add_argument("--nproc", type=int, default=4, metavar="N", help="ranks of the local cluster (default 4)")
+    launch.add_argument("--timeout", type=float, metavar="SECONDS", help="stop the job when it runs longer "
+                        "(default: no limit)")
+    launch.add_argument("--keep", action="store_true", help="keep the run directory on every host")
+    launch.add_argument("--accept-new-host-keys", action="store_true",
+                        help="trust SSH host keys not yet in known_hosts (and record them)")
+    launch.add_argument("script", metavar="SCRIPT.py", help="the script every rank runs")
+    launch.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+
     doc = commands.add_parser(
         "doctor", help="check a cluster for what makes multi-node jobs fail or hang",
         description="Check every host and every pair: SSH, python/torch versions, GPUs/NCCL, name "
@@ -137,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         command = {"list": lambda: cmd_list(), "run": lambda: cmd_run(args), "up": lambda: cmd_up(args),
                    "down": lambda: cmd_down(), "status": lambda: cmd_status(),
-                   "net": lambda: cmd_net(args), "doctor": lambda: cmd_doctor(args)}[args.command]
+                   "net": lambda: cmd_net(args), "doctor": lambda: cmd_doctor(args), "launch": lambda: cmd_launch(args)}[args.command]
         return command()
     except LabError as exc:
         print(f"lab: error: {exc}", file=sys.stderr)
@@ -286,6 +303,35 @@ def cmd_down() -> int:
     removed = cluster.down(engine.client(), _sayer(console))
     _sayer(console)(f"the lab is down ({removed} removed)" if removed else "no lab to remove")
     return ExitCode.OK
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    script = Path(args.script)
+    if not script.is_file():
+        raise UsageError(f"{args.script}: no such script")
+    if args.timeout is not None and args.timeout <= 0:
+        raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
+    inventory = load_inventory(args.hosts) if args.hosts else _local_cluster(args.nproc)
+    settings = _ssh_settings(args)
+    inventory = with_master_address(inventory, settings)
+    console = Console(highlight=False)
+    token = secrets.token_hex(6)
+    run_dir = os.path.join(tempfile.gettempdir(), f"lab-run-{token}")
+    with reserved_ports(1) as ports:
+        plan = build_launch_plan(inventory, str(script.resolve()), args.args, args.timeout or float("inf"),
+                                 Resources(ports, token, run_dir))
+        outcome = run_plan(plan, on_line=LineStreamer(console), keep=args.keep, ssh=settings)
+    failed = [s for s in outcome.ranks if not s.done]
+    console.print()
+    for s in failed:
+        why = (f"stopped after {plan.timeout:g}s" + (f" at {s.stopped_at}" if s.stopped_at else "")
+               if s.spec.rank in outcome.hung else f"exited with code {s.exit_code}")
+        console.print(Text(f"rank {s.spec.rank} ({s.spec.host}) {why}", style="red"), soft_wrap=True)
+    console.print(Text(f"{script.name}: {plan.world_size - len(failed)} of {plan.world_size} ranks succeeded "
+                       f"in {outcome.seconds:.1f}s ({outcome.status})", style="bold"), highlight=False)
+    if outcome.status in ("interrupted", "timeout"):
+        return ExitCode.INTERRUPTED if outcome.status == "interrupted" else ExitCode.TIMEOUT
+    return ExitCode.OK if not failed else ExitCode.CHECK_FAILED
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

@@ -79,6 +79,7 @@ class Plan:
     stages: tuple[Stage, ...]
     uploads: dict[str, str] = field(default_factory=dict, hash=False)  # run-dir path -> local file
     shared_run_dir: str | None = None  # the run's directory in the hosts' shared_dir, if any
+    script: tuple[str, ...] = ()  # lab launch: the user's script (in the run dir) and its args
 
     @property
     def code_dir(self) -> str:
@@ -98,9 +99,15 @@ class Plan:
                 "timeout": self.timeout, "stages": [asdict(s) for s in self.stages]}
 
     def worker_env(self, rank: RankSpec) -> dict[str, str]:
-        """Everything a worker process gets in its environment."""
-        return {**rank.env, "LAB_RANK_PLAN": json.dumps(self.rank_plan(rank)),
-                "PYTHONPATH": self.code_dir, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        """Everything a rank's process gets in its environment."""
+        env = {**rank.env, "PYTHONPATH": self.code_dir, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+        if not self.script:
+            env["LAB_RANK_PLAN"] = json.dumps(self.rank_plan(rank))
+        return env
+
+    def rank_argv(self, python: str) -> list[str]:
+        """The command of every rank: the lab's worker, or (lab launch) the user's script."""
+        return [python, "-m", "lab.launcher", *self.script] if self.script else [python, "-m", "lab.worker"]
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for ``--dry-run`` (YAML) and ``--json``."""
@@ -190,22 +197,45 @@ def build_plan(inventory: Inventory, options: Options, resources: Resources) -> 
                    for kind, exs in _group_by_stage(options))
     master_port = next((s.port for s in stages if s.port is not None), None)
 
+    ranks = _lay_out_ranks(hosts, master, master_port, backend)
+    return Plan(world_size=inventory.world_size, backend=backend, init=options.init,
+                master_addr=master, master_port=master_port, timeout=options.timeout,
+                token=resources.token, run_dir=resources.run_dir, hosts=hosts,
+                ranks=tuple(ranks), stages=stages, uploads=uploads, shared_run_dir=shared)
+
+
+def _lay_out_ranks(hosts: Sequence[Host], master: str, master_port: int | None, backend: str) -> tuple[RankSpec, ...]:
+    """Ranks host by host in inventory order, each with the rendezvous settings in its env."""
+    world_size = sum(h.slots for h in hosts)
     ranks: list[RankSpec] = []
     for host in hosts:
         for local_rank in range(host.slots):
             rank = len(ranks)
-            env = {"MASTER_ADDR": master, "RANK": str(rank), "WORLD_SIZE": str(inventory.world_size),
+            env = {"MASTER_ADDR": master, "RANK": str(rank), "WORLD_SIZE": str(world_size),
                    "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(host.slots)}
             if master_port is not None:
                 env["MASTER_PORT"] = str(master_port)
             env.update(interface_env(host))
             device = f"cuda:{local_rank}" if backend == "nccl" else "cpu"
             ranks.append(RankSpec(rank, local_rank, host.name, device, env))
+    return tuple(ranks)
 
-    return Plan(world_size=inventory.world_size, backend=backend, init=options.init,
-                master_addr=master, master_port=master_port, timeout=options.timeout,
-                token=resources.token, run_dir=resources.run_dir, hosts=hosts,
-                ranks=tuple(ranks), stages=stages, uploads=uploads, shared_run_dir=shared)
+
+def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], timeout: float,
+                      resources: Resources) -> Plan:
+    """``lab launch``: the user's script on every rank, the rendezvous in its environment
+    (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE), as torchrun would."""
+    if not inventory.hosts:
+        raise UsageError(f"{inventory.path}: no hosts")
+    master = data_address(inventory.hosts[0])
+    port = resources.ports[0]
+    relative = f"script/{script.rsplit('/', 1)[-1]}"
+    return Plan(world_size=inventory.world_size, backend=default_backend(inventory.hosts), init="env",
+                master_addr=master, master_port=port, timeout=timeout, token=resources.token,
+                run_dir=resources.run_dir, hosts=inventory.hosts,
+                ranks=_lay_out_ranks(inventory.hosts, master, port, default_backend(inventory.hosts)),
+                stages=(), uploads={relative: script},
+                script=(f"{resources.run_dir}/{relative}", *args))
 
 
 def _group_by_stage(options: Options) -> list[tuple[str, list[Exercise]]]:

@@ -148,7 +148,7 @@ def _prepare_all(plan: Plan, transports: dict[str, Transport]) -> None:
 
 def _start(plan: Plan, state: RankState, transport: Transport) -> RankProcess:
     try:
-        return transport.start(transport.python_argv(), plan.worker_env(state.spec), plan.run_dir)
+        return transport.start(plan.rank_argv(transport.python), plan.worker_env(state.spec), plan.run_dir)
     except OSError as exc:
         raise RunError(f"host {state.spec.host}: cannot start rank {state.spec.rank}: {exc}") from exc
 
@@ -189,6 +189,7 @@ def _watch(plan: Plan, states: list[RankState], runs: dict[str, ExerciseRun],
                 state.exit_code = state.process.poll()
                 if state.exit_code is not None:
                     state.step_started = state.ended_at = now
+                    state.done |= bool(plan.script) and state.exit_code == 0  # a script says nothing
                     if not state.done and crashed_at is None:
                         crashed_at = now
         if crashed_at is not None and now - crashed_at > CRASH_GRACE:

@@ -54,7 +54,7 @@ def _jsonable(value: Any) -> Any:
     return repr(value)
 
 
-def _stop_when_orphaned() -> None:
+def stop_when_orphaned() -> None:
     """End this rank's whole process group once the controller closes our stdin."""
 
     def watch() -> None:
@@ -213,7 +213,7 @@ def _where(exc: BaseException, program: str) -> str:
 
 def main() -> int:
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
-    _stop_when_orphaned()
+    stop_when_orphaned()
     plan = json.loads(os.environ[PLAN_VAR])
     try:
         return Rank(plan).run()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import xml.etree.ElementTree as ET
 import time
@@ -12,6 +13,7 @@ import yaml
 from lab import suite
 
 from .conftest import WRONG, Lab
+from .tutorials import tutorial_scripts
 
 pytestmark = pytest.mark.local
 
@@ -166,3 +168,32 @@ def test_junit_report_grades_a_submission(lab: Lab, tmp_path) -> None:
     cases = ET.parse(report).getroot().findall("testsuite/testcase")
     assert [c.get("name") for c in cases] == ["broadcast", "all-reduce"]
     assert all(len(c) == 0 for c in cases)  # no failure, error or skip inside
+
+
+def received_tensor(out: str) -> str:
+    """What rank 1 printed it holds after the receive, as one line of numbers."""
+    lines = [line.split("] ", 1)[1] for line in out.splitlines() if line.startswith("[local r1] ")]
+    text = " ".join(lines)
+    found = re.findall(r"(?:after: |rank 1: )tensor\((\[\[.*?\]\])\)", text)
+    return re.sub(r"\s+", " ", found[-1]) if found else ""
+
+
+def test_launch_runs_the_tutorials_scripts_unchanged(lab: Lab, tmp_path) -> None:
+    for name, script in tutorial_scripts(tmp_path).items():
+        result = lab("launch", "--nproc", "2", "--timeout", "120", str(script))
+        assert result.code == 0, result.text
+        assert f"{name}: 2 of 2 ranks succeeded" in result.out
+        received = received_tensor(result.out)
+        assert received and received != "[[0., 0.], [0., 0.]]", result.out  # rank 0's data reached rank 1
+    assert lab.leftovers() == []
+
+
+def test_launch_reports_the_failing_rank_and_stops_the_others(lab: Lab, tmp_path) -> None:
+    script = tmp_path / "fails.py"
+    script.write_text("import os, sys, time\n"
+                      "if os.environ['RANK'] == '1':\n    sys.exit(7)\n"
+                      "time.sleep(300)\n")
+    result = lab("launch", "--nproc", "3", str(script))
+    assert result.code == 1, result.text
+    assert "rank 1 (local) exited with code 7" in result.out
+    assert lab.leftovers() == []

@@ -142,9 +142,9 @@ def test_exit_status_and_a_missing_run_dir(server: SSHServer, tmp_path: Path) ->
         t.close()
 
 
-def test_python_argv_is_the_hosts_python_and_the_worker() -> None:
+def test_module_argv_runs_the_hosts_python() -> None:
     t = SSHTransport(Host("a", "10.0.0.1", python="/opt/py/bin/python3"))
-    assert t.python_argv() == ["/opt/py/bin/python3", "-m", "lab.worker"]
+    assert t.module_argv("lab.worker") == ["/opt/py/bin/python3", "-m", "lab.worker"]
 
 
 # -- host keys ------------------------------------------------------------------------

@@ -67,13 +67,14 @@ class Transport(ABC):
     def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> RankProcess:
         """Start ``argv`` in ``cwd`` with ``env`` added to the host's environment."""
 
-    @abstractmethod
-    def python_argv(self) -> list[str]:
-        """How to run the lab's rank worker on this host."""
+    @property
+    def python(self) -> str:
+        """The host's Python: the one with torch (``ansible_python_interpreter``)."""
+        return self.host.python
 
     def module_argv(self, module: str) -> list[str]:
-        """How to run ``python -m module`` with the host's Python (the worker's interpreter)."""
-        return [self.python_argv()[0], "-m", module]
+        """How to run ``python -m module`` with the host's Python."""
+        return [self.python, "-m", module]
 
     @abstractmethod
     def prepare(self, run_dir: str, uploads: Mapping[str, Path]) -> None:

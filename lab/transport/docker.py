@@ -87,9 +87,6 @@ class DockerTransport(Transport):
             log.debug("host %s: %s: exit %s: %s", self.host.name, command, code, out)
         return out.decode("utf-8", "replace")
 
-    def python_argv(self) -> list[str]:
-        return [self.host.python, "-m", "lab.worker"]
-
     def prepare(self, run_dir: str, uploads: Mapping[str, Path]) -> None:
         self.exec(f"mkdir -p {shlex.quote(run_dir)}")
         archive = io.BytesIO()

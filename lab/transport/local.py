@@ -33,10 +33,10 @@ class LocalProcess(RankProcess):
 
 
 class LocalTransport(Transport):
-    def python_argv(self) -> list[str]:
+    @property
+    def python(self) -> str:
         # The controller's own interpreter has torch; an inventory may name another.
-        python = self.host.python if self.host.python != "python3" else sys.executable
-        return [python, "-m", "lab.worker"]
+        return self.host.python if self.host.python != "python3" else sys.executable
 
     def prepare(self, run_dir: str, uploads: Mapping[str, Path]) -> None:
         for relative, source in uploads.items():

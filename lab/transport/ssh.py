@@ -151,9 +151,6 @@ class SSHTransport(Transport):
 
     # -- the Transport interface ------------------------------------------------------
 
-    def python_argv(self) -> list[str]:
-        return [self.host.python, "-m", "lab.worker"]
-
     def prepare(self, run_dir: str, uploads: Mapping[str, Path]) -> None:
         """Make ``run_dir`` and the directories of the uploads in one command, then put
         every file over one SFTP session (closed again: it would hold a session slot)."""
