@@ -90,9 +90,6 @@ class Plan:
     def exercise_names(self) -> tuple[str, ...]:
         return tuple(e["name"] for s in self.stages for e in s.exercises)
 
-    def host(self, name: str) -> Host:
-        return next(h for h in self.hosts if h.name == name)
-
     def rank_plan(self, rank: RankSpec) -> dict[str, Any]:
         """The instructions one worker reads from LAB_RANK_PLAN."""
         return {"token": self.token, "backend": self.backend, "device": rank.device,

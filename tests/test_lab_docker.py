@@ -20,6 +20,7 @@ import yaml
 from lab import cluster, engine
 
 from .conftest import REPO, WRONG, Lab
+from .tutorials import tutorial_scripts
 
 pytestmark = pytest.mark.docker
 TOPOLOGY = cluster.Topology()
@@ -54,7 +55,7 @@ def lab_up() -> Iterator[Lab]:
 
 def workers_on(container: str) -> list[str]:
     """Rank processes still alive in a host container."""
-    done = subprocess.run(["docker", "exec", container, "pgrep", "-af", "lab.worker"],
+    done = subprocess.run(["docker", "exec", container, "pgrep", "-af", "lab[.](worker|launcher)"],
                           capture_output=True, text=True, timeout=30)
     return done.stdout.split("\n") if done.stdout.strip() else []
 
@@ -194,4 +195,14 @@ def test_the_docker_transport_runs_ranks_by_docker_exec(lab_up: Lab, tmp_path: P
     code, report = run_json(lab_up, "p2p", "--hosts", str(inventory), "--timeout", "5",
                             "--solution", str(WRONG / "p2p_never_sends.py"))
     assert code == 4 and "p2p_never_sends.py" in report["exercises"][0]["reason"]
+    assert_no_workers_anywhere()
+
+
+def test_the_tutorials_scripts_run_unchanged_across_hosts(lab_up: Lab, tmp_path: Path) -> None:
+    inventory = inventory_variant(tmp_path, 2, 1)
+    for name, script in tutorial_scripts(tmp_path).items():
+        result = lab_up("launch", "--hosts", str(inventory), "--timeout", "120", str(script))
+        assert result.code == 0, result.text
+        assert f"{name}: 2 of 2 ranks succeeded" in result.out
+        assert "[node2 r1] rank 1" in result.out
     assert_no_workers_anywhere()
