@@ -253,7 +253,8 @@ def _group_by_stage(options: Options) -> list[tuple[str, list[Exercise]]]:
 def _stage(kind: str, exercises: list[Exercise], master: str, ports: Any, files_dir: str,
            solution: str | None) -> Stage:
     shared = exercises[0].rendezvous == "shared"
-    refs = tuple({"name": e.name, "program": solution or e.program} for e in exercises)
+    refs = tuple({"name": e.name, "program": solution, "reference": e.program} if solution else
+                 {"name": e.name, "program": e.program} for e in exercises)
     if kind == "none":
         return Stage("none", "none", None, None, None, None, refs)
     rendezvous = "shared" if shared else kind

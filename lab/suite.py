@@ -18,12 +18,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .check import Verdict, World
-from .checks import basics, collectives, p2p
+from .checks import backends, basics, collectives, dsgd, p2p, ring
 
 Checker = Callable[[dict[int, dict], World], Verdict]
-
-RENDEZVOUS = ("none", "shared", "env", "tcp", "file")
-
 
 @dataclass(frozen=True)
 class Exercise:
@@ -68,6 +65,13 @@ def _exercises() -> dict[str, Exercise]:
                  "lab.exercises.reduce_scatter", collectives.check_reduce_scatter),
         Exercise("barrier", "barrier: no rank leaves before the last one arrives",
                  "lab.exercises.barrier", collectives.check_barrier),
+        Exercise("ring-allreduce", "ring all-reduce from isend/recv: the tutorial's, then chunked "
+                 "(reduce-scatter + all-gather)", "lab.exercises.ring_allreduce", ring.check_ring_allreduce,
+                 min_ranks=2),
+        Exercise("dsgd", "distributed synchronous SGD: average_gradients with all_reduce, vs one "
+                 "process and DistributedDataParallel", "lab.exercises.dsgd", dsgd.check_dsgd),
+        Exercise("backends", "which backends each host has; collectives on nccl with a GPU per rank, "
+                 "else gloo", "lab.exercises.backends", backends.check_backends),
         Exercise("cross-vpc", "(the cross-VPC lab) MASTER_ADDR external: the store connects, the mesh "
                  "hangs; diagnosed, then passes with peering", "lab.exercises.cross_vpc",
                  basics.check_cross_vpc, "env", min_ranks=2, in_all=False),

@@ -82,6 +82,24 @@ def load_program(program: str) -> ModuleType:
     return importlib.import_module(program)
 
 
+def load_solution(program: str, reference: str | None) -> ModuleType:
+    """The program to run. A solution may be a whole program (it defines ``run``) or only the
+    functions a student writes (``ring_allreduce``, ``average_gradients``...): those then
+    replace the reference program's own, and the reference's ``run`` drives them."""
+    module = load_program(program)
+    if hasattr(module, "run") or reference is None:
+        return module
+    base = load_program(reference)
+    names = [n for n, v in vars(module).items()
+             if callable(v) and not n.startswith("_") and callable(getattr(base, n, None))]
+    if not names:
+        raise ImportError(f"{os.path.basename(program)} defines neither run() nor any function of "
+                          f"{reference.rsplit('.', 1)[-1]}.py to replace")
+    for name in names:
+        setattr(base, name, getattr(module, name))
+    return base
+
+
 def call_with_context(fn: Callable[..., Any], context: dict[str, Any]) -> Any:
     """Call ``fn`` with the context values its signature names (rank, size, device, ...)."""
     params = inspect.signature(fn).parameters
@@ -162,7 +180,7 @@ class Rank:
         self.emit("step", step=name)
         started = time.monotonic()
         try:
-            program = load_program(exercise["program"])
+            program = load_solution(exercise["program"], exercise.get("reference"))
             value = call_with_context(program.run, self.context(init_method))
         except Exception as exc:  # an exercise's failure is a result, not the worker's end
             self.emit("error", exercise=name, error=f"{type(exc).__name__}: {exc}",
@@ -204,8 +222,8 @@ def _where(exc: BaseException, program: str) -> str:
     """``file:line: source`` of the deepest frame inside the exercise program."""
     frames = traceback.extract_tb(exc.__traceback__)
     name = program.replace(".", "/") + ".py" if not program.endswith(".py") else program
-    mine = [f for f in frames if f.filename.endswith(name)] or frames[-1:]
-    if not mine:
+    mine = [f for f in frames if f.filename.endswith(name)]
+    if not mine:  # it failed before reaching the program (loading it, say): the message says it
         return ""
     f = mine[-1]
     return f"{os.path.basename(f.filename)}:{f.lineno}: {(f.line or '').strip()}"

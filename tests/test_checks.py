@@ -6,13 +6,15 @@ what was expected and what came instead.
 """
 from __future__ import annotations
 
+import copy
 import inspect
+from functools import lru_cache
 from typing import Any, Callable
 
 import pytest
 
 from lab.check import Verdict, World
-from lab.checks import basics, collectives, p2p
+from lab.checks import backends, basics, collectives, dsgd, p2p, ring, ring_cases
 
 Results = dict[int, Any]
 SIZES = [2, 3, 4]
@@ -89,6 +91,59 @@ def barrier_ok(n: int) -> Results:
     return {r: {"arrived": 1000.0 + 0.2 * r, "left": last + 0.001 * r} for r in range(n)}
 
 
+@lru_cache(maxsize=None)
+def _ring_cases(n: int) -> dict[str, dict]:
+    """Every case's correct report, as the rank program makes it (floats for float dtypes)."""
+    cases = {}
+    for shape in ring_cases.SHAPES:
+        want = ring_cases.expected_digest(shape, n)
+        for dtype in ring_cases.DTYPES:
+            as_dtype = float if dtype.startswith("float") else int
+            case: dict[str, Any] = {"shape": list(shape), "dtype": dtype}
+            if "values" in want:
+                case["values"] = [as_dtype(v) for v in want["values"]]
+            else:
+                case.update(numel=want["numel"], samples=[[p, as_dtype(v)] for p, v in want["samples"]],
+                            sum=as_dtype(want["sum"]), weighted=as_dtype(want["weighted"]))
+            cases[ring_cases.case_name(shape, dtype)] = case
+    return cases
+
+
+def ring_ok(n: int) -> Results:
+    return {r: {"allreduce": copy.deepcopy(_ring_cases(n)), "ring_allreduce": copy.deepcopy(_ring_cases(n))}
+            for r in range(n)}
+
+
+DSGD_NAMES = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+DSGD_SIZES = [32, 8, 16, 2]
+
+
+def dsgd_model(n: int, scale: float = 1.0) -> dict[str, Any]:
+    """One model's report: digests that change every step, a first step of ``scale`` times
+    one process's, the losses of the epochs."""
+    steps = dsgd.EPOCHS * dsgd.steps_per_epoch(n)
+    initial = [0.01 * i for i in range(dsgd.PARAMETERS)]
+    return {"losses": [0.7, 0.6, 0.5],
+            "steps": [[0.1 * k + j for j in range(4)] + [1.0 + k] for k in range(steps)],
+            "first": [x + 0.001 * scale * (1 + i % 3) for i, x in enumerate(initial)],
+            "final": [x + 0.5 for x in initial]}
+
+
+def dsgd_ok(n: int) -> Results:
+    return {r: {"batch_per_rank": dsgd.GLOBAL_BATCH // n, "samples_per_rank": int(1.0 / n * dsgd.SAMPLES),
+                "names": list(DSGD_NAMES), "sizes": list(DSGD_SIZES),
+                "initial": [0.01 * i for i in range(dsgd.PARAMETERS)],
+                "dsgd": dsgd_model(n), "reference": dsgd_model(n), "ddp": dsgd_model(n)} for r in range(n)}
+
+
+def backends_ok(n: int) -> Results:
+    last = n - 1
+    return {r: {"hostname": "vm", "available": {"gloo": True, "nccl": False, "mpi": False}, "gpus": 0,
+                "backend": "gloo", "device": "cpu", "local_rank": r, "all_reduce": n * (n + 1) / 2,
+                "broadcast": [100.0 * last + 1, 100.0 * last + 2], "all_gather": [float(i) for i in range(n)],
+                "gloo_cpu_all_reduce": float(sum(i * i for i in range(n)))} for r in range(n)}
+
+
 CHECKS: dict[str, tuple[Callable[[dict[int, dict], World], Verdict], Callable[[int], Results]]] = {
     "processes": (basics.check_processes, processes_ok),
     "groups": (basics.check_groups, groups_ok),
@@ -103,6 +158,9 @@ CHECKS: dict[str, tuple[Callable[[dict[int, dict], World], Verdict], Callable[[i
     "all-gather": (collectives.check_all_gather, all_gather_ok),
     "reduce-scatter": (collectives.check_reduce_scatter, reduce_scatter_ok),
     "barrier": (collectives.check_barrier, barrier_ok),
+    "ring-allreduce": (ring.check_ring_allreduce, ring_ok),
+    "dsgd": (dsgd.check_dsgd, dsgd_ok),
+    "backends": (backends.check_backends, backends_ok),
 }
 
 
@@ -372,10 +430,264 @@ def test_barrier_times_must_be_numbers_and_hosts_are_noted() -> None:
 
 
 def test_checkers_never_import_torch() -> None:
+    import lab.checks.backends
     import lab.checks.basics
     import lab.checks.collectives
+    import lab.checks.dsgd
     import lab.checks.p2p
+    import lab.checks.ring
+    import lab.checks.ring_cases
 
-    for module in (lab.checks.basics, lab.checks.collectives, lab.checks.p2p, lab.checks):
+    for module in (lab.checks.basics, lab.checks.collectives, lab.checks.p2p, lab.checks, lab.checks.ring,
+                   lab.checks.ring_cases, lab.checks.dsgd, lab.checks.backends):
         source = inspect.getsource(module)
         assert "import torch" not in source and "from torch" not in source, module.__name__
+
+
+# --- ring all-reduce ---
+
+def test_ring_inputs_and_sums_are_exact_in_every_dtype() -> None:
+    """Every input and every sum is an integer below 2**24 (float32) and 2**31 (int32)."""
+    for n in range(1, 6):
+        for i in list(range(2 * ring_cases.PERIOD)) + [65536]:
+            assert all(abs(ring_cases.value(r, i)) < 2 ** 24 for r in range(n))
+            assert abs(ring_cases.expected_value(n, i)) < 2 ** 24
+    # With 4 ranks, position 0 sums (r + 1) * -500 + 10000 * r over the ranks.
+    assert ring_cases.expected_value(4, 0) == 55000
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+def test_ring_samples_cover_both_ends_and_every_piece_boundary(n: int) -> None:
+    count = 4099
+    positions = ring_cases.sample_positions(count, n)
+    assert {0, 1, 2, 3, count - 4, count - 3, count - 2, count - 1} <= set(positions)
+    chunk = -(-count // n)
+    assert {k * chunk for k in range(n)} <= set(positions)  # where torch.chunk's pieces start
+    assert positions == sorted(set(positions)) and all(0 <= p < count for p in positions)
+
+
+def test_ring_passes_with_five_ranks() -> None:
+    assert verdict("ring-allreduce", ring_ok(5), 5).passed
+
+
+def test_ring_lost_remainder_names_rank_case_positions_expected_and_got() -> None:
+    results = ring_ok(4)
+    case = results[2]["ring_allreduce"]["size 4099 int64"]
+    for sample in case["samples"]:
+        if sample[0] >= 4096:
+            sample[1] = ring_cases.value(2, sample[0])  # the rank's own input: never reduced
+    v = verdict("ring-allreduce", results, 4)
+    assert_fails(v, 2, "rank 2: ring_allreduce(tensor), size 4099 int64: positions [4096, 4097, 4098]: "
+                 "expected [55600, 55610, 55620], got [18680, 18683, 18686]")
+    assert v.failed_ranks == (2,)
+
+
+def test_ring_small_case_compares_every_value_and_shows_floats_as_floats() -> None:
+    results = ring_ok(3)
+    results[0]["allreduce"]["size 5 float32"]["values"][4] = 0.0
+    results[0]["allreduce"]["size 3x7 float64"]["values"][20] = 1.0
+    v = verdict("ring-allreduce", results, 3)
+    assert_fails(v, 0, "rank 0: allreduce(send, recv), size 5 float32: positions [4]: expected [27024.0], got [0.0]")
+    assert ("rank 0: allreduce(send, recv), size 3x7 float64: positions (flattened) [20]: expected [27120.0], "
+            "got [1.0]") in map(str, v.mismatches)
+
+
+def test_ring_wrong_between_the_samples_shows_in_the_sums() -> None:
+    results = ring_ok(2)
+    case = results[1]["ring_allreduce"]["size 1000 float64"]
+    case["sum"] += 1.0
+    v = verdict("ring-allreduce", results, 2)
+    assert_fails(v, 1, "rank 1: ring_allreduce(tensor), size 1000 float64: sum of all 1000 values: expected ")
+    results = ring_ok(2)
+    results[1]["ring_allreduce"]["size 65537 int32"]["weighted"] -= 13
+    assert_fails(verdict("ring-allreduce", results, 2), 1,
+                 "rank 1: ring_allreduce(tensor), size 65537 int32: weighted sum (position i weighs i % 13 + 1)")
+
+
+def test_ring_shape_dtype_and_missing_cases() -> None:
+    results = ring_ok(3)
+    results[1]["ring_allreduce"]["size 7 int32"]["dtype"] = "float32"
+    results[2]["allreduce"]["size 3x7 int64"]["shape"] = [21]
+    del results[0]["ring_allreduce"]["size 0 float64"]
+    v = verdict("ring-allreduce", results, 3)
+    strs = list(map(str, v.mismatches))
+    assert "rank 1: ring_allreduce(tensor), size 7 int32: dtype: expected 'int32', got 'float32'" in strs
+    assert "rank 2: allreduce(send, recv), size 3x7 int64: shape: expected [3, 7], got [21]" in strs
+    assert "rank 0: ring_allreduce(tensor), size 0 float64: expected 'a result', got None" in strs
+    results = ring_ok(2)
+    results[0]["ring_allreduce"]["size 4099 float32"]["samples"] = results[0]["ring_allreduce"][
+        "size 4099 float32"]["samples"][1:]
+    assert_fails(verdict("ring-allreduce", results, 2), 0, "rank 0: ring_allreduce(tensor), size 4099 float32: samples")
+
+
+def test_ring_a_rank_counted_twice_fails_everywhere() -> None:
+    """What a ring that adds its own input twice (once more for each lap) reports."""
+    n = 3
+    results = ring_ok(n)
+    for r in range(n):
+        values = results[r]["allreduce"]["size 2 int64"]["values"]
+        for i in range(2):
+            values[i] += ring_cases.value(r, i)
+    v = verdict("ring-allreduce", results, n)
+    assert v.failed_ranks == (0, 1, 2)
+    assert v.reason.startswith("rank 0: allreduce(send, recv), size 2 int64: positions [0, 1]: expected [27000, 27006], got [26500, 26507]")
+
+
+# --- dsgd ---
+
+@pytest.mark.parametrize("n", [1, 5])
+def test_dsgd_passes_with_one_and_five_ranks(n: int) -> None:
+    assert verdict("dsgd", dsgd_ok(n), n).passed
+
+
+def test_dsgd_batches_the_tutorial_way() -> None:
+    assert [dsgd.batch_per_rank(n) for n in (1, 2, 3, 4, 5)] == [32, 16, 10, 8, 6]
+    assert [dsgd.samples_per_rank(n) for n in (1, 2, 3, 4, 5)] == [240, 120, 80, 60, 48]
+    results = dsgd_ok(3)
+    results[0]["batch_per_rank"] = 32 / 3
+    assert_fails(verdict("dsgd", results, 3), 0,
+                 "rank 0: batch per rank (global batch // world size): expected 10, got 10.666")
+
+
+def test_dsgd_ranks_that_drift_apart() -> None:
+    results = dsgd_ok(4)
+    results[1]["dsgd"]["steps"][2][1] += 0.01  # fc1.bias after step 3
+    v = verdict("dsgd", results, 4)
+    assert_fails(v, 1, "rank 1: dsgd parameters after step 3 (epoch 0, batch 3) as on rank 0: fc1.bias sum: "
+                 "expected 1.2, got 1.21")
+    assert ("rank 1: dsgd parameters after step 3 (epoch 0, batch 3) as one process on the batch of 32: "
+            "fc1.bias sum: expected 1.2, got 1.21") in map(str, v.mismatches)
+    assert v.failed_ranks == (1,)
+    assert v.notes == ()
+    results = dsgd_ok(4)
+    results[3]["dsgd"]["steps"][0][0] -= 0.5  # apart from the first step on: never averaged
+    v = verdict("dsgd", results, 4)
+    assert_fails(v, 3, "rank 3: dsgd parameters after step 1 (epoch 0, batch 1) as on rank 0: fc1.weight sum: "
+                 "expected 0.0, got -0.5")
+    assert v.notes == ("the ranks' parameters differ from the first step on: average_gradients did not leave "
+                       "the same gradient on every rank",)
+
+
+def test_dsgd_tolerates_float32_rounding_only() -> None:
+    results = dsgd_ok(2)
+    results[1]["dsgd"]["steps"][5][0] += 1e-7
+    results[0]["ddp"]["final"][7] += 2e-5
+    assert verdict("dsgd", results, 2).passed
+    results[0]["ddp"]["final"][7] += 1e-3
+    assert_fails(verdict("dsgd", results, 2), 0,
+                 "rank 0: DistributedDataParallel parameters after training as one process's: "
+                 "fc1.weight[7] (flattened) (1 of 58 differ): expected 0.57")
+
+
+def test_dsgd_gradients_summed_not_averaged() -> None:
+    n = 4
+    results = dsgd_ok(n)
+    for r in range(n):
+        results[r]["dsgd"]["first"] = dsgd_model(n, scale=n)["first"]
+        results[r]["dsgd"]["steps"][0][3] *= 2
+    v = verdict("dsgd", results, n)
+    assert_fails(v, 0, "rank 0: dsgd's first step, in units of one process's step on the full batch: "
+                 "expected 1.0, got 4.0")
+    assert v.failed_ranks == (0, 1, 2, 3)
+    assert v.notes == ("the first step was 4x one process's: the gradients were summed over the 4 ranks "
+                       "but not divided by the world size",)
+
+
+def test_dsgd_final_parameter_named_and_epoch_loss_mean() -> None:
+    results = dsgd_ok(2)
+    results[0]["dsgd"]["final"][41] = 9.0  # fc2.weight[1]
+    assert_fails(verdict("dsgd", results, 2), 0, "rank 0: dsgd parameters after training as one process's: "
+                 "fc2.weight[1] (flattened) (1 of 58 differ): expected 0.91, got 9.0")
+    results = dsgd_ok(2)
+    results[0]["dsgd"]["losses"][2] = 0.7  # mean 0.6, one process 0.5
+    v = verdict("dsgd", results, 2)
+    assert not v.passed
+    assert v.reason == "all ranks: dsgd loss of epoch 2, the mean over the ranks (= one process's): expected 0.5, got 0.6"
+
+
+def test_dsgd_malformed_reports_fail_without_crashing() -> None:
+    results = dsgd_ok(3)
+    results[2]["ddp"]["steps"] = results[2]["ddp"]["steps"][:-1]
+    results[1]["reference"] = None
+    v = verdict("dsgd", results, 3)
+    strs = list(map(str, v.mismatches))
+    assert "rank 1: one process: report: expected 'a dict', got None" in strs
+    steps = dsgd.EPOCHS * dsgd.steps_per_epoch(3)
+    assert f"rank 2: DistributedDataParallel: number of steps (3 epochs): expected {steps}, got {steps - 1}" in strs
+    results = dsgd_ok(2)
+    results[0]["initial"] = results[0]["initial"][:10]
+    assert_fails(verdict("dsgd", results, 2), 0, "rank 0: initial parameters: expected '58 numbers'")
+
+
+def test_dsgd_different_initial_parameters() -> None:
+    results = dsgd_ok(2)
+    results[1]["initial"] = [x + 1 for x in results[1]["initial"]]
+    results[1]["dsgd"]["first"] = [x + 1 for x in results[1]["dsgd"]["first"]]
+    results[1]["reference"]["first"] = [x + 1 for x in results[1]["reference"]["first"]]
+    results[1]["ddp"]["first"] = [x + 1 for x in results[1]["ddp"]["first"]]
+    assert_fails(verdict("dsgd", results, 2), 1, "rank 1: initial parameters (as rank 0's: the same seed)")
+
+
+# --- backends ---
+
+def test_backends_note_no_gpu() -> None:
+    v = verdict("backends", backends_ok(3), 3)
+    assert v.passed
+    assert v.notes == ("no rank has a GPU: the collectives ran with gloo on CPU tensors "
+                       "(with a GPU per rank the lab picks nccl)",)
+
+
+def test_backends_ranks_on_one_host_must_agree() -> None:
+    results = backends_ok(3)
+    results[1]["available"]["mpi"] = True
+    results[2]["gpus"] = 1
+    v = verdict("backends", results, 3)
+    assert_fails(v, 1, "rank 1: available backends (as rank 0 on the same host local): expected ")
+    assert "rank 2: GPUs (as rank 0 on the same host local): expected 0, got 1" in map(str, v.mismatches)
+    # On different hosts they may differ.
+    world = World(2, "gloo", ("a", "b"), (0, 0))
+    results = backends_ok(2)
+    results[1].update(available={"gloo": True, "nccl": True, "mpi": False}, gpus=1)
+    v = backends.check_backends(results, world)
+    assert v.passed
+    assert v.notes == ("host(s) a have fewer GPUs than ranks: nccl needs one GPU per rank, so the collectives "
+                       "ran with gloo",)
+
+
+def test_backends_values_and_backend() -> None:
+    results = backends_ok(4)
+    results[3]["all_reduce"] = 4.0
+    results[0]["backend"] = "nccl"
+    results[2]["broadcast"] = [1.0, 2.0]
+    v = verdict("backends", results, 4)
+    strs = list(map(str, v.mismatches))
+    assert v.reason.startswith("rank 0: dist.get_backend() (the run's backend): expected 'gloo', got 'nccl'")
+    assert "rank 3: all_reduce SUM of rank + 1: expected 10.0, got 4.0" in strs
+    assert "rank 2: broadcast from rank 3: expected [301.0, 302.0], got [1.0, 2.0]" in strs
+
+
+def test_backends_nccl_needs_each_rank_on_its_own_gpu() -> None:
+    world = World(4, "nccl", ("a", "a", "b", "b"), (0, 1, 0, 1))
+    results = backends_ok(4)
+    for r, result in results.items():
+        result.update(available={"gloo": True, "nccl": True, "mpi": False}, gpus=2, backend="nccl",
+                      device=f"cuda:{world.local_ranks[r]}")
+    v = backends.check_backends(results, world)
+    assert v.passed and v.notes == ()
+    results[3]["device"] = "cuda:0"
+    results[2]["available"] = {"gloo": True, "nccl": False, "mpi": False}
+    results[3]["available"] = {"gloo": True, "nccl": False, "mpi": False}
+    v = backends.check_backends(results, world)
+    strs = list(map(str, v.mismatches))
+    assert "rank 3: device (nccl: the GPU of the rank's local rank): expected 'cuda:1', got 'cuda:0'" in strs
+    assert "rank 2: nccl available (the run's backend): expected True, got False" in strs
+
+
+def test_backends_every_rank_with_a_gpu_but_gloo_is_noted() -> None:
+    results = backends_ok(2)
+    for result in results.values():
+        result.update(available={"gloo": True, "nccl": True, "mpi": False}, gpus=2)
+    v = verdict("backends", results, 2)
+    assert v.passed
+    assert v.notes == ("every rank has a GPU of its own: --backend nccl would run the collectives with nccl "
+                       "(this run used gloo)",)

@@ -12,10 +12,11 @@ import yaml
 
 from lab import suite
 
-from .conftest import WRONG, Lab
+from .conftest import REPO, WRONG, Lab
 from .tutorials import tutorial_scripts
 
 pytestmark = pytest.mark.local
+SOLUTIONS = REPO / "tests" / "solutions"
 
 
 def run_json(lab: Lab, *args: str) -> tuple[int, dict]:
@@ -57,6 +58,13 @@ WRONG_PROGRAMS = [
     ("barrier", "barrier_skipped.py", "left"),
     ("groups", "groups_wrong_subset.py", "rank"),
     ("p2p", "p2p_crashes.py", "rank 1"),
+    ("ring-allreduce", "ring_world_size_two_only.py",
+     "rank 0: allreduce(send, recv), size 1 float32: positions [0]: expected [55000.0], got [27500.0]"),
+    ("ring-allreduce", "ring_drops_remainder.py",
+     "rank 0: ring_allreduce(tensor), size 1 float32: positions [0]: expected [55000.0], got [-500.0]"),
+    ("dsgd", "dsgd_never_averages.py", "rank 1: dsgd parameters after step 1 (epoch 0, batch 1) as on rank 0: "),
+    ("dsgd", "dsgd_forgets_divide.py",
+     "rank 0: dsgd's first step, in units of one process's step on the full batch: expected 1.0, got 4.0"),
 ]
 
 
@@ -70,6 +78,25 @@ def test_wrong_programs_fail_their_check_with_a_reason(lab: Lab, exercise: str, 
     assert entry["status"] == "fail" and fragment in entry["reason"], entry
     assert entry["ranks"], "a failure names the rank(s)"
     assert lab.leftovers() == []
+
+
+@pytest.mark.parametrize("nproc", [2, 3, 5])
+def test_ring_allreduce_dsgd_and_backends_pass(lab: Lab, nproc: int) -> None:
+    """The ring for world sizes 2, 3 and 5 (sizes that no world size divides); dsgd and
+    backends for 2 and 3, in the same run."""
+    names = ["ring-allreduce"] + (["dsgd", "backends"] if nproc <= 3 else [])
+    code, report = run_json(lab, *names, "--nproc", str(nproc))
+    failed = {e["name"]: e["reason"] for e in report["exercises"] if e["status"] != "pass"}
+    assert (code, failed) == (0, {})
+    assert list(by_name(report)) == names
+    assert lab.leftovers() == []
+
+
+def test_a_ring_for_two_ranks_only_passes_with_two(lab: Lab) -> None:
+    """The wrong ring of tests/wrong passes with 2 ranks, which is why 3 and more are tried."""
+    code, report = run_json(lab, "ring-allreduce", "--nproc", "2",
+                            "--solution", str(WRONG / "ring_world_size_two_only.py"))
+    assert code == 0, by_name(report)["ring-allreduce"]
 
 
 def test_a_hanging_rank_is_stopped_at_the_timeout_and_located(lab: Lab) -> None:
@@ -197,3 +224,16 @@ def test_launch_reports_the_failing_rank_and_stops_the_others(lab: Lab, tmp_path
     assert result.code == 1, result.text
     assert "rank 1 (local) exited with code 7" in result.out
     assert lab.leftovers() == []
+
+
+@pytest.mark.parametrize("solution, status, fragment", [
+    ("average_gradients_only.py", "pass", ""),
+    ("average_gradients_no_divide.py", "fail", "in units of one process's step on the full batch: expected 1.0, got 2.0"),
+    ("nothing_to_grade.py", "fail", "defines neither run() nor any function of dsgd.py to replace"),
+])
+def test_a_solution_may_define_only_the_function_it_replaces(lab: Lab, solution: str, status: str,
+                                                             fragment: str) -> None:
+    code, report = run_json(lab, "dsgd", "--nproc", "2", "--solution", str(SOLUTIONS / solution))
+    entry = by_name(report)["dsgd"]
+    assert (entry["status"], code) == (status, 0 if status == "pass" else 1), entry
+    assert fragment in entry["reason"]

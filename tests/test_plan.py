@@ -91,7 +91,8 @@ def test_ipv6_master_is_bracketed_in_tcp_urls() -> None:
 def test_solution_replaces_the_program_and_needs_one_exercise() -> None:
     plan = build_plan(local_inventory(2), opts("p2p", solution="/home/s/mine.py"), RES)
     # Every host runs its own copy, carried into the run directory.
-    assert plan.stages[0].exercises == ({"name": "p2p", "program": "/tmp/lab-run-t0k3n/solution/mine.py"},)
+    assert plan.stages[0].exercises == ({"name": "p2p", "program": "/tmp/lab-run-t0k3n/solution/mine.py",
+                                         "reference": "lab.exercises.p2p"},)
     assert plan.uploads == {"solution/mine.py": "/home/s/mine.py"}
     with pytest.raises(UsageError, match="exactly one exercise"):
         build_plan(local_inventory(2), opts("p2p", "broadcast", solution="/x.py"), RES)
