@@ -339,7 +339,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
     inventory = load_inventory(args.hosts) if args.hosts else _local_cluster(args.nproc)
     settings = _ssh_settings(args)
-    diagnosis = doctor.diagnose(with_master_address(inventory, settings), settings, inventory, settings, master_port=args.master_port, timeout=args.timeout)
+    diagnosis = doctor.diagnose(with_master_address(inventory, settings), settings,
+                                master_port=args.master_port, timeout=args.timeout)
     if args.json:
         print(json.dumps(diagnosis.to_json(), indent=2))
     else:

@@ -237,3 +237,16 @@ def test_a_solution_may_define_only_the_function_it_replaces(lab: Lab, solution:
     entry = by_name(report)["dsgd"]
     assert (entry["status"], code) == (status, 0 if status == "pass" else 1), entry
     assert fragment in entry["reason"]
+
+
+def test_doctor_from_the_command_line(lab: Lab, tmp_path) -> None:
+    result = lab("doctor", "--nproc", "2")
+    assert result.code == 0, result.text
+    assert "ok: the cluster can run a job" in result.out
+    result = lab("doctor", "--json")
+    assert result.code == 0 and json.loads(result.out)["ok"] is True
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("all:\n  hosts:\n    a:\n      ansible_connection: local\n      network_interface: nope0\n")
+    result = lab("doctor", "--hosts", str(inventory))
+    assert result.code == 1, result.text
+    assert "nope0" in result.out
