@@ -27,8 +27,17 @@ from .errors import ExitCode, LabError, UsageError
 from .image import DEFAULT_BASE, OFFLINE
 from .inventory import Inventory, load_inventory, local_inventory
 from .judge import exit_code, hung_at_start, judge
-from .plan import (BACKENDS, DEFAULT_TIMEOUT, INIT_METHODS, Options, Plan, Resources, build_launch_plan, build_plan,
-                   ports_needed)
+from .plan import (
+    BACKENDS,
+    DEFAULT_TIMEOUT,
+    INIT_METHODS,
+    Options,
+    Plan,
+    Resources,
+    build_launch_plan,
+    build_plan,
+    ports_needed,
+)
 from .ports import reserved_ports
 from .report import STATUS_STYLES, LineStreamer, print_report, to_json, to_junit
 from .runner import run_plan
@@ -67,9 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run exercises (or 'all') and check every rank's result against an independent oracle.",
         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("exercises", nargs="+", metavar="NAME", help="exercise names, or 'all' (see 'list')")
-    run.add_argument("--hosts", metavar="INVENTORY", help="an Ansible-style YAML inventory; "
-                     "without it: the local cluster, --nproc processes on this machine")
-    run.add_argument("--nproc", type=int, default=4, metavar="N", help="ranks of the local cluster (default 4)")
+    _cluster_options(run)
     run.add_argument("--backend", choices=BACKENDS, help="default: nccl when every rank has its own GPU, else gloo")
     run.add_argument("--init", choices=INIT_METHODS, default="env",
                      help="how the ranks rendezvous for the shared process group (default env)")
@@ -83,8 +90,6 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--junit", metavar="FILE.xml", help="also write the results as JUnit XML (for grading in CI)")
     run.add_argument("--dry-run", action="store_true", help="print the plan as YAML and exit")
     run.add_argument("--keep", action="store_true", help="keep the run directory on every host")
-    run.add_argument("--accept-new-host-keys", action="store_true",
-                     help="trust SSH host keys not yet in known_hosts (and record them)")
     run.add_argument("-v", "--verbose", action="store_true", help="log what the lab does")
 
     up = commands.add_parser(
@@ -113,13 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE in its environment, as torchrun would, "
                     "across the hosts of an inventory. The tutorials' scripts run unchanged.",
         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    launch.add_argument("--hosts", metavar="INVENTORY", help="the inventory (default: the local cluster)")
-    launch.add_argument("--nproc", type=int, default=4, metavar="N", help="ranks of the local cluster (default 4)")
+    _cluster_options(launch)
     launch.add_argument("--timeout", type=float, metavar="SECONDS", help="stop the job when it runs longer "
                         "(default: no limit)")
     launch.add_argument("--keep", action="store_true", help="keep the run directory on every host")
-    launch.add_argument("--accept-new-host-keys", action="store_true",
-                        help="trust SSH host keys not yet in known_hosts (and record them)")
     launch.add_argument("script", metavar="SCRIPT.py", help="the script every rank runs")
     launch.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
 
@@ -129,13 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "resolution, the address gloo and NCCL advertise, MASTER_ADDR:MASTER_PORT, the "
                     "all-pairs mesh, NAT, address families. Exit 0 only when the cluster can run a job.",
         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    doc.add_argument("--hosts", metavar="INVENTORY", help="the inventory (default: the local cluster)")
-    doc.add_argument("--nproc", type=int, default=4, metavar="N", help="ranks of the local cluster (default 4)")
+    _cluster_options(doc)
     doc.add_argument("--master-port", type=int, metavar="PORT", help="check this MASTER_PORT (default: a free one)")
     doc.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="per connection (default 5)")
     doc.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
-    doc.add_argument("--accept-new-host-keys", action="store_true",
-                     help="trust SSH host keys not yet in known_hosts (and record them)")
 
     commands.add_parser("down", help="remove every container, network and volume of the lab")
     net = commands.add_parser("net", help="change the running lab's network (cross-vpc)")
@@ -144,6 +143,19 @@ def build_parser() -> argparse.ArgumentParser:
     peering.add_argument("state", choices=("on", "off", "show"))
     commands.add_parser("status", help="show each lab host, its addresses and whether sshd answers")
     return parser
+
+
+def _cluster_options(parser: argparse.ArgumentParser) -> None:
+    """Which cluster: the hosts of an inventory, or the local cluster of --nproc ranks."""
+    parser.add_argument("--hosts", metavar="INVENTORY", help="an Ansible-style YAML inventory; "
+                        "without it: the local cluster, --nproc processes on this machine")
+    parser.add_argument("--nproc", type=int, default=4, metavar="N", help="ranks of the local cluster (default 4)")
+    parser.add_argument("--accept-new-host-keys", action="store_true",
+                        help="trust SSH host keys not yet in known_hosts (and record them)")
+
+
+def _cluster(args: argparse.Namespace) -> Inventory:
+    return load_inventory(args.hosts) if args.hosts else _local_cluster(args.nproc)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -183,7 +195,7 @@ def cmd_list() -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     options = _options(args)
-    inventory = load_inventory(args.hosts) if args.hosts else _local_cluster(args.nproc)
+    inventory = _cluster(args)
     if not args.dry_run:  # a dry run stays offline: it shows the addresses as given
         inventory = with_master_address(inventory, _ssh_settings(args))
     if any(e.name == "cross-vpc" for e in options.exercises) and not args.dry_run:
@@ -311,7 +323,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.script}: no such script")
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
-    inventory = load_inventory(args.hosts) if args.hosts else _local_cluster(args.nproc)
+    inventory = _cluster(args)
     settings = _ssh_settings(args)
     inventory = with_master_address(inventory, settings)
     console = Console(highlight=False)
@@ -337,7 +349,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
-    inventory = load_inventory(args.hosts) if args.hosts else _local_cluster(args.nproc)
+    inventory = _cluster(args)
     settings = _ssh_settings(args)
     diagnosis = doctor.diagnose(with_master_address(inventory, settings), settings,
                                 master_port=args.master_port, timeout=args.timeout)

@@ -47,22 +47,24 @@ class Lab:
 
     def leftovers(self) -> list[int]:
         """Pids of live processes that carry this test's marker."""
-        needle = f"LAB_TEST_MARKER={self.marker}".encode()
-        pids = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                if needle in (entry / "environ").read_bytes().split(b"\0") and not _zombie(entry):
+        return live_pids_with(f"LAB_TEST_MARKER={self.marker}")
+
+
+def live_pids_with(needle: str) -> list[int]:
+    """Live (not zombie) processes on this machine whose environment contains ``needle``:
+    whatever a run started inherits the marker a test puts in its environment."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle.encode() in (entry / "environ").read_bytes():
+                stat = (entry / "stat").read_text()
+                if stat[stat.rindex(")") + 2] != "Z":
                     pids.append(int(entry.name))
-            except OSError:
-                continue
-        return pids
-
-
-def _zombie(proc_dir: Path) -> bool:
-    stat = (proc_dir / "stat").read_text()
-    return stat[stat.rindex(")") + 2] == "Z"
+        except OSError:
+            continue
+    return pids
 
 
 @pytest.fixture

@@ -20,16 +20,41 @@ from typing import Iterator
 import pytest
 import yaml
 
-from lab.doctor import (NO_NETWORK_CAUSE, SAME_NETWORK_FIX, Diagnosis, Finding, HostFacts, HostReport, Master,
-                        Runtime, analyse, diagnose, explain_hang, hang_causes, plan_targets, print_diagnosis)
+from lab.doctor import (
+    NO_NETWORK_CAUSE,
+    SAME_NETWORK_FIX,
+    Diagnosis,
+    Finding,
+    HostFacts,
+    HostReport,
+    Master,
+    Runtime,
+    analyse,
+    diagnose,
+    explain_hang,
+    hang_causes,
+    plan_targets,
+    print_diagnosis,
+)
 from lab.errors import ExitCode
 from lab.inventory import Host, Inventory, load_inventory, local_inventory
-from lab.probe import (Advertised, Interface, Link, Lookup, Target, gloo_address, is_loopback, nccl_address,
-                       parse_if_inet6, parse_ip_json, plain_address)
+from lab.probe import (
+    Advertised,
+    Interface,
+    Link,
+    Lookup,
+    Target,
+    gloo_address,
+    is_loopback,
+    nccl_address,
+    parse_if_inet6,
+    parse_ip_json,
+    plain_address,
+)
 from lab.transport import RankProcess, Transport, transport_for
 from lab.transport.ssh import SSHSettings, SSHTransport
 
-from .conftest import REPO
+from .conftest import REPO, live_pids_with
 from .sshd import SSHServer, require_sshd, start_sshd
 
 LO = Interface("lo", ("127.0.0.1", "::1"))
@@ -280,17 +305,7 @@ def local_hosts(tmp_path: Path, body: str) -> Inventory:
 
 
 def marked(marker: str) -> list[int]:
-    needle = f"LAB_DOCTOR_TEST={marker}".encode()
-    pids = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and needle in (entry / "environ").read_bytes().split(b"\0"):
-                stat = (entry / "stat").read_text()
-                if stat[stat.rindex(")") + 2] != "Z":
-                    pids.append(int(entry.name))
-        except OSError:
-            continue
-    return pids
+    return live_pids_with(f"LAB_DOCTOR_TEST={marker}")
 
 
 @pytest.mark.local

@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 import re
 import signal
-import xml.etree.ElementTree as ET
 import time
+import xml.etree.ElementTree as ET
 
 import pytest
 import yaml

@@ -30,6 +30,7 @@ from lab.runner import RunOutcome, run_plan
 from lab.transport import RankProcess, code_uploads, transport_for, with_master_address
 from lab.transport.ssh import RANKS_PER_CONNECTION, SSHSettings, SSHTransport
 
+from .conftest import live_pids_with
 from .sshd import SSHServer, free_port, keygen, require_sshd, start_sshd
 
 pytestmark = [pytest.mark.sshd, pytest.mark.timeout(120)]
@@ -92,23 +93,9 @@ def fingerprint(public_line: str) -> str:
     return listed.split()[1]
 
 
-def marked(marker: str) -> list[int]:
-    """Live processes on this machine whose environment carries ``marker``."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and marker.encode() in (entry / "environ").read_bytes():
-                stat = (entry / "stat").read_text()
-                if stat[stat.rindex(")") + 2] != "Z":
-                    pids.append(int(entry.name))
-        except OSError:
-            continue
-    return pids
-
-
 def wait_until_gone(marker: str, seconds: float) -> list[int]:
     deadline = time.monotonic() + seconds
-    while (left := marked(marker)) and time.monotonic() < deadline:
+    while (left := live_pids_with(marker)) and time.monotonic() < deadline:
         time.sleep(0.05)
     return left
 
@@ -298,7 +285,7 @@ def test_kill_leaves_no_process_of_the_group(server: SSHServer, tmp_path: Path) 
         process = t.start(["sh", "-c", "sleep 300 & sleep 300 & echo started; wait"],
                           {"LAB_TEST_MARKER": marker}, "/")
         assert process.stdout.readline() == b"started\n"
-        assert len(marked(marker)) == 3
+        assert len(live_pids_with(marker)) == 3
         process.signal(signal.SIGCONT)  # harmless, and the group exists
         started = time.monotonic()
         process.kill()
@@ -462,7 +449,7 @@ def test_runner_over_ssh_passes_p2p_and_all_reduce(two_ssh_hosts: Inventory, tmp
     assert {r.name: (r.status, r.reason) for r in reports} == {"p2p": ("pass", ""), "all-reduce": ("pass", "")}
     assert [s.spec.host for s in outcome.ranks] == ["a", "b"]
     assert not Path(outcome.plan.run_dir).exists()  # cleaned up on the "hosts"
-    assert marked(outcome.plan.token) == []
+    assert live_pids_with(outcome.plan.token) == []
 
 
 def test_runner_over_ssh_stops_a_hung_rank_and_leaves_nothing(two_ssh_hosts: Inventory, tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from typing import Mapping, Sequence
 
 from . import RankProcess, Transport
 
+
 class LocalProcess(RankProcess):
     def __init__(self, popen: subprocess.Popen[bytes]) -> None:
         self._popen = popen
