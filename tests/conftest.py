@@ -7,8 +7,11 @@ import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pytest
+
+from .sshd import SSHServer, require_sshd, start_sshd
 
 REPO = Path(__file__).resolve().parents[1]
 WRONG = Path(__file__).resolve().parent / "wrong"
@@ -65,6 +68,15 @@ def live_pids_with(needle: str) -> list[int]:
         except OSError:
             continue
     return pids
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHServer]:
+    """A real sshd on loopback, one per test module (skips, or fails under CI, without sshd)."""
+    require_sshd()
+    sshd = start_sshd(tmp_path_factory.mktemp("sshd"))
+    yield sshd
+    sshd.stop()
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import yaml
@@ -55,7 +54,7 @@ from lab.transport import RankProcess, Transport, transport_for
 from lab.transport.ssh import SSHSettings, SSHTransport
 
 from .conftest import REPO, live_pids_with
-from .sshd import SSHServer, require_sshd, start_sshd
+from .sshd import SSHServer
 
 LO = Interface("lo", ("127.0.0.1", "::1"))
 
@@ -411,14 +410,6 @@ def echo_through(transport: Transport, cwd: str = "/tmp") -> tuple[list[bytes], 
 def test_local_process_stdin() -> None:
     lines, status = echo_through(transport_for(Host("here", "127.0.0.1", connection="local")))
     assert (lines, status) == ([b"got one\n", b"got two\n", b"eof\n"], 0)
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHServer]:
-    require_sshd()
-    sshd = start_sshd(tmp_path_factory.mktemp("sshd"))
-    yield sshd
-    sshd.stop()
 
 
 def ssh_inventory(server: SSHServer, tmp_path: Path) -> Inventory:

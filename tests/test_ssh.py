@@ -16,7 +16,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -31,19 +30,11 @@ from lab.transport import RankProcess, code_uploads, transport_for, with_master_
 from lab.transport.ssh import RANKS_PER_CONNECTION, SSHSettings, SSHTransport
 
 from .conftest import live_pids_with
-from .sshd import SSHServer, free_port, keygen, require_sshd, start_sshd
+from .sshd import SSHServer, free_port, keygen, start_sshd
 
 pytestmark = [pytest.mark.sshd, pytest.mark.timeout(120)]
 
 READ_TIMEOUT = 10.0  # seconds a test waits for a process to end once its output is read
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHServer]:
-    require_sshd()
-    sshd = start_sshd(tmp_path_factory.mktemp("sshd"))
-    yield sshd
-    sshd.stop()
 
 
 @pytest.fixture(autouse=True)
