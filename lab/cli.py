@@ -31,6 +31,7 @@ from .plan import (
     BACKENDS,
     DEFAULT_TIMEOUT,
     INIT_METHODS,
+    LAUNCHERS,
     Options,
     Plan,
     Resources,
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", choices=BACKENDS, help="default: nccl when every rank has its own GPU, else gloo")
     run.add_argument("--init", choices=INIT_METHODS, default="env",
                      help="how the ranks rendezvous for the shared process group (default env)")
+    _launcher_option(run)
     run.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                      help=f"the longest any rank may spend on one step: start-up, rendezvous or one "
                           f"exercise (default {DEFAULT_TIMEOUT:g})")
@@ -119,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "across the hosts of an inventory. The tutorials' scripts run unchanged.",
         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     _cluster_options(launch)
+    _launcher_option(launch)
     launch.add_argument("--timeout", type=float, metavar="SECONDS", help="stop the job when it runs longer "
                         "(default: no limit)")
     launch.add_argument("--keep", action="store_true", help="keep the run directory on every host")
@@ -152,6 +155,13 @@ def _cluster_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nproc", type=int, default=4, metavar="N", help="ranks of the local cluster (default 4)")
     parser.add_argument("--accept-new-host-keys", action="store_true",
                         help="trust SSH host keys not yet in known_hosts (and record them)")
+
+
+def _launcher_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--launcher", choices=LAUNCHERS, default="lab",
+                        help="who starts the ranks: lab (each rank, the settings in its environment), "
+                             "torchrun (one per host: c10d rendezvous on rank 0's host, torchrun numbers "
+                             "the ranks), spawn (one process per host that mp.spawns its ranks) (default lab)")
 
 
 def _cluster(args: argparse.Namespace) -> Inventory:
@@ -331,7 +341,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     run_dir = os.path.join(tempfile.gettempdir(), f"lab-run-{token}")
     with reserved_ports(1) as ports:
         plan = build_launch_plan(inventory, str(script.resolve()), args.args, args.timeout or float("inf"),
-                                 Resources(ports, token, run_dir))
+                                 Resources(ports, token, run_dir), args.launcher)
         outcome = run_plan(plan, on_line=LineStreamer(console), keep=args.keep, ssh=settings)
     failed = [s for s in outcome.ranks if not s.done]
     console.print()
@@ -403,7 +413,7 @@ def _options(args: argparse.Namespace) -> Options:
         if path.suffix != ".py" or not path.is_file():
             raise UsageError(f"--solution {args.solution}: not a readable .py file")
         solution = str(path.resolve())
-    return Options(exercises, args.backend, args.init, args.timeout, solution)
+    return Options(exercises, args.backend, args.init, args.timeout, solution, args.launcher)
 
 
 def _local_cluster(nproc: int) -> Inventory:

@@ -26,9 +26,10 @@ class ExerciseReport:
 
 
 def world_of(outcome: RunOutcome) -> World:
+    """The run as it happened: each rank's host is where it ran (torchrun places ranks itself)."""
     plan = outcome.plan
-    return World(plan.world_size, plan.backend, tuple(r.host for r in plan.ranks),
-                 tuple(r.local_rank for r in plan.ranks))
+    return World(plan.world_size, plan.backend, tuple(s.spec.host for s in outcome.ranks),
+                 tuple(s.spec.local_rank for s in outcome.ranks), plan.launcher)
 
 
 def judge(outcome: RunOutcome) -> list[ExerciseReport]:

@@ -1,24 +1,27 @@
 """``python -m lab.launcher SCRIPT [ARGS...]``: a user's script as one rank of ``lab launch``.
 
 Like ``python SCRIPT ARGS`` (the script runs as ``__main__``, with its own directory on
-``sys.path``), plus the worker's two safety nets: the rank's whole process group stops
-when the controller goes away (stdin closes), and SIGUSR1 dumps every thread's stack, so
-the lab can say where a hung rank stopped. The rendezvous settings are in the environment.
+``sys.path``), plus the worker's safety nets (``lab.worker.start_rank``): the rank's whole
+process group stops when the controller goes away (stdin closes), SIGUSR1 dumps every
+thread's stack, so the lab can say where a hung rank stopped, and under a per-host launcher
+its lines are tagged with its rank. It says hello (its rank, pid, host) to the controller
+first. The rendezvous settings are in the environment, set by the launcher.
 """
 from __future__ import annotations
 
-import faulthandler
 import os
 import runpy
-import signal
+import socket
 import sys
 
-from .worker import stop_when_orphaned
+from .worker import emit, start_rank
 
 
 def main() -> None:
-    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
-    stop_when_orphaned()
+    start_rank()
+    if "LAB_TOKEN" in os.environ:
+        emit(os.environ["LAB_TOKEN"], "hello", rank=int(os.environ.get("RANK", "-1")), pid=os.getpid(),
+             hostname=socket.gethostname(), local_rank=int(os.environ.get("LOCAL_RANK", "0")))
     script, *args = sys.argv[1:]
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))

@@ -3,8 +3,12 @@
 Nothing here does I/O or imports torch: the CLI gathers the inputs (free ports, a run
 token, the local GPU count) and ``--dry-run`` prints the result as YAML.
 
-A plan is a list of ranks (host, rank, local rank, device, injected environment) and
-a list of stages. A stage is one rendezvous and the exercises that run under it, in
+A plan is a list of ranks (host, rank, local rank, device, the rendezvous settings it
+gets), the launches that start them, and a list of stages. The launcher decides the
+launches (see :data:`LAUNCHERS`): ``lab`` starts every rank itself with the settings in
+its environment; ``torchrun`` starts one torchrun per host, which forms a c10d
+rendezvous on rank 0's host and starts that host's ranks; ``spawn`` starts one process
+per host that ``mp.spawn``s the host's ranks, as the tutorials do on one machine. A stage is one rendezvous and the exercises that run under it, in
 one process per rank: every "shared" exercise reuses a single process group, so
 ``run all`` pays process start-up, the torch import and the rendezvous once, while the
 init-* exercises each form (and destroy) their own group in the same processes.
@@ -21,6 +25,7 @@ from .suite import Exercise
 
 BACKENDS = ("gloo", "nccl")
 INIT_METHODS = ("env", "tcp", "file")
+LAUNCHERS = ("lab", "torchrun", "spawn")
 DEFAULT_TIMEOUT = 60.0
 
 
@@ -33,6 +38,7 @@ class Options:
     init: str = "env"
     timeout: float = DEFAULT_TIMEOUT  # seconds any one step (start-up, rendezvous, an exercise) may take
     solution: str | None = None  # a .py file run in place of the (single) exercise's program
+    launcher: str = "lab"  # who starts the ranks: one of LAUNCHERS
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,17 @@ class RankSpec:
 
 
 @dataclass(frozen=True)
+class Launch:
+    """One process the lab starts on a host: a rank (launcher ``lab``), or the host's launcher
+    (``torchrun``, ``spawn``) that starts the host's ranks itself."""
+
+    host: str
+    ranks: tuple[int, ...]  # the ranks it carries as planned (torchrun numbers them itself: see the runner)
+    args: tuple[str, ...]  # the command after the host's python
+    env: dict[str, str] = field(hash=False)  # what the lab puts in its environment
+
+
+@dataclass(frozen=True)
 class Plan:
     world_size: int
     backend: str
@@ -80,7 +97,8 @@ class Plan:
     uploads: dict[str, str] = field(default_factory=dict, hash=False)  # run-dir path -> local file
     shared_run_dir: str | None = None  # the run's directory in the hosts' shared_dir, if any
     script: tuple[str, ...] = ()  # lab launch: the user's script (in the run dir) and its args
-
+    launcher: str = "lab"
+    rdzv_endpoint: str | None = None  # torchrun: ADDR:PORT of the c10d rendezvous
     @property
     def code_dir(self) -> str:
         """Where the lab's own code lies on every host: each run carries its own copy."""
@@ -90,32 +108,54 @@ class Plan:
     def exercise_names(self) -> tuple[str, ...]:
         return tuple(e["name"] for s in self.stages for e in s.exercises)
 
-    def rank_plan(self, rank: RankSpec) -> dict[str, Any]:
-        """The instructions one worker reads from LAB_RANK_PLAN."""
-        return {"token": self.token, "backend": self.backend, "device": rank.device,
-                "timeout": self.timeout, "stages": [asdict(s) for s in self.stages]}
+    def rank_plan(self) -> dict[str, Any]:
+        """The instructions every worker reads from LAB_RANK_PLAN."""
+        return {"token": self.token, "backend": self.backend, "timeout": self.timeout,
+                "stages": [asdict(s) for s in self.stages]}
 
-    def worker_env(self, rank: RankSpec) -> dict[str, str]:
-        """Everything a rank's process gets in its environment."""
-        env = {**rank.env, "PYTHONPATH": self.code_dir, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-        if not self.script:
-            env["LAB_RANK_PLAN"] = json.dumps(self.rank_plan(rank))
-        return env
+    @property
+    def program(self) -> tuple[str, ...]:
+        """What every rank runs: the lab's worker, or (lab launch) the user's script."""
+        return ("-m", "lab.launcher", *self.script) if self.script else ("-m", "lab.worker")
 
-    def rank_argv(self, python: str) -> list[str]:
-        """The command of every rank: the lab's worker, or (lab launch) the user's script."""
-        return [python, "-m", "lab.launcher", *self.script] if self.script else [python, "-m", "lab.worker"]
+    def launches(self) -> tuple[Launch, ...]:
+        """The processes to start: one per rank (``lab``) or one per host (``torchrun``, ``spawn``)."""
+        common = {"PYTHONPATH": self.code_dir, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+                  "LAB_LAUNCHER": self.launcher}
+        common.update({"LAB_TOKEN": self.token} if self.script else {"LAB_RANK_PLAN": json.dumps(self.rank_plan())})
+        if self.launcher == "lab":
+            return tuple(Launch(r.host, (r.rank,), self.program, {**r.env, **common})
+                         for r in self.ranks)
+        launches = []
+        for node_rank, host in enumerate(self.hosts):
+            ranks = tuple(r.rank for r in self.ranks if r.host == host.name)
+            env = {**common, **interface_env(host), "LAB_TAG_OUTPUT": "1"}
+            if self.launcher == "torchrun":
+                args = ("-m", "lab.node", "torchrun", "--nnodes", str(len(self.hosts)),
+                        "--nproc-per-node", str(host.slots), "--node-rank", str(node_rank),
+                        "--rdzv-backend", "c10d", "--rdzv-endpoint", str(self.rdzv_endpoint),
+                        "--rdzv-id", self.token, "--local-addr", data_address(host), "--max-restarts", "0")
+            else:
+                first = self.ranks[ranks[0]].env
+                env.update({k: first[k] for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+                            if k in first})
+                args = ("-m", "lab.node", "spawn", "--nprocs", str(host.slots), "--first-rank", str(ranks[0]))
+            launches.append(Launch(host.name, ranks, (*args, *self.program), env))
+        return tuple(launches)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for ``--dry-run`` (YAML) and ``--json``."""
         return {
             "world_size": self.world_size, "backend": self.backend, "init": self.init,
-            "master_addr": self.master_addr, "master_port": self.master_port,
+            "launcher": self.launcher, "master_addr": self.master_addr, "master_port": self.master_port,
+            **({"rdzv_endpoint": self.rdzv_endpoint} if self.rdzv_endpoint else {}),
             "timeout": self.timeout, "run_dir": self.run_dir,
             "hosts": [{"name": h.name, "address": h.address, "connection": h.connection,
                        "slots": h.slots, "gpus": h.gpus} for h in self.hosts],
             "ranks": [{"rank": r.rank, "local_rank": r.local_rank, "host": r.host,
                        "device": r.device, "env": dict(r.env)} for r in self.ranks],
+            "launches": [{"host": l.host, "ranks": list(l.ranks), "command": ["python", *l.args]}
+                         for l in self.launches()],
             "stages": [{"rendezvous": s.rendezvous, "init_method": s.init_method,
                         "exercises": [e["name"] for e in s.exercises]} for s in self.stages],
         }
@@ -154,7 +194,17 @@ def shared_run_dir(hosts: Sequence[Host], run_dir: str) -> str | None:
 
 def ports_needed(options: Options) -> int:
     """How many ports the plan will take from ``Resources.ports``."""
-    return sum(1 for kind, _ in _group_by_stage(options) if kind in ("env", "tcp"))
+    stages = sum(1 for kind, _ in _group_by_stage(options) if kind in ("env", "tcp"))
+    return stages + (options.launcher == "torchrun")  # torchrun's c10d rendezvous
+
+
+def placement_order(hosts: Sequence[Host], launcher: str) -> tuple[Host, ...]:
+    """The hosts in the order their ranks are numbered. torchrun's c10d rendezvous numbers the
+    nodes itself, in the sorted order of their addresses (``--local-addr``, then the agent's
+    pid), so that is the order here; the runner learns the real placement from each rank."""
+    if launcher == "torchrun":
+        return tuple(sorted(hosts, key=data_address))
+    return tuple(hosts)
 
 
 def build_plan(inventory: Inventory, options: Options, resources: Resources) -> Plan:
@@ -164,6 +214,10 @@ def build_plan(inventory: Inventory, options: Options, resources: Resources) -> 
         raise UsageError(f"{inventory.path}: no hosts")
     if options.init not in INIT_METHODS:
         raise UsageError(f"--init must be one of {', '.join(INIT_METHODS)}, got {options.init!r}")
+    _check_launcher(options.launcher)
+    if options.launcher == "torchrun" and options.init != "env":
+        raise UsageError("with --launcher torchrun, torchrun forms the process group (env://): "
+                         "--init tcp and file need --launcher lab or spawn")
     backend = options.backend or default_backend(hosts)
     if backend not in BACKENDS:
         raise UsageError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -181,8 +235,10 @@ def build_plan(inventory: Inventory, options: Options, resources: Resources) -> 
             raise UsageError(f"{exercise.name} needs at least {exercise.min_ranks} ranks; "
                              f"this cluster has {inventory.world_size}")
 
+    hosts = placement_order(hosts, options.launcher)
     master = data_address(hosts[0])
     ports = iter(resources.ports)
+    rdzv_port = next(ports) if options.launcher == "torchrun" else None
     uploads = {}
     program = None  # the solution as every host sees it: copied into the run directory
     if options.solution:
@@ -192,17 +248,29 @@ def build_plan(inventory: Inventory, options: Options, resources: Resources) -> 
     shared = shared_run_dir(hosts, resources.run_dir)
     stages = tuple(_stage(kind, exs, master, ports, shared or resources.run_dir, program)
                    for kind, exs in _group_by_stage(options))
-    master_port = next((s.port for s in stages if s.port is not None), None)
+    master_port = rdzv_port or next((s.port for s in stages if s.port is not None), None)
 
-    ranks = _lay_out_ranks(hosts, master, master_port, backend)
+    ranks = _lay_out_ranks(hosts, master, master_port, backend, options.launcher)
     return Plan(world_size=inventory.world_size, backend=backend, init=options.init,
                 master_addr=master, master_port=master_port, timeout=options.timeout,
                 token=resources.token, run_dir=resources.run_dir, hosts=hosts,
-                ranks=tuple(ranks), stages=stages, uploads=uploads, shared_run_dir=shared)
+                ranks=tuple(ranks), stages=stages, uploads=uploads, shared_run_dir=shared,
+                launcher=options.launcher, rdzv_endpoint=_endpoint(master, rdzv_port))
 
 
-def _lay_out_ranks(hosts: Sequence[Host], master: str, master_port: int | None, backend: str) -> tuple[RankSpec, ...]:
-    """Ranks host by host in inventory order, each with the rendezvous settings in its env."""
+def _check_launcher(launcher: str) -> None:
+    if launcher not in LAUNCHERS:
+        raise UsageError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+
+
+def _endpoint(addr: str, port: int | None) -> str | None:
+    return None if port is None else f"{_bracket(addr)}:{port}"
+
+
+def _lay_out_ranks(hosts: Sequence[Host], master: str, master_port: int | None, backend: str,
+                   launcher: str) -> tuple[RankSpec, ...]:
+    """Ranks host by host, each with the rendezvous settings it gets: from the lab (``lab``), from
+    the host's ``mp.spawn`` (``spawn``), or from torchrun, which also picks MASTER_PORT."""
     world_size = sum(h.slots for h in hosts)
     ranks: list[RankSpec] = []
     for host in hosts:
@@ -210,7 +278,7 @@ def _lay_out_ranks(hosts: Sequence[Host], master: str, master_port: int | None, 
             rank = len(ranks)
             env = {"MASTER_ADDR": master, "RANK": str(rank), "WORLD_SIZE": str(world_size),
                    "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(host.slots)}
-            if master_port is not None:
+            if master_port is not None and launcher != "torchrun":
                 env["MASTER_PORT"] = str(master_port)
             env.update(interface_env(host))
             device = f"cuda:{local_rank}" if backend == "nccl" else "cpu"
@@ -219,20 +287,23 @@ def _lay_out_ranks(hosts: Sequence[Host], master: str, master_port: int | None, 
 
 
 def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], timeout: float,
-                      resources: Resources) -> Plan:
+                      resources: Resources, launcher: str = "lab") -> Plan:
     """``lab launch``: the user's script on every rank, the rendezvous in its environment
-    (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE), as torchrun would."""
+    (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE), set by the launcher."""
     if not inventory.hosts:
         raise UsageError(f"{inventory.path}: no hosts")
-    master = data_address(inventory.hosts[0])
+    _check_launcher(launcher)
+    hosts = placement_order(inventory.hosts, launcher)
+    master = data_address(hosts[0])
     port = resources.ports[0]
+    backend = default_backend(hosts)
     relative = f"script/{script.rsplit('/', 1)[-1]}"
-    return Plan(world_size=inventory.world_size, backend=default_backend(inventory.hosts), init="env",
+    return Plan(world_size=inventory.world_size, backend=backend, init="env",
                 master_addr=master, master_port=port, timeout=timeout, token=resources.token,
-                run_dir=resources.run_dir, hosts=inventory.hosts,
-                ranks=_lay_out_ranks(inventory.hosts, master, port, default_backend(inventory.hosts)),
-                stages=(), uploads={relative: script},
-                script=(f"{resources.run_dir}/{relative}", *args))
+                run_dir=resources.run_dir, hosts=hosts,
+                ranks=_lay_out_ranks(hosts, master, port, backend, launcher),
+                stages=(), uploads={relative: script}, script=(f"{resources.run_dir}/{relative}", *args),
+                launcher=launcher, rdzv_endpoint=_endpoint(master, port) if launcher == "torchrun" else None)
 
 
 def _group_by_stage(options: Options) -> list[tuple[str, list[Exercise]]]:
@@ -244,8 +315,8 @@ def _group_by_stage(options: Options) -> list[tuple[str, list[Exercise]]]:
     groups: list[tuple[str, list[Exercise]]] = []
     if none:
         groups.append(("none", none))
-    if shared:
-        groups.append((options.init, shared))  # the shared group uses --init
+    if shared:  # the shared group uses --init, or torchrun's own rendezvous
+        groups.append(("torchrun" if options.launcher == "torchrun" else options.init, shared))
     groups.extend((e.rendezvous, [e]) for e in own)
     return groups
 
@@ -257,6 +328,8 @@ def _stage(kind: str, exercises: list[Exercise], master: str, ports: Any, files_
                  {"name": e.name, "program": e.program} for e in exercises)
     if kind == "none":
         return Stage("none", "none", None, None, None, None, refs)
+    if kind == "torchrun":  # MASTER_ADDR and MASTER_PORT are torchrun's: the stage names none
+        return Stage("shared", "env", "env://", None, None, None, refs)
     rendezvous = "shared" if shared else kind
     if kind == "file":
         path = f"{files_dir}/rendezvous-{'shared' if shared else exercises[0].name}"

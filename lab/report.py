@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.text import Text
 
 from .judge import ExerciseReport
-from .runner import RankState, RunOutcome
+from .runner import LaunchState, RankState, RunOutcome
 
 RANK_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta", "bright_green")
 STATUS_STYLES = {"pass": "bold green", "fail": "bold red", "timeout": "bold red", "not run": "yellow"}
@@ -17,13 +17,14 @@ MISMATCHES_SHOWN = 5
 
 
 class LineStreamer:
-    """Prints each rank's output as it comes, prefixed with host and rank."""
+    """Prints each rank's output as it comes, prefixed with host and rank (or, for a host's
+    launcher's own lines, host and launcher)."""
 
     def __init__(self, console: Console) -> None:
         self.console = console
 
-    def __call__(self, state: RankState, stream: str, line: str) -> None:
-        style = RANK_STYLES[state.spec.rank % len(RANK_STYLES)]
+    def __call__(self, state: RankState | LaunchState, stream: str, line: str) -> None:
+        style = RANK_STYLES[state.color % len(RANK_STYLES)]
         text = Text(f"[{state.label}] ", style=style)
         text.append(line, style="red" if stream == "err" else "")
         self.console.print(text, soft_wrap=True, highlight=False)
@@ -82,7 +83,7 @@ def to_json(outcome: RunOutcome, reports: list[ExerciseReport], exit_code: int) 
         "exit_code": exit_code,
         "status": outcome.status,
         "seconds": round(outcome.seconds, 3),
-        "plan": {k: v for k, v in outcome.plan.to_dict().items() if k not in ("ranks", "run_dir")},
+        "plan": {k: v for k, v in outcome.plan.to_dict().items() if k not in ("ranks", "launches", "run_dir")},
         "exercises": [{
             "name": r.name, "status": r.status, "seconds": r.seconds, "reason": r.reason,
             "ranks": list(r.ranks), "notes": list(r.notes),

@@ -1,8 +1,13 @@
-"""Run a plan: start every rank through its host's transport, stream, collect, stop.
+"""Run a plan: start its launches through each host's transport, stream, collect, stop.
 
 The runner never prints: each output line goes to an ``on_line`` callback and the
 outcome comes back as data. It guarantees that when :func:`run_plan` returns or
 raises (a failure, a timeout, Ctrl-C), no rank process is left on any host.
+
+A launch is one process: a rank, or a host's launcher that carries several (torchrun,
+mp.spawn). Their ranks tag their lines (lab.rank_output) and every event names its rank,
+so each line reaches the right rank; torchrun numbers the ranks itself, so a rank's host
+is the one whose launch its hello event came through.
 
 A watchdog gives every step a rank takes (start-up, rendezvous, one exercise) at most
 ``plan.timeout`` seconds. A rank past it is hung: the runner asks every live rank for
@@ -20,12 +25,13 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, Callable
 
 from .errors import HostUnreachable, LabError, RunError
-from .plan import Plan, RankSpec
+from .plan import Launch, Plan, RankSpec
+from .rank_output import untag
 from .transport import PACKAGE_DIR, RankProcess, Transport, code_uploads, for_each_host, transport_for
 from .transport.ssh import SSHSettings
 from .worker import MARK
@@ -38,35 +44,62 @@ CRASH_GRACE = 5.0  # seconds peers get to report after a rank died
 
 
 @dataclass
+class LaunchState:
+    """One started process: a rank, or a host's launcher and the ranks it started."""
+
+    launch: Launch
+    launcher: str
+    process: RankProcess | None = None
+    exit_code: int | None = None
+    open_streams: int = 2
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))  # its own lines
+
+    @property
+    def label(self) -> str:
+        return f"{self.launch.host} {self.launcher}"
+
+    @property
+    def color(self) -> int:
+        return self.launch.ranks[0] if self.launch.ranks else 0
+
+    @property
+    def carries_one_rank(self) -> bool:
+        return self.launcher == "lab"
+
+    @property
+    def finished(self) -> bool:
+        return self.open_streams == 0 and self.exit_code is not None
+
+
+@dataclass
 class RankState:
     """What the controller knows about one rank while and after it runs."""
 
     spec: RankSpec
-    process: RankProcess | None = None
+    launch: LaunchState
     step: str = "startup"
     step_started: float = field(default_factory=time.monotonic)
     done: bool = False  # the worker said it finished
-    exit_code: int | None = None
+    exit_code: int | None = None  # its launch's, once that ended
     fatal: str | None = None  # start-up or rendezvous failed outside any exercise
     info: dict[str, Any] = field(default_factory=dict)  # hostname, pid, torch version
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     dump: list[str] = field(default_factory=list)  # stack dump after SIGUSR1
     stopped_at: str | None = None  # where a hung rank was stopped
     ended_at: float | None = None  # when it was seen to end by itself (not killed by the lab)
-    open_streams: int = 2
 
     @property
     def label(self) -> str:
         return f"{self.spec.host} r{self.spec.rank}"
 
     @property
+    def color(self) -> int:
+        return self.spec.rank
+
+    @property
     def died(self) -> bool:
         """It ended by itself before saying it was done: a crash, or its host went away."""
         return self.ended_at is not None and not self.done and self.exit_code != 0
-
-    @property
-    def finished(self) -> bool:
-        return self.open_streams == 0 and self.exit_code is not None
 
 
 @dataclass
@@ -87,47 +120,52 @@ class RunOutcome:
     status: str  # "completed" | "timeout" | "interrupted" | "crashed"
     seconds: float
     hung: list[int] = field(default_factory=list)  # ranks found past the timeout
+    launches: list[LaunchState] = field(default_factory=list)
 
 
-OnLine = Callable[[RankState, str, str], None]  # (rank, "out" | "err", line)
+OnLine = Callable[["RankState | LaunchState", str, str], None]  # (whose line, "out" | "err", line)
+Events = queue.Queue[tuple[int, str, "str | None"]]  # (launch index, stream, line or None at its end)
 
 
 def run_plan(plan: Plan, on_line: OnLine = lambda *_: None, keep: bool = False,
              ssh: SSHSettings | None = None) -> RunOutcome:
     """Run ``plan`` to the end, a timeout or an interrupt; leave nothing running."""
     transports: dict[str, Transport] = {h.name: transport_for(h, ssh) for h in plan.hosts}
-    states = [RankState(spec) for spec in plan.ranks]
+    launches = [LaunchState(launch, plan.launcher) for launch in plan.launches()]
+    states = [RankState(spec, next(l for l in launches if spec.rank in l.launch.ranks)) for spec in plan.ranks]
     runs = {name: ExerciseRun(name) for name in plan.exercise_names}
-    events: queue.Queue[tuple[int, str, str | None]] = queue.Queue()
+    events: Events = queue.Queue()
     started = time.monotonic()
     status = "completed"
     hung: list[int] = []
     try:
         _prepare_all(plan, transports)
-        def start(state: RankState) -> None:  # recorded at once, so `finally` stops it
-            state.process = _start(plan, state, transports[state.spec.host])
-            state.step_started = time.monotonic()
+        def start(launch: LaunchState) -> None:  # recorded at once, so `finally` stops it
+            launch.process = _start(plan, launch.launch, transports[launch.launch.host])
 
-        with ThreadPoolExecutor(max_workers=min(32, len(states))) as pool:
-            for future in [pool.submit(start, s) for s in states]:
+        with ThreadPoolExecutor(max_workers=min(32, len(launches))) as pool:
+            for future in [pool.submit(start, launch) for launch in launches]:
                 future.result()
-        for i, state in enumerate(states):
-            assert state.process is not None
-            for stream_name, stream in (("out", state.process.stdout), ("err", state.process.stderr)):
+        now = time.monotonic()
+        for i, launch in enumerate(launches):
+            assert launch.process is not None
+            for stream_name, stream in (("out", launch.process.stdout), ("err", launch.process.stderr)):
                 threading.Thread(target=_pump, args=(stream, i, stream_name, events),
                                  name=f"lab-read-{i}-{stream_name}", daemon=True).start()
-        status, hung = _watch(plan, states, runs, events, on_line)
+        for state in states:
+            state.step_started = now
+        status, hung = _watch(plan, launches, states, runs, events, on_line)
     except KeyboardInterrupt:
         status = "interrupted"
     finally:
-        _stop_all(states)
+        _stop_all(launches, states)
         for t in transports.values():
             try:
                 for directory in filter(None, (plan.run_dir, plan.shared_run_dir)):
                     t.cleanup(directory, keep)
             finally:
                 t.close()
-    return RunOutcome(plan, states, runs, status, time.monotonic() - started, hung)
+    return RunOutcome(plan, states, runs, status, time.monotonic() - started, hung, launches)
 
 
 def _prepare_all(plan: Plan, transports: dict[str, Transport]) -> None:
@@ -146,14 +184,15 @@ def _prepare_all(plan: Plan, transports: dict[str, Transport]) -> None:
     raise RunError(f"host {name}: cannot prepare the run: {error}") from error
 
 
-def _start(plan: Plan, state: RankState, transport: Transport) -> RankProcess:
+def _start(plan: Plan, launch: Launch, transport: Transport) -> RankProcess:
     try:
-        return transport.start(plan.rank_argv(transport.python), plan.worker_env(state.spec), plan.run_dir)
+        return transport.start([transport.python, *launch.args], launch.env, plan.run_dir)
     except OSError as exc:
-        raise RunError(f"host {state.spec.host}: cannot start rank {state.spec.rank}: {exc}") from exc
+        what = f"rank {launch.ranks[0]}" if plan.launcher == "lab" else plan.launcher
+        raise RunError(f"host {launch.host}: cannot start {what}: {exc}") from exc
 
 
-def _pump(stream: IO[bytes], index: int, name: str, events: queue.Queue[tuple[int, str, str | None]]) -> None:
+def _pump(stream: IO[bytes], index: int, name: str, events: Events) -> None:
     """Forward a stream's lines to the event queue; ``None`` marks its end."""
     try:
         for raw in iter(stream.readline, b""):
@@ -164,54 +203,79 @@ def _pump(stream: IO[bytes], index: int, name: str, events: queue.Queue[tuple[in
         events.put((index, name, None))
 
 
-def _watch(plan: Plan, states: list[RankState], runs: dict[str, ExerciseRun],
-           events: queue.Queue[tuple[int, str, str | None]], on_line: OnLine) -> tuple[str, list[int]]:
-    """Consume events until every rank has finished, one hangs, or one dies."""
+def _watch(plan: Plan, launches: list[LaunchState], states: list[RankState], runs: dict[str, ExerciseRun],
+           events: Events, on_line: OnLine) -> tuple[str, list[int]]:
+    """Consume events until every launch has finished, a rank hangs, or one dies."""
     prefix = f"{MARK}{plan.token} "
     crashed_at: float | None = None
-    while not all(s.finished for s in states):
+    while not all(launch.finished for launch in launches):
         try:
             index, stream, line = events.get(timeout=0.2)
         except queue.Empty:
             pass
         else:
-            state = states[index]
+            launch = launches[index]
             if line is None:
-                state.open_streams -= 1
+                launch.open_streams -= 1
             elif stream == "out" and line.startswith(prefix):
-                _handle_event(state, runs, line[len(prefix):])
+                _handle_event(launch, states, runs, line[len(prefix):])
             else:
-                state.tail.append(line)
-                on_line(state, stream, line)
+                whose, text = _whose_line(launch, states, line)
+                whose.tail.append(text)
+                on_line(whose, stream, text)
         now = time.monotonic()
-        for state in states:
-            if state.exit_code is None and state.process is not None:
-                state.exit_code = state.process.poll()
-                if state.exit_code is not None:
-                    state.step_started = state.ended_at = now
-                    state.done |= bool(plan.script) and state.exit_code == 0  # a script says nothing
-                    if not state.done and crashed_at is None:
-                        crashed_at = now
+        for launch in launches:
+            if launch.exit_code is None and launch.process is not None:
+                launch.exit_code = launch.process.poll()
+                if launch.exit_code is not None:
+                    crashed_at = _ended(plan, launch, states, now) or crashed_at
         if crashed_at is not None and now - crashed_at > CRASH_GRACE:
             return "crashed", []
         late = [s.spec.rank for s in states if s.exit_code is None and now - s.step_started > plan.timeout]
         if late:
-            _locate_hangs(plan, states, events)
+            _locate_hangs(plan, launches, states, events)
             return "timeout", late
     return ("completed" if all(s.done for s in states) else "crashed"), []
 
 
-def _handle_event(state: RankState, runs: dict[str, ExerciseRun], payload: str) -> None:
+def _ended(plan: Plan, launch: LaunchState, states: list[RankState], now: float) -> float | None:
+    """Its ranks ended with it; ``now`` if one of them had not finished (a crash)."""
+    crashed = False
+    for state in states:
+        if state.launch is launch and state.exit_code is None:
+            state.exit_code, state.step_started, state.ended_at = launch.exit_code, now, now
+            state.done |= bool(plan.script) and launch.exit_code == 0  # a script says nothing
+            crashed |= not state.done
+    return now if crashed else None
+
+
+def _whose_line(launch: LaunchState, states: list[RankState], line: str) -> tuple[RankState | LaunchState, str]:
+    """The rank a line is from (its tag, or the launch's only rank), else the launch's own."""
+    if launch.carries_one_rank:
+        return states[launch.launch.ranks[0]], line
+    rank, text = untag(line)
+    return (states[rank], text) if rank is not None and 0 <= rank < len(states) else (launch, line)
+
+
+def _handle_event(launch: LaunchState, states: list[RankState], runs: dict[str, ExerciseRun], payload: str) -> None:
     try:
         event = json.loads(payload)
-    except json.JSONDecodeError:
-        log.debug("rank %s: unreadable event %r", state.spec.rank, payload)
+        rank = int(event.get("rank", launch.launch.ranks[0]))
+    except (json.JSONDecodeError, TypeError, ValueError):
+        log.debug("%s: unreadable event %r", launch.label, payload)
         return
-    kind, rank = event.get("event"), state.spec.rank
+    if not 0 <= rank < len(states):
+        rank = launch.launch.ranks[0]
+    state, kind = states[rank], event.get("event")
     if kind == "step":
         state.step, state.step_started = event["step"], time.monotonic()
     elif kind == "hello":
         state.info = event
+        if state.launch is not launch or state.spec.local_rank != event.get("local_rank", state.spec.local_rank):
+            # torchrun placed it elsewhere than planned: it runs where its hello came from
+            state.launch = launch
+            state.spec = replace(state.spec, host=launch.launch.host,
+                                 local_rank=int(event.get("local_rank", state.spec.local_rank)))
     elif kind == "result":
         run = runs[event["exercise"]]
         run.results[rank] = event.get("value")
@@ -224,11 +288,11 @@ def _handle_event(state: RankState, runs: dict[str, ExerciseRun], payload: str) 
         state.done = True
 
 
-def _locate_hangs(plan: Plan, states: list[RankState], events: queue.Queue[tuple[int, str, str | None]]) -> None:
+def _locate_hangs(plan: Plan, launches: list[LaunchState], states: list[RankState], events: Events) -> None:
     """Ask every live rank for its stacks and note where each one stopped."""
-    alive = [s for s in states if s.exit_code is None and s.process is not None]
-    for s in alive:
-        s.process.signal(signal.SIGUSR1)  # type: ignore[union-attr]
+    alive = [launch for launch in launches if launch.exit_code is None and launch.process is not None]
+    for launch in alive:
+        launch.process.signal(signal.SIGUSR1)  # type: ignore[union-attr]
     deadline = time.monotonic() + DUMP_WAIT
     while time.monotonic() < deadline:
         try:
@@ -236,10 +300,13 @@ def _locate_hangs(plan: Plan, states: list[RankState], events: queue.Queue[tuple
         except queue.Empty:
             continue
         if line is not None and stream == "err":
-            states[index].dump.append(line)
+            whose, text = _whose_line(launches[index], states, line)
+            if isinstance(whose, RankState):
+                whose.dump.append(text)
     programs = _program_files(plan)
-    for s in alive:
-        s.stopped_at = where_stopped(s.dump, programs)
+    for s in states:
+        if s.exit_code is None:
+            s.stopped_at = where_stopped(s.dump, programs)
 
 
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
@@ -283,10 +350,14 @@ def _program_files(plan: Plan) -> dict[str, Path]:
     return files
 
 
-def _stop_all(states: list[RankState]) -> None:
-    """Kill every rank's process group, on all hosts at once."""
-    started = [s for s in states if s.process is not None]
-    for_each_host({s.label: s for s in started}, lambda s: s.process.kill())  # type: ignore[union-attr]
-    for s in started:
-        if s.exit_code is None:
-            s.exit_code = s.process.poll()  # type: ignore[union-attr]
+def _stop_all(launches: list[LaunchState], states: list[RankState]) -> None:
+    """Kill every launch's process group, on all hosts at once."""
+    started = [launch for launch in launches if launch.process is not None]
+    for_each_host({f"{launch.label} {i}": launch for i, launch in enumerate(started)},
+                  lambda launch: launch.process.kill())  # type: ignore[union-attr]
+    for launch in started:
+        if launch.exit_code is None:
+            launch.exit_code = launch.process.poll()  # type: ignore[union-attr]
+    for state in states:
+        if state.exit_code is None:
+            state.exit_code = state.launch.exit_code

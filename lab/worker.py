@@ -3,9 +3,10 @@
 Run as ``python -m lab.worker``. It needs only the standard library, torch and the
 exercise programs, because it runs on every host (uploaded there by the lab).
 
-Its instructions come in the environment, as a launcher would give them:
-RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, and
-``LAB_RANK_PLAN``: JSON with the backend, the device, a timeout and the stages.
+Its instructions come in the environment, as a launcher gives them (the lab itself,
+torchrun, or the host's ``mp.spawn``: see lab.node): RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, and ``LAB_RANK_PLAN``: JSON with the backend,
+a timeout and the stages. The device is ``cuda:LOCAL_RANK`` with nccl, else the CPU.
 A stage is one rendezvous (or none) and the exercises that run under it, so
 exercises that can share a process group share one.
 
@@ -19,6 +20,7 @@ and dumps every thread's stack on SIGUSR1, so a hang can be located.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import faulthandler
 import importlib
@@ -32,11 +34,12 @@ import threading
 import time
 import traceback
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 MARK = "\x1flab:"
 GROUP_TIMEOUT_MARGIN = 30.0  # seconds
 PLAN_VAR = "LAB_RANK_PLAN"
+WATCHED_BY_PARENT = "LAB_WATCHED_BY_PARENT"  # set for ranks whose parent stops them with its group
 
 
 def emit(token: str, event: str, **fields: Any) -> None:
@@ -66,6 +69,19 @@ def stop_when_orphaned() -> None:
         os.killpg(os.getpgrp(), signal.SIGKILL)
 
     threading.Thread(target=watch, name="lab-stdin-watch", daemon=True).start()
+
+
+def start_rank() -> None:
+    """What every rank process does first: tag its output when it shares its streams with
+    other ranks (lab.rank_output), dump its stacks on SIGUSR1, and stop when the controller
+    goes away (unless its parent's process group does that for it)."""
+    if os.environ.get("LAB_TAG_OUTPUT"):
+        from .rank_output import tag_output
+
+        tag_output(int(os.environ.get("RANK", "-1")))
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    if not os.environ.get(WATCHED_BY_PARENT):
+        stop_when_orphaned()
 
 
 def load_program(program: str) -> ModuleType:
@@ -117,7 +133,7 @@ class Rank:
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.backend: str = plan["backend"]
         self.timeout = float(plan["timeout"])
-        self.device = torch.device(plan["device"])
+        self.device = torch.device(f"cuda:{self.local_rank}" if self.backend == "nccl" else "cpu")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
 
@@ -127,7 +143,7 @@ class Rank:
     def run(self) -> int:
         import torch
 
-        self.emit("hello", pid=os.getpid(), hostname=socket.gethostname(),
+        self.emit("hello", pid=os.getpid(), hostname=socket.gethostname(), local_rank=self.local_rank,
                   python=sys.version.split()[0], torch=torch.__version__)
         failures = 0
         for stage in self.plan["stages"]:
@@ -142,13 +158,15 @@ class Rank:
 
     def run_stage(self, stage: dict[str, Any]) -> int:
         """Form the stage's rendezvous (if the lab owns it), run its exercises, tear down."""
-        import torch.distributed as dist
-
         init_method = stage.get("init_method")
         shared = stage["rendezvous"] == "shared"
+        with stage_environment(stage):
+            return self._run_stage(stage, init_method, shared)
+
+    def _run_stage(self, stage: dict[str, Any], init_method: str | None, shared: bool) -> int:
+        import torch.distributed as dist
+
         try:
-            if stage["init"] == "env":
-                os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = stage["addr"], str(stage["port"])
             if stage["init"] == "file":
                 ensure_shared_path(stage["path"], self.rank, self.size, self.timeout)
             if shared:
@@ -188,6 +206,21 @@ class Rank:
             return False
         self.emit("result", exercise=name, value=value, seconds=time.monotonic() - started)
         return True
+
+
+@contextlib.contextmanager
+def stage_environment(stage: dict[str, Any]) -> Iterator[None]:
+    """The environment of one stage: its MASTER_ADDR and MASTER_PORT when the lab chose them
+    (under torchrun a stage of the lab's own is no client of torchrun's store)."""
+    saved = dict(os.environ)
+    if stage.get("port") is not None:
+        os.environ.update(MASTER_ADDR=stage["addr"], MASTER_PORT=str(stage["port"]))
+        os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 class SharedPathError(RuntimeError):
@@ -230,8 +263,7 @@ def _where(exc: BaseException, program: str) -> str:
 
 
 def main() -> int:
-    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
-    stop_when_orphaned()
+    start_rank()
     plan = json.loads(os.environ[PLAN_VAR])
     try:
         return Rank(plan).run()

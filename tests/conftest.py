@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +53,17 @@ class Lab:
     def leftovers(self) -> list[int]:
         """Pids of live processes that carry this test's marker."""
         return live_pids_with(f"LAB_TEST_MARKER={self.marker}")
+
+    def interrupt_when_running(self, proc: subprocess.Popen[str], processes: int) -> tuple[int, str]:
+        """Ctrl-C ``proc`` once ``processes`` of its processes are up and have had time to get
+        into their work; its exit code and output."""
+        deadline = time.monotonic() + 60
+        while len(self.leftovers()) < processes and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(2)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+        return proc.returncode, out
 
 
 def live_pids_with(needle: str) -> list[int]:

@@ -35,6 +35,19 @@ def groups_ok(n: int) -> Results:
                 "value": total if r in members else float(r + 1)} for r in range(n)}
 
 
+def launchers_ok(n: int, hosts: tuple[str, ...] | None = None, launcher: str = "lab") -> Results:
+    """What each rank reports when its launcher numbered it right, ``hosts[rank]`` its host."""
+    hosts = hosts or ("local",) * n
+    results = {}
+    for r in range(n):
+        mates = [m for m in range(n) if hosts[m] == hosts[r]]
+        env = {"RANK": str(r), "LOCAL_RANK": str(mates.index(r)), "WORLD_SIZE": str(n),
+               "LOCAL_WORLD_SIZE": str(len(mates)), "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500",
+               "GROUP_RANK": str(sorted(set(hosts), key=hosts.index).index(hosts[r])) if launcher == "torchrun" else None}
+        results[r] = {"rank": r, "world_size": n, "env": env, "pid": 100 + r, "parent": 50 + mates[0]}
+    return results
+
+
 def init_ok(n: int, method: str = "tcp://10.0.0.1:29500") -> Results:
     results = {r: {"init_method": method, "rank": r, "world_size": n, "sum": n * (n + 1) / 2} for r in range(n)}
     if method == "env://":
@@ -148,6 +161,7 @@ CHECKS: dict[str, tuple[Callable[[dict[int, dict], World], Verdict], Callable[[i
     "processes": (basics.check_processes, processes_ok),
     "groups": (basics.check_groups, groups_ok),
     "init": (basics.check_init, init_ok),
+    "launchers": (basics.check_launchers, launchers_ok),
     "p2p": (p2p.check_p2p, p2p_ok),
     "p2p-async": (p2p.check_p2p_async, p2p_ok),
     "broadcast": (collectives.check_broadcast, broadcast_ok),
@@ -204,6 +218,54 @@ def test_a_result_with_missing_keys_fails_without_crashing(name: str) -> None:
     results = CHECKS[name][1](3)
     results[0] = {"unexpected": True}
     assert_fails(verdict(name, results, 3), 0, "rank 0: ")
+
+
+# --- launchers: the variables as each launcher sets them, from where each rank ran ---
+
+TWO_HOSTS = ("a", "a", "b", "b")
+
+
+@pytest.mark.parametrize("launcher", ["lab", "torchrun", "spawn"])
+def test_launchers_right_numbers_on_two_hosts_pass(launcher: str) -> None:
+    world = World(4, "gloo", TWO_HOSTS, (0, 1, 0, 1), launcher)
+    v = basics.check_launchers(launchers_ok(4, TWO_HOSTS, launcher), world)
+    assert v.passed, v.reason
+
+
+def test_launchers_local_rank_counted_over_the_job_not_the_host() -> None:
+    results = launchers_ok(4, TWO_HOSTS)
+    results[2]["env"]["LOCAL_RANK"] = "2"  # the global rank: cuda:2 on a host of two GPUs
+    v = basics.check_launchers(results, World(4, "gloo", TWO_HOSTS, (0, 1, 0, 1)))
+    assert_fails(v, 2, "rank 2: LOCAL_RANK (its place among the ranks on b): expected '0', got '2'")
+
+
+def test_launchers_local_world_size_and_rank_mismatch() -> None:
+    results = launchers_ok(4, TWO_HOSTS)
+    results[0]["env"]["LOCAL_WORLD_SIZE"] = "4"
+    results[3]["env"]["RANK"] = "2"
+    v = basics.check_launchers(results, World(4, "gloo", TWO_HOSTS, (0, 1, 0, 1)))
+    assert v.failed_ranks == (0, 3)
+    assert "rank 0: LOCAL_WORLD_SIZE (the ranks on a): expected '2', got '4'" in map(str, v.mismatches)
+    assert "rank 3: RANK: expected '3', got '2'" in map(str, v.mismatches)
+
+
+def test_launchers_a_hosts_ranks_must_be_consecutive() -> None:
+    hosts = ("a", "b", "a", "b")  # round robin: not what torchrun or the lab does
+    v = basics.check_launchers(launchers_ok(4, hosts), World(4, "gloo", hosts, (0, 0, 1, 1)))
+    assert_fails(v, 0, "rank 0: the ranks on a: expected 'consecutive', got [0, 2]")
+
+
+def test_launchers_one_launcher_process_per_host_and_torchrun_group_ranks() -> None:
+    results = launchers_ok(4, TWO_HOSTS, "torchrun")
+    results[3]["parent"] = 999  # started by another process than its host's torchrun
+    results[2]["env"]["GROUP_RANK"] = "0"
+    v = basics.check_launchers(results, World(4, "gloo", TWO_HOSTS, (0, 1, 0, 1), "torchrun"))
+    assert v.failed_ranks == (2, 3)
+    assert "rank 3: the process that started it (the one torchrun of b): expected 52, got 999" in map(str, v.mismatches)
+    assert "rank 2: GROUP_RANK (the number torchrun gave b): expected '1', got '0'" in map(str, v.mismatches)
+    # The lab starts every rank itself: their parents may differ.
+    assert basics.check_launchers(results | {2: launchers_ok(4, TWO_HOSTS)[2]},
+                                  World(4, "gloo", TWO_HOSTS, (0, 1, 0, 1), "lab")).passed
 
 
 # --- the tutorials' own numbers (4 ranks) ---

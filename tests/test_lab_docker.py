@@ -20,7 +20,7 @@ import yaml
 from lab import cluster, engine
 
 from .conftest import REPO, WRONG, Lab
-from .tutorials import tutorial_scripts
+from .tutorials import assert_prints_as_shown, tutorial_scripts
 
 pytestmark = pytest.mark.docker
 TOPOLOGY = cluster.Topology()
@@ -55,7 +55,7 @@ def lab_up() -> Iterator[Lab]:
 
 def workers_on(container: str) -> list[str]:
     """Rank processes still alive in a host container."""
-    done = subprocess.run(["docker", "exec", container, "pgrep", "-af", "lab[.](worker|launcher)"],
+    done = subprocess.run(["docker", "exec", container, "pgrep", "-af", "lab[.](worker|launcher|node|rank_output)"],
                           capture_output=True, text=True, timeout=30)
     return done.stdout.split("\n") if done.stdout.strip() else []
 
@@ -198,11 +198,27 @@ def test_the_docker_transport_runs_ranks_by_docker_exec(lab_up: Lab, tmp_path: P
     assert_no_workers_anywhere()
 
 
-def test_the_tutorials_scripts_run_unchanged_across_hosts(lab_up: Lab, tmp_path: Path) -> None:
-    inventory = inventory_variant(tmp_path, 2, 1)
-    for name, script in tutorial_scripts(tmp_path).items():
-        result = lab_up("launch", "--hosts", str(inventory), "--timeout", "120", str(script))
+@pytest.mark.parametrize("launcher", ["torchrun", "spawn"])
+def test_run_all_across_hosts_under_each_host_launcher(lab_up: Lab, tmp_path: Path, launcher: str) -> None:
+    code, report = run_json(lab_up, "all", "--hosts", str(inventory_variant(tmp_path, 2, 2)),
+                            "--launcher", launcher)
+    failed = {e["name"]: e["reason"] for e in report["exercises"] if e["status"] != "pass"}
+    assert (code, failed) == (0, {})
+    # Each host's launcher started its two ranks; c10d orders the hosts by address, as the inventory does.
+    assert [r["host"] for r in sorted(report["ranks"], key=lambda r: r["rank"])] == ["node1", "node1", "node2", "node2"]
+    assert len({r["hostname"] for r in report["ranks"]}) == 2
+    assert_no_workers_anywhere()
+
+
+@pytest.mark.parametrize("launcher", ["lab", "torchrun", "spawn"])
+def test_the_tutorials_scripts_run_unchanged_across_hosts(lab_up: Lab, tmp_path: Path, launcher: str) -> None:
+    for script in tutorial_scripts(tmp_path):
+        n = script.nproc  # on 2 hosts, as the tutorial's 2 nodes (ranks 0..n/2-1 on node1)
+        inventory = inventory_variant(tmp_path, 2, n // 2)
+        result = lab_up("launch", "--hosts", str(inventory), "--launcher", launcher, "--timeout", "120",
+                        str(script.path))
         assert result.code == 0, result.text
-        assert f"{name}: 2 of 2 ranks succeeded" in result.out
-        assert "[node2 r1] rank 1" in result.out
+        assert f"{script.name}: {n} of {n} ranks succeeded" in result.out
+        assert f"[node2 r{n - 1}] " in result.out  # the last rank ran, and printed, on the second host
+        assert_prints_as_shown(script, result.out)
     assert_no_workers_anywhere()

@@ -67,7 +67,7 @@ def test_run_all_shares_one_group_and_gives_each_init_exercise_its_own() -> None
                      ("tcp", "tcp://127.0.0.1:29503"), ("file", "file:///tmp/lab-run-t0k3n/rendezvous-init-file")]
     assert [s.port for s in plan.stages] == [None, 29501, 29502, 29503, None]
     shared = plan.stages[1].exercises
-    assert [e["name"] for e in shared][:3] == ["groups", "p2p", "p2p-async"]
+    assert [e["name"] for e in shared][:3] == ["launchers", "groups", "p2p"]
     in_all = {name for name, e in suite.EXERCISES.items() if e.in_all}
     assert len(shared) == len(in_all) - 4
     assert set(plan.exercise_names) == in_all
@@ -98,17 +98,61 @@ def test_solution_replaces_the_program_and_needs_one_exercise() -> None:
         build_plan(local_inventory(2), opts("p2p", "broadcast", solution="/x.py"), RES)
 
 
-def test_worker_env_carries_the_rank_plan_and_dry_run_data_is_plain_yaml() -> None:
+def test_each_rank_launch_carries_the_rank_plan_and_dry_run_data_is_plain_yaml() -> None:
     plan = build_plan(local_inventory(2), opts("all"), RES)
-    env = plan.worker_env(plan.ranks[1])
+    launches = plan.launches()
+    assert [(l.host, l.ranks, l.args) for l in launches] == [("local", (r,), ("-m", "lab.worker")) for r in (0, 1)]
+    env = launches[1].env
     rank_plan = json.loads(env["LAB_RANK_PLAN"])
-    assert rank_plan["token"] == "t0k3n" and rank_plan["device"] == "cpu"
+    assert rank_plan["token"] == "t0k3n" and rank_plan["backend"] == "gloo"
     assert [s["rendezvous"] for s in rank_plan["stages"]] == ["none", "shared", "env", "tcp", "file"]
-    assert env["RANK"] == "1" and env["PYTHONUNBUFFERED"] == "1"
+    assert env["RANK"] == "1" and env["LOCAL_RANK"] == "1" and env["PYTHONUNBUFFERED"] == "1"
     assert env["PYTHONPATH"] == "/tmp/lab-run-t0k3n/code"  # the run's own copy of the lab
     data = yaml.safe_load(yaml.safe_dump(plan.to_dict()))
     assert data["world_size"] == 2 and data["ranks"][1]["env"]["RANK"] == "1"
+    assert data["launcher"] == "lab" and data["launches"][1]["command"] == ["python", "-m", "lab.worker"]
     assert "LAB_RANK_PLAN" not in data["ranks"][1]["env"]
+
+
+def test_torchrun_starts_one_agent_per_host_that_numbers_the_ranks_itself() -> None:
+    a = Host("a", "10.0.0.9", slots=2, network_interface="eth1")
+    b = Host("b", "10.0.0.10", slots=1)
+    options = opts("all", launcher="torchrun")
+    assert ports_needed(options) == 3  # the c10d rendezvous, init-env, init-tcp (the group is torchrun's)
+    plan = build_plan(inv(a, b), options, RES)
+    # c10d numbers the hosts in the sorted order of their addresses: "10.0.0.10" < "10.0.0.9"
+    assert [h.name for h in plan.hosts] == ["b", "a"]
+    assert [(r.host, r.rank, r.local_rank) for r in plan.ranks] == [("b", 0, 0), ("a", 1, 0), ("a", 2, 1)]
+    assert plan.master_addr == "10.0.0.10" and plan.rdzv_endpoint == "10.0.0.10:29501"
+    shared = next(s for s in plan.stages if s.rendezvous == "shared")
+    assert (shared.init_method, shared.addr, shared.port) == ("env://", None, None)  # torchrun's MASTER_*
+    assert [s.port for s in plan.stages if s.rendezvous in ("env", "tcp")] == [29502, 29503]
+    launches = plan.launches()
+    assert [(l.host, l.ranks) for l in launches] == [("b", (0,)), ("a", (1, 2))]
+    assert launches[1].args == (
+        "-m", "lab.node", "torchrun", "--nnodes", "2", "--nproc-per-node", "2", "--node-rank", "1",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.10:29501", "--rdzv-id", "t0k3n",
+        "--local-addr", "10.0.0.9", "--max-restarts", "0", "-m", "lab.worker")
+    env = launches[1].env
+    assert not {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT"} & env.keys()  # torchrun sets them
+    assert env["LAB_TAG_OUTPUT"] == "1" and env["GLOO_SOCKET_IFNAME"] == "eth1"
+    with pytest.raises(UsageError, match="torchrun forms the process group"):
+        build_plan(inv(a, b), opts("p2p", launcher="torchrun", init="tcp"), RES)
+
+
+def test_spawn_starts_one_process_per_host_with_its_first_rank() -> None:
+    a, b = Host("a", "10.0.0.9", slots=2), Host("b", "10.0.0.10", slots=2)
+    plan = build_plan(inv(a, b), opts("p2p", launcher="spawn"), RES)
+    assert [h.name for h in plan.hosts] == ["a", "b"]  # the inventory's order: spawn numbers as told
+    launches = plan.launches()
+    assert [(l.host, l.ranks) for l in launches] == [("a", (0, 1)), ("b", (2, 3))]
+    assert launches[1].args == ("-m", "lab.node", "spawn", "--nprocs", "2", "--first-rank", "2", "-m", "lab.worker")
+    env = launches[1].env
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == \
+        ("10.0.0.9", "29501", "4", "2")
+    assert "RANK" not in env and "LOCAL_RANK" not in env  # each spawned rank sets its own
+    with pytest.raises(UsageError, match="--launcher must be one of"):
+        build_plan(inv(a, b), opts("p2p", launcher="mpirun"), RES)
 
 
 def test_select_keeps_suite_order_and_rejects_unknown_names() -> None:

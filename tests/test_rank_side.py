@@ -1,13 +1,19 @@
 """Pieces of the rank side and the hang locator, without starting a cluster."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
+from lab.rank_output import RANK_TAG, untag
 from lab.runner import where_stopped
 from lab.worker import SharedPathError, call_with_context, ensure_shared_path
+
+from .conftest import REPO
 
 DUMP = """\
 Thread 0x00007f0000000001 (most recent call first):
@@ -53,3 +59,30 @@ def test_programs_get_only_the_context_their_signature_names() -> None:
     context = {"rank": 1, "size": 4, "device": "cpu", "backend": "gloo"}
     assert call_with_context(lambda rank, size: (rank, size), context) == (1, 4)
     assert call_with_context(lambda backend: backend, context) == "gloo"
+
+
+TAGGED_RANK = """\
+import os, sys
+from lab.rank_output import tag_output
+print("before", flush=True)
+tag_output(3)
+print("hello from python")
+sys.stdout.write("\\x1flab:tok {\\"event\\": \\"done\\", \\"rank\\": 3}\\n"); sys.stdout.flush()
+os.write(2, b"from C, on fd 2\\n")
+os.system("echo from a child process")
+sys.stdout.write("a last line without its newline")
+"""
+
+
+def test_a_tagged_rank_has_every_line_tagged_except_events(tmp_path: Path) -> None:
+    """Everything the rank and its children write, through fd 1 and 2, gets the rank's tag;
+    the lab's event lines pass unchanged; nothing is lost when the rank exits."""
+    done = subprocess.run([sys.executable, "-c", TAGGED_RANK], capture_output=True, text=True, timeout=60,
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr  # (run() waits for the tagger: it holds the pipes to the end)
+    assert done.stdout.splitlines() == [
+        "before", f"{RANK_TAG}3 hello from python", '\x1flab:tok {"event": "done", "rank": 3}',
+        f"{RANK_TAG}3 from a child process", f"{RANK_TAG}3 a last line without its newline"]
+    assert done.stderr.splitlines() == [f"{RANK_TAG}3 from C, on fd 2"]
+    assert untag(done.stdout.splitlines()[1]) == (3, "hello from python")
+    assert untag("an untagged line") == (None, "an untagged line")

@@ -101,3 +101,48 @@ def check_cross_vpc(results: dict[int, dict], world: World) -> Verdict:
     for rank, result in ranks.items():
         e.equal(rank, "all_reduce SUM of rank + 1", float(sum(range(1, n + 1))), result.get("sum"))
     return e.verdict()
+
+
+def check_launchers(results: dict[int, dict], world: World) -> Verdict:
+    """RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE as every launcher must set them, from where
+    each rank ran: a host's ranks are consecutive, numbered from 0 on the host; under torchrun and
+    spawn one process per host started them; under torchrun GROUP_RANK numbers the hosts."""
+    e = Expect()
+    n = world.world_size
+    ranks = reported(e, results, world)
+    on_host = {host: [r for r in range(n) if world.hosts[r] == host] for host in world.hosts}
+    first = ranks[min(ranks)] if ranks else {}
+    for rank, result in ranks.items():
+        env = result.get("env")
+        if not e.true(rank, "environment", isinstance(env, Mapping), expected="a dict of the variables", got=env):
+            continue
+        mates = on_host[world.hosts[rank]]
+        e.equal(rank, "get_rank()", rank, result.get("rank"))
+        e.equal(rank, "get_world_size()", n, result.get("world_size"))
+        e.equal(rank, "RANK", str(rank), env.get("RANK"))
+        e.equal(rank, "WORLD_SIZE", str(n), env.get("WORLD_SIZE"))
+        e.equal(rank, f"LOCAL_RANK (its place among the ranks on {world.hosts[rank]})", str(mates.index(rank)),
+                env.get("LOCAL_RANK"))
+        e.equal(rank, f"LOCAL_WORLD_SIZE (the ranks on {world.hosts[rank]})", str(len(mates)),
+                env.get("LOCAL_WORLD_SIZE"))
+        e.true(rank, f"the ranks on {world.hosts[rank]}", mates == list(range(mates[0], mates[0] + len(mates))),
+               expected="consecutive", got=mates)
+        for name in ("MASTER_ADDR", "MASTER_PORT"):
+            e.equal(rank, f"{name} (the same for every rank)", (first.get("env") or {}).get(name), env.get(name))
+        if world.launcher in ("torchrun", "spawn") and mates[0] in ranks:
+            e.equal(rank, f"the process that started it (the one {world.launcher} of {world.hosts[rank]})",
+                    ranks[mates[0]].get("parent"), result.get("parent"))
+    if world.launcher == "torchrun":
+        _check_group_ranks(e, ranks, world, on_host)
+    return e.verdict()
+
+
+def _check_group_ranks(e: Expect, ranks: Mapping[int, Mapping[str, Any]], world: World,
+                       on_host: dict[str, list[int]]) -> None:
+    """GROUP_RANK: one number per host, the hosts numbered 0.. in the order of their ranks."""
+    order = sorted(on_host.values(), key=min)
+    for number, mates in enumerate(order):
+        for rank in mates:
+            if rank in ranks and isinstance(env := ranks[rank].get("env"), Mapping):
+                e.equal(rank, f"GROUP_RANK (the number torchrun gave {world.hosts[rank]})", str(number),
+                        env.get("GROUP_RANK"))

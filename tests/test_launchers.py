@@ -1,0 +1,109 @@
+"""The three launchers on the local cluster, end to end: the lab's own processes, one torchrun per
+host (c10d rendezvous), one mp.spawn per host. Two "hosts" of this machine with two slots each
+stand for two machines: every launcher must number the ranks per host, and every rank's lines
+and events must reach the right rank although a host's ranks share one process's streams."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from lab import suite
+
+from .conftest import WRONG, Lab
+from .tutorials import assert_prints_as_shown, tutorial_scripts
+
+pytestmark = pytest.mark.local
+LAUNCHERS = ("lab", "torchrun", "spawn")
+
+
+@pytest.fixture
+def two_hosts(tmp_path: Path) -> Path:
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("all:\n  vars:\n    ansible_connection: local\n    slots: 2\n"
+                         "  hosts:\n    alpha:\n    beta:\n")
+    return inventory
+
+
+def run_json(lab: Lab, *args: str) -> tuple[int, dict, str]:
+    result = lab("run", *args, "--json")
+    assert result.out.strip(), f"no JSON on stdout; stderr:\n{result.err[-3000:]}"
+    return result.code, json.loads(result.out), result.err
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_each_launcher_numbers_the_ranks_per_host(lab: Lab, two_hosts: Path, launcher: str) -> None:
+    code, report, streamed = run_json(lab, "launchers", "p2p", "all-reduce", "--hosts", str(two_hosts),
+                                      "--launcher", launcher)
+    assert code == 0, [(e["name"], e["reason"]) for e in report["exercises"]]
+    assert report["plan"]["launcher"] == launcher
+    hosts = {r["rank"]: r["host"] for r in report["ranks"]}
+    # Two ranks on each host, consecutive (torchrun picks which host comes first).
+    assert sorted(hosts.values()) == ["alpha", "alpha", "beta", "beta"]
+    assert hosts[0] == hosts[1] and hosts[2] == hosts[3]
+    for rank, host in hosts.items():  # each rank's own line, under its own name, with its numbers
+        local = rank % 2
+        assert re.search(rf"^\[{host} r{rank}\] rank {rank} of 4: RANK={rank} LOCAL_RANK={local} WORLD_SIZE=4 "
+                         rf"LOCAL_WORLD_SIZE=2 ", streamed, re.M), streamed
+    assert (" GROUP_RANK=" in streamed) == (launcher == "torchrun")
+    assert lab.leftovers() == []
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "spawn"])
+def test_run_all_passes_under_each_host_launcher(lab: Lab, launcher: str) -> None:
+    code, report, _ = run_json(lab, "all", "--nproc", "2", "--launcher", launcher)
+    failed = {e["name"]: e["reason"] for e in report["exercises"] if e["status"] != "pass"}
+    assert (code, failed) == (0, {})
+    assert {e["name"] for e in report["exercises"]} == {n for n, e in suite.EXERCISES.items() if e.in_all}
+    assert lab.leftovers() == []
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "spawn"])
+@pytest.mark.parametrize("solution, code, status, reason", [
+    # The hung rank's stack dump came through its host's shared stream, tagged with its rank.
+    ("p2p_never_sends.py", 4, "timeout", r"rank 1 \(\w+\) stopped after 5s in p2p at p2p_never_sends.py:\d+ in run: "
+                                         r"dist.recv"),
+    ("p2p_crashes.py", 1, "fail", r"rank 1 \(\w+\) exited with code|rank 0 raised"),
+])
+def test_a_hang_or_crash_inside_a_host_launcher_is_pinned_on_its_rank(
+        lab: Lab, two_hosts: Path, launcher: str, solution: str, code: int, status: str, reason: str) -> None:
+    got, report, _ = run_json(lab, "p2p", "--hosts", str(two_hosts), "--launcher", launcher, "--timeout", "5",
+                              "--solution", str(WRONG / solution))
+    entry = report["exercises"][0]
+    assert (got, entry["status"]) == (code, status), entry
+    assert re.search(reason, entry["reason"]), entry["reason"]
+    assert lab.leftovers() == []
+
+
+def test_sigint_under_torchrun_stops_the_agents_and_their_ranks(lab: Lab, two_hosts: Path) -> None:
+    proc = lab.popen("run", "p2p", "--hosts", str(two_hosts), "--launcher", "torchrun", "--timeout", "120",
+                     "--solution", str(WRONG / "p2p_never_sends.py"))
+    code, out = lab.interrupt_when_running(proc, 7)  # the lab, 2 agents, 4 ranks (and their taggers)
+    assert code == 130, out
+    assert lab.leftovers() == []
+
+
+def test_torchrun_takes_only_its_own_rendezvous(lab: Lab) -> None:
+    result = lab("run", "p2p", "--nproc", "2", "--launcher", "torchrun", "--init", "tcp")
+    assert result.code == 2
+    assert result.err.strip().splitlines() == [
+        "lab: error: with --launcher torchrun, torchrun forms the process group (env://): "
+        "--init tcp and file need --launcher lab or spawn"]
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "spawn"])
+def test_launch_runs_the_tutorials_torchrun_scripts_under_each_host_launcher(lab: Lab, tmp_path: Path,
+                                                                             launcher: str) -> None:
+    for script in tutorial_scripts(tmp_path):
+        n = script.nproc
+        inventory = tmp_path / f"hosts-{n}.yaml"  # the tutorial's 2 nodes
+        inventory.write_text(f"all:\n  vars:\n    ansible_connection: local\n    slots: {max(1, n // 2)}\n"
+                             "  hosts:\n    node1:\n    node2:\n")
+        result = lab("launch", "--hosts", str(inventory), "--launcher", launcher, "--timeout", "120",
+                     str(script.path))
+        assert result.code == 0, result.text
+        assert f"{script.name}: {n} of {n} ranks succeeded" in result.out
+        assert_prints_as_shown(script, result.out)
+    assert lab.leftovers() == []
