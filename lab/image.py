@@ -53,7 +53,21 @@ def ensure_image(client: docker.DockerClient, base: str, state_dir: Path, say: S
         say(f"building image {tag} on {base_ref}")
         _build(client, files, tag, base_ref, progress)
     client.images.get(tag).tag(HOST_IMAGE, "latest")  # what compose/lab.yml starts
+    _untag_older(client, tag)
     return tag
+
+
+def _untag_older(client: docker.DockerClient, current: str) -> None:
+    """Remove the tags of earlier lab host images (their layers go with them unless shared), so
+    each change of the lab's code does not leave another image behind; one a container still
+    uses stays."""
+    for image in client.images.list(name=HOST_IMAGE):
+        for tag in image.tags:
+            if tag not in (current, f"{HOST_IMAGE}:latest"):
+                try:
+                    client.images.remove(tag)
+                except APIError as exc:
+                    log.debug("keeping %s: %s", tag, exc)
 
 
 def resolve_base(client: docker.DockerClient, base: str, state_dir: Path, say: Say,
