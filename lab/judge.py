@@ -39,8 +39,8 @@ def judge(outcome: RunOutcome) -> list[ExerciseReport]:
 
 def _judge_one(run: ExerciseRun, outcome: RunOutcome, world: World) -> ExerciseReport:
     seconds = max(run.seconds.values()) if run.seconds else None
-    died = [s for s in outcome.ranks if s.step == run.name and s.died]
-    if died or run.errors:  # a dead rank first: its peers' errors are only the echo of it
+    died = sorted((s for s in outcome.ranks if s.step == run.name and s.died), key=lambda s: s.ended_at or 0.0)
+    if died or run.errors:  # the first rank to die first: its peers' errors are only the echo of it
         causes = [f"rank {s.spec.rank} ({s.spec.host}) exited with code {s.exit_code} during {run.name}"
                   for s in died]
         causes += [f"rank {rank} raised {err['error']}" + (f" at {err['where']}" if err.get("where") else "")

@@ -26,7 +26,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .worker import WATCHED_BY_PARENT, stop_when_orphaned
+from .worker import WATCHED_BY_PARENT, emit, stop_when_orphaned
 
 
 def children(pid: int) -> list[int]:
@@ -51,15 +51,23 @@ def _forward_to_children(signum: int, frame: object) -> None:
 
 
 def torchrun(args: list[str]) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
     signal.signal(signal.SIGUSR1, _forward_to_children)
-    torchrun_main(args)
+    try:
+        torchrun_main(args)
+    except ChildFailedError as exc:  # torchrun's table of which rank failed how, without our stack
+        print(exc.format_msg(), file=sys.stderr)
+        first, _ = exc.get_first_failure()  # the root cause first: the others were stopped after it
+        _report_exits({rank: exc.failures[rank].exitcode for rank in sorted(exc.failures, key=lambda r: r != first)})
+        return 1
     return 0
 
 
 def spawn(args: list[str]) -> int:
     import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException
 
     parser = argparse.ArgumentParser(prog="python -m lab.node spawn")
     parser.add_argument("--nprocs", type=int, required=True)
@@ -73,10 +81,18 @@ def spawn(args: list[str]) -> int:
     os.environ[WATCHED_BY_PARENT] = "1"
     try:
         mp.spawn(_rank, args=(options.first_rank, options.module, options.args), nprocs=options.nprocs)
-    except mp.ProcessException as exc:  # one rank failed; mp.spawn has stopped the others
+    except ProcessException as exc:  # one rank failed; mp.spawn has stopped the others
         print(f"lab.node: mp.spawn: {exc}".rstrip(), file=sys.stderr)
+        _report_exits({options.first_rank + exc.error_index: getattr(exc, "exit_code", 1)})
         return 1
     return 0
+
+
+def _report_exits(codes: dict[int, int]) -> None:
+    """Tell the controller how each failed rank ended, in the order they ended (this process's own
+    exit code is one for all)."""
+    for rank, code in codes.items():
+        emit(os.environ.get("LAB_TOKEN", ""), "exit", rank=rank, code=code)
 
 
 def _rank(local_rank: int, first_rank: int, module: str, args: list[str]) -> None:

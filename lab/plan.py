@@ -121,8 +121,9 @@ class Plan:
     def launches(self) -> tuple[Launch, ...]:
         """The processes to start: one per rank (``lab``) or one per host (``torchrun``, ``spawn``)."""
         common = {"PYTHONPATH": self.code_dir, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
-                  "LAB_LAUNCHER": self.launcher}
-        common.update({"LAB_TOKEN": self.token} if self.script else {"LAB_RANK_PLAN": json.dumps(self.rank_plan())})
+                  "LAB_TOKEN": self.token}
+        if not self.script:
+            common["LAB_RANK_PLAN"] = json.dumps(self.rank_plan())
         if self.launcher == "lab":
             return tuple(Launch(r.host, (r.rank,), self.program, {**r.env, **common})
                          for r in self.ranks)

@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 TAIL_LINES = 200
 DUMP_WAIT = 1.5  # seconds to wait for stack dumps after SIGUSR1
 CRASH_GRACE = 5.0  # seconds peers get to report after a rank died
+STREAM_GRACE = 1.0  # seconds to wait for the last lines of a process that ended
 
 
 @dataclass
@@ -51,6 +52,8 @@ class LaunchState:
     launcher: str
     process: RankProcess | None = None
     exit_code: int | None = None
+    exited_at: float | None = None
+    settled: bool = False  # its ranks were told it ended (once its last lines were read)
     open_streams: int = 2
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))  # its own lines
 
@@ -227,8 +230,12 @@ def _watch(plan: Plan, launches: list[LaunchState], states: list[RankState], run
         for launch in launches:
             if launch.exit_code is None and launch.process is not None:
                 launch.exit_code = launch.process.poll()
-                if launch.exit_code is not None:
-                    crashed_at = _ended(plan, launch, states, now) or crashed_at
+                launch.exited_at = now if launch.exit_code is not None else None
+            # Its ranks end with it once its last lines are read: they may say how each one ended.
+            if launch.exited_at is not None and not launch.settled and (
+                    launch.open_streams == 0 or now - launch.exited_at > STREAM_GRACE):
+                launch.settled = True
+                crashed_at = _ended(plan, launch, states, now) or crashed_at
         if crashed_at is not None and now - crashed_at > CRASH_GRACE:
             return "crashed", []
         late = [s.spec.rank for s in states if s.exit_code is None and now - s.step_started > plan.timeout]
@@ -240,13 +247,12 @@ def _watch(plan: Plan, launches: list[LaunchState], states: list[RankState], run
 
 def _ended(plan: Plan, launch: LaunchState, states: list[RankState], now: float) -> float | None:
     """Its ranks ended with it; ``now`` if one of them had not finished (a crash)."""
-    crashed = False
-    for state in states:
-        if state.launch is launch and state.exit_code is None:
+    mine = [state for state in states if state.launch is launch]
+    for state in mine:
+        if state.exit_code is None:  # (a host's launcher may have said already how a rank ended)
             state.exit_code, state.step_started, state.ended_at = launch.exit_code, now, now
-            state.done |= bool(plan.script) and launch.exit_code == 0  # a script says nothing
-            crashed |= not state.done
-    return now if crashed else None
+        state.done |= bool(plan.script) and launch.exit_code == 0  # a script says nothing
+    return now if any(not state.done for state in mine) else None
 
 
 def _whose_line(launch: LaunchState, states: list[RankState], line: str) -> tuple[RankState | LaunchState, str]:
@@ -284,6 +290,8 @@ def _handle_event(launch: LaunchState, states: list[RankState], runs: dict[str, 
         runs[event["exercise"]].errors[rank] = {k: str(event.get(k, "")) for k in ("error", "where", "traceback")}
     elif kind == "fatal":
         state.fatal = event.get("error", "")
+    elif kind == "exit":  # a host's launcher says how this rank ended, before it ends itself
+        state.exit_code, state.ended_at = int(event.get("code", 1)), time.monotonic()
     elif kind == "done":
         state.done = True
 
