@@ -4,6 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 NPROC  ?= 4
+LAUNCHER ?= lab
 TOPOLOGY ?= plain
 LAB_UP_ARGS ?=
 
@@ -27,8 +28,8 @@ test: venv ## run every test
 test-unit: venv ## run the fast tests only (no processes, sshd or Docker)
 	$(PY) -m pytest -q -m "not local and not sshd and not docker"
 
-run: venv ## run every exercise on the local cluster (NPROC=4 ranks)
-	$(PY) -m lab run all --nproc $(NPROC)
+run: venv ## run every exercise on the local cluster (NPROC=4 ranks, LAUNCHER=lab|torchrun|spawn)
+	$(PY) -m lab run all --nproc $(NPROC) --launcher $(LAUNCHER)
 
 lab-up: venv ## build the image, start the 4-host lab (TOPOLOGY=plain|cross-vpc), write inventory.yaml, smoke-test it
 	$(PY) -m lab up --topology $(TOPOLOGY) $(LAB_UP_ARGS)

@@ -117,8 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     launch = commands.add_parser(
         "launch", help="run any script on every rank with the rendezvous injected (torchrun across hosts)",
         description="Run SCRIPT on every rank of the cluster with MASTER_ADDR, MASTER_PORT, RANK, "
-                    "WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE in its environment, as torchrun would, "
-                    "across the hosts of an inventory. The tutorials' scripts run unchanged.",
+                    "WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE in its environment, set by the lab, by "
+                    "torchrun or by mp.spawn on each host (--launcher), across the hosts of an inventory. "
+                    "The tutorials' torchrun scripts run unchanged.",
         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     _cluster_options(launch)
     _launcher_option(launch)
