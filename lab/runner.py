@@ -55,7 +55,6 @@ class LaunchState:
     exited_at: float | None = None
     settled: bool = False  # its ranks were told it ended (once its last lines were read)
     open_streams: int = 2
-    tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))  # its own lines
 
     @property
     def label(self) -> str:
@@ -123,7 +122,6 @@ class RunOutcome:
     status: str  # "completed" | "timeout" | "interrupted" | "crashed"
     seconds: float
     hung: list[int] = field(default_factory=list)  # ranks found past the timeout
-    launches: list[LaunchState] = field(default_factory=list)
 
 
 OnLine = Callable[["RankState | LaunchState", str, str], None]  # (whose line, "out" | "err", line)
@@ -168,7 +166,7 @@ def run_plan(plan: Plan, on_line: OnLine = lambda *_: None, keep: bool = False,
                     t.cleanup(directory, keep)
             finally:
                 t.close()
-    return RunOutcome(plan, states, runs, status, time.monotonic() - started, hung, launches)
+    return RunOutcome(plan, states, runs, status, time.monotonic() - started, hung)
 
 
 def _prepare_all(plan: Plan, transports: dict[str, Transport]) -> None:
@@ -224,7 +222,8 @@ def _watch(plan: Plan, launches: list[LaunchState], states: list[RankState], run
                 _handle_event(launch, states, runs, line[len(prefix):])
             else:
                 whose, text = _whose_line(launch, states, line)
-                whose.tail.append(text)
+                if isinstance(whose, RankState):  # a launcher's own lines (torchrun's) only stream
+                    whose.tail.append(text)
                 on_line(whose, stream, text)
         now = time.monotonic()
         for launch in launches:
