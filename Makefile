@@ -9,21 +9,28 @@ TOPOLOGY ?= plain
 LAB_UP_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help venv python-venv test test-unit run list lab-up lab-down lab-status clean
+.PHONY: help venv python-venv test test-host test-unit lint run list lab-up lab-down lab-status clean
 
 help: ## show the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-12s %s\n", $$1, $$2}'
 
-venv: $(STAMP) ## create .venv and install the dependencies (torch 2.13.0)
+venv: $(STAMP) ## create .venv and install the dependencies (requirements.txt, requirements-dev.txt)
 
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt requirements-dev.txt
 	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || $(MAKE) --no-print-directory python-venv
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet -r requirements-dev.txt
 	touch $@
 
-test: venv ## run every test
+test: venv test-host ## run every test (installs what the Docker and sshd tiers need, as root on Debian)
 	$(PY) -m pytest -q
+
+test-host:
+	@tests/setup-host.sh
+
+lint: venv ## ruff and mypy (the settings are in pyproject.toml)
+	$(PY) -m ruff check lab tests benchmarks
+	$(PY) -m mypy
 
 test-unit: venv ## run the fast tests only (no processes, sshd or Docker)
 	$(PY) -m pytest -q -m "not local and not sshd and not docker"

@@ -24,9 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lab.doctor import diagnose  # noqa: E402
-from lab.inventory import load_inventory  # noqa: E402
-from lab.probe import DELAY_VAR, Listener, Target, check_link  # noqa: E402
+from lab.core.inventory import load_inventory
+from lab.doctor.run import diagnose
+from lab.rank.probe import DELAY_VAR, Listener, Target, check_link
 
 TIMEOUT = 5.0
 

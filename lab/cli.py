@@ -1,61 +1,52 @@
-"""``python -m lab``: the only module that prints to the user or exits."""
+"""``python -m lab``: parses the command line and dispatches; the only module that prints to the
+user or exits. Every step it calls lives in ``lab.core``, ``lab.doctor`` or ``lab.containerlab``."""
 from __future__ import annotations
 
 import argparse
 import json
 import logging
-import os
-import secrets
-import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import traceback
-from contextlib import contextmanager
-from dataclasses import asdict, replace
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Iterator, NoReturn, Sequence
+from typing import NoReturn
 
 import yaml
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from . import cluster, crossvpc, doctor, engine, image, scenarios, suite
-from .errors import ExitCode, LabError, UsageError
-from .image import DEFAULT_BASE, OFFLINE
-from .inventory import Inventory, load_inventory, local_inventory
-from .judge import exit_code, hung_at_start, judge
-from .plan import (
+from lab.containerlab import crossvpc, engine, hosts
+from lab.containerlab.image import DEFAULT_BASE, OFFLINE
+from lab.containerlab.topology import TOPOLOGIES, Topology
+from lab.containerlab.up import UpRequest, bring_up
+from lab.core.inventory import Inventory, load_inventory, local_inventory
+from lab.core.judge import exit_code, hung_at_start, judge
+from lab.core.plan import (
     BACKENDS,
     DEFAULT_TIMEOUT,
     INIT_METHODS,
     LAUNCHERS,
     Options,
-    Plan,
-    Resources,
     build_launch_plan,
     build_plan,
-    ports_needed,
 )
-from .ports import reserved_ports
-from .report import STATUS_STYLES, LineStreamer, print_report, to_json, to_junit
-from .runner import run_plan
-from .transport import with_master_address
-from .transport.ssh import SSHSettings
+from lab.core.report import STATUS_STYLES, LineStreamer, print_report, to_json, to_junit
+from lab.core.runner import run_plan
+from lab.doctor.render import print_diagnosis
+from lab.doctor.run import diagnose, explain_hang
+from lab.doctor.scenario import run_scenario
+from lab.errors import ExitCode, LabError, UsageError
+from lab.suite import registry
+from lab.transport import with_master_address
+from lab.transport.local import local_gpu_count
+from lab.transport.ssh import SSHSettings
 
 DEBUG_LOG = Path(tempfile.gettempdir()) / "lab-debug.log"
-
-EXIT_CODES = """\
-exit codes:
-  0    every check passed
-  1    a check failed (a wrong result, or an exercise raised or crashed)
-  2    bad usage or bad input (command line, inventory)
-  3    a host could not be reached
-  4    a rank did not finish a step within --timeout and was stopped
-  5    the run itself broke (a rank could not start or died outside any exercise)
-  130  interrupted (Ctrl-C or SIGTERM); every rank was stopped"""
+EXIT_CODES = "exit codes:\n" + "\n".join(f"  {int(code):<4} {code.meaning}" for code in ExitCode)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -100,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "Docker engine, write the inventory for it, and run the p2p exercise across them.")
     up.add_argument("--hosts", type=int, default=4, metavar="N", help="hosts in the lab (default 4)")
     up.add_argument("--slots", type=int, default=1, metavar="S", help="ranks per host in the inventory (default 1)")
-    up.add_argument("--topology", choices=cluster.TOPOLOGIES, default="plain",
+    up.add_argument("--topology", choices=TOPOLOGIES, default="plain",
                     help="plain: one network; cross-vpc: two private networks joined only through a NAT "
                          "gateway, like two cloud VPCs (default plain)")
     up.add_argument("--peering", action="store_true", help="cross-vpc: route between the private networks")
@@ -166,21 +157,28 @@ def _launcher_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _cluster(args: argparse.Namespace) -> Inventory:
-    return load_inventory(args.hosts) if args.hosts else _local_cluster(args.nproc)
+    """The hosts of ``--hosts``, or the local cluster of ``--nproc`` ranks."""
+    if args.hosts:
+        return load_inventory(args.hosts)
+    return local_inventory(args.nproc, gpus=local_gpu_count() if args.nproc >= 1 else 0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if getattr(args, "verbose", False) else logging.WARNING,
                         format="lab: %(message)s")
-    signal.signal(signal.SIGTERM, _interrupt)
+    # Ctrl-C and SIGTERM stop every rank on every host, whatever this process inherited: a shell
+    # that starts it in the background (and many CI runners) ignores SIGINT for it.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _interrupt)
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {
+        "list": cmd_list, "run": cmd_run, "launch": cmd_launch, "doctor": cmd_doctor,
+        "up": cmd_up, "down": cmd_down, "status": cmd_status, "net": cmd_net}
     try:
-        command = {"list": lambda: cmd_list(), "run": lambda: cmd_run(args), "up": lambda: cmd_up(args),
-                   "down": lambda: cmd_down(), "status": lambda: cmd_status(),
-                   "net": lambda: cmd_net(args), "doctor": lambda: cmd_doctor(args), "launch": lambda: cmd_launch(args)}[args.command]
-        return command()
+        return commands[args.command](args)
     except LabError as exc:
-        print(f"lab: error: {exc}", file=sys.stderr)
+        for line in str(exc).splitlines():
+            print(f"lab: error: {line}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("lab: interrupted", file=sys.stderr)
@@ -197,9 +195,9 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def cmd_list() -> int:
-    width = max(map(len, suite.EXERCISES))
-    for exercise in suite.EXERCISES.values():
+def cmd_list(args: argparse.Namespace) -> int:
+    width = max(map(len, registry.EXERCISES))
+    for exercise in registry.EXERCISES.values():
         print(f"{exercise.name:{width}}  {exercise.summary}")
     return ExitCode.OK
 
@@ -207,76 +205,27 @@ def cmd_list() -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     options = _options(args)
     inventory = _cluster(args)
-    if not args.dry_run:  # a dry run stays offline: it shows the addresses as given
-        inventory = with_master_address(inventory, _ssh_settings(args))
-    if any(e.name == "cross-vpc" for e in options.exercises) and not args.dry_run:
+    if args.dry_run:  # a dry run stays offline: it shows the addresses as given
+        print(yaml.safe_dump(build_plan(inventory, options).to_dict(), sort_keys=False), end="")
+        return ExitCode.OK
+    inventory = with_master_address(inventory, _ssh_settings(args))
+    if any(e.name == "cross-vpc" for e in options.exercises):
         return _run_cross_vpc(inventory, options, args)
-    with planned(inventory, options) as plan:
-        if args.dry_run:
-            print(yaml.safe_dump(plan.to_dict(), sort_keys=False), end="")
-            return ExitCode.OK
-        return _run(plan, inventory, args)
+    return run_and_report(inventory, options, _ssh_settings(args), Console(stderr=args.json, highlight=False),
+                          json_out=args.json, junit=args.junit, keep=args.keep)
 
 
-@contextmanager
-def planned(inventory: Inventory, options: Options) -> Iterator[Plan]:
-    """A plan with a fresh run token and free ports, held for as long as it runs."""
-    token = secrets.token_hex(6)
-    run_dir = os.path.join(tempfile.gettempdir(), f"lab-run-{token}")
-    with reserved_ports(ports_needed(options)) as ports:
-        yield build_plan(inventory, options, Resources(ports, token, run_dir))
-
-
-def _run_cross_vpc(inventory: Inventory, options: Options, args: argparse.Namespace) -> int:
-    """The tutorial's failure on the cross-VPC lab, the diagnosis, then the fix (lab.scenarios)."""
-    if len(options.exercises) != 1:
-        raise UsageError("cross-vpc runs alone: name no other exercise with it")
-    client = engine.client()
-    peered = crossvpc.peering(client)  # also: is this the cross-VPC lab at all?
-    console = Console(stderr=args.json, highlight=False)
-    say, stream = _sayer(console), LineStreamer(console)
-    settings = _ssh_settings(args)
-    try:
-        say("1/3 peering off: the tutorial's job with MASTER_ADDR = the master's external address")
-        crossvpc.set_peering(client, False)
-        short = replace(options, timeout=min(options.timeout, scenarios.BROKEN_RUN_TIMEOUT))
-        with planned(inventory, short) as plan:
-            broken = run_plan(plan, on_line=stream, keep=args.keep, ssh=settings)
-        say("2/3 why: the doctor checks every host and pair")
-        diagnosis = doctor.diagnose(inventory, settings)
-        doctor.print_diagnosis(console, diagnosis)
-        for line in scenarios.explain(broken, diagnosis):
-            say(line)
-        say("3/3 peering on: the same job")
-        crossvpc.set_peering(client, True)
-        with planned(inventory, options) as plan:
-            fixed = run_plan(plan, on_line=stream, keep=args.keep, ssh=settings)
-    finally:
-        crossvpc.set_peering(client, peered)
-    steps = scenarios.judge_scenario(broken, diagnosis, judge(fixed))
-    passed = all(step.passed for step in steps)
-    if args.json:
-        print(json.dumps({"passed": passed, "steps": [asdict(step) for step in steps],
-                          "diagnosis": diagnosis.to_json()}, indent=2))
-    else:
-        console.print()
-        for step in steps:
-            console.print(Text(f"{'PASS' if step.passed else 'FAIL':8}", style=STATUS_STYLES["pass" if step.passed else "fail"])
-                          + Text(f"{step.what}: {step.detail}"), soft_wrap=True)
-        console.print(Text(f"cross-vpc {'passed' if passed else 'failed'}", style="bold"))
-    return ExitCode.OK if passed else ExitCode.CHECK_FAILED
-
-
-def _run(plan: Plan, inventory: Inventory, args: argparse.Namespace) -> int:
-    console = Console(stderr=args.json, highlight=False)
-    settings = _ssh_settings(args)
-    outcome = run_plan(plan, on_line=LineStreamer(console), keep=args.keep, ssh=settings)
+def run_and_report(inventory: Inventory, options: Options, settings: SSHSettings, console: Console,
+                   json_out: bool = False, junit: str | None = None, keep: bool = False) -> int:
+    """Run the exercises, check them, report; the exit code."""
+    plan = build_plan(inventory, options)
+    outcome = run_plan(plan, on_line=LineStreamer(console), keep=keep, ssh=settings)
     reports = judge(outcome)
     code = exit_code(outcome, reports)
-    causes = doctor.explain_hang(inventory, settings, plan.master_port) if hung_at_start(outcome) else []
-    if args.junit:
-        Path(args.junit).write_bytes(to_junit(outcome, reports))
-    if args.json:
+    causes = explain_hang(inventory, settings, outcome.master_port) if hung_at_start(outcome) else []
+    if junit:
+        Path(junit).write_bytes(to_junit(outcome, reports))
+    if json_out:
         print(json.dumps({**to_json(outcome, reports, code), "likely_causes": causes}, indent=2))
     else:
         print_report(console, outcome, reports)
@@ -287,44 +236,49 @@ def _run(plan: Plan, inventory: Inventory, args: argparse.Namespace) -> int:
     return code
 
 
+def _run_cross_vpc(inventory: Inventory, options: Options, args: argparse.Namespace) -> int:
+    """The tutorial's failure on the cross-VPC lab, the diagnosis, then the fix (lab.doctor.scenario)."""
+    if len(options.exercises) != 1:
+        raise UsageError("cross-vpc runs alone: name no other exercise with it")
+    console = Console(stderr=args.json, highlight=False)
+    result = run_scenario(inventory, options, _ssh_settings(args), LineStreamer(console), _sayer(console),
+                          lambda diagnosis: print_diagnosis(console, diagnosis), keep=args.keep)
+    if args.json:
+        print(json.dumps({"passed": result.passed, "steps": [asdict(step) for step in result.steps],
+                          "diagnosis": result.diagnosis.to_json()}, indent=2))
+    else:
+        console.print()
+        for step in result.steps:
+            status = "pass" if step.passed else "fail"
+            line = Text(f"{status.upper():8}", style=STATUS_STYLES[status]) + Text(f"{step.what}: {step.detail}")
+            console.print(line, soft_wrap=True)
+        console.print(Text(f"cross-vpc {'passed' if result.passed else 'failed'}", style="bold"))
+    return ExitCode.OK if result.passed else ExitCode.CHECK_FAILED
+
+
 def cmd_up(args: argparse.Namespace) -> int:
-    if args.hosts < 1 or args.slots < 1:
-        raise UsageError("--hosts and --slots must be at least 1")
-    console = Console(highlight=False)
-    say = _sayer(console)
     if args.peering and args.topology != "cross-vpc":
         raise UsageError("--peering is for --topology cross-vpc")
-    topology = cluster.Topology(hosts=args.hosts, slots=args.slots, kind=args.topology)
-    paths = cluster.LabPaths(Path(args.inventory).resolve())
-    client = engine.ensure_engine(say)
-    cluster.ensure_key(paths.key, say)
-    with console.status("building", spinner="dots") as spinner:
-        tag = image.ensure_image(client, args.base, paths.state, say,
-                                 lambda line: spinner.update(Text(line[:100], style="dim")))
-    gpus = args.gpus == "all" or (args.gpus == "auto" and "nvidia" in client.info().get("Runtimes", {}))
-    cluster.ensure_networks(client, topology, say)
-    containers = cluster.start_hosts(client, topology, tag, paths, gpus, say)
-    if topology.kind == "cross-vpc":
-        crossvpc.start_gateway(client, topology, tag, args.peering, say)
-        crossvpc.route_hosts_through_gateway(client, topology, tag)
-    cluster.collect_host_keys(containers, topology, paths)
-    cluster.wait_for_ssh(topology)
-    paths.inventory.write_text(cluster.inventory_text(topology))
-    say(f"wrote {args.inventory}: {topology.hosts} hosts x {topology.slots} slot(s), {topology.kind}")
+    topology = Topology(hosts=args.hosts, slots=args.slots, kind=args.topology)  # checked before anything starts
+    console = Console(highlight=False)
+    say = _sayer(console)
+    request = UpRequest(topology, Path(args.inventory), args.base, args.gpus, args.peering)
+    with console.status("starting the lab", spinner="dots") as spinner:
+        inventory = bring_up(request, say, lambda line: spinner.update(Text(line[:100], style="dim")))
     if args.no_smoke:
         return ExitCode.OK
     if topology.kind == "cross-vpc" and not args.peering:
         say("no smoke check: without peering the mesh cannot form (that is the point); "
-            "see `python -m lab run cross-vpc --hosts inventory.yaml`")
+            f"see `python -m lab run cross-vpc --hosts {args.inventory}`")
         return ExitCode.OK
     say("smoke check: p2p across the hosts")
-    return cmd_run(build_parser().parse_args(["run", "p2p", "--hosts", str(paths.inventory)]))
+    return run_and_report(load_inventory(inventory), Options(tuple(registry.select(["p2p"]))), SSHSettings(), console)
 
 
-def cmd_down() -> int:
-    console = Console(highlight=False)
-    removed = cluster.down(engine.client(), _sayer(console))
-    _sayer(console)(f"the lab is down ({removed} removed)" if removed else "no lab to remove")
+def cmd_down(args: argparse.Namespace) -> int:
+    say = _sayer(Console(highlight=False))
+    removed = hosts.down(engine.client(), say)
+    say(f"the lab is down ({removed} removed)" if removed else "no lab to remove")
     return ExitCode.OK
 
 
@@ -334,16 +288,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.script}: no such script")
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
-    inventory = _cluster(args)
     settings = _ssh_settings(args)
-    inventory = with_master_address(inventory, settings)
+    inventory = with_master_address(_cluster(args), settings)
     console = Console(highlight=False)
-    token = secrets.token_hex(6)
-    run_dir = os.path.join(tempfile.gettempdir(), f"lab-run-{token}")
-    with reserved_ports(1) as ports:
-        plan = build_launch_plan(inventory, str(script.resolve()), args.args, args.timeout or float("inf"),
-                                 Resources(ports, token, run_dir), args.launcher)
-        outcome = run_plan(plan, on_line=LineStreamer(console), keep=args.keep, ssh=settings)
+    plan = build_launch_plan(inventory, str(script.resolve()), args.args, args.timeout or float("inf"), args.launcher)
+    outcome = run_plan(plan, on_line=LineStreamer(console), keep=args.keep, ssh=settings)
     failed = [s for s in outcome.ranks if not s.done]
     console.print()
     for s in failed:
@@ -352,22 +301,23 @@ def cmd_launch(args: argparse.Namespace) -> int:
         console.print(Text(f"rank {s.spec.rank} ({s.spec.host}) {why}", style="red"), soft_wrap=True)
     console.print(Text(f"{script.name}: {plan.world_size - len(failed)} of {plan.world_size} ranks succeeded "
                        f"in {outcome.seconds:.1f}s ({outcome.status})", style="bold"), highlight=False)
-    if outcome.status in ("interrupted", "timeout"):
-        return ExitCode.INTERRUPTED if outcome.status == "interrupted" else ExitCode.TIMEOUT
+    if outcome.status == "interrupted":
+        return ExitCode.INTERRUPTED
+    if outcome.status == "timeout":
+        return ExitCode.TIMEOUT
     return ExitCode.OK if not failed else ExitCode.CHECK_FAILED
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
-    inventory = _cluster(args)
     settings = _ssh_settings(args)
-    diagnosis = doctor.diagnose(with_master_address(inventory, settings), settings,
-                                master_port=args.master_port, timeout=args.timeout)
+    diagnosis = diagnose(with_master_address(_cluster(args), settings), settings,
+                         master_port=args.master_port, timeout=args.timeout)
     if args.json:
         print(json.dumps(diagnosis.to_json(), indent=2))
     else:
-        doctor.print_diagnosis(Console(highlight=False), diagnosis)
+        print_diagnosis(Console(highlight=False), diagnosis)
     return diagnosis.exit_code
 
 
@@ -379,18 +329,18 @@ def cmd_net(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def cmd_status() -> int:
+def cmd_status(args: argparse.Namespace) -> int:
     console = Console(highlight=False)
-    hosts = cluster.status(engine.client())
-    if not hosts:
+    found = hosts.status(engine.client())
+    if not found:
         console.print("no lab is running; start one with `make lab-up`")
         return ExitCode.OK
     table = Table("container", "hostname", "state", "addresses", "ssh")
-    for h in hosts:
+    for h in found:
         table.add_row(h.container, h.hostname, h.state, ", ".join(h.addresses),
                       Text("answers", style="green") if h.ssh else Text("no answer", style="red"))
     console.print(table)
-    return ExitCode.OK if all(h.ssh for h in hosts) else ExitCode.UNREACHABLE
+    return ExitCode.OK if all(h.ssh for h in found) else ExitCode.UNREACHABLE
 
 
 def _ssh_settings(args: argparse.Namespace) -> SSHSettings:
@@ -403,7 +353,7 @@ def _sayer(console: Console) -> Callable[[str], None]:
 
 def _options(args: argparse.Namespace) -> Options:
     try:
-        exercises = tuple(suite.select(args.exercises))
+        exercises = tuple(registry.select(args.exercises))
     except KeyError as exc:
         raise UsageError(f"unknown exercise {exc.args[0]!r}; see 'python -m lab list'") from None
     if args.timeout <= 0:
@@ -415,27 +365,3 @@ def _options(args: argparse.Namespace) -> Options:
             raise UsageError(f"--solution {args.solution}: not a readable .py file")
         solution = str(path.resolve())
     return Options(exercises, args.backend, args.init, args.timeout, solution, args.launcher)
-
-
-def _local_cluster(nproc: int) -> Inventory:
-    if nproc < 1:
-        raise UsageError(f"--nproc must be at least 1, got {nproc}")
-    inventory = local_inventory(nproc)
-    gpus = local_gpu_count()
-    return Inventory(inventory.path, tuple(replace(h, gpus=gpus) for h in inventory.hosts))
-
-
-def local_gpu_count() -> int:
-    """GPUs torch can use here; asks torch only when nvidia-smi shows any (importing it is slow)."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return 0
-    try:
-        listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    if "GPU" not in listed:
-        return 0
-    import torch
-
-    return int(torch.cuda.device_count())

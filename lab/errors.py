@@ -6,19 +6,35 @@ host problem), so the CLI can print it as is.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    """Exit codes of ``python -m lab``; documented in ``--help`` and the README."""
+    """Exit codes of ``python -m lab``; ``--help`` lists them with :attr:`meaning`, and so does the README."""
 
-    OK = 0  # every check passed
-    CHECK_FAILED = 1  # a check failed (wrong result, an exercise raised)
-    BAD_INPUT = 2  # bad usage or bad input (command line, inventory)
-    UNREACHABLE = 3  # a host could not be reached
-    TIMEOUT = 4  # a rank did not finish in time (hang) and was stopped
-    RUN_ERROR = 5  # the run itself broke (a rank died outside an exercise)
-    INTERRUPTED = 130  # Ctrl-C / SIGTERM: every rank was stopped
+    OK = 0
+    CHECK_FAILED = 1
+    BAD_INPUT = 2
+    UNREACHABLE = 3
+    TIMEOUT = 4
+    RUN_ERROR = 5
+    INTERRUPTED = 130
+
+    @property
+    def meaning(self) -> str:
+        return _MEANINGS[self]
+
+
+_MEANINGS = {
+    ExitCode.OK: "every check passed",
+    ExitCode.CHECK_FAILED: "a check failed (a wrong result, or an exercise raised or crashed)",
+    ExitCode.BAD_INPUT: "bad usage or bad input (command line, inventory)",
+    ExitCode.UNREACHABLE: "a host could not be reached",
+    ExitCode.TIMEOUT: "a rank did not finish a step within --timeout and was stopped",
+    ExitCode.RUN_ERROR: "the run itself broke (a rank could not start or died outside any exercise)",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C or SIGTERM); every rank was stopped",
+}
 
 
 class LabError(Exception):
@@ -47,9 +63,29 @@ class InventoryError(LabError):
 
 
 class HostUnreachable(LabError):
-    """A host could not be reached; the message names the host."""
+    """A host could not be reached; ``host`` is its inventory name, and the message names it too."""
 
     exit_code = ExitCode.UNREACHABLE
+
+    def __init__(self, host: str, message: str) -> None:
+        self.host = host
+        super().__init__(message)
+
+
+class HostsUnreachable(LabError):
+    """Several hosts could not be reached: each one's error, one line each (a group never stops at
+    the first failure)."""
+
+    exit_code = ExitCode.UNREACHABLE
+
+    def __init__(self, errors: Sequence[HostUnreachable]) -> None:
+        self.errors = tuple(errors)
+        super().__init__("\n".join(str(e) for e in self.errors))
+
+    @classmethod
+    def of(cls, errors: Sequence[HostUnreachable]) -> LabError:
+        """One host's error as itself, several as a group."""
+        return errors[0] if len(errors) == 1 else cls(errors)
 
 
 class RunError(LabError):

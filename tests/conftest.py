@@ -7,9 +7,9 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -47,8 +47,10 @@ class Lab:
         return Result(proc.returncode, proc.stdout, proc.stderr)
 
     def popen(self, *args: str) -> subprocess.Popen[str]:
+        """The lab in the background, started as a non-interactive shell starts a background job
+        (and as many CI runners do): with SIGINT ignored. Ctrl-C must stop it all the same."""
         return subprocess.Popen(self.argv(*args), cwd=REPO, env=self.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+                                stderr=subprocess.STDOUT, text=True, preexec_fn=_ignore_sigint)
 
     def leftovers(self) -> list[int]:
         """Pids of live processes that carry this test's marker."""
@@ -64,6 +66,10 @@ class Lab:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=30)
         return proc.returncode, out
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def live_pids_with(needle: str) -> list[int]:

@@ -60,6 +60,11 @@ class SSHServer:
     process: subprocess.Popen[bytes]
 
     @property
+    def tmp(self) -> Path:
+        """The sessions' TMPDIR: the host's own temp directory, not the controller's."""
+        return self.log.parent / "tmp"
+
+    @property
     def known_hosts_line(self) -> str:
         return f"[127.0.0.1]:{self.port} {self.host_public}\n"
 
@@ -80,6 +85,7 @@ def start_sshd(directory: Path, client_key: Path | None = None, log_level: str =
         client_key = directory / "client_ed25519"
         keygen(client_key)
     (directory / "authorized_keys").write_text(client_key.with_name(client_key.name + ".pub").read_text())
+    (directory / "tmp").mkdir(exist_ok=True)
     os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation directory
     for _ in range(3):  # another process may take the free port before sshd binds it
         port = free_port()
@@ -89,7 +95,8 @@ def start_sshd(directory: Path, client_key: Path | None = None, log_level: str =
             f"PidFile {directory / 'sshd.pid'}", f"AuthorizedKeysFile {directory / 'authorized_keys'}",
             "PubkeyAuthentication yes", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
             "PermitRootLogin prohibit-password", "StrictModes no", "UsePAM no", "AllowTcpForwarding yes",
-            "MaxSessions 10", "Subsystem sftp internal-sftp", f"LogLevel {log_level}", ""]))
+            "MaxSessions 10", "Subsystem sftp internal-sftp", f"SetEnv TMPDIR={directory / 'tmp'}",
+            f"LogLevel {log_level}", ""]))
         log = directory / "sshd.log"
         with open(log, "wb") as err:
             process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL,

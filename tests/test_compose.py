@@ -8,7 +8,16 @@ import subprocess
 import pytest
 import yaml
 
-from lab import cluster
+from lab.containerlab.topology import (
+    LABEL,
+    NETWORK,
+    ROLE,
+    SHARED_DIR,
+    SHARED_VOLUME,
+    TOPOLOGY_LABEL,
+    Topology,
+    inventory_text,
+)
 
 from .conftest import REPO
 
@@ -17,29 +26,29 @@ COMPOSE = REPO / "compose" / "lab.yml"
 
 def test_compose_file_matches_the_topology_lab_up_creates() -> None:
     data = yaml.safe_load(COMPOSE.read_text())
-    topology = cluster.Topology()
+    topology = Topology()
     services = data["services"]
     assert sorted(services) == [topology.name(i) for i in topology.indices()]
     for i in topology.indices():
         service = services[topology.name(i)]
         assert service["container_name"] == topology.container(i)
         assert service["hostname"] == topology.name(i)
-        endpoint = service["networks"][cluster.NETWORK]
+        endpoint = service["networks"][NETWORK]
         assert endpoint["ipv4_address"] == topology.address(i)
         assert endpoint["aliases"] == [topology.name(i)]
-        assert service["labels"] == {cluster.LABEL: "1", cluster.ROLE: "host"}
+        assert service["labels"] == {LABEL: "1", ROLE: "host", TOPOLOGY_LABEL: "plain"}  # what lab up compares
         assert service["volumes"] == ["../.lab/ssh/id_ed25519.pub:/etc/lab/authorized_keys:ro",
-                                      f"{cluster.SHARED_VOLUME}:{cluster.SHARED_DIR}"]
+                                      f"{SHARED_VOLUME}:{SHARED_DIR}"]
         assert "privileged" not in service and "cap_add" not in service
-    network = data["networks"][cluster.NETWORK]
-    assert network["name"] == cluster.NETWORK and network["labels"] == {cluster.LABEL: "1"}
+    network = data["networks"][NETWORK]
+    assert network["name"] == NETWORK and network["labels"] == {LABEL: "1"}
     assert network["ipam"]["config"] == [{"subnet": topology.subnet, "gateway": topology.gateway}]
-    volume = data["volumes"][cluster.SHARED_VOLUME]
-    assert volume == {"name": cluster.SHARED_VOLUME, "labels": {cluster.LABEL: "1"}}
+    volume = data["volumes"][SHARED_VOLUME]
+    assert volume == {"name": SHARED_VOLUME, "labels": {LABEL: "1"}}
 
 
 def test_the_repository_inventory_is_what_lab_up_writes() -> None:
-    assert (REPO / "inventory.yaml").read_text() == cluster.inventory_text(cluster.Topology())
+    assert (REPO / "inventory.yaml").read_text() == inventory_text(Topology())
 
 
 def compose_tools() -> list[list[str]]:
@@ -62,3 +71,4 @@ def test_every_compose_tool_here_accepts_the_file() -> None:
         done = subprocess.run([*tool, "-f", str(COMPOSE), "config", "--quiet"], capture_output=True,
                               text=True, timeout=60)
         assert done.returncode == 0, f"{' '.join(tool)}: {done.stderr}"
+

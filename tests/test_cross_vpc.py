@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
-from lab import cluster, crossvpc
+from lab.containerlab import crossvpc, hosts, topology
 
 from .conftest import Lab
 from .test_lab_docker import _client
 
 pytestmark = pytest.mark.docker
-TOPOLOGY = cluster.Topology(kind="cross-vpc")
+TOPOLOGY = topology.Topology(kind="cross-vpc")
 
 
 def raw_rules() -> str:
@@ -36,7 +36,7 @@ def xvpc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lab, Path]]
     yield lab, inventory
     result = lab("down", timeout=300)
     assert result.code == 0, result.text
-    assert cluster.lab_containers(client) == []
+    assert hosts.lab_containers(client) == []
     assert not any(b in raw_rules() for b in bridges)  # and gone again
 
 

@@ -19,25 +19,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab.doctor import (
-    NO_NETWORK_CAUSE,
-    SAME_NETWORK_FIX,
-    Diagnosis,
-    Finding,
-    HostFacts,
-    HostReport,
-    Master,
-    Runtime,
-    analyse,
-    diagnose,
-    explain_hang,
-    hang_causes,
-    plan_targets,
-    print_diagnosis,
-)
+from lab.core.inventory import Host, Inventory, load_inventory, local_inventory
+from lab.doctor.model import Diagnosis, Finding, HostFacts, HostReport, Master, Runtime
+from lab.doctor.render import print_diagnosis
+from lab.doctor.rules import NO_NETWORK_CAUSE, SAME_NETWORK_FIX, analyse, hang_causes
+from lab.doctor.run import diagnose, explain_hang, plan_targets
 from lab.errors import ExitCode
-from lab.inventory import Host, Inventory, load_inventory, local_inventory
-from lab.probe import (
+from lab.rank.probe import (
     Advertised,
     Interface,
     Link,
@@ -226,8 +214,8 @@ def test_the_cross_vpc_topology_reads_as_the_tutorials_failure() -> None:
 def test_a_host_nobody_reaches_at_all_is_a_firewall_or_route_problem() -> None:
     cluster = flat_cluster()
     for r in cluster:
-        r.links = tuple(link("mesh", "c", "10.0.0.3", failure="timeout") if l.target.peer == "c" else l
-                        for l in r.links)
+        r.links = tuple(link("mesh", "c", "10.0.0.3", failure="timeout") if each.target.peer == "c" else each
+                        for each in r.links)
     found = analyse(cluster, MASTER)
     to_c = next(f for f in found if f.subject == "-> c")
     assert "firewall" in to_c.cause and "32768-60999" in to_c.fix and "MASTER_PORT" in to_c.fix
@@ -237,8 +225,8 @@ def test_a_host_nobody_reaches_at_all_is_a_firewall_or_route_problem() -> None:
 def test_master_unreachable_from_everyone_and_from_one() -> None:
     cluster = flat_cluster()
     for r in cluster:
-        r.links = tuple(link("master", "a", "10.0.0.1", failure="refused") if l.target.kind == "master" else l
-                        for l in r.links)
+        r.links = tuple(link("master", "a", "10.0.0.1", failure="refused") if each.target.kind == "master" else each
+                        for each in r.links)
     everyone = [f for f in analyse(cluster, MASTER) if f.check == "master"]
     assert [(f.subject, f.message) for f in everyone] == [
         ("cluster", "no host reaches MASTER_ADDR 10.0.0.1:40000 (connection refused)")]
@@ -317,7 +305,7 @@ def test_local_cluster_is_ok_and_leaves_nothing(monkeypatch: pytest.MonkeyPatch)
     assert only.facts is not None and only.runtime is not None and only.runtime.torch
     assert is_loopback(only.facts.gloo.address or "")  # this machine's hostname: loopback serves one machine
     assert [(pair, link.ok) for pair, link in diagnosis.mesh().items()] == [(("local", "local"), True)]
-    assert diagnosis.master.address == "127.0.0.1" and all(l.ok for l in only.links)
+    assert diagnosis.master.address == "127.0.0.1" and all(each.ok for each in only.links)
     assert marked(marker) == []
     assert not list(Path(tempfile.gettempdir()).glob("lab-doctor-*"))  # the run directory is gone
 
@@ -327,7 +315,7 @@ def test_two_local_hosts_reach_each_other_through_their_advertised_addresses(tmp
     diagnosis = diagnose(local_hosts(tmp_path, "    a: {}\n    b: {slots: 2}\n"), timeout=3.0)
     assert diagnosis.ok, diagnosis.findings
     mesh = diagnosis.mesh()
-    assert sorted(mesh) == [("a", "b"), ("b", "a"), ("b", "b")] and all(l.ok for l in mesh.values())
+    assert sorted(mesh) == [("a", "b"), ("b", "a"), ("b", "b")] and all(each.ok for each in mesh.values())
     for r in diagnosis.reports:
         assert r.facts is not None and r.facts.gloo.address is not None
         assert is_loopback(r.facts.gloo.address) or r.facts.gloo.address in r.facts.addresses
@@ -466,7 +454,7 @@ def plain_lab_is_up() -> bool:
 @pytest.fixture(scope="module")
 def container_lab() -> Inventory:
     """The 4-host plain container lab, started when it is not up (and left up)."""
-    from lab import engine
+    from lab.containerlab import engine
 
     try:
         if os.environ.get("CI") == "true":  # must run: install and start the engine when missing

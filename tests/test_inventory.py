@@ -7,8 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from lab.core.inventory import (
+    Host,
+    Inventory,
+    load_inventory,
+    local_inventory,
+    parse_inventory,
+)
 from lab.errors import ExitCode, InventoryError, UsageError
-from lab.inventory import Host, Inventory, load_inventory, local_inventory, parse_inventory
 
 REPO_INVENTORY = Path(__file__).resolve().parent.parent / "inventory.yaml"
 

@@ -12,19 +12,20 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 import yaml
 
-from lab import cluster, engine
+from lab.containerlab import engine, hosts, topology
 
 from .conftest import REPO, WRONG, Lab
+from .test_compose import compose_tools
 from .tutorials import assert_prints_as_shown, tutorial_scripts
 
 pytestmark = pytest.mark.docker
-TOPOLOGY = cluster.Topology()
+TOPOLOGY = topology.Topology()
 INVENTORY = REPO / "inventory.yaml"
 
 
@@ -49,15 +50,16 @@ def lab_up() -> Iterator[Lab]:
     yield lab
     result = lab("down", timeout=300)
     assert result.code == 0, result.text
-    assert cluster.lab_containers(client) == []
-    assert client.networks.list(filters={"label": cluster.LABEL}) == []
-    assert client.volumes.list(filters={"label": cluster.LABEL}) == []
+    assert hosts.lab_containers(client) == []
+    assert client.networks.list(filters={"label": topology.LABEL}) == []
+    assert client.volumes.list(filters={"label": topology.LABEL}) == []
 
 
 def workers_on(container: str) -> list[str]:
-    """Rank processes still alive in a host container."""
-    done = subprocess.run(["docker", "exec", container, "pgrep", "-af", "lab[.](worker|launcher|node|rank_output)"],
-                          capture_output=True, text=True, timeout=30)
+    """The lab's processes still alive in a host container: ranks, host launchers, taggers, port holders."""
+    pattern = "lab[.]rank[.](worker|script|node|output|ports)"
+    done = subprocess.run(["docker", "exec", container, "pgrep", "-af", pattern], capture_output=True, text=True,
+                          timeout=30)
     return done.stdout.split("\n") if done.stdout.strip() else []
 
 
@@ -134,7 +136,7 @@ def test_a_host_stopped_mid_run_is_named_and_nothing_is_left(lab_up: Lab) -> Non
     for i in TOPOLOGY.indices():
         if TOPOLOGY.container(i) != victim:
             assert workers_on(TOPOLOGY.container(i)) == []
-    cluster.wait_for_ssh(TOPOLOGY)
+    hosts.wait_for_ssh(TOPOLOGY)
 
 
 def test_sshd_not_answering_is_a_clear_error_within_the_connect_timeout(lab_up: Lab, tmp_path: Path) -> None:
@@ -184,17 +186,55 @@ def test_a_second_lab_up_reuses_the_image_and_keeps_no_older_one(lab_up: Lab) ->
     assert tags == {current, "lab-host:latest"}
 
 
+def test_a_lab_started_by_compose_is_kept_by_lab_up(lab_up: Lab) -> None:
+    """compose/lab.yml carries the labels `lab up` compares: `lab up` after `docker-compose up`
+    starts nothing anew."""
+    tool = next(iter(compose_tools()), None)
+    assert tool is not None, "CI installs docker-compose"
+    assert lab_up("down", timeout=300).code == 0
+    done = subprocess.run([*tool, "-f", str(REPO / "compose" / "lab.yml"), "up", "-d"], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "LAB_IMAGE": "lab-host:latest"})
+    assert done.returncode == 0, done.stderr
+    started = {c.name: c.id for c in hosts.lab_containers(engine.client())}
+    assert sorted(started) == [TOPOLOGY.container(i) for i in TOPOLOGY.indices()]
+    result = lab_up("up", "--no-smoke", timeout=600)
+    assert result.code == 0, result.text
+    assert "starting lab-node" not in result.out and "removing" not in result.out, result.out
+    assert {c.name: c.id for c in hosts.lab_containers(engine.client())} == started
+    assert lab_up("run", "p2p", "--hosts", str(INVENTORY)).code == 0
+
+
+def test_runs_from_two_controllers_on_two_machines_never_share_a_port(lab_up: Lab, tmp_path: Path) -> None:
+    """This machine and a second controller (a container on the lab network, with the same code and
+    inventory) run against the same hosts at once, round after round: each run's ports are chosen
+    and held on rank 0's host, so the two never collide there."""
+    site = next((REPO / ".venv" / "lib").glob("python3*/site-packages"))
+    second = ["docker", "run", "--rm", "--network", topology.NETWORK, "--label", f"{topology.LABEL}=1",
+              "-v", f"{REPO}:/repo:ro", "-v", f"{site}:/deps:ro", "-w", "/repo", "-e", "PYTHONPATH=/deps:/repo",
+              "-e", "COLUMNS=200", "lab-host:latest", topology.PYTHON, "-m", "lab"]
+    args = ["run", "p2p", "init-env", "init-tcp", "--hosts", "inventory.yaml", "--json"]
+    for _ in range(4):
+        here = lab_up.popen(*args)
+        there = subprocess.run([*second, *args], capture_output=True, text=True, timeout=300)
+        out, _ = here.communicate(timeout=300)
+        reports = [json.loads(out[out.index('{\n  "passed"'):]), json.loads(there.stdout)]
+        assert [(r["exit_code"], r["passed"]) for r in reports] == [(0, True), (0, True)], there.stderr[-2000:]
+        ours, theirs = (set(r["ports"]) for r in reports)
+        assert len(ours) == len(theirs) == 3 and not ours & theirs
+    assert_no_workers_anywhere()
+
+
 def test_the_docker_transport_runs_ranks_by_docker_exec(lab_up: Lab, tmp_path: Path) -> None:
     inventory = tmp_path / "docker.yaml"
     inventory.write_text(yaml.safe_dump({"all": {
-        "vars": {"ansible_connection": "docker", "ansible_python_interpreter": cluster.PYTHON,
-                 "shared_dir": cluster.SHARED_DIR, "slots": 2},
+        "vars": {"ansible_connection": "docker", "ansible_python_interpreter": topology.PYTHON,
+                 "shared_dir": topology.SHARED_DIR, "slots": 2},
         "hosts": {TOPOLOGY.name(i): {"docker_container": TOPOLOGY.container(i),
                                      "data_address": TOPOLOGY.address(i)} for i in (1, 2)}}}))
     code, report = run_json(lab_up, "p2p", "all-reduce", "init-file", "--hosts", str(inventory))
     assert code == 0, report
     assert [r["hostname"] for r in report["ranks"]] == ["node1", "node1", "node2", "node2"]
-    code, report = run_json(lab_up, "p2p", "--hosts", str(inventory), "--timeout", "5",
+    code, report = run_json(lab_up, "p2p", "--hosts", str(inventory), "--timeout", "15",
                             "--solution", str(WRONG / "p2p_never_sends.py"))
     assert code == 4 and "p2p_never_sends.py" in report["exercises"][0]["reason"]
     assert_no_workers_anywhere()
@@ -224,3 +264,28 @@ def test_the_tutorials_scripts_run_unchanged_across_hosts(lab_up: Lab, tmp_path:
         assert f"[node2 r{n - 1}] " in result.out  # the last rank ran, and printed, on the second host
         assert_prints_as_shown(script, result.out)
     assert_no_workers_anywhere()
+
+
+def test_a_lab_up_that_fails_removes_what_it_started(lab_up: Lab) -> None:
+    """A host's address taken by a container that is not the lab's: `lab up` stops with one line
+    naming the host, and removes the containers and volume it had started (the network was there
+    before it, and stays)."""
+    client = engine.client()
+    assert lab_up("down", timeout=300).code == 0
+    net = topology.LAB_NET
+    ipam = {"Driver": "default", "Config": [{"Subnet": net.subnet, "Gateway": net.gateway}]}
+    network = client.networks.create(net.name, driver="bridge", ipam=ipam, labels={topology.LABEL: "1"})
+    blocker = client.containers.run("lab-host:latest", ["sleep", "infinity"], detach=True, name="not-the-labs",
+                                    network=net.name)
+    try:
+        client.api.disconnect_container_from_network(blocker.id, net.name)
+        client.api.connect_container_to_network(blocker.id, net.name, ipv4_address=TOPOLOGY.address(2))
+        result = lab_up("up", "--hosts", "2", "--no-smoke", timeout=600)
+        assert result.code == 5, result.text
+        assert re.fullmatch(r"lab: error: host node2: cannot start lab-node2 at 10\.213\.0\.12 on lab-net: .*",
+                            result.err.strip()), result.err
+        assert "removed container lab-node1" in result.out and "removed volume lab-shared" in result.out
+        assert hosts.lab_containers(client) == []
+        assert [n.id for n in client.networks.list(filters={"label": topology.LABEL})] == [network.id]
+    finally:
+        blocker.remove(force=True)

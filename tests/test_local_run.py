@@ -9,10 +9,10 @@ import xml.etree.ElementTree as ET
 import pytest
 import yaml
 
-from lab import suite
+from lab.suite import registry
 
 from .conftest import REPO, WRONG, Lab
-from .tutorials import assert_prints_as_shown, tutorial_scripts
+from .tutorials import assert_prints_as_shown, ring_allreduce_fragment, tutorial_scripts
 
 pytestmark = pytest.mark.local
 SOLUTIONS = REPO / "tests" / "solutions"
@@ -34,7 +34,7 @@ def test_run_all_passes(lab: Lab, nproc: int, init: str) -> None:
     code, report = run_json(lab, "all", "--nproc", str(nproc), "--init", init, "--backend", "gloo")
     failed = {e["name"]: e["reason"] for e in report["exercises"] if e["status"] != "pass"}
     assert (code, failed) == (0, {})
-    assert set(by_name(report)) == {name for name, e in suite.EXERCISES.items() if e.in_all}
+    assert set(by_name(report)) == {name for name, e in registry.EXERCISES.items() if e.in_all}
     assert report["plan"]["world_size"] == nproc and report["plan"]["init"] == init
     assert lab.leftovers() == []
 
@@ -89,6 +89,15 @@ def test_ring_allreduce_dsgd_and_backends_pass(lab: Lab, nproc: int) -> None:
     assert (code, failed) == (0, {})
     assert list(by_name(report)) == names
     assert lab.leftovers() == []
+
+
+def test_the_tutorials_own_ring_allreduce_passes_as_a_solution(lab: Lab, tmp_path) -> None:
+    """Tutorial 001's ``allreduce(send, recv)``, its text taken from the tutorial, graded as a
+    student's solution: the lab's reference drives it on every case (3 ranks)."""
+    solution = tmp_path / "tutorial_ring.py"
+    solution.write_text(ring_allreduce_fragment())
+    code, report = run_json(lab, "ring-allreduce", "--nproc", "3", "--solution", str(solution))
+    assert (code, by_name(report)["ring-allreduce"]["status"]) == (0, "pass")
 
 
 def test_a_ring_for_two_ranks_only_passes_with_two(lab: Lab) -> None:
@@ -146,7 +155,7 @@ def test_dry_run_prints_the_plan_as_yaml_and_starts_nothing(lab: Lab) -> None:
 def test_list_names_every_exercise(lab: Lab) -> None:
     result = lab("list")
     assert result.code == 0
-    assert [line.split()[0] for line in result.out.splitlines()] == list(suite.EXERCISES)
+    assert [line.split()[0] for line in result.out.splitlines()] == list(registry.EXERCISES)
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -225,7 +234,8 @@ def test_launch_reports_the_failing_rank_and_stops_the_others(lab: Lab, tmp_path
 
 @pytest.mark.parametrize("solution, status, fragment", [
     ("average_gradients_only.py", "pass", ""),
-    ("average_gradients_no_divide.py", "fail", "in units of one process's step on the full batch: expected 1.0, got 2.0"),
+    ("average_gradients_no_divide.py", "fail",
+     "in units of one process's step on the full batch: expected 1.0, got 2.0"),
     ("nothing_to_grade.py", "fail", "defines neither run() nor any function of dsgd.py to replace"),
 ])
 def test_a_solution_may_define_only_the_function_it_replaces(lab: Lab, solution: str, status: str,

@@ -2,22 +2,29 @@
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 import yaml
 
-from lab import suite
+from lab.core.inventory import Host, Inventory, local_inventory
+from lab.core.plan import (
+    RUN_DIR,
+    Launch,
+    Options,
+    bind_macros,
+    build_plan,
+    default_backend,
+    port_macro,
+)
 from lab.errors import UsageError
-from lab.inventory import Host, Inventory, local_inventory
-from lab.plan import Options, Resources, build_plan, default_backend, ports_needed
-from lab.ports import reserved_ports
+from lab.suite import registry
 
-RES = Resources(ports=(29501, 29502, 29503), token="t0k3n", run_dir="/tmp/lab-run-t0k3n")
+TOKEN = "t0k3n"
+P0, P1, P2 = (port_macro(i) for i in range(3))
 
 
 def opts(*names: str, **kw: object) -> Options:
-    return Options(tuple(suite.select(list(names) or ["all"])), **kw)  # type: ignore[arg-type]
+    return Options(tuple(registry.select(list(names) or ["all"])), **kw)  # type: ignore[arg-type]
 
 
 def inv(*hosts: Host) -> Inventory:
@@ -25,18 +32,18 @@ def inv(*hosts: Host) -> Inventory:
 
 
 def test_local_cluster_lays_out_ranks_on_loopback() -> None:
-    plan = build_plan(local_inventory(4), opts("p2p"), RES)
+    plan = build_plan(local_inventory(4), opts("p2p"), TOKEN)
     assert plan.world_size == 4 and plan.backend == "gloo"
     assert [(r.rank, r.local_rank, r.device) for r in plan.ranks] == [(i, i, "cpu") for i in range(4)]
     env = plan.ranks[2].env
-    assert env == {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29501", "RANK": "2", "WORLD_SIZE": "4",
+    assert env == {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": P0, "RANK": "2", "WORLD_SIZE": "4",
                    "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4"}
 
 
 def test_slots_over_hosts_give_local_ranks_per_host() -> None:
     a = Host("a", "10.0.0.1", slots=2, data_address="192.168.0.1", network_interface="eth1")
     b = Host("b", "10.0.0.2", slots=2)
-    plan = build_plan(inv(a, b), opts("p2p"), RES)
+    plan = build_plan(inv(a, b), opts("p2p"), TOKEN)
     assert [(r.host, r.rank, r.local_rank) for r in plan.ranks] == [
         ("a", 0, 0), ("a", 1, 1), ("b", 2, 0), ("b", 3, 1)]
     assert all(r.env["LOCAL_WORLD_SIZE"] == "2" for r in plan.ranks)
@@ -49,141 +56,141 @@ def test_slots_over_hosts_give_local_ranks_per_host() -> None:
 def test_backend_defaults_to_nccl_only_when_every_rank_has_a_gpu() -> None:
     assert default_backend([Host("a", "x", slots=2, gpus=2)]) == "nccl"
     assert default_backend([Host("a", "x", slots=2, gpus=2), Host("b", "y", slots=2, gpus=1)]) == "gloo"
-    plan = build_plan(inv(Host("a", "x", slots=2, gpus=2)), opts("p2p"), RES)
+    plan = build_plan(inv(Host("a", "x", slots=2, gpus=2)), opts("p2p"), TOKEN)
     assert plan.backend == "nccl" and [r.device for r in plan.ranks] == ["cuda:0", "cuda:1"]
 
 
 def test_nccl_with_too_few_gpus_names_the_host() -> None:
     with pytest.raises(UsageError, match="host b: nccl needs one GPU per rank"):
-        build_plan(inv(Host("a", "x", gpus=1), Host("b", "y", slots=2, gpus=1)), opts("p2p", backend="nccl"), RES)
+        build_plan(inv(Host("a", "x", gpus=1), Host("b", "y", slots=2, gpus=1)), opts("p2p", backend="nccl"), TOKEN)
 
 
 def test_run_all_shares_one_group_and_gives_each_init_exercise_its_own() -> None:
-    options = opts("all")
-    assert ports_needed(options) == 3  # shared env group, init-env, init-tcp
-    plan = build_plan(local_inventory(2), options, RES)
+    plan = build_plan(local_inventory(2), opts("all"), TOKEN)
+    assert plan.port_count == 3  # shared env group, init-env, init-tcp
     kinds = [(s.rendezvous, s.init_method) for s in plan.stages]
     assert kinds == [("none", None), ("shared", "env://"), ("env", "env://"),
-                     ("tcp", "tcp://127.0.0.1:29503"), ("file", "file:///tmp/lab-run-t0k3n/rendezvous-init-file")]
-    assert [s.port for s in plan.stages] == [None, 29501, 29502, 29503, None]
+                     ("tcp", f"tcp://127.0.0.1:{P2}"), ("file", f"file://{RUN_DIR}/rendezvous-init-file")]
+    assert [s.port for s in plan.stages] == [None, P0, P1, P2, None]
     shared = plan.stages[1].exercises
     assert [e["name"] for e in shared][:3] == ["launchers", "groups", "p2p"]
-    in_all = {name for name, e in suite.EXERCISES.items() if e.in_all}
+    in_all = {name for name, e in registry.EXERCISES.items() if e.in_all}
     assert len(shared) == len(in_all) - 4
     assert set(plan.exercise_names) == in_all
     assert "cross-vpc" not in in_all  # it needs the cross-VPC lab: only by name
 
 
 @pytest.mark.parametrize("init, method", [
-    ("tcp", "tcp://127.0.0.1:29501"), ("file", "file:///tmp/lab-run-t0k3n/rendezvous-shared")])
+    ("tcp", f"tcp://127.0.0.1:{P0}"), ("file", f"file://{RUN_DIR}/rendezvous-shared")])
 def test_init_option_chooses_the_shared_groups_method(init: str, method: str) -> None:
-    options = opts("p2p", "broadcast", init=init)
-    assert ports_needed(options) == (1 if init == "tcp" else 0)
-    plan = build_plan(local_inventory(3), options, RES)
+    plan = build_plan(local_inventory(3), opts("p2p", "broadcast", init=init), TOKEN)
+    assert plan.port_count == (1 if init == "tcp" else 0)
     assert [(s.rendezvous, s.init_method) for s in plan.stages] == [("shared", method)]
 
 
 def test_ipv6_master_is_bracketed_in_tcp_urls() -> None:
-    plan = build_plan(inv(Host("a", "fd00::1")), opts("broadcast", init="tcp"), RES)
-    assert plan.stages[0].init_method == "tcp://[fd00::1]:29501"
+    plan = build_plan(inv(Host("a", "fd00::1")), opts("broadcast", init="tcp"), TOKEN)
+    assert plan.stages[0].init_method == f"tcp://[fd00::1]:{P0}"
 
 
 def test_solution_replaces_the_program_and_needs_one_exercise() -> None:
-    plan = build_plan(local_inventory(2), opts("p2p", solution="/home/s/mine.py"), RES)
+    plan = build_plan(local_inventory(2), opts("p2p", solution="/home/s/mine.py"), TOKEN)
     # Every host runs its own copy, carried into the run directory.
-    assert plan.stages[0].exercises == ({"name": "p2p", "program": "/tmp/lab-run-t0k3n/solution/mine.py",
-                                         "reference": "lab.exercises.p2p"},)
+    assert plan.stages[0].exercises == ({"name": "p2p", "program": f"{RUN_DIR}/solution/mine.py",
+                                         "reference": "lab.suite.exercises.p2p"},)
     assert plan.uploads == {"solution/mine.py": "/home/s/mine.py"}
     with pytest.raises(UsageError, match="exactly one exercise"):
-        build_plan(local_inventory(2), opts("p2p", "broadcast", solution="/x.py"), RES)
+        build_plan(local_inventory(2), opts("p2p", "broadcast", solution="/x.py"), TOKEN)
 
 
 def test_each_rank_launch_carries_the_rank_plan_and_dry_run_data_is_plain_yaml() -> None:
-    plan = build_plan(local_inventory(2), opts("all"), RES)
+    plan = build_plan(local_inventory(2), opts("all"), TOKEN)
     launches = plan.launches()
-    assert [(l.host, l.ranks, l.args) for l in launches] == [("local", (r,), ("-m", "lab.worker")) for r in (0, 1)]
+    assert [(launch.host, launch.ranks, launch.args) for launch in launches] == \
+        [("local", (r,), ("-m", "lab.rank.worker")) for r in (0, 1)]
     env = launches[1].env
     rank_plan = json.loads(env["LAB_RANK_PLAN"])
     assert rank_plan["token"] == "t0k3n" and rank_plan["backend"] == "gloo"
     assert [s["rendezvous"] for s in rank_plan["stages"]] == ["none", "shared", "env", "tcp", "file"]
     assert env["RANK"] == "1" and env["LOCAL_RANK"] == "1" and env["PYTHONUNBUFFERED"] == "1"
-    assert env["PYTHONPATH"] == "/tmp/lab-run-t0k3n/code"  # the run's own copy of the lab
+    assert env["PYTHONPATH"] == f"{RUN_DIR}/code"  # the run's own copy of the lab
     data = yaml.safe_load(yaml.safe_dump(plan.to_dict()))
     assert data["world_size"] == 2 and data["ranks"][1]["env"]["RANK"] == "1"
-    assert data["launcher"] == "lab" and data["launches"][1]["command"] == ["python", "-m", "lab.worker"]
+    assert data["launcher"] == "lab" and data["launches"][1]["command"] == ["python", "-m", "lab.rank.worker"]
     assert "LAB_RANK_PLAN" not in data["ranks"][1]["env"]
 
 
 def test_torchrun_starts_one_agent_per_host_that_numbers_the_ranks_itself() -> None:
     a = Host("a", "10.0.0.9", slots=2, network_interface="eth1")
     b = Host("b", "10.0.0.10", slots=1)
-    options = opts("all", launcher="torchrun")
-    assert ports_needed(options) == 3  # the c10d rendezvous, init-env, init-tcp (the group is torchrun's)
-    plan = build_plan(inv(a, b), options, RES)
+    plan = build_plan(inv(a, b), opts("all", launcher="torchrun"), TOKEN)
+    assert plan.port_count == 3  # the c10d rendezvous, init-env, init-tcp (the group is torchrun's)
     # c10d numbers the hosts in the sorted order of their addresses: "10.0.0.10" < "10.0.0.9"
     assert [h.name for h in plan.hosts] == ["b", "a"]
     assert [(r.host, r.rank, r.local_rank) for r in plan.ranks] == [("b", 0, 0), ("a", 1, 0), ("a", 2, 1)]
-    assert plan.master_addr == "10.0.0.10" and plan.rdzv_endpoint == "10.0.0.10:29501"
+    assert plan.master_addr == "10.0.0.10" and plan.rdzv_endpoint == f"10.0.0.10:{P0}"
     shared = next(s for s in plan.stages if s.rendezvous == "shared")
     assert (shared.init_method, shared.addr, shared.port) == ("env://", None, None)  # torchrun's MASTER_*
-    assert [s.port for s in plan.stages if s.rendezvous in ("env", "tcp")] == [29502, 29503]
+    assert [s.port for s in plan.stages if s.rendezvous in ("env", "tcp")] == [P1, P2]
     launches = plan.launches()
-    assert [(l.host, l.ranks) for l in launches] == [("b", (0,)), ("a", (1, 2))]
+    assert [(launch.host, launch.ranks) for launch in launches] == [("b", (0,)), ("a", (1, 2))]
     assert launches[1].args == (
-        "-m", "lab.node", "torchrun", "--nnodes", "2", "--nproc-per-node", "2", "--node-rank", "1",
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.10:29501", "--rdzv-id", "t0k3n",
-        "--local-addr", "10.0.0.9", "--max-restarts", "0", "-m", "lab.worker")
+        "-m", "lab.rank.node", "torchrun", "--nnodes", "2", "--nproc-per-node", "2", "--node-rank", "1",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"10.0.0.10:{P0}", "--rdzv-id", "t0k3n",
+        "--local-addr", "10.0.0.9", "--max-restarts", "0", "-m", "lab.rank.worker")
     env = launches[1].env
     assert not {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT"} & env.keys()  # torchrun sets them
     assert env["LAB_TAG_OUTPUT"] == "1" and env["GLOO_SOCKET_IFNAME"] == "eth1"
     with pytest.raises(UsageError, match="torchrun forms the process group"):
-        build_plan(inv(a, b), opts("p2p", launcher="torchrun", init="tcp"), RES)
+        build_plan(inv(a, b), opts("p2p", launcher="torchrun", init="tcp"), TOKEN)
 
 
 def test_spawn_starts_one_process_per_host_with_its_first_rank() -> None:
     a, b = Host("a", "10.0.0.9", slots=2), Host("b", "10.0.0.10", slots=2)
-    plan = build_plan(inv(a, b), opts("p2p", launcher="spawn"), RES)
+    plan = build_plan(inv(a, b), opts("p2p", launcher="spawn"), TOKEN)
     assert [h.name for h in plan.hosts] == ["a", "b"]  # the inventory's order: spawn numbers as told
     launches = plan.launches()
-    assert [(l.host, l.ranks) for l in launches] == [("a", (0, 1)), ("b", (2, 3))]
-    assert launches[1].args == ("-m", "lab.node", "spawn", "--nprocs", "2", "--first-rank", "2", "-m", "lab.worker")
+    assert [(launch.host, launch.ranks) for launch in launches] == [("a", (0, 1)), ("b", (2, 3))]
+    assert launches[1].args == ("-m", "lab.rank.node", "spawn", "--nprocs", "2", "--first-rank", "2",
+                                "-m", "lab.rank.worker")
     env = launches[1].env
     assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == \
-        ("10.0.0.9", "29501", "4", "2")
+        ("10.0.0.9", P0, "4", "2")
     assert "RANK" not in env and "LOCAL_RANK" not in env  # each spawned rank sets its own
     with pytest.raises(UsageError, match="--launcher must be one of"):
-        build_plan(inv(a, b), opts("p2p", launcher="mpirun"), RES)
+        build_plan(inv(a, b), opts("p2p", launcher="mpirun"), TOKEN)
 
 
 def test_select_keeps_suite_order_and_rejects_unknown_names() -> None:
-    assert [e.name for e in suite.select(["barrier", "p2p", "p2p"])] == ["p2p", "barrier"]
+    assert [e.name for e in registry.select(["barrier", "p2p", "p2p"])] == ["p2p", "barrier"]
     with pytest.raises(KeyError):
-        suite.select(["p2p", "nope"])
+        registry.select(["p2p", "nope"])
 
 
-def test_reserved_ports_are_free_distinct_and_held_against_other_runs() -> None:
-    with reserved_ports(3) as ports:
-        assert len(set(ports)) == 3
-        with reserved_ports(3) as other:
-            assert not set(ports) & set(other)
-        for port in ports:  # free for the rendezvous itself to bind
-            with socket.socket() as s:
-                s.bind(("", port))
+def test_a_launch_is_bound_to_its_hosts_run_dir_and_the_held_ports() -> None:
+    assert bind_macros("${run_dir}/code tcp://a:${port1} ${port10}", "/tmp/x", list(range(100, 111))) == \
+        "/tmp/x/code tcp://a:101 110"
+    plan = build_plan(local_inventory(2), opts("all"), TOKEN)
+    launch = plan.launches()[0].bound("/var/tmp/lab-run-t0k3n", (41000, 41001, 41002))
+    assert isinstance(launch, Launch) and launch.env["PYTHONPATH"] == "/var/tmp/lab-run-t0k3n/code"
+    assert launch.env["MASTER_PORT"] == "41000" and "$" not in launch.env["LAB_RANK_PLAN"]
+    stages = json.loads(launch.env["LAB_RANK_PLAN"])["stages"]
+    assert [s["init_method"] for s in stages][2:4] == ["env://", "tcp://127.0.0.1:41002"]
 
 
 def test_an_exercise_that_needs_more_ranks_than_the_cluster_has_is_refused() -> None:
     with pytest.raises(UsageError, match="p2p needs at least 2 ranks; this cluster has 1"):
-        build_plan(local_inventory(1), opts("all"), RES)
-    assert build_plan(local_inventory(1), opts("broadcast"), RES).world_size == 1
+        build_plan(local_inventory(1), opts("all"), TOKEN)
+    assert build_plan(local_inventory(1), opts("broadcast"), TOKEN).world_size == 1
 
 
 def test_file_rendezvous_goes_to_the_directory_every_host_shares() -> None:
     a, b = Host("a", "10.0.0.1", shared_dir="/shared"), Host("b", "10.0.0.2", shared_dir="/shared")
-    plan = build_plan(inv(a, b), opts("init-file"), RES)
+    plan = build_plan(inv(a, b), opts("init-file"), TOKEN)
     assert plan.shared_run_dir == "/shared/lab-run-t0k3n"
     assert plan.stages[0].init_method == "file:///shared/lab-run-t0k3n/rendezvous-init-file"
     # Hosts that share nothing: the path stays in the run directory and the rank-side
     # check reports that it is not shared.
-    plan = build_plan(inv(a, Host("b", "10.0.0.2")), opts("init-file"), RES)
+    plan = build_plan(inv(a, Host("b", "10.0.0.2")), opts("init-file"), TOKEN)
     assert plan.shared_run_dir is None
-    assert plan.stages[0].path == "/tmp/lab-run-t0k3n/rendezvous-init-file"
+    assert plan.stages[0].path == f"{RUN_DIR}/rendezvous-init-file"

@@ -9,21 +9,21 @@ from pathlib import Path
 
 import pytest
 
-from lab.rank_output import RANK_TAG, untag
-from lab.runner import where_stopped
-from lab.worker import SharedPathError, call_with_context, ensure_shared_path
+from lab.core.runner import where_stopped
+from lab.rank.protocol import RANK_TAG, untag
+from lab.rank.worker import SharedPathError, call_with_context, ensure_shared_path
 
 from .conftest import REPO
 
 DUMP = """\
 Thread 0x00007f0000000001 (most recent call first):
-  File "/srv/run/lab/worker.py", line 58 in watch
+  File "/srv/run/lab/rank/worker.py", line 58 in watch
   File "/usr/lib/python3.11/threading.py", line 975 in run
 
 Current thread 0x00007f0000000002 (most recent call first):
   File "/home/u/.venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2601 in recv
   File "/srv/run/mine.py", line 3 in run
-  File "/srv/run/lab/worker.py", line 170 in run_exercise
+  File "/srv/run/lab/rank/worker.py", line 170 in run_exercise
 """.splitlines()
 
 
@@ -63,7 +63,7 @@ def test_programs_get_only_the_context_their_signature_names() -> None:
 
 TAGGED_RANK = """\
 import os, sys
-from lab.rank_output import tag_output
+from lab.rank.output import tag_output
 print("before", flush=True)
 tag_output(3)
 print("hello from python")

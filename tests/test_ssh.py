@@ -19,13 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from lab import suite
+from lab.core.inventory import Host, Inventory, load_inventory
+from lab.core.judge import judge
+from lab.core.plan import Options, build_plan, data_address
+from lab.core.runner import RunOutcome, run_plan
 from lab.errors import ExitCode, HostUnreachable, RunError
-from lab.inventory import Host, Inventory, load_inventory
-from lab.judge import judge
-from lab.plan import Options, Resources, build_plan, data_address, ports_needed
-from lab.ports import reserved_ports
-from lab.runner import RunOutcome, run_plan
+from lab.suite import registry
 from lab.transport import RankProcess, code_uploads, transport_for, with_master_address
 from lab.transport.ssh import RANKS_PER_CONNECTION, SSHSettings, SSHTransport
 
@@ -122,7 +121,7 @@ def test_exit_status_and_a_missing_run_dir(server: SSHServer, tmp_path: Path) ->
 
 def test_module_argv_runs_the_hosts_python() -> None:
     t = SSHTransport(Host("a", "10.0.0.1", python="/opt/py/bin/python3"))
-    assert t.module_argv("lab.worker") == ["/opt/py/bin/python3", "-m", "lab.worker"]
+    assert t.module_argv("lab.rank.worker") == ["/opt/py/bin/python3", "-m", "lab.rank.worker"]
 
 
 # -- host keys ------------------------------------------------------------------------
@@ -248,7 +247,7 @@ def test_construction_and_cleanup_before_prepare_do_no_io(tmp_path: Path) -> Non
         listener.listen()
         host = Host("a", "127.0.0.1", port=listener.getsockname()[1], known_hosts=str(tmp_path / "kh"))
         t = SSHTransport(host, SSHSettings(ssh_config=str(tmp_path / "missing" / "config")))
-        t.cleanup("/tmp/lab-run-x")
+        t.cleanup()
         t.close()
         listener.setblocking(False)
         with pytest.raises(BlockingIOError):
@@ -260,7 +259,7 @@ def test_hosts_on_one_address_prepared_at_once_record_a_new_key_once(server: SSH
     transports = [transport(ssh_host(server, kh, name=name), tmp_path, accept_new_host_keys=True)
                   for name in "abcd"]
     with ThreadPoolExecutor(len(transports)) as pool:  # as the runner prepares its hosts
-        list(pool.map(lambda t: t.prepare(str(tmp_path / f"run-{t.host.name}"), {}), transports))
+        list(pool.map(lambda t: t.prepare(f"run-{t.host.name}", {}), transports))
     for t in transports:
         t.close()
     assert Path(kh).read_text() == server.known_hosts_line
@@ -330,14 +329,15 @@ def test_prepare_uploads_nested_files_and_cleanup_removes_them(server: SSHServer
     for relative, data in files.items():
         uploads[relative] = local / relative.replace("/", "_")
         uploads[relative].write_bytes(data)
-    run_dir = tmp_path / "remote" / "lab-run it's"
     t = transport(ssh_host(server, known_hosts(tmp_path / "kh", server.known_hosts_line)), tmp_path)
     try:
-        t.prepare(str(run_dir), uploads)
+        run_dir = Path(t.prepare("lab-run it's", uploads))
+        assert run_dir == server.tmp.resolve() / "lab-run it's"  # in the host's TMPDIR
+        assert run_dir.stat().st_mode & 0o777 == 0o700
         assert {relative: (run_dir / relative).read_bytes() for relative in files} == files
-        t.cleanup(str(run_dir), keep=True)
+        t.cleanup(keep=True)
         assert run_dir.is_dir()
-        t.cleanup(str(run_dir))
+        t.cleanup()
         assert not run_dir.exists() and run_dir.parent.is_dir()
     finally:
         t.close()
@@ -345,15 +345,14 @@ def test_prepare_uploads_nested_files_and_cleanup_removes_them(server: SSHServer
 
 def test_prepare_carries_the_labs_code_quickly(server: SSHServer, tmp_path: Path) -> None:
     uploads = code_uploads()
-    run_dir = tmp_path / "run"
     t = transport(ssh_host(server, known_hosts(tmp_path / "kh", server.known_hosts_line)), tmp_path)
     try:
         started = time.monotonic()
-        t.prepare(str(run_dir), uploads)
+        run_dir = Path(t.prepare("run", uploads))
         seconds = time.monotonic() - started
         assert sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*.py")) == sorted(uploads)
         assert seconds < 5.0, f"{len(uploads)} files took {seconds:.2f}s"
-        t.cleanup(str(run_dir))
+        t.cleanup()
     finally:
         t.close()
 
@@ -425,29 +424,29 @@ all:
 
 def run_over_ssh(inventory: Inventory, options: Options, tmp_path: Path) -> RunOutcome:
     """The real plan through the real runner, which reaches every host with SSHTransport."""
-    token = secrets.token_hex(6)
     settings = SSHSettings(connect_timeout=5.0, ssh_config=str(tmp_path / "no_ssh_config"))
-    with reserved_ports(ports_needed(options)) as ports:
-        plan = build_plan(inventory, options, Resources(ports, token, str(tmp_path / f"lab-run-{token}")))
-        return run_plan(plan, ssh=settings)
+    return run_plan(build_plan(inventory, options), ssh=settings)
 
 
-def test_runner_over_ssh_passes_p2p_and_all_reduce(two_ssh_hosts: Inventory, tmp_path: Path) -> None:
+def test_runner_over_ssh_passes_p2p_and_all_reduce(two_ssh_hosts: Inventory, server: SSHServer,
+                                                    tmp_path: Path) -> None:
     assert all(isinstance(transport_for(h), SSHTransport) for h in two_ssh_hosts.hosts)
-    outcome = run_over_ssh(two_ssh_hosts, Options(tuple(suite.select(["p2p", "all-reduce"]))), tmp_path)
+    outcome = run_over_ssh(two_ssh_hosts, Options(tuple(registry.select(["p2p", "all-reduce"]))), tmp_path)
     reports = judge(outcome)
     assert outcome.status == "completed"
     assert {r.name: (r.status, r.reason) for r in reports} == {"p2p": ("pass", ""), "all-reduce": ("pass", "")}
     assert [s.spec.host for s in outcome.ranks] == ["a", "b"]
-    assert not Path(outcome.plan.run_dir).exists()  # cleaned up on the "hosts"
+    assert len(outcome.ports) == 1 and outcome.master_port == outcome.ports[0]  # held on rank 0's host
+    assert not (server.tmp / outcome.plan.run_name).exists()  # made in the hosts' own TMPDIR, and removed
     assert live_pids_with(outcome.plan.token) == []
 
 
-def test_runner_over_ssh_stops_a_hung_rank_and_leaves_nothing(two_ssh_hosts: Inventory, tmp_path: Path) -> None:
+def test_runner_over_ssh_stops_a_hung_rank_and_leaves_nothing(two_ssh_hosts: Inventory, server: SSHServer,
+                                                              tmp_path: Path) -> None:
     hangs = tmp_path / "p2p_hangs.py"  # rank 1 never answers; rank 0 waits for it in the barrier
     hangs.write_text("import time\n\n\ndef run(rank):\n    if rank == 1:\n        time.sleep(600)\n"
                      "    return {}\n")
-    options = Options(tuple(suite.select(["p2p"])), timeout=5, solution=str(hangs))
+    options = Options(tuple(registry.select(["p2p"])), timeout=5, solution=str(hangs))
     started = time.monotonic()
     outcome = run_over_ssh(two_ssh_hosts, options, tmp_path)
     assert outcome.status == "timeout" and 1 in outcome.hung
@@ -455,7 +454,7 @@ def test_runner_over_ssh_stops_a_hung_rank_and_leaves_nothing(two_ssh_hosts: Inv
     # The stack dump (SIGUSR1 over SSH) came back on stderr and located the hang.
     assert outcome.ranks[1].stopped_at == "p2p_hangs.py:6 in run: time.sleep(600)"
     assert wait_until_gone(outcome.plan.token, 5.0) == []
-    assert not Path(outcome.plan.run_dir).exists()
+    assert not (server.tmp / outcome.plan.run_name).exists()
 
 
 def test_the_master_address_is_asked_of_the_host_when_the_inventory_names_it(server: SSHServer,

@@ -94,3 +94,15 @@ def tutorial_scripts(directory: Path) -> list[Script]:
         scripts.append(Script(name, directory / name, int(nodes or 1) * int(per_node), printed(shown),
                               "torch.randn" in code))
     return scripts
+
+
+def ring_allreduce_fragment() -> str:
+    """Tutorial 001's ``allreduce(send, recv)``, its text exactly as the tutorial prints it (dedented),
+    as a solution file: the lab's reference program drives it."""
+    text = next(SEEDS.glob("001_*.txt")).read_text(encoding="utf-8")
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "def allreduce(send, recv):")
+    end = next(i for i in range(start, len(lines)) if lines[i].strip() == "recv[:] = accum[:]")
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    body = "\n".join(line[indent:] for line in lines[start:end + 1])
+    return f"import torch.distributed as dist\n\n\n{body}\n"

@@ -12,23 +12,30 @@ from __future__ import annotations
 
 import io
 import logging
-import posixpath
 import select
 import shlex
 import shutil
 import signal
 import subprocess
 import tarfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import docker
 from docker.errors import APIError, DockerException, NotFound
 from docker.models.containers import Container
 
-from ..errors import HostUnreachable, RunError
-from ..inventory import Host
-from . import PID_MARK, RankProcess, Transport, remote_command
+from lab.core.inventory import Host
+from lab.errors import HostUnreachable, RunError
+from lab.transport.base import (
+    PID_MARK,
+    RankProcess,
+    Transport,
+    made_run_dir,
+    make_run_dir_command,
+    remote_command,
+    removable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +75,14 @@ class DockerTransport(Transport):
             try:
                 found = docker.from_env(version="auto", timeout=API_TIMEOUT).containers.get(self.container_name)
             except NotFound:
-                raise HostUnreachable(f"host {self.host.name}: no container {self.container_name}") from None
+                raise HostUnreachable(
+                    self.host.name, f"host {self.host.name}: no container {self.container_name}") from None
             except DockerException as exc:
-                raise HostUnreachable(f"host {self.host.name}: the Docker engine does not answer: {exc}") from None
+                raise HostUnreachable(
+                    self.host.name, f"host {self.host.name}: the Docker engine does not answer: {exc}") from None
             if found.status != "running":
-                raise HostUnreachable(f"host {self.host.name}: container {self.container_name} is {found.status}")
+                raise HostUnreachable(
+                    self.host.name, f"host {self.host.name}: container {self.container_name} is {found.status}")
             self._container = found
         return self._container
 
@@ -85,10 +95,14 @@ class DockerTransport(Transport):
             return ""
         if code != 0:
             log.debug("host %s: %s: exit %s: %s", self.host.name, command, code, out)
-        return out.decode("utf-8", "replace")
+        return bytes(out).decode("utf-8", "replace")
 
-    def prepare(self, run_dir: str, uploads: Mapping[str, Path]) -> None:
-        self.exec(f"mkdir -p {shlex.quote(run_dir)}")
+    def prepare(self, run_name: str, uploads: Mapping[str, Path]) -> str:
+        self.running()  # HostUnreachable, in one line, when it is not there
+        run_dir = made_run_dir(self.exec(make_run_dir_command(run_name, [])))
+        if run_dir is None:
+            raise RunError(f"host {self.host.name}: cannot make the run directory {run_name} in its temp directory")
+        self.run_dir = run_dir
         archive = io.BytesIO()
         with tarfile.open(fileobj=archive, mode="w") as tar:
             for relative, source in uploads.items():
@@ -97,10 +111,12 @@ class DockerTransport(Transport):
             self.running().put_archive(run_dir, archive.getvalue())
         except APIError as exc:
             raise RunError(f"host {self.host.name}: cannot copy the run's files to {run_dir}: {exc}") from None
+        return run_dir
 
-    def cleanup(self, run_dir: str, keep: bool = False) -> None:
-        if not keep and posixpath.isabs(run_dir) and posixpath.normpath(run_dir) != "/":
-            self.exec(f"rm -rf -- {shlex.quote(run_dir)}")
+    def cleanup(self, keep: bool = False, also: Sequence[str] = ()) -> None:
+        directories = removable([self.run_dir, *also])
+        if not keep and directories and self._container is not None:
+            self.exec(f"rm -rf -- {shlex.join(directories)}")
 
     def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> RankProcess:
         docker_cli = shutil.which("docker")

@@ -6,10 +6,27 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
-from . import RankProcess, Transport
+from lab.transport.base import RankProcess, Transport, removable
+
+
+def local_gpu_count() -> int:
+    """GPUs torch can use here; asks torch only when nvidia-smi shows any (importing it is slow)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0
+    try:
+        listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    if "GPU" not in listed:
+        return 0
+    import torch
+
+    return int(torch.cuda.device_count())
 
 
 class LocalProcess(RankProcess):
@@ -39,15 +56,20 @@ class LocalTransport(Transport):
         # The controller's own interpreter has torch; an inventory may name another.
         return self.host.python if self.host.python != "python3" else sys.executable
 
-    def prepare(self, run_dir: str, uploads: Mapping[str, Path]) -> None:
+    def prepare(self, run_name: str, uploads: Mapping[str, Path]) -> str:
+        run_dir = Path(tempfile.gettempdir(), run_name)
+        run_dir.mkdir(mode=0o700, exist_ok=True)
         for relative, source in uploads.items():
-            target = Path(run_dir, relative)
+            target = run_dir / relative
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, target)
+        self.run_dir = str(run_dir)
+        return self.run_dir
 
-    def cleanup(self, run_dir: str, keep: bool = False) -> None:
+    def cleanup(self, keep: bool = False, also: Sequence[str] = ()) -> None:
         if not keep:
-            shutil.rmtree(run_dir, ignore_errors=True)
+            for directory in removable([self.run_dir, *also]):
+                shutil.rmtree(directory, ignore_errors=True)
 
     def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> RankProcess:
         path = os.pathsep.join(p for p in (env.get("PYTHONPATH"), os.environ.get("PYTHONPATH")) if p)

@@ -9,7 +9,7 @@ but not divided by the world size".
 """
 import torch.distributed as dist
 
-from lab.exercises.dsgd import train
+from lab.suite.exercises.dsgd import train
 
 
 def average_gradients(model):

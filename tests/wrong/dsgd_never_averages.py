@@ -8,7 +8,7 @@ expected -0.4985070824623108, got -0.4548403024673462 (and 17 more)"
 the note "the ranks' parameters differ from the first step on: average_gradients did not
 leave the same gradient on every rank".
 """
-from lab.exercises.dsgd import train
+from lab.suite.exercises.dsgd import train
 
 
 def average_gradients(model):

@@ -11,7 +11,7 @@ positions [4096, 4097, 4098]: expected [55600, 55610, 55620], got [18680, 18683,
 import torch
 import torch.distributed as dist
 
-from lab.exercises.ring_allreduce import allreduce, run_cases
+from lab.suite.exercises.ring_allreduce import allreduce, run_cases
 
 
 def ring_allreduce(tensor):

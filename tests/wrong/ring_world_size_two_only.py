@@ -12,7 +12,7 @@ ranks the check must give
 import torch
 import torch.distributed as dist
 
-from lab.exercises.ring_allreduce import run_cases
+from lab.suite.exercises.ring_allreduce import run_cases
 
 STEPS = 1  # the mistake: should be size - 1
 

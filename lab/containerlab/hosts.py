@@ -1,0 +1,258 @@
+"""The container lab's hosts: containers with their own addresses and sshd, started, listed
+and removed on the engine (found again by their labels, see ``topology``)."""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Collection
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from docker.errors import APIError, NotFound
+from docker.models.containers import Container
+from docker.models.networks import Network
+
+from lab.containerlab.crossvpc import untrack_bridge
+from lab.containerlab.engine import EngineError, Say
+from lab.containerlab.topology import (
+    LABEL,
+    ROLE,
+    SHARED_DIR,
+    SHARED_VOLUME,
+    TOPOLOGY_LABEL,
+    LabPaths,
+    Topology,
+    peer_names,
+)
+
+log = logging.getLogger(__name__)
+
+SSH_WAIT = 60.0
+SSH_PROBE_TIMEOUT = 3.0
+
+
+def ensure_key(path: Path, say: Say) -> Path:
+    """An ed25519 key pair for the lab (private key 0600); made once, never put in an image."""
+    if path.exists() and path.with_suffix(".pub").exists():
+        return path
+    say(f"making the lab's SSH key {path}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                serialization.NoEncryption())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(private)
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    path.with_suffix(".pub").write_bytes(public + b" lab\n")
+    return path
+
+
+def ensure_networks(client: docker.DockerClient, topology: Topology, say: Say) -> None:
+    """The topology's networks, each with its subnet; other lab networks are removed."""
+    wanted = {n.name: n for n in topology.networks()}
+    for existing in client.networks.list(filters={"label": LABEL}):
+        if existing.name not in wanted:
+            for c in lab_containers(client):
+                c.remove(force=True)
+            remove_network(existing, say)
+    for net in wanted.values():
+        try:
+            existing = client.networks.get(net.name)
+            subnets = [c.get("Subnet") for c in existing.attrs.get("IPAM", {}).get("Config", [])]
+            if net.subnet in subnets:
+                continue
+            say(f"network {net.name} has subnet {subnets}, not {net.subnet}: recreating it")
+            remove_network(existing, say)
+        except NotFound:
+            pass
+        ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=net.subnet, gateway=net.gateway)])
+        say(f"creating network {net.name} ({net.subnet})")
+        client.networks.create(net.name, driver="bridge", ipam=ipam, labels={LABEL: "1"})
+
+
+def remove_network(net: Network, say: Say) -> None:
+    """Remove a lab network and anything the lab added for it on the engine's host."""
+    untrack_bridge(net, remove=True)
+    for c in net.attrs.get("Containers") or {}:
+        try:
+            net.disconnect(c, force=True)
+        except (APIError, NotFound):
+            pass
+    try:
+        net.remove()
+    except (APIError, NotFound) as exc:
+        raise EngineError(f"cannot remove network {net.name}: {exc}") from None
+    say(f"removed network {net.name}")
+
+
+def ensure_shared_volume(client: docker.DockerClient) -> None:
+    try:
+        client.volumes.get(SHARED_VOLUME)
+    except NotFound:
+        client.volumes.create(SHARED_VOLUME, labels={LABEL: "1"})
+
+
+def start_hosts(client: docker.DockerClient, topology: Topology, image: str, paths: LabPaths,
+                gpus: bool, say: Say) -> list[Container]:
+    """One container per host, recreated when its image or address is not the wanted one."""
+    stale = [c for c in lab_containers(client) if c.name not in {topology.container(i) for i in topology.indices()}]
+    for c in stale:
+        say(f"removing {c.name} (not in a {topology.hosts}-host lab)")
+        c.remove(force=True)
+    ensure_shared_volume(client)
+    containers = []
+    for i in topology.indices():
+        containers.append(_start_host(client, topology, i, image, paths, gpus, say))
+    return containers
+
+
+def _start_host(client: docker.DockerClient, topology: Topology, i: int, image: str, paths: LabPaths,
+                gpus: bool, say: Say) -> Container:
+    name, address, net = topology.container(i), topology.address(i), topology.network(i)
+    labels = {LABEL: "1", ROLE: "host", TOPOLOGY_LABEL: topology.kind}  # compose/lab.yml sets the same
+    try:
+        c = client.containers.get(name)
+        endpoint = c.attrs["NetworkSettings"]["Networks"].get(net.name, {})
+        same = (image in c.image.tags and all(c.labels.get(k) == v for k, v in labels.items()) and
+                endpoint.get("IPAMConfig", {}).get("IPv4Address") == address)
+        if same and c.status == "running" and _trusts(c, paths.key.with_suffix(".pub")):
+            return c
+        c.remove(force=True)
+    except NotFound:
+        pass
+    say(f"starting {name} ({topology.name(i)}, {address})")
+    endpoint = client.api.create_endpoint_config(ipv4_address=address, aliases=[topology.name(i)])
+    host_config = client.api.create_host_config(
+        binds={str(paths.key.with_suffix(".pub").resolve()): {"bind": "/etc/lab/authorized_keys", "mode": "ro"},
+               SHARED_VOLUME: {"bind": SHARED_DIR, "mode": "rw"}},
+        # Every peer address answers from /etc/hosts at once: a reverse lookup that waits for
+        # an unreachable resolver stalls torch's rendezvous by 10 s or more.
+        shm_size="1g", init=True, extra_hosts=peer_names(topology, i),
+        device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None)
+    try:
+        created = client.api.create_container(
+            image, name=name, hostname=topology.name(i), detach=True, labels=labels,
+            host_config=host_config,
+            networking_config=client.api.create_networking_config({net.name: endpoint}))
+        client.api.start(created["Id"])
+        return client.containers.get(name)
+    except APIError as exc:
+        reason = str(exc.explanation or exc).strip().splitlines()[0]
+        raise EngineError(f"host {topology.name(i)}: cannot start {name} at {address} on {net.name}: "
+                          f"{reason}") from None
+
+
+def _trusts(c: Container, public_key: Path) -> bool:
+    """Whether the host logs in the lab's current key (a key made anew is a new file the running
+    container does not see)."""
+    code, out = c.exec_run(["cat", "/etc/lab/authorized_keys"])
+    return code == 0 and bytes(out).strip() == public_key.read_bytes().strip()
+
+
+def lab_containers(client: docker.DockerClient) -> list[Container]:
+    return sorted(client.containers.list(all=True, filters={"label": LABEL}), key=lambda c: c.name)
+
+
+def collect_host_keys(containers: list[Container], topology: Topology, paths: LabPaths) -> None:
+    """Record each host's key in the lab known_hosts, read through the engine (a channel
+    we already trust), so SSH can verify every host from its first connection."""
+    lines = []
+    for i, c in zip(topology.indices(), containers):
+        key = _wait_for_host_key(c)
+        lines.append(f"{topology.address(i)} {key}\n")
+    paths.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+    paths.known_hosts.write_text("".join(lines))
+
+
+def _wait_for_host_key(c: Container) -> str:
+    deadline = time.monotonic() + SSH_WAIT
+    while True:
+        code, out = c.exec_run(["cat", "/etc/ssh/ssh_host_ed25519_key.pub"])
+        if code == 0 and out.strip():
+            return " ".join(out.decode().split()[:2])
+        c.reload()
+        if c.status != "running" or time.monotonic() > deadline:
+            logs = c.logs(tail=5).decode(errors="replace").strip().splitlines()
+            raise EngineError(f"host container {c.name} did not start sshd ({c.status}): "
+                              f"{logs[-1] if logs else 'no output'}")
+        time.sleep(0.3)
+
+
+def wait_for_ssh(topology: Topology) -> None:
+    """Until every host's sshd answers with its banner (bounded)."""
+    deadline = time.monotonic() + SSH_WAIT
+    pending = set(topology.indices())
+    while pending:
+        pending = {i for i in pending if not ssh_answers(topology.address(i))}
+        if pending and time.monotonic() > deadline:
+            raise EngineError(f"sshd did not answer on {', '.join(topology.name(i) for i in sorted(pending))}")
+        if pending:
+            time.sleep(0.3)
+
+
+def ssh_answers(address: str, port: int = 22, timeout: float = SSH_PROBE_TIMEOUT) -> bool:
+    """True when an SSH server greets on address:port."""
+    try:
+        with socket.create_connection((address, port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            return s.recv(64).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def lab_resources(client: docker.DockerClient) -> set[str]:
+    """The ids (names for volumes) of every container, network and volume of the lab."""
+    return ({c.id for c in lab_containers(client)} | {n.id for n in client.networks.list(filters={"label": LABEL})}
+            | {v.name for v in client.volumes.list(filters={"label": LABEL})})
+
+
+def down(client: docker.DockerClient, say: Say, spare: Collection[str] = ()) -> int:
+    """Remove every container, network and volume of the lab but those in ``spare`` (see
+    :func:`lab_resources`); returns how many."""
+    removed = 0
+    for c in lab_containers(client):
+        if c.id not in spare:
+            c.remove(force=True, v=True)
+            say(f"removed container {c.name}")
+            removed += 1
+    for net in client.networks.list(filters={"label": LABEL}):
+        if net.id not in spare:
+            remove_network(client.networks.get(net.id), say)
+            removed += 1
+    for volume in client.volumes.list(filters={"label": LABEL}):
+        if volume.name not in spare:
+            volume.remove(force=True)
+            say(f"removed volume {volume.name}")
+            removed += 1
+    return removed
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    container: str
+    hostname: str
+    state: str
+    addresses: tuple[str, ...]
+    ssh: bool
+
+
+def status(client: docker.DockerClient) -> list[HostStatus]:
+    containers = lab_containers(client)
+
+    def one(c: Container) -> HostStatus:
+        nets = c.attrs["NetworkSettings"]["Networks"]
+        addresses = tuple(f"{n['IPAddress']} ({name})" for name, n in nets.items() if n.get("IPAddress"))
+        first = next((n["IPAddress"] for n in nets.values() if n.get("IPAddress")), None)
+        return HostStatus(c.name, c.attrs["Config"]["Hostname"], c.status, addresses,
+                          first is not None and c.status == "running" and ssh_answers(first))
+
+    with ThreadPoolExecutor(max_workers=max(1, len(containers))) as pool:
+        return list(pool.map(one, containers))

@@ -1,0 +1,191 @@
+"""The lab host image: tagged by a hash of its inputs, built only when they change.
+
+The base is an official PyTorch CUDA runtime image by default. Where no registry
+answers (``docker pull`` fails), an offline base is made with debootstrap, and torch
+comes from a wheelhouse that pip fills on the engine's host (containers cannot reach
+PyPI). See ../shared/ENVIRONMENT.md and images/lab-host/Dockerfile.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import docker
+from docker.errors import APIError, DockerException, ImageNotFound
+
+from lab.containerlab.engine import EngineError, Say, require_tool
+from lab.transport import code_uploads
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGES_DIR = REPO / "images" / "lab-host"
+REQUIREMENTS = REPO / "requirements.txt"  # the one place for the torch pin
+
+
+def pinned_torch() -> str:
+    """The torch version every host runs: the controller's pin in requirements.txt."""
+    for line in REQUIREMENTS.read_text().splitlines():
+        name, _, version = line.split("#")[0].strip().partition("==")
+        if name == "torch" and version:
+            return version
+    raise EngineError(f"{REQUIREMENTS} pins no torch==VERSION")
+
+
+TORCH_VERSION = pinned_torch()
+TORCH = f"torch=={TORCH_VERSION}"
+DEFAULT_BASE = f"pytorch/pytorch:{TORCH_VERSION}-cuda12.8-cudnn9-runtime"  # the official CUDA image of the pin
+OFFLINE = "offline"  # --base offline: skip the pull, build the debootstrap base
+WHEEL_PYTHON = "3.11"  # Debian bookworm's python3, the offline base's interpreter
+DEBOOTSTRAP_PACKAGES = ("python3", "python3-pip", "openssh-server", "iproute2", "iptables",
+                        "ca-certificates", "procps", "iputils-ping", "netcat-openbsd")
+HOST_IMAGE = "lab-host"
+BASE_IMAGE = "lab-base"
+
+Progress = Callable[[str], None]  # one line of a long step (debootstrap, the build)
+
+
+def ensure_image(client: docker.DockerClient, base: str, state_dir: Path, say: Say,
+                 progress: Progress) -> str:
+    """The tag of an up-to-date lab host image, building what is missing."""
+    base_ref = resolve_base(client, base, state_dir, say, progress)
+    wheels = ensure_wheelhouse(state_dir / "wheels", say)
+    files = _context_files(wheels)
+    tag = f"{HOST_IMAGE}:{_digest(client.images.get(base_ref).id, files)}"
+    try:
+        client.images.get(tag)
+        say(f"image {tag} is up to date")
+    except ImageNotFound:
+        say(f"building image {tag} on {base_ref}")
+        _build(client, files, tag, base_ref, progress)
+    client.images.get(tag).tag(HOST_IMAGE, "latest")  # what compose/lab.yml starts
+    _untag_older(client, tag)
+    return tag
+
+
+def _untag_older(client: docker.DockerClient, current: str) -> None:
+    """Remove the tags of earlier lab host images (their layers go with them unless shared), so
+    each change of the lab's code does not leave another image behind; one a container still
+    uses stays."""
+    for image in client.images.list(name=HOST_IMAGE):
+        for tag in image.tags:
+            if tag not in (current, f"{HOST_IMAGE}:latest"):
+                try:
+                    client.images.remove(tag)
+                except APIError as exc:
+                    log.debug("keeping %s: %s", tag, exc)
+
+
+def resolve_base(client: docker.DockerClient, base: str, state_dir: Path, say: Say,
+                 progress: Progress) -> str:
+    """An image present on the engine to build on: local, pulled, or made offline."""
+    if base != OFFLINE:
+        try:
+            client.images.get(base)
+            return base
+        except ImageNotFound:
+            pass
+        try:
+            say(f"pulling {base}")
+            client.images.pull(base)
+            return base
+        except (APIError, DockerException) as exc:
+            reason = (getattr(exc, "explanation", None) or str(exc)).strip().splitlines()[0][:200]
+            say(f"cannot pull {base} ({reason}): building an offline base with debootstrap instead")
+    return offline_base(client, state_dir, say, progress)
+
+
+def offline_base(client: docker.DockerClient, state_dir: Path, say: Say, progress: Progress) -> str:
+    """Debian bookworm made with debootstrap and imported as an image (about a minute, once)."""
+    tag = f"{BASE_IMAGE}:bookworm-{hashlib.sha256(' '.join(DEBOOTSTRAP_PACKAGES).encode()).hexdigest()[:12]}"
+    try:
+        client.images.get(tag)
+        return tag
+    except ImageNotFound:
+        pass
+    debootstrap = require_tool("debootstrap", "debootstrap", say)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="rootfs-", dir=state_dir))
+    archive = root.with_suffix(".tar")
+    try:
+        say(f"debootstrap: Debian bookworm into {root} (about a minute)")
+        _stream([debootstrap, "--variant=minbase", f"--include={','.join(DEBOOTSTRAP_PACKAGES)}",
+                 "bookworm", str(root)], progress)
+        say(f"importing {root} as {tag}")
+        subprocess.run(["tar", "-C", str(root), "-cf", str(archive), "."], check=True, timeout=600)
+        repository, version = tag.split(":")
+        client.api.import_image_from_file(str(archive), repository=repository, tag=version)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        archive.unlink(missing_ok=True)
+    return tag
+
+
+def ensure_wheelhouse(wheels: Path, say: Say) -> Path:
+    """torch and numpy wheels for the offline base's Python, downloaded once by pip here."""
+    if any(wheels.glob("torch-*.whl")) and any(wheels.glob("numpy-*.whl")):
+        return wheels
+    say(f"making the wheelhouse {wheels} with pip ({TORCH}, numpy)")
+    wheels.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
+                           "--python-version", WHEEL_PYTHON, "--dest", str(wheels), TORCH, "numpy"],
+                          capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        tail = [line for line in done.stderr.splitlines() if "ERROR" in line][-1:] or ["see pip's output"]
+        raise EngineError(f"pip download of {TORCH} failed: {tail[0]}")
+    return wheels
+
+
+def _context_files(wheels: Path) -> dict[str, Path]:
+    """Build-context path -> file: the image's own files, the wheels, the rank-side code."""
+    files = {p.name: p for p in sorted(IMAGES_DIR.iterdir()) if p.is_file()}
+    files.update({f"wheels/{p.name}": p for p in sorted(wheels.glob("*.whl"))})
+    files.update({name.removeprefix("code/"): path for name, path in code_uploads().items()})
+    return files
+
+
+def _digest(base_id: str, files: dict[str, Path]) -> str:
+    """A hash of every input: the base image, and each file's path and content (wheels by
+    name and size: their names carry their versions)."""
+    h = hashlib.sha256(f"{base_id} {TORCH}".encode())
+    for name, path in sorted(files.items()):
+        h.update(name.encode())
+        h.update(str(path.stat().st_size).encode() if name.startswith("wheels/") else path.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def _build(client: docker.DockerClient, files: dict[str, Path], tag: str, base: str,
+           progress: Progress) -> None:
+    with tempfile.TemporaryFile() as context:
+        with tarfile.open(fileobj=context, mode="w") as tar:
+            for name, path in files.items():
+                tar.add(str(path), arcname=name)
+        context.seek(0)
+        for chunk in client.api.build(fileobj=context, custom_context=True, tag=tag, rm=True,
+                                      forcerm=True, decode=True,
+                                      buildargs={"BASE": base, "TORCH_VERSION": TORCH_VERSION}):
+            if "error" in chunk:
+                raise EngineError(f"building {tag} failed: {chunk['error'].strip()}")
+            for line in chunk.get("stream", "").splitlines():
+                if line.strip():
+                    progress(line.strip())
+
+
+def _stream(argv: list[str], progress: Progress) -> None:
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "LC_ALL": "C"})
+    assert proc.stdout is not None
+    tail: list[str] = []
+    for line in proc.stdout:
+        tail = (tail + [line.rstrip()])[-5:]
+        progress(line.rstrip())
+    if proc.wait() != 0:
+        raise EngineError(f"{Path(argv[0]).name} failed: {tail[-1] if tail else proc.returncode}")

@@ -1,0 +1,428 @@
+"""The inventory: which hosts the lab runs on, read from an Ansible-style YAML file.
+
+The layout is Ansible's YAML inventory, so an existing Ansible inventory works::
+
+    all:
+      vars: {ansible_user: lab}
+      hosts:
+        h1: {ansible_host: 172.28.0.11}
+      children:
+        gpu:
+          vars: {gpus: 1}
+          hosts:
+            h2: {ansible_host: 10.0.0.2, slots: 2}
+
+Variables inherit as in Ansible: ``all`` vars < parent group vars < child group
+vars < host vars (groups at the same depth apply in name order). Top-level groups
+other than ``all`` are children of ``all``. A group may be listed bare (``gpu:``)
+under another group to make it a child there, and a host bare (``h1:``) to add it
+to one more group; defining the same host or group with content twice is an error.
+
+The file is read as a YAML node tree (``yaml.compose``), not as Python data, so
+every error names its exact line and duplicate keys (which PyYAML silently
+collapses) are caught. Every problem raises ``InventoryError`` (``file:line: ...``).
+"""
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal, get_args
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from lab.errors import InventoryError, UsageError
+
+_STR = "tag:yaml.org,2002:str"
+_INT = "tag:yaml.org,2002:int"
+_BOOL = "tag:yaml.org,2002:bool"
+_NULL = "tag:yaml.org,2002:null"
+_MERGE = "tag:yaml.org,2002:merge"
+
+_DEFAULT_PYTHON = "python3"
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
+_GROUP_KEYS = ("hosts", "vars", "children")
+Connection = Literal["ssh", "local", "docker"]
+_CONNECTIONS: tuple[Connection, ...] = get_args(Connection)
+_AUTO_PYTHON = ("auto", "auto_silent", "auto_legacy", "auto_legacy_silent")  # Ansible's discovery
+_IGNORED = ("ansible_become", "ansible_ssh_common_args", "ansible_ssh_extra_args")
+_PASSWORDS = ("ansible_password", "ansible_ssh_pass")
+_INTS = yaml.constructor.SafeConstructor()
+
+
+@dataclass(frozen=True)
+class Host:
+    """One machine (or container) the lab starts ranks on."""
+
+    name: str
+    address: str  # ansible_host, else the name
+    port: int = 22
+    user: str | None = None
+    key_file: str | None = None  # absolute path
+    known_hosts: str | None = None  # absolute path of the lab's known_hosts file for this host
+    connection: Connection = "ssh"
+    python: str = _DEFAULT_PYTHON
+    slots: int = 1  # ranks on this host
+    gpus: int = 0
+    data_address: str | None = None  # the address peers use for the data plane, if not `address`
+    network_interface: str | None = None  # the NIC for the data plane (GLOO_SOCKET_IFNAME)
+    shared_dir: str | None = None  # a directory every host mounts (NFS...): file:// rendezvous
+    container: str | None = None  # the container name, for connection docker
+    groups: tuple[str, ...] = ()  # every group the host is in, `all` left out, in file order
+    source: str = ""  # "inventory.yaml:12": where the host is defined
+
+    @property
+    def is_local(self) -> bool:
+        return self.connection == "local"
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: str
+    hosts: tuple[Host, ...]  # in file order (first appearance)
+
+    @property
+    def world_size(self) -> int:
+        return sum(host.slots for host in self.hosts)
+
+
+def load_inventory(path: str | os.PathLike[str]) -> Inventory:
+    """Read and check the inventory file at ``path``."""
+    source = os.fspath(path)
+    try:
+        with open(source, "rb") as file:
+            data = file.read()
+    except FileNotFoundError:
+        raise InventoryError(source, None, "file not found") from None
+    except IsADirectoryError:
+        raise InventoryError(source, None, "is a directory, not an inventory file") from None
+    except OSError as err:
+        raise InventoryError(source, None, f"cannot read the file: {err.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise InventoryError(source, line, "the file is not UTF-8 text") from None
+    return parse_inventory(text, source, os.path.dirname(os.path.abspath(source)))
+
+
+def parse_inventory(text: str, source: str, base_dir: str) -> Inventory:
+    """Check inventory ``text``; ``source`` names it in errors, ``base_dir`` anchors relative paths."""
+    root = _compose(text, source)
+    if root is None or _is_null(root):
+        raise InventoryError(source, 1, "the inventory is empty")
+    parser = _Parser(source, base_dir)
+    parser.read(root)
+    hosts = parser.build()
+    if not hosts:
+        raise InventoryError(source, _line(root), "the inventory defines no hosts")
+    return Inventory(source, hosts)
+
+
+def local_inventory(nproc: int, gpus: int = 0) -> Inventory:
+    """An inventory of this machine alone, running ``nproc`` ranks (with ``gpus`` GPUs)."""
+    if nproc < 1:
+        raise UsageError(f"--nproc must be at least 1, got {nproc}")
+    host = Host("local", "127.0.0.1", connection="local", slots=nproc, gpus=gpus, source="<local>")
+    return Inventory("<local>", (host,))
+
+
+def _compose(text: str, source: str) -> Node | None:
+    try:
+        return yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        message = ", ".join(part for part in (err.context, err.problem) if part)
+        raise InventoryError(source, mark.line + 1 if mark else None, f"invalid YAML: {message}") from None
+    except yaml.reader.ReaderError as err:
+        line = text.count("\n", 0, err.position) + 1
+        message = f"invalid YAML: unacceptable character #x{err.character:04x}"
+        raise InventoryError(source, line, message) from None
+
+
+# -- values ---------------------------------------------------------------------------
+
+
+class _Invalid(Exception):
+    """A variable's value is wrong; the parser adds the line."""
+
+
+_Reader = Callable[[str, Node, str], object]  # (key, value node, base dir) -> the Host field's value
+
+
+def _line(node: Node) -> int:
+    return node.start_mark.line + 1
+
+
+def _is_null(node: Node) -> bool:
+    return isinstance(node, ScalarNode) and node.tag == _NULL
+
+
+def _one_line(text: str) -> str:
+    """``text`` for a message: control characters and line breaks escaped, long text cut."""
+    text = "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _shown(node: Node) -> str:
+    """How a value reads in a message: one line, never a Python repr."""
+    if isinstance(node, MappingNode):
+        return "a mapping"
+    if isinstance(node, SequenceNode):
+        return "a list"
+    if node.tag == _NULL and not node.value:
+        return "nothing"
+    text = _one_line(node.value)
+    return f"'{text}'" if node.tag == _STR else text
+
+
+def _text(key: str, node: Node, base_dir: str) -> str:
+    value = node.value.strip() if isinstance(node, ScalarNode) and node.tag not in (_NULL, _BOOL) else ""
+    if not value or "\n" in value:
+        raise _Invalid(f"{key} must be a one-line string, got {_shown(node)}")
+    return value
+
+
+def _host_directory(key: str, node: Node, base_dir: str) -> str:
+    """An absolute directory on the host itself (not resolved here)."""
+    value = _text(key, node, base_dir)
+    if not value.startswith("/"):
+        raise _Invalid(f"{key} must be an absolute path on the host, got {_shown(node)}")
+    return value.rstrip("/") or "/"
+
+
+def _integer(minimum: int, maximum: int | None = None) -> _Reader:
+    wanted = f"an integer >= {minimum}" if maximum is None else f"an integer from {minimum} to {maximum}"
+
+    def read(key: str, node: Node, base_dir: str) -> int:
+        value = _INTS.construct_yaml_int(node) if isinstance(node, ScalarNode) and node.tag == _INT else None
+        if value is None or value < minimum or (maximum is not None and value > maximum):
+            raise _Invalid(f"{key} must be {wanted}, got {_shown(node)}")
+        return value
+
+    return read
+
+
+def _connection(key: str, node: Node, base_dir: str) -> str:
+    value = _text(key, node, base_dir)
+    if value not in _CONNECTIONS:
+        raise _Invalid(f"{key} must be one of {', '.join(_CONNECTIONS)}, got {_shown(node)}")
+    return value
+
+
+def _python(key: str, node: Node, base_dir: str) -> str:
+    value = _text(key, node, base_dir)
+    return _DEFAULT_PYTHON if value in _AUTO_PYTHON else value
+
+
+def _key_file(key: str, node: Node, base_dir: str) -> str:
+    path = os.path.abspath(os.path.join(base_dir, os.path.expanduser(_text(key, node, base_dir))))
+    if not os.path.exists(path):
+        raise _Invalid(f"{key}: {path} does not exist")
+    if not os.path.isfile(path):
+        raise _Invalid(f"{key}: {path} is not a file")
+    return path
+
+
+def _known_hosts_file(key: str, node: Node, base_dir: str) -> str:
+    """A known_hosts path; the file itself may be missing (--accept-new-host-keys creates it)."""
+    path = os.path.abspath(os.path.join(base_dir, os.path.expanduser(_text(key, node, base_dir))))
+    if os.path.isdir(path):
+        raise _Invalid(f"{key}: {path} is a directory, not a file")
+    if not os.path.isdir(os.path.dirname(path)):
+        raise _Invalid(f"{key}: directory {os.path.dirname(path)} does not exist")
+    return path
+
+
+# Each key a host or group may set: the Host field it fills, and how its value is read.
+_VARS: dict[str, tuple[str, _Reader]] = {
+    "ansible_host": ("address", _text),
+    "ansible_port": ("port", _integer(1, 65535)),
+    "ansible_user": ("user", _text),
+    "ansible_ssh_private_key_file": ("key_file", _key_file),
+    "ssh_known_hosts_file": ("known_hosts", _known_hosts_file),
+    "ansible_connection": ("connection", _connection),
+    "ansible_python_interpreter": ("python", _python),
+    "slots": ("slots", _integer(1)),
+    "gpus": ("gpus", _integer(0)),
+    "data_address": ("data_address", _text),
+    "network_interface": ("network_interface", _text),
+    "shared_dir": ("shared_dir", _host_directory),
+    "docker_container": ("container", _text),
+}
+
+
+# -- structure ------------------------------------------------------------------------
+
+
+@dataclass
+class _Entry:
+    """A group or host as read so far."""
+
+    line: int  # where it is defined, else where it first appears
+    parents: dict[str, int] = field(default_factory=dict)  # group it is listed under -> line
+    vars: dict[str, object] = field(default_factory=dict)  # Host field -> value, its own only
+    node: Node | None = None  # the mapping that defines it, once read
+
+
+_Pair = tuple[str, ScalarNode, Node]
+
+
+class _Parser:
+    def __init__(self, source: str, base_dir: str) -> None:
+        self.source = source
+        self.base_dir = base_dir
+        self.groups: dict[str, _Entry] = {"all": _Entry(1)}
+        self.hosts: dict[str, _Entry] = {}
+
+    def error(self, node: Node, message: str) -> InventoryError:
+        return InventoryError(self.source, _line(node), message)
+
+    def read(self, root: Node) -> None:
+        if not isinstance(root, MappingNode):
+            raise self.error(root, f"the inventory must be a mapping of groups such as all:, "
+                                   f"got {_shown(root)}")
+        for name, key, value in self.pairs(root, "the inventory"):
+            if name in _GROUP_KEYS:
+                raise self.error(key, f"'{name}' must be inside a group, e.g. under all:")
+            self.read_group(key, value, None if name == "all" else "all")
+
+    def read_group(self, key: ScalarNode, value: Node, parent: str | None) -> None:
+        if parent is not None and key.value == "all":
+            raise self.error(key, "'all' contains every group; it cannot be a child group")
+        entry = self.enter(self.groups, "group", key, value, parent)
+        if entry is None:
+            return
+        name = key.value
+        for word, word_key, node in self.pairs(value, f"group '{name}'"):
+            if word == "vars":
+                entry.vars = self.read_vars(node, f"vars of group '{name}'")
+            elif word == "hosts":
+                for _, host_key, host_value in self.pairs(node, f"hosts of group '{name}'"):
+                    self.read_host(host_key, host_value, name)
+            elif word == "children":
+                for _, child_key, child_value in self.pairs(node, f"children of group '{name}'"):
+                    self.read_group(child_key, child_value, name)
+            else:
+                hint = "; put variables under vars:" if word in _VARS else ""
+                known = ", ".join(_GROUP_KEYS)
+                raise self.error(word_key, f"unknown key '{_one_line(word)}' (known: {known}{hint})")
+
+    def read_host(self, key: ScalarNode, value: Node, group: str) -> None:
+        entry = self.enter(self.hosts, "host", key, value, group)
+        if entry is not None:
+            entry.vars = self.read_vars(value, f"host '{key.value}'")
+
+    def enter(self, table: dict[str, _Entry], kind: str, key: ScalarNode, value: Node,
+              parent: str | None) -> _Entry | None:
+        """Note ``key`` listed under ``parent``; the entry if ``value`` defines it (first time)."""
+        if key.tag == _BOOL:
+            raise self.error(key, f"{kind} name {key.value} reads as a YAML boolean; quote it")
+        if not _NAME.match(key.value):
+            raise self.error(key, f"invalid {kind} name '{_one_line(key.value)}': "
+                                  "use letters, digits, '.', '-' and '_'")
+        entry = table.setdefault(key.value, _Entry(_line(key)))
+        if parent is not None:
+            entry.parents.setdefault(parent, _line(key))
+        bare = _is_null(value) or (isinstance(value, MappingNode) and not value.value)
+        if bare or entry.node is value:  # a reference, or the same mapping again through an alias
+            return None
+        if entry.node is not None:
+            raise self.error(key, f"duplicate {kind} '{key.value}' (first defined at line {entry.line})")
+        entry.node, entry.line = value, _line(key)
+        return entry
+
+    def read_vars(self, node: Node, what: str) -> dict[str, object]:
+        values: dict[str, object] = {}
+        for name, key, value in self.pairs(node, what):
+            if name in _PASSWORDS:
+                raise self.error(key, "password authentication is not supported; "
+                                      "use ansible_ssh_private_key_file")
+            if name in _IGNORED:
+                continue
+            if name not in _VARS:
+                known = ", ".join([*_VARS, *_IGNORED])
+                raise self.error(key, f"unknown key '{_one_line(name)}' (known: {known})")
+            attribute, read = _VARS[name]
+            try:
+                values[attribute] = read(name, value, self.base_dir)
+            except _Invalid as err:
+                raise self.error(value, str(err)) from None
+        return values
+
+    def pairs(self, node: Node, what: str, merging: tuple[Node, ...] = ()) -> list[_Pair]:
+        """A mapping's (name, key, value) entries; none for an empty value.
+
+        Keys must be unique; ``<<`` merge keys bring in entries the mapping does not set.
+        """
+        if _is_null(node):
+            return []
+        if not isinstance(node, MappingNode):
+            raise self.error(node, f"{what} must be a mapping, got {_shown(node)}")
+        own: dict[str, tuple[ScalarNode, Node]] = {}
+        merged: dict[str, tuple[ScalarNode, Node]] = {}
+        for key, value in node.value:
+            if key.tag == _MERGE:
+                for name, merged_key, merged_value in self.merged(value, (*merging, node)):
+                    merged.setdefault(name, (merged_key, merged_value))
+                continue
+            if not isinstance(key, ScalarNode) or key.tag == _NULL:
+                raise self.error(key, f"a key must be a name, got {_shown(key)}")
+            if key.value in own:
+                first = _line(own[key.value][0])
+                raise self.error(key, f"duplicate key '{_one_line(key.value)}' (first at line {first})")
+            own[key.value] = (key, value)
+        return [(name, key, value) for name, (key, value) in {**merged, **own}.items()]
+
+    def merged(self, value: Node, merging: tuple[Node, ...]) -> Iterator[_Pair]:
+        for mapping in value.value if isinstance(value, SequenceNode) else [value]:
+            if any(mapping is outer for outer in merging):
+                raise self.error(mapping, "a merge (<<) cannot bring in the mapping it is part of")
+            yield from self.pairs(mapping, "a merge (<<) value", merging)
+
+    def build(self) -> tuple[Host, ...]:
+        depths: dict[str, int] = {}
+        for name in self.groups:
+            self.depth(name, depths, ())
+        return tuple(self.host(name, entry, depths) for name, entry in self.hosts.items())
+
+    def depth(self, name: str, depths: dict[str, int], below: tuple[str, ...]) -> int:
+        """How far group ``name`` is from ``all``, by its longest path (Ansible's depth)."""
+        if name not in depths:
+            entry = self.groups[name]
+            for parent, line in entry.parents.items():
+                if parent == name:
+                    raise InventoryError(self.source, line, f"group cycle: '{name}' is listed under itself")
+                if parent in below:
+                    message = f"group cycle: '{name}' is listed under '{parent}', which is under '{name}'"
+                    raise InventoryError(self.source, line, message)
+            parents = (self.depth(parent, depths, (*below, name)) for parent in entry.parents)
+            depths[name] = 1 + max(parents, default=-1)
+        return depths[name]
+
+    def host(self, name: str, entry: _Entry, depths: dict[str, int]) -> Host:
+        groups = self.ancestors(entry)
+        values: dict[str, object] = {}
+        for group in sorted(groups, key=lambda group: (depths[group], group)):
+            values.update(self.groups[group].vars)
+        values.update(entry.vars)
+        values.setdefault("address", name)
+        if values.get("connection") == "docker":
+            values.setdefault("container", name)
+        else:
+            values.pop("container", None)
+        return Host(name=name, **values,  # type: ignore[arg-type]
+                    groups=tuple(group for group in self.groups if group in groups and group != "all"),
+                    source=f"{self.source}:{entry.line}")
+
+    def ancestors(self, entry: _Entry) -> set[str]:
+        found: set[str] = set()
+        todo = list(entry.parents)
+        while todo:
+            group = todo.pop()
+            if group not in found:
+                found.add(group)
+                todo.extend(self.groups[group].parents)
+        return found

@@ -1,0 +1,391 @@
+"""The plan: a pure function from (inventory, options, resources) to what every rank runs.
+
+Nothing here does I/O or imports torch, and ``--dry-run`` prints the result as YAML. What can
+only be known on the hosts is left as a macro, as torchx leaves ``${img_root}``, and the runner
+fills it in host by host (:meth:`Launch.bound`):
+
+* ``${run_dir}``: the run's directory on the host a process runs on, made in that host's own
+  temp directory when the run starts (``Transport.prepare``);
+* ``${port0}``, ``${port1}``...: the rendezvous ports, chosen free and held on rank 0's host for
+  as long as the run lasts (``lab.rank.ports``), so runs from any number of controllers never
+  pick the same port there.
+
+A plan is a list of ranks (host, rank, local rank, device, the rendezvous settings it
+gets), the launches that start them, and a list of stages. The launcher decides the
+launches (see :data:`LAUNCHERS`): ``lab`` starts every rank itself with the settings in
+its environment; ``torchrun`` starts one torchrun per host, which forms a c10d
+rendezvous on rank 0's host and starts that host's ranks; ``spawn`` starts one process
+per host that ``mp.spawn``s the host's ranks, as the tutorials do on one machine. A stage is
+one rendezvous and the exercises that run under it, in
+one process per rank: every "shared" exercise reuses a single process group, so
+``run all`` pays process start-up, the torch import and the rendezvous once, while the
+init-* exercises each form (and destroy) their own group in the same processes.
+"""
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal, get_args
+
+from lab.core.inventory import Host, Inventory
+from lab.errors import UsageError
+from lab.suite.registry import Exercise, Rendezvous
+
+Backend = Literal["gloo", "nccl"]
+InitMethod = Literal["env", "tcp", "file"]
+Launcher = Literal["lab", "torchrun", "spawn"]
+BACKENDS: tuple[Backend, ...] = get_args(Backend)
+INIT_METHODS: tuple[InitMethod, ...] = get_args(InitMethod)
+LAUNCHERS: tuple[Launcher, ...] = get_args(Launcher)
+DEFAULT_TIMEOUT = 60.0
+RUN_DIR = "${run_dir}"
+_MACRO = re.compile(r"\$\{(run_dir|port(\d+))\}")
+
+
+def port_macro(index: int) -> str:
+    """The macro of the ``index``-th port held on rank 0's host for the run."""
+    return f"${{port{index}}}"
+
+
+def bind_macros(text: str, run_dir: str, ports: Sequence[int]) -> str:
+    """``text`` with ``${run_dir}`` and ``${portN}`` filled in."""
+    return _MACRO.sub(lambda m: run_dir if m[1] == "run_dir" else str(ports[int(m[2])]), text)
+
+
+def new_token() -> str:
+    """A run's token: unique per run, it tags the run's event lines and names its directories."""
+    return secrets.token_hex(6)
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the user asked for on the command line."""
+
+    exercises: tuple[Exercise, ...]
+    backend: Backend | None = None  # None: nccl when every rank has its own GPU, else gloo
+    init: InitMethod = "env"
+    timeout: float = DEFAULT_TIMEOUT  # seconds any one step (start-up, rendezvous, an exercise) may take
+    solution: str | None = None  # a .py file run in place of the (single) exercise's program
+    launcher: Launcher = "lab"  # who starts the ranks
+
+
+@dataclass(frozen=True)
+class Stage:
+    rendezvous: Rendezvous  # who forms its group (see lab.suite.registry)
+    init: InitMethod | Literal["none"]  # the method this stage's group uses
+    init_method: str | None  # the init_method string, e.g. "tcp://10.0.0.1:${port1}"
+    addr: str | None
+    port: str | None  # a port macro (``${portN}``)
+    path: str | None
+    exercises: tuple[dict[str, str], ...]  # ({"name": ..., "program": ...}, ...)
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    rank: int
+    local_rank: int
+    host: str
+    device: str
+    env: dict[str, str] = field(hash=False)  # the rendezvous settings injected into this rank
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One process the lab starts on a host: a rank (launcher ``lab``), or the host's launcher
+    (``torchrun``, ``spawn``) that starts the host's ranks itself."""
+
+    host: str
+    ranks: tuple[int, ...]  # the ranks it carries as planned (torchrun numbers them itself: see the runner)
+    args: tuple[str, ...]  # the command after the host's python
+    env: dict[str, str] = field(hash=False)  # what the lab puts in its environment
+
+    def bound(self, run_dir: str, ports: Sequence[int]) -> Launch:
+        """This launch as it starts on its host: the macros filled in."""
+        return replace(self, args=tuple(bind_macros(a, run_dir, ports) for a in self.args),
+                       env={k: bind_macros(v, run_dir, ports) for k, v in self.env.items()})
+
+
+@dataclass(frozen=True)
+class Plan:
+    world_size: int
+    backend: Backend
+    init: InitMethod
+    master_addr: str
+    master_port: str | None  # a port macro: the store's (or torchrun's c10d rendezvous) port
+    timeout: float
+    token: str
+    hosts: tuple[Host, ...]
+    ranks: tuple[RankSpec, ...]
+    stages: tuple[Stage, ...]
+    uploads: dict[str, str] = field(default_factory=dict, hash=False)  # run-dir path -> local file
+    shared_run_dir: str | None = None  # the run's directory in the hosts' shared_dir, if any
+    script: tuple[str, ...] = ()  # lab launch: the user's script (in the run dir) and its args
+    launcher: Launcher = "lab"
+    rdzv_endpoint: str | None = None  # torchrun: ADDR:PORT of the c10d rendezvous
+    port_count: int = 0  # ports to hold on rank 0's host (``${port0}``...)
+
+    @property
+    def run_name(self) -> str:
+        """The name of the run's directory, made in each host's own temp directory."""
+        return f"lab-run-{self.token}"
+
+    @property
+    def code_dir(self) -> str:
+        """Where the lab's own code lies on every host: each run carries its own copy."""
+        return f"{RUN_DIR}/code"
+
+    @property
+    def exercise_names(self) -> tuple[str, ...]:
+        return tuple(e["name"] for s in self.stages for e in s.exercises)
+
+    def rank_plan(self) -> dict[str, Any]:
+        """The instructions every worker reads from LAB_RANK_PLAN."""
+        return {"token": self.token, "backend": self.backend, "timeout": self.timeout,
+                "stages": [asdict(s) for s in self.stages]}
+
+    @property
+    def program(self) -> tuple[str, ...]:
+        """What every rank runs: the lab's worker, or (lab launch) the user's script."""
+        return ("-m", "lab.rank.script", *self.script) if self.script else ("-m", "lab.rank.worker")
+
+    def launches(self) -> tuple[Launch, ...]:
+        """The processes to start: one per rank (``lab``) or one per host (``torchrun``, ``spawn``)."""
+        common = {"PYTHONPATH": self.code_dir, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+                  "LAB_TOKEN": self.token}
+        if not self.script:
+            common["LAB_RANK_PLAN"] = json.dumps(self.rank_plan())
+        if self.launcher == "lab":
+            return tuple(Launch(r.host, (r.rank,), self.program, {**r.env, **common})
+                         for r in self.ranks)
+        launches = []
+        for node_rank, host in enumerate(self.hosts):
+            ranks = tuple(r.rank for r in self.ranks if r.host == host.name)
+            env = {**common, **interface_env(host), "LAB_TAG_OUTPUT": "1"}
+            args: tuple[str, ...]
+            if self.launcher == "torchrun":
+                args = ("-m", "lab.rank.node", "torchrun", "--nnodes", str(len(self.hosts)),
+                        "--nproc-per-node", str(host.slots), "--node-rank", str(node_rank),
+                        "--rdzv-backend", "c10d", "--rdzv-endpoint", str(self.rdzv_endpoint),
+                        "--rdzv-id", self.token, "--local-addr", data_address(host), "--max-restarts", "0")
+            else:
+                first = self.ranks[ranks[0]].env
+                env.update({k: first[k] for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+                            if k in first})
+                args = ("-m", "lab.rank.node", "spawn", "--nprocs", str(host.slots), "--first-rank", str(ranks[0]))
+            launches.append(Launch(host.name, ranks, (*args, *self.program), env))
+        return tuple(launches)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for ``--dry-run`` (YAML) and ``--json``."""
+        return {
+            "world_size": self.world_size, "backend": self.backend, "init": self.init,
+            "launcher": self.launcher, "master_addr": self.master_addr, "master_port": self.master_port,
+            **({"rdzv_endpoint": self.rdzv_endpoint} if self.rdzv_endpoint else {}),
+            "timeout": self.timeout, "run_dir": f"{RUN_DIR} = <each host's temp dir>/{self.run_name}",
+            **({"ports": f"{', '.join(port_macro(i) for i in range(self.port_count))}: chosen free and "
+                         f"held on {self.hosts[0].name} when the run starts"} if self.port_count else {}),
+            "hosts": [{"name": h.name, "address": h.address, "connection": h.connection,
+                       "slots": h.slots, "gpus": h.gpus} for h in self.hosts],
+            "ranks": [{"rank": r.rank, "local_rank": r.local_rank, "host": r.host,
+                       "device": r.device, "env": dict(r.env)} for r in self.ranks],
+            "launches": [{"host": launch.host, "ranks": list(launch.ranks), "command": ["python", *launch.args]}
+                         for launch in self.launches()],
+            "stages": [{"rendezvous": s.rendezvous, "init_method": s.init_method,
+                        "exercises": [e["name"] for e in s.exercises]} for s in self.stages],
+        }
+
+
+def interface_env(host: Host) -> dict[str, str]:
+    """The data-plane interface settings a rank on ``host`` gets from the inventory."""
+    if not host.network_interface:
+        return {}
+    return {"GLOO_SOCKET_IFNAME": host.network_interface, "NCCL_SOCKET_IFNAME": host.network_interface}
+
+
+def default_backend(hosts: Sequence[Host]) -> Backend:
+    """nccl only when every rank has its own GPU, else gloo."""
+    return "nccl" if all(h.gpus >= h.slots for h in hosts) else "gloo"
+
+
+def data_address(host: Host) -> str:
+    """The address peers use to reach ``host``; local hosts are on loopback."""
+    if host.is_local:
+        return "127.0.0.1"
+    return host.data_address or host.address
+
+
+def shared_run_dir(hosts: Sequence[Host], run_name: str) -> str | None:
+    """Where file:// rendezvous files go so that every rank sees them: the run directory
+    when every host is this machine, else the run's directory in the ``shared_dir`` all
+    hosts mount. None when there is none: the rank-side check then says so."""
+    if all(h.is_local for h in hosts):
+        return None
+    dirs = {h.shared_dir for h in hosts}
+    if len(dirs) != 1 or None in dirs:
+        return None
+    return f"{dirs.pop()}/{run_name}"
+
+
+def placement_order(hosts: Sequence[Host], launcher: str) -> tuple[Host, ...]:
+    """The hosts in the order their ranks are numbered. torchrun's c10d rendezvous numbers the
+    nodes itself, in the sorted order of their addresses (``--local-addr``, then the agent's
+    pid), so that is the order here; the runner learns the real placement from each rank."""
+    if launcher == "torchrun":
+        return tuple(sorted(hosts, key=data_address))
+    return tuple(hosts)
+
+
+class _PortMacros:
+    """Hands out ``${port0}``, ``${port1}``... in order; ``count`` says how many it gave."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def take(self) -> str:
+        self.count += 1
+        return port_macro(self.count - 1)
+
+
+def build_plan(inventory: Inventory, options: Options, token: str | None = None) -> Plan:
+    """Lay the ranks out over the hosts and the exercises over rendezvous stages (``token``:
+    the run's, else a new one)."""
+    hosts = inventory.hosts
+    if not hosts:
+        raise UsageError(f"{inventory.path}: no hosts")
+    if options.init not in INIT_METHODS:
+        raise UsageError(f"--init must be one of {', '.join(INIT_METHODS)}, got {options.init!r}")
+    _check_launcher(options.launcher)
+    if options.launcher == "torchrun" and options.init != "env":
+        raise UsageError("with --launcher torchrun, torchrun forms the process group (env://): "
+                         "--init tcp and file need --launcher lab or spawn")
+    backend = options.backend or default_backend(hosts)
+    if backend not in BACKENDS:
+        raise UsageError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "nccl":
+        for h in hosts:
+            if h.gpus < h.slots:
+                raise UsageError(f"host {h.name}: nccl needs one GPU per rank, but it has "
+                                 f"{h.gpus} GPU(s) for {h.slots} slot(s); use --backend gloo")
+    if options.solution and len(options.exercises) != 1:
+        raise UsageError("--solution replaces one exercise's program: name exactly one exercise")
+    if not options.exercises:
+        raise UsageError("no exercise to run")
+    for exercise in options.exercises:
+        if inventory.world_size < exercise.min_ranks:
+            raise UsageError(f"{exercise.name} needs at least {exercise.min_ranks} ranks; "
+                             f"this cluster has {inventory.world_size}")
+
+    hosts = placement_order(hosts, options.launcher)
+    master = data_address(hosts[0])
+    token = token or new_token()
+    run_name = f"lab-run-{token}"
+    ports = _PortMacros()
+    rdzv_port = ports.take() if options.launcher == "torchrun" else None
+    uploads = {}
+    program = None  # the solution as every host sees it: copied into the run directory
+    if options.solution:
+        relative = f"solution/{options.solution.rsplit('/', 1)[-1]}"
+        uploads[relative] = options.solution
+        program = f"{RUN_DIR}/{relative}"
+    shared = shared_run_dir(hosts, run_name)
+    stages = tuple(_stage(kind, exs, master, ports, shared or RUN_DIR, program)
+                   for kind, exs in _group_by_stage(options))
+    master_port = rdzv_port or next((s.port for s in stages if s.port is not None), None)
+
+    ranks = _lay_out_ranks(hosts, master, master_port, backend, options.launcher)
+    return Plan(world_size=inventory.world_size, backend=backend, init=options.init,
+                master_addr=master, master_port=master_port, timeout=options.timeout,
+                token=token, hosts=hosts, ranks=tuple(ranks), stages=stages, uploads=uploads,
+                shared_run_dir=shared, launcher=options.launcher,
+                rdzv_endpoint=_endpoint(master, rdzv_port), port_count=ports.count)
+
+
+def _check_launcher(launcher: str) -> None:
+    if launcher not in LAUNCHERS:
+        raise UsageError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+
+
+def _endpoint(addr: str, port: str | None) -> str | None:
+    return None if port is None else f"{_bracket(addr)}:{port}"
+
+
+def _lay_out_ranks(hosts: Sequence[Host], master: str, master_port: str | None, backend: Backend,
+                   launcher: Launcher) -> tuple[RankSpec, ...]:
+    """Ranks host by host, each with the rendezvous settings it gets: from the lab (``lab``), from
+    the host's ``mp.spawn`` (``spawn``), or from torchrun, which also picks MASTER_PORT."""
+    world_size = sum(h.slots for h in hosts)
+    ranks: list[RankSpec] = []
+    for host in hosts:
+        for local_rank in range(host.slots):
+            rank = len(ranks)
+            env = {"MASTER_ADDR": master, "RANK": str(rank), "WORLD_SIZE": str(world_size),
+                   "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(host.slots)}
+            if master_port is not None and launcher != "torchrun":
+                env["MASTER_PORT"] = master_port
+            env.update(interface_env(host))
+            device = f"cuda:{local_rank}" if backend == "nccl" else "cpu"
+            ranks.append(RankSpec(rank, local_rank, host.name, device, env))
+    return tuple(ranks)
+
+
+def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], timeout: float,
+                      launcher: Launcher = "lab", token: str | None = None) -> Plan:
+    """``lab launch``: the user's script on every rank, the rendezvous in its environment
+    (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE), set by the launcher."""
+    if not inventory.hosts:
+        raise UsageError(f"{inventory.path}: no hosts")
+    _check_launcher(launcher)
+    hosts = placement_order(inventory.hosts, launcher)
+    master = data_address(hosts[0])
+    port = port_macro(0)
+    backend = default_backend(hosts)
+    relative = f"script/{script.rsplit('/', 1)[-1]}"
+    return Plan(world_size=inventory.world_size, backend=backend, init="env",
+                master_addr=master, master_port=port, timeout=timeout, token=token or new_token(), hosts=hosts,
+                ranks=_lay_out_ranks(hosts, master, port, backend, launcher),
+                stages=(), uploads={relative: script}, script=(f"{RUN_DIR}/{relative}", *args),
+                launcher=launcher, rdzv_endpoint=_endpoint(master, port) if launcher == "torchrun" else None,
+                port_count=1)
+
+
+StageKind = Literal["none", "torchrun", "env", "tcp", "file"]  # who forms the stage's group, and how
+
+
+def _group_by_stage(options: Options) -> list[tuple[StageKind, list[Exercise]]]:
+    """Stages in a fixed order: no-group first (it may fork), then the shared group,
+    then each exercise that forms its own group."""
+    none = [e for e in options.exercises if e.rendezvous == "none"]
+    shared = [e for e in options.exercises if e.rendezvous == "shared"]
+    own = [(e.rendezvous, e) for e in options.exercises if e.rendezvous != "none" and e.rendezvous != "shared"]
+    groups: list[tuple[StageKind, list[Exercise]]] = []
+    if none:
+        groups.append(("none", none))
+    if shared:  # the shared group uses --init, or torchrun's own rendezvous
+        groups.append(("torchrun" if options.launcher == "torchrun" else options.init, shared))
+    groups.extend((kind, [e]) for kind, e in own)
+    return groups
+
+
+def _stage(kind: StageKind, exercises: list[Exercise], master: str, ports: _PortMacros, files_dir: str,
+           solution: str | None) -> Stage:
+    shared = exercises[0].rendezvous == "shared"
+    refs = tuple({"name": e.name, "program": solution, "reference": e.program} if solution else
+                 {"name": e.name, "program": e.program} for e in exercises)
+    if kind == "none":
+        return Stage("none", "none", None, None, None, None, refs)
+    if kind == "torchrun":  # MASTER_ADDR and MASTER_PORT are torchrun's: the stage names none
+        return Stage("shared", "env", "env://", None, None, None, refs)
+    rendezvous: Rendezvous = "shared" if shared else kind
+    if kind == "file":
+        path = f"{files_dir}/rendezvous-{'shared' if shared else exercises[0].name}"
+        return Stage(rendezvous, "file", f"file://{path}", None, None, path, refs)
+    port = ports.take()
+    init_method = "env://" if kind == "env" else f"tcp://{_bracket(master)}:{port}"
+    return Stage(rendezvous, kind, init_method, master, port, None, refs)
+
+
+def _bracket(addr: str) -> str:
+    return f"[{addr}]" if ":" in addr else addr

@@ -1,0 +1,138 @@
+"""Report: what a person (or a program, with --json) sees of a run."""
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+from lab.core.judge import ExerciseReport
+from lab.core.runner import LaunchState, RankState, RunOutcome
+
+RANK_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta", "bright_green")
+STATUS_STYLES = {"pass": "bold green", "fail": "bold red", "timeout": "bold red", "not run": "yellow"}
+TAIL_SHOWN = 12
+MISMATCHES_SHOWN = 5
+
+
+class LineStreamer:
+    """Prints each rank's output as it comes, prefixed with host and rank (or, for a host's
+    launcher's own lines, host and launcher)."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def __call__(self, state: RankState | LaunchState, stream: str, line: str) -> None:
+        style = RANK_STYLES[state.color % len(RANK_STYLES)]
+        text = Text(f"[{state.label}] ", style=style)
+        text.append(line, style="red" if stream == "err" else "")
+        self.console.print(text, soft_wrap=True, highlight=False)
+
+
+def print_report(console: Console, outcome: RunOutcome, reports: list[ExerciseReport]) -> None:
+    console.print()
+    width = max(len(r.name) for r in reports) if reports else 0
+    for r in reports:
+        line = Text(f"{r.status.upper():8}", style=STATUS_STYLES[r.status])
+        line.append(f"{r.name:{width}}  {_seconds(r.seconds):>8}")
+        if not r.passed and r.reason:
+            line.append(f"  {r.reason}", style="dim" if r.status == "not run" else "")
+        console.print(line, soft_wrap=True, highlight=False)
+        for note in r.notes:
+            console.print(Text(f"{'':8}note: {note}", style="yellow"), soft_wrap=True, highlight=False)
+    for r in reports:
+        if r.status in ("fail", "timeout"):
+            _print_failure(console, outcome, r)
+    console.print(Text(summary(outcome, reports), style="bold"), highlight=False)
+
+
+def _print_failure(console: Console, outcome: RunOutcome, r: ExerciseReport) -> None:
+    console.print()
+    console.print(Text(f"{r.status.upper()} {r.name}: {r.reason}", style=STATUS_STYLES[r.status]),
+                  soft_wrap=True, highlight=False)
+    if len(r.mismatches) > 1:
+        for m in r.mismatches[:MISMATCHES_SHOWN]:
+            console.print(f"  {m}", soft_wrap=True, highlight=False, markup=False)
+        if len(r.mismatches) > MISMATCHES_SHOWN:
+            console.print(f"  ... {len(r.mismatches) - MISMATCHES_SHOWN} more", markup=False)
+    for rank in r.ranks[:2]:
+        state = outcome.ranks[rank]
+        lines = list(state.tail)[-TAIL_SHOWN:]
+        if rank in r.details and r.details[rank]:
+            lines = r.details[rank].rstrip().splitlines()[-TAIL_SHOWN:]
+        if lines:
+            console.print(Text(f"  last lines of rank {rank} ({state.spec.host}):", style="dim"))
+            for line in lines:
+                console.print(f"  | {line}", soft_wrap=True, highlight=False, markup=False)
+
+
+def summary(outcome: RunOutcome, reports: list[ExerciseReport]) -> str:
+    counts = {s: sum(r.status == s for r in reports) for s in ("pass", "fail", "timeout", "not run")}
+    parts = [f"{counts['pass']} passed", f"{counts['fail']} failed"]
+    parts += [f"{counts[s]} {s}" for s in ("timeout", "not run") if counts[s]]
+    plan = outcome.plan
+    extra = "" if outcome.status in ("completed", "timeout") else f", {outcome.status}"
+    return (f"{', '.join(parts)} in {outcome.seconds:.1f}s (world size {plan.world_size}, "
+            f"{plan.backend}, init {plan.init}{extra})")
+
+
+def to_json(outcome: RunOutcome, reports: list[ExerciseReport], exit_code: int) -> dict[str, Any]:
+    return {
+        "passed": all(r.passed for r in reports),
+        "exit_code": exit_code,
+        "status": outcome.status,
+        "seconds": round(outcome.seconds, 3),
+        "ports": list(outcome.ports),  # held on rank 0's host for the run: ${port0}, ${port1}...
+        "plan": {k: v for k, v in outcome.plan.to_dict().items() if k not in ("ranks", "launches", "run_dir")},
+        "exercises": [{
+            "name": r.name, "status": r.status, "seconds": r.seconds, "reason": r.reason,
+            "ranks": list(r.ranks), "notes": list(r.notes),
+            "mismatches": [{"rank": m.rank, "what": m.what, "expected": m.expected, "got": m.got}
+                           for m in r.mismatches],
+        } for r in reports],
+        "ranks": [{"rank": s.spec.rank, "host": s.spec.host, "hostname": s.info.get("hostname"),
+                   "pid": s.info.get("pid"), "exit_code": s.exit_code,
+                   "step": s.step, "stopped_at": s.stopped_at, "fatal": s.fatal,
+                   "torch": s.info.get("torch")} for s in outcome.ranks],
+    }
+
+
+def to_junit(outcome: RunOutcome, reports: list[ExerciseReport], suite_name: str = "lab") -> bytes:
+    """JUnit XML: one test case per exercise, so any CI can show a class's submissions.
+
+    A failed check is a <failure> (the reason, then the mismatches); a hang is an <error>;
+    an exercise that never ran is <skipped>. The failing ranks' last lines go to system-out.
+    """
+    plan = outcome.plan
+    counts = {"failures": sum(r.status == "fail" for r in reports),
+              "errors": sum(r.status == "timeout" for r in reports),
+              "skipped": sum(r.status == "not run" for r in reports)}
+    root = ET.Element("testsuites")
+    suite = ET.SubElement(root, "testsuite", name=suite_name, tests=str(len(reports)),
+                          attrib={"time": f"{outcome.seconds:.3f}", **{k: str(v) for k, v in counts.items()}})
+    properties = ET.SubElement(suite, "properties")
+    for key in ("world_size", "backend", "init"):
+        ET.SubElement(properties, "property", name=key, value=str(getattr(plan, key)))
+    for r in reports:
+        case = ET.SubElement(suite, "testcase", classname=f"{suite_name}.{plan.backend}", name=r.name,
+                             time=f"{r.seconds or 0.0:.3f}")
+        if r.status == "fail":
+            ET.SubElement(case, "failure", message=r.reason, type="CheckFailed").text = \
+                "\n".join([r.reason, *map(str, r.mismatches), *(f"note: {n}" for n in r.notes)])
+        elif r.status == "timeout":
+            ET.SubElement(case, "error", message=r.reason, type="Timeout").text = r.reason
+        elif r.status == "not run":
+            ET.SubElement(case, "skipped", message=r.reason)
+        if not r.passed:
+            tails = [f"--- rank {rank} ({outcome.ranks[rank].spec.host})\n" + "\n".join(list(tail)[-TAIL_SHOWN:])
+                     for rank in r.ranks if rank < len(outcome.ranks) and (tail := outcome.ranks[rank].tail)]
+            if tails:
+                ET.SubElement(case, "system-out").text = "\n".join(tails)
+    ET.indent(root)
+    data: bytes = ET.tostring(root, encoding="utf-8", xml_declaration=True)
+    return data
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}s"

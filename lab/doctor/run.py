@@ -1,0 +1,262 @@
+"""``python -m lab doctor``: can this cluster run a job, and if not, why and what to do.
+
+:func:`diagnose` starts one probe (:mod:`lab.rank.probe`) per host through the host's
+transport, all at once, and drives them in two phases. Phase 1: every probe reports its
+facts (versions, name resolution, interfaces, the addresses gloo and NCCL will
+advertise) and keeps a listener open. Phase 2: the controller sends each probe its
+targets, MASTER_ADDR and every peer's advertised address (and its data_address where
+that differs), and every probe connects to all of them at once, so the all-pairs check
+takes about as long as the slowest pair. Listeners tell each connecting host the source
+address they saw, which is how NAT shows. Every wait is bounded; nothing is left
+running on any host.
+
+What the probes said goes to :mod:`lab.doctor.rules` , which
+turns it into findings; :func:`explain_hang` gives a run that timed out the likely network
+cause in a few lines.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from lab.core.inventory import Host, Inventory
+from lab.core.plan import data_address, interface_env, new_token
+from lab.doctor.model import (
+    Diagnosis,
+    HostReport,
+    Master,
+    Runtime,
+    facts_from,
+    link_from,
+)
+from lab.doctor.rules import analyse, hang_causes
+from lab.errors import HostUnreachable
+from lab.rank.probe import (
+    PROBE_VAR,
+    Lookup,
+    Target,
+)
+from lab.rank.protocol import MalformedEvent, parse_event
+from lab.transport import (
+    RankProcess,
+    code_uploads,
+    for_each_host,
+    release,
+    transport_for,
+)
+from lab.transport.ssh import SSHSettings
+
+log = logging.getLogger(__name__)
+
+FACTS_GRACE = 20.0  # seconds, on top of its lookups' timeouts, for a probe to start and report its facts
+RUNTIME_WAIT = 60.0  # seconds for torch to import on a host
+LINKS_GRACE = 5.0  # seconds, on top of the connections' timeouts, for a probe to report them
+STDERR_KEPT = 20  # lines of a probe's stderr kept for the reason it failed
+PROBE_FILES = ("code/lab/__init__.py", "code/lab/rank/__init__.py", "code/lab/rank/probe.py",
+               "code/lab/rank/protocol.py")
+
+
+class _ProbeRun:
+    """One host's probe process: its events as they come, and the end of its stderr."""
+
+    def __init__(self, name: str, process: RankProcess, token: str) -> None:
+        self.name, self.process = name, process
+        self.started = time.monotonic()
+        self.events: dict[str, dict[str, Any]] = {}
+        self.stderr: deque[str] = deque(maxlen=STDERR_KEPT)
+        self._token = token
+        self._ended = False
+        self._changed = threading.Condition()
+        threading.Thread(target=self._read_events, name=f"lab-doctor-{name}-out", daemon=True).start()
+        threading.Thread(target=self._read_stderr, name=f"lab-doctor-{name}-err", daemon=True).start()
+
+    def _read_events(self) -> None:
+        try:
+            for raw in iter(self.process.stdout.readline, b""):
+                line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                event = parse_event(line, self._token)
+                if event is None:
+                    log.debug("%s: %s", self.name, line)
+                    continue
+                with self._changed:
+                    self.events[event.pop("event")] = event
+                    self._changed.notify_all()
+        except (OSError, MalformedEvent) as exc:
+            log.debug("%s: reading the probe: %s", self.name, exc)
+        finally:
+            with self._changed:
+                self._ended = True
+                self._changed.notify_all()
+
+    def _read_stderr(self) -> None:
+        try:
+            for raw in iter(self.process.stderr.readline, b""):
+                self.stderr.append(raw.decode("utf-8", "replace").rstrip())
+        except (OSError, ValueError):
+            pass
+
+    def wait(self, event: str, deadline: float) -> dict[str, Any] | None:
+        """The event's fields once it came; None if the probe ended or the deadline passed first."""
+        with self._changed:
+            self._changed.wait_for(lambda: event in self.events or self._ended,
+                                   timeout=max(0.0, deadline - time.monotonic()))
+            return self.events.get(event)
+
+    def silence(self, what: str, waited: float) -> str:
+        """Why the probe did not report ``what``: its last stderr line, or how long it was waited for."""
+        last = next((line for line in reversed(self.stderr) if line.strip()), None)
+        if last is not None:
+            return f"the probe did not report its {what}: {last}"
+        return f"the probe did not report its {what} within {waited:g}s"
+
+
+def diagnose(inventory: Inventory, ssh: SSHSettings | None = None, master_port: int | None = None,
+             timeout: float = 5.0) -> Diagnosis:
+    """Check every host of ``inventory`` and every pair of them; pure data, no printing.
+
+    ``timeout`` bounds each network operation of the probes (a connection, its handshake,
+    a name lookup); SSH logins are bounded by ``ssh.connect_timeout``. ``master_port``
+    is the MASTER_PORT to try on rank 0's host (default: any free port). Never raises
+    for a host problem: an unreachable host or a failed probe is in the result. Every
+    probe is stopped and its files removed before it returns.
+    """
+    started = time.monotonic()
+    hosts = {h.name: h for h in inventory.hosts}
+    first = inventory.hosts[0]
+    master = Master(first.name, data_address(first), None, master_port)
+    token = new_token()
+    uploads = {rel: path for rel, path in code_uploads().items() if rel in PROBE_FILES}
+    lifetime = 4 * timeout + FACTS_GRACE + RUNTIME_WAIT + LINKS_GRACE
+    transports = {name: transport_for(h, ssh) for name, h in hosts.items()}
+    reports = {name: HostReport(h) for name, h in hosts.items()}
+    probes: dict[str, _ProbeRun] = {}
+    seconds: dict[str, float] = {}
+
+    def launch(host: Host) -> None:
+        transport = transports[host.name]
+        run_dir = transport.prepare(f"lab-doctor-{token}", uploads)
+        spec = {"token": token, "name": host.name, "timeout": timeout, "lifetime": lifetime,
+                "master_addr": master.address, "master_port": master_port if host is first else None,
+                "lookup_peers": host is first}
+        env = {"PYTHONPATH": f"{run_dir}/code", "PYTHONUNBUFFERED": "1", PROBE_VAR: json.dumps(spec),
+               **interface_env(host)}
+        process = transport.start(transport.module_argv("lab.rank.probe"), env, run_dir)
+        probes[host.name] = _ProbeRun(host.name, process, token)  # recorded at once: `finally` stops it
+
+    try:
+        for name, outcome in for_each_host(hosts, launch).items():
+            if isinstance(outcome, HostUnreachable):
+                reports[name].unreachable = str(outcome)
+            elif isinstance(outcome, Exception):
+                reports[name].failure = f"cannot start the probe: {outcome}"
+        seconds["start"] = time.monotonic() - started
+        _gather_facts(probes, reports, timeout)
+        seconds["facts"] = time.monotonic() - started - seconds["start"]
+        master = _master_endpoint(master, reports[first.name])
+        mesh_started = time.monotonic()
+        _connect_all(probes, reports, plan_targets(list(reports.values()), master), timeout)
+        seconds["mesh"] = time.monotonic() - mesh_started
+        _gather_runtime(probes, reports)
+        for probe in probes.values():
+            probe.process.close_stdin()  # the end of phase 2: each probe closes its listeners and exits
+        _gather_heard(probes.get(first.name), reports[first.name], timeout)
+    finally:
+        for_each_host(probes, lambda probe: probe.process.kill())
+        for_each_host(transports, release)
+    seconds["total"] = time.monotonic() - started
+    ordered = tuple(reports[name] for name in hosts)
+    return Diagnosis(ordered, master, tuple(analyse(ordered, master)), seconds)
+
+
+def _gather_facts(probes: dict[str, _ProbeRun], reports: dict[str, HostReport], timeout: float) -> None:
+    for name, probe in probes.items():
+        waited = 2 * timeout + FACTS_GRACE
+        data = probe.wait("facts", probe.started + waited)
+        if data is None:
+            reports[name].failure = probe.silence("facts", waited)
+            continue
+        try:
+            reports[name].facts = facts_from(data)
+        except (KeyError, TypeError) as exc:
+            reports[name].failure = f"the probe's facts are unreadable: {exc!r}"
+
+
+def _master_endpoint(master: Master, report: HostReport) -> Master:
+    """The port every host tries for MASTER_ADDR: MASTER_PORT where rank 0's host could
+    listen on it, else its probe's own listener."""
+    if report.facts is None:
+        return master
+    return Master(master.host, master.address, report.facts.master_port or report.facts.port, master.requested_port)
+
+
+def plan_targets(reports: Sequence[HostReport], master: Master) -> dict[str, list[Target]]:
+    """What each host (with facts) connects to: MASTER_ADDR, every other host's advertised
+    address (its own too when it runs several ranks: they connect to each other through
+    it), and a peer's data_address where that differs from what it advertises."""
+    ready = [r for r in reports if r.facts is not None]
+    plans: dict[str, list[Target]] = {}
+    for source in ready:
+        targets = [Target("master", master.host, master.address, master.port)] if master.port else []
+        for peer in ready:
+            assert peer.facts is not None
+            if peer is source and peer.host.slots < 2:
+                continue
+            advertised = peer.facts.gloo.address
+            if advertised:
+                targets.append(Target("mesh", peer.name, advertised, peer.facts.port))
+            data = data_address(peer.host)
+            if data != advertised and peer is not source:
+                targets.append(Target("data", peer.name, data, peer.facts.port))
+        plans[source.name] = targets
+    return plans
+
+
+def _connect_all(probes: dict[str, _ProbeRun], reports: dict[str, HostReport],
+                 plans: dict[str, list[Target]], timeout: float) -> None:
+    sent: dict[str, float] = {}
+    for name, targets in plans.items():
+        try:
+            probes[name].process.send(json.dumps({"targets": [asdict(t) for t in targets]}).encode() + b"\n")
+            sent[name] = time.monotonic()
+        except (OSError, EOFError) as exc:
+            reports[name].failure = f"the probe stopped before phase 2: {exc}"
+    waited = 2 * timeout + LINKS_GRACE
+    for name, at in sent.items():
+        data = probes[name].wait("links", at + waited)
+        if data is None:
+            reports[name].failure = probes[name].silence("connections", waited)
+            continue
+        reports[name].links = tuple(link_from(link) for link in data["links"])
+
+
+def _gather_runtime(probes: dict[str, _ProbeRun], reports: dict[str, HostReport]) -> None:
+    for name, probe in probes.items():
+        if reports[name].facts is None:
+            continue
+        data = probe.wait("runtime", probe.started + RUNTIME_WAIT)
+        reports[name].runtime = Runtime(**data) if data is not None else Runtime(
+            None, f"torch did not answer within {RUNTIME_WAIT:g}s")
+
+
+def _gather_heard(probe: _ProbeRun | None, report: HostReport, timeout: float) -> None:
+    """The reverse lookups MASTER_ADDR's host made of its peers, once its stdin is closed."""
+    if probe is None:
+        return
+    data = probe.wait("heard", time.monotonic() + timeout + LINKS_GRACE)
+    if data is not None:
+        report.heard = tuple(Lookup(**{**lookup, "answer": tuple(lookup["answer"])}) for lookup in data["lookups"])
+
+
+def explain_hang(inventory: Inventory, ssh: SSHSettings | None = None, master_port: int | None = None,
+                 timeout: float = 5.0) -> list[str]:
+    """After a run timed out in its rendezvous or first collective: :func:`diagnose` the
+    cluster (the run's ranks must be gone: ``master_port`` is tried again) and return the
+    likely causes as short lines; one line saying the network is fine when it is."""
+    return hang_causes(diagnose(inventory, ssh, master_port, timeout))
+

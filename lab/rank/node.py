@@ -1,0 +1,115 @@
+"""``python -m lab.rank.node torchrun|spawn ...``: the one process per host of ``--launcher torchrun``
+and ``--launcher spawn``, which starts that host's ranks itself.
+
+* ``torchrun ARGS``: torchrun as ``python -m torch.distributed.run ARGS`` would run it, in this
+  process. Its agent joins the c10d rendezvous, then starts the ranks, each in a session of its
+  own, with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR and
+  MASTER_PORT set. The ranks inherit this process's standard input, so each one stops itself
+  when the controller goes away (see ``lab.rank.worker.stop_when_orphaned``).
+* ``spawn --nprocs N --first-rank F PROGRAM``: ``torch.multiprocessing.spawn`` of N ranks, as the
+  tutorials start theirs on one machine. Rank ``F + i`` gets RANK and LOCAL_RANK here; the lab
+  gives this process MASTER_ADDR, MASTER_PORT, WORLD_SIZE and LOCAL_WORLD_SIZE. The ranks stay
+  in this process group, which stops as a whole when the controller goes away.
+
+PROGRAM is ``-m MODULE ARGS`` (the lab's worker or launcher), as torchrun takes it.
+
+SIGUSR1 (the lab asks a hung run for its stacks) must not end this process: it is passed on to
+torchrun's ranks, whose sessions the lab's signal to this group does not reach; spawned ranks
+are in this group and get it anyway.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import signal
+import sys
+from pathlib import Path
+
+from lab.rank.protocol import emit
+from lab.rank.worker import WATCHED_BY_PARENT, stop_when_orphaned
+
+
+def children(pid: int) -> list[int]:
+    """The pids whose parent is ``pid`` (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _forward_to_children(signum: int, frame: object) -> None:
+    for child in children(os.getpid()):
+        try:
+            os.killpg(child, signum)  # each torchrun rank leads its own session
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def torchrun(args: list[str]) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun_main
+
+    signal.signal(signal.SIGUSR1, _forward_to_children)
+    try:
+        torchrun_main(args)
+    except ChildFailedError as exc:  # torchrun's table of which rank failed how, without our stack
+        print(exc.format_msg(), file=sys.stderr)  # type: ignore[no-untyped-call]
+        first, _ = exc.get_first_failure()  # the root cause first: the others were stopped after it
+        _report_exits({rank: exc.failures[rank].exitcode for rank in sorted(exc.failures, key=lambda r: r != first)})
+        return 1
+    return 0
+
+
+def spawn(args: list[str]) -> int:
+    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException
+
+    parser = argparse.ArgumentParser(prog="python -m lab.rank.node spawn")
+    parser.add_argument("--nprocs", type=int, required=True)
+    parser.add_argument("--first-rank", type=int, required=True)
+    parser.add_argument("-m", dest="module", required=True)
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    options = parser.parse_args(args)
+    # The ranks in this group dump their stacks on SIGUSR1; this process and the start of each
+    # rank (the disposition is inherited until the program installs its dump) ignore it.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    os.environ[WATCHED_BY_PARENT] = "1"
+    try:
+        mp.spawn(_rank, args=(options.first_rank, options.module, options.args),  # type: ignore[attr-defined,no-untyped-call]
+                 nprocs=options.nprocs)
+    except ProcessException as exc:  # one rank failed; mp.spawn has stopped the others
+        print(f"lab.rank.node: mp.spawn: {exc}".rstrip(), file=sys.stderr)
+        _report_exits({options.first_rank + exc.error_index: getattr(exc, "exit_code", 1)})
+        return 1
+    return 0
+
+
+def _report_exits(codes: dict[int, int]) -> None:
+    """Tell the controller how each failed rank ended, in the order they ended (this process's own
+    exit code is one for all)."""
+    for rank, code in codes.items():
+        emit(os.environ.get("LAB_TOKEN", ""), "exit", rank=rank, code=code)
+
+
+def _rank(local_rank: int, first_rank: int, module: str, args: list[str]) -> None:
+    """One spawned rank: the tutorials' ``init_process`` sets its settings, then runs the
+    program (the lab's worker or launcher: a module with ``main()``)."""
+    os.environ.update(RANK=str(first_rank + local_rank), LOCAL_RANK=str(local_rank))
+    sys.argv = [module, *args]
+    sys.exit(importlib.import_module(module).main())
+
+
+def main() -> int:
+    stop_when_orphaned()
+    kind, *args = sys.argv[1:]
+    return {"torchrun": torchrun, "spawn": spawn}[kind](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

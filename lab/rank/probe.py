@@ -1,0 +1,579 @@
+"""The doctor's probe: what one host knows about itself, and which peers it can reach.
+
+Run as ``python -m lab.rank.probe`` on every host (uploaded with the run's code, like the
+worker). Standard library only; torch is asked about in a child process
+(``python -m lab.rank.probe runtime``), so a slow or crashing import cannot stall the network
+checks. Its instructions come in ``LAB_PROBE`` (JSON: token, name, timeout, lifetime,
+master_addr, master_port, lookup_peers). It reports on stdout in the worker's tagged
+lines (``lab.rank.protocol``), one event each:
+
+1. ``facts``: versions, the hostname and what it resolves to (timed), reverse lookups of
+   the host's advertised address and of MASTER_ADDR (timed), the interfaces, the
+   addresses gloo and NCCL will advertise (honouring GLOO_SOCKET_IFNAME and
+   NCCL_SOCKET_IFNAME), and the port its listener took. It then keeps listening.
+2. ``runtime``: torch's version, GPUs and NCCL's version (whenever the import is done).
+3. ``links``: after the controller sends one JSON line ``{"targets": [...]}`` on stdin,
+   the result of connecting to every target at once, each bounded by the timeout. A
+   connection is a handshake: the probe sends the token and its name; the listener
+   answers with its name and the source address it saw (how NAT shows).
+4. ``heard`` (only with ``lookup_peers``: MASTER_ADDR's host, where the store looks its
+   peers up): at end-of-file on stdin, the sources its listeners saw and how long
+   reverse lookups of their addresses took. Then it exits.
+
+The probe ends itself after ``lifetime`` seconds whatever happens. Every network
+operation is bounded by ``timeout``. ``LAB_PROBE_CONNECT_DELAY`` (seconds, benchmarks
+only, never set by the lab) delays each connection, to imitate a slow link.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import ipaddress
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from functools import partial
+from typing import Any, Literal, TypeVar
+
+from lab.rank.protocol import EventKind, emit
+
+PROBE_VAR = "LAB_PROBE"
+DELAY_VAR = "LAB_PROBE_CONNECT_DELAY"
+GLOO_LOOPBACK = "127.0.0.1"  # gloo's fallback when the hostname gives no usable address
+HANDSHAKE_LIMIT = 4096  # bytes of one handshake line
+ACCEPT_POLL = 0.2  # seconds between checks that the listener should stop
+IP_TIMEOUT = 5.0  # seconds for `ip -j addr`
+SIOCGIFADDR = 0x8915
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Interface:
+    """A network interface and its addresses, IPv4 first (the order getifaddrs lists them)."""
+
+    name: str
+    addresses: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Advertised:
+    """The address a backend tells its peers on this host, the interface it is on, and why."""
+
+    address: str | None
+    interface: str | None
+    how: str  # "GLOO_SOCKET_IFNAME=eth1", "hostname node2 resolves to it", ...
+    error: str | None = None  # the backend cannot start (no such interface, no address)
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """One timed name lookup: forward (a name -> addresses) or reverse (an address -> name)."""
+
+    query: str
+    answer: tuple[str, ...]
+    seconds: float
+    error: str | None = None  # None: it answered
+
+
+@dataclass(frozen=True)
+class Target:
+    """A listener to connect to: whose (``peer``), at which address, and why (``kind``:
+    ``master`` MASTER_ADDR, ``mesh`` the peer's advertised address, ``data`` its data_address)."""
+
+    kind: Literal["master", "mesh", "data"]
+    peer: str
+    address: str
+    port: int
+
+
+LinkFailure = Literal["refused", "timeout", "unreachable", "resolve", "wrong-host", "no-probe", "error"]
+
+
+@dataclass(frozen=True)
+class Link:
+    """The outcome of connecting to one target."""
+
+    target: Target
+    ok: bool
+    seconds: float
+    failure: LinkFailure | None = None
+    error: str | None = None  # one line for a person
+    seen: str | None = None  # this host's address as the listener saw it
+    answered_by: str | None = None
+    peer_ip: str | None = None  # the address actually connected to (MASTER_ADDR may be a name)
+
+
+# -- pure parts: what the backends will do -------------------------------------------
+
+
+def is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(plain_address(address)).is_loopback
+    except ValueError:
+        return False
+
+
+def plain_address(address: str) -> str:
+    """``::ffff:10.0.0.1`` (an IPv4 peer on a dual-stack socket) -> ``10.0.0.1``; the zone dropped."""
+    address = address.split("%", 1)[0]
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return str(mapped or ip)
+
+
+def family(address: str) -> str | None:
+    """``IPv4`` or ``IPv6`` for an address literal; None for a name."""
+    try:
+        return f"IPv{ipaddress.ip_address(plain_address(address)).version}"
+    except ValueError:
+        return None
+
+
+def owner(address: str, interfaces: Sequence[Interface]) -> str | None:
+    """The interface that holds ``address`` (any loopback address: the loopback interface)."""
+    for interface in interfaces:
+        if address in interface.addresses:
+            return interface.name
+    if is_loopback(address):
+        return next((i.name for i in interfaces if any(is_loopback(a) for a in i.addresses)), None)
+    return None
+
+
+def gloo_address(ifname: str | None, hostname: str, resolved: Sequence[str], interfaces: Sequence[Interface],
+                 can_bind: Callable[[str], bool]) -> Advertised:
+    """What gloo advertises (ProcessGroupGloo's device): with GLOO_SOCKET_IFNAME (a comma list:
+    one device each), the first address of the first interface named; else the first
+    address the hostname resolves to that can be bound; else 127.0.0.1."""
+    if ifname:
+        by_name = {i.name: i for i in interfaces}
+        names = [n.strip() for n in ifname.split(",") if n.strip()]
+        how = f"GLOO_SOCKET_IFNAME={ifname}"
+        missing = [n for n in names if n not in by_name]
+        if missing:
+            return Advertised(None, missing[0], how, f"there is no interface {missing[0]}")
+        first = by_name[names[0]]
+        if not first.addresses:
+            return Advertised(None, first.name, how, f"interface {first.name} has no address")
+        return Advertised(first.addresses[0], first.name, how)
+    for address in resolved:
+        if can_bind(address):
+            return Advertised(address, owner(address, interfaces), f"hostname {hostname} resolves to it")
+    return Advertised(GLOO_LOOPBACK, owner(GLOO_LOOPBACK, interfaces),
+                      f"fallback: hostname {hostname} resolves to no address of this host")
+
+
+def nccl_address(ifname: str | None, interfaces: Sequence[Interface]) -> Advertised:
+    """What NCCL's socket bootstrap advertises: the first address of the first interface
+    NCCL_SOCKET_IFNAME selects (prefixes; ``^`` excludes, ``=`` matches exactly); without
+    it ib* first, then anything but docker* and lo, then docker*, then lo."""
+    usable = [i for i in interfaces if i.addresses]
+    if ifname:
+        chosen = [i for i in usable if _nccl_selects(ifname, i.name)]
+        how = f"NCCL_SOCKET_IFNAME={ifname}"
+        if not chosen:
+            return Advertised(None, None, how, f"NCCL_SOCKET_IFNAME={ifname} selects no interface with an address")
+    else:
+        how = "NCCL's default choice"
+        chosen = []
+        for spec in ("ib", "^docker,lo", "docker", "lo"):
+            chosen = [i for i in usable if _nccl_selects(spec, i.name)]
+            if chosen:
+                break
+        if not chosen:
+            return Advertised(None, None, how, "no interface has an address")
+    return Advertised(chosen[0].addresses[0], chosen[0].name, how)
+
+
+def _nccl_selects(spec: str, name: str) -> bool:
+    exclude = spec.startswith("^")
+    body = spec.removeprefix("^")
+    exact = body.startswith("=")
+    prefixes = [p for p in body.removeprefix("=").split(",") if p]
+    matched = any(name == p if exact else name.startswith(p) for p in prefixes)
+    return matched != exclude
+
+
+def parse_ip_json(text: str | bytes) -> list[Interface]:
+    """Interfaces from ``ip -j addr``, IPv4 addresses before IPv6 ones."""
+    found = []
+    for entry in json.loads(text):
+        infos = [a for a in entry.get("addr_info", []) if a.get("family") in ("inet", "inet6") and a.get("local")]
+        infos.sort(key=lambda a: a["family"] != "inet")
+        found.append(Interface(entry["ifname"], tuple(a["local"] for a in infos)))
+    return found
+
+
+def parse_if_inet6(text: str) -> dict[str, list[str]]:
+    """Interface name -> IPv6 addresses, from /proc/net/if_inet6."""
+    found: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 6:
+            found.setdefault(fields[5], []).append(str(ipaddress.IPv6Address(bytes.fromhex(fields[0]))))
+    return found
+
+
+# -- this host ------------------------------------------------------------------------
+
+
+def read_interfaces() -> list[Interface]:
+    """This host's interfaces: from ``ip -j addr``, else from the kernel directly."""
+    try:
+        done = subprocess.run(["ip", "-j", "addr"], stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=IP_TIMEOUT, check=True)
+        return parse_ip_json(done.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError):
+        return _kernel_interfaces()
+
+
+def _kernel_interfaces() -> list[Interface]:
+    """Each interface's (first) IPv4 address by ioctl, its IPv6 ones from /proc/net/if_inet6."""
+    try:
+        with open("/proc/net/if_inet6", encoding="ascii") as file:
+            v6 = parse_if_inet6(file.read())
+    except OSError:
+        v6 = {}
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            v4 = []
+            try:
+                packed = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+                v4.append(socket.inet_ntoa(packed[20:24]))
+            except OSError:
+                pass
+            found.append(Interface(name, tuple(v4 + v6.get(name, []))))
+    return found
+
+
+def can_bind(address: str) -> bool:
+    """Whether a TCP socket can bind ``address`` here (gloo's test of a usable address)."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((address, 0))
+        return True
+    except OSError:
+        return False
+
+
+def machine_id() -> str:
+    """Equal for two probes that share a network stack (loopback included): the kernel's
+    boot id and the network namespace; the hostname where those cannot be read."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as file:
+            return f"{file.read().strip()}/{os.readlink('/proc/self/ns/net')}"
+    except OSError:
+        return socket.gethostname()
+
+
+def bounded(call: Callable[[], T], limit: float) -> tuple[T | None, float, str | None]:
+    """``call()`` on a daemon thread, waited for at most ``limit`` seconds: (value, seconds,
+    error). A call still running is left behind (a stalled resolver cannot hold the probe)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except Exception as exc:
+            box["error"] = describe(exc)[1]
+
+    started = time.monotonic()
+    thread = threading.Thread(target=run, name="lab-probe-call", daemon=True)
+    thread.start()
+    thread.join(limit)
+    seconds = time.monotonic() - started
+    if thread.is_alive():
+        return None, seconds, f"no answer within {limit:g}s"
+    return box.get("value"), seconds, box.get("error")
+
+
+def resolve(name: str, limit: float) -> Lookup:
+    """Forward lookup as gloo does it (getaddrinfo, any family, stream sockets), timed."""
+    def call() -> tuple[str, ...]:
+        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+        return tuple(dict.fromkeys(str(info[4][0]) for info in infos))
+
+    answer, seconds, error = bounded(call, limit)
+    return Lookup(name, answer or (), seconds, error)
+
+
+def reverse(address: str, limit: float) -> Lookup:
+    """Reverse lookup (gethostbyaddr, as the store does for its peers' addresses), timed."""
+    answer, seconds, error = bounded(lambda: (socket.gethostbyaddr(address)[0],), limit)
+    return Lookup(address, answer or (), seconds, error)
+
+
+def in_parallel(calls: Iterable[Callable[[], T]]) -> list[T]:
+    """Run every call on its own thread and return the results in order (each must bound itself)."""
+    calls = list(calls)
+    results: list[Any] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        results[i] = calls[i]()
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def describe(exc: BaseException) -> tuple[LinkFailure, str]:
+    """(failure kind, one line) for a failed connection or lookup."""
+    if isinstance(exc, socket.gaierror):
+        return "resolve", f"cannot resolve: {exc.strerror or exc}"
+    if isinstance(exc, TimeoutError):  # socket.timeout too
+        return "timeout", "no answer"
+    if isinstance(exc, ConnectionRefusedError):
+        return "refused", "connection refused"
+    if isinstance(exc, OSError) and exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH):
+        return "unreachable", exc.strerror or "no route"
+    if isinstance(exc, OSError) and exc.strerror:
+        return "error", exc.strerror
+    return "error", str(exc) or type(exc).__name__
+
+
+# -- the listener and the connections -------------------------------------------------
+
+
+def _read_line(conn: socket.socket) -> bytes:
+    data = b""
+    while b"\n" not in data and len(data) < HANDSHAKE_LIMIT:
+        chunk = conn.recv(HANDSHAKE_LIMIT)
+        if not chunk:
+            break
+        data += chunk
+    return data.split(b"\n", 1)[0]
+
+
+def _server_socket(port: int) -> socket.socket:
+    """A listening socket on every address: dual-stack where IPv6 works, else IPv4 only."""
+    if socket.has_dualstack_ipv6():
+        try:
+            return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=128)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise
+    return socket.create_server(("", port), family=socket.AF_INET, backlog=128)
+
+
+class Listener:
+    """Answers the other probes' handshakes on one port of every address, on its own thread."""
+
+    def __init__(self, name: str, token: str, port: int, timeout: float) -> None:
+        self.name, self.token, self.timeout = name, token, timeout
+        self._socket = _server_socket(port)
+        self._socket.settimeout(ACCEPT_POLL)
+        self.port = int(self._socket.getsockname()[1])
+        self.heard: dict[str, set[str]] = {}  # source address -> the names that came from it
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        threading.Thread(target=self._serve, name=f"lab-probe-listen-{self.port}", daemon=True).start()
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def snapshot(self) -> dict[str, set[str]]:
+        """Source address -> the names of the probes that connected from it, so far."""
+        with self._lock:
+            return {address: set(names) for address, names in self.heard.items()}
+
+    def _serve(self) -> None:
+        with self._socket:
+            while not self._stop.is_set():
+                try:
+                    conn, source = self._socket.accept()
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return
+                threading.Thread(target=self._answer, args=(conn, source[0]), daemon=True).start()
+
+    def _answer(self, conn: socket.socket, source: str) -> None:
+        seen = plain_address(source)
+        with conn:
+            try:
+                conn.settimeout(self.timeout)
+                hello = json.loads(_read_line(conn))
+                if not isinstance(hello, dict) or hello.get("token") != self.token:
+                    return
+                conn.sendall(json.dumps({"name": self.name, "seen": seen}).encode() + b"\n")
+            except (OSError, ValueError):
+                return
+        with self._lock:
+            self.heard.setdefault(seen, set()).add(str(hello.get("from")))
+
+
+def check_link(target: Target, name: str, token: str, timeout: float, delay: float = 0.0) -> Link:
+    """Connect to ``target`` and handshake (each step bounded by ``timeout``; ``delay``
+    seconds first, for benchmarks): who answered, and as what address it saw us."""
+    started = time.monotonic()
+    time.sleep(delay)
+    peer_ip = None
+    try:
+        with socket.create_connection((target.address, target.port), timeout=timeout) as conn:
+            peer_ip = plain_address(str(conn.getpeername()[0]))
+            conn.sendall(json.dumps({"token": token, "from": name}).encode() + b"\n")
+            line = _read_line(conn)
+    except OSError as exc:
+        failure, error = describe(exc)
+        if failure == "timeout":
+            error = f"no answer within {timeout:g}s"
+        return Link(target, False, time.monotonic() - started, failure, error, peer_ip=peer_ip)
+    seconds = time.monotonic() - started
+    try:
+        reply = json.loads(line)
+        answered, seen = str(reply["name"]), str(reply["seen"])
+    except (ValueError, KeyError, TypeError):
+        return Link(target, False, seconds, "no-probe", "connected, but no probe answered: another program "
+                    "holds that port", peer_ip=peer_ip)
+    if answered != target.peer:
+        return Link(target, False, seconds, "wrong-host", f"{answered} answered, not {target.peer}",
+                    seen=seen, answered_by=answered, peer_ip=peer_ip)
+    return Link(target, True, seconds, seen=seen, answered_by=answered, peer_ip=peer_ip)
+
+
+def check_links(targets: Sequence[Target], name: str, token: str, timeout: float, delay: float = 0.0) -> list[Link]:
+    """Every target at once, one thread each; a connection still hanging after the timeout
+    (a stalled name lookup) is reported as such."""
+    limit = delay + 2 * timeout + 1.0  # connect, then the answer, each bounded by timeout
+
+    def one(target: Target) -> Callable[[], Link]:
+        def call() -> Link:
+            link, seconds, error = bounded(lambda: check_link(target, name, token, timeout, delay), limit)
+            return link or Link(target, False, seconds, "timeout", error)
+        return call
+
+    return in_parallel(one(t) for t in targets)
+
+
+# -- the probe process ----------------------------------------------------------------
+
+
+def runtime_facts() -> dict[str, Any]:
+    """torch's version, the GPUs it sees and NCCL's version (this process imports torch)."""
+    try:
+        import torch
+    except Exception as exc:
+        return {"torch": None, "torch_error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+    facts: dict[str, Any] = {"torch": str(torch.__version__), "cuda_devices": 0, "nccl": None}
+    try:
+        facts["cuda_devices"] = int(torch.cuda.device_count())
+        if facts["cuda_devices"] and torch.distributed.is_nccl_available():
+            version = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
+            facts["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+    except Exception as exc:
+        facts["cuda_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    return facts
+
+
+class Probe:
+    """One host's probe, driven by its instructions and its stdin (see the module)."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.token: str = spec["token"]
+        self.name: str = spec["name"]
+        self.timeout = float(spec["timeout"])
+        self.lifetime = float(spec["lifetime"])
+        self.master_addr: str = spec["master_addr"]
+        self.master_port: int | None = spec.get("master_port")
+        self.lookup_peers = bool(spec.get("lookup_peers"))
+        self.delay = float(os.environ.get(DELAY_VAR) or 0)
+        self._emit_lock = threading.Lock()
+
+    def report(self, event: EventKind, **fields: Any) -> None:
+        with self._emit_lock:
+            emit(self.token, event, **fields)
+
+    def run(self) -> int:
+        threading.Thread(target=self._expire, name="lab-probe-expire", daemon=True).start()
+        threading.Thread(target=self._runtime, name="lab-probe-runtime", daemon=True).start()
+        listeners = self._facts()
+        try:
+            line = sys.stdin.buffer.readline()
+            if line.strip():
+                targets = [Target(**t) for t in json.loads(line)["targets"]]
+                links = check_links(targets, self.name, self.token, self.timeout, self.delay)
+                self.report("links", links=[asdict(link) for link in links])
+            while sys.stdin.buffer.readline():
+                pass
+        finally:
+            for listener in listeners:
+                listener.close()
+        if self.lookup_peers:
+            self._heard(listeners)
+        return 0
+
+    def _facts(self) -> list[Listener]:
+        """Report this host's facts and start its listeners (the mesh's; the master's when
+        this host has MASTER_PORT to try)."""
+        hostname = socket.gethostname()
+        interfaces = read_interfaces()
+        resolved = resolve(hostname, self.timeout)
+        gloo = gloo_address(os.environ.get("GLOO_SOCKET_IFNAME"), hostname, resolved.answer, interfaces, can_bind)
+        nccl = nccl_address(os.environ.get("NCCL_SOCKET_IFNAME"), interfaces)
+        queries = dict.fromkeys(a for a in (gloo.address, self.master_addr) if a and family(a))
+        lookups = in_parallel(partial(reverse, a, self.timeout) for a in queries)
+        mesh = Listener(self.name, self.token, 0, self.timeout)
+        listeners, master_port, master_error = [mesh], None, None
+        if self.master_port is not None:
+            try:
+                listeners.append(Listener(self.name, self.token, self.master_port, self.timeout))
+                master_port = self.master_port
+            except OSError as exc:
+                master_error = describe(exc)[1]
+        self.report("facts", hostname=hostname, python=sys.version.split()[0], executable=sys.executable,
+                    machine=machine_id(), interfaces=[asdict(i) for i in interfaces], resolved=asdict(resolved),
+                    reverse=[asdict(r) for r in lookups], gloo=asdict(gloo), nccl=asdict(nccl),
+                    env={k: os.environ[k] for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if k in os.environ},
+                    port=mesh.port, master_port=master_port, master_port_error=master_error)
+        return listeners
+
+    def _runtime(self) -> None:
+        try:
+            done = subprocess.run([sys.executable, "-m", "lab.rank.probe", "runtime"], stdin=subprocess.DEVNULL,
+                                  capture_output=True, timeout=self.lifetime, check=False)
+            facts = json.loads(done.stdout.decode().strip().splitlines()[-1])
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+            facts = {"torch": None, "torch_error": f"the torch check failed: {describe(exc)[1]}"}
+        self.report("runtime", **facts)
+
+    def _heard(self, listeners: Sequence[Listener]) -> None:
+        """Report who connected, and how long reverse lookups of their addresses take (the
+        store looks up each peer's address as it accepts it)."""
+        heard: dict[str, set[str]] = {}
+        for listener in listeners:
+            for address, names in listener.snapshot().items():
+                heard.setdefault(address, set()).update(names)
+        lookups = in_parallel(partial(reverse, a, self.timeout) for a in sorted(heard) if not is_loopback(a))
+        self.report("heard", sources=[{"address": a, "from": sorted(names)} for a, names in sorted(heard.items())],
+                    lookups=[asdict(lookup) for lookup in lookups])
+
+    def _expire(self) -> None:
+        time.sleep(self.lifetime)
+        sys.stderr.write(f"lab.rank.probe: still running after {self.lifetime:g}s; stopping\n")
+        sys.stderr.flush()
+        os._exit(124)
+
+
+def main(argv: Sequence[str]) -> int:
+    if list(argv) == ["runtime"]:
+        print(json.dumps(runtime_facts()), flush=True)
+        return 0
+    return Probe(json.loads(os.environ[PROBE_VAR])).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

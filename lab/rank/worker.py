@@ -1,0 +1,265 @@
+"""The rank side: one process per rank, started by the lab with its settings injected.
+
+Run as ``python -m lab.rank.worker``. It needs only the standard library, torch and the
+exercise programs, because it runs on every host (uploaded there by the lab).
+
+Its instructions come in the environment, as a launcher gives them (the lab itself,
+torchrun, or the host's ``mp.spawn``: see lab.rank.node): RANK, WORLD_SIZE, LOCAL_RANK,
+LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, and ``LAB_RANK_PLAN``: JSON with the backend,
+a timeout and the stages. The device is ``cuda:LOCAL_RANK`` with nccl, else the CPU.
+A stage is one rendezvous (or none) and the exercises that run under it, so
+exercises that can share a process group share one.
+
+It reports to the controller in event lines (``lab.rank.protocol``): ``hello``, ``step``
+(the rank begins something: ``init:env``, an exercise), ``result`` (an exercise's returned
+dict), ``error`` (an exercise raised), ``fatal``, ``done``.
+
+The worker stops itself when its standard input closes (the controller is gone)
+and dumps every thread's stack on SIGUSR1, so a hang can be located.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import faulthandler
+import importlib
+import inspect
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any
+
+from lab.rank.protocol import EventKind, emit
+
+GROUP_TIMEOUT_MARGIN = 30.0  # seconds
+PLAN_VAR = "LAB_RANK_PLAN"
+WATCHED_BY_PARENT = "LAB_WATCHED_BY_PARENT"  # set for ranks whose parent stops them with its group
+
+
+def stop_when_orphaned() -> None:
+    """End this rank's whole process group once the controller closes our stdin."""
+
+    def watch() -> None:
+        try:
+            while os.read(0, 4096):  # unbuffered: no lock held at interpreter shutdown
+                pass
+        except OSError:
+            pass
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="lab-stdin-watch", daemon=True).start()
+
+
+def start_rank() -> None:
+    """What every rank process does first: tag its output when it shares its streams with
+    other ranks (lab.rank.output), dump its stacks on SIGUSR1, and stop when the controller
+    goes away (unless its parent's process group does that for it)."""
+    if os.environ.get("LAB_TAG_OUTPUT"):
+        from lab.rank.output import (
+            tag_output,  # starts a process: only when the streams are shared
+        )
+
+        tag_output(int(os.environ.get("RANK", "-1")))
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    if not os.environ.get(WATCHED_BY_PARENT):
+        stop_when_orphaned()
+
+
+def load_program(program: str) -> ModuleType:
+    """A program is a dotted module name or the path of a ``.py`` file (a solution).
+
+    A file is imported by its name from its directory, which joins ``sys.path``: processes
+    that mp.spawn starts inherit the path and so can unpickle the solution's functions.
+    """
+    if program.endswith(".py"):
+        directory, name = os.path.split(os.path.abspath(program))
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
+        program = name[:-3]
+    return importlib.import_module(program)
+
+
+def load_solution(program: str, reference: str | None) -> ModuleType:
+    """The program to run. A solution may be a whole program (it defines ``run``) or only the
+    functions a student writes (``ring_allreduce``, ``average_gradients``...): those then
+    replace the reference program's own, and the reference's ``run`` drives them."""
+    module = load_program(program)
+    if hasattr(module, "run") or reference is None:
+        return module
+    base = load_program(reference)
+    names = [n for n, v in vars(module).items()
+             if callable(v) and not n.startswith("_") and callable(getattr(base, n, None))]
+    if not names:
+        raise ImportError(f"{os.path.basename(program)} defines neither run() nor any function of "
+                          f"{reference.rsplit('.', 1)[-1]}.py to replace")
+    for name in names:
+        setattr(base, name, getattr(module, name))
+    return base
+
+
+def call_with_context(fn: Callable[..., Any], context: dict[str, Any]) -> Any:
+    """Call ``fn`` with the context values its signature names (rank, size, device, ...)."""
+    params = inspect.signature(fn).parameters
+    return fn(**{name: context[name] for name in params if name in context})
+
+
+class Rank:
+    def __init__(self, plan: dict[str, Any]) -> None:
+        import torch
+
+        self.plan = plan
+        self.token: str = plan["token"]
+        self.rank = int(os.environ["RANK"])
+        self.size = int(os.environ["WORLD_SIZE"])
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.backend: str = plan["backend"]
+        self.timeout = float(plan["timeout"])
+        self.device = torch.device(f"cuda:{self.local_rank}" if self.backend == "nccl" else "cpu")
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+
+    def emit(self, event: EventKind, **fields: Any) -> None:
+        emit(self.token, event, rank=self.rank, **fields)
+
+    def run(self) -> int:
+        import torch
+
+        self.emit("hello", pid=os.getpid(), hostname=socket.gethostname(), local_rank=self.local_rank,
+                  python=sys.version.split()[0], torch=torch.__version__)
+        failures = 0
+        for stage in self.plan["stages"]:
+            failures += self.run_stage(stage)
+        self.emit("done", failures=failures)
+        return 0
+
+    def context(self, init_method: str | None) -> dict[str, Any]:
+        return {"rank": self.rank, "size": self.size, "world_size": self.size,
+                "local_rank": self.local_rank, "device": self.device,
+                "backend": self.backend, "init_method": init_method}
+
+    def run_stage(self, stage: dict[str, Any]) -> int:
+        """Form the stage's rendezvous (if the lab owns it), run its exercises, tear down."""
+        init_method = stage.get("init_method")
+        shared = stage["rendezvous"] == "shared"
+        with stage_environment(stage):
+            return self._run_stage(stage, init_method, shared)
+
+    def _run_stage(self, stage: dict[str, Any], init_method: str | None, shared: bool) -> int:
+        import torch.distributed as dist
+
+        try:
+            if stage["init"] == "file":
+                ensure_shared_path(stage["path"], self.rank, self.size, self.timeout)
+            if shared:
+                self.emit("step", step=f"init:{stage['init']}")
+                # The controller's watchdog stops a hung rank at the lab's timeout and locates
+                # it; the group's own timeout is only the backstop, so it comes later.
+                dist.init_process_group(self.backend, init_method=init_method, rank=self.rank,
+                                        world_size=self.size,
+                                        timeout=datetime.timedelta(seconds=self.timeout + GROUP_TIMEOUT_MARGIN))
+        except Exception as exc:  # the stage's exercises cannot run: each one failed for this reason
+            for exercise in stage["exercises"]:
+                self.emit("error", exercise=exercise["name"], error=f"{type(exc).__name__}: {exc}",
+                          where=f"rendezvous {init_method}", traceback=traceback.format_exc())
+            return len(stage["exercises"])
+        failures = 0
+        try:
+            for exercise in stage["exercises"]:
+                failures += not self.run_exercise(exercise, init_method)
+                if shared:  # keep one exercise's messages out of the next
+                    self.emit("step", step=f"wait:{exercise['name']}")
+                    dist.barrier()
+        finally:
+            if shared and dist.is_initialized():
+                dist.destroy_process_group()
+        return failures
+
+    def run_exercise(self, exercise: dict[str, str], init_method: str | None) -> bool:
+        name = exercise["name"]
+        self.emit("step", step=name)
+        started = time.monotonic()
+        try:
+            program = load_solution(exercise["program"], exercise.get("reference"))
+            value = call_with_context(program.run, self.context(init_method))
+        except Exception as exc:  # an exercise's failure is a result, not the worker's end
+            self.emit("error", exercise=name, error=f"{type(exc).__name__}: {exc}",
+                      where=_where(exc, exercise["program"]), traceback=traceback.format_exc())
+            return False
+        self.emit("result", exercise=name, value=value, seconds=time.monotonic() - started)
+        return True
+
+
+@contextlib.contextmanager
+def stage_environment(stage: dict[str, Any]) -> Iterator[None]:
+    """The environment of one stage: its MASTER_ADDR and MASTER_PORT when the lab chose them
+    (under torchrun a stage of the lab's own is no client of torchrun's store)."""
+    saved = dict(os.environ)
+    if stage.get("port") is not None:
+        os.environ.update(MASTER_ADDR=stage["addr"], MASTER_PORT=str(stage["port"]))
+        os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+class SharedPathError(RuntimeError):
+    pass
+
+
+def ensure_shared_path(path: str, rank: int, size: int, timeout: float) -> None:
+    """Prove that every rank sees the same directory before a ``file://`` rendezvous.
+
+    Each rank drops a marker beside the rendezvous file and waits for all the others'.
+    A rank that never sees them all is not on a shared filesystem, and FileStore
+    would wait forever: say so instead.
+    """
+    markers = f"{path}.ranks"
+    os.makedirs(markers, exist_ok=True)
+    with open(os.path.join(markers, str(rank)), "w") as f:
+        f.write(socket.gethostname())
+    deadline = time.monotonic() + min(timeout, 15.0)
+    while True:
+        seen = sorted(int(n) for n in os.listdir(markers) if n.isdigit())
+        if len(seen) >= size:
+            return
+        if time.monotonic() > deadline:
+            raise SharedPathError(
+                f"{path} is not shared: rank {rank} on {socket.gethostname()} sees markers of "
+                f"ranks {seen} only; file:// needs a directory every host mounts (NFS, ...): "
+                f"name it with shared_dir in the inventory")
+        time.sleep(0.05)
+
+
+def _where(exc: BaseException, program: str) -> str:
+    """``file:line: source`` of the deepest frame inside the exercise program."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    name = program.replace(".", "/") + ".py" if not program.endswith(".py") else program
+    mine = [f for f in frames if f.filename.endswith(name)]
+    if not mine:  # it failed before reaching the program (loading it, say): the message says it
+        return ""
+    f = mine[-1]
+    return f"{os.path.basename(f.filename)}:{f.lineno}: {(f.line or '').strip()}"
+
+
+def main() -> int:
+    start_rank()
+    plan = json.loads(os.environ[PLAN_VAR])
+    try:
+        return Rank(plan).run()
+    except Exception as exc:  # start-up failed outside any exercise: report it, don't just die
+        emit(plan["token"], "fatal", rank=int(os.environ.get("RANK", -1)),
+             error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+    return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

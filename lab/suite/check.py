@@ -1,0 +1,122 @@
+"""What a checker returns, and a small helper for writing checkers.
+
+A checker is a pure function ``check(results, world) -> Verdict``:
+
+* ``results`` maps each rank to the dict its rank program returned (JSON data:
+  tensors arrive as nested lists). A rank that returned nothing is absent.
+* ``world`` describes the run (world size, backend, which host each rank ran on).
+
+Checkers compute the expected values themselves in plain Python, never by calling
+the collective under test, so they are an independent oracle. They never import
+torch.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Results = Mapping[int, Any]  # rank -> what its program returned (JSON data, untrusted)
+
+
+@dataclass(frozen=True)
+class World:
+    """The facts of a run a checker may rely on."""
+
+    world_size: int
+    backend: str
+    hosts: tuple[str, ...]  # hosts[rank] is the host that rank ran on
+    local_ranks: tuple[int, ...]
+    launcher: str = "lab"  # who started the ranks (lab.plan.LAUNCHERS)
+
+    @classmethod
+    def local(cls, world_size: int, backend: str = "gloo") -> World:
+        return cls(world_size, backend, ("local",) * world_size, tuple(range(world_size)))
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """One wrong value: on which rank, what was compared, expected vs got."""
+
+    rank: int | None
+    what: str
+    expected: Any
+    got: Any
+
+    def __str__(self) -> str:
+        who = f"rank {self.rank}" if self.rank is not None else "all ranks"
+        return f"{who}: {self.what}: expected {_short(self.expected)}, got {_short(self.got)}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A checker's answer. ``reason`` is one line a student can act on."""
+
+    passed: bool
+    reason: str = ""
+    mismatches: tuple[Mismatch, ...] = ()
+    notes: tuple[str, ...] = ()  # e.g. "gloo lacks X; the tutorial's workaround was used"
+
+    @property
+    def failed_ranks(self) -> tuple[int, ...]:
+        return tuple(sorted({m.rank for m in self.mismatches if m.rank is not None}))
+
+
+@dataclass
+class Expect:
+    """Collects mismatches while a checker compares; ``verdict()`` sums them up.
+
+    >>> e = Expect(); e.equal(1, "sum", 3, 4); e.verdict().reason
+    'rank 1: sum: expected 3, got 4'
+    """
+
+    mismatches: list[Mismatch] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def equal(self, rank: int | None, what: str, expected: Any, got: Any, tol: float = 1e-6) -> bool:
+        ok = values_match(expected, got, tol)
+        if not ok:
+            self.mismatches.append(Mismatch(rank, what, expected, got))
+        return ok
+
+    def true(self, rank: int | None, what: str, condition: bool, expected: Any = True, got: Any = False) -> bool:
+        if not condition:
+            self.mismatches.append(Mismatch(rank, what, expected, got))
+        return condition
+
+    def every_rank_reported(self, results: Mapping[int, Any], world: World) -> bool:
+        missing = [r for r in range(world.world_size) if r not in results]
+        for r in missing:
+            self.mismatches.append(Mismatch(r, "result", "a result", "nothing"))
+        return not missing
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+    def verdict(self) -> Verdict:
+        if not self.mismatches:
+            return Verdict(True, notes=tuple(self.notes))
+        first = str(self.mismatches[0])
+        more = len(self.mismatches) - 1
+        reason = first + (f" (and {more} more)" if more else "")
+        return Verdict(False, reason, tuple(self.mismatches), tuple(self.notes))
+
+
+def values_match(expected: Any, got: Any, tol: float = 1e-6) -> bool:
+    """Structural equality; floats compare with a relative tolerance ``tol``."""
+    if isinstance(expected, bool) or isinstance(got, bool):
+        return bool(expected == got)
+    if isinstance(expected, (int, float)) and isinstance(got, (int, float)):
+        return math.isclose(expected, got, rel_tol=tol, abs_tol=tol)
+    if isinstance(expected, (list, tuple)) and isinstance(got, (list, tuple)):
+        return len(expected) == len(got) and all(values_match(e, g, tol) for e, g in zip(expected, got))
+    if isinstance(expected, Mapping) and isinstance(got, Mapping):
+        return expected.keys() == got.keys() and all(values_match(expected[k], got[k], tol) for k in expected)
+    return bool(expected == got)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

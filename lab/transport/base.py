@@ -1,0 +1,168 @@
+"""What every transport does, and the helpers they share.
+
+A transport does one small thing for the runner: start a process on its host with a given
+environment and hand back a :class:`RankProcess` whose output can be read line by line, whose
+input can be written and closed, which can be signalled (its whole process group, so nothing it
+started survives) and killed; and carry a run's files to the host (``prepare``) and remove them
+(``cleanup``). ``for_each_host`` does one thing on many hosts at once.
+"""
+from __future__ import annotations
+
+import logging
+import posixpath
+import shlex
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import IO, TypeVar
+
+from lab.core.inventory import Host
+
+log = logging.getLogger(__name__)
+
+
+class RankProcess(ABC):
+    """A started process on some host, and every process it started."""
+
+    stdin: IO[bytes]  # open while it runs; a worker stops itself when it closes
+    stdout: IO[bytes]
+    stderr: IO[bytes]
+
+    def send(self, data: bytes) -> None:
+        """Write ``data`` to the process's stdin now (flushed); OSError once it is closed or gone."""
+        self.stdin.write(data)
+        self.stdin.flush()
+
+    def close_stdin(self) -> None:
+        """Close the process's stdin, so it reads end-of-file; never raises, safe to call twice."""
+        try:
+            self.stdin.close()
+        except (OSError, EOFError):
+            pass
+
+    @abstractmethod
+    def poll(self) -> int | None:
+        """The exit status, or None while it runs."""
+
+    @abstractmethod
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the process's whole group; no error if it is gone."""
+
+    @abstractmethod
+    def kill(self) -> None:
+        """Kill the whole group and release the connection; safe to call twice."""
+
+
+class Transport(ABC):
+    """Reaches one host."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.run_dir: str | None = None  # the run's directory on the host, once ``prepare`` made it
+
+    @abstractmethod
+    def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> RankProcess:
+        """Start ``argv`` in ``cwd`` with ``env`` added to the host's environment."""
+
+    @property
+    def python(self) -> str:
+        """The host's Python: the one with torch (``ansible_python_interpreter``)."""
+        return self.host.python
+
+    def module_argv(self, module: str) -> list[str]:
+        """How to run ``python -m module`` with the host's Python."""
+        return [self.python, "-m", module]
+
+    @abstractmethod
+    def prepare(self, run_name: str, uploads: Mapping[str, Path]) -> str:
+        """Make the directory ``run_name`` in the host's own temp directory (``$TMPDIR``, else
+        /tmp; only its owner may enter it), put each upload (path in it -> local file) there, and
+        return its path on the host (also kept as ``run_dir``)."""
+
+    @abstractmethod
+    def cleanup(self, keep: bool = False, also: Sequence[str] = ()) -> None:
+        """Remove the run directory and the directories ``also`` (unless ``keep``); never raises."""
+
+    def own_address(self) -> str | None:
+        """The host's address as this transport reaches it, when it can tell (see ssh)."""
+        return None
+
+    def close(self) -> None:
+        """Release the connection."""
+
+
+PID_MARK = b"lab-pid:"  # the line a remote rank's shell prints before it becomes the rank
+
+
+def remote_command(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> str:
+    """The command line for sshd: whatever the login shell, ``sh`` replaces it (same pid),
+    changes to ``cwd``, prints the pid and replaces itself with ``argv`` under ``env``."""
+    assignments = " ".join(shlex.quote(f"{key}={value}") for key, value in env.items())
+    script = (f"cd {shlex.quote(cwd)} && echo {PID_MARK.decode()}$$ && "
+              f"exec env {assignments} {shlex.join(argv)}")
+    return f"exec /bin/sh -c {shlex.quote(script)}"
+
+
+RUN_DIR_MARK = "lab-run-dir:"  # the line that names the run directory a host made
+
+
+def make_run_dir_command(run_name: str, subdirs: Sequence[str]) -> str:
+    """A command for the host's ``/bin/sh`` (whatever the login shell): make ``run_name`` and its
+    ``subdirs`` in the host's temp directory, private to the user, and print its path."""
+    dirs = " ".join(shlex.quote(d) for d in sorted(set(subdirs)))
+    script = (f'umask 077 && d="${{TMPDIR:-/tmp}}"/{shlex.quote(run_name)} && mkdir -p -- "$d" && cd "$d" && '
+              + (f"mkdir -p -- {dirs} && " if dirs else "") + f'printf "{RUN_DIR_MARK}%s\\n" "$(pwd -P)"')
+    return f"/bin/sh -c {shlex.quote(script)}"
+
+
+def made_run_dir(output: str) -> str | None:
+    """The run directory a host printed (after whatever its login scripts print)."""
+    return next((line[len(RUN_DIR_MARK):] for line in output.splitlines() if line.startswith(RUN_DIR_MARK)), None)
+
+
+def removable(paths: Sequence[str | None]) -> list[str]:
+    """The paths that may be ``rm -rf``-ed: absolute, and not the root."""
+    return [p for p in paths if p and posixpath.isabs(p) and posixpath.normpath(p) != "/"]
+
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # lab/ (this file is lab/transport/base.py)
+UPLOADED = ("rank", "suite")  # the subpackages that run on the hosts
+
+
+def code_uploads() -> dict[str, Path]:
+    """The lab's code that runs on the hosts, as every run carries it there (``code/lab/...``):
+    the rank side and the suite, nothing of the controller's."""
+    files = [PACKAGE_DIR / "__init__.py", *(p for sub in UPLOADED for p in sorted((PACKAGE_DIR / sub).rglob("*.py"))
+                                           if "__pycache__" not in p.parts)]
+    return {f"code/lab/{p.relative_to(PACKAGE_DIR).as_posix()}": p for p in files}
+
+
+def release(transport: Transport, keep: bool = False, also: Sequence[str] = ()) -> None:
+    """Clean up what the transport made on its host (see ``Transport.cleanup``) and close it."""
+    try:
+        transport.cleanup(keep, also)
+    finally:
+        transport.close()
+
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+MAX_PARALLEL = 32  # hosts handled at once
+
+
+def for_each_host(items: Mapping[str, Item], action: Callable[[Item], Result]) -> dict[str, Result | Exception]:
+    """Run ``action`` on every item (one per host name) at once; each host's result, or the
+    exception it raised, by name. Every host is tried: one failure never stops the others."""
+    if not items:
+        return {}
+
+    def attempt(item: Item) -> Result | Exception:
+        try:
+            return action(item)
+        except Exception as exc:
+            return exc
+
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(items))) as pool:
+        futures = {name: pool.submit(attempt, item) for name, item in items.items()}
+    return {name: future.result() for name, future in futures.items()}

@@ -1,0 +1,127 @@
+"""The package's seams hold: what travels to the hosts needs nothing of the controller's, the
+modules import each other one way only, and only the CLI prints or exits."""
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from lab.transport import PACKAGE_DIR, code_uploads
+
+CONTROLLER_SIDE = ("lab.cli", "lab.core", "lab.transport", "lab.doctor", "lab.containerlab", "lab.errors")
+THIRD_PARTY = ("yaml", "paramiko", "docker", "rich", "cryptography")
+
+
+def modules(root: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the package under ``root``."""
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def uploaded_copy(tmp_path: Path) -> tuple[Path, list[str]]:
+    """The files a run carries to a host, laid out as on the host; their module names."""
+    code = tmp_path / "code"
+    for relative, source in code_uploads().items():
+        target = tmp_path / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+    return code, sorted(modules(code / "lab"))
+
+
+def run_isolated(code: Path, script: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    """``script`` in a fresh interpreter that sees the uploaded copy and nothing of this checkout."""
+    return subprocess.run([sys.executable, *flags, "-c", script], cwd=code, capture_output=True, text=True,
+                          timeout=120, env={"PYTHONPATH": str(code), "PATH": "/usr/bin:/bin"})
+
+
+def test_only_the_rank_side_and_the_suite_travel_to_the_hosts(tmp_path: Path) -> None:
+    _, names = uploaded_copy(tmp_path)
+    assert {n.split(".")[1] for n in names if n != "lab"} == {"rank", "suite"}
+    assert "lab.rank.protocol" in names and "lab.suite.registry" in names
+
+
+def test_what_travels_needs_only_the_standard_library(tmp_path: Path) -> None:
+    """Every uploaded module but the exercise programs (which need torch) imports with no
+    site-packages at all (python -S) and nothing but the uploaded copy on the path."""
+    code, names = uploaded_copy(tmp_path)
+    plain = [n for n in names if not n.startswith("lab.suite.exercises.")]
+    script = (f"import importlib, sys\nfor name in {plain!r}:\n    importlib.import_module(name)\n"
+              f"print(sorted(m for m in sys.modules if m.startswith({CONTROLLER_SIDE!r} + {THIRD_PARTY!r})))")
+    done = run_isolated(code, script, "-S")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_the_exercise_programs_need_torch_and_nothing_of_the_controllers(tmp_path: Path) -> None:
+    code, names = uploaded_copy(tmp_path)
+    exercises = [n for n in names if n.startswith("lab.suite.exercises.")]
+    script = (f"import importlib, sys\nfor name in {exercises!r}:\n    importlib.import_module(name)\n"
+              f"print(sorted(m for m in sys.modules if m.split('.')[0] in {THIRD_PARTY!r} "
+              f"or m.startswith({CONTROLLER_SIDE!r})))")
+    done = run_isolated(code, script)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    assert len(exercises) >= 19
+
+
+def imports_of(path: Path, name: str) -> set[str]:
+    """The lab modules ``path`` (module ``name``) imports, at any depth of the file."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            found |= {base, *(f"{base}.{a.name}" for a in node.names)}
+    return {m for m in found if m.split(".")[0] == "lab"}
+
+
+def test_no_import_cycles() -> None:
+    known = modules(PACKAGE_DIR)
+    graph = {name: {m for m in imports_of(path, name) if m in known and m != name} for name, path in known.items()}
+    # A package imports its submodules only through their own files: a module that imports a
+    # package does not import what is under it.
+    cycles, state = [], {name: 0 for name in graph}  # 0 new, 1 on the path, 2 done
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for nxt in sorted(graph[name]):
+            if state[nxt] == 1:
+                cycles.append(" -> ".join(path[path.index(nxt):] + [name, nxt]) if nxt in path else f"{name} -> {nxt}")
+            elif state[nxt] == 0:
+                visit(nxt, [*path, name])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if state[name] == 0:
+            visit(name, [])
+    assert cycles == []
+
+
+def test_the_rank_side_and_the_suite_never_import_the_controller_side() -> None:
+    for name, path in modules(PACKAGE_DIR).items():
+        if name.startswith(("lab.rank", "lab.suite")):
+            assert not {m for m in imports_of(path, name) if m.startswith(CONTROLLER_SIDE)}, name
+
+
+def test_only_the_cli_prints_or_exits() -> None:
+    """The controller side returns data and raises; ``lab.cli`` alone talks to the user."""
+    offenders = []
+    for name, path in modules(PACKAGE_DIR).items():
+        if not name.startswith(CONTROLLER_SIDE) or name == "lab.cli":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                called = ast.unparse(node.func)
+                if called in ("print", "sys.exit", "exit", "os._exit"):
+                    offenders.append(f"{name}:{node.lineno} {called}")
+    assert offenders == []
