@@ -6,6 +6,7 @@ STAMP  := $(VENV)/.installed
 NPROC  ?= 4
 LAUNCHER ?= lab
 TOPOLOGY ?= plain
+NAME ?= lab
 LAB_UP_ARGS ?=
 
 .DEFAULT_GOAL := help
@@ -38,14 +39,14 @@ test-unit: venv ## run the fast tests only (no processes, sshd or Docker)
 run: venv ## run every exercise on the local cluster (NPROC=4 ranks, LAUNCHER=lab|torchrun|spawn)
 	$(PY) -m lab run all --nproc $(NPROC) --launcher $(LAUNCHER)
 
-lab-up: venv ## build the image, start the 4-host lab (TOPOLOGY=plain|cross-vpc), write inventory.yaml, smoke-test it
-	$(PY) -m lab up --topology $(TOPOLOGY) $(LAB_UP_ARGS)
+lab-up: venv ## build the image, start the 4-host lab NAME (TOPOLOGY=plain|cross-vpc), write its inventory, smoke-test it
+	$(PY) -m lab up --name $(NAME) --topology $(TOPOLOGY) $(LAB_UP_ARGS)
 
-lab-down: venv ## remove every container, network and volume of the lab
-	$(PY) -m lab down
+lab-down: venv ## remove every container, network and volume of the lab NAME (default lab)
+	$(PY) -m lab down --name $(NAME)
 
-lab-status: venv ## show each lab host, its addresses and whether sshd answers
-	$(PY) -m lab status
+lab-status: venv ## show each host of the lab NAME, its addresses and whether sshd answers
+	$(PY) -m lab status --name $(NAME)
 
 list: venv ## list the exercises
 	$(PY) -m lab list

@@ -21,7 +21,7 @@ from rich.text import Text
 
 from lab.containerlab import crossvpc, engine, hosts
 from lab.containerlab.image import DEFAULT_BASE, OFFLINE
-from lab.containerlab.topology import TOPOLOGIES, Topology
+from lab.containerlab.topology import DEFAULT_LAB, TOPOLOGIES, Topology, check_lab_name, default_inventory
 from lab.containerlab.up import UpRequest, bring_up
 from lab.core.inventory import Inventory, load_inventory, local_inventory
 from lab.core.judge import exit_code, hung_at_start, judge
@@ -101,8 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--gpus", choices=("auto", "all", "none"), default="auto",
                     help="give the hosts the engine's GPUs (needs the NVIDIA container toolkit; "
                          "auto: when the engine has the nvidia runtime)")
-    up.add_argument("--inventory", default="inventory.yaml", metavar="PATH",
-                    help="where to write the lab's inventory (default inventory.yaml)")
+    _name_option(up)
+    up.add_argument("--inventory", metavar="PATH", help="where to write the lab's inventory (default: "
+                    "inventory.yaml for the lab named lab, NAME.inventory.yaml for the others)")
     up.add_argument("--no-smoke", action="store_true", help="skip the p2p run across the hosts")
 
     launch = commands.add_parser(
@@ -131,13 +132,30 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="per connection (default 5)")
     doc.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
 
-    commands.add_parser("down", help="remove every container, network and volume of the lab")
+    down = commands.add_parser("down", help="remove every container, network and volume of a lab")
+    _name_option(down)
+    down.add_argument("--all", action="store_true", help="remove every lab on the engine")
     net = commands.add_parser("net", help="change the running lab's network (cross-vpc)")
+    _name_option(net)
     net_commands = net.add_subparsers(dest="net_command", required=True, metavar="WHAT", parser_class=_Parser)
     peering = net_commands.add_parser("peering", help="add or remove the route between the two private networks")
     peering.add_argument("state", choices=("on", "off", "show"))
-    commands.add_parser("status", help="show each lab host, its addresses and whether sshd answers")
+    _name_option(commands.add_parser("status", help="show each lab host, its addresses and whether sshd answers"))
+    commands.add_parser("ls", help="list the labs on the Docker engine: name, topology, hosts, slots, state")
     return parser
+
+
+def _name_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--name", default=DEFAULT_LAB, type=_lab_name, metavar="NAME",
+                        help=f"which lab: labs of different names stand side by side on one engine "
+                             f"(default {DEFAULT_LAB})")
+
+
+def _lab_name(text: str) -> str:
+    try:
+        return check_lab_name(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--name {text!r}: ")) from None
 
 
 def _cluster_options(parser: argparse.ArgumentParser) -> None:
@@ -173,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signum, _interrupt)
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "list": cmd_list, "run": cmd_run, "launch": cmd_launch, "doctor": cmd_doctor,
-        "up": cmd_up, "down": cmd_down, "status": cmd_status, "net": cmd_net}
+        "up": cmd_up, "down": cmd_down, "status": cmd_status, "net": cmd_net, "ls": cmd_ls}
     try:
         return commands[args.command](args)
     except LabError as exc:
@@ -259,17 +277,18 @@ def _run_cross_vpc(inventory: Inventory, options: Options, args: argparse.Namesp
 def cmd_up(args: argparse.Namespace) -> int:
     if args.peering and args.topology != "cross-vpc":
         raise UsageError("--peering is for --topology cross-vpc")
-    topology = Topology(hosts=args.hosts, slots=args.slots, kind=args.topology)  # checked before anything starts
+    topology = Topology(args.hosts, args.slots, args.topology, args.name)  # checked before anything starts
     console = Console(highlight=False)
     say = _sayer(console)
-    request = UpRequest(topology, Path(args.inventory), args.base, args.gpus, args.peering)
+    request = UpRequest(topology, Path(args.inventory or default_inventory(args.name)), args.base, args.gpus,
+                        args.peering)
     with console.status("starting the lab", spinner="dots") as spinner:
         inventory = bring_up(request, say, lambda line: spinner.update(Text(line[:100], style="dim")))
     if args.no_smoke:
         return ExitCode.OK
     if topology.kind == "cross-vpc" and not args.peering:
         say("no smoke check: without peering the mesh cannot form (that is the point); "
-            f"see `python -m lab run cross-vpc --hosts {args.inventory}`")
+            f"see `python -m lab run cross-vpc --hosts {inventory}`")
         return ExitCode.OK
     say("smoke check: p2p across the hosts")
     return run_and_report(load_inventory(inventory), Options(tuple(registry.select(["p2p"]))), SSHSettings(), console)
@@ -277,8 +296,9 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def cmd_down(args: argparse.Namespace) -> int:
     say = _sayer(Console(highlight=False))
-    removed = hosts.down(engine.client(), say)
-    say(f"the lab is down ({removed} removed)" if removed else "no lab to remove")
+    removed = hosts.down(engine.client(), say, None if args.all else args.name)
+    which = "every lab" if args.all else f"lab {args.name}"
+    say(f"{which} is down ({removed} removed)" if removed else f"{which}: nothing to remove")
     return ExitCode.OK
 
 
@@ -323,17 +343,20 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def cmd_net(args: argparse.Namespace) -> int:
     client = engine.client()
+    topology = hosts.running_topology(client, args.name)
     if args.state != "show":
-        crossvpc.set_peering(client, args.state == "on")
-    _sayer(Console(highlight=False))(f"peering is {'on' if crossvpc.peering(client) else 'off'}")
+        crossvpc.set_peering(client, topology, args.state == "on")
+    state = "on" if crossvpc.peering(client, topology) else "off"
+    _sayer(Console(highlight=False))(f"lab {args.name}: peering is {state}")
     return ExitCode.OK
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     console = Console(highlight=False)
-    found = hosts.status(engine.client())
+    found = hosts.status(engine.client(), args.name)
     if not found:
-        console.print("no lab is running; start one with `make lab-up`")
+        start = "`make lab-up`" if args.name == DEFAULT_LAB else f"`python -m lab up --name {args.name}`"
+        console.print(f"no lab named {args.name} is running; start one with {start}")
         return ExitCode.OK
     table = Table("container", "hostname", "state", "addresses", "ssh")
     for h in found:
@@ -341,6 +364,21 @@ def cmd_status(args: argparse.Namespace) -> int:
                       Text("answers", style="green") if h.ssh else Text("no answer", style="red"))
     console.print(table)
     return ExitCode.OK if all(h.ssh for h in found) else ExitCode.UNREACHABLE
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    console = Console(highlight=False)
+    found = hosts.labs(engine.client())
+    if not found:
+        console.print("no lab is running; start one with `make lab-up` or `python -m lab up --name NAME`")
+        return ExitCode.OK
+    table = Table("name", "topology", "hosts", "slots", "state", "subnets", "inventory")
+    for lab in found:
+        table.add_row(lab.name, lab.kind, str(lab.hosts), str(lab.slots),
+                      Text(lab.state, style="green" if lab.state == "running" else "yellow"),
+                      ", ".join(lab.subnets), default_inventory(lab.name))
+    console.print(table)
+    return ExitCode.OK
 
 
 def _ssh_settings(args: argparse.Namespace) -> SSHSettings:

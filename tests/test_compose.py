@@ -8,16 +8,7 @@ import subprocess
 import pytest
 import yaml
 
-from lab.containerlab.topology import (
-    LABEL,
-    NETWORK,
-    ROLE,
-    SHARED_DIR,
-    SHARED_VOLUME,
-    TOPOLOGY_LABEL,
-    Topology,
-    inventory_text,
-)
+from lab.containerlab.topology import LABEL, NAME_LABEL, SHARED_DIR, SLOTS_LABEL, Topology, inventory_text
 
 from .conftest import REPO
 
@@ -33,18 +24,18 @@ def test_compose_file_matches_the_topology_lab_up_creates() -> None:
         service = services[topology.name(i)]
         assert service["container_name"] == topology.container(i)
         assert service["hostname"] == topology.name(i)
-        endpoint = service["networks"][NETWORK]
+        endpoint = service["networks"][topology.networks()[0].name]
         assert endpoint["ipv4_address"] == topology.address(i)
         assert endpoint["aliases"] == [topology.name(i)]
-        assert service["labels"] == {LABEL: "1", ROLE: "host", TOPOLOGY_LABEL: "plain"}  # what lab up compares
+        assert service["labels"] == {**topology.labels("host"), SLOTS_LABEL: "1"}  # what lab up compares
         assert service["volumes"] == ["../.lab/ssh/id_ed25519.pub:/etc/lab/authorized_keys:ro",
-                                      f"{SHARED_VOLUME}:{SHARED_DIR}"]
+                                      f"{topology.volume}:{SHARED_DIR}"]
         assert "privileged" not in service and "cap_add" not in service
-    network = data["networks"][NETWORK]
-    assert network["name"] == NETWORK and network["labels"] == {LABEL: "1"}
+    network = data["networks"][topology.networks()[0].name]
+    assert network["name"] == topology.networks()[0].name and network["labels"] == {LABEL: "1", NAME_LABEL: "lab"}
     assert network["ipam"]["config"] == [{"subnet": topology.subnet, "gateway": topology.gateway}]
-    volume = data["volumes"][SHARED_VOLUME]
-    assert volume == {"name": SHARED_VOLUME, "labels": {LABEL: "1"}}
+    volume = data["volumes"][topology.volume]
+    assert volume == {"name": topology.volume, "labels": {LABEL: "1", NAME_LABEL: "lab"}}
 
 
 def test_the_repository_inventory_is_what_lab_up_writes() -> None:

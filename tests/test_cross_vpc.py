@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.containerlab import crossvpc, hosts, topology
+from lab.containerlab import hosts, topology
 
 from .conftest import Lab
 from .test_lab_docker import _client
@@ -36,7 +36,7 @@ def xvpc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lab, Path]]
     yield lab, inventory
     result = lab("down", timeout=300)
     assert result.code == 0, result.text
-    assert hosts.lab_containers(client) == []
+    assert hosts.lab_containers(client, None) == []
     assert not any(b in raw_rules() for b in bridges)  # and gone again
 
 
@@ -51,7 +51,7 @@ def test_a_host_sees_only_its_private_address(xvpc: tuple[Lab, Path]) -> None:
                          capture_output=True, text=True, timeout=30).stdout
     addresses = {line.split()[3].split("/")[0] for line in out.splitlines()}
     assert addresses == {"127.0.0.1", TOPOLOGY.address(3)}
-    gateway = subprocess.run(["docker", "inspect", "-f", "{{.HostConfig.CapAdd}}", crossvpc.GATEWAY],
+    gateway = subprocess.run(["docker", "inspect", "-f", "{{.HostConfig.CapAdd}}", TOPOLOGY.gateway_container],
                              capture_output=True, text=True, timeout=30).stdout
     host = subprocess.run(["docker", "inspect", "-f", "{{.HostConfig.CapAdd}} {{.HostConfig.Privileged}}",
                            TOPOLOGY.container(1)], capture_output=True, text=True, timeout=30).stdout

@@ -50,7 +50,7 @@ def lab_up() -> Iterator[Lab]:
     yield lab
     result = lab("down", timeout=300)
     assert result.code == 0, result.text
-    assert hosts.lab_containers(client) == []
+    assert hosts.lab_containers(client, None) == []
     assert client.networks.list(filters={"label": topology.LABEL}) == []
     assert client.volumes.list(filters={"label": topology.LABEL}) == []
 
@@ -209,7 +209,7 @@ def test_runs_from_two_controllers_on_two_machines_never_share_a_port(lab_up: La
     inventory) run against the same hosts at once, round after round: each run's ports are chosen
     and held on rank 0's host, so the two never collide there."""
     site = next((REPO / ".venv" / "lib").glob("python3*/site-packages"))
-    second = ["docker", "run", "--rm", "--network", topology.NETWORK, "--label", f"{topology.LABEL}=1",
+    second = ["docker", "run", "--rm", "--network", TOPOLOGY.networks()[0].name, "--label", f"{topology.LABEL}=1",
               "-v", f"{REPO}:/repo:ro", "-v", f"{site}:/deps:ro", "-w", "/repo", "-e", "PYTHONPATH=/deps:/repo",
               "-e", "COLUMNS=200", "lab-host:latest", topology.PYTHON, "-m", "lab"]
     args = ["run", "p2p", "init-env", "init-tcp", "--hosts", "inventory.yaml", "--json"]
@@ -222,6 +222,35 @@ def test_runs_from_two_controllers_on_two_machines_never_share_a_port(lab_up: La
         ours, theirs = (set(r["ports"]) for r in reports)
         assert len(ours) == len(theirs) == 3 and not ours & theirs
     assert_no_workers_anywhere()
+
+
+def test_a_named_cross_vpc_lab_stands_beside_the_default_one(lab_up: Lab, tmp_path: Path) -> None:
+    """`lab up --name` starts a second lab on subnets of its own; both run `run all` at once, and
+    `lab down --name` of one leaves the other as it was."""
+    client = engine.client()
+    default_lab = {c.name: c.id for c in hosts.lab_containers(client)}
+    inventory = tmp_path / "vpc.inventory.yaml"
+    result = lab_up("up", "--name", "vpc", "--topology", "cross-vpc", "--hosts", "2", "--peering", "--no-smoke",
+                    "--inventory", str(inventory), timeout=900)
+    try:
+        assert result.code == 0, result.text
+        assert (tmp_path / ".lab" / "labs" / "vpc" / "ssh" / "id_ed25519").exists()  # its own key
+        labs = {lab.name: lab for lab in hosts.labs(client)}
+        assert (labs["lab"].kind, labs["vpc"].kind, labs["vpc"].hosts) == ("plain", "cross-vpc", 2)
+        assert not set(labs["lab"].subnets) & set(labs["vpc"].subnets)
+        assert "vpc" in lab_up("ls").out
+        here = lab_up.popen("run", "all", "--hosts", str(INVENTORY), "--json")
+        code, report = run_json(lab_up, "all", "--hosts", str(inventory))
+        out, _ = here.communicate(timeout=600)
+        ours = json.loads(out[out.index('{\n  "passed"'):])
+        assert (code, report["passed"], ours["exit_code"], ours["passed"]) == (0, True, 0, True), \
+            [e["reason"] for e in (*report["exercises"], *ours["exercises"]) if e["status"] != "pass"]
+    finally:
+        down = lab_up("down", "--name", "vpc", timeout=300)
+    assert down.code == 0, down.text
+    assert hosts.lab_containers(client, "vpc") == [] and hosts.lab_networks(client, "vpc") == []
+    assert {c.name: c.id for c in hosts.lab_containers(client)} == default_lab
+    assert lab_up("status").code == 0
 
 
 def test_the_docker_transport_runs_ranks_by_docker_exec(lab_up: Lab, tmp_path: Path) -> None:
@@ -272,9 +301,10 @@ def test_a_lab_up_that_fails_removes_what_it_started(lab_up: Lab) -> None:
     before it, and stays)."""
     client = engine.client()
     assert lab_up("down", timeout=300).code == 0
-    net = topology.LAB_NET
+    net = TOPOLOGY.networks()[0]
     ipam = {"Driver": "default", "Config": [{"Subnet": net.subnet, "Gateway": net.gateway}]}
-    network = client.networks.create(net.name, driver="bridge", ipam=ipam, labels={topology.LABEL: "1"})
+    network = client.networks.create(net.name, driver="bridge", ipam=ipam,
+                                     labels={topology.LABEL: "1", topology.NAME_LABEL: "lab"})
     blocker = client.containers.run("lab-host:latest", ["sleep", "infinity"], detach=True, name="not-the-labs",
                                     network=net.name)
     try:

@@ -25,20 +25,9 @@ from docker.models.containers import Container
 from docker.models.networks import Network
 
 from lab.containerlab.engine import EngineError, Say
-from lab.containerlab.topology import (
-    GATEWAY_HOST,
-    INTERNET,
-    LABEL,
-    ROLE,
-    TOPOLOGY_LABEL,
-    VPC_A,
-    VPC_B,
-    Topology,
-)
+from lab.containerlab.topology import GATEWAY_HOST, Topology
 
 log = logging.getLogger(__name__)
-
-GATEWAY = "lab-gw"
 
 
 def untrack_bridge(net: Network, remove: bool = False) -> None:
@@ -63,27 +52,28 @@ def untrack_bridge(net: Network, remove: bool = False) -> None:
 
 def start_gateway(client: docker.DockerClient, topology: Topology, image: str, peering: bool, say: Say) -> Container:
     """The NAT gateway on all three networks at .2, configured for ``topology``."""
+    name = topology.gateway_container
     try:
-        client.containers.get(GATEWAY).remove(force=True)
+        client.containers.get(name).remove(force=True)
     except NotFound:
         pass
-    say(f"starting {GATEWAY}, the NAT gateway (the only container with NET_ADMIN)")
-    nets = (VPC_A, VPC_B, INTERNET)
+    say(f"starting {name}, the NAT gateway (the only container with NET_ADMIN)")
+    nets = topology.networks()
     host_config = client.api.create_host_config(
         cap_add=["NET_ADMIN"], init=True,
         sysctls={"net.ipv4.ip_forward": "1", "net.ipv4.conf.all.rp_filter": "0"})
     first = nets[0]
     created = client.api.create_container(
-        image, name=GATEWAY, hostname="gateway", command=["sleep", "infinity"], detach=True,
-        labels={LABEL: "1", ROLE: "gateway", TOPOLOGY_LABEL: topology.kind}, host_config=host_config,
+        image, name=name, hostname="gateway", command=["sleep", "infinity"], detach=True,
+        labels=topology.labels("gateway"), host_config=host_config,
         networking_config=client.api.create_networking_config(
             {first.name: client.api.create_endpoint_config(ipv4_address=first.at(GATEWAY_HOST))}))
     for net in nets[1:]:
         client.api.connect_container_to_network(created["Id"], net.name, ipv4_address=net.at(GATEWAY_HOST))
     client.api.start(created["Id"])
-    gateway = client.containers.get(GATEWAY)
+    gateway = client.containers.get(name)
     _gateway_sh(gateway, nat_script(topology))
-    set_peering(client, peering)
+    set_peering(client, topology, peering)
     for net in nets:
         untrack_bridge(client.networks.get(net.name))
     return gateway
@@ -96,13 +86,13 @@ def route_hosts_through_gateway(client: docker.DockerClient, topology: Topology,
         via = topology.network(i).at(GATEWAY_HOST)
         client.containers.run(image, ["ip", "route", "replace", "default", "via", via],
                               network_mode=f"container:{topology.container(i)}", cap_add=["NET_ADMIN"],
-                              remove=True, labels={LABEL: "1", ROLE: "helper"})
+                              remove=True, labels=topology.labels("helper"))
 
 
 def nat_script(topology: Topology) -> str:
     """Shell for the gateway: the external addresses, and 1:1 NAT for every host."""
     lines = ["set -e",
-             f"inet=$(ip -o -4 addr show | awk '$4 ~ /^{INTERNET.at(GATEWAY_HOST)}\\// {{print $2}}')",
+             f"inet=$(ip -o -4 addr show | awk '$4 ~ /^{topology.networks()[2].at(GATEWAY_HOST)}\\// {{print $2}}')",
              "iptables -t nat -F"]
     for i in topology.indices():
         private, external = topology.address(i), topology.external(i)
@@ -117,27 +107,32 @@ def nat_script(topology: Topology) -> str:
     return "\n".join(lines)
 
 
-def set_peering(client: docker.DockerClient, on: bool) -> None:
+def set_peering(client: docker.DockerClient, topology: Topology, on: bool) -> None:
     """Peering off: the gateway drops untranslated traffic between the private ranges."""
-    gateway = _gateway(client)
+    gateway = _gateway(client, topology)
+    vpc_a, vpc_b, _ = topology.networks()
     script = ["iptables -F FORWARD"]
     if not on:
-        for a, b in ((VPC_A, VPC_B), (VPC_B, VPC_A)):
+        for a, b in ((vpc_a, vpc_b), (vpc_b, vpc_a)):
             script.append(f"iptables -A FORWARD -s {a.subnet} -d {b.subnet} "
                           f"-m conntrack ! --ctstate DNAT -j DROP")
     _gateway_sh(gateway, "\n".join(script))
 
 
-def peering(client: docker.DockerClient) -> bool:
+def peering(client: docker.DockerClient, topology: Topology) -> bool:
     """Whether the private networks are peered now."""
-    return "DROP" not in _gateway_sh(_gateway(client), "iptables -S FORWARD")
+    return "DROP" not in _gateway_sh(_gateway(client, topology), "iptables -S FORWARD")
 
 
-def _gateway(client: docker.DockerClient) -> Container:
+def _gateway(client: docker.DockerClient, topology: Topology) -> Container:
+    if topology.kind != "cross-vpc":
+        raise EngineError(f"lab {topology.lab} is {topology.kind}, not cross-vpc: it has no gateway "
+                          "(start one with `python -m lab up --topology cross-vpc`)")
     try:
-        return client.containers.get(GATEWAY)
+        return client.containers.get(topology.gateway_container)
     except NotFound:
-        raise EngineError("no cross-VPC lab is running: start one with `make lab-up TOPOLOGY=cross-vpc`") from None
+        raise EngineError(f"lab {topology.lab} has no gateway {topology.gateway_container}: "
+                          "run `python -m lab up --topology cross-vpc` again") from None
 
 
 def _gateway_sh(gateway: Container, script: str) -> str:

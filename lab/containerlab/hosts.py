@@ -1,14 +1,19 @@
 """The container lab's hosts: containers with their own addresses and sshd, started, listed
-and removed on the engine (found again by their labels, see ``topology``)."""
+and removed on the engine, found again by their labels (``topology``): every function here
+works on one lab, by its name, and leaves the other labs on the engine alone."""
 from __future__ import annotations
 
+import ipaddress
+import itertools
+import json
 import logging
 import os
 import socket
+import subprocess
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import docker
@@ -21,13 +26,17 @@ from docker.models.networks import Network
 from lab.containerlab.crossvpc import untrack_bridge
 from lab.containerlab.engine import EngineError, Say
 from lab.containerlab.topology import (
+    DEFAULT_LAB,
+    DEFAULT_SUBNETS,
     LABEL,
+    NAME_LABEL,
     ROLE,
     SHARED_DIR,
-    SHARED_VOLUME,
+    SLOTS_LABEL,
     TOPOLOGY_LABEL,
     LabPaths,
     Topology,
+    TopologyKind,
     peer_names,
 )
 
@@ -55,12 +64,76 @@ def ensure_key(path: Path, say: Say) -> Path:
     return path
 
 
+def _of_lab(labels: Mapping[str, str] | None, lab: str | None) -> bool:
+    """Whether something with these labels belongs to ``lab`` (None: to any lab). Things made
+    before labs had names belong to the default lab."""
+    return lab is None or (labels or {}).get(NAME_LABEL, DEFAULT_LAB) == lab
+
+
+def lab_containers(client: docker.DockerClient, lab: str | None = DEFAULT_LAB) -> list[Container]:
+    """The containers of ``lab`` (None: of every lab), by name."""
+    found = client.containers.list(all=True, filters={"label": LABEL})
+    return sorted((c for c in found if _of_lab(c.labels, lab)), key=lambda c: c.name)
+
+
+def lab_networks(client: docker.DockerClient, lab: str | None = DEFAULT_LAB) -> list[Network]:
+    return [n for n in client.networks.list(filters={"label": LABEL}) if _of_lab(n.attrs.get("Labels"), lab)]
+
+
+def _subnets(net: Network) -> list[str]:
+    return [c["Subnet"] for c in (net.attrs.get("IPAM") or {}).get("Config") or [] if c.get("Subnet")]
+
+
+def with_free_subnets(client: docker.DockerClient, topology: Topology) -> Topology:
+    """The topology on subnets of its own: those its networks have where they all exist already,
+    else /24s that no other network of the engine, and no route of the engine's host, overlaps
+    (the kind's defaults first)."""
+    own = {n.name: _subnets(n) for n in lab_networks(client, topology.lab)}
+    wanted = [n.name for n in topology.networks()]
+    if all(own.get(name) for name in wanted):
+        return replace(topology, subnets=tuple(own[name][0] for name in wanted))
+    taken = [ipaddress.ip_network(s, strict=False) for n in client.networks.list()
+             if n.name not in own for s in _subnets(n)] + _host_routes()
+    chosen: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+    for default in DEFAULT_SUBNETS[topology.kind]:  # each network its default if free, else the next free /24
+        free = (n for n in map(ipaddress.ip_network, itertools.chain([default], _pool()))
+                if not any(n.overlaps(other) for other in (*taken, *chosen)))
+        found = next(free, None)
+        if found is None:
+            raise EngineError("no free /24 is left in 10.0.0.0/8 for the lab's networks")
+        chosen.append(found)
+    return replace(topology, subnets=tuple(str(n) for n in chosen))
+
+
+def _pool() -> Iterator[str]:
+    """The /24s a lab takes when its defaults are taken: 10.213.0.0/16 first, then the rest of 10/8."""
+    for second in (213, *range(214, 256), *range(1, 213)):
+        for third in range(256):
+            yield f"10.{second}.{third}.0/24"
+
+
+def _host_routes() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """The networks the engine's host routes to (``ip -j route``), so a lab network shadows none."""
+    try:
+        done = subprocess.run(["ip", "-j", "-4", "route"], capture_output=True, timeout=10, check=True)
+        routes = [r.get("dst", "") for r in json.loads(done.stdout)]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return []
+    found = []
+    for dst in routes:
+        try:
+            found.append(ipaddress.ip_network(dst, strict=False))
+        except ValueError:  # "default"
+            continue
+    return found
+
+
 def ensure_networks(client: docker.DockerClient, topology: Topology, say: Say) -> None:
-    """The topology's networks, each with its subnet; other lab networks are removed."""
+    """The topology's networks, each with its subnet; the lab's other networks are removed."""
     wanted = {n.name: n for n in topology.networks()}
-    for existing in client.networks.list(filters={"label": LABEL}):
+    for existing in lab_networks(client, topology.lab):
         if existing.name not in wanted:
-            for c in lab_containers(client):
+            for c in lab_containers(client, topology.lab):
                 c.remove(force=True)
             remove_network(existing, say)
     for net in wanted.values():
@@ -75,7 +148,7 @@ def ensure_networks(client: docker.DockerClient, topology: Topology, say: Say) -
             pass
         ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=net.subnet, gateway=net.gateway)])
         say(f"creating network {net.name} ({net.subnet})")
-        client.networks.create(net.name, driver="bridge", ipam=ipam, labels={LABEL: "1"})
+        client.networks.create(net.name, driver="bridge", ipam=ipam, labels={LABEL: "1", NAME_LABEL: topology.lab})
 
 
 def remove_network(net: Network, say: Say) -> None:
@@ -93,21 +166,22 @@ def remove_network(net: Network, say: Say) -> None:
     say(f"removed network {net.name}")
 
 
-def ensure_shared_volume(client: docker.DockerClient) -> None:
+def ensure_shared_volume(client: docker.DockerClient, topology: Topology) -> None:
     try:
-        client.volumes.get(SHARED_VOLUME)
+        client.volumes.get(topology.volume)
     except NotFound:
-        client.volumes.create(SHARED_VOLUME, labels={LABEL: "1"})
+        client.volumes.create(topology.volume, labels={LABEL: "1", NAME_LABEL: topology.lab})
 
 
 def start_hosts(client: docker.DockerClient, topology: Topology, image: str, paths: LabPaths,
                 gpus: bool, say: Say) -> list[Container]:
     """One container per host, recreated when its image or address is not the wanted one."""
-    stale = [c for c in lab_containers(client) if c.name not in {topology.container(i) for i in topology.indices()}]
-    for c in stale:
-        say(f"removing {c.name} (not in a {topology.hosts}-host lab)")
-        c.remove(force=True)
-    ensure_shared_volume(client)
+    wanted = {topology.container(i) for i in topology.indices()}
+    for c in lab_containers(client, topology.lab):
+        if c.name not in wanted:
+            say(f"removing {c.name} (not in a {topology.hosts}-host lab)")
+            c.remove(force=True)
+    ensure_shared_volume(client, topology)
     containers = []
     for i in topology.indices():
         containers.append(_start_host(client, topology, i, image, paths, gpus, say))
@@ -117,7 +191,7 @@ def start_hosts(client: docker.DockerClient, topology: Topology, image: str, pat
 def _start_host(client: docker.DockerClient, topology: Topology, i: int, image: str, paths: LabPaths,
                 gpus: bool, say: Say) -> Container:
     name, address, net = topology.container(i), topology.address(i), topology.network(i)
-    labels = {LABEL: "1", ROLE: "host", TOPOLOGY_LABEL: topology.kind}  # compose/lab.yml sets the same
+    labels = {**topology.labels("host"), SLOTS_LABEL: str(topology.slots)}  # compose/lab.yml sets the same
     try:
         c = client.containers.get(name)
         endpoint = c.attrs["NetworkSettings"]["Networks"].get(net.name, {})
@@ -132,7 +206,7 @@ def _start_host(client: docker.DockerClient, topology: Topology, i: int, image: 
     endpoint = client.api.create_endpoint_config(ipv4_address=address, aliases=[topology.name(i)])
     host_config = client.api.create_host_config(
         binds={str(paths.key.with_suffix(".pub").resolve()): {"bind": "/etc/lab/authorized_keys", "mode": "ro"},
-               SHARED_VOLUME: {"bind": SHARED_DIR, "mode": "rw"}},
+               topology.volume: {"bind": SHARED_DIR, "mode": "rw"}},
         # Every peer address answers from /etc/hosts at once: a reverse lookup that waits for
         # an unreachable resolver stalls torch's rendezvous by 10 s or more.
         shm_size="1g", init=True, extra_hosts=peer_names(topology, i),
@@ -155,10 +229,6 @@ def _trusts(c: Container, public_key: Path) -> bool:
     container does not see)."""
     code, out = c.exec_run(["cat", "/etc/lab/authorized_keys"])
     return code == 0 and bytes(out).strip() == public_key.read_bytes().strip()
-
-
-def lab_containers(client: docker.DockerClient) -> list[Container]:
-    return sorted(client.containers.list(all=True, filters={"label": LABEL}), key=lambda c: c.name)
 
 
 def collect_host_keys(containers: list[Container], topology: Topology, paths: LabPaths) -> None:
@@ -208,26 +278,30 @@ def ssh_answers(address: str, port: int = 22, timeout: float = SSH_PROBE_TIMEOUT
         return False
 
 
-def lab_resources(client: docker.DockerClient) -> set[str]:
-    """The ids (names for volumes) of every container, network and volume of the lab."""
-    return ({c.id for c in lab_containers(client)} | {n.id for n in client.networks.list(filters={"label": LABEL})}
-            | {v.name for v in client.volumes.list(filters={"label": LABEL})})
+def _lab_volumes(client: docker.DockerClient, lab: str | None) -> list[docker.models.volumes.Volume]:
+    return [v for v in client.volumes.list(filters={"label": LABEL}) if _of_lab(v.attrs.get("Labels"), lab)]
 
 
-def down(client: docker.DockerClient, say: Say, spare: Collection[str] = ()) -> int:
-    """Remove every container, network and volume of the lab but those in ``spare`` (see
-    :func:`lab_resources`); returns how many."""
+def lab_resources(client: docker.DockerClient, lab: str | None = DEFAULT_LAB) -> set[str]:
+    """The ids (names for volumes) of every container, network and volume of ``lab``."""
+    return ({c.id for c in lab_containers(client, lab)} | {n.id for n in lab_networks(client, lab)}
+            | {v.name for v in _lab_volumes(client, lab)})
+
+
+def down(client: docker.DockerClient, say: Say, lab: str | None = DEFAULT_LAB, spare: Collection[str] = ()) -> int:
+    """Remove every container, network and volume of ``lab`` (None: of every lab) but those in
+    ``spare`` (see :func:`lab_resources`); returns how many."""
     removed = 0
-    for c in lab_containers(client):
+    for c in lab_containers(client, lab):
         if c.id not in spare:
             c.remove(force=True, v=True)
             say(f"removed container {c.name}")
             removed += 1
-    for net in client.networks.list(filters={"label": LABEL}):
+    for net in lab_networks(client, lab):
         if net.id not in spare:
             remove_network(client.networks.get(net.id), say)
             removed += 1
-    for volume in client.volumes.list(filters={"label": LABEL}):
+    for volume in _lab_volumes(client, lab):
         if volume.name not in spare:
             volume.remove(force=True)
             say(f"removed volume {volume.name}")
@@ -244,8 +318,8 @@ class HostStatus:
     ssh: bool
 
 
-def status(client: docker.DockerClient) -> list[HostStatus]:
-    containers = lab_containers(client)
+def status(client: docker.DockerClient, lab: str = DEFAULT_LAB) -> list[HostStatus]:
+    containers = lab_containers(client, lab)
 
     def one(c: Container) -> HostStatus:
         nets = c.attrs["NetworkSettings"]["Networks"]
@@ -256,3 +330,52 @@ def status(client: docker.DockerClient) -> list[HostStatus]:
 
     with ThreadPoolExecutor(max_workers=max(1, len(containers))) as pool:
         return list(pool.map(one, containers))
+
+
+@dataclass(frozen=True)
+class LabSummary:
+    """One lab on the engine, as ``lab ls`` shows it."""
+
+    name: str
+    kind: str
+    hosts: int
+    slots: int
+    running: int  # hosts whose container runs
+    subnets: tuple[str, ...]
+
+    @property
+    def state(self) -> str:
+        return "running" if self.running == self.hosts else f"{self.running}/{self.hosts} running"
+
+
+def labs(client: docker.DockerClient) -> list[LabSummary]:
+    """Every lab on the engine, by name."""
+    by_lab: dict[str, list[Container]] = {}
+    for c in lab_containers(client, None):
+        if c.labels.get(ROLE) == "host":
+            by_lab.setdefault(c.labels.get(NAME_LABEL, DEFAULT_LAB), []).append(c)
+    nets = lab_networks(client, None)
+    return [LabSummary(name, found[0].labels.get(TOPOLOGY_LABEL, "?"), len(found),
+                       int(found[0].labels.get(SLOTS_LABEL, "1")), sum(c.status == "running" for c in found),
+                       tuple(s for n in nets if _of_lab(n.attrs.get("Labels"), name) for s in _subnets(n)))
+            for name, found in sorted(by_lab.items())]
+
+
+def running_topology(client: docker.DockerClient, lab: str) -> Topology:
+    """The topology of the lab running under ``lab``, as its containers and networks say."""
+    summary = next((s for s in labs(client) if s.name == lab), None)
+    if summary is None:
+        raise EngineError(f"no lab named {lab} is running: start one with `python -m lab up --name {lab}`")
+    kind: TopologyKind = "cross-vpc" if summary.kind == "cross-vpc" else "plain"
+    subnets = {n.name: _subnets(n) for n in lab_networks(client, lab)}
+    shape = Topology(summary.hosts, summary.slots, kind, lab)
+    return replace(shape, subnets=tuple((subnets.get(n.name) or [n.subnet])[0] for n in shape.networks()))
+
+
+def lab_with_hosts(client: docker.DockerClient, addresses: Collection[str]) -> str | None:
+    """The lab whose hosts have every one of ``addresses`` (an inventory's), if one does."""
+    for summary in labs(client):
+        topology = running_topology(client, summary.name)
+        if set(addresses) <= {topology.address(i) for i in topology.indices()}:
+            return summary.name
+    return None

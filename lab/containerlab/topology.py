@@ -7,6 +7,7 @@ key pair, known_hosts, the wheelhouse) lives in ``.lab/`` beside the inventory `
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
@@ -16,16 +17,31 @@ import yaml
 from lab.errors import UsageError
 
 LABEL = "lab.managed"
+NAME_LABEL = "lab.name"  # which lab a container, network or volume belongs to
 ROLE = "lab.role"
 TOPOLOGY_LABEL = "lab.topology"
+SLOTS_LABEL = "lab.slots"
+DEFAULT_LAB = "lab"
 FIRST_HOST = 11  # node1 is .11, node2 .12, ...
 GATEWAY_HOST = 2  # the cross-VPC NAT gateway is .2 on every network
 USER = "lab"
-SHARED_VOLUME = "lab-shared"  # mounted on every host: the lab's "NFS", for file:// rendezvous
 SHARED_DIR = "/shared"
 PYTHON = "/usr/local/bin/lab-python"
 TopologyKind = Literal["plain", "cross-vpc"]
 TOPOLOGIES: tuple[TopologyKind, ...] = get_args(TopologyKind)
+# The subnets a lab takes when they are free on the engine (up picks others when they are not):
+# plain, one network; cross-vpc, VPC a, VPC b and the "internet" of the external addresses.
+DEFAULT_SUBNETS: dict[TopologyKind, tuple[str, ...]] = {
+    "plain": ("10.213.0.0/24",), "cross-vpc": ("10.10.0.0/24", "10.20.0.0/24", "10.99.0.0/24")}
+_LAB_NAME = re.compile(r"[a-z][a-z0-9-]{0,23}\Z")
+
+
+def check_lab_name(name: str) -> str:
+    """A lab's name names its containers, networks and volume: lowercase letters, digits, '-'."""
+    if not _LAB_NAME.match(name):
+        raise UsageError(f"--name {name!r}: a lab's name is a lowercase letter, then up to 23 lowercase "
+                         "letters, digits or '-'")
+    return name
 
 
 @dataclass(frozen=True)
@@ -43,28 +59,32 @@ class Net:
         return self.at(1)
 
 
-LAB_NET = Net("lab-net", "10.213.0.0/24")
-VPC_A = Net("lab-vpc-a", "10.10.0.0/24")
-VPC_B = Net("lab-vpc-b", "10.20.0.0/24")
-INTERNET = Net("lab-internet", "10.99.0.0/24")  # where the hosts' external addresses live
-NETWORK, SUBNET = LAB_NET.name, LAB_NET.subnet
-
-
 @dataclass(frozen=True)
 class Topology:
-    """How many hosts, the ranks each gets, and how they are wired.
+    """Which lab, how many hosts, the ranks each gets, and how they are wired.
 
     ``plain``: every host on one network. ``cross-vpc``: the first half of the hosts in
     one private network, the rest in another, no route between them; each host has an
     external address on a third network, reached through a 1:1 NAT gateway (as a cloud
     VM's external IP), and inside a host only its private address is visible.
+
+    Every name starts with the lab's (``lab-node1``, ``lab-net``...), so labs of other
+    names stand side by side on one engine, each on subnets of its own (``subnets``:
+    empty means the kind's defaults; ``lab up`` chooses free ones).
     """
 
     hosts: int = 4
     slots: int = 1
     kind: TopologyKind = "plain"
+    lab: str = DEFAULT_LAB
+    subnets: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        check_lab_name(self.lab)
+        if not self.subnets:
+            object.__setattr__(self, "subnets", DEFAULT_SUBNETS[self.kind])
+        if len(self.subnets) != len(DEFAULT_SUBNETS[self.kind]):
+            raise ValueError(f"a {self.kind} lab has {len(DEFAULT_SUBNETS[self.kind])} subnet(s), got {self.subnets}")
         if self.hosts < 1 or self.slots < 1:
             raise UsageError("--hosts and --slots must be at least 1")
         if self.hosts > self.max_hosts:
@@ -80,12 +100,27 @@ class Topology:
         return f"node{i}"
 
     def container(self, i: int) -> str:
-        return f"lab-node{i}"
+        return f"{self.lab}-node{i}"
+
+    @property
+    def gateway_container(self) -> str:
+        """The cross-VPC lab's NAT gateway."""
+        return f"{self.lab}-gw"
+
+    @property
+    def volume(self) -> str:
+        """Mounted on every host at SHARED_DIR: the lab's "NFS", for file:// rendezvous."""
+        return f"{self.lab}-shared"
+
+    def labels(self, role: str) -> dict[str, str]:
+        """What marks a container of this lab (``lab up`` compares them, compose/lab.yml sets them)."""
+        return {LABEL: "1", NAME_LABEL: self.lab, ROLE: role, TOPOLOGY_LABEL: self.kind}
 
     def network(self, i: int) -> Net:
         if self.kind == "plain":
-            return LAB_NET
-        return VPC_A if i <= (self.hosts + 1) // 2 else VPC_B
+            return self.networks()[0]
+        vpc_a, vpc_b, _ = self.networks()
+        return vpc_a if i <= (self.hosts + 1) // 2 else vpc_b
 
     def address(self, i: int) -> str:
         """The host's own (private) address: the one SSH reaches from the engine's host."""
@@ -93,10 +128,12 @@ class Topology:
 
     def external(self, i: int) -> str | None:
         """The address other hosts reach it at through the NAT gateway (cross-vpc only)."""
-        return INTERNET.at(FIRST_HOST - 1 + i) if self.kind == "cross-vpc" else None
+        return self.networks()[2].at(FIRST_HOST - 1 + i) if self.kind == "cross-vpc" else None
 
     def networks(self) -> tuple[Net, ...]:
-        return (LAB_NET,) if self.kind == "plain" else (VPC_A, VPC_B, INTERNET)
+        """plain: the one network; cross-vpc: VPC a, VPC b, and the "internet"."""
+        names = ("net",) if self.kind == "plain" else ("vpc-a", "vpc-b", "internet")
+        return tuple(Net(f"{self.lab}-{name}", subnet) for name, subnet in zip(names, self.subnets))
 
     def indices(self) -> range:
         return range(1, self.hosts + 1)
@@ -111,23 +148,39 @@ class Topology:
         return self.networks()[0].gateway
 
 
+def state_subdir(lab: str) -> str:
+    """Where a lab's key and known_hosts live, relative to its inventory's directory."""
+    return ".lab" if lab == DEFAULT_LAB else f".lab/labs/{lab}"
+
+
+def default_inventory(lab: str) -> str:
+    """The inventory ``lab up`` writes: inventory.yaml for the default lab, NAME.inventory.yaml else."""
+    return "inventory.yaml" if lab == DEFAULT_LAB else f"{lab}.inventory.yaml"
+
+
 @dataclass(frozen=True)
 class LabPaths:
-    """Where the lab's files live on this machine."""
+    """Where a lab's files live on this machine: beside its inventory, in ``.lab/`` (what labs
+    share: the wheelhouse) and the lab's own ``state_subdir`` (its key and known_hosts)."""
 
     inventory: Path
+    lab: str = DEFAULT_LAB
 
     @property
     def state(self) -> Path:
         return self.inventory.parent / ".lab"
 
     @property
+    def own(self) -> Path:
+        return self.inventory.parent / state_subdir(self.lab)
+
+    @property
     def key(self) -> Path:
-        return self.state / "ssh" / "id_ed25519"
+        return self.own / "ssh" / "id_ed25519"
 
     @property
     def known_hosts(self) -> Path:
-        return self.state / "known_hosts"
+        return self.own / "known_hosts"
 
 
 def peer_names(topology: Topology, i: int) -> list[str]:
@@ -148,6 +201,7 @@ def peer_names(topology: Topology, i: int) -> list[str]:
 
 def inventory_text(topology: Topology) -> str:
     """The inventory of the lab, as `up` writes it (and the repository carries the plain one)."""
+    own = state_subdir(topology.lab)
     hosts: dict[str, dict[str, str]] = {}
     for i in topology.indices():
         hosts[topology.name(i)] = {"ansible_host": topology.address(i)}
@@ -155,11 +209,12 @@ def inventory_text(topology: Topology) -> str:
         if external:  # peers use the external address, as with cloud VMs in other VPCs
             hosts[topology.name(i)]["data_address"] = external
     data = {"all": {
-        "vars": {"ansible_user": USER, "ansible_ssh_private_key_file": ".lab/ssh/id_ed25519",
-                 "ssh_known_hosts_file": ".lab/known_hosts", "ansible_python_interpreter": PYTHON,
+        "vars": {"ansible_user": USER, "ansible_ssh_private_key_file": f"{own}/ssh/id_ed25519",
+                 "ssh_known_hosts_file": f"{own}/known_hosts", "ansible_python_interpreter": PYTHON,
                  "shared_dir": SHARED_DIR, "slots": topology.slots},
         "hosts": hosts,
     }}
-    header = (f"# The container lab's hosts ({topology.kind}), written by `python -m lab up` (make lab-up).\n"
-              "# The key and known_hosts under .lab/ are made by `lab up`; run it first.\n")
+    named = "" if topology.lab == DEFAULT_LAB else f" --name {topology.lab}"
+    header = (f"# The container lab's hosts ({topology.kind}), written by `python -m lab up{named}` (make lab-up).\n"
+              f"# The key and known_hosts under {state_subdir(topology.lab)}/ are made by `lab up`; run it first.\n")
     return header + yaml.safe_dump(data, sort_keys=False, default_flow_style=False)

@@ -5,7 +5,8 @@ and started where allowed), the lab's SSH key, the host image, the networks, the
 cross-VPC gateway, the hosts' keys into known_hosts, sshd answering, the inventory written.
 
 A ``lab up`` that fails or is interrupted removes every container, network and volume it
-created, and leaves what was there before it as it was.
+created, and leaves what was there before it as it was. Labs of other names on the engine are
+never touched: each has its own names, subnets (chosen free on the engine), key and labels.
 """
 from __future__ import annotations
 
@@ -32,13 +33,13 @@ class UpRequest:
 
 def bring_up(request: UpRequest, say: Say, progress: Progress) -> Path:
     """Start the lab ``request`` asks for and write its inventory; the inventory's path."""
-    topology = request.topology
-    paths = LabPaths(request.inventory.resolve())
+    paths = LabPaths(request.inventory.resolve(), request.topology.lab)
     client = engine.ensure_engine(say)
+    topology = hosts.with_free_subnets(client, request.topology)
     hosts.ensure_key(paths.key, say)
     tag = image.ensure_image(client, request.base, paths.state, say, progress)
     gpus = request.gpus == "all" or (request.gpus == "auto" and "nvidia" in client.info().get("Runtimes", {}))
-    before = hosts.lab_resources(client)
+    before = hosts.lab_resources(client, topology.lab)
     try:
         hosts.ensure_networks(client, topology, say)
         containers = hosts.start_hosts(client, topology, tag, paths, gpus, say)
@@ -48,9 +49,10 @@ def bring_up(request: UpRequest, say: Say, progress: Progress) -> Path:
         hosts.collect_host_keys(containers, topology, paths)
         hosts.wait_for_ssh(topology)
     except BaseException:
-        removed = hosts.down(client, say, spare=before)
+        removed = hosts.down(client, say, topology.lab, spare=before)
         say(f"lab up did not finish: removed the {removed} container(s), network(s) and volume(s) it created")
         raise
     paths.inventory.write_text(inventory_text(topology))
-    say(f"wrote {request.inventory}: {topology.hosts} hosts x {topology.slots} slot(s), {topology.kind}")
+    say(f"wrote {request.inventory}: lab {topology.lab}, {topology.hosts} hosts x {topology.slots} slot(s), "
+        f"{topology.kind} on {', '.join(topology.subnets)}")
     return paths.inventory

@@ -18,7 +18,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from lab.containerlab import crossvpc, engine
+from lab.containerlab import crossvpc, engine, hosts
+from lab.containerlab.engine import EngineError
 from lab.core.inventory import Inventory
 from lab.core.judge import ExerciseReport, judge
 from lab.core.plan import Options, build_plan
@@ -52,10 +53,15 @@ def run_scenario(inventory: Inventory, options: Options, ssh: SSHSettings, on_li
                  say: Callable[[str], None], show: Callable[[Diagnosis], None], keep: bool = False) -> ScenarioResult:
     """The three steps on the running cross-VPC lab; peering is left as it was found."""
     client = engine.client()
-    peered = crossvpc.peering(client)  # also: is this the cross-VPC lab at all?
+    lab = hosts.lab_with_hosts(client, [h.address for h in inventory.hosts])
+    if lab is None:
+        raise EngineError(f"{inventory.path}: its hosts are no running lab's: start the cross-VPC lab with "
+                          "`python -m lab up --topology cross-vpc` and use the inventory it writes")
+    topology = hosts.running_topology(client, lab)
+    peered = crossvpc.peering(client, topology)  # also: is this the cross-VPC lab at all?
     try:
         say("1/3 peering off: the tutorial's job with MASTER_ADDR = the master's external address")
-        crossvpc.set_peering(client, False)
+        crossvpc.set_peering(client, topology, False)
         short = replace(options, timeout=min(options.timeout, BROKEN_RUN_TIMEOUT))
         broken = run_plan(build_plan(inventory, short), on_line=on_line, keep=keep, ssh=ssh)
         say("2/3 why: the doctor checks every host and pair")
@@ -64,10 +70,10 @@ def run_scenario(inventory: Inventory, options: Options, ssh: SSHSettings, on_li
         for line in explain(broken, diagnosis):
             say(line)
         say("3/3 peering on: the same job")
-        crossvpc.set_peering(client, True)
+        crossvpc.set_peering(client, topology, True)
         fixed = run_plan(build_plan(inventory, options), on_line=on_line, keep=keep, ssh=ssh)
     finally:
-        crossvpc.set_peering(client, peered)
+        crossvpc.set_peering(client, topology, peered)
     return ScenarioResult(judge_scenario(broken, diagnosis, judge(fixed)), diagnosis)
 
 

@@ -1,0 +1,67 @@
+"""Labs side by side: each lab's names, paths and subnets are its own (pure; the engine is a fake
+that lists networks, as `docker network ls` would)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import yaml
+
+from lab.containerlab import hosts
+from lab.containerlab.topology import LABEL, NAME_LABEL, LabPaths, Topology, default_inventory, inventory_text
+from lab.errors import UsageError
+
+
+def test_a_named_lab_has_names_paths_and_an_inventory_of_its_own(tmp_path) -> None:
+    t = Topology(2, 1, "cross-vpc", "class-a")
+    assert (t.container(1), t.gateway_container, t.volume) == ("class-a-node1", "class-a-gw", "class-a-shared")
+    assert [n.name for n in t.networks()] == ["class-a-vpc-a", "class-a-vpc-b", "class-a-internet"]
+    assert t.labels("host")[NAME_LABEL] == "class-a"
+    assert default_inventory("class-a") == "class-a.inventory.yaml" and default_inventory("lab") == "inventory.yaml"
+    paths = LabPaths(tmp_path / "class-a.inventory.yaml", "class-a")
+    assert paths.key == tmp_path / ".lab" / "labs" / "class-a" / "ssh" / "id_ed25519"
+    assert paths.state == tmp_path / ".lab"  # the wheelhouse is shared
+    written = yaml.safe_load(inventory_text(t))["all"]["vars"]
+    assert written["ansible_ssh_private_key_file"] == ".lab/labs/class-a/ssh/id_ed25519"
+    assert (Topology().container(1), Topology().networks()[0].name) == ("lab-node1", "lab-net")  # as before
+
+
+@pytest.mark.parametrize("name", ["Lab", "-x", "a_b", "x" * 25, ""])
+def test_a_lab_name_must_make_good_container_names(name: str) -> None:
+    with pytest.raises(UsageError, match="a lab's name is a lowercase letter"):
+        Topology(lab=name)
+
+
+@dataclass
+class FakeNetwork:
+    name: str
+    subnet: str
+    lab: str | None = None  # None: not a lab's network
+    id: str = field(default="")
+
+    @property
+    def attrs(self) -> dict[str, Any]:
+        labels = {LABEL: "1", NAME_LABEL: self.lab} if self.lab else {}
+        return {"Labels": labels, "IPAM": {"Config": [{"Subnet": self.subnet}]}}
+
+
+class FakeEngine:
+    def __init__(self, *networks: FakeNetwork) -> None:
+        self.all = networks
+        self.networks = self
+
+    def list(self, filters: dict[str, str] | None = None) -> list[FakeNetwork]:
+        return [n for n in self.all if not filters or LABEL in n.attrs["Labels"]]
+
+
+def test_subnets_are_chosen_free_on_the_engine_and_kept_once_made() -> None:
+    engine = FakeEngine(FakeNetwork("lab-net", "10.213.0.0/24", "lab"), FakeNetwork("site", "10.213.1.0/24"),
+                        FakeNetwork("big", "10.10.0.0/16"))
+    second = hosts.with_free_subnets(engine, Topology(lab="b"))  # type: ignore[arg-type]
+    assert second.subnets == ("10.213.2.0/24",)  # past the default lab's and the site's own network
+    default = hosts.with_free_subnets(engine, Topology())  # type: ignore[arg-type]
+    assert default.subnets == ("10.213.0.0/24",)  # its own, kept
+    cross = hosts.with_free_subnets(engine, Topology(kind="cross-vpc", lab="x"))  # type: ignore[arg-type]
+    assert cross.subnets[1:] == ("10.20.0.0/24", "10.99.0.0/24") and cross.subnets[0] != "10.10.0.0/24"
+    assert len(set(cross.subnets)) == 3
