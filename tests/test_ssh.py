@@ -105,8 +105,10 @@ def test_known_host_runs_a_command_with_env_streams_and_status(server: SSHServer
     finally:
         t.close()
     assert (out[:2], err, status) == ([b"hello\n", value.encode() + b"\n"], [b"err\n"], 0)
-    # sshd runs each command in a new session: the pid the shell printed is its group and session.
-    assert [int(n) for n in out[2].split()] == [process.pgid] * 3  # type: ignore[attr-defined]
+    # The command runs under the lab's reaper, in a process group of its own, the one it signals;
+    # the session is the reaper's (sshd starts it in a new one).
+    pid, pgid, sid = (int(n) for n in out[2].split())
+    assert pid == pgid == process.pgid and sid != pgid  # type: ignore[attr-defined]
 
 
 def test_exit_status_and_a_missing_run_dir(server: SSHServer, tmp_path: Path) -> None:
@@ -275,7 +277,7 @@ def test_kill_leaves_no_process_of_the_group(server: SSHServer, tmp_path: Path) 
         process = t.start(["sh", "-c", "sleep 300 & sleep 300 & echo started; wait"],
                           {"LAB_TEST_MARKER": marker}, "/")
         assert process.stdout.readline() == b"started\n"
-        assert len(live_pids_with(marker)) == 3
+        assert len(live_pids_with(marker)) == 4  # the reaper, the shell, two sleeps
         process.signal(signal.SIGCONT)  # harmless, and the group exists
         started = time.monotonic()
         process.kill()
@@ -284,6 +286,21 @@ def test_kill_leaves_no_process_of_the_group(server: SSHServer, tmp_path: Path) 
         assert process.poll() is not None
         process.kill()  # twice is fine
         process.signal(signal.SIGUSR1)  # gone: no error
+    finally:
+        t.close()
+
+
+def test_nothing_a_command_daemonizes_outlives_it(server: SSHServer, tmp_path: Path) -> None:
+    """setsid and a double fork leave the process group the lab kills: the reaper still ends them."""
+    marker = secrets.token_hex(8)
+    t = transport(ssh_host(server, known_hosts(tmp_path / "kh", server.known_hosts_line)), tmp_path)
+    script = "setsid sleep 300 & (setsid sh -c 'sleep 300 & exit 0' &) ; sleep 0.3; echo started; exit 4"
+    try:
+        process = t.start(["sh", "-c", script], {"LAB_TEST_MARKER": marker}, "/")
+        out, _, status = read_all(process)
+        assert (out, status) == ([b"started\n"], 4)
+        assert wait_until_gone(marker, 5.0) == []
+        process.kill()
     finally:
         t.close()
 

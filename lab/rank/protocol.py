@@ -9,6 +9,9 @@ The mark starts with an ASCII unit separator, which nothing prints by chance; th
 run's own (``Plan.token``), so lines of another run, or a token-less imitation, are not events
 of this one. Everything else a process prints is its output and is shown as such.
 
+Before anything else, every process the lab starts says which process group to signal, in
+one line of its own: ``lab-pid:<pgid>`` (``lab.rank.reaper`` writes it).
+
 Ranks that share one process's streams (a host's torchrun or mp.spawn) have every other line
 tagged with the rank that wrote it (``lab.rank.output``)::
 
@@ -49,6 +52,7 @@ from typing import Any, Final, Literal, get_args
 
 MARK: Final = "\x1flab:"
 RANK_TAG: Final = "\x1flab-rank:"
+PID_MARK: Final = b"lab-pid:"  # the first line of every started process: its group (lab.rank.reaper)
 
 EventKind = Literal["hello", "step", "result", "error", "fatal", "done", "exit", "ports",
                     "facts", "runtime", "links", "heard"]

@@ -8,9 +8,12 @@ started survives) and killed; and carry a run's files to the host (``prepare``) 
 """
 from __future__ import annotations
 
+import ast
 import logging
 import posixpath
+import select
 import shlex
+import subprocess
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +21,8 @@ from pathlib import Path
 from typing import IO, TypeVar
 
 from lab.core.inventory import Host
+from lab.errors import RunError
+from lab.rank.protocol import PID_MARK
 
 log = logging.getLogger(__name__)
 
@@ -92,16 +97,52 @@ class Transport(ABC):
         """Release the connection."""
 
 
-PID_MARK = b"lab-pid:"  # the line a remote rank's shell prints before it becomes the rank
+def _reaper_code() -> str:
+    """lab/rank/reaper.py as one ``-c`` argument: its code without docstrings and comments."""
+    tree = ast.parse((PACKAGE_DIR / "rank" / "reaper.py").read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            body[:1] = [] if len(body) > 1 else [ast.Pass()]
+    return ast.unparse(tree)
 
 
-def remote_command(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> str:
-    """The command line for sshd: whatever the login shell, ``sh`` replaces it (same pid),
-    changes to ``cwd``, prints the pid and replaces itself with ``argv`` under ``env``."""
+def supervised(python: str, argv: Sequence[str]) -> list[str]:
+    """``argv`` under the lab's reaper, run by ``python`` (any Python 3.9+, standard library only):
+    started in a process group of its own, whose id is its first line (``PID_MARK``), and nothing
+    it starts outlives it (lab.rank.reaper)."""
+    return [python, "-S", "-c", REAPER_CODE, *argv]
+
+
+def remote_command(python: str, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> str:
+    """The command line for sshd or ``docker exec``: whatever the login shell, ``sh`` replaces it,
+    changes to ``cwd`` and replaces itself with ``argv`` under ``env`` and the reaper (which
+    prints the group to signal)."""
     assignments = " ".join(shlex.quote(f"{key}={value}") for key, value in env.items())
-    script = (f"cd {shlex.quote(cwd)} && echo {PID_MARK.decode()}$$ && "
-              f"exec env {assignments} {shlex.join(argv)}")
+    script = f"cd {shlex.quote(cwd)} && exec env {assignments} {shlex.join(supervised(python, argv))}"
     return f"exec /bin/sh -c {shlex.quote(script)}"
+
+
+def read_pid_mark(stdout: IO[bytes], timeout: float) -> int | None:
+    """The process group a started process names on its first line (see ``supervised``); None
+    when it says something else or nothing within ``timeout`` seconds."""
+    ready, _, _ = select.select([stdout], [], [], timeout)
+    line = stdout.readline() if ready else b""
+    return int(line[len(PID_MARK):]) if line.startswith(PID_MARK) and line[len(PID_MARK):].strip().isdigit() else None
+
+
+def started_group(popen: subprocess.Popen[bytes], what: str, timeout: float) -> int:
+    """The process group a local ``popen`` (a rank, or a ``docker exec`` of one) names on its first
+    line; when it names none, it is killed and RunError says ``what`` failed, and why."""
+    assert popen.stdout is not None
+    pgid = read_pid_mark(popen.stdout, timeout)
+    if pgid is None:
+        popen.kill()
+        _, err = popen.communicate(timeout=timeout)
+        reason = (err.decode("utf-8", "replace").strip().splitlines() or ["no output"])[-1]
+        raise RunError(f"{what}: {reason}")
+    return pgid
 
 
 RUN_DIR_MARK = "lab-run-dir:"  # the line that names the run directory a host made
@@ -128,6 +169,7 @@ def removable(paths: Sequence[str | None]) -> list[str]:
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # lab/ (this file is lab/transport/base.py)
 UPLOADED = ("rank", "suite")  # the subpackages that run on the hosts
+REAPER_CODE = _reaper_code()
 
 
 def code_uploads() -> dict[str, Path]:

@@ -1,18 +1,17 @@
 """The docker transport: ranks are processes in a named container, started with ``docker exec``.
 
 For containers without sshd. Like pyinfra's docker connector it reuses a local process:
-each rank is a local ``docker exec -i`` whose streams are the rank's. The rank's shell
-prints its pid first (``docker exec`` starts every command in a new session, so that pid
-is its process group), which ``signal`` and ``kill`` address with a second exec. The
+each rank is a local ``docker exec -i`` whose streams are the rank's. The rank's reaper
+prints its process group first (lab.rank.reaper), which ``signal`` and ``kill`` address with
+a second exec. The
 ``-i`` keeps the rank's stdin open: the worker kills its own group when the controller
-goes away, which a killed ``docker exec`` client alone would not do. Files go in and out
-through the engine's archive API (Docker SDK).
+goes away, which a killed ``docker exec`` client alone would not do. Files go in through
+``tar`` in the container (which sees its tmpfs mounts, unlike the engine's archive API).
 """
 from __future__ import annotations
 
 import io
 import logging
-import select
 import shlex
 import shutil
 import signal
@@ -28,13 +27,13 @@ from docker.models.containers import Container
 from lab.core.inventory import Host
 from lab.errors import HostUnreachable, RunError
 from lab.transport.base import (
-    PID_MARK,
     RankProcess,
     Transport,
     made_run_dir,
     make_run_dir_command,
     remote_command,
     removable,
+    started_group,
 )
 
 log = logging.getLogger(__name__)
@@ -107,10 +106,16 @@ class DockerTransport(Transport):
         with tarfile.open(fileobj=archive, mode="w") as tar:
             for relative, source in uploads.items():
                 tar.add(str(source), arcname=relative)
+        # tar in the container, not the engine's archive API: that one cannot see a tmpfs /tmp
+        untar = [*self._exec_argv(self._docker_cli()), "tar", "-x", "--no-same-owner", "-C", run_dir]
         try:
-            self.running().put_archive(run_dir, archive.getvalue())
-        except APIError as exc:
-            raise RunError(f"host {self.host.name}: cannot copy the run's files to {run_dir}: {exc}") from None
+            done = subprocess.run(untar, input=archive.getvalue(), capture_output=True, timeout=API_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            raise RunError(f"host {self.host.name}: copying the run's files to {run_dir} took over "
+                           f"{API_TIMEOUT}s") from None
+        if done.returncode != 0:
+            error = done.stderr.decode("utf-8", "replace").strip().splitlines() or [f"exit {done.returncode}"]
+            raise RunError(f"host {self.host.name}: cannot copy the run's files to {run_dir}: {error[-1]}")
         return run_dir
 
     def cleanup(self, keep: bool = False, also: Sequence[str] = ()) -> None:
@@ -118,21 +123,22 @@ class DockerTransport(Transport):
         if not keep and directories and self._container is not None:
             self.exec(f"rm -rf -- {shlex.join(directories)}")
 
-    def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> RankProcess:
+    def _docker_cli(self) -> str:
         docker_cli = shutil.which("docker")
         if docker_cli is None:
             raise RunError(f"host {self.host.name}: the docker command is needed for ansible_connection docker")
-        self.running()  # fail early, and with one line, when it is not there
+        return docker_cli
+
+    def _exec_argv(self, docker_cli: str) -> list[str]:
+        """``docker exec -i`` into the container, as the inventory's user if it names one."""
         user = ["--user", self.host.user] if self.host.user else []
-        popen = subprocess.Popen(
-            [docker_cli, "exec", "-i", *user, self.container_name, "/bin/sh", "-c", remote_command(argv, env, cwd)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        assert popen.stdout is not None
-        ready, _, _ = select.select([popen.stdout], [], [], START_TIMEOUT)
-        line = popen.stdout.readline() if ready else b""
-        if not line.startswith(PID_MARK):
-            popen.kill()
-            _, err = popen.communicate(timeout=START_TIMEOUT)
-            reason = (err.decode("utf-8", "replace").strip().splitlines() or [line.decode().strip() or "no output"])[-1]
-            raise RunError(f"host {self.host.name}: cannot start a rank in {self.container_name}: {reason}")
-        return DockerProcess(self, popen, int(line[len(PID_MARK):]))
+        return [docker_cli, "exec", "-i", *user, self.container_name]
+
+    def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> RankProcess:
+        docker_cli = self._docker_cli()
+        self.running()  # fail early, and with one line, when it is not there
+        command = remote_command(self.python, argv, env, cwd)
+        popen = subprocess.Popen([*self._exec_argv(docker_cli), "/bin/sh", "-c", command],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        what = f"host {self.host.name}: cannot start a rank in {self.container_name}"
+        return DockerProcess(self, popen, started_group(popen, what, START_TIMEOUT))

@@ -1,4 +1,5 @@
-"""The local transport: ranks are processes on this machine."""
+"""The local transport: ranks are processes on this machine, each under the reaper (its own
+session, and the group it names is the one signalled: see lab.rank.reaper)."""
 from __future__ import annotations
 
 import os
@@ -10,7 +11,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from lab.transport.base import RankProcess, Transport, removable
+from lab.transport.base import RankProcess, Transport, removable, started_group, supervised
 
 
 def local_gpu_count() -> int:
@@ -29,9 +30,12 @@ def local_gpu_count() -> int:
     return int(torch.cuda.device_count())
 
 
+START_TIMEOUT = 30.0  # seconds for a started process to name its process group
+
+
 class LocalProcess(RankProcess):
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
-        self._popen = popen
+    def __init__(self, popen: subprocess.Popen[bytes], pgid: int) -> None:
+        self._popen, self.pgid = popen, pgid
         assert popen.stdin is not None and popen.stdout is not None and popen.stderr is not None
         self.stdin, self.stdout, self.stderr = popen.stdin, popen.stdout, popen.stderr
 
@@ -40,8 +44,8 @@ class LocalProcess(RankProcess):
 
     def signal(self, signum: int) -> None:
         try:
-            os.killpg(self._popen.pid, signum)  # start_new_session: pgid == pid
-        except ProcessLookupError:
+            os.killpg(self.pgid, signum)
+        except (ProcessLookupError, PermissionError):  # gone (its group's id may be reused)
             pass
 
     def kill(self) -> None:
@@ -74,7 +78,8 @@ class LocalTransport(Transport):
     def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> RankProcess:
         path = os.pathsep.join(p for p in (env.get("PYTHONPATH"), os.environ.get("PYTHONPATH")) if p)
         popen = subprocess.Popen(
-            list(argv), cwd=cwd, env={**os.environ, **env, "PYTHONPATH": path},
+            supervised(self.python, argv), cwd=cwd, env={**os.environ, **env, "PYTHONPATH": path},
             stdin=subprocess.PIPE,  # the worker stops itself when this closes
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-        return LocalProcess(popen)
+        what = f"host {self.host.name}: cannot start {argv[0]}"
+        return LocalProcess(popen, started_group(popen, what, START_TIMEOUT))

@@ -42,8 +42,8 @@ import paramiko
 
 from lab.core.inventory import Host
 from lab.errors import HostUnreachable, LabError, RunError
+from lab.rank.protocol import PID_MARK
 from lab.transport.base import (
-    PID_MARK,
     RankProcess,
     Transport,
     made_run_dir,
@@ -190,7 +190,7 @@ class SSHTransport(Transport):
     def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> RankProcess:
         """Start ``argv`` on its own channel and read its pid (= its process group)."""
         client = self._rank_client()
-        command = remote_command(argv, env, cwd)
+        command = remote_command(self.python, argv, env, cwd)
         with self._talking("starting a rank"):
             channel = self._session(client)
             channel.exec_command(command)

@@ -1,0 +1,115 @@
+"""Every process the lab starts on a host runs under this reaper, so nothing it starts outlives it.
+
+``python -S -m lab.rank.reaper ARGV...`` makes itself the child subreaper of what it starts
+(Linux ``PR_SET_CHILD_SUBREAPER``): a process that daemonizes (``setsid``, a double fork, a new
+session) leaves its process group, but when its parent dies it is re-parented here, not to init.
+The reaper starts ``ARGV`` in a process group of its own and prints that group's id
+(``lab-pid:PGID``, the line every transport reads) before anything else is written: the lab
+signals and kills that group, never the reaper. When the child ends, however it ends, the reaper
+kills every process left below it, waits for them, and ends the way the child ended (its exit
+status, or the same signal).
+
+Standard library only and self-contained: the transports pass this file's code on the command
+line (``python -S -c CODE ARGV...``, see ``lab.transport.base.supervised``), so it runs on any
+host with a Python before anything is uploaded there.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import time
+
+PID_MARK = b"lab-pid:"  # = lab.rank.protocol.PID_MARK (this file imports nothing of the lab's)
+PR_SET_CHILD_SUBREAPER = 36
+SWEEP_LIMIT = 10.0  # seconds to spend killing what is left before giving up
+
+
+def become_subreaper() -> bool:
+    """Orphans below this process are re-parented to it; False where the system cannot do that."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process below ``root``, from /proc (parents before children)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses; the last ')' ends it
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found, queue = [], list(children.get(root, []))
+    while queue:
+        pid = queue.pop(0)
+        found.append(pid)
+        queue.extend(children.get(pid, []))
+    return found
+
+
+def sweep(me: int) -> None:
+    """Kill everything below ``me`` and reap it, until nothing is left (or SWEEP_LIMIT passes)."""
+    deadline = time.monotonic() + SWEEP_LIMIT
+    while time.monotonic() < deadline:
+        for pid in descendants(me):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        except ChildProcessError:  # no child left: nothing can come back to us
+            return
+        time.sleep(0.01)
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print("usage: python -S lab/rank/reaper.py PROGRAM [ARG...]", file=sys.stderr)
+        return 2
+    become_subreaper()
+    child = os.fork()
+    if child == 0:  # the program: a process group of its own, the one the lab signals
+        try:
+            os.setpgid(0, 0)
+            os.execvp(argv[0], argv)
+        except OSError as exc:
+            os.write(2, f"lab.rank.reaper: cannot start {argv[0]}: {exc}\n".encode())
+        os._exit(127)
+    with contextlib.suppress(OSError):  # (both sides set it: whichever runs first)
+        os.setpgid(child, child)
+    os.write(1, PID_MARK + b"%d\n" % child)
+
+    def stop(_signum: int, _frame: object) -> None:  # asked to end: the child's group goes first
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child, signal.SIGKILL)
+
+    for asked in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(asked, stop)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # (a stack dump is for the ranks)
+    while True:
+        pid, status = os.waitpid(-1, 0)
+        if pid == child:
+            break
+    sweep(os.getpid())
+    if os.WIFSIGNALED(status):  # end the same way, so that whoever waits for us sees the signal
+        with contextlib.suppress(OSError, ValueError):  # (SIGKILL and SIGSTOP have no handler to reset)
+            signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+        os.kill(os.getpid(), os.WTERMSIG(status))
+        return 128 + os.WTERMSIG(status)  # (a signal that does not end a process)
+    return os.waitstatus_to_exitcode(status)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
