@@ -3,6 +3,7 @@ user or exits. Every step it calls lives in ``lab.core``, ``lab.doctor`` or ``la
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import signal
@@ -16,15 +17,26 @@ from typing import NoReturn
 
 import yaml
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from lab.containerlab import crossvpc, engine, hosts
+from lab.containerlab import crossvpc, engine, hosts, sandbox
 from lab.containerlab.image import DEFAULT_BASE, OFFLINE
-from lab.containerlab.topology import DEFAULT_LAB, TOPOLOGIES, Topology, check_lab_name, default_inventory
+from lab.containerlab.sandbox import Limits
+from lab.containerlab.topology import (
+    DEFAULT_LAB,
+    TOPOLOGIES,
+    LabPaths,
+    Topology,
+    check_lab_name,
+    default_inventory,
+)
 from lab.containerlab.up import UpRequest, bring_up
+from lab.core import grade
+from lab.core.grade import DEFAULT_WALL
 from lab.core.inventory import Inventory, load_inventory, local_inventory
-from lab.core.judge import exit_code, hung_at_start, judge
+from lab.core.judge import ended, exit_code, hung_at_start, judge
 from lab.core.plan import (
     BACKENDS,
     DEFAULT_TIMEOUT,
@@ -77,13 +89,42 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"the longest any rank may spend on one step: start-up, rendezvous or one "
                           f"exercise (default {DEFAULT_TIMEOUT:g})")
     run.add_argument("--solution", metavar="FILE.py", help="run this file in place of the exercise's "
-                     "reference program (one exercise) and check it the same way")
+                     "reference program (one exercise) and check it the same way; it runs as you, with "
+                     "your environment and files: for other people's code use `grade`")
     run.add_argument("--json", action="store_true", help="print the results as JSON on stdout "
                      "(rank output goes to stderr)")
     run.add_argument("--junit", metavar="FILE.xml", help="also write the results as JUnit XML (for grading in CI)")
     run.add_argument("--dry-run", action="store_true", help="print the plan as YAML and exit")
     run.add_argument("--keep", action="store_true", help="keep the run directory on every host")
     run.add_argument("-v", "--verbose", action="store_true", help="log what the lab does")
+
+    grading = commands.add_parser(
+        "grade", help="grade a class: run one exercise with every student's file, write a gradebook",
+        description="Run EXERCISE with each submission in SUBMISSIONS (a NAME.py file or a NAME/ folder "
+                    "per student) exactly as `run EXERCISE --solution FILE` would, check it, and write "
+                    "OUT/grades.csv (student, exercise, verdict, score, reason, seconds) and a JUnit "
+                    "file per student. On the local cluster each submission runs in a throwaway "
+                    "container (no network, read-only, user nobody, the limits below); the exit code "
+                    "says whether grading worked, not whether the students passed.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    grading.add_argument("submissions", metavar="SUBMISSIONS", help="a folder with one .py file or folder per student")
+    grading.add_argument("--exercise", required=True, metavar="NAME", help="the exercise to grade (see 'list')")
+    _cluster_options(grading)
+    grading.add_argument("--parallel", type=int, default=1, metavar="K",
+                       help="grade K submissions at once, each on its own share of the cluster (default 1)")
+    grading.add_argument("--out", default="grades", metavar="DIR", help="where the gradebook goes (default grades)")
+    grading.add_argument("--sandbox", choices=("container", "none"),
+                       help="local cluster: container (default) runs each submission in a throwaway "
+                            "container; none runs it as you, like `run --solution` (with --hosts: none)")
+    grading.add_argument("--memory", type=int, default=Limits.memory_mb, metavar="MB",
+                       help=f"data memory per rank (RLIMIT_DATA, on every kind of host; default {Limits.memory_mb})")
+    grading.add_argument("--pids", type=int, default=Limits.pids, metavar="N",
+                       help=f"processes (and threads) per rank in the sandbox (default {Limits.pids})")
+    grading.add_argument("--wall", type=float, default=DEFAULT_WALL, metavar="SECONDS",
+                       help=f"the longest one submission may run in all (default {DEFAULT_WALL:g})")
+    grading.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                       help=f"the longest any rank may spend on one step (default {DEFAULT_TIMEOUT:g})")
+    grading.add_argument("--backend", choices=BACKENDS, help="default: as for run")
 
     up = commands.add_parser(
         "up", help="build the lab image and start the container lab, write its inventory, smoke-test it",
@@ -191,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signum, _interrupt)
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "list": cmd_list, "run": cmd_run, "launch": cmd_launch, "doctor": cmd_doctor,
-        "up": cmd_up, "down": cmd_down, "status": cmd_status, "net": cmd_net, "ls": cmd_ls}
+        "grade": cmd_grade, "up": cmd_up, "down": cmd_down, "status": cmd_status, "net": cmd_net, "ls": cmd_ls}
     try:
         return commands[args.command](args)
     except LabError as exc:
@@ -274,6 +315,87 @@ def _run_cross_vpc(inventory: Inventory, options: Options, args: argparse.Namesp
     return ExitCode.OK if result.passed else ExitCode.CHECK_FAILED
 
 
+def cmd_grade(args: argparse.Namespace) -> int:
+    exercise = _one_exercise(args.exercise)
+    if args.parallel < 1:
+        raise UsageError(f"--parallel must be at least 1, got {args.parallel}")
+    for option in ("timeout", "wall"):
+        if getattr(args, option) <= 0:
+            raise UsageError(f"--{option} must be positive, got {getattr(args, option):g}")
+    if args.hosts and args.sandbox == "container":
+        raise UsageError("--sandbox container is for the local cluster: with --hosts the submissions run "
+                         "on the inventory's hosts")
+    limits = Limits(args.memory, args.pids)
+    try:
+        limits.check()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    submissions = grade.find_submissions(Path(args.submissions), exercise.program.rsplit(".", 1)[-1])
+    options = Options((exercise,), args.backend, "env", args.timeout, memory_mb=args.memory)
+    settings = _ssh_settings(args)
+    book = grade.Gradebook(Path(args.out))
+    console = Console(highlight=False)
+    with contextlib.ExitStack() as stack:
+        if args.hosts:
+            inventory = with_master_address(load_inventory(args.hosts), settings)
+            places = [grade.fixed(share) for share in
+                      grade.split_inventory(inventory, args.parallel, exercise.min_ranks)]
+        elif args.sandbox == "none":
+            places = [grade.fixed(local_inventory(args.nproc))] * args.parallel
+        else:
+            local_inventory(args.nproc)  # (checks --nproc)
+            client = engine.client()
+            state = LabPaths(Path(default_inventory(DEFAULT_LAB)).resolve()).state  # (the wheelhouse `lab up` keeps)
+            with console.status("the sandbox image", spinner="dots") as spinner:
+                sandbox.ensure_sandbox_image(client, state, _sayer(console),
+                                             lambda line: spinner.update(Text(line[:100], style="dim")))
+            stack.enter_context(sandbox.sandboxes_of(client))
+            places = [sandbox.maker(client, args.nproc, limits)] * args.parallel
+        grades = _grade_with_progress(console, submissions, options, places, book, settings, args.wall)
+    csv_path = book.write_csv(grades)
+    print_gradebook(console, grades)
+    console.print(f"wrote {csv_path} and {len(grades)} JUnit file(s) in {book.out / 'junit'}")
+    failed = [g for g in grades if not g.graded]
+    return failed[0].exit_code if failed else ExitCode.OK
+
+
+def _grade_with_progress(console: Console, submissions: list[grade.Submission], options: Options,
+                         places: list[grade.PlaceMaker], book: grade.Gradebook, settings: SSHSettings,
+                         wall: float) -> list[grade.Grade]:
+    columns = (SpinnerColumn(), TextColumn("grading {task.description}"), BarColumn(),
+               MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task(options.exercises[0].name, total=len(submissions))
+
+        def graded(g: grade.Grade) -> None:
+            progress.console.print(Text(f"{g.verdict.upper():8}", style=GRADE_STYLES[g.verdict])
+                                   + Text(f"{g.student}  {g.seconds:.1f}s  {g.reason}"), soft_wrap=True)
+            progress.advance(task)
+
+        return grade.grade_all(submissions, options, places, book, settings, wall, on_graded=graded)
+
+
+GRADE_STYLES = {"pass": "bold green", "fail": "bold red", "timeout": "bold red", "error": "yellow"}
+
+
+def print_gradebook(console: Console, grades: list[grade.Grade]) -> None:
+    """The grades as a table, by student, and the count of each verdict."""
+    table = Table("student", "verdict", "score", "seconds", "reason (whole in grades.csv)")
+    table.columns[-1].no_wrap, table.columns[-1].overflow = True, "ellipsis"
+    for g in sorted(grades, key=lambda g: g.student):
+        table.add_row(g.student, Text(g.verdict, style=GRADE_STYLES[g.verdict]), f"{g.score:g}",
+                      f"{g.seconds:.1f}", g.reason)
+    console.print(table)
+    counts = {v: sum(g.verdict == v for g in grades) for v in GRADE_STYLES}
+    console.print(f"{len(grades)} graded: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n))
+
+
+def _one_exercise(name: str) -> registry.Exercise:
+    if name not in registry.EXERCISES:
+        raise UsageError(f"unknown exercise {name!r}; see 'python -m lab list'")
+    return registry.EXERCISES[name]
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     if args.peering and args.topology != "cross-vpc":
         raise UsageError("--peering is for --topology cross-vpc")
@@ -317,7 +439,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     console.print()
     for s in failed:
         why = (f"stopped after {plan.timeout:g}s" + (f" at {s.stopped_at}" if s.stopped_at else "")
-               if s.spec.rank in outcome.hung else f"exited with code {s.exit_code}")
+               if s.spec.rank in outcome.hung else ended(s.exit_code))
         console.print(Text(f"rank {s.spec.rank} ({s.spec.host}) {why}", style="red"), soft_wrap=True)
     console.print(Text(f"{script.name}: {plan.world_size - len(failed)} of {plan.world_size} ranks succeeded "
                        f"in {outcome.seconds:.1f}s ({outcome.status})", style="bold"), highlight=False)

@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -45,6 +46,33 @@ class Lab:
         proc = subprocess.run(self.argv(*args), cwd=REPO, env=self.env, capture_output=True,
                               text=True, timeout=timeout)
         return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    def measured(self, *args: str, timeout: float = 240) -> tuple[Result, int]:
+        """Like calling it, and its peak resident memory in MB (VmHWM, read from /proc while it runs)."""
+        proc = subprocess.Popen(self.argv(*args), cwd=REPO, env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        streams: dict[str, bytes] = {}
+        readers = [threading.Thread(target=lambda n=n, s=s: streams.__setitem__(n, s.read()))
+                   for n, s in (("out", proc.stdout), ("err", proc.stderr))]
+        for reader in readers:
+            reader.start()
+        peak, deadline = 0, time.monotonic() + timeout
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                status = Path(f"/proc/{proc.pid}/status").read_text()
+                peak = max([peak, *(int(line.split()[1]) for line in status.splitlines()
+                                    if line.startswith("VmHWM"))])
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.02)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        for reader in readers:
+            reader.join()
+        result = Result(proc.returncode, streams["out"].decode("utf-8", "replace"),
+                        streams["err"].decode("utf-8", "replace"))
+        return result, peak // 1024
 
     def popen(self, *args: str) -> subprocess.Popen[str]:
         """The lab in the background, started as a non-interactive shell starts a background job

@@ -269,6 +269,38 @@ def test_the_docker_transport_runs_ranks_by_docker_exec(lab_up: Lab, tmp_path: P
     assert_no_workers_anywhere()
 
 
+def test_a_class_graded_across_the_lab_two_shares_at_once(lab_up: Lab, tmp_path: Path) -> None:
+    """`lab grade --hosts`: the 4 hosts split in two shares of 2 ranks, a submission on each at
+    once; the memory hog stopped by its rank's limit, the daemons gone from every host."""
+    from .test_grade import CLASS, read_grades
+
+    submissions = tmp_path / "class"
+    submissions.mkdir()
+    expected = {"alice": ("pass", ""), "carol": ("timeout", "carol.py:11 in ring_allreduce"),
+                "dave": ("fail", "out of memory (the limit is 768 MB per rank)"), "frank": ("pass", ""),
+                "grace": ("fail", "exited with status 0 during ring-allreduce"),
+                "ivan": ("fail", "called all_reduce")}
+    for student in expected:
+        (submissions / f"{student}.py").write_text((CLASS / f"{student}.py").read_text())
+    out = tmp_path / "book"
+    result = lab_up("grade", str(submissions), "--exercise", "ring-allreduce", "--hosts", str(INVENTORY),
+                    "--parallel", "2", "--timeout", "15", "--memory", "768", "--out", str(out), timeout=600)
+    assert result.code == 0, result.text[-4000:]
+    grades = read_grades(out)
+    assert {s: grades[s]["verdict"] for s in expected} == {s: v for s, (v, _) in expected.items()}, grades
+    for student, (_, words) in expected.items():
+        assert words in grades[student]["reason"], grades[student]
+    assert_no_workers_anywhere()
+    for i in TOPOLOGY.indices():
+        left = subprocess.run(["docker", "exec", TOPOLOGY.container(i), "pgrep", "-af", "sleep 900"],
+                              capture_output=True, text=True, timeout=30).stdout
+        assert left.strip() == "", f"{TOPOLOGY.container(i)}: {left}"
+    # nor can a submission leave a file in the lab user's home for the next one (a .bashrc...)
+    planted = subprocess.run(["docker", "exec", "--user", "lab", TOPOLOGY.container(1), "sh", "-c",
+                              "echo exit >> ~/.bashrc"], capture_output=True, text=True, timeout=30)
+    assert planted.returncode != 0 and "Permission denied" in planted.stderr
+
+
 @pytest.mark.parametrize("launcher", ["torchrun", "spawn"])
 def test_run_all_across_hosts_under_each_host_launcher(lab_up: Lab, tmp_path: Path, launcher: str) -> None:
     code, report = run_json(lab_up, "all", "--hosts", str(inventory_variant(tmp_path, 2, 2)),

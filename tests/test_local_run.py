@@ -93,11 +93,18 @@ def test_ring_allreduce_dsgd_and_backends_pass(lab: Lab, nproc: int) -> None:
 
 def test_the_tutorials_own_ring_allreduce_passes_as_a_solution(lab: Lab, tmp_path) -> None:
     """Tutorial 001's ``allreduce(send, recv)``, its text taken from the tutorial, graded as a
-    student's solution: the lab's reference drives it on every case (3 ranks)."""
+    student's solution: the lab's reference drives it on every case (3 ranks). The tutorial
+    leaves ``ring_allreduce`` as homework, and a solution without run() must define every
+    function the exercise grades (else the reference's would pass for it): the solution takes
+    the reference's by importing it, and the report says that one is not the student's."""
     solution = tmp_path / "tutorial_ring.py"
-    solution.write_text(ring_allreduce_fragment())
+    solution.write_text(ring_allreduce_fragment()
+                        + "\n\nfrom lab.suite.exercises.ring_allreduce import ring_allreduce\n")
     code, report = run_json(lab, "ring-allreduce", "--nproc", "3", "--solution", str(solution))
-    assert (code, by_name(report)["ring-allreduce"]["status"]) == (0, "pass")
+    entry = by_name(report)["ring-allreduce"]
+    assert (code, entry["status"]) == (0, "pass"), entry
+    assert any(n.startswith("ring_allreduce() is the reference program's own") for n in entry["notes"]), entry
+    assert any(n.startswith("allreduce(send, recv): each rank sent 2.00x") for n in entry["notes"]), entry
 
 
 def test_a_ring_for_two_ranks_only_passes_with_two(lab: Lab) -> None:
@@ -228,7 +235,7 @@ def test_launch_reports_the_failing_rank_and_stops_the_others(lab: Lab, tmp_path
                       "time.sleep(300)\n")
     result = lab("launch", "--nproc", "3", str(script))
     assert result.code == 1, result.text
-    assert "rank 1 (local) exited with code 7" in result.out
+    assert "rank 1 (local) exited with status 7" in result.out
     assert lab.leftovers() == []
 
 

@@ -1,12 +1,13 @@
 """Check: turn a run's raw outcome into one judged line per exercise, and an exit code."""
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field
 from typing import Literal
 
 from lab.core.runner import ExerciseRun, RankState, RunOutcome
 from lab.errors import ExitCode
-from lab.suite.check import Mismatch, Verdict, World
+from lab.suite.check import Mismatch, Verdict, World, ranks_named
 from lab.suite.registry import EXERCISES
 
 ExerciseStatus = Literal["pass", "fail", "timeout", "not run"]
@@ -44,16 +45,20 @@ def _judge_one(run: ExerciseRun, outcome: RunOutcome, world: World) -> ExerciseR
     seconds = max(run.seconds.values()) if run.seconds else None
     died = sorted((s for s in outcome.ranks if s.step == run.name and s.died), key=lambda s: s.ended_at or 0.0)
     if died or run.errors:  # the first rank to die first: its peers' errors are only the echo of it
-        causes = [f"rank {s.spec.rank} ({s.spec.host}) exited with code {s.exit_code} during {run.name}"
-                  for s in died]
-        causes += [f"rank {rank} raised {err['error']}" + (f" at {err['where']}" if err.get("where") else "")
-                   for rank, err in sorted(run.errors.items())]
+        exits = {s.spec.rank: run.errors[s.spec.rank] for s in died
+                 if run.errors.get(s.spec.rank, {}).get("error", "").startswith(SYS_EXIT)}
+        causes = [_death(s, run, exits.get(s.spec.rank)) for s in died]
+        raised: dict[str, list[int]] = {}  # the same error on several ranks is one cause
+        for rank, err in sorted(run.errors.items()):
+            if rank not in exits:
+                raised.setdefault(_raised(err), []).append(rank)
+        causes += [f"{ranks_named(ranks)} {text}" for text, ranks in raised.items()]
         more = f" (and {len(causes) - 1} more)" if len(causes) > 1 else ""
         ranks = tuple(sorted({s.spec.rank for s in died} | set(run.errors)))
         return ExerciseReport(run.name, "fail", seconds, causes[0] + more, ranks,
                               details={r: e.get("traceback", "") for r, e in run.errors.items()})
     if len(run.results) == world.world_size:
-        verdict: Verdict = EXERCISES[run.name].check(run.results, world)
+        verdict: Verdict = EXERCISES[run.name].judge(run.results, run.calls, world)  # values and method
         return ExerciseReport(run.name, "pass" if verdict.passed else "fail", seconds, verdict.reason,
                               verdict.failed_ranks, verdict.mismatches, verdict.notes)
     return _unfinished(run, outcome, seconds)
@@ -65,19 +70,67 @@ def _unfinished(run: ExerciseRun, outcome: RunOutcome, seconds: float | None) ->
     between = [s for s in outcome.ranks if s.spec.rank in outcome.hung and s.step not in outcome.exercises]
     if outcome.status == "timeout" and (here or (between and run.name == _first_unreported(outcome))):
         stuck = [s for s in here if s.spec.rank in outcome.hung] or here or between
-        reason = "; ".join(_stuck(s, outcome.plan.timeout) for s in stuck)
+        where: dict[str, list[RankState]] = {}  # ranks stuck at the same place are one phrase
+        for s in stuck:
+            where.setdefault(_stuck_at(s, outcome), []).append(s)
+        reason = "; ".join(f"{_who(states)} {at}" for at, states in where.items())
         return ExerciseReport(run.name, "timeout", seconds, reason, tuple(s.spec.rank for s in stuck))
-    fatal = [s for s in outcome.ranks if s.fatal]
-    if fatal:
-        s = fatal[0]
-        return ExerciseReport(run.name, "not run", seconds, f"rank {s.spec.rank} ({s.spec.host}) could "
-                              f"not start: {s.fatal}", (s.spec.rank,))
+    # the first rank to go is the cause (its peers fail after it, at a rendezvous or a barrier)
     died = sorted((s for s in outcome.ranks if s.died), key=lambda s: s.ended_at or 0.0)
-    if died:
-        s = died[0]  # the first to go; the others followed it
-        return ExerciseReport(run.name, "not run", seconds, f"not run: rank {s.spec.rank} ({s.spec.host}) "
-                              f"died with exit code {s.exit_code} during {s.step}", (s.spec.rank,))
-    return ExerciseReport(run.name, "not run", seconds, f"not run: the run ended ({outcome.status}) before it")
+    first = next(iter(died), None) or next((s for s in outcome.ranks if s.fatal), None)
+    if first is None:
+        return ExerciseReport(run.name, "not run", seconds, f"not run: the run ended ({outcome.status}) before it")
+    who = f"rank {first.spec.rank} ({first.spec.host})"
+    if first.fatal and (first.step == "startup" or first.step.startswith("init:")):
+        reason = f"{who} could not start: {first.fatal}"
+    elif first.fatal:
+        reason = f"not run: {who} failed in {describe_step(first.step)}: {first.fatal}"
+    else:
+        reason = f"not run: {who} {ended(first.exit_code)} during {describe_step(first.step)}"
+    return ExerciseReport(run.name, "not run", seconds, reason, (first.spec.rank,))
+
+
+SYS_EXIT = "SystemExit: "  # how the worker reports an exercise that called sys.exit (lab.rank.worker)
+
+
+def ended(code: int | None) -> str:
+    """How a process ended, in words that follow its name: "exited with status 3", "was killed
+    by SIGKILL". A status of 128+N is read as a shell (or the lab's reaper) reports death by
+    signal N; -1 is what SSH reports when a process ended without a status."""
+    if code is None:
+        return "did not end by itself"
+    if code == -1:
+        return "was killed by a signal or lost its connection (no exit status)"
+    if code < 0:
+        return f"was killed by {_signal_name(-code)}"
+    if code > 128 and _signal_name(code - 128, ""):
+        return f"was killed by {_signal_name(code - 128)} (exit status {code})"
+    return f"exited with status {code}"
+
+
+def _signal_name(number: int, unknown: str | None = None) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}" if unknown is None else unknown
+
+
+def _death(state: RankState, run: ExerciseRun, exit_error: dict[str, str] | None) -> str:
+    """How a rank that died during ``run`` ended: by its own sys.exit (the worker said where), or not."""
+    who = f"rank {state.spec.rank} ({state.spec.host})"
+    if exit_error is not None:
+        where = f" at {exit_error['where']}" if exit_error.get("where") else ""
+        return (f"{who} called {exit_error['error'].removeprefix(SYS_EXIT)}{where} during {run.name} "
+                f"and {ended(state.exit_code)}")
+    when = "after" if state.spec.rank in run.results else "before"
+    return f"{who} {ended(state.exit_code)} during {run.name}, {when} reporting its result"
+
+
+def _raised(error: dict[str, str]) -> str:
+    where = f" at {error['where']}" if error.get("where") else ""
+    if error.get("error", "").startswith(SYS_EXIT):
+        return f"called {error['error'].removeprefix(SYS_EXIT)}{where}"
+    return f"raised {error.get('error', '')}{where}"
 
 
 def _first_unreported(outcome: RunOutcome) -> str | None:
@@ -99,10 +152,19 @@ def describe_step(step: str) -> str:
     return step
 
 
-def _stuck(state: RankState, timeout: float) -> str:
+def _stuck_at(state: RankState, outcome: RunOutcome) -> str:
     where = f" at {state.stopped_at}" if state.stopped_at else ""
-    return (f"rank {state.spec.rank} ({state.spec.host}) stopped after {timeout:g}s in "
-            f"{describe_step(state.step)}{where}")
+    after = (f"at the run's limit of {outcome.wall:g}s" if outcome.wall is not None
+             else f"after {outcome.plan.timeout:g}s")
+    return f"stopped {after} in {describe_step(state.step)}{where}"
+
+
+def _who(states: list[RankState]) -> str:
+    """``rank 2 (node3)``, ``ranks 0, 1 (node1)``, ``ranks 0 (node1), 1 (node2)``."""
+    hosts = {s.spec.host for s in states}
+    if len(hosts) == 1:
+        return f"{ranks_named([s.spec.rank for s in states])} ({hosts.pop()})"
+    return "ranks " + ", ".join(f"{s.spec.rank} ({s.spec.host})" for s in sorted(states, key=lambda s: s.spec.rank))
 
 
 def hung_at_start(outcome: RunOutcome) -> bool:

@@ -70,6 +70,7 @@ class Options:
     timeout: float = DEFAULT_TIMEOUT  # seconds any one step (start-up, rendezvous, an exercise) may take
     solution: str | None = None  # a .py file run in place of the (single) exercise's program
     launcher: Launcher = "lab"  # who starts the ranks
+    memory_mb: int | None = None  # each rank's data memory limit (RLIMIT_DATA), set before its program loads
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,7 @@ class Plan:
     launcher: Launcher = "lab"
     rdzv_endpoint: str | None = None  # torchrun: ADDR:PORT of the c10d rendezvous
     port_count: int = 0  # ports to hold on rank 0's host (``${port0}``...)
+    memory_mb: int | None = None  # see Options
 
     @property
     def run_name(self) -> str:
@@ -144,7 +146,7 @@ class Plan:
     def rank_plan(self) -> dict[str, Any]:
         """The instructions every worker reads from LAB_RANK_PLAN."""
         return {"token": self.token, "backend": self.backend, "timeout": self.timeout,
-                "stages": [asdict(s) for s in self.stages]}
+                "memory_mb": self.memory_mb, "stages": [asdict(s) for s in self.stages]}
 
     @property
     def program(self) -> tuple[str, ...]:
@@ -184,7 +186,8 @@ class Plan:
             "world_size": self.world_size, "backend": self.backend, "init": self.init,
             "launcher": self.launcher, "master_addr": self.master_addr, "master_port": self.master_port,
             **({"rdzv_endpoint": self.rdzv_endpoint} if self.rdzv_endpoint else {}),
-            "timeout": self.timeout, "run_dir": f"{RUN_DIR} = <each host's temp dir>/{self.run_name}",
+            "timeout": self.timeout, **({"memory_mb": self.memory_mb} if self.memory_mb else {}),
+            "run_dir": f"{RUN_DIR} = <each host's temp dir>/{self.run_name}",
             **({"ports": f"{', '.join(port_macro(i) for i in range(self.port_count))}: chosen free and "
                          f"held on {self.hosts[0].name} when the run starts"} if self.port_count else {}),
             "hosts": [{"name": h.name, "address": h.address, "connection": h.connection,
@@ -300,7 +303,7 @@ def build_plan(inventory: Inventory, options: Options, token: str | None = None)
                 master_addr=master, master_port=master_port, timeout=options.timeout,
                 token=token, hosts=hosts, ranks=tuple(ranks), stages=stages, uploads=uploads,
                 shared_run_dir=shared, launcher=options.launcher,
-                rdzv_endpoint=_endpoint(master, rdzv_port), port_count=ports.count)
+                rdzv_endpoint=_endpoint(master, rdzv_port), port_count=ports.count, memory_mb=options.memory_mb)
 
 
 def _check_launcher(launcher: str) -> None:

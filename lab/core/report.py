@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from lab.core.judge import ExerciseReport
+from lab.core.judge import ExerciseReport, ended
 from lab.core.runner import LaunchState, RankState, RunOutcome
 
 RANK_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta", "bright_green")
@@ -26,7 +26,7 @@ class LineStreamer:
     def __call__(self, state: RankState | LaunchState, stream: str, line: str) -> None:
         style = RANK_STYLES[state.color % len(RANK_STYLES)]
         text = Text(f"[{state.label}] ", style=style)
-        text.append(line, style="red" if stream == "err" else "")
+        text.append(line, style={"err": "red", "lab": "yellow"}.get(stream, ""))
         self.console.print(text, soft_wrap=True, highlight=False)
 
 
@@ -41,6 +41,8 @@ def print_report(console: Console, outcome: RunOutcome, reports: list[ExerciseRe
         console.print(line, soft_wrap=True, highlight=False)
         for note in r.notes:
             console.print(Text(f"{'':8}note: {note}", style="yellow"), soft_wrap=True, highlight=False)
+    for note in dropped_output(outcome):
+        console.print(Text(f"note: {note}", style="yellow"), soft_wrap=True, highlight=False)
     for r in reports:
         if r.status in ("fail", "timeout"):
             _print_failure(console, outcome, r)
@@ -65,6 +67,19 @@ def _print_failure(console: Console, outcome: RunOutcome, r: ExerciseReport) -> 
             console.print(Text(f"  last lines of rank {rank} ({state.spec.host}):", style="dim"))
             for line in lines:
                 console.print(f"  | {line}", soft_wrap=True, highlight=False, markup=False)
+
+
+def dropped_output(outcome: RunOutcome) -> list[str]:
+    """One line for each rank that printed more than the lab shows (lab.core.runner: bounded output)."""
+    return [f"rank {s.spec.rank} ({s.spec.host}) printed {s.output.lines} lines ({_size(s.output.size)}): the "
+            f"first {s.output.shown} were shown, the other {s.output.dropped} counted and dropped"
+            for s in outcome.ranks if s.output.dropped]
+
+
+def _size(count: int) -> str:
+    if count < 1024:
+        return f"{count} bytes"
+    return f"{count / 1024:.1f} KiB" if count < 1 << 20 else f"{count / (1 << 20):.1f} MiB"
 
 
 def summary(outcome: RunOutcome, reports: list[ExerciseReport]) -> str:
@@ -93,6 +108,9 @@ def to_json(outcome: RunOutcome, reports: list[ExerciseReport], exit_code: int) 
         } for r in reports],
         "ranks": [{"rank": s.spec.rank, "host": s.spec.host, "hostname": s.info.get("hostname"),
                    "pid": s.info.get("pid"), "exit_code": s.exit_code,
+                   "ended": ended(s.exit_code) if s.exit_code is not None else None,
+                   "output": {"lines": s.output.lines, "bytes": s.output.size, "shown": s.output.shown,
+                              "dropped": s.output.dropped},
                    "step": s.step, "stopped_at": s.stopped_at, "fatal": s.fatal,
                    "torch": s.info.get("torch")} for s in outcome.ranks],
     }

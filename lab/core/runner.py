@@ -18,6 +18,26 @@ A watchdog gives every step a rank takes (start-up, rendezvous, one exercise) at
 ``plan.timeout`` seconds. A rank past it is hung: the runner asks every live rank for
 its Python stacks (SIGUSR1, see lab.rank.worker), notes where each one stopped, and kills
 them all.
+
+Output is bounded, whatever a rank prints. One reader thread per stream (``_Reader``) reads
+lines of at most EVENT_MAX bytes (the rest of a longer line is read in pieces and dropped,
+never held) and sorts them itself:
+
+* an event line of this run (``lab.rank.protocol``) goes whole to the controller's queue, also
+  when output without a newline ran into it (it then starts a line of its own);
+* any other line is the output of a rank (or of a host's launcher itself): its ``Output``
+  counts it (lines, bytes), keeps it, cut at LINE_MAX bytes, among its last TAIL_LINES
+  lines (the report's "last lines"), and only the first SHOWN_LINES of each rank go on
+  to the queue and ``on_line``; then ``on_line`` is told once that the rest of that rank's
+  output is counted, not shown, and the report says how much each such rank printed.
+
+Past SHOWN_LINES, the stream of a rank of its own (``--launcher lab``, a local pipe) is taken
+in blocks of the lines already buffered, counted with one pass over their bytes, so a flood of
+short lines costs no Python per line. (Lines that ranks share a stream for, tagged with their
+rank, and SSH channels are read a line at a time.) The queue holds at most QUEUE_MAX items:
+when the controller falls behind, the readers wait, the pipes fill and the ranks that print wait
+in their writes (backpressure), while the watchdog, which only takes from the queue, keeps its
+clock. While hung ranks dump their stacks (``dumping``), their stderr goes through whole.
 """
 from __future__ import annotations
 
@@ -28,7 +48,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -36,7 +56,7 @@ from typing import IO, Any, Literal
 
 from lab.core.plan import Launch, Plan, RankSpec, bind_macros
 from lab.errors import HostsUnreachable, HostUnreachable, LabError, RunError
-from lab.rank.protocol import MalformedEvent, parse_event, untag
+from lab.rank.protocol import MARK, MalformedEvent, parse_event, rank_tag, untag
 from lab.transport import (
     PACKAGE_DIR,
     RankProcess,
@@ -50,11 +70,65 @@ from lab.transport.ssh import SSHSettings
 
 log = logging.getLogger(__name__)
 
-TAIL_LINES = 200
+TAIL_LINES = 200  # the last lines of each rank's output kept (for the report)
+SHOWN_LINES = 1000  # lines of each rank's output passed on to ``on_line``; the rest is counted, not shown
+LINE_MAX = 4096  # bytes kept of a line of output; the rest of a longer one is counted and dropped
+EVENT_MAX = 1 << 20  # bytes an event line may have (a result is tens of KB); a longer one is output
+QUEUE_MAX = 1024  # lines read and not yet handled; when full, the readers (and the ranks) wait
+BATCH = 256  # queued items handled between two looks at the processes and the clock
+DUMP_MAX = 10_000  # lines of one rank's stack dump kept
 DUMP_WAIT = 1.5  # seconds to wait for stack dumps after SIGUSR1
 CRASH_GRACE = 5.0  # seconds peers get to report after a rank died
 STREAM_GRACE = 1.0  # seconds to wait for the last lines of a process that ended
 PORTS_WAIT = 30.0  # seconds for rank 0's host to report the ports it holds
+
+
+@dataclass(eq=False)
+class Output:
+    """What one rank (or a host's launcher itself) printed, within bounds whatever it prints:
+    every line counted, the first SHOWN_LINES shown, the last TAIL_LINES kept (each cut at
+    LINE_MAX bytes), the rest dropped. Its stdout and stderr readers both add to it."""
+
+    lines: int = 0
+    size: int = 0  # its bytes as printed, line ends included
+    last: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, text: str, size: int) -> int:
+        """Count a line of ``size`` bytes and keep ``text``, its start; how many lines so far."""
+        with self.lock:
+            self.lines += 1
+            self.size += size
+            self.last.append(text)
+            return self.lines
+
+    def add_block(self, block: bytes) -> None:
+        """Count a block of whole lines (each ends with its newline) and keep its last ones."""
+        last = [_text(raw.rstrip(b"\r"), len(raw) + 1) for raw in block[:-1].rsplit(b"\n", TAIL_LINES)[-TAIL_LINES:]]
+        with self.lock:
+            self.lines += block.count(b"\n")
+            self.size += len(block)
+            self.last.extend(last)
+
+    @property
+    def shown(self) -> int:
+        return min(self.lines, SHOWN_LINES)
+
+    @property
+    def dropped(self) -> int:
+        """Lines counted but never shown (some of the last ones are still in ``tail``)."""
+        return self.lines - self.shown
+
+    def tail(self) -> list[str]:
+        with self.lock:
+            return list(self.last)
+
+
+def _text(raw: bytes, size: int, whole: bool = True) -> str:
+    """A line of output as kept: at most LINE_MAX bytes of it, and a word where it was cut."""
+    if whole and len(raw) <= LINE_MAX:
+        return raw.decode("utf-8", "replace")
+    return raw[:LINE_MAX].decode("utf-8", "replace") + f" [cut: {size} bytes]"
 
 
 @dataclass
@@ -68,6 +142,9 @@ class LaunchState:
     exited_at: float | None = None
     settled: bool = False  # its ranks were told it ended (once its last lines were read)
     open_streams: int = 2
+    active_at: float = 0.0  # when a reader last read or queued one of its lines
+    closed_at: float | None = None  # when a reader last met the end of one of its streams
+    output: Output = field(default_factory=Output)  # a launcher's own lines (torchrun's)
 
     @property
     def label(self) -> str:
@@ -98,7 +175,7 @@ class RankState:
     exit_code: int | None = None  # its launch's, once that ended
     fatal: str | None = None  # start-up or rendezvous failed outside any exercise
     info: dict[str, Any] = field(default_factory=dict)  # hostname, pid, torch version
-    tail: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    output: Output = field(default_factory=Output)
     dump: list[str] = field(default_factory=list)  # stack dump after SIGUSR1
     stopped_at: str | None = None  # where a hung rank was stopped
     ended_at: float | None = None  # when it was seen to end by itself (not killed by the lab)
@@ -112,9 +189,16 @@ class RankState:
         return self.spec.rank
 
     @property
+    def tail(self) -> list[str]:
+        """Its last lines of output (TAIL_LINES at most)."""
+        return self.output.tail()
+
+    @property
     def died(self) -> bool:
-        """It ended by itself before saying it was done: a crash, or its host went away."""
-        return self.ended_at is not None and not self.done and self.exit_code != 0
+        """It ended by itself before saying it was done, whatever its exit status (0 too:
+        ``os._exit(0)`` in an exercise): a crash, an exit, a signal, or its host went away.
+        (A script says nothing: it is done when it exits with status 0.)"""
+        return self.ended_at is not None and not self.done
 
 
 @dataclass
@@ -125,6 +209,7 @@ class ExerciseRun:
     results: dict[int, Any] = field(default_factory=dict)
     errors: dict[int, dict[str, str]] = field(default_factory=dict)
     seconds: dict[int, float] = field(default_factory=dict)
+    calls: dict[int, Any] = field(default_factory=dict)  # the calls each rank made (lab.rank.calls)
 
 
 @dataclass
@@ -136,6 +221,7 @@ class RunOutcome:
     seconds: float
     hung: list[int] = field(default_factory=list)  # ranks found past the timeout
     ports: tuple[int, ...] = ()  # the ports held on rank 0's host (``${port0}``...)
+    wall: float | None = None  # the run was stopped at this limit on its whole time (not one step's)
 
     @property
     def master_port(self) -> int | None:
@@ -144,19 +230,28 @@ class RunOutcome:
 
 
 RunStatus = Literal["completed", "timeout", "interrupted", "crashed"]
-OnLine = Callable[["RankState | LaunchState", str, str], None]  # (whose line, "out" | "err", line)
-Events = queue.Queue[tuple[int, str, "str | None"]]  # (launch index, stream, line or None at its end)
+# (whose line, "out" | "err" | "lab" (the lab's own word about that output: the rest is not shown), line)
+OnLine = Callable[["RankState | LaunchState", str, str], None]
+# (launch index, "event" | "out" | "err" | "lab" | "end" (of one of its streams), whose line, line)
+Item = tuple[int, str, "RankState | LaunchState | None", str]
+Events = queue.Queue[Item]
 
 
 def run_plan(plan: Plan, on_line: OnLine = lambda *_: None, keep: bool = False,
-             ssh: SSHSettings | None = None) -> RunOutcome:
-    """Run ``plan`` to the end, a timeout or an interrupt; leave nothing running."""
+             ssh: SSHSettings | None = None, wall: float | None = None,
+             stop: threading.Event | None = None) -> RunOutcome:
+    """Run ``plan`` to the end, a timeout or an interrupt; leave nothing running.
+
+    ``wall``: the longest the whole run may take (a timeout, like a step's). ``stop``: another
+    thread's way to interrupt the run (as Ctrl-C does in this one)."""
     transports: dict[str, Transport] = {h.name: transport_for(h, ssh) for h in plan.hosts}
     launches = [LaunchState(launch, plan.launcher) for launch in plan.launches()]
     states = [RankState(spec, next(launch for launch in launches if spec.rank in launch.launch.ranks))
               for spec in plan.ranks]
     runs = {name: ExerciseRun(name) for name in plan.exercise_names}
-    events: Events = queue.Queue()
+    events: Events = queue.Queue(QUEUE_MAX)
+    dumping = threading.Event()  # set while hung ranks dump their stacks: their stderr goes through whole
+    stopped = threading.Event()  # set when the run is over: readers stop waiting for room in the queue
     started = time.monotonic()
     status: RunStatus = "completed"
     hung: list[int] = []
@@ -178,20 +273,32 @@ def run_plan(plan: Plan, on_line: OnLine = lambda *_: None, keep: bool = False,
         for i, launch in enumerate(launches):
             assert launch.process is not None
             for stream_name, stream in (("out", launch.process.stdout), ("err", launch.process.stderr)):
-                threading.Thread(target=_pump, args=(stream, i, stream_name, events),
-                                 name=f"lab-read-{i}-{stream_name}", daemon=True).start()
+                reader = _Reader(i, stream_name, launch, states, events, plan.token, dumping, stopped)
+                threading.Thread(target=reader.pump, args=(stream,), name=f"lab-read-{i}-{stream_name}",
+                                 daemon=True).start()
         for state in states:
             state.step_started = now
-        status, hung = _watch(plan, launches, states, runs, events, on_line)
+        limits = _Limits(started + wall if wall else None, stop or threading.Event())
+        status, hung = _watch(plan, launches, states, runs, events, on_line, dumping, limits)
     except KeyboardInterrupt:
         status = "interrupted"
     finally:
+        stopped.set()
         if holder is not None:
             holder.kill()
         _stop_all(launches, states)
         also = [plan.shared_run_dir] if plan.shared_run_dir else []
         for_each_host(transports, lambda t: release(t, keep, also))
-    return RunOutcome(plan, states, runs, status, time.monotonic() - started, hung, ports)
+    walled = wall if status == "timeout" and wall and time.monotonic() - started >= wall else None
+    return RunOutcome(plan, states, runs, status, time.monotonic() - started, hung, ports, walled)
+
+
+@dataclass(frozen=True)
+class _Limits:
+    """What ends a run besides its ranks: the wall-clock deadline, and a stop asked by another thread."""
+
+    deadline: float | None
+    stop: threading.Event
 
 
 def _prepare_all(plan: Plan, transports: dict[str, Transport]) -> dict[str, str]:
@@ -275,62 +382,173 @@ def _start(plan: Plan, launch: Launch, transport: Transport) -> RankProcess:
         raise RunError(f"host {launch.host}: cannot start {what}: {exc}") from exc
 
 
-def _pump(stream: IO[bytes], index: int, name: str, events: Events) -> None:
-    """Forward a stream's lines to the event queue; ``None`` marks its end."""
-    try:
-        for raw in iter(stream.readline, b""):
-            events.put((index, name, raw.decode("utf-8", "replace").rstrip("\r\n")))
-    except (OSError, ValueError):
-        pass
-    finally:
-        events.put((index, name, None))
+@dataclass
+class _Reader:
+    """Reads one stream of one launch to its end, within bounds (see the module's docstring)."""
+
+    index: int  # the launch's
+    stream: str  # "out" | "err"
+    launch: LaunchState
+    states: list[RankState]
+    events: Events
+    token: str
+    dumping: threading.Event
+    stopped: threading.Event
+
+    def pump(self, stream: IO[bytes]) -> None:
+        """Queue each event line whole, count each other line for its rank and queue the first
+        SHOWN_LINES of them (all of stderr while ranks dump their stacks); queue "end" at the end."""
+        prefix = f"{MARK}{self.token} ".encode() if self.stream == "out" else b""
+        only = self.states[self.launch.launch.ranks[0]].output if self.launch.carries_one_rank else None
+
+        def in_blocks() -> bool:  # the stream's only rank is past SHOWN_LINES: count its lines by the block
+            return only is not None and only.lines > SHOWN_LINES and not (
+                self.stream == "err" and self.dumping.is_set())
+
+        try:
+            for raw, size, kind in _lines(stream, prefix, in_blocks):
+                self.launch.active_at = time.monotonic()
+                if kind == "lines" and only is not None:
+                    only.add_block(raw)
+                elif kind == "whole" and prefix and raw.startswith(prefix):
+                    self._put("event", None, raw.decode("utf-8", "replace"))
+                else:
+                    whose, text = _whose_line(self.launch, self.states, _text(raw, size, kind == "whole"))
+                    if isinstance(whose, RankState) and only is None:  # as the rank printed it: less its tag
+                        size -= len(rank_tag(whose.spec.rank))
+                    count = whose.output.add(text, size)
+                    if count <= SHOWN_LINES or (self.stream == "err" and self.dumping.is_set()):
+                        self._put(self.stream, whose, text)
+                    elif count == SHOWN_LINES + 1:
+                        self._put("lab", whose, f"[lab: more than {SHOWN_LINES} lines: the rest of this "
+                                                f"output is counted, not shown]")
+        except (OSError, ValueError):
+            pass
+        finally:
+            self.launch.closed_at = time.monotonic()
+            self._put("end", None, "")
+
+    def _put(self, kind: str, whose: RankState | LaunchState | None, text: str) -> None:
+        """Queue an item; wait while the queue is full, unless the run is over."""
+        while not self.stopped.is_set():
+            try:
+                self.events.put((self.index, kind, whose, text), timeout=0.5)
+            except queue.Full:
+                continue
+            self.launch.active_at = time.monotonic()
+            return
+
+
+LineKind = Literal["whole", "cut", "lines"]
+
+
+def _lines(stream: IO[bytes], prefix: bytes, in_blocks: Callable[[], bool]) -> Iterator[tuple[bytes, int, LineKind]]:
+    """The lines of ``stream``, each as (its start without its line end, its length in bytes as
+    printed, "whole" or "cut"). A line longer than EVENT_MAX is cut: its rest is read in pieces
+    and dropped, never held. An event line (``prefix``; b"": none) that output without a line end
+    ran into (``print(..., end="")``, then the worker reports) starts a line of its own.
+
+    While ``in_blocks()``, whole lines already read (a buffered stream's) come as one block,
+    (their bytes, line ends and all, their length, "lines"), unless an event is among them:
+    a flood then costs a pass over its bytes, not a turn of this loop per line."""
+    peek = getattr(stream, "peek", None)  # a pipe's (not paramiko's): the bytes read and not yet taken
+    carried = b""  # the start of the next line, already read
+    while True:
+        if not carried and peek is not None and in_blocks():
+            data = peek(EVENT_MAX)  # what is buffered (blocks only while nothing is)
+            end = data.rfind(b"\n") + 1
+            if end > 0 and (not prefix or data.find(prefix, 0, end) < 0):
+                yield stream.read(end), end, "lines"
+                continue
+        room = EVENT_MAX - len(carried)
+        raw = carried if carried.endswith(b"\n") or room <= 0 else carried + stream.readline(room)
+        carried = b""
+        if not raw:
+            return
+        at = raw.find(prefix, 1) if prefix else -1
+        if at > 0:  # an event ran into this line: the line ends where the event starts
+            raw, carried = raw[:at], raw[at:]
+            yield raw, len(raw), "whole"
+        elif len(raw) < EVENT_MAX or raw.endswith(b"\n"):
+            yield raw.rstrip(b"\r\n"), len(raw), "whole"
+        else:
+            size, overlap = len(raw), raw[1 - len(prefix):] if prefix else b""
+            while more := stream.readline(EVENT_MAX):
+                both = overlap + more
+                at = both.find(prefix) if prefix else -1
+                if at >= 0:
+                    carried = both[at:]
+                    size += len(more) - len(carried)
+                    break
+                size += len(more)
+                if more.endswith(b"\n"):
+                    break
+                overlap = both[1 - len(prefix):] if prefix else b""
+            yield raw[:LINE_MAX], size, "cut"
 
 
 def _watch(plan: Plan, launches: list[LaunchState], states: list[RankState], runs: dict[str, ExerciseRun],
-           events: Events, on_line: OnLine) -> tuple[RunStatus, list[int]]:
-    """Consume events until every launch has finished, a rank hangs, or one dies."""
+           events: Events, on_line: OnLine, dumping: threading.Event,
+           limits: _Limits) -> tuple[RunStatus, list[int]]:
+    """Consume events until every launch has finished, a rank hangs, one dies, the run's wall
+    time is up or it is asked to stop."""
     crashed_at: float | None = None
     while not all(launch.finished for launch in launches):
-        try:
-            index, stream, line = events.get(timeout=0.2)
-        except queue.Empty:
-            pass
-        else:
+        if limits.stop.is_set():
+            return "interrupted", []
+        for index, kind, whose, line in _take(events, 0.2):
             launch = launches[index]
-            if line is None:
+            if kind == "end":
                 launch.open_streams -= 1
-            elif stream == "out" and (event := _event(launch, line, plan.token)) is not None:
-                _handle_event(launch, states, runs, event)
-            else:
-                whose, text = _whose_line(launch, states, line)
-                if isinstance(whose, RankState):  # a launcher's own lines (torchrun's) only stream
-                    whose.tail.append(text)
-                on_line(whose, stream, text)
+            elif kind == "event":
+                _handle_event(launch, states, runs, _event(launch, line, plan.token))
+            elif whose is not None:
+                on_line(whose, kind, line)
         now = time.monotonic()
         for launch in launches:
             if launch.exit_code is None and launch.process is not None:
                 launch.exit_code = launch.process.poll()
                 launch.exited_at = now if launch.exit_code is not None else None
             # Its ranks end with it once its last lines are read: they may say how each one ended.
+            # (Its readers may be still busy with a flood it printed: the grace runs from their last line.)
             if launch.exited_at is not None and not launch.settled and (
-                    launch.open_streams == 0 or now - launch.exited_at > STREAM_GRACE):
+                    launch.open_streams == 0 or now - max(launch.exited_at, launch.active_at) > STREAM_GRACE):
                 launch.settled = True
                 crashed_at = _ended(plan, launch, states, now) or crashed_at
         if crashed_at is not None and now - crashed_at > CRASH_GRACE:
             return "crashed", []
         late = [s.spec.rank for s in states if s.exit_code is None and now - s.step_started > plan.timeout]
+        if limits.deadline is not None and now > limits.deadline:
+            late = [s.spec.rank for s in states if s.exit_code is None]
         if late:
-            _locate_hangs(plan, launches, states, events)
+            _locate_hangs(plan, launches, states, events, dumping)
             return "timeout", late
     return ("completed" if all(s.done for s in states) else "crashed"), []
+
+
+def _take(events: Events, wait: float) -> list[Item]:
+    """The queued items, up to BATCH of them, waiting up to ``wait`` seconds for the first."""
+    try:
+        items = [events.get(timeout=wait)]
+    except queue.Empty:
+        return []
+    while len(items) < BATCH:
+        try:
+            items.append(events.get_nowait())
+        except queue.Empty:
+            break
+    return items
 
 
 def _ended(plan: Plan, launch: LaunchState, states: list[RankState], now: float) -> float | None:
     """Its ranks ended with it; ``now`` if one of them had not finished (a crash)."""
     mine = [state for state in states if state.launch is launch]
+    # when it ended: its streams' end, as its readers met it (so the first of several ranks
+    # to die is told apart from those that followed it within the same look), else now
+    ended = launch.closed_at if launch.open_streams == 0 and launch.closed_at is not None else now
     for state in mine:
         if state.exit_code is None:  # (a host's launcher may have said already how a rank ended)
-            state.exit_code, state.step_started, state.ended_at = launch.exit_code, now, now
+            state.exit_code, state.step_started, state.ended_at = launch.exit_code, now, ended
         state.done |= bool(plan.script) and launch.exit_code == 0  # a script says nothing
     return now if any(not state.done for state in mine) else None
 
@@ -343,12 +561,12 @@ def _whose_line(launch: LaunchState, states: list[RankState], line: str) -> tupl
     return (states[rank], text) if rank is not None and 0 <= rank < len(states) else (launch, line)
 
 
-def _event(launch: LaunchState, line: str, token: str) -> dict[str, Any] | None:
-    """The event a line of ``launch``'s stdout carries, if any (a malformed one is logged, not shown)."""
+def _event(launch: LaunchState, line: str, token: str) -> dict[str, Any]:
+    """The event an event line of ``launch``'s stdout carries (a malformed one is logged: ``{}``)."""
     try:
-        return parse_event(line, token)
+        return parse_event(line, token) or {}
     except MalformedEvent as exc:
-        log.debug("%s: unreadable event %r: %s", launch.label, line, exc)
+        log.debug("%s: unreadable event %r: %s", launch.label, line[:200], exc)
         return {}
 
 
@@ -375,6 +593,7 @@ def _handle_event(launch: LaunchState, states: list[RankState], runs: dict[str, 
         run = runs[event["exercise"]]
         run.results[rank] = event.get("value")
         run.seconds[rank] = float(event.get("seconds", 0.0))
+        run.calls[rank] = event.get("calls")
     elif kind == "error":
         runs[event["exercise"]].errors[rank] = {k: str(event.get(k, "")) for k in ("error", "where", "traceback")}
     elif kind == "fatal":
@@ -385,21 +604,19 @@ def _handle_event(launch: LaunchState, states: list[RankState], runs: dict[str, 
         state.done = True
 
 
-def _locate_hangs(plan: Plan, launches: list[LaunchState], states: list[RankState], events: Events) -> None:
+def _locate_hangs(plan: Plan, launches: list[LaunchState], states: list[RankState], events: Events,
+                  dumping: threading.Event) -> None:
     """Ask every live rank for its stacks and note where each one stopped."""
+    dumping.set()  # from now on the readers pass on every line of stderr, shown or not
     alive = [launch for launch in launches if launch.exit_code is None and launch.process is not None]
     for launch in alive:
         launch.process.signal(signal.SIGUSR1)  # type: ignore[union-attr]
     deadline = time.monotonic() + DUMP_WAIT
     while time.monotonic() < deadline:
-        try:
-            index, stream, line = events.get(timeout=0.1)
-        except queue.Empty:
-            continue
-        if line is not None and stream == "err":
-            whose, text = _whose_line(launches[index], states, line)
-            if isinstance(whose, RankState):
-                whose.dump.append(text)
+        for _, kind, whose, line in _take(events, 0.1):
+            if kind == "err" and isinstance(whose, RankState) and len(whose.dump) < DUMP_MAX and (
+                    line.startswith(_THREAD) or _FRAME.match(line)):  # a rank that floods stderr floods no dump
+                whose.dump.append(line)
     programs = _program_files(plan)
     for s in states:
         if s.exit_code is None:
@@ -407,6 +624,7 @@ def _locate_hangs(plan: Plan, launches: list[LaunchState], states: list[RankStat
 
 
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+_THREAD = ("Thread 0x", "Current thread 0x")  # how faulthandler starts each thread's stack
 
 
 def where_stopped(dump: list[str], programs: dict[str, Path]) -> str | None:
@@ -415,7 +633,7 @@ def where_stopped(dump: list[str], programs: dict[str, Path]) -> str | None:
     that runs the exercises (the one with lab/rank/worker.py frames), e.g. inside torch."""
     threads: list[list[re.Match[str]]] = [[]]
     for text in dump:
-        if text.startswith(("Thread 0x", "Current thread 0x")):
+        if text.startswith(_THREAD):
             threads.append([])
         elif m := _FRAME.match(text):
             threads[-1].append(m)

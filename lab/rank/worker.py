@@ -12,7 +12,10 @@ exercises that can share a process group share one.
 
 It reports to the controller in event lines (``lab.rank.protocol``): ``hello``, ``step``
 (the rank begins something: ``init:env``, an exercise), ``result`` (an exercise's returned
-dict), ``error`` (an exercise raised), ``fatal``, ``done``.
+dict), ``error`` (an exercise raised), ``fatal``, ``done``. ``result`` and ``error`` carry
+``calls``: the torch.distributed calls the exercise made on this rank and the bytes it sent to
+each peer (``lab.rank.calls``, installed before any exercise program is imported; it records
+only while the exercise loads and runs, never the lab's own rendezvous and barriers).
 
 The worker stops itself when its standard input closes (the controller is gone)
 and dumps every thread's stack on SIGUSR1, so a hang can be located.
@@ -86,22 +89,59 @@ def load_program(program: str) -> ModuleType:
     return importlib.import_module(program)
 
 
-def load_solution(program: str, reference: str | None) -> ModuleType:
-    """The program to run. A solution may be a whole program (it defines ``run``) or only the
-    functions a student writes (``ring_allreduce``, ``average_gradients``...): those then
-    replace the reference program's own, and the reference's ``run`` drives them."""
+def load_solution(program: str, reference: str | None, writes: tuple[str, ...] = ()) -> ModuleType:
+    """The program to run. A solution may be a whole program (it defines ``run``) or the
+    functions a student writes (``writes``, the exercise's: ``allreduce`` and ``ring_allreduce``,
+    ``average_gradients``...): those then replace the reference program's own (so do other
+    functions of the reference it defines), and the reference's ``run`` drives them.
+
+    Such a solution must define every one of ``writes``, or the reference's own would be graded
+    in place of the missing ones: ImportError names them. (Importing the reference's function
+    is defining it on purpose: the report then says it is the reference's.)"""
     module = load_program(program)
     if hasattr(module, "run") or reference is None:
         return module
     base = load_program(reference)
     names = [n for n, v in vars(module).items()
              if callable(v) and not n.startswith("_") and callable(getattr(base, n, None))]
+    file, ref = os.path.basename(program), f"{reference.rsplit('.', 1)[-1]}.py"
+    missing = [n for n in writes if n not in names]
     if not names:
-        raise ImportError(f"{os.path.basename(program)} defines neither run() nor any function of "
-                          f"{reference.rsplit('.', 1)[-1]}.py to replace")
+        asked = f" (it asks for {_listed(writes)})" if writes else ""
+        raise ImportError(f"{file} defines neither run() nor any function of {ref} to replace{asked}")
+    if missing:
+        have = [n for n in writes if n in names]
+        head = (f"{file} defines {_listed(have)} but not {_listed(missing)}" if have
+                else f"{file} defines neither run() nor {_listed(missing)}")
+        raise ImportError(f"{head}: a solution without run() writes every one of {_listed(writes)} "
+                          f"(to keep the reference's, import it: from {reference} import {', '.join(missing)})")
     for name in names:
         setattr(base, name, getattr(module, name))
     return base
+
+
+def _listed(names: list[str] | tuple[str, ...]) -> str:
+    return ", ".join(f"{n}()" for n in names)
+
+
+def student_functions(name: str) -> tuple[str, ...]:
+    """The functions a student writes for exercise ``name`` (lab.suite.registry), if any."""
+    from lab.suite.registry import EXERCISES  # pure Python: it travels with the rank side
+
+    exercise = EXERCISES.get(name)
+    return exercise.writes if exercise is not None else ()
+
+
+def record_functions(program: ModuleType, writes: tuple[str, ...], reference: str | None) -> None:
+    """Wrap the student's functions in ``program`` so that what each one sends is recorded apart
+    (the reference's ``run`` looks them up there when it runs, and so does a whole program)."""
+    from lab.rank.calls import RECORDER
+
+    for name in writes:
+        fn = getattr(program, name, None)
+        if callable(fn):
+            borrowed = reference is not None and getattr(fn, "__module__", None) == reference
+            setattr(program, name, RECORDER.scoped(name, fn, reference=borrowed))
 
 
 def call_with_context(fn: Callable[..., Any], context: dict[str, Any]) -> Any:
@@ -131,6 +171,10 @@ class Rank:
     def run(self) -> int:
         import torch
 
+        from lab.rank.calls import install
+
+        install()  # before any exercise program is imported: it binds the recorded functions
+        limit_memory(self.plan.get("memory_mb"))
         self.emit("hello", pid=os.getpid(), hostname=socket.gethostname(), local_rank=self.local_rank,
                   python=sys.version.split()[0], torch=torch.__version__)
         failures = 0
@@ -182,17 +226,29 @@ class Rank:
         return failures
 
     def run_exercise(self, exercise: dict[str, str], init_method: str | None) -> bool:
+        from lab.rank.calls import RECORDER
+
         name = exercise["name"]
         self.emit("step", step=name)
         started = time.monotonic()
+        reference, writes = exercise.get("reference"), student_functions(name)
         try:
-            program = load_solution(exercise["program"], exercise.get("reference"))
-            value = call_with_context(program.run, self.context(init_method))
+            with RECORDER.recording():  # only the exercise's own calls: not the lab's barrier after it
+                program = load_solution(exercise["program"], reference, writes)
+                record_functions(program, writes, reference)
+                value = call_with_context(program.run, self.context(init_method))
         except Exception as exc:  # an exercise's failure is a result, not the worker's end
-            self.emit("error", exercise=name, error=f"{type(exc).__name__}: {exc}",
-                      where=_where(exc, exercise["program"]), traceback=traceback.format_exc())
+            self.emit("error", exercise=name, error=_error(exc), where=_where(exc, exercise["program"]),
+                      traceback=traceback.format_exc(), calls=RECORDER.summary())
             return False
-        self.emit("result", exercise=name, value=value, seconds=time.monotonic() - started)
+        except SystemExit as exc:  # the exercise ends this rank: say where, then end as it asked
+            code = "" if exc.code is None else repr(exc.code)
+            self.emit("error", exercise=name, error=f"SystemExit: sys.exit({code})",
+                      where=_where(exc, exercise["program"]), traceback=traceback.format_exc(),
+                      calls=RECORDER.summary())
+            raise
+        self.emit("result", exercise=name, value=value, seconds=time.monotonic() - started,
+                  calls=RECORDER.summary())
         return True
 
 
@@ -239,8 +295,31 @@ def ensure_shared_path(path: str, rank: int, size: int, timeout: float) -> None:
         time.sleep(0.05)
 
 
+def limit_memory(megabytes: int | None) -> None:
+    """Cap this process's data memory (RLIMIT_DATA: the heap and private writable mappings, what
+    torch allocates tensors in) at ``megabytes``, torch's own included, for good: the hard limit
+    too, so the program cannot raise it. An allocation past it fails (a MemoryError or torch's
+    "can't allocate memory"), in the exercise, as the student's error."""
+    if megabytes:
+        import resource
+
+        limit = megabytes * 2**20
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+
+def _error(exc: BaseException) -> str:
+    """``Type: message``; a SyntaxError's message without its ``(file, line N)``: where says it."""
+    if isinstance(exc, SyntaxError) and exc.msg:
+        return f"{type(exc).__name__}: {exc.msg}"
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _where(exc: BaseException, program: str) -> str:
-    """``file:line: source`` of the deepest frame inside the exercise program."""
+    """``file:line: source`` of the deepest frame inside the exercise program; for a SyntaxError
+    (no frame of the program ran), the line it names."""
+    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
+        source = (exc.text or "").strip()
+        return f"{os.path.basename(exc.filename)}:{exc.lineno}" + (f": {source}" if source else "")
     frames = traceback.extract_tb(exc.__traceback__)
     name = program.replace(".", "/") + ".py" if not program.endswith(".py") else program
     mine = [f for f in frames if f.filename.endswith(name)]

@@ -120,3 +120,9 @@ def values_match(expected: Any, got: Any, tol: float = 1e-6) -> bool:
 def _short(value: Any, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def ranks_named(ranks: list[int] | tuple[int, ...]) -> str:
+    """``rank 3``, or ``ranks 0, 1, 2``: several ranks that did the same, in one phrase."""
+    ordered = sorted(ranks)
+    return f"rank {ordered[0]}" if len(ordered) == 1 else f"ranks {', '.join(map(str, ordered))}"

@@ -11,6 +11,22 @@ reads and may replace with ``--solution``) with a checker
   exercise of the run reuses, so ``run all`` pays start-up and rendezvous once;
 * ``"env"``, ``"tcp"``, ``"file"``: the program forms its own group with that
   init method, from the settings the lab injects, and destroys it again.
+
+``writes`` names the functions a student writes: a ``--solution`` without ``run()`` must define
+every one (the reference's ``run`` drives them), and what each one sends is recorded apart.
+
+``method`` (:mod:`lab.suite.method`) is what the exercise's ranks may and must call, where the
+exercise is about the method and not only the values:
+
+* ``p2p``, ``ring-allreduce``: point-to-point calls only (send, recv, isend, irecv,
+  batch_isend_irecv, the ``*_object_list`` sends), and ``barrier``, which moves no data; the
+  ring's bytes are judged too (:func:`lab.suite.checks.ring.check_ring_traffic`);
+* ``p2p-async``: the same, and every rank makes a non-blocking call (isend, irecv or
+  batch_isend_irecv);
+* the collectives (``broadcast`` ... ``barrier``): every rank calls the collective the exercise
+  practises (a rank that computes the expected values itself fails); anything else is allowed,
+  e.g. the reference's workarounds where a backend lacks the op;
+* the others (process creation, groups, init methods, dsgd, backends): no rule.
 """
 from __future__ import annotations
 
@@ -20,6 +36,7 @@ from typing import Literal
 
 from lab.suite.check import Results, Verdict, World
 from lab.suite.checks import backends, basics, collectives, dsgd, p2p, ring
+from lab.suite.method import Calls, Method, borrowed, check_method, combine, nonblocking, point_to_point, uses
 
 # Who forms the process group: nobody, the lab (one group every shared exercise reuses), or the
 # program itself with that init method.
@@ -35,6 +52,14 @@ class Exercise:
     rendezvous: Rendezvous = "shared"
     min_ranks: int = 1
     in_all: bool = True  # part of `run all`
+    writes: tuple[str, ...] = ()  # the functions a student writes (a solution without run() defines all)
+    method: Method | None = None  # the calls its ranks may and must make (None: any)
+
+    def judge(self, results: Results, calls: Calls, world: World) -> Verdict:
+        """The values (``check``) and the method (the calls each rank made) together."""
+        verdict = combine(self.check(results, world), check_method(self.name, self.method, calls, world))
+        notes = borrowed(calls, world)
+        return Verdict(verdict.passed, verdict.reason, verdict.mismatches, verdict.notes + notes) if notes else verdict
 
 
 def _exercises() -> dict[str, Exercise]:
@@ -52,30 +77,38 @@ def _exercises() -> dict[str, Exercise]:
         Exercise("init-file", "init_method='file:///PATH' on a path every rank shares",
                  "lab.suite.exercises.init_file", basics.check_init, "file"),
         Exercise("p2p", "blocking send/recv: 0 -> 1, then a pass around the ring",
-                 "lab.suite.exercises.p2p", p2p.check_p2p, min_ranks=2),
+                 "lab.suite.exercises.p2p", p2p.check_p2p, min_ranks=2, method=point_to_point()),
         Exercise("p2p-async", "non-blocking isend/irecv and wait()",
-                 "lab.suite.exercises.p2p_async", p2p.check_p2p_async, min_ranks=2),
+                 "lab.suite.exercises.p2p_async", p2p.check_p2p_async, min_ranks=2, method=nonblocking()),
         Exercise("broadcast", "broadcast from rank 0 (and from the last rank)",
-                 "lab.suite.exercises.broadcast", collectives.check_broadcast),
+                 "lab.suite.exercises.broadcast", collectives.check_broadcast,
+                 method=uses("broadcast", "ProcessGroup.broadcast")),
         Exercise("reduce", "reduce to rank 0 with SUM, PRODUCT, MAX, MIN",
-                 "lab.suite.exercises.reduce", collectives.check_reduce),
+                 "lab.suite.exercises.reduce", collectives.check_reduce, method=uses("reduce", "ProcessGroup.reduce")),
         Exercise("all-reduce", "all_reduce with SUM, PRODUCT, MAX, MIN",
-                 "lab.suite.exercises.all_reduce", collectives.check_all_reduce),
+                 "lab.suite.exercises.all_reduce", collectives.check_all_reduce,
+                 method=uses("all_reduce", "ProcessGroup.allreduce")),
         Exercise("scatter", "scatter a list of tensors from rank 0",
-                 "lab.suite.exercises.scatter", collectives.check_scatter),
+                 "lab.suite.exercises.scatter", collectives.check_scatter,
+                 method=uses("scatter", "ProcessGroup.scatter")),
         Exercise("gather", "gather every rank's tensor on rank 0",
-                 "lab.suite.exercises.gather", collectives.check_gather),
+                 "lab.suite.exercises.gather", collectives.check_gather, method=uses("gather", "ProcessGroup.gather")),
         Exercise("all-gather", "all_gather every rank's tensor on every rank",
-                 "lab.suite.exercises.all_gather", collectives.check_all_gather),
+                 "lab.suite.exercises.all_gather", collectives.check_all_gather,
+                 method=uses("all_gather", "all_gather_into_tensor", "ProcessGroup.allgather")),
         Exercise("reduce-scatter", "reduce_scatter of [1,10,100,1000]*rank (the tutorial's example)",
-                 "lab.suite.exercises.reduce_scatter", collectives.check_reduce_scatter),
+                 "lab.suite.exercises.reduce_scatter", collectives.check_reduce_scatter,
+                 method=uses("reduce_scatter", "reduce_scatter_tensor", "ProcessGroup.reduce_scatter")),
         Exercise("barrier", "barrier: no rank leaves before the last one arrives",
-                 "lab.suite.exercises.barrier", collectives.check_barrier),
+                 "lab.suite.exercises.barrier", collectives.check_barrier,
+                 method=uses("barrier", "monitored_barrier", "ProcessGroup.barrier")),
         Exercise("ring-allreduce", "ring all-reduce from isend/recv: the tutorial's, then chunked "
                  "(reduce-scatter + all-gather)", "lab.suite.exercises.ring_allreduce", ring.check_ring_allreduce,
-                 min_ranks=2),
+                 min_ranks=2, writes=("allreduce", "ring_allreduce"),
+                 method=point_to_point(ring.check_ring_traffic)),
         Exercise("dsgd", "distributed synchronous SGD: average_gradients with all_reduce, vs one "
-                 "process and DistributedDataParallel", "lab.suite.exercises.dsgd", dsgd.check_dsgd),
+                 "process and DistributedDataParallel", "lab.suite.exercises.dsgd", dsgd.check_dsgd,
+                 writes=("average_gradients",)),
         Exercise("backends", "which backends each host has; collectives on nccl with a GPU per rank, "
                  "else gloo", "lab.suite.exercises.backends", backends.check_backends),
         Exercise("cross-vpc", "(the cross-VPC lab) MASTER_ADDR external: the store connects, the mesh "

@@ -3,6 +3,14 @@
 
 The expected SUM at each position comes from the input formula, summed over the ranks in
 plain Python. Every value is an integer exact in every dtype, so results compare exactly.
+
+:func:`check_ring_traffic` judges the bytes each rank sent inside each function (recorded by
+the rank, see :mod:`lab.suite.method`), per byte of the tensor it was given: the tutorial's
+ring passes n - 1 whole tensors (a note says so); the chunked ring, the bandwidth-optimal
+homework, 2(n-1)/n. A ``ring_allreduce`` above :data:`NOT_OPTIMAL` times that fails: it is not
+the homework's ring (whole tensors passed n - 1 times are n/2 times the optimal: 1.5x with 3
+ranks; with 2 ranks both send one tensor, so they cannot be told apart). Between
+:data:`OPTIMAL_SLACK` and that, a note says it sends more than the optimal.
 """
 from __future__ import annotations
 
@@ -10,7 +18,7 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
-from lab.suite.check import Expect, Results, Verdict, World
+from lab.suite.check import Expect, Mismatch, Results, Verdict, World, ranks_named
 from lab.suite.checks import reported
 from lab.suite.checks.ring_cases import (
     DTYPES,
@@ -22,6 +30,8 @@ from lab.suite.checks.ring_cases import (
 
 FUNCTIONS = {"allreduce": "allreduce(send, recv)", "ring_allreduce": "ring_allreduce(tensor)"}
 SHOW = 6  # wrong positions named in a reason
+OPTIMAL_SLACK = 1.05  # up to this times 2(n-1)/n is bandwidth-optimal (chunks of unequal size)
+NOT_OPTIMAL = 1.25  # ring_allreduce fails above this times 2(n-1)/n
 
 
 @cache
@@ -92,3 +102,66 @@ def _same(want: float, got: Any) -> bool:
 def _are_samples(samples: Any, want: list[list[int]]) -> bool:
     return (isinstance(samples, list) and len(samples) == len(want)
             and all(isinstance(s, list) and len(s) == 2 and s[0] == p for s, (p, _) in zip(samples, want)))
+
+
+def check_ring_traffic(calls: Mapping[int, Any], world: World) -> Verdict:
+    """The bytes each rank sent inside each function, per byte of its tensor, and to whom: a note
+    per function; a failure if ``ring_allreduce`` sent more than :data:`NOT_OPTIMAL` times the
+    bandwidth-optimal 2(n-1)/n."""
+    n = world.world_size
+    optimal = 2 * (n - 1) / n
+    notes: list[str] = []
+    mismatches: list[Mismatch] = []
+    reason = ""
+    for function, label in FUNCTIONS.items():
+        sent = {rank: f for rank in range(n) if (f := _traffic(calls.get(rank), function)) is not None}
+        if not sent:
+            continue
+        ratios = {rank: sum(to.values()) / size for rank, (size, to, _) in sent.items()}
+        times = sorted({count for _, _, count in sent.values()})
+        low, high = min(ratios.values()), max(ratios.values())
+        shown = f"{low:.2f}x" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}x to {high:.2f}x"
+        where = _destinations({rank: to for rank, (_, to, _) in sent.items()}, n)
+        if function == "allreduce":
+            verdict = (f"the tutorial's ring: n-1 = {n - 1} whole tensors; the chunked ring sends "
+                       f"2(n-1)/n = {optimal:.2f}x")
+        elif high <= optimal * OPTIMAL_SLACK:
+            verdict = f"bandwidth-optimal: 2(n-1)/n = {optimal:.2f}x"
+        else:
+            verdict = f"more than the bandwidth-optimal 2(n-1)/n = {optimal:.2f}x"
+        over_calls = f" over {times[0]} calls" if len(times) == 1 else ""
+        notes.append(f"{label}: each rank sent {shown} the bytes of its tensor{over_calls} ({verdict}), {where}")
+        over = sorted(rank for rank, ratio in ratios.items() if ratio > optimal * NOT_OPTIMAL)
+        if function == "ring_allreduce" and over:
+            for rank in over:
+                mismatches.append(Mismatch(rank, f"{label}: bytes sent per byte of the tensor",
+                                           round(optimal, 2), round(ratios[rank], 2)))
+            reason = (f"{label} is not bandwidth-optimal: {ranks_named(over)} sent up to {high:.2f}x the tensor, over "
+                      f"{NOT_OPTIMAL:g}x the chunked ring's 2(n-1)/n = {optimal:.2f}x (the tutorial's ring "
+                      f"sends n-1 = {n - 1}x): cut the tensor into n chunks, reduce-scatter them round the "
+                      f"ring, then all-gather them")
+    return Verdict(not mismatches, reason, tuple(mismatches), tuple(notes))
+
+
+def _traffic(summary: Any, function: str) -> tuple[int, dict[int, int], int] | None:
+    """(bytes of the tensors the function was given, bytes sent to each rank inside it, times it
+    was called), from a rank's calls summary; None when it was not recorded (or sent nothing)."""
+    functions = summary.get("functions") if isinstance(summary, Mapping) else None
+    f = functions.get(function) if isinstance(functions, Mapping) else None
+    if not isinstance(f, Mapping):
+        return None
+    size, sent = f.get("tensor_bytes"), f.get("sent")
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 0 or not isinstance(sent, Mapping):
+        return None
+    to = {int(dst): int(n) for dst, n in sent.items()
+          if str(dst).lstrip("-").isdigit() and isinstance(n, int) and not isinstance(n, bool) and n > 0}
+    calls = f.get("calls")
+    return (size, to, calls if isinstance(calls, int) else 0) if to else None
+
+
+def _destinations(sent: dict[int, dict[int, int]], n: int) -> str:
+    """To whom each rank sent, and how many bytes: "to rank r+1 only: rank 0 2,265,728 B to 1, ..."."""
+    ring = all(set(to) == {(rank + 1) % n} for rank, to in sent.items())
+    each = "; ".join(f"rank {rank} " + ", ".join(f"{b:,} B to {dst}" for dst, b in sorted(to.items()))
+                     for rank, to in sorted(sent.items()))
+    return f"to rank r+1 only ({each})" if ring else f"not only to rank r+1 ({each})"

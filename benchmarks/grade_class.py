@@ -1,0 +1,86 @@
+"""Benchmark: grading a class of ring all-reduce submissions, contained and in parallel.
+
+A class of N copies of one correct submission (tests/class/ring/alice.py, each under its own
+student name), 3 ranks each, graded three ways in one run:
+
+* baseline: ``python -m lab run ring-allreduce --solution FILE --nproc 3`` for each file, one
+  after the other (what an instructor would script without ``lab grade``);
+* ``lab grade --parallel 1``: each submission in its own throwaway sandbox container;
+* ``lab grade --parallel 2``: two sandboxes at a time.
+
+It prints seconds per submission and the ratios: containment (grade --parallel 1 against the
+baseline; goal at most 1.2) and throughput (--parallel 2 against --parallel 1; goal at least
+1.6). Needs the Docker engine and the lab image (``make lab-up`` builds it).
+
+    python benchmarks/grade_class.py [--students 40] [--nproc 3]
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CORRECT = REPO / "tests" / "class" / "ring" / "alice.py"
+LAB = [sys.executable, "-m", "lab"]
+
+
+def make_class(directory: Path, students: int) -> Path:
+    root = directory / "submissions"
+    root.mkdir()
+    for i in range(students):
+        shutil.copyfile(CORRECT, root / f"student{i:02d}.py")
+    return root
+
+
+def baseline(root: Path, nproc: int) -> float:
+    started = time.monotonic()
+    for path in sorted(root.glob("*.py")):
+        done = subprocess.run([*LAB, "run", "ring-allreduce", "--solution", str(path), "--nproc", str(nproc)],
+                              cwd=REPO, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"baseline: {path.name} did not pass:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return time.monotonic() - started
+
+
+def grade(root: Path, nproc: int, parallel: int, out: Path) -> float:
+    started = time.monotonic()
+    done = subprocess.run([*LAB, "grade", str(root), "--exercise", "ring-allreduce", "--nproc", str(nproc),
+                           "--parallel", str(parallel), "--out", str(out)], cwd=REPO, capture_output=True, text=True)
+    seconds = time.monotonic() - started
+    with (out / "grades.csv").open() as f:
+        verdicts = [row["verdict"] for row in csv.DictReader(f)]
+    if done.returncode != 0 or verdicts.count("pass") != len(list(root.glob("*.py"))):
+        raise SystemExit(f"grade --parallel {parallel}: exit {done.returncode}, verdicts {verdicts}:\n"
+                         f"{done.stdout[-3000:]}{done.stderr[-2000:]}")
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--students", type=int, default=40)
+    parser.add_argument("--nproc", type=int, default=3)
+    args = parser.parse_args()
+    os.environ["PYTHONPATH"] = str(REPO)
+    with tempfile.TemporaryDirectory() as directory:
+        root = make_class(Path(directory), args.students)
+        plain = baseline(root, args.nproc)
+        one = grade(root, args.nproc, 1, Path(directory, "p1"))
+        two = grade(root, args.nproc, 2, Path(directory, "p2"))
+    n = args.students
+    print(f"{n} ring-allreduce submissions, {args.nproc} ranks each, {os.cpu_count()} CPU(s)")
+    print(f"  run --solution, one after another   {plain:7.1f}s  {plain / n:5.2f}s per submission")
+    print(f"  grade --parallel 1 (sandboxed)      {one:7.1f}s  {one / n:5.2f}s per submission")
+    print(f"  grade --parallel 2 (sandboxed)      {two:7.1f}s  {two / n:5.2f}s per submission")
+    print(f"containment cost (grade -p1 / run):   {one / plain:.2f}x  (goal <= 1.2)")
+    print(f"throughput of -p2 over -p1:           {one / two:.2f}x  (goal >= 1.6)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,272 @@
+"""Which ``torch.distributed`` calls an exercise made on this rank: the evidence of its *method*.
+
+Runs on every host: the standard library, and torch once :func:`install` is called.
+
+:func:`install` replaces, once per process, the public communication functions of
+``torch.distributed`` (send, recv, isend, irecv, batch_isend_irecv, the collectives, barrier,
+the ``*_object`` variants: :data:`FUNCTIONS`) and the same names in
+``torch.distributed.distributed_c10d`` (which the former re-exports, and whose own functions
+call each other through) with wrappers, and wraps the communication methods of
+``ProcessGroup`` (:data:`GROUP_METHODS`, so ``dist.group.WORLD.allreduce(...)`` is seen too).
+The worker installs it before it imports any exercise program, so a solution's
+``from torch.distributed import all_reduce`` binds the wrapper. ``P2POp`` and
+``batch_isend_irecv`` keep working: P2POp checks its ``op`` against the same (wrapped) names.
+
+The wrappers record only inside :meth:`Recorder.recording`, which the worker holds around one
+exercise (loading its program and its ``run()``): the lab's own calls (the rendezvous, the
+barrier between exercises, destroy) are never the student's. What is recorded:
+
+* ``counts``: name -> how many times the program called it (``ProcessGroup.allreduce`` for a
+  method of a group). A call that torch makes inside another (the sends inside
+  ``send_object_list``, the isends inside ``batch_isend_irecv``) is not counted again; a call
+  that raised was made, and counts.
+* ``sent``: destination rank -> bytes this rank sent point to point (``numel() *
+  element_size()`` of every tensor given to send or isend, the ones inside
+  ``batch_isend_irecv`` and ``send_object_list`` included).
+* ``functions``: for each function a student writes (``Exercise.writes``) that the worker
+  wrapped with :meth:`Recorder.scoped`: ``calls`` (times it was called), ``tensor_bytes``
+  (the bytes of its first tensor argument, summed over the calls), its own ``counts`` and
+  ``sent`` (what the rank did while inside it), and ``reference: true`` when the function is
+  the reference program's own (a solution that imported it).
+
+:meth:`Recorder.summary` is that as JSON data: counts and byte totals, never a list of calls.
+It is evidence of what an honest program did, not a sandbox: a program can reach the backend
+without these functions (``torch.ops``, the functional collectives) or undo the wrappers.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+# The public communication functions of torch.distributed (those this torch has are wrapped).
+FUNCTIONS: tuple[str, ...] = (
+    "send", "recv", "isend", "irecv", "batch_isend_irecv",
+    "broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "gather", "scatter",
+    "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+    "all_reduce_coalesced", "all_gather_coalesced", "_all_gather_base", "_reduce_scatter_base",
+    "barrier", "monitored_barrier",
+    "broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list",
+    "send_object_list", "recv_object_list",
+)
+SENDS: frozenset[str] = frozenset({"send", "isend"})  # the functions whose tensor goes to a peer
+# The communication methods of ProcessGroup, recorded as "ProcessGroup.<name>".
+GROUP_METHODS: tuple[str, ...] = (
+    "send", "recv", "recv_anysource", "broadcast", "allreduce", "allreduce_coalesced", "reduce",
+    "allgather", "allgather_coalesced", "allgather_into_tensor_coalesced", "_allgather_base",
+    "gather", "scatter", "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor_coalesced",
+    "alltoall", "alltoall_base", "barrier", "monitored_barrier",
+)
+WRAPPED = "__lab_calls__"  # set on every wrapper: never wrapped twice
+
+
+@dataclass
+class Tally:
+    """Calls and bytes sent, in all or inside one of the student's functions."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    sent: Counter[int] = field(default_factory=Counter)
+    calls: int = 0  # times the function was called (functions only)
+    tensor_bytes: int = 0  # bytes of its first tensor argument, summed over the calls
+    reference: bool = False  # the reference program's own function, not the student's
+
+    def to_json(self, function: bool = False) -> dict[str, Any]:
+        data: dict[str, Any] = {"counts": dict(sorted(self.counts.items())),
+                                "sent": {str(dst): n for dst, n in sorted(self.sent.items())}}
+        if function:
+            data.update(calls=self.calls, tensor_bytes=self.tensor_bytes)
+            if self.reference:
+                data["reference"] = True
+        return data
+
+
+class Recorder:
+    """Records the calls made while :meth:`recording` (one per process: :data:`RECORDER`)."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.total = Tally()
+        self.functions: dict[str, Tally] = {}
+        self._lock = threading.Lock()
+        self._local = threading.local()  # .depth: calls of ours under way; .scope: function inside
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        """Record from a clean slate until the block ends; :meth:`summary` then says what it saw."""
+        self.total, self.functions = Tally(), {}
+        self.active = True
+        try:
+            yield
+        finally:
+            self.active = False
+
+    def summary(self) -> dict[str, Any]:
+        with self._lock:
+            data = self.total.to_json()
+            if self.functions:
+                data["functions"] = {name: tally.to_json(function=True)
+                                     for name, tally in sorted(self.functions.items())}
+            return data
+
+    def wrap(self, name: str, fn: Callable[..., Any], sends: bool = False) -> Callable[..., Any]:
+        """``fn`` recorded as ``name``; with ``sends``, its tensor (first argument, or
+        ``tensor=``) counts as bytes sent to its ``dst`` (second argument, or ``dst=``/``group_dst=``)."""
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not self.active:
+                return fn(*args, **kwargs)
+            depth = getattr(self._local, "depth", 0)
+            if depth == 0:
+                self._count(name)
+            if sends:
+                self._sent_by_function(args, kwargs)
+            self._local.depth = depth + 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._local.depth = depth
+
+        setattr(wrapper, WRAPPED, name)
+        return wrapper
+
+    def wrap_method(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        """A ProcessGroup method recorded as ``ProcessGroup.<name>`` when the program calls it
+        itself (torch's own functions call these too: inside ours, they are not counted again)."""
+        label = f"ProcessGroup.{name}"
+
+        @functools.wraps(method)
+        def wrapper(group: Any, *args: Any, **kwargs: Any) -> Any:
+            depth: int = getattr(self._local, "depth", 0)
+            if not self.active or depth:
+                return method(group, *args, **kwargs)
+            self._count(label)
+            if name == "send":  # send(tensors, dst_rank, tag): dst_rank is the group's rank
+                self._sent_by_group(group, args, kwargs)
+            self._local.depth = 1
+            try:
+                return method(group, *args, **kwargs)
+            finally:
+                self._local.depth = 0
+
+        setattr(wrapper, WRAPPED, label)
+        return wrapper
+
+    def scoped(self, name: str, fn: Callable[..., Any], reference: bool = False) -> Callable[..., Any]:
+        """``fn`` (a function the student writes) with what the rank does inside it recorded
+        apart, under ``name``, as well as in the totals. Inside another scoped function, the
+        outer one keeps it (a ring_allreduce built on allreduce is ring_allreduce's)."""
+        if getattr(fn, WRAPPED, None) is not None:
+            return fn
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not self.active or getattr(self._local, "scope", None) is not None:
+                return fn(*args, **kwargs)
+            with self._lock:
+                tally = self.functions.setdefault(name, Tally(reference=reference))
+                tally.calls += 1
+                tally.tensor_bytes += next((_nbytes(a) for a in (*args, *kwargs.values()) if _is_tensor(a)), 0)
+            self._local.scope = name
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._local.scope = None
+
+        setattr(wrapper, WRAPPED, f"scope:{name}")
+        return wrapper
+
+    def _tallies(self) -> list[Tally]:
+        scope = getattr(self._local, "scope", None)
+        if scope is None:
+            return [self.total]
+        return [self.total, self.functions.setdefault(scope, Tally())]
+
+    def _count(self, name: str) -> None:
+        with self._lock:
+            for tally in self._tallies():
+                tally.counts[name] += 1
+
+    def _add_sent(self, dst: Any, nbytes: int) -> None:
+        if not isinstance(dst, int) or isinstance(dst, bool):
+            return
+        with self._lock:
+            for tally in self._tallies():
+                tally.sent[dst] += nbytes
+
+    def _sent_by_function(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """send/isend(tensor, dst=None, group=None, tag=0, group_dst=None)."""
+        try:
+            tensor = args[0] if args else kwargs.get("tensor")
+            dst = args[1] if len(args) > 1 else kwargs.get("dst")
+            if dst is None:
+                group_dst = args[4] if len(args) > 4 else kwargs.get("group_dst")
+                group = args[2] if len(args) > 2 else kwargs.get("group")
+                dst = _global_rank(group, group_dst) if group_dst is not None else None
+            if _is_tensor(tensor):
+                self._add_sent(dst, _nbytes(tensor))
+        except Exception:  # recording never breaks the program's call: torch says what is wrong
+            pass
+
+    def _sent_by_group(self, group: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """ProcessGroup.send(tensors, dst_rank, tag)."""
+        try:
+            tensors = args[0] if args else kwargs.get("tensors", [])
+            dst = args[1] if len(args) > 1 else kwargs.get("dstRank", kwargs.get("dst_rank"))
+            dst = _global_rank(group, dst) if isinstance(dst, int) else None
+            self._add_sent(dst, sum(_nbytes(t) for t in tensors if _is_tensor(t)))
+        except Exception:
+            pass
+
+
+def _is_tensor(value: Any) -> bool:
+    return hasattr(value, "numel") and hasattr(value, "element_size")
+
+
+def _nbytes(tensor: Any) -> int:
+    return int(tensor.numel()) * int(tensor.element_size())
+
+
+def _global_rank(group: Any, group_rank: int) -> int:
+    import torch.distributed as dist
+
+    if group is None or group is dist.GroupMember.WORLD:
+        return group_rank
+    return int(dist.get_global_rank(group, group_rank))
+
+
+RECORDER = Recorder()
+_installed = False
+
+
+def install(recorder: Recorder = RECORDER) -> None:
+    """Wrap torch.distributed's communication functions and ProcessGroup's methods (once)."""
+    global _installed
+    if _installed:
+        return
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    modules = (dist, c10d)
+    for name in FUNCTIONS:
+        fn = getattr(c10d, name, None) or getattr(dist, name, None)
+        if not callable(fn) or getattr(fn, WRAPPED, None) is not None:
+            continue
+        wrapper = recorder.wrap(name, fn, sends=name in SENDS)
+        for module in modules:
+            if getattr(module, name, None) is fn:
+                setattr(module, name, wrapper)
+    group_class = getattr(c10d, "ProcessGroup", None)
+    for name in GROUP_METHODS if group_class is not None else ():
+        method = getattr(group_class, name, None)
+        if not callable(method) or getattr(method, WRAPPED, None) is not None:
+            continue
+        try:
+            setattr(group_class, name, recorder.wrap_method(name, method))
+        except (AttributeError, TypeError):  # a torch whose ProcessGroup takes no new attributes
+            pass
+    _installed = True

@@ -1,0 +1,142 @@
+"""The method an exercise must use, checked from the calls each rank made.
+
+Where an exercise is about *how* the result is reached (a ring all-reduce built from
+point-to-point messages, non-blocking sends), right values are not enough: a ring that just
+calls ``dist.all_reduce`` computes the right sums. Each rank's worker records the
+torch.distributed calls its exercise made and the bytes it sent to each peer
+(``lab.rank.calls``); the registry says, per exercise, what the method allows
+(:class:`Method`), and :func:`check_method` holds the calls to it.
+
+A rank's calls summary (JSON data, untrusted, as the checkers' results)::
+
+    {"counts": {"isend": 4, "recv": 4}, "sent": {"1": 4096},
+     "functions": {"ring_allreduce": {"calls": 48, "tensor_bytes": 1699296,
+                                      "counts": {...}, "sent": {"1": 2265728}}}}
+
+Pure Python, never torch, like the checkers.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lab.suite.check import Mismatch, Verdict, World, ranks_named
+
+Calls = Mapping[int, Any]  # rank -> its calls summary (JSON data, untrusted)
+TrafficCheck = Callable[[Calls, World], Verdict]
+
+# The point-to-point calls: a message from one rank to one other. The *_object variants are
+# point-to-point too (a pickled object in a tensor), and so are a group's own send/recv.
+P2P: frozenset[str] = frozenset({
+    "send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list",
+    "ProcessGroup.send", "ProcessGroup.recv", "ProcessGroup.recv_anysource"})
+NONBLOCKING: frozenset[str] = frozenset({"isend", "irecv", "batch_isend_irecv"})
+# A barrier carries no data (it cannot compute a sum), so a point-to-point exercise may use one.
+SYNC: frozenset[str] = frozenset({"barrier", "monitored_barrier", "ProcessGroup.barrier",
+                                  "ProcessGroup.monitored_barrier"})
+P2P_NAMES = "send/recv/isend/irecv"
+
+
+@dataclass(frozen=True)
+class Method:
+    """What an exercise's ranks may call and must call.
+
+    ``rule`` completes "<exercise> ...", e.g. "must be built from point-to-point calls
+    (send/recv/isend/irecv)"; every failure of the method quotes it.
+    """
+
+    rule: str
+    allowed: frozenset[str] | None = None  # the only calls a rank may make (None: any)
+    needs: frozenset[str] = frozenset()  # every rank makes at least one of these
+    traffic: TrafficCheck | None = None  # more about the bytes sent (e.g. the ring's bandwidth)
+
+
+def point_to_point(traffic: TrafficCheck | None = None) -> Method:
+    """Only point-to-point calls (and barriers, which move no data)."""
+    return Method(f"must be built from point-to-point calls ({P2P_NAMES})", P2P | SYNC, traffic=traffic)
+
+
+def nonblocking() -> Method:
+    """Point-to-point, and every rank uses the non-blocking calls."""
+    return Method("must use the non-blocking point-to-point calls (isend/irecv, or batch_isend_irecv)",
+                  P2P | SYNC, NONBLOCKING)
+
+
+def uses(*names: str) -> Method:
+    """Every rank calls the collective the exercise practises (anything else too)."""
+    return Method(f"practises {' or '.join(n for n in names if '.' not in n)}: every rank calls it",
+                  needs=frozenset(names))
+
+
+def counts_of(summary: Any) -> dict[str, int] | None:
+    """The call counts of a rank's summary; None when it is not one."""
+    counts = summary.get("counts") if isinstance(summary, Mapping) else None
+    if not isinstance(counts, Mapping):
+        return None
+    return {str(k): v for k, v in counts.items() if isinstance(v, int) and not isinstance(v, bool) and v > 0}
+
+
+def check_method(exercise: str, method: Method | None, calls: Calls, world: World) -> Verdict:
+    """Whether every rank's calls keep to ``method``: a failing verdict names the forbidden (or
+    missing) calls and the ranks, e.g. "rank 0 called all_reduce: ring-allreduce must be built
+    from point-to-point calls (send/recv/isend/irecv)"."""
+    if method is None:
+        return Verdict(True)
+    counts = {rank: c for rank in range(world.world_size) if (c := counts_of(calls.get(rank))) is not None}
+    unrecorded = [r for r in range(world.world_size) if r not in counts]
+    notes = ((f"the calls of {ranks_named(unrecorded)} were not recorded: their method is not checked",)
+             if unrecorded else ())
+    mismatches: list[Mismatch] = []
+    forbidden: dict[tuple[str, ...], list[int]] = {}  # the calls -> the ranks that made them
+    absent: list[int] = []
+    for rank, made in counts.items():
+        wrong = tuple(sorted(n for n in made if method.allowed is not None and n not in method.allowed))
+        if wrong:
+            forbidden.setdefault(wrong, []).append(rank)
+            mismatches.append(Mismatch(rank, "calls outside the method", "none", _made(made, wrong)))
+        if method.needs and not method.needs & set(made):
+            absent.append(rank)
+            needed = _names(method.needs)
+            mismatches.append(Mismatch(rank, "calls of the method", f"one of {needed}" if "/" in needed else needed,
+                                       _made(made, tuple(made)) or "no call at all"))
+    reasons = [f"{ranks_named(ranks)} called {', '.join(names)}" for names, ranks in forbidden.items()]
+    if absent:
+        reasons.append(f"{ranks_named(absent)} made no {_names(method.needs, ' or ')} call")
+    verdict = Verdict(not mismatches, f"{'; '.join(reasons)}: {exercise} {method.rule}" if reasons else "",
+                      tuple(mismatches), notes)
+    if method.traffic is not None and counts and not forbidden:
+        return combine(verdict, method.traffic(calls, world))
+    return verdict
+
+
+def borrowed(calls: Calls, world: World) -> tuple[str, ...]:
+    """A note for each function a solution took from the reference program (it imported it)
+    in place of writing it: what passed there is not the student's work."""
+    names = set()
+    for rank in range(world.world_size):
+        summary = calls.get(rank)
+        functions = summary.get("functions") if isinstance(summary, Mapping) else None
+        if isinstance(functions, Mapping):
+            names |= {str(n) for n, f in functions.items() if isinstance(f, Mapping) and f.get("reference") is True}
+    return tuple(f"{name}() is the reference program's own (the solution imports it): not graded as the "
+                 f"student's" for name in sorted(names))
+
+
+def combine(values: Verdict, method: Verdict) -> Verdict:
+    """One verdict of the values and the method: failed if either did, its reason the values'
+    first (then the method's), every mismatch and every note of both."""
+    reasons = [v.reason for v in (values, method) if not v.passed and v.reason]
+    return Verdict(values.passed and method.passed, "; also ".join(reasons),
+                   values.mismatches + method.mismatches,
+                   values.notes + tuple(n for n in method.notes if n not in values.notes))
+
+
+def _names(names: frozenset[str], sep: str = "/") -> str:
+    """The names as a person reads them: a group's own methods only when nothing else is named."""
+    plain = sorted(n for n in names if "." not in n)
+    return sep.join(plain or sorted(names))
+
+
+def _made(made: Mapping[str, int], names: tuple[str, ...]) -> str:
+    return ", ".join(f"{name} x{made[name]}" for name in sorted(names))

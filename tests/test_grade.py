@@ -1,0 +1,235 @@
+"""`lab grade`: a class's submissions into a gradebook, contained, several at once.
+
+The class (tests/class/ring/) is one student of each kind: correct, wrong, deadlocked, a
+memory hog, an output flood, a daemonizer, one that exits mid-exercise, a syntax error, one
+that uses the forbidden collective, one missing a function, one with no file at all.
+The sandboxed tier needs the Docker engine and the lab image (the docker tier's `lab up`
+builds it; under CI=true it must run); the container lab's grading is in test_lab_docker.py.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+import pytest
+
+from lab.containerlab import engine
+from lab.containerlab.sandbox import IMAGE, ROLE_NAME
+from lab.containerlab.topology import ROLE
+from lab.core.grade import Submission, find_submissions, split_inventory
+from lab.core.inventory import Host, Inventory
+from lab.errors import UsageError
+
+from .conftest import REPO, Lab
+
+CLASS = REPO / "tests" / "class" / "ring"
+
+# student -> (verdict, words the reason must hold)
+EXPECTED = {
+    "alice": ("pass", ""),
+    "bob": ("fail", "ring_allreduce(tensor), size 1"),
+    "carol": ("timeout", "carol.py:11 in ring_allreduce"),
+    "dave": ("fail", "out of memory (the limit is 768 MB per rank)"),
+    "erin": ("pass", ""),
+    "frank": ("pass", ""),
+    "grace": ("fail", "rank 1 (sandbox) exited with status 0 during ring-allreduce"),
+    "heidi": ("error", "SyntaxError: expected ':' at heidi.py:7"),
+    "ivan": ("fail", "called all_reduce: ring-allreduce must be built from point-to-point calls"),
+    "judy": ("error", "defines allreduce() but not ring_allreduce()"),
+    "nobody": ("error", "no .py file in nobody/"),
+}
+
+
+def read_grades(out: Path) -> dict[str, dict[str, str]]:
+    with (out / "grades.csv").open(newline="") as f:
+        return {row["student"]: row for row in csv.DictReader(f)}
+
+
+def assert_graded_as_expected(grades: dict[str, dict[str, str]], expected: dict[str, tuple[str, str]],
+                              host: str = "sandbox") -> None:
+    assert set(grades) == set(expected)
+    for student, (verdict, words) in expected.items():
+        row = grades[student]
+        assert (row["verdict"], row["score"]) == (verdict, "1" if verdict == "pass" else "0"), row
+        assert words.replace("(sandbox)", f"({host})") in row["reason"], row
+        assert row["exercise"] == "ring-allreduce" and float(row["seconds"]) >= 0
+
+
+# -- without processes --------------------------------------------------------------------
+
+
+def test_submissions_are_files_or_folders_named_after_their_students(tmp_path: Path) -> None:
+    (tmp_path / "ann.py").write_text("")
+    for folder, files in {"ben": ["ring_allreduce.py", "helper.py"], "cat": ["solution.py", "x.py"],
+                          "dan": ["mine.py"], "eve": [], "fay": ["a.py", "b.py"]}.items():
+        (tmp_path / folder).mkdir()
+        for name in files:
+            (tmp_path / folder / name).write_text("")
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "notes.txt").write_text("")
+    found = {s.student: s for s in find_submissions(tmp_path, "ring_allreduce")}
+    assert found == {
+        "ann": Submission("ann", tmp_path / "ann.py"),
+        "ben": Submission("ben", tmp_path / "ben" / "ring_allreduce.py"),
+        "cat": Submission("cat", tmp_path / "cat" / "solution.py"),
+        "dan": Submission("dan", tmp_path / "dan" / "mine.py"),
+        "eve": Submission("eve", None, "no .py file in eve/"),
+        "fay": Submission("fay", None, "2 .py files in fay/ and none is ring_allreduce.py or solution.py"),
+    }
+    with pytest.raises(UsageError, match="no submissions"):
+        find_submissions(tmp_path / "eve", "ring_allreduce")
+    with pytest.raises(UsageError, match="not a directory"):
+        find_submissions(tmp_path / "ann.py", "ring_allreduce")
+
+
+def test_parallel_shares_split_the_slots_in_host_order() -> None:
+    hosts = tuple(Host(f"node{i}", f"10.0.0.{i}", slots=s) for i, s in ((1, 1), (2, 3), (3, 2)))
+    shares = split_inventory(Inventory("inv.yaml", hosts), 3, 2)
+    assert [[(h.name, h.slots) for h in share.hosts] for share in shares] == [
+        [("node1", 1), ("node2", 1)], [("node2", 2)], [("node3", 2)]]
+    assert all(share.world_size == 2 for share in shares)
+    with pytest.raises(UsageError, match="6 slot.s. cannot make 4 share.s. of at least 2"):
+        split_inventory(Inventory("inv.yaml", hosts), 4, 2)
+
+
+@pytest.mark.local
+def test_bad_grading_input_is_one_line_and_exit_2(lab: Lab, tmp_path: Path) -> None:
+    for args, words in ((["grade", str(CLASS), "--exercise", "nope"], "unknown exercise 'nope'"),
+                        (["grade", str(tmp_path / "none"), "--exercise", "p2p"], "not a directory"),
+                        (["grade", str(CLASS), "--exercise", "p2p", "--parallel", "0"], "--parallel"),
+                        (["grade", str(CLASS), "--exercise", "p2p", "--memory", "10"], "--memory must be"),
+                        (["grade", str(CLASS), "--exercise", "p2p", "--hosts", "inventory.yaml",
+                          "--sandbox", "container"], "--sandbox container is for the local cluster")):
+        result = lab(*args)
+        assert result.code == 2, result.text
+        assert result.err.count("\n") == 1 and words in result.err, result.err
+
+
+# -- local processes (--sandbox none) -------------------------------------------------------
+
+
+@pytest.mark.local
+def test_grading_without_a_sandbox_on_local_clusters_side_by_side(lab: Lab, tmp_path: Path) -> None:
+    """Two local clusters at once, each submission its own run: the rows, the JUnit files."""
+    submissions = tmp_path / "class"
+    submissions.mkdir()
+    for student in ("alice", "bob", "heidi", "ivan"):
+        (submissions / f"{student}.py").write_text((CLASS / f"{student}.py").read_text())
+    out = tmp_path / "book"
+    result = lab("grade", str(submissions), "--exercise", "ring-allreduce", "--nproc", "3", "--sandbox", "none",
+                 "--parallel", "2", "--out", str(out), timeout=300)
+    assert result.code == 0, result.text
+    assert_graded_as_expected(read_grades(out), {s: EXPECTED[s] for s in ("alice", "bob", "heidi", "ivan")})
+    assert "4 graded: 1 pass, 2 fail, 1 error" in result.out
+    suite = ET.parse(out / "junit" / "bob.xml").getroot().find("testsuite")
+    assert suite is not None and suite.get("name") == "bob" and suite.get("failures") == "1"
+    assert lab.leftovers() == []
+
+
+@pytest.mark.local
+def test_grading_that_cannot_reach_its_hosts_says_so_and_fails(lab: Lab, tmp_path: Path) -> None:
+    """The students are not to blame: the rows say "not graded" and the exit code is the lab's."""
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("all:\n  vars: {ansible_port: 9, ansible_user: nobody}\n  hosts:\n"
+                         "    h1: {ansible_host: 127.0.0.1}\n    h2: {ansible_host: 127.0.0.1}\n")
+    submissions = tmp_path / "class"
+    submissions.mkdir()
+    (submissions / "alice.py").write_text((CLASS / "alice.py").read_text())
+    out = tmp_path / "book"
+    result = lab("grade", str(submissions), "--exercise", "ring-allreduce", "--hosts", str(inventory),
+                 "--out", str(out), timeout=120)
+    assert result.code == 3, result.text  # unreachable
+    row = read_grades(out)["alice"]
+    assert row["verdict"] == "error" and row["reason"].startswith("not graded: host h1"), row
+
+
+# -- sandboxes (Docker) ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def docker_client():  # type: ignore[no-untyped-def]
+    try:
+        client = engine.ensure_engine(print) if os.environ.get("CI") == "true" else engine.client()
+        client.images.get(IMAGE)
+    except Exception as exc:
+        if os.environ.get("CI") == "true":
+            raise
+        pytest.skip(f"no Docker engine with the lab image ({exc}): `make lab-up` builds it")
+    return client
+
+
+def sandboxes(client) -> list[str]:  # type: ignore[no-untyped-def]
+    return [c.name for c in client.containers.list(all=True, filters={"label": f"{ROLE}={ROLE_NAME}"})]
+
+
+@pytest.mark.docker
+def test_a_class_graded_in_sandboxes_two_at_a_time(lab: Lab, tmp_path: Path, docker_client) -> None:  # type: ignore[no-untyped-def]
+    """Every row right, the controller small, nothing left: no sandbox, no daemon, no rank."""
+    out = tmp_path / "book"
+    result, peak_mb = lab.measured("grade", str(CLASS), "--exercise", "ring-allreduce", "--nproc", "3",
+                                   "--parallel", "2", "--timeout", "15", "--memory", "768", "--out", str(out),
+                                   timeout=600)
+    assert result.code == 0, result.text[-5000:]
+    assert_graded_as_expected(read_grades(out), EXPECTED)
+    assert sorted(p.name for p in (out / "junit").iterdir()) == sorted(f"{s}.xml" for s in EXPECTED if s != "nobody")
+    assert peak_mb < 300, f"the grader grew to {peak_mb} MB"
+    assert sandboxes(docker_client) == []
+    assert _sleepers() == []  # frank's daemons went with his sandbox
+    assert lab.leftovers() == []
+
+
+@pytest.mark.docker
+def test_a_submission_cannot_reach_the_network_or_write_outside_its_scratch(lab: Lab, tmp_path: Path,
+                                                                             docker_client) -> None:  # type: ignore[no-untyped-def]
+    """What the sandbox lets a submission see: user nobody, no route out, a read-only root, no
+    lab key, a clean environment; and its processes are bounded."""
+    probe = tmp_path / "class" / "mallory.py"
+    probe.parent.mkdir()
+    probe.write_text('''"""Looks around, and reports what it found as its result."""
+import os
+import socket
+import subprocess
+
+
+def run(rank, size):
+    found = {"uid": os.getuid(), "env": sorted(os.environ)}
+    try:
+        socket.create_connection(("1.1.1.1", 53), timeout=2)
+        found["net"] = "connected"
+    except OSError as exc:
+        found["net"] = type(exc).__name__
+    try:
+        open("/etc/owned", "w")
+        found["root"] = "writable"
+    except OSError:
+        found["root"] = "read-only"
+    found["keys"] = os.path.exists(os.path.expanduser("~/.ssh")) or os.path.exists("/work")
+    children = []
+    try:
+        for _ in range(200):
+            children.append(subprocess.Popen(["sleep", "30"]))
+    except OSError as exc:
+        found["fork"] = f"{len(children)} then {type(exc).__name__}"
+    for child in children:
+        child.kill()
+    raise RuntimeError(repr(found))
+''')
+    out = tmp_path / "book"
+    result = lab("grade", str(probe.parent), "--exercise", "p2p", "--nproc", "2", "--pids", "32",
+                 "--out", str(out), timeout=300)
+    assert result.code == 0, result.text
+    reason = read_grades(out)["mallory"]["reason"]
+    assert "'uid': 65534" in reason and "'net': 'OSError'" in reason, reason
+    assert "'root': 'read-only'" in reason and "'keys': False" in reason, reason
+    assert "LAB_TEST_MARKER" not in reason and "SSH_AUTH_SOCK" not in reason, reason
+    assert "'fork': '" in reason and "then BlockingIOError" in reason, reason
+    assert sandboxes(docker_client) == []
+
+
+def _sleepers() -> list[str]:
+    done = subprocess.run(["pgrep", "-af", "sleep 900"], capture_output=True, text=True)
+    return [line for line in done.stdout.splitlines() if line.strip()]
