@@ -10,7 +10,8 @@ student name), 3 ranks each, graded three ways in one run:
 
 It prints seconds per submission and the ratios: containment (grade --parallel 1 against the
 baseline; goal at most 1.2) and throughput (--parallel 2 against --parallel 1; goal at least
-1.6). Needs the Docker engine and the lab image (``make lab-up`` builds it).
+1.6), and the bound the machine's cores put on any parallelism (the CPU seconds the baseline's
+processes used, over the cores). Needs the Docker engine and the lab image (``make lab-up`` builds it).
 
     python benchmarks/grade_class.py [--students 40] [--nproc 3]
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -39,14 +41,21 @@ def make_class(directory: Path, students: int) -> Path:
     return root
 
 
-def baseline(root: Path, nproc: int) -> float:
+def baseline(root: Path, nproc: int) -> tuple[float, float]:
+    """Seconds for every file, one `run` after another, and the CPU seconds they used."""
+    cpu = _children_cpu()
     started = time.monotonic()
     for path in sorted(root.glob("*.py")):
         done = subprocess.run([*LAB, "run", "ring-allreduce", "--solution", str(path), "--nproc", str(nproc)],
                               cwd=REPO, capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"baseline: {path.name} did not pass:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
-    return time.monotonic() - started
+    return time.monotonic() - started, _children_cpu() - cpu
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def grade(root: Path, nproc: int, parallel: int, out: Path) -> float:
@@ -70,16 +79,19 @@ def main() -> None:
     os.environ["PYTHONPATH"] = str(REPO)
     with tempfile.TemporaryDirectory() as directory:
         root = make_class(Path(directory), args.students)
-        plain = baseline(root, args.nproc)
+        plain, cpu = baseline(root, args.nproc)
         one = grade(root, args.nproc, 1, Path(directory, "p1"))
         two = grade(root, args.nproc, 2, Path(directory, "p2"))
-    n = args.students
-    print(f"{n} ring-allreduce submissions, {args.nproc} ranks each, {os.cpu_count()} CPU(s)")
+    n, cores = args.students, os.cpu_count() or 1
+    bound = cpu / cores  # no schedule of these processes on this machine's cores can take less
+    print(f"{n} ring-allreduce submissions, {args.nproc} ranks each, {cores} CPU(s)")
     print(f"  run --solution, one after another   {plain:7.1f}s  {plain / n:5.2f}s per submission")
     print(f"  grade --parallel 1 (sandboxed)      {one:7.1f}s  {one / n:5.2f}s per submission")
     print(f"  grade --parallel 2 (sandboxed)      {two:7.1f}s  {two / n:5.2f}s per submission")
     print(f"containment cost (grade -p1 / run):   {one / plain:.2f}x  (goal <= 1.2)")
     print(f"throughput of -p2 over -p1:           {one / two:.2f}x  (goal >= 1.6)")
+    print(f"CPU a submission's processes use:     {cpu / n:5.2f}s, so on {cores} core(s) no --parallel can take "
+          f"less than {bound / n:.2f}s per submission: at best {one / bound:.2f}x over -p1")
 
 
 if __name__ == "__main__":
