@@ -381,9 +381,9 @@ def test_a_solution_missing_a_function_names_it(lab: Lab) -> None:
     code, entry = run_json(lab, "ring-allreduce", SOLUTIONS / "ring_allreduce_only.py", nproc=2)
     assert (code, entry["status"]) == (1, "fail"), entry
     assert entry["reason"].startswith(
-        "ranks 0, 1 raised ImportError: ring_allreduce_only.py defines ring_allreduce() but not allreduce(): a solution "
-        "without run() writes every one of allreduce(), ring_allreduce() (to keep the reference's, import it: "
-        "from lab.suite.exercises.ring_allreduce import allreduce)"), entry
+        "ranks 0, 1 raised ImportError: ring_allreduce_only.py defines ring_allreduce() but not allreduce(): "
+        "a solution without run() writes every one of allreduce(), ring_allreduce() (to keep the reference's, "
+        "import it: from lab.suite.exercises.ring_allreduce import allreduce)"), entry
 
 
 @pytest.mark.local
