@@ -40,8 +40,8 @@ DEFAULT_WALL = 300.0  # seconds one submission may take in all
 GradeVerdict = Literal["pass", "fail", "timeout", "error"]
 OUT_OF_MEMORY = ("MemoryError", "can't allocate memory", "Cannot allocate memory")
 CSV_FIELDS = ("student", "exercise", "verdict", "score", "reason", "seconds")
-LOAD_ERRORS = ("SyntaxError", "IndentationError", "TabError", "ImportError", "ModuleNotFoundError",
-               "MissingFunction")  # an error of these kinds means the file could not be loaded
+# an error of these kinds means the file could not be loaded (a missing function is an ImportError)
+LOAD_ERRORS = ("SyntaxError", "IndentationError", "TabError", "ImportError", "ModuleNotFoundError")
 
 
 @dataclass(frozen=True)
@@ -182,8 +182,7 @@ class Gradebook:
 
 def grade_all(submissions: Sequence[Submission], options: Options, places: Sequence[PlaceMaker],
               book: Gradebook, ssh: SSHSettings | None = None, wall: float | None = None,
-              on_graded: Callable[[Grade], None] = lambda _: None,
-              on_start: Callable[[Submission], None] = lambda _: None) -> list[Grade]:
+              on_graded: Callable[[Grade], None] = lambda _: None) -> list[Grade]:
     """Grade every submission, one at a time on each place, all places at once; the grades in
     the order they finished. Ctrl-C (KeyboardInterrupt in the calling thread) stops every run."""
     todo: queue.Queue[Submission] = queue.Queue()
@@ -199,7 +198,6 @@ def grade_all(submissions: Sequence[Submission], options: Options, places: Seque
                 submission = todo.get_nowait()
             except queue.Empty:
                 return
-            on_start(submission)
             grade = grade_one(submission, options, make_place, book, ssh, wall, stop)
             if stop.is_set():
                 return
