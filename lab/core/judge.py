@@ -44,6 +44,11 @@ def judge(outcome: RunOutcome) -> list[ExerciseReport]:
 def _judge_one(run: ExerciseRun, outcome: RunOutcome, world: World) -> ExerciseReport:
     seconds = max(run.seconds.values()) if run.seconds else None
     died = sorted((s for s in outcome.ranks if s.step == run.name and s.died), key=lambda s: s.ended_at or 0.0)
+    if run.violations:  # a rank broke the protocol (lab.rank.protocol): whatever else it reported
+        broke = [f"{_named(outcome.ranks[rank])} {what}" for rank, what in sorted(run.violations.items())]
+        more = f" (and {len(broke) - 1} more)" if len(broke) > 1 else ""
+        return ExerciseReport(run.name, "fail", seconds, broke[0] + more, tuple(sorted(run.violations)),
+                              notes=tuple(broke[1:]))
     if died or run.errors:  # the first rank to die first: its peers' errors are only the echo of it
         exits = {s.spec.rank: run.errors[s.spec.rank] for s in died
                  if run.errors.get(s.spec.rank, {}).get("error", "").startswith(SYS_EXIT)}
@@ -113,6 +118,10 @@ def _signal_name(number: int, unknown: str | None = None) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}" if unknown is None else unknown
+
+
+def _named(state: RankState) -> str:
+    return f"rank {state.spec.rank} ({state.spec.host})"
 
 
 def _death(state: RankState, run: ExerciseRun, exit_error: dict[str, str] | None) -> str:

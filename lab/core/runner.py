@@ -14,8 +14,17 @@ mp.spawn). Their ranks tag their lines (lab.rank.output) and every event names i
 so each line reaches the right rank; torchrun numbers the ranks itself, so a rank's host
 is the one whose launch its hello event came through.
 
+Events come only through each rank's private channel (lab.rank.protocol): nothing a rank prints
+is one. Every event is validated (``parse_event``) and checked against the run (an exercise of
+the plan, a step it has, a rank's own name: under ``--launcher lab`` the launch says whose it is,
+whatever its ``rank`` field says). One that fails is not applied: it is the failure of the rank
+that sent it, in the exercise that rank is in (``ExerciseRun.violations``), never the
+controller's; the run goes on.
+
 A watchdog gives every step a rank takes (start-up, rendezvous, one exercise) at most
-``plan.timeout`` seconds. A rank past it is hung: the runner asks every live rank for
+``plan.timeout`` seconds, and every exercise a deadline as long, from when the rank began it,
+that no later event moves (a step it is in already, or steps past as many as the plan has, do
+not restart its clock either). A rank past either is hung: the runner asks every live rank for
 its Python stacks (SIGUSR1, see lab.rank.worker), notes where each one stopped, and kills
 them all.
 
@@ -24,10 +33,12 @@ lines of at most EVENT_MAX bytes (the rest of a longer line is read in pieces an
 never held) and sorts them itself:
 
 * an event line of this run (``lab.rank.protocol``) goes whole to the controller's queue, also
-  when output without a newline ran into it (it then starts a line of its own);
+  when output without a newline ran into it (it then starts a line of its own); one longer than
+  EVENT_MAX, or past EVENTS_MAX bytes of a stream's events, is its sender's failure, not output;
 * any other line is the output of a rank (or of a host's launcher itself): its ``Output``
   counts it (lines, bytes), keeps it, cut at LINE_MAX bytes, among its last TAIL_LINES
-  lines (the report's "last lines"), and only the first SHOWN_LINES of each rank go on
+  lines (the report's "last lines"; past OUTPUT_MAX bytes of a rank's output its lines are
+  counted, not kept), and only the first SHOWN_LINES of each rank go on
   to the queue and ``on_line``; then ``on_line`` is told once that the rest of that rank's
   output is counted, not shown, and the report says how much each such rank printed.
 
@@ -56,7 +67,7 @@ from typing import IO, Any, Literal
 
 from lab.core.plan import Launch, Plan, RankSpec, bind_macros
 from lab.errors import HostsUnreachable, HostUnreachable, LabError, RunError
-from lab.rank.protocol import MARK, MalformedEvent, parse_event, rank_tag, untag
+from lab.rank.protocol import EVENT_MAX, MARK, RANK_EVENTS, MalformedEvent, parse_event, rank_tag, untag
 from lab.transport import (
     PACKAGE_DIR,
     RankProcess,
@@ -73,7 +84,9 @@ log = logging.getLogger(__name__)
 TAIL_LINES = 200  # the last lines of each rank's output kept (for the report)
 SHOWN_LINES = 1000  # lines of each rank's output passed on to ``on_line``; the rest is counted, not shown
 LINE_MAX = 4096  # bytes kept of a line of output; the rest of a longer one is counted and dropped
-EVENT_MAX = 1 << 20  # bytes an event line may have (a result is tens of KB); a longer one is output
+# EVENT_MAX (lab.rank.protocol): bytes an event line may have; a longer marked line is its sender's failure
+OUTPUT_MAX = 64 << 20  # bytes of a rank's output whose lines are kept; past it they are counted only
+EVENTS_MAX = 64 << 20  # bytes of event lines read from one stream; past it they are dropped (its sender failed)
 QUEUE_MAX = 1024  # lines read and not yet handled; when full, the readers (and the ranks) wait
 BATCH = 256  # queued items handled between two looks at the processes and the clock
 DUMP_MAX = 10_000  # lines of one rank's stack dump kept
@@ -95,20 +108,29 @@ class Output:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, text: str, size: int) -> int:
-        """Count a line of ``size`` bytes and keep ``text``, its start; how many lines so far."""
+        """Count a line of ``size`` bytes and keep ``text``, its start (up to OUTPUT_MAX bytes
+        printed); how many lines so far."""
         with self.lock:
             self.lines += 1
             self.size += size
-            self.last.append(text)
+            if self.size <= OUTPUT_MAX:
+                self.last.append(text)
+            elif self.size - size <= OUTPUT_MAX:
+                self.last.append(_PAST_MAX)
             return self.lines
 
     def add_block(self, block: bytes) -> None:
-        """Count a block of whole lines (each ends with its newline) and keep its last ones."""
-        last = [_text(raw.rstrip(b"\r"), len(raw) + 1) for raw in block[:-1].rsplit(b"\n", TAIL_LINES)[-TAIL_LINES:]]
+        """Count a block of whole lines (each ends with its newline) and keep its last ones (up to
+        OUTPUT_MAX bytes printed)."""
         with self.lock:
+            before = self.size
             self.lines += block.count(b"\n")
             self.size += len(block)
-            self.last.extend(last)
+            if before > OUTPUT_MAX:
+                return
+        last = [_text(raw.rstrip(b"\r"), len(raw) + 1) for raw in block[:-1].rsplit(b"\n", TAIL_LINES)[-TAIL_LINES:]]
+        with self.lock:
+            self.last.extend(last if self.size <= OUTPUT_MAX else [*last, _PAST_MAX])
 
     @property
     def shown(self) -> int:
@@ -122,6 +144,9 @@ class Output:
     def tail(self) -> list[str]:
         with self.lock:
             return list(self.last)
+
+
+_PAST_MAX = f"[lab: more than {OUTPUT_MAX >> 20} MiB printed: the rest was counted, not kept]"
 
 
 def _text(raw: bytes, size: int, whole: bool = True) -> str:
@@ -179,6 +204,9 @@ class RankState:
     dump: list[str] = field(default_factory=list)  # stack dump after SIGUSR1
     stopped_at: str | None = None  # where a hung rank was stopped
     ended_at: float | None = None  # when it was seen to end by itself (not killed by the lab)
+    entered: dict[str, float] = field(default_factory=dict)  # exercise -> when the rank began it
+    steps: int = 0  # step events taken (at most a plan's steps count)
+    violations: list[str] = field(default_factory=list)  # events it sent that break the protocol
 
     @property
     def label(self) -> str:
@@ -210,6 +238,10 @@ class ExerciseRun:
     errors: dict[int, dict[str, str]] = field(default_factory=dict)
     seconds: dict[int, float] = field(default_factory=dict)
     calls: dict[int, Any] = field(default_factory=dict)  # the calls each rank made (lab.rank.calls)
+    violations: dict[int, str] = field(default_factory=dict)  # rank -> the first event of its that broke the protocol
+
+    def reported(self, rank: int) -> bool:
+        return rank in self.results or rank in self.errors
 
 
 @dataclass
@@ -286,7 +318,7 @@ def run_plan(plan: Plan, on_line: OnLine = lambda *_: None, keep: bool = False,
         stopped.set()
         if holder is not None:
             holder.kill()
-        _stop_all(launches, states)
+        _stop_all(launches, states, transports)
         also = [plan.shared_run_dir] if plan.shared_run_dir else []
         for_each_host(transports, lambda t: release(t, keep, also))
     walled = wall if status == "timeout" and wall and time.monotonic() - started >= wall else None
@@ -336,7 +368,7 @@ def _hold_ports(plan: Plan, transport: Transport) -> tuple[RankProcess, tuple[in
         raise
     if len(ports) != plan.port_count:
         ended = holder.poll() is not None
-        error = holder.stderr.read().decode("utf-8", "replace").strip().splitlines() if ended else []
+        error = holder.stderr.read(LINE_MAX).decode("utf-8", "replace").strip().splitlines() if ended else []
         holder.kill()
         raise RunError(f"host {transport.host.name}: could not hold {plan.port_count} free port(s) for the "
                        f"rendezvous: {error[-1] if error else f'no answer within {PORTS_WAIT:g}s'}")
@@ -357,12 +389,12 @@ def _first_event(process: RankProcess, token: str, timeout: float) -> dict[str, 
 
     def read() -> None:
         try:
-            for raw in iter(process.stdout.readline, b""):
+            for raw in iter(lambda: process.stdout.readline(EVENT_MAX + 1), b""):  # (a longer line is no event)
                 event = parse_event(raw.decode("utf-8", "replace").rstrip("\r\n"), token)
                 if event is not None:
                     found.put(event)
                     return
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # (MalformedEvent is a ValueError)
             pass
         found.put(None)
 
@@ -405,13 +437,22 @@ class _Reader:
             return only is not None and only.lines > SHOWN_LINES and not (
                 self.stream == "err" and self.dumping.is_set())
 
+        events = 0  # bytes of event lines read
         try:
             for raw, size, kind in _lines(stream, prefix, in_blocks):
                 self.launch.active_at = time.monotonic()
                 if kind == "lines" and only is not None:
                     only.add_block(raw)
-                elif kind == "whole" and prefix and raw.startswith(prefix):
-                    self._put("event", None, raw.decode("utf-8", "replace"))
+                elif prefix and raw.startswith(prefix):  # an event line: whole, or too long to be one
+                    events += size
+                    if kind != "whole":
+                        self._put("bad", self._sender(raw), f"sent an event line longer than {EVENT_MAX} bytes "
+                                                            f"({size} bytes)")
+                    elif events <= EVENTS_MAX:
+                        self._put("event", None, raw.decode("utf-8", "replace"))
+                    elif events - size <= EVENTS_MAX:
+                        self._put("bad", self._sender(raw), f"sent more than {EVENTS_MAX >> 20} MiB of events "
+                                                            f"(the rest were dropped)")
                 else:
                     whose, text = _whose_line(self.launch, self.states, _text(raw, size, kind == "whole"))
                     if isinstance(whose, RankState) and only is None:  # as the rank printed it: less its tag
@@ -427,6 +468,13 @@ class _Reader:
         finally:
             self.launch.closed_at = time.monotonic()
             self._put("end", None, "")
+
+    def _sender(self, raw: bytes) -> RankState | LaunchState:
+        """The rank an event line came from: the launch's only rank, else the rank the line names
+        at its start (a line too long to be read whole), else the launch."""
+        if self.launch.carries_one_rank:
+            return self.states[self.launch.launch.ranks[0]]
+        return _claimed(raw[:200].decode("utf-8", "replace"), self.states) or self.launch
 
     def _put(self, kind: str, whose: RankState | LaunchState | None, text: str) -> None:
         """Queue an item; wait while the queue is full, unless the run is over."""
@@ -446,7 +494,9 @@ def _lines(stream: IO[bytes], prefix: bytes, in_blocks: Callable[[], bool]) -> I
     """The lines of ``stream``, each as (its start without its line end, its length in bytes as
     printed, "whole" or "cut"). A line longer than EVENT_MAX is cut: its rest is read in pieces
     and dropped, never held. An event line (``prefix``; b"": none) that output without a line end
-    ran into (``print(..., end="")``, then the worker reports) starts a line of its own.
+    ran into starts a line of its own; one that came in the middle of a long line (a rank's relay
+    writes one in pieces, and its channel may write between them) comes first, and the long line
+    goes on after it.
 
     While ``in_blocks()``, whole lines already read (a buffered stream's) come as one block,
     (their bytes, line ends and all, their length, "lines"), unless an event is among them:
@@ -476,10 +526,15 @@ def _lines(stream: IO[bytes], prefix: bytes, in_blocks: Callable[[], bool]) -> I
             while more := stream.readline(EVENT_MAX):
                 both = overlap + more
                 at = both.find(prefix) if prefix else -1
-                if at >= 0:
-                    carried = both[at:]
-                    size += len(more) - len(carried)
-                    break
+                if at >= 0:  # an event, from the rank's channel, between two pieces of this line
+                    event = both[at:]
+                    size += len(more) - len(event)
+                    if not event.endswith(b"\n"):
+                        event += stream.readline(max(1, EVENT_MAX - len(event)))
+                    yield (event.rstrip(b"\r\n"), len(event), "whole") if event.endswith(b"\n") else (
+                        event[:LINE_MAX], len(event), "cut")
+                    overlap = b""
+                    continue
                 size += len(more)
                 if more.endswith(b"\n"):
                     break
@@ -501,7 +556,9 @@ def _watch(plan: Plan, launches: list[LaunchState], states: list[RankState], run
             if kind == "end":
                 launch.open_streams -= 1
             elif kind == "event":
-                _handle_event(launch, states, runs, _event(launch, line, plan.token))
+                _on_event(plan, launch, states, runs, line)
+            elif kind == "bad":
+                _violation(runs, _rank_of(launch, states, whose), line)
             elif whose is not None:
                 on_line(whose, kind, line)
         now = time.monotonic()
@@ -517,7 +574,8 @@ def _watch(plan: Plan, launches: list[LaunchState], states: list[RankState], run
                 crashed_at = _ended(plan, launch, states, now) or crashed_at
         if crashed_at is not None and now - crashed_at > CRASH_GRACE:
             return "crashed", []
-        late = [s.spec.rank for s in states if s.exit_code is None and now - s.step_started > plan.timeout]
+        late = [s.spec.rank for s in states if s.exit_code is None and (
+            now - s.step_started > plan.timeout or _past_deadline(s, runs, now, plan.timeout))]
         if limits.deadline is not None and now > limits.deadline:
             late = [s.spec.rank for s in states if s.exit_code is None]
         if late:
@@ -561,47 +619,128 @@ def _whose_line(launch: LaunchState, states: list[RankState], line: str) -> tupl
     return (states[rank], text) if rank is not None and 0 <= rank < len(states) else (launch, line)
 
 
-def _event(launch: LaunchState, line: str, token: str) -> dict[str, Any]:
-    """The event an event line of ``launch``'s stdout carries (a malformed one is logged: ``{}``)."""
+_RANK_FIELD = re.compile(r'"rank": ?(\d{1,9})\b')
+
+
+def _claimed(line: str, states: list[RankState]) -> RankState | None:
+    """The rank an event line names (its ``rank`` field, found where JSON alone cannot read it)."""
+    found = _RANK_FIELD.search(line)
+    rank = int(found.group(1)) if found else -1
+    return states[rank] if 0 <= rank < len(states) else None
+
+
+def _rank_of(launch: LaunchState, states: list[RankState], whose: RankState | LaunchState | None) -> RankState:
+    """The rank to hold to account for what came through ``launch``: ``whose`` if it is a rank, else
+    the launch's first."""
+    return whose if isinstance(whose, RankState) else states[launch.launch.ranks[0]]
+
+
+def _on_event(plan: Plan, launch: LaunchState, states: list[RankState], runs: dict[str, ExerciseRun],
+              line: str) -> None:
+    """Check an event line of ``launch``'s stdout and apply it. One that breaks the protocol is not
+    applied: it is the failure of the rank that sent it (under ``--launcher lab`` the launch's rank,
+    whatever the event says; under a host's launcher the rank it names)."""
+    sender = states[launch.launch.ranks[0]] if launch.carries_one_rank else None
     try:
-        return parse_event(line, token) or {}
+        event = parse_event(line, plan.token)
     except MalformedEvent as exc:
-        log.debug("%s: unreadable event %r: %s", launch.label, line[:200], exc)
-        return {}
-
-
-def _handle_event(launch: LaunchState, states: list[RankState], runs: dict[str, ExerciseRun],
-                  event: dict[str, Any]) -> None:
-    try:
-        rank = int(event.get("rank", launch.launch.ranks[0]))
-    except (TypeError, ValueError):
-        log.debug("%s: unreadable event %r", launch.label, event)
+        _violation(runs, sender or _claimed(line[:200], states) or states[launch.launch.ranks[0]],
+                   f"sent a malformed event: {exc}")
+        return
+    if event is None:
+        return
+    kind = event["event"]
+    if kind not in RANK_EVENTS and not (kind == "exit" and not launch.carries_one_rank):
+        _violation(runs, sender or states[launch.launch.ranks[0]], f"sent a {kind!r} event, which no rank sends")
+        return
+    rank: int = event["rank"]
+    if sender is not None and rank != sender.spec.rank:
+        _violation(runs, sender, f"sent an event as rank {rank} (a rank speaks for itself only)")
         return
     if not 0 <= rank < len(states):
-        rank = launch.launch.ranks[0]
-    state, kind = states[rank], event.get("event")
+        _violation(runs, states[launch.launch.ranks[0]], f"sent an event as rank {rank}, which the run does not have")
+        return
+    state = states[rank]
+    if kind in ("result", "error"):
+        name = event["exercise"]
+        if name not in runs:
+            _violation(runs, state, f"reported on {name!r}, which is not an exercise of the run")
+            return
+        if runs[name].reported(rank):
+            _violation(runs, state, f"reported on {name} twice")
+            return
+    if kind == "step" and not _known_step(event["step"], runs):
+        _violation(runs, state, f"began a step the run does not have: {event['step'][:100]!r}")
+        return
+    _handle_event(plan, launch, state, runs, event)
+
+
+def _known_step(step: str, runs: dict[str, ExerciseRun]) -> bool:
+    """A worker's step: ``init:<method>``, an exercise's name, or ``wait:<exercise>``."""
+    return step in runs or step.removeprefix("wait:") in runs or (step.startswith("init:") and len(step) < 100)
+
+
+def _handle_event(plan: Plan, launch: LaunchState, state: RankState, runs: dict[str, ExerciseRun],
+                  event: dict[str, Any]) -> None:
+    """Apply a valid event (``lab.rank.protocol.check_event``) of ``state``'s rank."""
+    rank, kind = state.spec.rank, event["event"]
     if kind == "step":
-        state.step, state.step_started = event["step"], time.monotonic()
+        # A step the rank is in already keeps its clock; so do steps past the plan's count of them,
+        # and an exercise's deadline runs from when the rank first began it (_past_deadline).
+        state.steps += 1
+        if event["step"] != state.step and state.steps <= _step_budget(plan):
+            state.step, state.step_started = event["step"], time.monotonic()
+            if state.step in runs:
+                state.entered.setdefault(state.step, state.step_started)
     elif kind == "hello":
         state.info = event
-        if state.launch is not launch or state.spec.local_rank != event.get("local_rank", state.spec.local_rank):
+        if state.launch is not launch or state.spec.local_rank != event["local_rank"]:
             # torchrun placed it elsewhere than planned: it runs where its hello came from
             state.launch = launch
-            state.spec = replace(state.spec, host=launch.launch.host,
-                                 local_rank=int(event.get("local_rank", state.spec.local_rank)))
+            state.spec = replace(state.spec, host=launch.launch.host, local_rank=event["local_rank"])
     elif kind == "result":
         run = runs[event["exercise"]]
-        run.results[rank] = event.get("value")
-        run.seconds[rank] = float(event.get("seconds", 0.0))
+        run.results[rank] = event["value"]
+        run.seconds[rank] = float(event["seconds"])
         run.calls[rank] = event.get("calls")
     elif kind == "error":
-        runs[event["exercise"]].errors[rank] = {k: str(event.get(k, "")) for k in ("error", "where", "traceback")}
+        runs[event["exercise"]].errors[rank] = {k: event[k] for k in ("error", "where", "traceback")}
     elif kind == "fatal":
-        state.fatal = event.get("error", "")
+        state.fatal = event["error"]
     elif kind == "exit":  # a host's launcher says how this rank ended, before it ends itself
-        state.exit_code, state.ended_at = int(event.get("code", 1)), time.monotonic()
+        state.exit_code, state.ended_at = event["code"], time.monotonic()
     elif kind == "done":
         state.done = True
+
+
+def _step_budget(plan: Plan) -> int:
+    """The most step events a worker sends: a rendezvous per stage, an exercise and the barrier after it."""
+    return 2 * len(plan.stages) + 2 * len(plan.exercise_names) + 2
+
+
+def _past_deadline(state: RankState, runs: dict[str, ExerciseRun], now: float, timeout: float) -> bool:
+    """Whether the rank is past an exercise's deadline: ``timeout`` seconds from when it began the
+    exercise, whatever steps it took since, until it reports on it."""
+    return any(now - began > timeout and not runs[name].reported(state.spec.rank)
+               for name, began in state.entered.items())
+
+
+VIOLATIONS_KEPT = 10  # of one rank's
+
+
+def _violation(runs: dict[str, ExerciseRun], state: RankState, what: str) -> None:
+    """The rank broke the protocol (``what``: "sent a malformed event: ..."): the exercise it is in
+    fails for it (before any, its next one; after the last, the last one)."""
+    log.debug("rank %d: %s", state.spec.rank, what)
+    if len(state.violations) < VIOLATIONS_KEPT:
+        state.violations.append(what)
+    if not runs:
+        state.fatal = state.fatal or what
+        return
+    step = state.step.removeprefix("wait:")
+    name = step if step in runs else next((n for n, run in runs.items() if not run.reported(state.spec.rank)),
+                                          list(runs)[-1])
+    runs[name].violations.setdefault(state.spec.rank, what)
 
 
 def _locate_hangs(plan: Plan, launches: list[LaunchState], states: list[RankState], events: Events,
@@ -666,11 +805,15 @@ def _program_files(plan: Plan) -> dict[str, Path]:
     return files
 
 
-def _stop_all(launches: list[LaunchState], states: list[RankState]) -> None:
-    """Kill every launch's process group, on all hosts at once."""
+def _stop_all(launches: list[LaunchState], states: list[RankState], transports: dict[str, Transport]) -> None:
+    """Kill every launch's process group, on all hosts at once: one command per host for all its
+    groups (``Transport.kill_all``: a session per rank would pass sshd's MaxSessions)."""
     started = [launch for launch in launches if launch.process is not None]
-    for_each_host({f"{launch.label} {i}": launch for i, launch in enumerate(started)},
-                  lambda launch: launch.process.kill())  # type: ignore[union-attr]
+    by_host: dict[str, tuple[Transport, list[RankProcess]]] = {}
+    for launch in started:
+        assert launch.process is not None
+        by_host.setdefault(launch.launch.host, (transports[launch.launch.host], []))[1].append(launch.process)
+    for_each_host(by_host, lambda host: host[0].kill_all(host[1]))
     for launch in started:
         if launch.exit_code is None:
             launch.exit_code = launch.process.poll()  # type: ignore[union-attr]

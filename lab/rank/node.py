@@ -26,7 +26,7 @@ import signal
 import sys
 from pathlib import Path
 
-from lab.rank.protocol import emit
+from lab.rank.protocol import Channel
 from lab.rank.worker import WATCHED_BY_PARENT, stop_when_orphaned
 
 
@@ -93,8 +93,10 @@ def spawn(args: list[str]) -> int:
 def _report_exits(codes: dict[int, int]) -> None:
     """Tell the controller how each failed rank ended, in the order they ended (this process's own
     exit code is one for all)."""
+    sys.stdout.flush()
+    channel = Channel(1, os.environ.get("LAB_TOKEN", ""))  # (whole lines: the ranks' relays write here too)
     for rank, code in codes.items():
-        emit(os.environ.get("LAB_TOKEN", ""), "exit", rank=rank, code=code)
+        channel.send("exit", rank=rank, code=code)
 
 
 def _rank(local_rank: int, first_rank: int, module: str, args: list[str]) -> None:

@@ -1,63 +1,79 @@
-"""Whose line is it: the output of ranks that share one process's streams.
+"""A rank's output, relayed: what the rank and its children write reaches the rank's streams through
+a process of its own, which makes sure none of it reads as an event (``lab.rank.protocol``).
+
+Every rank process (``lab.rank.worker.start_rank``) sends its file descriptors 1 and 2 through
+:func:`divert_output` before it imports torch or any exercise program: it keeps its real stdout as
+its private channel for events, and forks a small relay that copies what it and its children
+write to fds 1 and 2 on to its real streams, line by line, with every unit separator (the first
+byte of every mark) replaced by ``␟``. Everything goes through it: Python's prints,
+``sys.__stdout__``, C libraries' messages, faulthandler's stack dumps, the output of processes the
+rank starts. The relay is a process of its own (it needs only the standard library) so that a rank
+that ends itself (``os._exit``, a signal) loses none of its last lines.
 
 Under ``--launcher torchrun`` or ``spawn`` the lab starts one process per host, and all of that
-host's ranks write into its stdout and stderr. So each such rank sends its file descriptors 1
-and 2 through :func:`tag_output`: a small process of its own prefixes every line with
-its rank's tag (``lab.rank.protocol.rank_tag``) and writes it on. Everything the rank writes is
-tagged: Python's prints, C
-libraries' messages, faulthandler's stack dumps, the output of processes it starts. The tagger
-is a separate process so that a rank that crashes loses none of its last lines.
+host's ranks write into its stdout and stderr: there the relay also prefixes every line with its
+rank's tag (``lab.rank.protocol.rank_tag``).
 
-The lab's own event lines (``lab.rank.protocol``) carry their rank already and pass unchanged.
-
-The taggers of a host's ranks write into the same pipes, and a write of more than PIPE_BUF bytes
-to a pipe may be interleaved with other writers'. So each tagger writes whole lines only, under
-an flock of the pipe that it takes on an open file of its own (``/proc/self/fd/N``; the inherited
-descriptor is one open file shared by all, which an flock cannot tell apart). A line longer than
-HOLD is written as it comes, in pieces, so that whatever a rank prints the tagger's memory stays
-bounded.
+The relays (and channels) of a host's ranks write into the same pipes, and a write of more than
+PIPE_BUF bytes to a pipe may be interleaved with other writers'. So each relay writes whole lines
+only, under an flock of the pipe that it takes on an open file of its own (``/proc/self/fd/N``;
+the inherited descriptor is one open file shared by all, which an flock cannot tell apart). A line
+longer than HOLD is written as it comes, in pieces, so that whatever a rank prints the relay's
+memory stays bounded.
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import select
 import signal
-import subprocess
 import sys
 
-from lab.rank.protocol import is_event_line, rank_tag
+from lab.rank.protocol import EVENT_MAX, NEUTRAL, UNIT_SEPARATOR, lock_for, rank_tag, write_all
 
-CODE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds lab/
+HOLD = EVENT_MAX  # bytes of a line held until its end (= the controller's EVENT_MAX); a longer one streams on
 
 
-def tag_output(rank: int) -> None:
-    """From now on, this process's fds 1 and 2 (and its children's) reach the original
-    streams through a tagger that prefixes each line with ``rank``."""
+def divert_output(rank: int | None = None) -> tuple[int, int]:
+    """From now on, this process's fds 1 and 2 (and its children's) reach the original streams
+    through a relay process that neutralizes marks and, given ``rank``, tags each line with it.
+    Returns a private descriptor on the original stdout (close-on-exec), for events, and the
+    relay's pid. Call it while this process has one thread (it forks)."""
     sys.stdout.flush()
     sys.stderr.flush()
+    events = os.dup(1)  # not inheritable: no exec'd program gets it
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    subprocess.Popen([sys.executable, "-S", "-m", "lab.rank.output", str(rank), str(out_r), str(err_r)],
-                     pass_fds=(out_r, err_r), stdin=subprocess.DEVNULL,
-                     env={**os.environ, "PYTHONPATH": CODE_DIR})
+    relay = os.fork()
+    if relay == 0:  # the relay: only the standard library, never back into the caller's code
+        code = 0
+        try:
+            for fd in (out_w, err_w, events):
+                os.close(fd)
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)  # (the rank watches stdin; the relay has no business with it)
+            os.close(devnull)
+            for ignored in (signal.SIGUSR1, signal.SIGINT):  # a stack dump is for the rank
+                signal.signal(ignored, signal.SIG_IGN)
+            copy_tagged(rank_tag(rank) if rank is not None else b"", {out_r: 1, err_r: 2})
+        except BaseException:  # (the rank's streams are gone: nothing to tell)
+            code = 1
+        finally:
+            os._exit(code)
     for fd, target in ((out_w, 1), (err_w, 2)):
         os.dup2(fd, target)
         os.close(fd)
     os.close(out_r)
     os.close(err_r)
+    return events, relay
 
 
-HOLD = 1 << 20  # bytes of a line held until its end (= the controller's EVENT_MAX); a longer one streams on
-
-
-def copy_tagged(rank: int, targets: dict[int, int]) -> None:
-    """Copy each source fd to its target fd, a tag before every line, until all are closed."""
-    tag = rank_tag(rank)
-    locks = {target: _lock_for(target) for target in targets.values()}
+def copy_tagged(tag: bytes, targets: dict[int, int]) -> None:
+    """Copy each source fd to its target fd, marks neutralized and ``tag`` before every line, until
+    all are closed. A target that can no longer be written to (the controller is gone) is drained."""
+    locks = {target: lock_for(target) for target in targets.values()}
     pending = {fd: b"" for fd in targets}  # the start of a line, not written yet
     inside = dict.fromkeys(targets, False)  # in a long line, its start (and tag) written already
+    broken: set[int] = set()
     while pending:
         ready, _, _ = select.select(list(pending), [], [])
         for fd in ready:
@@ -67,14 +83,19 @@ def copy_tagged(rank: int, targets: dict[int, int]) -> None:
             else:  # closed: what is left is a last line without its newline
                 rest, was_inside = pending.pop(fd), inside.pop(fd)
                 out = tagged(tag, b"\n", rest, was_inside)[0] if rest or was_inside else b""
-            _write_all(targets[fd], out, locks[targets[fd]])
+            if targets[fd] not in broken:
+                try:
+                    write_all(targets[fd], out, locks[targets[fd]])
+                except OSError:
+                    broken.add(targets[fd])
 
 
 def tagged(tag: bytes, data: bytes, start: bytes, inside: bool) -> tuple[bytes, bytes, bool]:
-    """``data`` with ``tag`` before each line (an event line passes as it is), given ``start``, the
-    line begun before it and held, or ``inside``, that line already written: what to write, the
-    line now begun and held, and whether it is (a line longer than HOLD is written as it comes,
-    so that the tagger's memory stays bounded whatever a rank prints)."""
+    """``data`` with its marks neutralized and ``tag`` before each line, given ``start``, the line
+    begun before it and held, or ``inside``, that line already written: what to write, the line
+    now begun and held, and whether it is (a line longer than HOLD is written as it comes, so that
+    the relay's memory stays bounded whatever a rank prints)."""
+    data = data.replace(UNIT_SEPARATOR, NEUTRAL)
     out = []
     if inside:
         end = data.find(b"\n") + 1
@@ -82,41 +103,12 @@ def tagged(tag: bytes, data: bytes, start: bytes, inside: bool) -> tuple[bytes, 
             return data, b"", True
         out.append(data[:end])
         data = data[end:]
-    *lines, start = (start + data).split(b"\n")
-    out += [line + b"\n" if is_event_line(line) else tag + line + b"\n" for line in lines]
+    whole = start + data
+    cut = whole.rfind(b"\n") + 1
+    lines, start = whole[:cut], whole[cut:]
+    if lines:
+        out.append(tag + lines[:-1].replace(b"\n", b"\n" + tag) + b"\n" if tag else lines)
     if len(start) <= HOLD:
         return b"".join(out), start, False
-    out.append(start if is_event_line(start) else tag + start)
+    out.append(tag + start)
     return b"".join(out), b"", True
-
-
-def _lock_for(fd: int) -> int | None:
-    """An open file of its own on what ``fd`` writes to, to flock (None where there is none: not
-    Linux, or not a pipe)."""
-    try:
-        return os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK)
-    except OSError:
-        return None
-
-
-def _write_all(fd: int, data: bytes, lock: int | None = None) -> None:
-    """Write all of ``data`` to ``fd``, holding ``lock``'s flock (if any) so that no other tagger's
-    write comes in between."""
-    if not data:
-        return
-    with contextlib.ExitStack() as held:
-        if lock is not None:
-            with contextlib.suppress(OSError):
-                fcntl.flock(lock, fcntl.LOCK_EX)
-                held.callback(fcntl.flock, lock, fcntl.LOCK_UN)
-        while data:
-            data = data[os.write(fd, data):]
-
-
-if __name__ == "__main__":
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # meant for the rank (a stack dump), sent to its group
-    rank, out_fd, err_fd = map(int, sys.argv[1:4])
-    try:
-        copy_tagged(rank, {out_fd: 1, err_fd: 2})
-    except (OSError, KeyboardInterrupt):
-        pass

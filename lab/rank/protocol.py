@@ -12,10 +12,34 @@ of this one. Everything else a process prints is its output and is shown as such
 Before anything else, every process the lab starts says which process group to signal, in
 one line of its own: ``lab-pid:<pgid>`` (``lab.rank.reaper`` writes it).
 
+**A rank's channel.** A rank runs a student's code, which must not be able to speak for the
+lab. So a rank (``lab.rank.worker.start_rank``), before it imports torch or any exercise
+program, keeps its real stdout as a private descriptor of its own (close-on-exec: no program it
+starts inherits it): its :data:`CHANNEL`, the only way its events go out. Its descriptors 1 and 2
+become pipes to a small relay process (``lab.rank.output``) that copies whatever the rank and
+its children write there, line by line, with every unit separator (the first byte of a mark)
+replaced by ``␟``: nothing a rank prints, writes to fd 1 or 2 or ``sys.__stdout__``, or a process
+it starts prints, can be read as an event, whoever knows the token. The relay is a process of its
+own, so a rank that ends itself (``os._exit``, a signal) loses none of its last lines. The rank
+takes LAB_TOKEN (and the plan that holds it) out of its environment before any program loads.
+
+What that does not do: isolate the rank's own process. Code running in it (the exercise program)
+can find the channel's descriptor (``/proc/self/fd``, this module's CHANNEL, a fork before the
+exec) and the token (``/proc/self/environ`` still holds the environment the rank started with),
+and write event lines there. The controller limits what such lines can do: every event is
+validated here (:func:`parse_event`: the fields of its kind, their types), and one that is not
+valid is the failure of the rank it came through, named ("rank 1 sent a malformed event: ...");
+under ``--launcher lab`` an event's rank is the one whose stream it came through, and one that
+claims another rank fails its sender; a rank's ``step`` events cannot keep it alive past its
+exercise's deadline (the runner's watchdog).
+
 Ranks that share one process's streams (a host's torchrun or mp.spawn) have every other line
 tagged with the rank that wrote it (``lab.rank.output``)::
 
     <RANK_TAG><rank> <the line as the rank wrote it>
+
+Under those launchers the events of a host's ranks come through one stream, and the controller
+takes an event's rank from its ``rank`` field (each rank's channel is its own, as above).
 
 The events, by who sends them (fields besides ``event``):
 
@@ -27,9 +51,10 @@ hello     rank, pid, hostname, local_rank,            a rank is up, and where it
 step      rank, step                                  the rank begins a step: ``init:<method>``, an
                                                       exercise's name, or ``wait:<exercise>`` (the
                                                       barrier after it)
-result    rank, exercise, value, seconds              an exercise returned ``value`` (JSON; tensors
+result    rank, exercise, value, seconds, [calls]     an exercise returned ``value`` (JSON; tensors
                                                       as lists)
-error     rank, exercise, error, where, traceback     an exercise raised
+error     rank, exercise, error, where, traceback,    an exercise raised
+          [calls]
 fatal     rank, error, traceback                      start-up failed outside any exercise
 done      rank, failures                              the rank ran every stage
 exit      rank, code                                  a host's launcher (``lab.rank.node``) says how
@@ -42,25 +67,57 @@ links     links                                       the probe: its connections
 heard     sources, lookups                            the probe: who connected to its listeners
 ========  ==========================================  ==============================================
 
+An event line has at most EVENT_MAX bytes: a longer one is no event (a rank whose result is
+larger reports an error instead).
+
 Standard library only: this module runs on every host.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import math
+import os
 import sys
+import threading
 from typing import Any, Final, Literal, get_args
 
 MARK: Final = "\x1flab:"
 RANK_TAG: Final = "\x1flab-rank:"
 PID_MARK: Final = b"lab-pid:"  # the first line of every started process: its group (lab.rank.reaper)
+UNIT_SEPARATOR: Final = b"\x1f"  # the first byte of every mark: never in what a relay passes on
+NEUTRAL: Final = "\u241f".encode()  # what a relay writes in its place: ␟
+EVENT_MAX: Final = 1 << 20  # bytes an event line may have (a result is tens of KB); a longer one is no event
 
 EventKind = Literal["hello", "step", "result", "error", "fatal", "done", "exit", "ports",
                     "facts", "runtime", "links", "heard"]
 EVENT_KINDS: Final[frozenset[str]] = frozenset(get_args(EventKind))
+RANK_EVENTS: Final = frozenset({"hello", "step", "result", "error", "fatal", "done"})  # what a rank sends
 
 
 class MalformedEvent(ValueError):
-    """A line marked as an event of this run that is not one (bad JSON, no known ``event``)."""
+    """A line marked as an event of this run that is not one: bad JSON, no known ``event``, a field
+    missing, unknown or of the wrong type."""
+
+
+# The fields of each kind of event: name -> type (besides "event"); a name in OPTIONAL may be left
+# out. The doctor's probe events (facts, runtime, links, heard) are checked by the doctor itself.
+Type = Literal["int", "str", "number", "json", "list", "dict?"]
+FIELDS: Final[dict[str, dict[str, Type]]] = {
+    "hello": {"rank": "int", "pid": "int", "hostname": "str", "local_rank": "int", "python": "str", "torch": "str"},
+    "step": {"rank": "int", "step": "str"},
+    "result": {"rank": "int", "exercise": "str", "value": "json", "seconds": "number", "calls": "dict?"},
+    "error": {"rank": "int", "exercise": "str", "error": "str", "where": "str", "traceback": "str",
+              "calls": "dict?"},
+    "fatal": {"rank": "int", "error": "str", "traceback": "str"},
+    "done": {"rank": "int", "failures": "int"},
+    "exit": {"rank": "int", "code": "int"},
+    "ports": {"ports": "list"},
+}
+OPTIONAL: Final[dict[str, frozenset[str]]] = {
+    "hello": frozenset({"python", "torch"}), "result": frozenset({"calls"}), "error": frozenset({"calls"}),
+}
 
 
 def event_line(token: str, event: EventKind, **fields: Any) -> str:
@@ -68,29 +125,112 @@ def event_line(token: str, event: EventKind, **fields: Any) -> str:
     return f"{MARK}{token} {json.dumps({'event': event, **fields}, default=_jsonable)}\n"
 
 
+class Channel:
+    """A rank's private way to the controller: a descriptor on its real stdout (see the module).
+
+    Each event is written whole, holding an flock of the stream that every writer into it (the
+    rank's relay, the other ranks of its host and their relays) takes on an open file of its own,
+    so that no line of theirs comes in the middle of it."""
+
+    def __init__(self, fd: int, token: str) -> None:
+        self.fd, self.token = fd, token
+        self.lock = lock_for(fd)
+        self._mutex = threading.Lock()  # (an flock does not keep two threads of one process apart)
+
+    def send(self, event: EventKind, **fields: Any) -> None:
+        self.write(event_line(self.token, event, **fields).encode())
+
+    def write(self, line: bytes) -> None:
+        """Write ``line`` (an event line, newline included) whole."""
+        with self._mutex:
+            write_all(self.fd, line, self.lock)
+
+
+CHANNEL: Channel | None = None  # this process's channel, once it has one (lab.rank.worker.start_rank)
+
+
 def emit(token: str, event: EventKind, **fields: Any) -> None:
-    """Write one event to this process's stdout, flushed at once."""
+    """Send one event: through this process's channel if it has one, else on its stdout, flushed."""
+    if CHANNEL is not None:
+        CHANNEL.send(event, **fields)
+        return
     sys.stdout.write(event_line(token, event, **fields))
     sys.stdout.flush()
 
 
 def parse_event(line: str, token: str) -> dict[str, Any] | None:
     """The event a line carries, if it is an event line of the run ``token``; None for any other
-    line (a program's output). Raises :class:`MalformedEvent` for a marked line that is no event."""
+    line (a program's output). Raises :class:`MalformedEvent` for a marked line that is no valid
+    event (see :func:`check_event`)."""
     prefix = f"{MARK}{token} "
     if not line.startswith(prefix):
         return None
+    if len(line.encode("utf-8", "replace")) > EVENT_MAX:
+        raise MalformedEvent(f"longer than {EVENT_MAX} bytes")
     try:
         event = json.loads(line[len(prefix):])
+    except RecursionError:
+        raise MalformedEvent("nested too deeply") from None
     except ValueError as exc:
         raise MalformedEvent(f"not JSON: {exc}") from None
-    if not isinstance(event, dict) or event.get("event") not in EVENT_KINDS:
-        raise MalformedEvent("not an object with a known 'event'")
-    return event
+    check_event(event)
+    return event  # type: ignore[no-any-return]
+
+
+def check_event(event: Any) -> None:
+    """Raise :class:`MalformedEvent` unless ``event`` is an object with a known ``event`` and, for the
+    kinds in FIELDS, exactly the fields of its kind (the optional ones may be left out), each of its type."""
+    if not isinstance(event, dict):
+        raise MalformedEvent(f"not an object but {_kind_of(event)}")
+    kind = event.get("event")
+    if not isinstance(kind, str) or kind not in EVENT_KINDS:
+        raise MalformedEvent(f"no known 'event' (got {_short(kind)})")
+    fields = FIELDS.get(kind)
+    if fields is None:
+        return
+    unknown = sorted(name for name in event if name != "event" and name not in fields)
+    if unknown:
+        raise MalformedEvent(f"a {kind!r} event has no field {_short(unknown[0])}")
+    for name, kind_of_value in fields.items():
+        if name not in event:
+            if name in OPTIONAL.get(kind, ()):
+                continue
+            raise MalformedEvent(f"a {kind!r} event without its {name!r}")
+        if not _is(kind_of_value, event[name]):
+            raise MalformedEvent(f"the {name!r} of a {kind!r} event is {_kind_of(event[name])} "
+                                 f"{_short(event[name])}, not {_TYPE_WORDS[kind_of_value]}")
+
+
+_TYPE_WORDS: Final[dict[str, str]] = {"int": "an integer", "str": "a string", "number": "a finite number",
+                                      "json": "a value", "list": "a list", "dict?": "an object or null"}
+
+
+def _is(kind: str, value: Any) -> bool:
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "str":
+        return isinstance(value, str)
+    if kind == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if kind == "list":
+        return isinstance(value, list)
+    if kind == "dict?":
+        return value is None or isinstance(value, dict)
+    return True
+
+
+def _kind_of(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def is_event_line(line: bytes) -> bool:
-    """Whether a raw line is an event line of any run (the output tagger passes those unchanged)."""
+    """Whether a raw line is an event line of any run."""
     return line.startswith(MARK.encode())
 
 
@@ -106,6 +246,29 @@ def untag(line: str) -> tuple[int | None, str]:
         if number.isdigit():
             return int(number), text
     return None, line
+
+
+def lock_for(fd: int) -> int | None:
+    """An open file of its own on what ``fd`` writes to, to flock (None where there is none: not
+    Linux, or not a pipe)."""
+    try:
+        return os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+def write_all(fd: int, data: bytes, lock: int | None = None) -> None:
+    """Write all of ``data`` to ``fd``, holding ``lock``'s flock (if any) so that no other writer's
+    line comes in between."""
+    if not data:
+        return
+    with contextlib.ExitStack() as held:
+        if lock is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                held.callback(fcntl.flock, lock, fcntl.LOCK_UN)
+        while data:
+            data = data[os.write(fd, data):]
 
 
 def _jsonable(value: Any) -> Any:

@@ -7,7 +7,9 @@ The reaper starts ``ARGV`` in a process group of its own and prints that group's
 (``lab-pid:PGID``, the line every transport reads) before anything else is written: the lab
 signals and kills that group, never the reaper. When the child ends, however it ends, the reaper
 kills every process left below it, waits for them, and ends the way the child ended (its exit
-status, or the same signal).
+status, or the same signal). Unless the child was killed (SIGKILL: the lab stopping it), what is
+left gets up to LINGER seconds to end by itself first: a rank's output relay (``lab.rank.output``)
+passes on the last lines of a rank that ended itself, then ends.
 
 Standard library only and self-contained: the transports pass this file's code on the command
 line (``python -S -c CODE ARGV...``, see ``lab.transport.base.supervised``), so it runs on any
@@ -25,6 +27,7 @@ import time
 PID_MARK = b"lab-pid:"  # = lab.rank.protocol.PID_MARK (this file imports nothing of the lab's)
 PR_SET_CHILD_SUBREAPER = 36
 SWEEP_LIMIT = 10.0  # seconds to spend killing what is left before giving up
+LINGER = 1.0  # seconds what is left below an ended child gets to end by itself before it is killed
 
 
 def become_subreaper() -> bool:
@@ -59,6 +62,20 @@ def descendants(root: int) -> list[int]:
     return found
 
 
+def linger(me: int) -> None:
+    """Reap what ends below ``me`` by itself, until nothing is left or LINGER passes."""
+    deadline = time.monotonic() + LINGER
+    while time.monotonic() < deadline:
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        except ChildProcessError:
+            pass
+        if not descendants(me):
+            return
+        time.sleep(0.005)
+
+
 def sweep(me: int) -> None:
     """Kill everything below ``me`` and reap it, until nothing is left (or SWEEP_LIMIT passes)."""
     deadline = time.monotonic() + SWEEP_LIMIT
@@ -79,17 +96,23 @@ def main(argv: list[str]) -> int:
         print("usage: python -S lab/rank/reaper.py PROGRAM [ARG...]", file=sys.stderr)
         return 2
     become_subreaper()
+    marked, mark_written = os.pipe()  # the program starts once the pid mark is out, never before it
     child = os.fork()
     if child == 0:  # the program: a process group of its own, the one the lab signals
         try:
+            os.close(mark_written)
             os.setpgid(0, 0)
+            os.read(marked, 1)  # (end of file: the reaper has written the mark)
+            os.close(marked)
             os.execvp(argv[0], argv)
         except OSError as exc:
             os.write(2, f"lab.rank.reaper: cannot start {argv[0]}: {exc}\n".encode())
         os._exit(127)
+    os.close(marked)
     with contextlib.suppress(OSError):  # (both sides set it: whichever runs first)
         os.setpgid(child, child)
     os.write(1, PID_MARK + b"%d\n" % child)
+    os.close(mark_written)
 
     def stop(_signum: int, _frame: object) -> None:  # asked to end: the child's group goes first
         with contextlib.suppress(ProcessLookupError):
@@ -102,6 +125,8 @@ def main(argv: list[str]) -> int:
         pid, status = os.waitpid(-1, 0)
         if pid == child:
             break
+    if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
+        linger(os.getpid())
     sweep(os.getpid())
     if os.WIFSIGNALED(status):  # end the same way, so that whoever waits for us sees the signal
         with contextlib.suppress(OSError, ValueError):  # (SIGKILL and SIGSTOP have no handler to reset)

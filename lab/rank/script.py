@@ -4,7 +4,8 @@ Like ``python SCRIPT ARGS`` (the script runs as ``__main__``, with its own direc
 ``sys.path``), plus the worker's safety nets (``lab.rank.worker.start_rank``): the rank's whole
 process group stops when the controller goes away (stdin closes), SIGUSR1 dumps every
 thread's stack, so the lab can say where a hung rank stopped, and under a per-host launcher
-its lines are tagged with its rank. It says hello (its rank, pid, host) to the controller
+its lines are tagged with its rank; what it prints can never read as an event of the lab's
+(``lab.rank.output``). It says hello (its rank, pid, host) to the controller
 first. The rendezvous settings are in the environment, set by the launcher.
 """
 from __future__ import annotations
@@ -14,15 +15,15 @@ import runpy
 import socket
 import sys
 
-from lab.rank.protocol import emit
+from lab.rank import protocol
 from lab.rank.worker import start_rank
 
 
 def main() -> None:
     start_rank()
-    if "LAB_TOKEN" in os.environ:
-        emit(os.environ["LAB_TOKEN"], "hello", rank=int(os.environ.get("RANK", "-1")), pid=os.getpid(),
-             hostname=socket.gethostname(), local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+    if protocol.CHANNEL is not None:  # (the lab gave it a token)
+        protocol.CHANNEL.send("hello", rank=int(os.environ.get("RANK", "-1")), pid=os.getpid(),
+                              hostname=socket.gethostname(), local_rank=int(os.environ.get("LOCAL_RANK", "0")))
     script, *args = sys.argv[1:]
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))

@@ -10,7 +10,8 @@ a timeout and the stages. The device is ``cuda:LOCAL_RANK`` with nccl, else the 
 A stage is one rendezvous (or none) and the exercises that run under it, so
 exercises that can share a process group share one.
 
-It reports to the controller in event lines (``lab.rank.protocol``): ``hello``, ``step``
+It reports to the controller in event lines (``lab.rank.protocol``), through a channel of its
+own that nothing the exercise program prints can write to (``start_rank``): ``hello``, ``step``
 (the rank begins something: ``init:env``, an exercise), ``result`` (an exercise's returned
 dict), ``error`` (an exercise raised), ``fatal``, ``done``. ``result`` and ``error`` carry
 ``calls``: the torch.distributed calls the exercise made on this rank and the bytes it sent to
@@ -22,10 +23,13 @@ and dumps every thread's stack on SIGUSR1, so a hang can be located.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import faulthandler
 import importlib
+import importlib.machinery
+import importlib.util
 import inspect
 import json
 import os
@@ -39,10 +43,13 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
-from lab.rank.protocol import EventKind, emit
+from lab.rank import protocol
+from lab.rank.protocol import EVENT_MAX, Channel, EventKind, emit, event_line
 
 GROUP_TIMEOUT_MARGIN = 30.0  # seconds
 PLAN_VAR = "LAB_RANK_PLAN"
+TOKEN_VAR = "LAB_TOKEN"
+RELAY_WAIT = 2.0  # seconds a rank that ends waits for its relay to pass its last lines on
 WATCHED_BY_PARENT = "LAB_WATCHED_BY_PARENT"  # set for ranks whose parent stops them with its group
 
 
@@ -61,32 +68,91 @@ def stop_when_orphaned() -> None:
 
 
 def start_rank() -> None:
-    """What every rank process does first: tag its output when it shares its streams with
-    other ranks (lab.rank.output), dump its stacks on SIGUSR1, and stop when the controller
-    goes away (unless its parent's process group does that for it)."""
-    if os.environ.get("LAB_TAG_OUTPUT"):
-        from lab.rank.output import (
-            tag_output,  # starts a process: only when the streams are shared
-        )
+    """What every rank process does first, before it imports torch or any program: keep its real
+    stdout as its private channel for events (``lab.rank.protocol.CHANNEL``) and send its fds 1
+    and 2 through a relay that no line of which reads as an event (``lab.rank.output``; tagged with
+    the rank when it shares its streams with other ranks), take the token out of its environment,
+    dump its stacks on SIGUSR1, and stop when the controller goes away (unless its parent's
+    process group does that for it)."""
+    from lab.rank.output import divert_output
 
-        tag_output(int(os.environ.get("RANK", "-1")))
+    token = os.environ.pop(TOKEN_VAR, None)
+    tag = int(os.environ.get("RANK", "-1")) if os.environ.get("LAB_TAG_OUTPUT") else None
+    events, relay = divert_output(tag)  # (forks: before any thread of ours starts)
+    if token is not None:
+        protocol.CHANNEL = Channel(events, token)
+    atexit.register(finish_output, relay)
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     if not os.environ.get(WATCHED_BY_PARENT):
         stop_when_orphaned()
 
 
+def finish_output(relay: int) -> None:
+    """At the end: close this process's ends of the relay's pipes and give the relay RELAY_WAIT
+    seconds to pass the last lines on (a process of the rank's that lives on may hold the pipes)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+    deadline = time.monotonic() + RELAY_WAIT
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(relay, os.WNOHANG)[0]:
+                return
+        except ChildProcessError:
+            return
+        time.sleep(0.005)
+
+
 def load_program(program: str) -> ModuleType:
     """A program is a dotted module name or the path of a ``.py`` file (a solution).
 
-    A file is imported by its name from its directory, which joins ``sys.path``: processes
-    that mp.spawn starts inherit the path and so can unpickle the solution's functions.
+    A file is loaded from its path, under a module name of its own: its file's name where that
+    names no other module (``json.py``, ``torch.py``, ``os.py`` would: those get a name no module
+    has), so that a solution is never shadowed by a module of the same name. Its directory joins
+    ``sys.path``: a solution may import its own modules, and processes that mp.spawn starts
+    inherit the path and so can unpickle the solution's functions (by their file's name).
     """
-    if program.endswith(".py"):
-        directory, name = os.path.split(os.path.abspath(program))
-        if directory not in sys.path:
-            sys.path.insert(0, directory)
-        program = name[:-3]
-    return importlib.import_module(program)
+    if not program.endswith(".py"):
+        return importlib.import_module(program)
+    path = os.path.abspath(program)
+    directory = os.path.dirname(path)
+    name = _module_name(path)
+    loaded = sys.modules.get(name)
+    if loaded is not None and getattr(loaded, "__file__", None) == path:
+        return loaded
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {os.path.basename(path)}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return module
+
+
+def _module_name(path: str) -> str:
+    """The name a solution file is loaded under: its stem, unless a module of that name is loaded,
+    is the standard library's or can be found elsewhere on ``sys.path``; then one of its own."""
+    stem = os.path.basename(path)[:-3]
+    loaded = sys.modules.get(stem)
+    if stem.isidentifier() and (loaded is None or getattr(loaded, "__file__", None) == path) and \
+            stem not in getattr(sys, "stdlib_module_names", ()) and stem not in sys.builtin_module_names:
+        elsewhere = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(path)]
+        found = importlib.machinery.PathFinder.find_spec(stem, elsewhere) if loaded is None else None
+        if found is None:
+            return stem
+    safe = "".join(c if c.isalnum() or c == "_" else "_" for c in stem)
+    return f"_lab_solution_{safe}"
 
 
 def load_solution(program: str, reference: str | None, writes: tuple[str, ...] = ()) -> ModuleType:
@@ -166,7 +232,22 @@ class Rank:
             torch.cuda.set_device(self.device)
 
     def emit(self, event: EventKind, **fields: Any) -> None:
+        if event in ("error", "fatal"):  # an exception's message may be as long as a program likes
+            fields = {k: _capped(v) if k in TEXT_FIELDS else v for k, v in fields.items()}
         emit(self.token, event, rank=self.rank, **fields)
+
+    def report(self, name: str, value: Any, seconds: float, calls: Any) -> bool:
+        """Send an exercise's result; one too large to be an event is the exercise's error."""
+        line = event_line(self.token, "result", rank=self.rank, exercise=name, value=value, seconds=seconds,
+                          calls=calls)
+        size = len(line.encode())
+        if size > EVENT_MAX:
+            self.emit("error", exercise=name, error=f"ValueError: the value run() returned is too large to report: "
+                                                    f"{size} bytes as JSON (at most {EVENT_MAX})",
+                      where="", traceback="", calls=calls)
+            return False
+        self.emit("result", exercise=name, value=value, seconds=seconds, calls=calls)
+        return True
 
     def run(self) -> int:
         import torch
@@ -247,9 +328,7 @@ class Rank:
                       where=_where(exc, exercise["program"]), traceback=traceback.format_exc(),
                       calls=RECORDER.summary())
             raise
-        self.emit("result", exercise=name, value=value, seconds=time.monotonic() - started,
-                  calls=RECORDER.summary())
-        return True
+        return self.report(name, value, time.monotonic() - started, RECORDER.summary())
 
 
 @contextlib.contextmanager
@@ -307,6 +386,18 @@ def limit_memory(megabytes: int | None) -> None:
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
 
+TEXT_FIELDS = ("error", "where", "traceback")
+TEXT_MAX = 64 * 1024  # characters of each of an error's texts sent (an event line has at most EVENT_MAX bytes)
+
+
+def _capped(text: str) -> str:
+    """``text``, its middle cut out if it is longer than TEXT_MAX."""
+    if len(text) <= TEXT_MAX:
+        return text
+    half = TEXT_MAX // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
+
+
 def _error(exc: BaseException) -> str:
     """``Type: message``; a SyntaxError's message without its ``(file, line N)``: where says it."""
     if isinstance(exc, SyntaxError) and exc.msg:
@@ -331,12 +422,12 @@ def _where(exc: BaseException, program: str) -> str:
 
 def main() -> int:
     start_rank()
-    plan = json.loads(os.environ[PLAN_VAR])
+    plan = json.loads(os.environ.pop(PLAN_VAR))  # (it holds the token: no program reads it there)
     try:
         return Rank(plan).run()
     except Exception as exc:  # start-up failed outside any exercise: report it, don't just die
         emit(plan["token"], "fatal", rank=int(os.environ.get("RANK", -1)),
-             error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+             error=_capped(f"{type(exc).__name__}: {exc}"), traceback=_capped(traceback.format_exc()))
     return 3
 
 

@@ -1,0 +1,159 @@
+"""The rank-to-controller channel (lab.rank.protocol): a solution cannot speak for the lab by printing,
+cannot speak for another rank, cannot keep itself alive with step events, and cannot break the
+controller with what it sends; a solution is loaded under a name of its own."""
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lab.core.runner import OUTPUT_MAX, Output
+from lab.errors import ExitCode
+from lab.rank.output import tagged
+from lab.rank.protocol import NEUTRAL, MalformedEvent, parse_event
+
+from .conftest import WRONG, Lab
+
+TIMEOUT = "20"
+
+
+def run_json(lab: Lab, *args: str) -> tuple[int, dict[str, Any], str]:
+    result = lab("run", *args, "--json", timeout=120)
+    assert result.out.strip(), f"no JSON on stdout; stderr:\n{result.err[-3000:]}"
+    return result.code, json.loads(result.out), result.err
+
+
+@pytest.mark.local
+@pytest.mark.parametrize("launcher", ["lab", "torchrun"])
+def test_event_lines_a_solution_prints_are_its_output_not_events(lab: Lab, launcher: str) -> None:
+    """Forged results and dones, for itself and the other rank, in every way it can print them,
+    then os._exit(0): each rank died before reporting, and the forged lines are shown as output."""
+    code, report, err = run_json(lab, "groups", "--nproc", "2", "--timeout", TIMEOUT, "--launcher", launcher,
+                                 "--solution", str(WRONG / "groups_forges_results.py"))
+    entry = report["exercises"][0]
+    assert (code, entry["status"]) == (ExitCode.CHECK_FAILED, "fail"), entry
+    assert re.match(r"rank \d \(local\) exited with status 0 during groups, before reporting its result",
+                    entry["reason"]), entry["reason"]
+    assert sorted(entry["ranks"]) == [0, 1]
+    assert '\u241flab:' in err and '"event": "result"' in err  # shown as output, the mark neutralized
+    assert lab.leftovers() == []
+
+
+@pytest.mark.local
+def test_an_event_in_another_ranks_name_fails_its_sender(lab: Lab) -> None:
+    code, report, _ = run_json(lab, "groups", "--nproc", "2", "--timeout", TIMEOUT,
+                               "--solution", str(WRONG / "groups_speaks_for_rank_0.py"))
+    entry = report["exercises"][0]
+    assert (code, entry["status"]) == (ExitCode.CHECK_FAILED, "fail"), entry
+    assert entry["reason"] == "rank 1 (local) sent an event as rank 0 (a rank speaks for itself only)", entry
+    assert entry["ranks"] == [1]
+
+
+@pytest.mark.local
+def test_malformed_events_fail_their_senders_not_the_controller(lab: Lab) -> None:
+    code, report, err = run_json(lab, "groups", "--nproc", "4", "--timeout", "20",
+                                 "--solution", str(WRONG / "groups_malformed_events.py"))
+    assert "internal error" not in err, err[-2000:]
+    entry = report["exercises"][0]
+    assert (code, entry["status"]) == (ExitCode.CHECK_FAILED, "fail"), entry
+    assert entry["ranks"] == [0, 1, 2, 3]
+    causes = [entry["reason"].removesuffix(" (and 3 more)"), *entry["notes"]]
+    assert causes == [
+        "rank 0 (local) sent a malformed event: not an object but a list",
+        "rank 1 (local) sent a malformed event: a 'step' event without its 'rank'",
+        "rank 2 (local) sent a malformed event: the 'seconds' of a 'result' event is a string 'soon', "
+        "not a finite number",
+        "rank 3 (local) sent a malformed event: nested too deeply",
+    ], causes
+
+
+@pytest.mark.local
+def test_step_events_do_not_keep_a_rank_alive_past_its_exercise(lab: Lab) -> None:
+    started = time.monotonic()
+    code, report, _ = run_json(lab, "groups", "--nproc", "2", "--timeout", "10",
+                               "--solution", str(WRONG / "groups_loops_steps.py"))
+    entry = report["exercises"][0]
+    assert (code, entry["status"]) == (ExitCode.TIMEOUT, "timeout"), entry
+    assert sorted(entry["ranks"]) == [0, 1] and "stopped after 10s in groups" in entry["reason"], entry
+    assert time.monotonic() - started < 40
+    assert lab.leftovers() == []
+
+
+@pytest.mark.local
+def test_an_over_long_line_is_cut_and_a_value_too_large_to_report_is_an_error(lab: Lab) -> None:
+    code, report, err = run_json(lab, "groups", "--nproc", "2", "--timeout", "20",
+                                 "--solution", str(WRONG / "groups_too_large.py"))
+    entry = report["exercises"][0]
+    assert (code, entry["status"]) == (ExitCode.CHECK_FAILED, "fail"), entry
+    assert re.match(r"rank 0 raised ValueError: the value run\(\) returned is too large to report: \d+ bytes "
+                    r"as JSON \(at most 1048576\) \(and 1 more\)$", entry["reason"]), entry["reason"]
+    assert entry["ranks"] == [0, 1]
+    for rank in report["ranks"]:
+        assert rank["output"]["bytes"] > 3 << 20, rank
+    assert err.count("[cut: ") == 2, err[-3000:]
+
+
+@pytest.mark.local
+def test_a_solution_named_like_a_module_is_the_solution(lab: Lab, tmp_path: Path) -> None:
+    solution = tmp_path / "json.py"  # (not in tests/: it would shadow the json module there)
+    solution.write_text("from lab.suite.exercises.groups import run as reference\n\n\n"
+                        "def run(device):\n"
+                        "    print('the student json.py runs')\n"
+                        "    return reference(device)\n")
+    code, report, err = run_json(lab, "groups", "--nproc", "2", "--timeout", "20", "--solution", str(solution))
+    assert (code, report["exercises"][0]["status"]) == (ExitCode.OK, "pass"), report["exercises"][0]
+    assert err.count("the student json.py runs") == 2
+
+
+# The pieces, without processes.
+
+TOKEN = "tok"
+
+
+def event(payload: str) -> dict[str, Any] | None:
+    return parse_event(f"\x1flab:{TOKEN} {payload}", TOKEN)
+
+
+@pytest.mark.parametrize("payload, says", [
+    ("[1]", "not an object but a list"),
+    ('{"event": "step"}', "a 'step' event without its 'rank'"),
+    ('{"event": "step", "rank": 0}', "a 'step' event without its 'step'"),
+    ('{"event": "step", "rank": "0", "step": "x"}', "the 'rank' of a 'step' event is a string '0', not an integer"),
+    ('{"event": "step", "rank": true, "step": "x"}', "the 'rank' of a 'step' event is a boolean"),
+    ('{"event": "result", "rank": 0, "exercise": "x", "value": 1, "seconds": NaN}', "not a finite number"),
+    ('{"event": "done", "rank": 0, "failures": 0, "extra": 1}', "a 'done' event has no field 'extra'"),
+    ('{"event": "hack"}', "no known 'event'"),
+    ("[" * 100_000, "nested too deeply"),
+    ("{", "not JSON"),
+])
+def test_malformed_events_are_named(payload: str, says: str) -> None:
+    with pytest.raises(MalformedEvent, match=re.escape(says)):
+        event(payload)
+
+
+def test_valid_events_pass() -> None:
+    assert event('{"event": "done", "rank": 1, "failures": 0}') == {"event": "done", "rank": 1, "failures": 0}
+    assert event('{"event": "hello", "rank": 0, "pid": 1, "hostname": "h", "local_rank": 0}') is not None
+    assert event('{"event": "facts", "anything": [1]}') == {"event": "facts", "anything": [1]}  # the doctor's
+    assert parse_event("plain output", TOKEN) is None
+
+
+def test_the_relay_neutralizes_every_mark() -> None:
+    assert tagged(b"", b"a\x1flab:tok {}\nb\x1f", b"", False) == (b"a" + NEUTRAL + b"lab:tok {}\n", b"b" + NEUTRAL,
+                                                                   False)
+
+
+def test_a_ranks_output_past_its_limit_is_counted_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("lab.core.runner.OUTPUT_MAX", 10)
+    output = Output()
+    output.add("12345", 6)
+    output.add("67890", 6)
+    output.add("later", 6)
+    output.add_block(b"x\ny\n")
+    assert (output.lines, output.size) == (5, 22)
+    assert output.tail() == ["12345", f"[lab: more than {OUTPUT_MAX >> 20} MiB printed: the rest was counted, "
+                                      f"not kept]"]
