@@ -8,6 +8,7 @@ ends it. ``require_sshd()`` skips a test where sshd cannot run, or fails it unde
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -68,7 +69,46 @@ class SSHServer:
     def known_hosts_line(self) -> str:
         return f"[127.0.0.1]:{self.port} {self.host_public}\n"
 
+    def sshd_pids(self) -> list[int]:
+        """The listener and every sshd process below it (one or two per connection: the privileged
+        monitor and the session's), not the commands the sessions run."""
+        children: dict[int, list[int]] = {}
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    stat = (entry / "stat").read_text()
+                except OSError:
+                    continue
+                children.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(entry.name))
+        found, queue = [], [self.process.pid]
+        while queue:
+            pid = queue.pop()
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip().startswith("sshd"):
+                    found.append(pid)
+                    queue.extend(children.get(pid, []))
+            except OSError:
+                continue
+        return found
+
+    def freeze(self) -> list[int]:
+        """SIGSTOP every sshd process of this server: its TCP connections stay open (the kernel still
+        acknowledges) but nothing answers on them, as with a host that hangs or a network that drops
+        everything. The pids stopped (``thaw`` them)."""
+        pids = self.sshd_pids()
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        return pids
+
+    def thaw(self, pids: list[int]) -> None:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
     def stop(self) -> None:
+        self.thaw(self.sshd_pids())  # (a stopped sshd cannot end)
         self.process.terminate()
         try:
             self.process.wait(timeout=5)
@@ -77,8 +117,11 @@ class SSHServer:
             self.process.wait(timeout=5)
 
 
-def start_sshd(directory: Path, client_key: Path | None = None, log_level: str = "VERBOSE") -> SSHServer:
-    """Start sshd in ``directory`` (made if needed); authorize ``client_key`` (made if None)."""
+def start_sshd(directory: Path, client_key: Path | None = None, log_level: str = "VERBOSE", sftp: bool = True,
+               max_sessions: int = 10) -> SSHServer:
+    """Start sshd in ``directory`` (made if needed); authorize ``client_key`` (made if None).
+    ``sftp=False`` leaves out the ``Subsystem sftp`` line, as hardened servers do (no SFTP);
+    ``max_sessions`` is sshd's MaxSessions (channels per connection; OpenSSH's default is 10)."""
     directory.mkdir(parents=True, exist_ok=True)
     host_public = keygen(directory / "host_ed25519")
     if client_key is None:
@@ -95,8 +138,8 @@ def start_sshd(directory: Path, client_key: Path | None = None, log_level: str =
             f"PidFile {directory / 'sshd.pid'}", f"AuthorizedKeysFile {directory / 'authorized_keys'}",
             "PubkeyAuthentication yes", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
             "PermitRootLogin prohibit-password", "StrictModes no", "UsePAM no", "AllowTcpForwarding yes",
-            "MaxSessions 10", "Subsystem sftp internal-sftp", f"SetEnv TMPDIR={directory / 'tmp'}",
-            f"LogLevel {log_level}", ""]))
+            f"MaxSessions {max_sessions}", *(["Subsystem sftp internal-sftp"] if sftp else []),
+            f"SetEnv TMPDIR={directory / 'tmp'}", f"LogLevel {log_level}", ""]))
         log = directory / "sshd.log"
         with open(log, "wb") as err:
             process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdin=subprocess.DEVNULL,

@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 FACTS_GRACE = 20.0  # seconds, on top of its lookups' timeouts, for a probe to start and report its facts
 RUNTIME_WAIT = 60.0  # seconds for torch to import on a host
 LINKS_GRACE = 5.0  # seconds, on top of the connections' timeouts, for a probe to report them
+READERS_WAIT = 2.0  # seconds for a stopped probe's readers to meet the end of its streams
 STDERR_KEPT = 20  # lines of a probe's stderr kept for the reason it failed
 PROBE_FILES = ("code/lab/__init__.py", "code/lab/rank/__init__.py", "code/lab/rank/probe.py",
                "code/lab/rank/protocol.py")
@@ -73,8 +74,17 @@ class _ProbeRun:
         self._token = token
         self._ended = False
         self._changed = threading.Condition()
-        threading.Thread(target=self._read_events, name=f"lab-doctor-{name}-out", daemon=True).start()
-        threading.Thread(target=self._read_stderr, name=f"lab-doctor-{name}-err", daemon=True).start()
+        self._readers = [threading.Thread(target=self._read_events, name=f"lab-doctor-{name}-out", daemon=True),
+                         threading.Thread(target=self._read_stderr, name=f"lab-doctor-{name}-err", daemon=True)]
+        for reader in self._readers:
+            reader.start()
+
+    def stop(self) -> None:
+        """Kill the probe and release its streams and channel, then let its readers finish (they
+        meet the end of the streams), so that nothing holds a stream once the doctor is done."""
+        self.process.kill()
+        for reader in self._readers:
+            reader.join(READERS_WAIT)
 
     def _read_events(self) -> None:
         try:
@@ -167,7 +177,7 @@ def diagnose(inventory: Inventory, ssh: SSHSettings | None = None, master_port: 
             probe.process.close_stdin()  # the end of phase 2: each probe closes its listeners and exits
         _gather_heard(probes.get(first.name), reports[first.name], timeout)
     finally:
-        for_each_host(probes, lambda probe: probe.process.kill())
+        for_each_host(probes, lambda probe: probe.stop())  # streams and channels first, then the connections
         for_each_host(transports, release)
     seconds["total"] = time.monotonic() - started
     ordered = tuple(reports[name] for name in hosts)

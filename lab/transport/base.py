@@ -13,6 +13,7 @@ import logging
 import posixpath
 import select
 import shlex
+import signal
 import subprocess
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -33,6 +34,7 @@ class RankProcess(ABC):
     stdin: IO[bytes]  # open while it runs; a worker stops itself when it closes
     stdout: IO[bytes]
     stderr: IO[bytes]
+    pgid: int  # its process group on the host: what ``signal`` and ``kill`` address
 
     def send(self, data: bytes) -> None:
         """Write ``data`` to the process's stdin now (flushed); OSError once it is closed or gone."""
@@ -43,20 +45,31 @@ class RankProcess(ABC):
         """Close the process's stdin, so it reads end-of-file; never raises, safe to call twice."""
         try:
             self.stdin.close()
-        except (OSError, EOFError):
+        except (OSError, EOFError, ValueError):
             pass
 
     @abstractmethod
     def poll(self) -> int | None:
-        """The exit status, or None while it runs."""
+        """The exit status, or None while it runs. (SSH: HostUnreachable once its host is lost.)"""
+
+    @abstractmethod
+    def exited(self) -> bool:
+        """Whether its exit status is in. From then on its group is never signalled: with the
+        group's last process gone, its id may be another process's already."""
 
     @abstractmethod
     def signal(self, signum: int) -> None:
-        """Send ``signum`` to the process's whole group; no error if it is gone."""
+        """Send ``signum`` to the process's whole group; no error if it is gone; nothing once it exited."""
 
     @abstractmethod
+    def release(self) -> None:
+        """Close its streams and let go of it, without signalling it; safe to call twice."""
+
     def kill(self) -> None:
-        """Kill the whole group and release the connection; safe to call twice."""
+        """Kill the whole group (unless it exited) and release it; safe to call twice."""
+        if not self.exited():
+            self.signal(signal.SIGKILL)
+        self.release()
 
 
 class Transport(ABC):
@@ -89,6 +102,22 @@ class Transport(ABC):
     def cleanup(self, keep: bool = False, also: Sequence[str] = ()) -> None:
         """Remove the run directory and the directories ``also`` (unless ``keep``); never raises."""
 
+    @abstractmethod
+    def signal_groups(self, pgids: Sequence[int], signum: int) -> None:
+        """Send ``signum`` to each of the host's process groups ``pgids`` at once (one command on a
+        remote host); no error if one is gone or the host cannot be reached (that is logged)."""
+
+    def kill_all(self, processes: Sequence[RankProcess]) -> None:
+        """Kill ``processes`` (started by this transport) at once: their groups in one
+        ``signal_groups``, except those whose exit status is in, then release each. Never raises."""
+        live = [p.pgid for p in processes if not p.exited()]
+        try:
+            if live:
+                self.signal_groups(live, signal.SIGKILL)
+        finally:
+            for process in processes:
+                process.release()
+
     def own_address(self) -> str | None:
         """The host's address as this transport reaches it, when it can tell (see ssh)."""
         return None
@@ -113,6 +142,14 @@ def supervised(python: str, argv: Sequence[str]) -> list[str]:
     started in a process group of its own, whose id is its first line (``PID_MARK``), and nothing
     it starts outlives it (lab.rank.reaper)."""
     return [python, "-S", "-c", REAPER_CODE, *argv]
+
+
+def kill_command(pgids: Sequence[int], signum: int) -> str:
+    """One command for the host's ``/bin/sh`` (whatever the login shell) that sends ``signum`` to
+    every process group of ``pgids``."""
+    name = signal.Signals(signum).name.removeprefix("SIG")
+    kill = shlex.join(["kill", "-s", name, "--", *(f"-{int(pgid)}" for pgid in pgids)])
+    return f"/bin/sh -c {shlex.quote(kill)}"
 
 
 def remote_command(python: str, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> str:

@@ -14,7 +14,6 @@ import io
 import logging
 import shlex
 import shutil
-import signal
 import subprocess
 import tarfile
 from collections.abc import Mapping, Sequence
@@ -29,6 +28,7 @@ from lab.errors import HostUnreachable, RunError
 from lab.transport.base import (
     RankProcess,
     Transport,
+    kill_command,
     made_run_dir,
     make_run_dir_command,
     remote_command,
@@ -51,12 +51,14 @@ class DockerProcess(RankProcess):
     def poll(self) -> int | None:
         return self._popen.poll()
 
-    def signal(self, signum: int) -> None:
-        self._transport.exec(f"kill -s {signal.Signals(signum).name.removeprefix('SIG')} -- -{self.pgid}")
+    def exited(self) -> bool:
+        return self._popen.poll() is not None  # (``docker exec`` ends when the reaper does)
 
-    def kill(self) -> None:
-        if self._popen.poll() is None:
-            self.signal(signal.SIGKILL)
+    def signal(self, signum: int) -> None:
+        if not self.exited():
+            self._transport.signal_groups([self.pgid], signum)
+
+    def release(self) -> None:
         self.close_stdin()
         self._popen.kill()
         self._popen.wait()
@@ -95,6 +97,11 @@ class DockerTransport(Transport):
         if code != 0:
             log.debug("host %s: %s: exit %s: %s", self.host.name, command, code, out)
         return bytes(out).decode("utf-8", "replace")
+
+    def signal_groups(self, pgids: Sequence[int], signum: int) -> None:
+        """One ``kill`` in the container for every group (a single exec, however many ranks)."""
+        if pgids:
+            self.exec(kill_command(pgids, signum))
 
     def prepare(self, run_name: str, uploads: Mapping[str, Path]) -> str:
         self.running()  # HostUnreachable, in one line, when it is not there

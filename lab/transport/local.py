@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -42,16 +41,23 @@ class LocalProcess(RankProcess):
     def poll(self) -> int | None:
         return self._popen.poll()
 
-    def signal(self, signum: int) -> None:
-        try:
-            os.killpg(self.pgid, signum)
-        except (ProcessLookupError, PermissionError):  # gone (its group's id may be reused)
-            pass
+    def exited(self) -> bool:
+        return self._popen.poll() is not None  # the reaper's: it ends after everything in the group
 
-    def kill(self) -> None:
-        self.signal(signal.SIGKILL)
+    def signal(self, signum: int) -> None:
+        if not self.exited():
+            _killpg(self.pgid, signum)
+
+    def release(self) -> None:
         self.close_stdin()
         self._popen.wait()
+
+
+def _killpg(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):  # gone
+        pass
 
 
 class LocalTransport(Transport):
@@ -74,6 +80,10 @@ class LocalTransport(Transport):
         if not keep:
             for directory in removable([self.run_dir, *also]):
                 shutil.rmtree(directory, ignore_errors=True)
+
+    def signal_groups(self, pgids: Sequence[int], signum: int) -> None:
+        for pgid in pgids:
+            _killpg(pgid, signum)
 
     def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> RankProcess:
         path = os.pathsep.join(p for p in (env.get("PYTHONPATH"), os.environ.get("PYTHONPATH")) if p)

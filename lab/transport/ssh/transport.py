@@ -20,16 +20,28 @@ Contracts:
   place; sshd starts every exec command in a new session, so that PID is the process
   group that ``signal`` and ``kill`` address. The channel's stdin stays open while the rank
   runs: the worker kills its own group when it closes (the controller went away).
+  ``kill_all`` kills many ranks of a host with one ``kill`` command (one session, whatever
+  sshd's MaxSessions), and no group is signalled once its exit status is in.
+- Every connection asks the host for an answer every ``SSHSettings.keepalive`` seconds (the
+  global request ``keepalive@openssh.com`` with want-reply, as OpenSSH's ServerAliveInterval
+  does). A host that leaves one unanswered for ``SSHSettings.alive_timeout`` seconds is lost:
+  ``poll`` raises :class:`HostUnreachable` (one line that names it), and its connections are
+  closed, so that every read and wait on them ends.
+- Files go over SFTP; a host whose sshd offers no SFTP subsystem gets them as a tar stream on
+  an exec channel (``tar -x`` there). The log (``-v``) says which.
 """
 from __future__ import annotations
 
+import contextlib
 import getpass
+import io
 import logging
 import os
 import posixpath
 import shlex
 import signal
 import socket
+import tarfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -46,6 +58,7 @@ from lab.rank.protocol import PID_MARK
 from lab.transport.base import (
     RankProcess,
     Transport,
+    kill_command,
     made_run_dir,
     make_run_dir_command,
     remote_command,
@@ -68,15 +81,21 @@ WIRE_LOG = f"{__name__}.paramiko"  # paramiko's own log lines for the lab's conn
 
 def _only_when_verbose(record: logging.LogRecord) -> bool:
     """paramiko logs a failed handshake with a traceback at ERROR; the lab raises one line for
-    it instead, so paramiko's lines show only when the lab logs at DEBUG (``-v``)."""
-    return log.isEnabledFor(logging.DEBUG)
+    it instead, so paramiko's lines show only when the lab logs at DEBUG (``-v``); and never the
+    two lines of every keepalive (its request, the server's "denied")."""
+    if not log.isEnabledFor(logging.DEBUG):
+        return False
+    message = record.getMessage()
+    return KEEPALIVE_REQUEST not in message and message != "Global request denied."
 
 
 logging.getLogger(WIRE_LOG).addFilter(_only_when_verbose)
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 RANKS_PER_CONNECTION = 8  # sshd allows 10 sessions per connection (MaxSessions); keep two spare
+COMMANDS_PER_CONNECTION = 2  # short commands (kill, rm, an upload) at once on one connection: the spare sessions
 MAX_JUMPS = 8  # ProxyJump hops before we call it a loop
+KEEPALIVE_REQUEST = "keepalive@openssh.com"  # OpenSSH's own: any server answers it (with "failure")
 LINES_BEFORE_PID = 100  # what a login script may print before the pid line
 
 
@@ -85,11 +104,77 @@ class SSHSettings:
     """How every SSH host of a run is reached."""
 
     connect_timeout: float = 10.0  # seconds for any one wait: TCP, banner, auth, a channel, a reply
+    keepalive: float = 5.0  # seconds between two keepalives on every connection
+    alive_timeout: float = 30.0  # seconds a keepalive may go unanswered before the host is lost
     accept_new_host_keys: bool = False  # trust and record a host key seen for the first time
     known_hosts: str | None = None  # the lab's known_hosts file; a host's own file wins
     ssh_config: str = "~/.ssh/config"
 
 
+
+
+class _Keepalive:
+    """Asks the host for an answer every ``interval`` seconds on one connection, from a thread of
+    its own (paramiko's ``set_keepalive`` asks for no answer, so it cannot tell a silent peer)."""
+
+    def __init__(self, transport: paramiko.Transport, interval: float, name: str) -> None:
+        self._transport = transport
+        self._interval = interval
+        self._asked_at: float | None = None  # when the keepalive still unanswered was sent
+        self._stopped = threading.Event()
+        threading.Thread(target=self._run, name=f"lab-ssh-keepalive-{name}", daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._interval) and self._transport.is_active():
+            self._asked_at = time.monotonic()
+            try:  # (returns when the answer came, or when the connection closed)
+                self._transport.global_request(KEEPALIVE_REQUEST, wait=True)
+            except (paramiko.SSHException, OSError, EOFError):
+                return  # it cannot even be asked: the question stays unanswered
+            if self._transport.is_active():
+                self._asked_at = None
+
+    def silent_for(self, now: float) -> float:
+        """How long the host has left a keepalive unanswered on this connection (0 when none is
+        waiting, or the connection is closed: that is no silence)."""
+        asked = self._asked_at
+        return 0.0 if asked is None or not self._transport.is_active() else now - asked
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+
+class _QuietFinalizer:
+    """A paramiko channel file whose finalizer never complains. paramiko's (``BufferedFile.__del__``)
+    flushes the file again, even when it is closed; when the garbage collector finalized the
+    file's write buffer first (a reference cycle, the end of the interpreter), that printed
+    "Exception ignored in BufferedFile.__del__ ... ValueError: I/O operation on closed file"."""
+
+    _closed: bool
+
+    def __del__(self) -> None:
+        if not self._closed:
+            with contextlib.suppress(Exception):
+                self.close()  # type: ignore[attr-defined]
+
+
+class _StdoutFile(_QuietFinalizer, paramiko.ChannelFile):
+    pass
+
+
+class _StderrFile(_QuietFinalizer, paramiko.channel.ChannelStderrFile):
+    pass
+
+
+class _StdinFile(_QuietFinalizer, paramiko.channel.ChannelStdinFile):  # closing it sends EOF (shutdown_write)
+    pass
+
+
+def _close_file(file: IO[bytes]) -> None:
+    try:
+        file.close()
+    except (OSError, EOFError, ValueError, paramiko.SSHException) as exc:
+        log.debug("closing a channel file: %s", exc)
 
 
 class SSHProcess(RankProcess):
@@ -101,30 +186,45 @@ class SSHProcess(RankProcess):
         self._client = client
         self._channel = channel
         self.pgid = pgid
-        self.stdin = cast(IO[bytes], channel.makefile_stdin("wb"))  # closing it sends EOF (shutdown_write)
+        self.stdin = cast(IO[bytes], _StdinFile(channel, "wb"))
         self.stdout, self.stderr = stdout, stderr
         self._released = False
 
     def poll(self) -> int | None:
-        """The exit status; -1 when it ended without one (killed by a signal, connection lost)."""
-        return self._channel.recv_exit_status() if self._channel.exit_status_ready() else None
+        """The exit status; -1 when it ended without one (killed by a signal, connection closed).
+        HostUnreachable when its host went silent before it said how it ended (see the module)."""
+        ready = self._channel.exit_status_ready()
+        if not self._released and not (ready and self._channel.exit_status != -1):
+            self._transport.check_alive()
+        return self._channel.recv_exit_status() if ready else None
+
+    def exited(self) -> bool:
+        return self._channel.exit_status_ready()  # (or its channel closed: nothing can reach it through it)
 
     def signal(self, signum: int) -> None:
-        if not self._released:
-            self._transport.signal_group(self._client, self.pgid, signum)
+        if not self._released and not self.exited():
+            self._transport.signal_groups([self.pgid], signum, self._client)
 
     def kill(self) -> None:
-        """SIGKILL the remote group, close stdin and the channel; never raises."""
+        """SIGKILL the remote group (unless it exited), close stdin and the channel; never raises."""
+        self._transport.kill_all([self])
+
+    def release(self) -> None:
+        self.release_by(time.monotonic() + self._transport.settings.connect_timeout)
+
+    def release_by(self, deadline: float) -> None:
+        """Send EOF, wait until ``deadline`` for its exit status (unless its host is lost), then close
+        its files (stdin, stdout, stderr) and its channel, in that order; never raises."""
         if self._released:
             return
         self._released = True
         try:
-            self._transport.signal_group(self._client, self.pgid, signal.SIGKILL)
-            self._channel.shutdown_write()
-            self._channel.status_event.wait(self._transport.settings.connect_timeout)
-        except (paramiko.SSHException, OSError, EOFError) as exc:
-            log.debug("%s: closing rank pgid %s: %s", self._transport.host.name, self.pgid, exc)
+            _close_file(self.stdin)  # EOF: a worker that is still there stops itself
+            if not self._transport.is_lost:
+                self._channel.status_event.wait(max(0.0, deadline - time.monotonic()))
         finally:
+            _close_file(self.stdout)
+            _close_file(self.stderr)
             self._channel.close()
 
 
@@ -141,6 +241,9 @@ class SSHTransport(Transport):
         self._ranks_on: list[int] = []  # rank channels started on each of _clients
         self._hop: paramiko.SSHClient | None = None  # the last jump host, shared by _clients
         self._jump_clients: list[paramiko.SSHClient] = []
+        self._keepalives: list[_Keepalive] = []  # one per connection, the jump hosts' too
+        self._lost: str | None = None  # why the host is lost (it went silent), once it is
+        self._commands = threading.BoundedSemaphore(COMMANDS_PER_CONNECTION)
 
     # -- the Transport interface ------------------------------------------------------
 
@@ -157,7 +260,16 @@ class SSHTransport(Transport):
         self.run_dir = run_dir
         targets = {posixpath.join(run_dir, relative): source for relative, source in uploads.items()}
         with self._talking("uploading the lab's files"):
-            sftp = client.open_sftp()
+            try:
+                sftp = client.open_sftp()
+            except (paramiko.SSHException, EOFError) as exc:  # no SFTP subsystem: "Channel closed."
+                if not self._reaches(client):
+                    raise
+                log.info("host %s: no SFTP (%s): %d files go as a tar stream on an exec channel", self.host.name,
+                         _reason(exc), len(uploads))
+                self._untar(client, run_dir, uploads)
+                return run_dir
+            log.debug("host %s: %d files go over SFTP", self.host.name, len(uploads))
             try:
                 sftp.get_channel().settimeout(self.settings.connect_timeout)  # type: ignore[union-attr]
                 for target, source in targets.items():
@@ -173,6 +285,30 @@ class SSHTransport(Transport):
             finally:
                 sftp.close()
         return run_dir
+
+    def _untar(self, client: paramiko.SSHClient, run_dir: str, uploads: Mapping[str, Path]) -> None:
+        """Put the uploads in ``run_dir`` with ``tar -x`` on the host, fed a tar stream built here."""
+        archive = io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w") as tar:
+            for relative, source in uploads.items():
+                try:
+                    data = source.read_bytes()
+                except OSError as exc:
+                    raise RunError(f"host {self.host.name}: cannot upload {source} to "
+                                   f"{posixpath.join(run_dir, relative)}: {exc.strerror or exc}") from None
+                info = tarfile.TarInfo(relative)
+                info.size, info.mode, info.mtime = len(data), 0o600, int(time.time())
+                tar.addfile(info, io.BytesIO(data))
+        untar = shlex.join(["tar", "-x", "-f", "-", "--no-same-owner", "-C", run_dir])
+        status, output = self.run(client, f"/bin/sh -c {shlex.quote(untar)}", archive.getvalue())
+        if status != 0:
+            raise RunError(f"host {self.host.name}: cannot copy the run's files to {run_dir} with tar: "
+                           f"{output.splitlines()[-1] if output else f'exit status {status}'}")
+
+    @staticmethod
+    def _reaches(client: paramiko.SSHClient) -> bool:
+        transport = client.get_transport()
+        return transport is not None and transport.is_active()
 
     def cleanup(self, keep: bool = False, also: Sequence[str] = ()) -> None:
         """``rm -rf`` the run directory (if ``prepare`` made it) and ``also``; a failure is logged."""
@@ -194,11 +330,13 @@ class SSHTransport(Transport):
         with self._talking("starting a rank"):
             channel = self._session(client)
             channel.exec_command(command)
-        stdout = cast(IO[bytes], channel.makefile("rb"))  # paramiko's files read like binary files
-        stderr = cast(IO[bytes], channel.makefile_stderr("rb"))
+        stdout = cast(IO[bytes], _StdoutFile(channel, "rb"))  # paramiko's files read like binary files
+        stderr = cast(IO[bytes], _StderrFile(channel, "rb"))
         try:
             pgid = self._read_pid(channel, stdout, stderr, argv, cwd)
         except BaseException:
+            _close_file(stdout)
+            _close_file(stderr)
             channel.close()
             raise
         log.debug("host %s: started pgid %d: %s", self.host.name, pgid, command)
@@ -213,39 +351,103 @@ class SSHTransport(Transport):
 
     def close(self) -> None:
         """Close every connection, the jump hosts' last; safe to call twice."""
+        for keepalive in self._keepalives:
+            keepalive.stop()
         for client in (*self._clients, *reversed(self._jump_clients)):
             client.close()
         self._clients, self._ranks_on, self._jump_clients, self._hop = [], [], [], None
+        self._keepalives = []
+
+    # -- liveness ---------------------------------------------------------------------
+
+    @property
+    def is_lost(self) -> bool:
+        return self._lost is not None
+
+    def check_alive(self) -> None:
+        """Raise HostUnreachable when the host is lost: a keepalive on one of its connections went
+        unanswered for ``alive_timeout`` seconds. Its connections are then closed, so that every
+        read and every wait on them ends (a silent TCP connection would never end by itself)."""
+        if self._lost is None:
+            now = time.monotonic()
+            silent = max((k.silent_for(now) for k in list(self._keepalives)), default=0.0)
+            if silent < self.settings.alive_timeout:
+                return
+            with self._lock:
+                if self._lost is None:
+                    self._lost = (f"{self._where()}: lost: no answer to SSH keepalives for {silent:.0f}s "
+                                  f"(the host or the network went silent)")
+                    log.debug("%s; closing its connections", self._lost)
+                    for client in (*self._clients, *self._jump_clients):
+                        client.close()
+        raise HostUnreachable(self.host.name, self._lost)
+
+    def kill_all(self, processes: Sequence[RankProcess]) -> None:
+        """Kill the ranks ``processes`` (started here): every group whose exit status is not in,
+        with one ``kill`` command, then release each (EOF, its exit status, its files, its channel),
+        all waiting within one ``connect_timeout``. Never raises."""
+        mine = [p for p in processes if isinstance(p, SSHProcess) and not p._released]
+        deadline = time.monotonic() + self.settings.connect_timeout
+        try:
+            live = [p.pgid for p in mine if not p.exited()]
+            if live:
+                self.signal_groups(live, signal.SIGKILL)
+        finally:
+            for process in mine:
+                process.release_by(deadline)
 
     # -- commands ---------------------------------------------------------------------
 
-    def run(self, client: paramiko.SSHClient, command: str) -> tuple[int, str]:
-        """Run a short ``command``: its exit status and its output (stdout and stderr, stripped)."""
+    def run(self, client: paramiko.SSHClient, command: str, stdin: bytes | None = None) -> tuple[int, str]:
+        """Run a short ``command`` (fed ``stdin``, then EOF): its exit status and its output (stdout
+        and stderr, stripped). At most COMMANDS_PER_CONNECTION run at once (sshd's MaxSessions)."""
         with self._talking(f"running {command.split()[0]}"):
-            channel = self._session(client)
+            if not self._commands.acquire(timeout=self.settings.connect_timeout):
+                raise TimeoutError
             try:
-                channel.settimeout(self.settings.connect_timeout)
-                channel.set_combine_stderr(True)
-                channel.exec_command(command)
-                output = channel.makefile("rb").read()
-                if not channel.status_event.wait(self.settings.connect_timeout):
-                    raise TimeoutError
-                return channel.recv_exit_status(), output.decode("utf-8", "replace").strip()
+                channel = self._session(client)
+                try:
+                    channel.settimeout(self.settings.connect_timeout)
+                    channel.set_combine_stderr(True)
+                    channel.exec_command(command)
+                    if stdin is not None:
+                        channel.sendall(stdin)
+                        channel.shutdown_write()
+                    out = _StdoutFile(channel, "rb")
+                    try:
+                        output = out.read()
+                    finally:
+                        _close_file(cast(IO[bytes], out))
+                    if not channel.status_event.wait(self.settings.connect_timeout):
+                        raise TimeoutError
+                    return channel.recv_exit_status(), output.decode("utf-8", "replace").strip()
+                finally:
+                    channel.close()
             finally:
-                channel.close()
+                self._commands.release()
 
-    def signal_group(self, client: paramiko.SSHClient, pgid: int, signum: int) -> None:
-        """Send ``signum`` to remote process group ``pgid``; no error if it is gone or unreachable."""
-        name = signal.Signals(signum).name.removeprefix("SIG")
+    def signal_groups(self, pgids: Sequence[int], signum: int, client: paramiko.SSHClient | None = None) -> None:
+        """Send ``signum`` to the remote process groups ``pgids`` with one ``kill`` command (one
+        session, however many groups); no error if one is gone or the host cannot be reached."""
+        if not pgids:
+            return
+        name = signal.Signals(signum).name
+        client = client or (self._clients[0] if self._clients else None)
+        if self._lost is not None or client is None:
+            log.debug("host %s: %s; cannot send %s to pgid %s", self.host.name, self._lost or "not connected", name,
+                      " ".join(map(str, pgids)))
+            return
         try:
-            status, output = self.run(client, f"kill -s {name} -- -{pgid}")
+            status, output = self.run(client, kill_command(pgids, signum))
         except HostUnreachable as exc:
-            log.warning("%s; cannot send SIG%s to its rank (pgid %d)", exc, name, pgid)
+            log.warning("%s; cannot send %s to its ranks (pgid %s)", exc, name, " ".join(map(str, pgids)))
             return
         if status != 0:
-            log.debug("host %s: kill -s %s -- -%d: %s", self.host.name, name, pgid, output)
+            log.debug("host %s: kill %s -- %s: %s", self.host.name, name, " ".join(map(str, pgids)), output)
 
     def _session(self, client: paramiko.SSHClient) -> paramiko.Channel:
+        if self._lost is not None:
+            raise EOFError(self._lost.split(": ", 1)[-1])
         transport = client.get_transport()
         if transport is None or not transport.is_active():
             raise EOFError("the connection is closed")
@@ -275,10 +477,14 @@ class SSHTransport(Transport):
         try:
             yield
         except TimeoutError:
+            if self._lost is not None:
+                raise HostUnreachable(self.host.name, self._lost) from None
             raise HostUnreachable(self.host.name, f"{self._where()}: no answer within "
                                                   f"{self.settings.connect_timeout:g}s "
                                   f"while {doing}") from None
         except (paramiko.SSHException, EOFError, ConnectionError) as exc:
+            if self._lost is not None:
+                raise HostUnreachable(self.host.name, self._lost) from None
             raise HostUnreachable(self.host.name, f"{self._where()}: SSH connection failed while {doing}: "
                                   f"{_reason(exc)}") from None
 
@@ -361,6 +567,9 @@ class SSHTransport(Transport):
             client.close()
             silent = time.monotonic() - started >= timeout  # paramiko's errors for this vary
             raise _unreachable(endpoint, exc, timeout, authenticating=policy.accepted, silent=silent) from None
+        transport = client.get_transport()
+        if transport is not None:
+            self._keepalives.append(_Keepalive(transport, self.settings.keepalive, endpoint.host))
         return client
 
     # -- where the host is ------------------------------------------------------------

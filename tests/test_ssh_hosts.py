@@ -1,0 +1,393 @@
+"""Hosts and connections over a real sshd (issue 11): a host that goes silent, a server without
+SFTP, more ranks on one host than sshd's MaxSessions, `lab doctor` ending cleanly, the debug log.
+
+Each test runs the real CLI (``python -m lab``) or the real transport against sshd on loopback
+(``tests/sshd.py``; root and /usr/sbin/sshd needed: skipped elsewhere, a failure under CI=true),
+and looks for what was left among this machine's processes.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lab.core.inventory import Host
+from lab.transport.ssh import SSHSettings, SSHTransport
+
+from .conftest import REPO
+from .sshd import SSHServer, require_sshd, start_sshd
+
+SCRIPT = """\
+import subprocess, sys, time
+subprocess.Popen(["sleep", "600"])  # a child in the rank's group: killing the group must end it too
+print("started", flush=True)
+time.sleep(600)
+"""
+
+
+def processes_with(marker: str) -> list[int]:
+    """Live processes whose command line holds ``marker`` (the script's argument: every rank's
+    reaper and script, whatever their environment on the host)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and entry.name != str(os.getpid()):
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    stat_line = (entry / "stat").read_text()
+                    if stat_line[stat_line.rindex(")") + 2] != "Z":
+                        found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def parent_of(pid: int) -> int:
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat_line[stat_line.rindex(")") + 2:].split()[1])
+
+
+def below(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        pid = parent_of(pid)
+        if pid == ancestor:
+            return True
+    return False
+
+
+def wait_for(check: object, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+
+
+def inventory(path: Path, hosts: dict[str, tuple[SSHServer, int]]) -> Path:
+    """An inventory of ``hosts`` (name -> (its sshd, slots)), all this machine as root."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "known_hosts").write_text("".join({s.known_hosts_line for s, _ in hosts.values()}))
+    lines = [f"""\
+all:
+  vars:
+    ansible_host: 127.0.0.1
+    ansible_user: root
+    ansible_python_interpreter: {sys.executable}
+    ssh_known_hosts_file: known_hosts
+    data_address: 127.0.0.1
+  hosts:
+"""]
+    for name, (server, slots) in hosts.items():
+        lines.append(f"    {name}: {{ansible_port: {server.port}, ansible_ssh_private_key_file: {server.client_key}, "
+                     f"slots: {slots}}}\n")
+    (path / "inventory.yaml").write_text("".join(lines))
+    return path / "inventory.yaml"
+
+
+@pytest.fixture
+def user_home(tmp_path: Path) -> dict[str, str]:
+    """The environment of a CLI run whose HOME is empty: the user's ~/.ssh plays no part."""
+    (tmp_path / "home").mkdir()
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "COLUMNS": "200"}
+    env.pop("SSH_AUTH_SOCK", None)
+    return env
+
+
+def cli(env: dict[str, str], *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "lab", *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+# -- a host that goes silent ----------------------------------------------------------
+
+
+@pytest.fixture
+def victim(tmp_path: Path, server: SSHServer) -> Iterator[SSHServer]:
+    """A second sshd (the same client key), to be frozen by the test."""
+    sshd = start_sshd(tmp_path / "victim", client_key=server.client_key)
+    yield sshd
+    sshd.stop()
+
+
+@pytest.mark.sshd
+@pytest.mark.timeout(180)
+def test_a_host_that_goes_silent_mid_run_is_named_lost_within_the_keepalive_bound(
+        server: SSHServer, victim: SSHServer, tmp_path: Path, user_home: dict[str, str]) -> None:
+    """sshd stopped (SIGSTOP) under running ranks: the TCP connection stays open and says nothing.
+    `lab launch` (no --timeout) ends with one line naming the host lost, the other host's ranks
+    are stopped; the silent host's end once its sshd runs again and sees the controller gone."""
+    marker = f"marker-{os.getpid()}-{time.monotonic_ns()}"
+    script = tmp_path / "sleeper.py"
+    script.write_text(SCRIPT)
+    inv = inventory(tmp_path / "inv", {"a": (server, 1), "b": (victim, 1)})
+    proc = subprocess.Popen([sys.executable, "-m", "lab", "launch", "--hosts", str(inv), str(script), marker],
+                            cwd=REPO, env=user_home, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    frozen: list[int] = []
+    try:
+        # each rank: its reaper, the script and its sleep
+        assert wait_for(lambda: len(processes_with(marker)) >= 4, 60), "the ranks never started"
+        time.sleep(1)
+        frozen = victim.freeze()
+        stopped_at = time.monotonic()
+        out, err = proc.communicate(timeout=SSHSettings.alive_timeout + 45)
+        took = time.monotonic() - stopped_at
+    finally:
+        proc.kill()
+        proc.wait()
+        victim.thaw(frozen)
+    errors = [line for line in err.splitlines() if line.startswith("lab: error:")]
+    assert proc.returncode == 3, out + err
+    assert len(errors) == 1 and errors[0].startswith(
+        f"lab: error: host b (127.0.0.1:{victim.port}): lost: no answer to SSH keepalives for "), err
+    assert SSHSettings.alive_timeout - 1 < took < SSHSettings.alive_timeout + SSHSettings.keepalive + 15, took
+    assert "Traceback" not in err
+    # host a was stopped by the lab; host b's ranks stop themselves once its sshd runs again
+    assert [p for p in processes_with(marker) if below(p, server.process.pid)] == []
+    gone = wait_for(lambda: processes_with(marker) == [], 20)
+    kill_all(processes_with(marker))
+    assert gone, "the silent host's ranks did not stop once the controller was gone"
+
+
+@pytest.mark.sshd
+def test_keepalives_ask_every_connection_and_a_live_host_is_never_lost(server: SSHServer, tmp_path: Path) -> None:
+    """A rank that prints nothing for several keepalive periods on a host that answers them."""
+    settings = SSHSettings(connect_timeout=5.0, keepalive=0.2, alive_timeout=1.0,
+                           ssh_config=str(tmp_path / "no_ssh_config"))
+    kh = tmp_path / "kh"
+    kh.write_text(server.known_hosts_line)
+    t = SSHTransport(Host("a", "127.0.0.1", port=server.port, user="root", key_file=str(server.client_key),
+                          known_hosts=str(kh)), settings)
+    try:
+        process = t.start(["sh", "-c", "sleep 3; echo done"], {}, "/")
+        deadline = time.monotonic() + 10
+        while process.poll() is None:  # never "lost": every keepalive is answered
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert process.poll() == 0 and process.stdout.read() == b"done\n"
+        process.kill()
+    finally:
+        t.close()
+
+
+# -- a server without SFTP ------------------------------------------------------------
+
+
+@pytest.fixture
+def no_sftp(tmp_path: Path) -> Iterator[SSHServer]:
+    require_sshd()
+    sshd = start_sshd(tmp_path / "no-sftp", sftp=False)
+    yield sshd
+    sshd.stop()
+
+
+@pytest.mark.sshd
+def test_a_host_without_sftp_runs_p2p_with_its_files_sent_by_tar(no_sftp: SSHServer, tmp_path: Path,
+                                                                 user_home: dict[str, str]) -> None:
+    assert "Subsystem" not in (no_sftp.log.parent / "sshd_config").read_text()
+    inv = inventory(tmp_path / "inv", {"a": (no_sftp, 1), "b": (no_sftp, 1)})
+    done = cli(user_home, "run", "p2p", "--hosts", str(inv), "-v")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "PASS    p2p" in done.stdout
+    said = [line for line in done.stderr.splitlines() if "no SFTP" in line]
+    assert len(said) == 2 and all("tar stream on an exec channel" in line for line in said), said
+    assert list(no_sftp.tmp.iterdir()) == []  # and the run directories were removed
+
+
+@pytest.mark.sshd
+def test_files_sent_by_tar_arrive_whole_and_private(no_sftp: SSHServer, server: SSHServer, tmp_path: Path,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    files = {"code/lab/__init__.py": b"", "code/lab/deep/x.py": b"print('x')\n",
+             "solution/mine's \"odd\" $(id).py": bytes(range(256)) * 40, "script/é.py": b"# \xc3\xa9\n"}
+    uploads = {}
+    for i, (relative, data) in enumerate(files.items()):
+        uploads[relative] = tmp_path / f"local{i}"
+        uploads[relative].write_bytes(data)
+    caplog.set_level(logging.DEBUG, logger="lab.transport.ssh.transport")
+    for sshd, how in ((no_sftp, "a tar stream on an exec channel"), (server, "over SFTP")):
+        kh = tmp_path / f"kh{sshd.port}"
+        kh.write_text(sshd.known_hosts_line)
+        t = SSHTransport(Host("a", "127.0.0.1", port=sshd.port, user="root", key_file=str(sshd.client_key),
+                              known_hosts=str(kh)),
+                         SSHSettings(connect_timeout=5.0, ssh_config=str(tmp_path / "no_ssh_config")))
+        try:
+            run_dir = Path(t.prepare("lab-run x", uploads))
+            assert run_dir.stat().st_mode & 0o777 == 0o700
+            assert {relative: (run_dir / relative).read_bytes() for relative in files} == files
+            assert all((run_dir / relative).stat().st_uid == 0 for relative in files)
+            t.cleanup()
+            assert not run_dir.exists()
+        finally:
+            t.close()
+        assert how in caplog.text
+        caplog.clear()
+
+
+# -- more ranks on one host than sshd's sessions --------------------------------------
+
+
+@pytest.fixture
+def ten_sessions(tmp_path: Path) -> Iterator[SSHServer]:
+    require_sshd()
+    sshd = start_sshd(tmp_path / "ten", max_sessions=10)
+    yield sshd
+    sshd.stop()
+
+
+@pytest.mark.sshd
+@pytest.mark.timeout(240)
+def test_twelve_ranks_on_one_host_are_all_stopped_at_the_timeout(ten_sessions: SSHServer, tmp_path: Path,
+                                                                  user_home: dict[str, str]) -> None:
+    """12 slots on a host whose sshd allows 10 sessions per connection: every rank's group is
+    killed (one kill command for the host), none refused, nothing left."""
+    assert "MaxSessions 10" in (ten_sessions.log.parent / "sshd_config").read_text()
+    marker = f"marker-{os.getpid()}-{time.monotonic_ns()}"
+    script = tmp_path / "sleeper.py"
+    script.write_text(SCRIPT)
+    inv = inventory(tmp_path / "inv", {"a": (ten_sessions, 12)})
+    try:
+        started = time.monotonic()
+        done = cli(user_home, "launch", "--hosts", str(inv), "--timeout", "20", str(script), marker, timeout=180)
+        took = time.monotonic() - started
+        left = processes_with(marker)
+    finally:
+        kill_all(processes_with(marker))
+    assert done.returncode == 4, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("stopped after 20s") == 12, done.stdout[-3000:]
+    assert left == []
+    assert "refused" not in done.stderr and "cannot send" not in done.stderr, done.stderr
+    assert took < 20 + 60, took
+
+
+# -- lab doctor ends with its verdict -------------------------------------------------
+
+
+@pytest.mark.sshd
+def test_doctor_over_ssh_prints_nothing_after_its_verdict(server: SSHServer, tmp_path: Path,
+                                                          user_home: dict[str, str]) -> None:
+    inv = inventory(tmp_path / "inv", {"a": (server, 1), "b": (server, 1)})
+    for args in ((), ("--json",)):
+        done = cli(user_home, "doctor", "--hosts", str(inv), *args)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert done.stderr == "", done.stderr
+        assert done.stdout.rstrip().endswith("s)" if not args else "}"), done.stdout[-500:]
+
+
+@pytest.mark.sshd
+def test_a_ranks_channel_files_are_closed_with_it_and_finalize_quietly(server: SSHServer, tmp_path: Path) -> None:
+    """paramiko's ``BufferedFile.__del__`` flushes a file again, closed or not: when the garbage
+    collector has finalized the file's buffer first (a reference cycle, the interpreter's end),
+    that printed "Exception ignored in BufferedFile.__del__ ... ValueError: I/O operation on
+    closed file", once per host after the doctor's verdict. That order, forced here."""
+    kh = tmp_path / "kh"
+    kh.write_text(server.known_hosts_line)
+    t = SSHTransport(Host("a", "127.0.0.1", port=server.port, user="root", key_file=str(server.client_key),
+                          known_hosts=str(kh)), SSHSettings(connect_timeout=5.0, ssh_config=str(tmp_path / "none")))
+    complaints: list[str] = []
+    hook, sys.unraisablehook = sys.unraisablehook, lambda u: complaints.append(f"{u.exc_type.__name__}: {u.exc_value}")
+    try:
+        process = t.start(["sh", "-c", "echo hi; cat"], {}, "/")
+        assert process.stdout.readline() == b"hi\n"
+        files = [process.stdin, process.stdout, process.stderr]
+        process.kill()
+        assert all(f.closed for f in files)  # closed with the rank, before its connection
+        for f in files:
+            f._wbuffer.close()  # type: ignore[attr-defined]  # as the collector may have done first
+        del process, files, f
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+        t.close()
+    assert complaints == []
+
+
+# -- the debug log --------------------------------------------------------------------
+
+
+BREAK_LIST = """\
+import sys
+import lab.cli as cli
+def broken(args):
+    raise RuntimeError("a bug in the lab")
+cli.cmd_list = broken
+sys.exit(cli.main(["list"]))
+"""
+
+
+def internal_error(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The real CLI's `list` with a bug in it: the lab's internal-error path."""
+    return subprocess.run([sys.executable, "-c", BREAK_LIST], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_an_internal_error_goes_to_a_log_only_the_user_can_read(tmp_path: Path) -> None:
+    old_tmp = tmp_path / "tmp"  # the temp directory, where the log used to be
+    old_tmp.mkdir()
+    target = tmp_path / "someone_elses_file"
+    target.write_text("precious\n")
+    (old_tmp / "lab-debug.log").symlink_to(target)
+    state = tmp_path / "state"
+    env = {**os.environ, "TMPDIR": str(old_tmp), "XDG_STATE_HOME": str(state), "HOME": str(tmp_path / "home")}
+    done = internal_error(env)
+    log = state / "lab" / "debug.log"
+    assert done.returncode == 5
+    assert done.stderr.strip() == (f"lab: internal error: RuntimeError: a bug in the lab (<string>:4; full "
+                                   f"traceback in {log})")
+    assert "RuntimeError: a bug in the lab" in log.read_text()
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600 and log.stat().st_uid == os.getuid()
+    assert stat.S_IMODE(log.parent.stat().st_mode) == 0o700
+    assert target.read_text() == "precious\n"  # the old place is not written, nor followed
+
+    # A symlink planted at the log's own place is replaced, not followed; a directory made too open is closed.
+    log.unlink()
+    log.symlink_to(target)
+    log.parent.chmod(0o755)
+    assert internal_error(env).returncode == 5
+    assert not log.is_symlink() and "a bug in the lab" in log.read_text()
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600 and stat.S_IMODE(log.parent.stat().st_mode) == 0o700
+    assert target.read_text() == "precious\n"
+    assert [p.name for p in log.parent.iterdir()] == ["debug.log"]
+
+
+def test_the_debug_log_refuses_a_directory_that_is_a_symlink_or_not_the_users(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "lab").symlink_to(elsewhere)  # the log's directory, planted as a symlink
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp), "XDG_STATE_HOME": str(state), "HOME": str(tmp_path / "home")}
+    done = internal_error(env)
+    fallback = tmp / f"lab-{os.getuid()}" / "debug.log"
+    assert done.returncode == 5 and done.stderr.strip().endswith(f"full traceback in {fallback})"), done.stderr
+    assert list(elsewhere.iterdir()) == []
+    assert stat.S_IMODE(fallback.parent.stat().st_mode) == 0o700 and stat.S_IMODE(fallback.stat().st_mode) == 0o600
+
+    if os.getuid() == 0:  # a fallback directory someone else made first is not used either
+        fallback.unlink()
+        fallback.parent.rmdir()
+        fallback.parent.mkdir(mode=0o777)
+        os.chown(fallback.parent, 65534, 65534)
+        done = internal_error(env)
+        assert done.returncode == 5 and "full traceback above" in done.stderr, done.stderr
+        assert "Traceback (most recent call last)" in done.stderr
+        assert list(fallback.parent.iterdir()) == []
