@@ -6,7 +6,9 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import signal
+import stat
 import sys
 import tempfile
 import traceback
@@ -27,6 +29,7 @@ from lab.containerlab.sandbox import Limits
 from lab.containerlab.topology import (
     DEFAULT_LAB,
     TOPOLOGIES,
+    HostLimits,
     LabPaths,
     Topology,
     check_lab_name,
@@ -53,11 +56,12 @@ from lab.doctor.run import diagnose, explain_hang
 from lab.doctor.scenario import run_scenario
 from lab.errors import ExitCode, LabError, UsageError
 from lab.suite import registry
+from lab.text import printable
 from lab.transport import with_master_address
 from lab.transport.local import local_gpu_count
 from lab.transport.ssh import SSHSettings
 
-DEBUG_LOG = Path(tempfile.gettempdir()) / "lab-debug.log"
+DEFAULT_LAUNCH_TIMEOUT = 3600.0  # seconds a `launch` may run unless --timeout says otherwise
 EXIT_CODES = "exit codes:\n" + "\n".join(f"  {int(code):<4} {code.meaning}" for code in ExitCode)
 
 
@@ -96,7 +100,6 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--junit", metavar="FILE.xml", help="also write the results as JUnit XML (for grading in CI)")
     run.add_argument("--dry-run", action="store_true", help="print the plan as YAML and exit")
     run.add_argument("--keep", action="store_true", help="keep the run directory on every host")
-    run.add_argument("-v", "--verbose", action="store_true", help="log what the lab does")
 
     grading = commands.add_parser(
         "grade", help="grade a class: run one exercise with every student's file, write a gradebook",
@@ -142,6 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--gpus", choices=("auto", "all", "none"), default="auto",
                     help="give the hosts the engine's GPUs (needs the NVIDIA container toolkit; "
                          "auto: when the engine has the nvidia runtime)")
+    up.add_argument("--memory", type=int, default=HostLimits.memory_mb, metavar="MB",
+                    help=f"memory each host's container may use (default {HostLimits.memory_mb})")
+    up.add_argument("--pids", type=int, default=HostLimits.pids, metavar="N",
+                    help=f"processes (and threads) each host may run (default {HostLimits.pids})")
     _name_option(up)
     up.add_argument("--inventory", metavar="PATH", help="where to write the lab's inventory (default: "
                     "inventory.yaml for the lab named lab, NAME.inventory.yaml for the others)")
@@ -156,8 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     _cluster_options(launch)
     _launcher_option(launch)
-    launch.add_argument("--timeout", type=float, metavar="SECONDS", help="stop the job when it runs longer "
-                        "(default: no limit)")
+    launch.add_argument("--timeout", type=float, default=DEFAULT_LAUNCH_TIMEOUT, metavar="SECONDS",
+                        help=f"stop the job when it runs longer (default {DEFAULT_LAUNCH_TIMEOUT:g}: an hour)")
     launch.add_argument("--keep", action="store_true", help="keep the run directory on every host")
     launch.add_argument("script", metavar="SCRIPT.py", help="the script every rank runs")
     launch.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
@@ -206,6 +213,8 @@ def _cluster_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nproc", type=int, default=4, metavar="N", help="ranks of the local cluster (default 4)")
     parser.add_argument("--accept-new-host-keys", action="store_true",
                         help="trust SSH host keys not yet in known_hosts (and record them)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what the lab does (and the "
+                        "inventory's variables it ignores)")
 
 
 def _launcher_option(parser: argparse.ArgumentParser) -> None:
@@ -237,17 +246,62 @@ def main(argv: Sequence[str] | None = None) -> int:
         return commands[args.command](args)
     except LabError as exc:
         for line in str(exc).splitlines():
-            print(f"lab: error: {line}", file=sys.stderr)
+            print(f"lab: error: {printable(line)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("lab: interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED
     except Exception as exc:  # a bug: one line here, the whole traceback in the debug log
-        DEBUG_LOG.write_text(traceback.format_exc())
+        written = write_debug_log(traceback.format_exc())
+        if written is None:  # nowhere private to write it: here, then
+            traceback.print_exc()
         frame = traceback.extract_tb(exc.__traceback__)[-1]
-        print(f"lab: internal error: {type(exc).__name__}: {exc} "
-              f"({Path(frame.filename).name}:{frame.lineno}; full traceback in {DEBUG_LOG})", file=sys.stderr)
+        print(f"lab: internal error: {type(exc).__name__}: {printable(str(exc))} "
+              f"({Path(frame.filename).name}:{frame.lineno}; full traceback "
+              f"{f'in {written}' if written else 'above'})", file=sys.stderr)
         return ExitCode.RUN_ERROR
+
+
+def debug_log_path() -> Path:
+    """Where the traceback of an internal error goes: ``$XDG_STATE_HOME/lab/debug.log``, else
+    ``~/.local/state/lab/debug.log``."""
+    state = os.environ.get("XDG_STATE_HOME", "")
+    return (Path(state) if os.path.isabs(state) else Path.home() / ".local" / "state") / "lab" / "debug.log"
+
+
+def write_debug_log(text: str) -> Path | None:
+    """Write ``text`` where only this user can read it: ``debug_log_path()`` (the file 0600, its
+    directory 0700 and the user's), else ``lab-UID/debug.log`` in the temp directory (0700, the
+    user's). The file is written anew and renamed into place, so whatever was there (a symlink,
+    someone else's file) is replaced, never followed; a directory that is a symlink or someone
+    else's is not used. Where it went; None when it could go nowhere."""
+    for directory in (debug_log_path().parent, Path(tempfile.gettempdir()) / f"lab-{os.getuid()}"):
+        try:
+            return _write_private(directory, "debug.log", text)
+        except OSError:
+            continue
+    return None
+
+
+def _write_private(directory: Path, name: str, text: str) -> Path:
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        directory.mkdir(mode=0o700)
+    found = os.lstat(directory)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid():
+        raise PermissionError(f"{directory}: not a directory of this user's")
+    if stat.S_IMODE(found.st_mode) != 0o700:
+        os.chmod(directory, 0o700)
+    fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{name}.")  # 0600, a new file
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(text)
+        os.replace(temporary, directory / name)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    return directory / name
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -291,7 +345,7 @@ def run_and_report(inventory: Inventory, options: Options, settings: SSHSettings
         if causes:
             console.print(Text("likely cause (from `python -m lab doctor`):", style="bold yellow"))
             for line in causes:
-                console.print(f"  {line}", soft_wrap=True, markup=False)
+                console.print(Text(f"  {printable(line)}"), soft_wrap=True)
     return code
 
 
@@ -309,7 +363,8 @@ def _run_cross_vpc(inventory: Inventory, options: Options, args: argparse.Namesp
         console.print()
         for step in result.steps:
             status = "pass" if step.passed else "fail"
-            line = Text(f"{status.upper():8}", style=STATUS_STYLES[status]) + Text(f"{step.what}: {step.detail}")
+            line = Text(f"{status.upper():8}", style=STATUS_STYLES[status])
+            line.append(printable(f"{step.what}: {step.detail}"))
             console.print(line, soft_wrap=True)
         console.print(Text(f"cross-vpc {'passed' if result.passed else 'failed'}", style="bold"))
     return ExitCode.OK if result.passed else ExitCode.CHECK_FAILED
@@ -340,6 +395,10 @@ def cmd_grade(args: argparse.Namespace) -> int:
             inventory = with_master_address(load_inventory(args.hosts), settings)
             places = [grade.fixed(share) for share in
                       grade.split_inventory(inventory, args.parallel, exercise.min_ranks)]
+            shared = grade.one_user_hosts(inventory) if args.parallel > 1 else []
+            if shared:
+                console.print(f"note: {', '.join(shared)} name no grade_users: the submissions graded at once "
+                              "there run as one user and can read each other's run files", style="yellow")
         elif args.sandbox == "none":
             places = [grade.fixed(local_inventory(args.nproc))] * args.parallel
         else:
@@ -354,7 +413,7 @@ def cmd_grade(args: argparse.Namespace) -> int:
         grades = _grade_with_progress(console, submissions, options, places, book, settings, args.wall)
     csv_path = book.write_csv(grades)
     print_gradebook(console, grades)
-    console.print(f"wrote {csv_path} and {len(grades)} JUnit file(s) in {book.out / 'junit'}")
+    console.print(Text(f"wrote {csv_path} and {len(grades)} JUnit file(s) in {book.out / 'junit'}"))
     failed = [g for g in grades if not g.graded]
     return failed[0].exit_code if failed else ExitCode.OK
 
@@ -369,7 +428,7 @@ def _grade_with_progress(console: Console, submissions: list[grade.Submission], 
 
         def graded(g: grade.Grade) -> None:
             progress.console.print(Text(f"{g.verdict.upper():8}", style=GRADE_STYLES[g.verdict])
-                                   + Text(f"{g.student}  {g.seconds:.1f}s  {g.reason}"), soft_wrap=True)
+                                   + Text(printable(f"{g.student}  {g.seconds:.1f}s  {g.reason}")), soft_wrap=True)
             progress.advance(task)
 
         return grade.grade_all(submissions, options, places, book, settings, wall, on_graded=graded)
@@ -379,12 +438,19 @@ GRADE_STYLES = {"pass": "bold green", "fail": "bold red", "timeout": "bold red",
 
 
 def print_gradebook(console: Console, grades: list[grade.Grade]) -> None:
-    """The grades as a table, by student, and the count of each verdict."""
+    """The grades as a table, by student, and the count of each verdict (names and reasons as
+    Text: a str cell would be read as rich markup)."""
     table = Table("student", "verdict", "score", "seconds", "reason (whole in grades.csv)")
-    table.columns[-1].no_wrap, table.columns[-1].overflow = True, "ellipsis"
-    for g in sorted(grades, key=lambda g: g.student):
-        table.add_row(g.student, Text(g.verdict, style=GRADE_STYLES[g.verdict]), f"{g.score:g}",
-                      f"{g.seconds:.1f}", g.reason)
+    rows = [(Text(printable(g.student)), Text(g.verdict, style=GRADE_STYLES[g.verdict]), Text(f"{g.score:g}"),
+             Text(f"{g.seconds:.1f}"), Text(printable(g.reason))) for g in sorted(grades, key=lambda g: g.student)]
+    # the reason takes what the other columns leave (unbounded, a long one would squeeze them out)
+    widths = [max([len(str(column.header)), *(row[i].cell_len for row in rows)])
+              for i, column in enumerate(table.columns[:-1])]
+    reason = table.columns[-1]
+    reason.no_wrap, reason.overflow = True, "ellipsis"
+    reason.max_width = max(20, console.width - sum(widths) - 3 * len(table.columns) - 1)
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
     counts = {v: sum(g.verdict == v for g in grades) for v in GRADE_STYLES}
     console.print(f"{len(grades)} graded: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n))
@@ -403,7 +469,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     console = Console(highlight=False)
     say = _sayer(console)
     request = UpRequest(topology, Path(args.inventory or default_inventory(args.name)), args.base, args.gpus,
-                        args.peering)
+                        args.peering, HostLimits(args.memory, args.pids))
     with console.status("starting the lab", spinner="dots") as spinner:
         inventory = bring_up(request, say, lambda line: spinner.update(Text(line[:100], style="dim")))
     if args.no_smoke:
@@ -428,12 +494,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
     script = Path(args.script)
     if not script.is_file():
         raise UsageError(f"{args.script}: no such script")
-    if args.timeout is not None and args.timeout <= 0:
+    if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
     settings = _ssh_settings(args)
     inventory = with_master_address(_cluster(args), settings)
     console = Console(highlight=False)
-    plan = build_launch_plan(inventory, str(script.resolve()), args.args, args.timeout or float("inf"), args.launcher)
+    plan = build_launch_plan(inventory, str(script.resolve()), args.args, args.timeout, args.launcher)
     outcome = run_plan(plan, on_line=LineStreamer(console), keep=args.keep, ssh=settings)
     failed = [s for s in outcome.ranks if not s.done]
     console.print()
@@ -508,7 +574,7 @@ def _ssh_settings(args: argparse.Namespace) -> SSHSettings:
 
 
 def _sayer(console: Console) -> Callable[[str], None]:
-    return lambda message: console.print(Text(f"lab: {message}"), highlight=False)
+    return lambda message: console.print(Text(f"lab: {printable(message)}"), highlight=False)
 
 
 def _options(args: argparse.Namespace) -> Options:

@@ -6,12 +6,15 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from lab.containerlab.topology import Topology
 from lab.errors import ExitCode, HostsUnreachable, HostUnreachable
 
 from .conftest import REPO
+
+HOSTILE = Path(__file__).resolve().parent / "hostile"
 
 
 def lab(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -37,6 +40,7 @@ def test_lab_up_refuses_more_hosts_than_its_networks_hold_before_starting_anythi
 def test_every_unreachable_host_is_one_line_naming_it(tmp_path: Path) -> None:
     key = tmp_path / "key"
     key.write_text("not a key: the connection is refused before it is read\n")
+    key.chmod(0o600)
     ports = {"a": closed_port(), "b": closed_port()}
     inventory = tmp_path / "inventory.yaml"
     hosts = "".join(f"    {n}: {{ansible_host: 127.0.0.1, ansible_port: {p}}}\n" for n, p in ports.items())
@@ -53,3 +57,58 @@ def test_a_group_of_unreachable_hosts_keeps_each_ones_error() -> None:
     assert isinstance(group, HostsUnreachable) and [e.host for e in group.errors] == ["a", "b"]
     assert str(group).splitlines() == ["host a: down", "host b: down"]
     assert HostsUnreachable.of(errors[:1]) is errors[0]
+
+
+# -- the inventory on the command line: hostile files are bad input, not a hang or a crash ----
+
+
+def test_a_merge_bomb_inventory_is_refused_at_once_with_its_line() -> None:
+    path = HOSTILE / "merge_bomb.yaml"
+    started = time.monotonic()
+    done = lab("run", "p2p", "--dry-run", "--hosts", str(path))
+    assert time.monotonic() - started < 30
+    assert done.returncode == ExitCode.BAD_INPUT, done.stderr
+    assert done.stderr.splitlines() == [f"lab: error: {path}:5: the merges (<<) here bring in more than 10,000 "
+                                        "entries (each counted as often as it is merged): a merge bomb?"]
+
+
+def test_a_deeply_nested_inventory_is_bad_input_not_an_internal_error() -> None:
+    path = HOSTILE / "deep_nesting.yaml"
+    done = lab("doctor", "--hosts", str(path))
+    assert done.returncode == ExitCode.BAD_INPUT, done.stderr
+    assert done.stderr.splitlines() == [f"lab: error: {path}:5: the YAML is nested more than 100 levels deep"]
+
+
+def test_verbose_names_the_ignored_variables_in_one_line(tmp_path: Path) -> None:
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("all:\n  vars: {ntp_server: ntp.example.com, ansible_become_user: root}\n"
+                         "  hosts:\n    h1: {ansible_host: 10.0.0.1, rack: 3, slots: 2}\n")
+    quiet = lab("run", "p2p", "--dry-run", "--hosts", str(inventory))
+    assert quiet.returncode == ExitCode.OK and quiet.stderr == "", quiet.stderr
+    verbose = lab("run", "p2p", "--dry-run", "-v", "--hosts", str(inventory))
+    assert verbose.returncode == ExitCode.OK, verbose.stderr
+    notes = [line for line in verbose.stderr.splitlines() if "ignored" in line]
+    assert notes == [f"lab: {inventory}: ignored variables the lab does not use: ntp_server, ansible_become_user, "
+                     "rack"]
+
+
+def test_a_typo_in_a_variable_is_still_an_error(tmp_path: Path) -> None:
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("all:\n  hosts:\n    h1: {ansible_hots: 10.0.0.1}\n")
+    done = lab("run", "p2p", "--dry-run", "--hosts", str(inventory))
+    assert done.returncode == ExitCode.BAD_INPUT
+    assert done.stderr.splitlines() == [f"lab: error: {inventory}:3: unknown key 'ansible_hots': "
+                                        "did you mean 'ansible_host'?"]
+
+
+def test_a_private_key_others_can_read_is_refused(tmp_path: Path) -> None:
+    key = tmp_path / "loose_key"  # (made here: git keeps no mode but the x bit)
+    key.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    key.chmod(0o644)
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("all:\n  vars:\n    ansible_ssh_private_key_file: loose_key\n  hosts: {h1: }\n")
+    done = lab("run", "p2p", "--dry-run", "--hosts", str(inventory))
+    assert done.returncode == ExitCode.BAD_INPUT
+    assert done.stderr.splitlines() == [f"lab: error: {inventory}:3: ansible_ssh_private_key_file: key file {key} "
+                                        f"has mode 0644; a private key must not be readable by others "
+                                        f"(chmod 600 {key})"]

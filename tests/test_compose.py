@@ -8,7 +8,15 @@ import subprocess
 import pytest
 import yaml
 
-from lab.containerlab.topology import LABEL, NAME_LABEL, SHARED_DIR, SLOTS_LABEL, Topology, inventory_text
+from lab.containerlab.topology import (
+    LABEL,
+    NAME_LABEL,
+    SHARED_DIR,
+    SLOTS_LABEL,
+    HostLimits,
+    Topology,
+    inventory_text,
+)
 
 from .conftest import REPO
 
@@ -30,7 +38,12 @@ def test_compose_file_matches_the_topology_lab_up_creates() -> None:
         assert service["labels"] == {**topology.labels("host"), SLOTS_LABEL: "1"}  # what lab up compares
         assert service["volumes"] == ["../.lab/ssh/id_ed25519.pub:/etc/lab/authorized_keys:ro",
                                       f"{topology.volume}:{SHARED_DIR}"]
-        assert "privileged" not in service and "cap_add" not in service
+        assert "privileged" not in service and service["cap_drop"] == ["ALL"]
+        assert service["cap_add"] == list(HostLimits.CAPABILITIES)
+        assert service["security_opt"] == ["no-new-privileges"]
+        limits = HostLimits()
+        assert service["mem_limit"] == service["memswap_limit"] == f"{limits.memory_mb}m"
+        assert service["pids_limit"] == limits.pids
     network = data["networks"][topology.networks()[0].name]
     assert network["name"] == topology.networks()[0].name and network["labels"] == {LABEL: "1", NAME_LABEL: "lab"}
     assert network["ipam"]["config"] == [{"subnet": topology.subnet, "gateway": topology.gateway}]

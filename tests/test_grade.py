@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import os
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
@@ -19,7 +20,7 @@ import pytest
 from lab.containerlab import engine
 from lab.containerlab.sandbox import IMAGE, ROLE_NAME
 from lab.containerlab.topology import ROLE
-from lab.core.grade import Submission, find_submissions, split_inventory
+from lab.core.grade import Submission, find_submissions, one_user_hosts, split_inventory
 from lab.core.inventory import Host, Inventory
 from lab.errors import UsageError
 
@@ -94,6 +95,19 @@ def test_parallel_shares_split_the_slots_in_host_order() -> None:
     assert all(share.world_size == 2 for share in shares)
     with pytest.raises(UsageError, match="6 slot.s. cannot make 4 share.s. of at least 2"):
         split_inventory(Inventory("inv.yaml", hosts), 4, 2)
+
+
+def test_each_share_logs_in_as_its_own_grade_user() -> None:
+    users = ("share1", "share2", "share3")
+    hosts = (Host("node1", "10.0.0.1", user="lab", slots=3, grade_users=users),
+             Host("node2", "10.0.0.2", user="lab", slots=3),
+             Host("local", "127.0.0.1", connection="local", slots=3, grade_users=users))
+    shares = split_inventory(Inventory("inv.yaml", hosts), 3, 3)
+    assert [[(h.name, h.user) for h in share.hosts] for share in shares] == [
+        [("node1", "share1")], [("node2", "lab")], [("local", None)]]
+    assert one_user_hosts(Inventory("inv.yaml", hosts)) == ["node2"]
+    with pytest.raises(UsageError, match="inv.yaml:4: host node1 has 3 grade_users for 4 share"):
+        split_inventory(Inventory("inv.yaml", (replace(hosts[0], slots=4, source="inv.yaml:4"),)), 4, 1)
 
 
 @pytest.mark.local

@@ -1,8 +1,10 @@
 """lab.inventory: valid Ansible-style inventories, and every error with its exact line."""
 from __future__ import annotations
 
+import logging
 import os
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -17,10 +19,18 @@ from lab.core.inventory import (
 from lab.errors import ExitCode, InventoryError, UsageError
 
 REPO_INVENTORY = Path(__file__).resolve().parent.parent / "inventory.yaml"
+HOSTILE = Path(__file__).resolve().parent / "hostile"
 
 
 def parse(text: str, base_dir: str | os.PathLike[str] = "/nonexistent") -> Inventory:
     return parse_inventory(textwrap.dedent(text), "inv.yaml", os.fspath(base_dir))
+
+
+def private_key(path: Path) -> Path:
+    """A stand-in private key, 0600 as ssh wants it (the lab refuses one others can read)."""
+    path.write_text("key\n")
+    path.chmod(0o600)
+    return path
 
 
 def hosts(inventory: Inventory) -> dict[str, Host]:
@@ -48,8 +58,7 @@ def assert_error(err: InventoryError, line: int | None, fragment: str, source: s
 
 def test_example_inventory(tmp_path: Path) -> None:
     (tmp_path / "keys").mkdir()
-    key = tmp_path / "keys" / "id_ed25519"
-    key.write_text("key\n")
+    key = private_key(tmp_path / "keys" / "id_ed25519")
     inventory = parse("""\
         all:
           vars:
@@ -192,9 +201,9 @@ def test_all_is_optional() -> None:
 
 def test_key_file_is_resolved_against_the_inventory_directory(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "id_rel").write_text("key\n")
+    private_key(tmp_path / "id_rel")
     (tmp_path / "home" / ".ssh").mkdir(parents=True)
-    (tmp_path / "home" / ".ssh" / "id_home").write_text("key\n")
+    private_key(tmp_path / "home" / ".ssh" / "id_home")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir("/")
     inventory = parse(f"""\
@@ -209,7 +218,7 @@ def test_key_file_is_resolved_against_the_inventory_directory(tmp_path: Path,
 
 
 def test_key_file_in_group_vars_applies_to_its_hosts(tmp_path: Path) -> None:
-    (tmp_path / "id").write_text("key\n")
+    private_key(tmp_path / "id")
     inventory = parse("""\
         all:
           vars: {ansible_ssh_private_key_file: id}
@@ -347,7 +356,7 @@ def test_hosts_are_frozen() -> None:
 
 def test_load_inventory_resolves_keys_next_to_the_file(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "id").write_text("key\n")
+    private_key(tmp_path / "id")
     path = tmp_path / "inventory.yaml"
     path.write_text("all:\n  hosts:\n    h1: {ansible_ssh_private_key_file: id, slots: 3}\n")
     monkeypatch.chdir("/")
@@ -401,7 +410,7 @@ def test_repository_inventory_loads(tmp_path: Path) -> None:
     copy = tmp_path / "inventory.yaml"
     copy.write_text(REPO_INVENTORY.read_text())
     (tmp_path / ".lab" / "ssh").mkdir(parents=True)
-    (tmp_path / ".lab" / "ssh" / "id_ed25519").write_text("key")
+    private_key(tmp_path / ".lab" / "ssh" / "id_ed25519")
     inventory = load_inventory(copy)
     assert [h.name for h in inventory.hosts] == ["node1", "node2", "node3", "node4"]
     assert all(h.shared_dir == "/shared" and h.known_hosts for h in inventory.hosts)
@@ -454,20 +463,47 @@ ERRORS = [
             h1:
               ansible_host: 10.0.0.1
               slot: 2
-        """, 5, "unknown key 'slot' (known: ansible_host, ansible_port,", id="unknown-host-key"),
+        """, 5, "unknown key 'slot': did you mean 'slots'?", id="typo-host-key"),
     pytest.param("""\
         all:
           vars:
-            rack: 3
+            ansible_hots: 10.0.0.1
           hosts: {h1: }
-        """, 3, "unknown key 'rack' (known: ", id="unknown-vars-key"),
+        """, 3, "unknown key 'ansible_hots': did you mean 'ansible_host'?", id="typo-vars-key"),
+    pytest.param("all:\n  hosts:\n    h1: {ansible_hsot: a}\n", 3,
+                 "unknown key 'ansible_hsot': did you mean 'ansible_host'?", id="typo-swapped-letters"),
+    pytest.param("all:\n  hosts:\n    h1: {Slots: 2}\n", 3, "unknown key 'Slots': did you mean 'slots'?",
+                 id="typo-case"),
+    pytest.param("all:\n  hosts:\n    h1: {network_interfaces: eth0}\n", 3,
+                 "unknown key 'network_interfaces': did you mean 'network_interface'?", id="typo-extra-letter"),
+    pytest.param("all:\n  hosts:\n    h1: {ansible_ssh_hots: a}\n", 3,
+                 "unknown key 'ansible_ssh_hots': did you mean 'ansible_ssh_host'?", id="typo-old-name"),
+    pytest.param("""\
+        all:
+          hosts:
+            h1:
+              vars: {slots: 2}
+        """, 4, "'vars' is not a variable of host 'h1': hosts, vars and children go right under a group",
+                 id="vars-under-a-host"),
+    pytest.param("""\
+        all:
+          hosts:
+            h1: {ansible_host: a.example, ansible_ssh_host: b.example}
+        """, 3, "ansible_ssh_host and ansible_host (line 3) set the same thing; keep one", id="old-and-new-name"),
     pytest.param("""\
         all:
           children:
             gpu:
               hostz:
                 h1:
-        """, 4, "unknown key 'hostz' (known: hosts, vars, children)", id="unknown-group-key"),
+        """, 4, "unknown key 'hostz': did you mean 'hosts'? (known: hosts, vars, children)",
+                 id="unknown-group-key"),
+    pytest.param("""\
+        all:
+          children:
+            gpu:
+              rack: 3
+        """, 4, "unknown key 'rack' (known: hosts, vars, children)", id="group-keys-stay-strict"),
     pytest.param("""\
         all:
           children:
@@ -556,6 +592,47 @@ ERRORS = [
             h1:
               network_interface: "eth0\\neth1"
         """, 4, "network_interface must be a one-line string, got 'eth0\\neth1'", id="interface-two-lines"),
+    pytest.param("all:\n  hosts:\n    h1: {network_interface: 'eth0; rm -rf /'}\n", 3,
+                 "invalid network_interface 'eth0; rm -rf /' (a network interface name: 1 to 15 of letters, "
+                 "digits, '_', '.', ':' and '-', not starting with '-')", id="interface-shell"),
+    pytest.param("all:\n  hosts:\n    h1: {network_interface: enp0s31f6-too-long}\n", 3,
+                 "invalid network_interface 'enp0s31f6-too-long'", id="interface-too-long"),
+    pytest.param("all:\n  hosts:\n    h1: {network_interface: ../eth0}\n", 3,
+                 "invalid network_interface '../eth0'", id="interface-slash"),
+    pytest.param("all:\n  hosts:\n    h1: {network_interface: -eth0}\n", 3,
+                 "invalid network_interface '-eth0'", id="interface-option"),
+    pytest.param("all:\n  hosts:\n    h1: {network_interface: ..}\n", 3,
+                 "invalid network_interface '..'", id="interface-dots"),
+    pytest.param("all:\n  hosts:\n    h1: {data_address: '10.0.0.1; reboot'}\n", 3,
+                 "invalid data_address '10.0.0.1; reboot' (an IPv4 or IPv6 address, or a DNS host name",
+                 id="data-address-shell"),
+    pytest.param("all:\n  hosts:\n    h1: {data_address: 10.0.0.300}\n", 3,
+                 "invalid data_address '10.0.0.300'", id="data-address-not-an-address"),
+    pytest.param("all:\n  hosts:\n    h1: {data_address: 'fe80::1%eth0;id'}\n", 3,
+                 "invalid data_address 'fe80::1%eth0;id'", id="data-address-scope"),
+    pytest.param("all:\n  hosts:\n    h1: {ansible_host: '$(id)'}\n", 3, "invalid ansible_host '$(id)'",
+                 id="ansible-host-shell"),
+    pytest.param("all:\n  hosts:\n    h1: {ansible_host: '-oProxyCommand=x'}\n", 3,
+                 "invalid ansible_host '-oProxyCommand=x'", id="ansible-host-option"),
+    pytest.param("all:\n  hosts:\n    h1: {ansible_host: 'a..b'}\n", 3, "invalid ansible_host 'a..b'",
+                 id="ansible-host-empty-label"),
+    pytest.param("all:\n  hosts:\n    h1: {ansible_ssh_host: 'a b'}\n", 3, "invalid ansible_ssh_host 'a b'",
+                 id="old-name-validated-too"),
+    pytest.param("all:\n  hosts:\n    h1: {ansible_user: 'lab; id'}\n", 3,
+                 "invalid ansible_user 'lab; id' (a user name: up to 32 of letters", id="user-shell"),
+    pytest.param("all:\n  hosts:\n    h1: {ansible_user: -root}\n", 3, "invalid ansible_user '-root'",
+                 id="user-option"),
+    pytest.param(f"all:\n  hosts:\n    h1: {{ansible_user: {'u' * 33}}}\n", 3, "invalid ansible_user 'uuu",
+                 id="user-too-long"),
+    pytest.param("all:\n  hosts:\n    h1: {ansible_python_interpreter: '/usr/bin/python3 -c evil'}\n", 3,
+                 "invalid ansible_python_interpreter '/usr/bin/python3 -c evil' (an absolute path or a command "
+                 "name", id="python-spaces"),
+    pytest.param("all:\n  hosts:\n    h1: {ansible_python_interpreter: 'python3;id'}\n", 3,
+                 "invalid ansible_python_interpreter 'python3;id'", id="python-semicolon"),
+    pytest.param("all:\n  hosts:\n    h1: {ansible_python_interpreter: venv/bin/python}\n", 3,
+                 "invalid ansible_python_interpreter 'venv/bin/python'", id="python-relative-path"),
+    pytest.param("all:\n  hosts:\n    h1: {ansible_python_interpreter: '$HOME/python'}\n", 3,
+                 "invalid ansible_python_interpreter '$HOME/python'", id="python-dollar"),
     pytest.param("""\
         all:
           hosts:
@@ -791,3 +868,184 @@ def test_shared_dir_is_an_absolute_host_path(tmp_path: Path) -> None:
     assert inventory.hosts[0].shared_dir == "/shared"
     with pytest.raises(InventoryError, match=r"^inv.yaml:3: shared_dir must be an absolute path"):
         parse_inventory("all:\n  vars:\n    shared_dir: shared\n  hosts:\n    a:\n", "inv.yaml", str(tmp_path))
+
+
+# -- an existing Ansible inventory: the lab's keys are read, the others ignored ---------
+
+
+def test_variables_the_lab_does_not_use_are_ignored_and_named_once_in_the_log(
+        caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="lab.inventory"):
+        inventory = hosts(parse("""\
+            all:
+              vars:
+                ntp_server: ntp.example.com
+                ansible_become_user: root
+                ansible_ssh_common_args: -o ProxyJump=bastion
+              hosts:
+                h1: {ansible_host: 10.0.0.1, ntp_server: ntp2.example.com, rack: 3}
+              children:
+                web:
+                  vars: {http_port: 80, packages: [nginx, {name: certbot}], ansible_become: true}
+                  hosts: {h2: {slots: 2}}
+            """))
+    assert (inventory["h1"].address, inventory["h2"].slots) == ("10.0.0.1", 2)
+    records = [r for r in caplog.records if r.name == "lab.inventory"]
+    assert [(r.levelno, r.getMessage()) for r in records] == [
+        (logging.INFO, "inv.yaml: ignored variables the lab does not use: ntp_server, ansible_become_user, "
+                       "ansible_ssh_common_args, rack, http_port, packages, ansible_become")]
+
+
+def test_an_inventory_with_nothing_to_ignore_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG, logger="lab.inventory"):
+        parse("all:\n  hosts: {h1: {slots: 2}}\n")
+    assert [r for r in caplog.records if r.name == "lab.inventory"] == []
+
+
+def test_ansibles_older_names_are_read_as_the_current_ones(tmp_path: Path) -> None:
+    private_key(tmp_path / "id")
+    (host,) = parse("""\
+        all:
+          hosts:
+            h1: {ansible_ssh_host: 10.0.0.9, ansible_ssh_port: 2222, ansible_ssh_user: lab,
+                 ansible_private_key_file: id}
+        """, tmp_path).hosts
+    assert (host.address, host.port, host.user, host.key_file) == ("10.0.0.9", 2222, "lab", str(tmp_path / "id"))
+
+
+@pytest.mark.parametrize("key, value", [
+    ("ansible_host", "10.0.0.1"), ("ansible_host", "::1"), ("ansible_host", "fe80::1%eth0"),
+    ("ansible_host", "node-1.example.com."), ("ansible_host", "my_host"), ("ansible_host", "localhost"),
+    ("data_address", "2001:db8::7"), ("data_address", "gpu01.cluster.internal"),
+    ("network_interface", "eth0"), ("network_interface", "eth0:1"), ("network_interface", "ib0.8001"),
+    ("network_interface", "enp0s31f6"), ("network_interface", "br-0123456789ab"), ("network_interface", "lo"),
+    ("ansible_user", "lab"), ("ansible_user", "john.doe"), ("ansible_user", "_svc"), ("ansible_user", "svc$"),
+    ("ansible_user", "Admin"), ("ansible_python_interpreter", "/opt/venv/bin/python3.11"),
+    ("ansible_python_interpreter", "python3.11"), ("ansible_python_interpreter", "pypy3"),
+    ("ansible_python_interpreter", "/usr/local/bin/lab-python"),
+])
+def test_valid_values_pass_the_strict_patterns(key: str, value: str) -> None:
+    (host,) = parse(f"all:\n  hosts:\n    h1: {{{key}: '{value}'}}\n").hosts
+    field = {"ansible_host": "address", "ansible_user": "user", "ansible_python_interpreter": "python"}.get(key, key)
+    assert getattr(host, field) == value
+
+
+# -- the private key's mode ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660, 0o700 | 0o044])
+def test_a_private_key_others_can_read_is_refused_as_ssh_refuses_it(tmp_path: Path, mode: int) -> None:
+    key = tmp_path / "id"
+    key.write_text("key\n")
+    key.chmod(mode)
+    err = parse_error("all:\n  vars:\n    ansible_ssh_private_key_file: id\n  hosts: {h1: }\n", tmp_path)
+    assert_error(err, 3, f"ansible_ssh_private_key_file: key file {key} has mode {mode:04o}; a private key "
+                         f"must not be readable by others (chmod 600 {key})")
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o400, 0o700])
+def test_a_private_key_only_its_owner_can_read_is_accepted(tmp_path: Path, mode: int) -> None:
+    key = tmp_path / "id"
+    key.write_text("key\n")
+    key.chmod(mode)
+    (host,) = parse("all:\n  hosts: {h1: {ansible_ssh_private_key_file: id}}\n", tmp_path).hosts
+    assert host.key_file == str(key)
+
+
+# -- hostile files: small, and quickly refused -----------------------------------------
+
+
+def timed_error(text: str, limit: float = 10.0) -> InventoryError:  # (a loaded CI machine; unbounded is hours)
+    started = time.monotonic()
+    with pytest.raises(InventoryError) as caught:
+        parse_inventory(text, "inv.yaml", "/nonexistent")
+    assert time.monotonic() - started < limit
+    return caught.value
+
+
+def test_a_merge_bomb_is_refused_at_once() -> None:
+    text = (HOSTILE / "merge_bomb.yaml").read_text()
+    assert len(text) < 1024
+    err = timed_error(text)  # 10**7 entries for a reader that copies merges
+    assert_error(err, 5, "the merges (<<) here bring in more than 10,000 entries (each counted as often as it "
+                         "is merged): a merge bomb?")
+
+
+def test_a_merge_bomb_is_refused_where_it_passes_the_bound_and_unread_it_costs_nothing() -> None:
+    lines = ["all:", "  vars:", "    x0: &a0 {slots: 1}"]
+    lines += [f"    x{i}: &a{i} {{<<: [{', '.join([f'*a{i - 1}'] * 10)}]}}" for i in range(1, 9)]
+    lines += ["  hosts: {h1: }"]
+    started = time.monotonic()  # in a variable the lab does not use, it is never read
+    assert parse_inventory("\n".join(lines) + "\n", "inv.yaml", "/").hosts[0].slots == 1
+    assert time.monotonic() - started < 10
+    lines[-1] = "  hosts: {h1: {<<: *a8}}"  # x5 merges x4 (10**4 entries) ten times
+    assert_error(timed_error("\n".join(lines) + "\n"), 8, "a merge bomb?")
+
+
+def test_merges_are_read_once_per_mapping_so_a_big_inventory_is_quick() -> None:
+    lines = ["all:", "  vars:", "    defaults: &d {" + ", ".join(f"v{i}: {i}" for i in range(9)) + ", slots: 2}",
+             "  hosts:"]
+    lines += [f"    h{i}: {{<<: *d, gpus: 1}}" for i in range(2000)]
+    started = time.monotonic()
+    inventory = parse_inventory("\n".join(lines) + "\n", "inv.yaml", "/nonexistent")
+    assert time.monotonic() - started < 10
+    assert inventory.world_size == 4000 and all(h.gpus == 1 for h in inventory.hosts)
+
+
+def test_merges_that_copy_too_much_in_all_are_refused() -> None:
+    lines = ["all:", "  vars:", "    big: &big {" + ", ".join(f"v{i}: 0" for i in range(900)) + "}", "  hosts:"]
+    lines += [f"    h{i}: {{<<: *big}}" for i in range(1200)]  # 1.08 million entries copied
+    err = timed_error("\n".join(lines) + "\n", limit=15)
+    assert_error(err, 5 + 1111, "the merges (<<) of this file copy more than 1,000,000 entries in all")
+
+
+def test_a_long_chain_of_merges_is_refused_not_a_recursion_error() -> None:
+    lines = ["all:", "  vars:", "    m0: &m0 {slots: 1}"]
+    lines += [f"    m{i}: &m{i} {{<<: *m{i - 1}}}" for i in range(1, 2000)]
+    lines += ["  hosts: {h1: {<<: *m1999}}"]
+    err = timed_error("\n".join(lines) + "\n")
+    assert err.line is not None and "merges (<<) are nested more than 50 deep here" in str(err)
+
+
+def test_aliases_stay_shared_so_a_billion_laughs_is_quick() -> None:
+    """Plain aliases (no merges) of lists of aliases: 10**9 items if expanded. The lab never
+    expands them: an ignored variable is not read, a read one is refused by its type."""
+    lines = ["all:", "  vars:", "    l0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"    l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, 9)]
+    lines += ["    ansible_ssh_extra_args: *l8", "    laughs: *l8", "  hosts:", "    h1: {tags: *l8}"]
+    text = "\n".join(lines) + "\n"
+    started = time.monotonic()
+    (host,) = parse_inventory(text, "inv.yaml", "/nonexistent").hosts
+    assert host.name == "h1" and time.monotonic() - started < 10
+    for key in ("ansible_host", "grade_users", "slots"):
+        err = timed_error(text.replace("tags: *l8", f"{key}: *l8"))
+        assert err.line == 11 and "must be a list of user names, got" in str(err) or "got a list" in str(err), err
+
+
+def test_groups_through_aliases_are_read_once_each() -> None:
+    lines = ["all:", "  hosts: {h1: }", "  children:", "    c0: &c0 {hosts: {h1: }}"]
+    lines += [f"    c{i}: &c{i} {{children: {{{', '.join(f'c{i}_{j}: *c{i - 1}' for j in range(10))}}}}}"
+              for i in range(1, 9)]
+    started = time.monotonic()
+    inventory = parse_inventory("\n".join(lines) + "\n", "inv.yaml", "/nonexistent")
+    assert time.monotonic() - started < 10 and len(inventory.hosts[0].groups) == 9 + 8 * 10
+
+
+@pytest.mark.parametrize("text, line, fragment", [
+    pytest.param((HOSTILE / "deep_nesting.yaml").read_text(), 5, "the YAML is nested more than 100 levels deep",
+                 id="5000-brackets"),
+    pytest.param("all:\n  hosts:\n    h1: " + "{a: " * 5000 + "1" + "}" * 5000 + "\n", 3,
+                 "the YAML is nested more than 100 levels deep", id="5000-flow-mappings"),
+    pytest.param("all:\n  hosts:\n    h1:\n" + "".join(" " * (6 + 2 * i) + f"k{i}:\n" for i in range(150)), 100,
+                 "the YAML is nested more than 100 levels deep", id="deep-block-mappings"),
+    pytest.param("all:\n  hosts: {h1: }\n  children:\n    x: &x\n      children: {"
+                 + ", ".join(f"g{i}: *x" for i in range(300)) + "}\n", 5,
+                 "groups are nested more than 50 deep here", id="groups-nested-through-an-alias"),
+    pytest.param("all:\n  hosts: {h1: }\n" + "".join(f"g{i}:\n  children: {{g{i + 1}: }}\n" for i in range(3000)),
+                 103, "groups are nested more than 50 deep here", id="a-long-chain-of-bare-groups"),
+    pytest.param("all:\n  hosts: {h1: }\n" + "".join(f"g{i}:\n  children: {{g{i + 1}: }}\n"
+                                                    for i in reversed(range(3000))),
+                 105, "groups are nested more than 50 deep here", id="a-long-chain-of-bare-groups-backwards"),
+])
+def test_deep_nesting_is_bad_input_with_its_line_not_a_recursion_error(text: str, line: int, fragment: str) -> None:
+    assert_error(timed_error(text), line, fragment)

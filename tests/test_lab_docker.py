@@ -301,6 +301,56 @@ def test_a_class_graded_across_the_lab_two_shares_at_once(lab_up: Lab, tmp_path:
     assert planted.returncode != 0 and "Permission denied" in planted.stderr
 
 
+def test_two_shares_on_one_host_are_two_users_who_cannot_read_each_other(lab_up: Lab, tmp_path: Path) -> None:
+    """Both shares of node1's four slots at once: each copy of the snoop looks for the other's
+    run directory and passes only if it exists, belongs to another user and cannot be read."""
+    submissions = tmp_path / "class"
+    submissions.mkdir()
+    for student in ("ann", "ben"):
+        (submissions / f"{student}.py").write_text((REPO / "tests" / "class" / "shares" / "snoop.py").read_text())
+    out = tmp_path / "book"
+    result = lab_up("grade", str(submissions), "--exercise", "ring-allreduce", "--parallel", "2",
+                    "--hosts", str(inventory_variant(tmp_path, 1, 4)), "--timeout", "40", "--out", str(out),
+                    timeout=600)
+    assert result.code == 0, result.text[-4000:]
+    from .test_grade import read_grades
+    grades = read_grades(out)
+    assert {s: (g["verdict"], g["reason"]) for s, g in grades.items()} == {"ann": ("pass", ""), "ben": ("pass", "")}
+    assert "name no grade_users" not in result.out
+    # the same inventory without grade_users: one user, and the grader says what that means
+    data = yaml.safe_load(inventory_variant(tmp_path, 1, 4).read_text())
+    del data["all"]["vars"]["grade_users"]
+    one_user = tmp_path / "one-user.yaml"
+    one_user.write_text(yaml.safe_dump(data))
+    result = lab_up("grade", str(submissions), "--exercise", "ring-allreduce", "--parallel", "2",
+                    "--hosts", str(one_user), "--timeout", "40", "--out", str(tmp_path / "book2"), timeout=600)
+    assert "node1 name no grade_users" in result.out, result.text[-3000:]
+    grades = read_grades(tmp_path / "book2")
+    assert all("read another share's run" in g["reason"] for g in grades.values()), grades
+
+
+def test_hosts_refuse_root_and_keep_only_the_capabilities_sshd_needs(lab_up: Lab, tmp_path: Path) -> None:
+    as_root = inventory_variant(tmp_path, 1, 2, ansible_user="root")
+    result = lab_up("run", "p2p", "--hosts", str(as_root), timeout=120)
+    assert result.code == 3 and "authentication failed for user root" in result.err, result.text[-2000:]
+    client = _client()
+    wanted = sum(1 << CAPABILITY_BITS[name] for name in topology.HostLimits.CAPABILITIES)
+    for i in TOPOLOGY.indices():
+        container = client.containers.get(TOPOLOGY.container(i))
+        config = container.attrs["HostConfig"]
+        limits = topology.HostLimits()
+        assert (config["Memory"], config["PidsLimit"]) == (limits.memory_mb << 20, limits.pids)
+        assert config["SecurityOpt"] == ["no-new-privileges"]
+        code, status = container.exec_run(["cat", "/proc/1/status"])
+        fields = dict(line.split(":\t", 1) for line in status.decode().splitlines() if ":\t" in line)
+        assert int(fields["CapBnd"], 16) == wanted and fields["NoNewPrivs"].strip() == "1", fields
+
+
+# the bits of linux/capability.h for the capabilities a lab host keeps
+CAPABILITY_BITS = {"CHOWN": 0, "KILL": 5, "SETGID": 6, "SETUID": 7, "NET_BIND_SERVICE": 10, "SYS_CHROOT": 18,
+                   "AUDIT_WRITE": 29}
+
+
 @pytest.mark.parametrize("launcher", ["torchrun", "spawn"])
 def test_run_all_across_hosts_under_each_host_launcher(lab_up: Lab, tmp_path: Path, launcher: str) -> None:
     code, report = run_json(lab_up, "all", "--hosts", str(inventory_variant(tmp_path, 2, 2)),

@@ -34,6 +34,7 @@ from lab.containerlab.topology import (
     SHARED_DIR,
     SLOTS_LABEL,
     TOPOLOGY_LABEL,
+    HostLimits,
     LabPaths,
     Topology,
     TopologyKind,
@@ -47,8 +48,11 @@ SSH_PROBE_TIMEOUT = 3.0
 
 
 def ensure_key(path: Path, say: Say) -> Path:
-    """An ed25519 key pair for the lab (private key 0600); made once, never put in an image."""
+    """An ed25519 key pair for the lab (private key 0600, even one an older run or a copy left
+    readable); made once, never put in an image."""
     if path.exists() and path.with_suffix(".pub").exists():
+        os.chmod(path.parent, 0o700)
+        os.chmod(path, 0o600)
         return path
     say(f"making the lab's SSH key {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -174,8 +178,8 @@ def ensure_shared_volume(client: docker.DockerClient, topology: Topology) -> Non
 
 
 def start_hosts(client: docker.DockerClient, topology: Topology, image: str, paths: LabPaths,
-                gpus: bool, say: Say) -> list[Container]:
-    """One container per host, recreated when its image or address is not the wanted one."""
+                gpus: bool, say: Say, limits: HostLimits = HostLimits()) -> list[Container]:
+    """One container per host, recreated when its image, address or limits are not the wanted ones."""
     wanted = {topology.container(i) for i in topology.indices()}
     for c in lab_containers(client, topology.lab):
         if c.name not in wanted:
@@ -184,19 +188,22 @@ def start_hosts(client: docker.DockerClient, topology: Topology, image: str, pat
     ensure_shared_volume(client, topology)
     containers = []
     for i in topology.indices():
-        containers.append(_start_host(client, topology, i, image, paths, gpus, say))
+        containers.append(_start_host(client, topology, i, image, paths, gpus, limits, say))
     return containers
 
 
 def _start_host(client: docker.DockerClient, topology: Topology, i: int, image: str, paths: LabPaths,
-                gpus: bool, say: Say) -> Container:
+                gpus: bool, limits: HostLimits, say: Say) -> Container:
     name, address, net = topology.container(i), topology.address(i), topology.network(i)
     labels = {**topology.labels("host"), SLOTS_LABEL: str(topology.slots)}  # compose/lab.yml sets the same
     try:
         c = client.containers.get(name)
         endpoint = c.attrs["NetworkSettings"]["Networks"].get(net.name, {})
+        config = c.attrs["HostConfig"]
         same = (image in c.image.tags and all(c.labels.get(k) == v for k, v in labels.items()) and
-                endpoint.get("IPAMConfig", {}).get("IPv4Address") == address)
+                endpoint.get("IPAMConfig", {}).get("IPv4Address") == address and
+                config.get("Memory") == limits.memory_mb << 20 and config.get("PidsLimit") == limits.pids and
+                config.get("CapDrop") == ["ALL"])
         if same and c.status == "running" and _trusts(c, paths.key.with_suffix(".pub")):
             return c
         c.remove(force=True)
@@ -210,6 +217,8 @@ def _start_host(client: docker.DockerClient, topology: Topology, i: int, image: 
         # Every peer address answers from /etc/hosts at once: a reverse lookup that waits for
         # an unreachable resolver stalls torch's rendezvous by 10 s or more.
         shm_size="1g", init=True, extra_hosts=peer_names(topology, i),
+        cap_drop=["ALL"], cap_add=list(HostLimits.CAPABILITIES), security_opt=["no-new-privileges"],
+        mem_limit=limits.memory_mb << 20, memswap_limit=limits.memory_mb << 20, pids_limit=limits.pids,
         device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None)
     try:
         created = client.api.create_container(

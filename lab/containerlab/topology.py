@@ -25,6 +25,9 @@ DEFAULT_LAB = "lab"
 FIRST_HOST = 11  # node1 is .11, node2 .12, ...
 GATEWAY_HOST = 2  # the cross-VPC NAT gateway is .2 on every network
 USER = "lab"
+# The users of lab grade's shares on a lab host (images/lab-host), one per share, so the
+# submissions graded at once on one host cannot read or signal each other.
+GRADE_USERS = tuple(f"share{i}" for i in range(1, 9))
 SHARED_DIR = "/shared"
 PYTHON = "/usr/local/bin/lab-python"
 TopologyKind = Literal["plain", "cross-vpc"]
@@ -42,6 +45,24 @@ def check_lab_name(name: str) -> str:
         raise UsageError(f"--name {name!r}: a lab's name is a lowercase letter, then up to 23 lowercase "
                          "letters, digits or '-'")
     return name
+
+
+@dataclass(frozen=True)
+class HostLimits:
+    """What a lab host's container may use (``lab up --memory/--pids``), and the capabilities
+    it keeps: those sshd needs to log users in (switch user, chroot its privilege separation,
+    bind port 22, signal its sessions, audit), no other; no-new-privileges besides."""
+
+    memory_mb: int = 4096
+    pids: int = 2048
+
+    CAPABILITIES = ("CHOWN", "SETUID", "SETGID", "SYS_CHROOT", "KILL", "NET_BIND_SERVICE", "AUDIT_WRITE")
+
+    def __post_init__(self) -> None:
+        if self.memory_mb < 256:
+            raise UsageError(f"--memory {self.memory_mb}: a lab host needs at least 256 MB")
+        if self.pids < 64:
+            raise UsageError(f"--pids {self.pids}: a lab host needs at least 64 processes")
 
 
 @dataclass(frozen=True)
@@ -211,7 +232,7 @@ def inventory_text(topology: Topology) -> str:
     data = {"all": {
         "vars": {"ansible_user": USER, "ansible_ssh_private_key_file": f"{own}/ssh/id_ed25519",
                  "ssh_known_hosts_file": f"{own}/known_hosts", "ansible_python_interpreter": PYTHON,
-                 "shared_dir": SHARED_DIR, "slots": topology.slots},
+                 "shared_dir": SHARED_DIR, "slots": topology.slots, "grade_users": list(GRADE_USERS)},
         "hosts": hosts,
     }}
     named = "" if topology.lab == DEFAULT_LAB else f" --name {topology.lab}"

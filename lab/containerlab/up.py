@@ -17,7 +17,7 @@ from typing import Literal
 from lab.containerlab import crossvpc, engine, hosts, image
 from lab.containerlab.engine import Say
 from lab.containerlab.image import Progress
-from lab.containerlab.topology import LabPaths, Topology, inventory_text
+from lab.containerlab.topology import HostLimits, LabPaths, Topology, inventory_text
 
 GpuChoice = Literal["auto", "all", "none"]
 
@@ -29,6 +29,7 @@ class UpRequest:
     base: str = image.DEFAULT_BASE
     gpus: GpuChoice = "auto"  # auto: when the engine has the nvidia runtime
     peering: bool = False  # cross-vpc: route between the private networks
+    limits: HostLimits = HostLimits()  # what each host's container may use
 
 
 def bring_up(request: UpRequest, say: Say, progress: Progress) -> Path:
@@ -42,7 +43,7 @@ def bring_up(request: UpRequest, say: Say, progress: Progress) -> Path:
     before = hosts.lab_resources(client, topology.lab)
     try:
         hosts.ensure_networks(client, topology, say)
-        containers = hosts.start_hosts(client, topology, tag, paths, gpus, say)
+        containers = hosts.start_hosts(client, topology, tag, paths, gpus, say, request.limits)
         if topology.kind == "cross-vpc":
             crossvpc.start_gateway(client, topology, tag, request.peering, say)
             crossvpc.route_hosts_through_gateway(client, topology, tag)

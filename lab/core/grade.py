@@ -28,12 +28,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, Protocol
 
-from lab.core.inventory import Inventory
+from lab.core.inventory import Host, Inventory
 from lab.core.judge import ExerciseReport, judge
 from lab.core.plan import Options, build_plan
 from lab.core.report import to_junit
 from lab.core.runner import RunOutcome, run_plan
 from lab.errors import ExitCode, LabError, UsageError
+from lab.text import printable
 from lab.transport.ssh import SSHSettings
 
 DEFAULT_WALL = 300.0  # seconds one submission may take in all
@@ -138,7 +139,13 @@ def _in_folder(folder: Path, program: str) -> Submission:
 
 def split_inventory(inventory: Inventory, shares: int, least: int) -> list[Inventory]:
     """``shares`` inventories that share out the slots of ``inventory`` (in host order, each
-    share as many as the smallest), every one with at least ``least`` ranks."""
+    share as many as the smallest), every one with at least ``least`` ranks. On an SSH host
+    with ``grade_users``, share N logs in as the Nth of them (so shares on one host are
+    different users), else as the host's own user."""
+    short = next((h for h in inventory.hosts if h.grade_users and len(h.grade_users) < shares), None)
+    if short is not None:
+        raise UsageError(f"{short.source}: host {short.name} has {len(short.grade_users)} grade_users for "
+                         f"{shares} share(s); use fewer --parallel or name more users")
     slots = [(host, s) for host in inventory.hosts for s in range(host.slots)]
     each = len(slots) // shares
     if each < max(least, 1):
@@ -150,9 +157,20 @@ def split_inventory(inventory: Inventory, shares: int, least: int) -> list[Inven
         counts: dict[str, int] = {}
         for host, _ in mine:
             counts[host.name] = counts.get(host.name, 0) + 1
-        hosts = tuple(replace(h, slots=counts[h.name]) for h in inventory.hosts if h.name in counts)
+        hosts = tuple(replace(h, slots=counts[h.name], user=_share_user(h, i)) for h in inventory.hosts
+                      if h.name in counts)
         out.append(Inventory(f"{inventory.path} (share {i + 1} of {shares})", hosts))
     return out
+
+
+def _share_user(host: Host, share: int) -> str | None:
+    return host.grade_users[share] if host.grade_users and host.connection == "ssh" else host.user
+
+
+def one_user_hosts(inventory: Inventory) -> list[str]:
+    """The SSH hosts where every share runs as one user (no ``grade_users``): there the
+    submissions graded at once can read each other's run files and signal each other."""
+    return [h.name for h in inventory.hosts if h.connection == "ssh" and not h.grade_users]
 
 
 # -- grading ----------------------------------------------------------------------------------
@@ -175,8 +193,8 @@ class Gradebook:
         with path.open("w", newline="", encoding="utf-8") as f:
             writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
             writer.writeheader()
-            for grade in sorted(grades, key=lambda g: g.student):
-                writer.writerow(grade.row())
+            for grade in sorted(grades, key=lambda g: g.student):  # (a reason may quote a student's output)
+                writer.writerow({key: printable(value) for key, value in grade.row().items()})
         return path
 
 

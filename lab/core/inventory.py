@@ -18,15 +18,26 @@ other than ``all`` are children of ``all``. A group may be listed bare (``gpu:``
 under another group to make it a child there, and a host bare (``h1:``) to add it
 to one more group; defining the same host or group with content twice is an error.
 
+Variables the lab does not use (an Ansible inventory's own: ``ntp_server``,
+``ansible_become_user``...) are ignored, and logged once at INFO on the "lab.inventory"
+logger (``-v``); a name one edit from one the lab reads (``slot``, ``ansible_hots``) is an
+error that says which was meant. The values the lab passes to hosts (addresses, user, NIC,
+interpreter) must match strict patterns, and a private key file must not be open to others.
+
 The file is read as a YAML node tree (``yaml.compose``), not as Python data, so
 every error names its exact line and duplicate keys (which PyYAML silently
-collapses) are caught. Every problem raises ``InventoryError`` (``file:line: ...``).
+collapses) are caught. Aliases stay shared nodes, merges (``<<``) are read once per
+mapping and bounded, and nesting is bounded, so no small file can take long or
+exhaust the stack. Every problem raises ``InventoryError`` (``file:line: ...``).
 """
 from __future__ import annotations
 
+import ipaddress
+import logging
 import os
 import re
-from collections.abc import Callable, Iterator
+import stat
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
@@ -47,9 +58,17 @@ _GROUP_KEYS = ("hosts", "vars", "children")
 Connection = Literal["ssh", "local", "docker"]
 _CONNECTIONS: tuple[Connection, ...] = get_args(Connection)
 _AUTO_PYTHON = ("auto", "auto_silent", "auto_legacy", "auto_legacy_silent")  # Ansible's discovery
-_IGNORED = ("ansible_become", "ansible_ssh_common_args", "ansible_ssh_extra_args")
 _PASSWORDS = ("ansible_password", "ansible_ssh_pass")
+# Ansible's older names, still read by its ssh connection: the lab reads them as the new ones.
+_SYNONYMS = {"ansible_ssh_host": "ansible_host", "ansible_ssh_port": "ansible_port",
+             "ansible_ssh_user": "ansible_user", "ansible_private_key_file": "ansible_ssh_private_key_file"}
 _INTS = yaml.constructor.SafeConstructor()
+_MAX_YAML_DEPTH = 100  # nested YAML collections
+_MAX_GROUP_DEPTH = 50  # groups under groups
+_MAX_MERGE_DEPTH = 50  # mappings merged into mappings merged into...
+_MAX_MERGED = 10_000  # entries one mapping's merges bring in, counted as often as they are merged
+_MAX_MERGE_WORK = 1_000_000  # entries copied by every merge of the file
+_log = logging.getLogger("lab.inventory")
 
 
 @dataclass(frozen=True)
@@ -70,6 +89,7 @@ class Host:
     network_interface: str | None = None  # the NIC for the data plane (GLOO_SOCKET_IFNAME)
     shared_dir: str | None = None  # a directory every host mounts (NFS...): file:// rendezvous
     container: str | None = None  # the container name, for connection docker
+    grade_users: tuple[str, ...] = ()  # lab grade's share N logs in as the Nth (else as `user`)
     groups: tuple[str, ...] = ()  # every group the host is in, `all` left out, in file order
     source: str = ""  # "inventory.yaml:12": where the host is defined
 
@@ -114,10 +134,16 @@ def parse_inventory(text: str, source: str, base_dir: str) -> Inventory:
     if root is None or _is_null(root):
         raise InventoryError(source, 1, "the inventory is empty")
     parser = _Parser(source, base_dir)
-    parser.read(root)
-    hosts = parser.build()
+    try:
+        parser.read(root)
+        hosts = parser.build()
+    except RecursionError:  # (the bounds above come first; this is the last line of defence)
+        raise InventoryError(source, None, "the inventory is nested too deep to read") from None
     if not hosts:
         raise InventoryError(source, _line(root), "the inventory defines no hosts")
+    if parser.ignored:
+        _log.info("%s: ignored variables the lab does not use: %s", source,
+                  ", ".join(_one_line(name) for name in parser.ignored))
     return Inventory(source, hosts)
 
 
@@ -129,9 +155,37 @@ def local_inventory(nproc: int, gpus: int = 0) -> Inventory:
     return Inventory("<local>", (host,))
 
 
+class _TooDeep(Exception):
+    def __init__(self, line: int) -> None:
+        self.line = line
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, composing nodes (each alias one shared node) at most
+    ``_MAX_YAML_DEPTH`` collections deep: its composer recurses once per level."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.depth = 0
+
+    def compose_node(self, parent: Node | None, index: object) -> Node | None:
+        if self.depth >= _MAX_YAML_DEPTH:
+            raise _TooDeep(self.peek_event().start_mark.line + 1)  # type: ignore[no-untyped-call]
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)  # type: ignore[arg-type]
+        finally:
+            self.depth -= 1
+
+
 def _compose(text: str, source: str) -> Node | None:
     try:
-        return yaml.compose(text, Loader=yaml.SafeLoader)
+        return yaml.compose(text, Loader=_Loader)
+    except _TooDeep as err:
+        message = f"the YAML is nested more than {_MAX_YAML_DEPTH} levels deep"
+        raise InventoryError(source, err.line, message) from None
+    except RecursionError:
+        raise InventoryError(source, None, "the YAML is nested too deep to read") from None
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         message = ", ".join(part for part in (err.context, err.problem) if part)
@@ -212,9 +266,57 @@ def _connection(key: str, node: Node, base_dir: str) -> str:
     return value
 
 
+# Values that reach a host's command line or environment match these before they go anywhere.
+_INTERFACE = re.compile(r"(?!\.\.?\Z)[A-Za-z0-9_.:][A-Za-z0-9_.:-]{0,14}\Z")  # Linux: < 16 bytes, no '/'
+_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_HOST_NAME = re.compile(rf"(?=.{{1,253}}\Z){_LABEL}(?:\.{_LABEL})*\.?\Z")
+_LOGIN = re.compile(r"(?=.{1,32}\Z)[A-Za-z0-9_][A-Za-z0-9_.-]*\$?\Z")  # POSIX portable user names (and Samba's $)
+_COMMAND = re.compile(r"/[A-Za-z0-9_./+-]*\Z|[A-Za-z0-9_.+][A-Za-z0-9_.+-]*\Z")  # absolute path, or a bare name
+
+
+def _invalid(key: str, value: str, allowed: str) -> _Invalid:
+    return _Invalid(f"invalid {key} '{_one_line(value)}' ({allowed})")
+
+
+def _address(key: str, node: Node, base_dir: str) -> str:
+    """An IPv4 or IPv6 address, or a DNS host name."""
+    value = _text(key, node, base_dir)
+    try:
+        ipaddress.ip_address(value)
+        if _INTERFACE.match(value.partition("%")[2] or "lo"):  # (Python takes any scope: fe80::1%ANY)
+            return value
+    except ValueError:
+        pass
+    if not _HOST_NAME.match(value) or value.rstrip(".").replace(".", "").isdigit():  # (999.1.2.3: no address)
+        raise _invalid(key, value, "an IPv4 or IPv6 address, or a DNS host name: labels of letters, digits, "
+                                   "'-' and '_' joined by dots")
+    return value
+
+
+def _interface(key: str, node: Node, base_dir: str) -> str:
+    value = _text(key, node, base_dir)
+    if not _INTERFACE.match(value):
+        raise _invalid(key, value, "a network interface name: 1 to 15 of letters, digits, '_', '.', ':' and '-', "
+                                   "not starting with '-'")
+    return value
+
+
+def _login(key: str, node: Node, base_dir: str) -> str:
+    value = _text(key, node, base_dir)
+    if not _LOGIN.match(value):
+        raise _invalid(key, value, "a user name: up to 32 of letters, digits, '_', '.' and '-', not starting "
+                                   "with '-', perhaps ending in '$'")
+    return value
+
+
 def _python(key: str, node: Node, base_dir: str) -> str:
     value = _text(key, node, base_dir)
-    return _DEFAULT_PYTHON if value in _AUTO_PYTHON else value
+    if value in _AUTO_PYTHON:
+        return _DEFAULT_PYTHON
+    if not _COMMAND.match(value):
+        raise _invalid(key, value, "an absolute path or a command name, of letters, digits and '_', '.', '/', '+', "
+                                   "'-' only")
+    return value
 
 
 def _key_file(key: str, node: Node, base_dir: str) -> str:
@@ -223,7 +325,28 @@ def _key_file(key: str, node: Node, base_dir: str) -> str:
         raise _Invalid(f"{key}: {path} does not exist")
     if not os.path.isfile(path):
         raise _Invalid(f"{key}: {path} is not a file")
+    status = os.stat(path)
+    if status.st_uid == os.getuid() and status.st_mode & 0o077:  # as OpenSSH refuses it (sshkey_perm_ok)
+        raise _Invalid(f"{key}: key file {path} has mode {stat.S_IMODE(status.st_mode):04o}; a private key "
+                       f"must not be readable by others (chmod 600 {path})")
     return path
+
+
+_USER_NAME = re.compile(r"[a-z_][a-z0-9_.-]{0,31}\Z")
+
+
+def _user_names(key: str, node: Node, base_dir: str) -> tuple[str, ...]:
+    """A list of user names (a YAML sequence, or one string of names split by commas)."""
+    if isinstance(node, SequenceNode):
+        names = [_text(key, item, base_dir) for item in node.value]
+    else:
+        names = [name.strip() for name in _text(key, node, base_dir).split(",")]
+    bad = next((name for name in names if not _USER_NAME.match(name)), None)
+    if not names or bad is not None:
+        raise _Invalid(f"{key} must be a list of user names, got {_shown(node) if bad is None else repr(bad)}")
+    if len(set(names)) != len(names):
+        raise _Invalid(f"{key} names a user twice: {', '.join(names)}")
+    return tuple(names)
 
 
 def _known_hosts_file(key: str, node: Node, base_dir: str) -> str:
@@ -238,20 +361,43 @@ def _known_hosts_file(key: str, node: Node, base_dir: str) -> str:
 
 # Each key a host or group may set: the Host field it fills, and how its value is read.
 _VARS: dict[str, tuple[str, _Reader]] = {
-    "ansible_host": ("address", _text),
+    "ansible_host": ("address", _address),
     "ansible_port": ("port", _integer(1, 65535)),
-    "ansible_user": ("user", _text),
+    "ansible_user": ("user", _login),
     "ansible_ssh_private_key_file": ("key_file", _key_file),
     "ssh_known_hosts_file": ("known_hosts", _known_hosts_file),
     "ansible_connection": ("connection", _connection),
     "ansible_python_interpreter": ("python", _python),
     "slots": ("slots", _integer(1)),
     "gpus": ("gpus", _integer(0)),
-    "data_address": ("data_address", _text),
-    "network_interface": ("network_interface", _text),
+    "data_address": ("data_address", _address),
+    "network_interface": ("network_interface", _interface),
     "shared_dir": ("shared_dir", _host_directory),
     "docker_container": ("container", _text),
+    "grade_users": ("grade_users", _user_names),
 }
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """Whether ``a`` becomes ``b`` by one insertion, deletion, substitution or swap of
+    neighbours (or by case alone)."""
+    a, b = a.lower(), b.lower()
+    if a == b:
+        return True
+    if len(a) == len(b):
+        diff = [i for i in range(len(a)) if a[i] != b[i]]
+        return len(diff) == 1 or (len(diff) == 2 and diff[1] == diff[0] + 1
+                                  and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]])
+    short, long = sorted((a, b), key=len)
+    if len(long) - len(short) != 1:
+        return False
+    i = next((i for i in range(len(short)) if short[i] != long[i]), len(short))
+    return short[i:] == long[i + 1:]
+
+
+def _did_you_mean(name: str, known: Iterable[str]) -> str | None:
+    """The known name ``name`` is one edit away from, if any."""
+    return next((word for word in known if word != name and _one_edit(name, word)), None)
 
 
 # -- structure ------------------------------------------------------------------------
@@ -276,6 +422,9 @@ class _Parser:
         self.base_dir = base_dir
         self.groups: dict[str, _Entry] = {"all": _Entry(1)}
         self.hosts: dict[str, _Entry] = {}
+        self.ignored: dict[str, None] = {}  # variables the lab does not use, in file order
+        self.read_pairs: dict[int, tuple[Node, list[_Pair], int]] = {}  # id -> (mapping, entries, weight)
+        self.merge_work = 0  # entries copied by merges so far
 
     def error(self, node: Node, message: str) -> InventoryError:
         return InventoryError(self.source, _line(node), message)
@@ -287,15 +436,17 @@ class _Parser:
         for name, key, value in self.pairs(root, "the inventory"):
             if name in _GROUP_KEYS:
                 raise self.error(key, f"'{name}' must be inside a group, e.g. under all:")
-            self.read_group(key, value, None if name == "all" else "all")
+            self.read_group(key, value, None if name == "all" else "all", 1)
 
-    def read_group(self, key: ScalarNode, value: Node, parent: str | None) -> None:
+    def read_group(self, key: ScalarNode, value: Node, parent: str | None, level: int) -> None:
         if parent is not None and key.value == "all":
             raise self.error(key, "'all' contains every group; it cannot be a child group")
         entry = self.enter(self.groups, "group", key, value, parent)
         if entry is None:
             return
         name = key.value
+        if level > _MAX_GROUP_DEPTH:
+            raise self.error(key, f"groups are nested more than {_MAX_GROUP_DEPTH} deep here")
         for word, word_key, node in self.pairs(value, f"group '{name}'"):
             if word == "vars":
                 entry.vars = self.read_vars(node, f"vars of group '{name}'")
@@ -304,11 +455,13 @@ class _Parser:
                     self.read_host(host_key, host_value, name)
             elif word == "children":
                 for _, child_key, child_value in self.pairs(node, f"children of group '{name}'"):
-                    self.read_group(child_key, child_value, name)
+                    self.read_group(child_key, child_value, name, level + 1)
             else:
-                hint = "; put variables under vars:" if word in _VARS else ""
+                near = _did_you_mean(word, _GROUP_KEYS)
+                mean = f": did you mean '{near}'?" if near else ""
+                hint = "; put variables under vars:" if word in _VARS or word in _SYNONYMS else ""
                 known = ", ".join(_GROUP_KEYS)
-                raise self.error(word_key, f"unknown key '{_one_line(word)}' (known: {known}{hint})")
+                raise self.error(word_key, f"unknown key '{_one_line(word)}'{mean} (known: {known}{hint})")
 
     def read_host(self, key: ScalarNode, value: Node, group: str) -> None:
         entry = self.enter(self.hosts, "host", key, value, group)
@@ -335,17 +488,32 @@ class _Parser:
         return entry
 
     def read_vars(self, node: Node, what: str) -> dict[str, object]:
+        """The variables the lab uses; any other is noted in ``ignored``, unless its name is
+        one edit from one the lab uses (a typo is an error)."""
         values: dict[str, object] = {}
+        written: dict[str, ScalarNode] = {}  # Host field -> the key that set it here
         for name, key, value in self.pairs(node, what):
             if name in _PASSWORDS:
                 raise self.error(key, "password authentication is not supported; "
                                       "use ansible_ssh_private_key_file")
-            if name in _IGNORED:
+            if name in _GROUP_KEYS:
+                raise self.error(key, f"'{name}' is not a variable of {what}: hosts, vars and children "
+                                      "go right under a group")
+            lab_name = _SYNONYMS.get(name, name)
+            if name in self.ignored:
                 continue
-            if name not in _VARS:
-                known = ", ".join([*_VARS, *_IGNORED])
-                raise self.error(key, f"unknown key '{_one_line(name)}' (known: {known})")
-            attribute, read = _VARS[name]
+            if lab_name not in _VARS:
+                near = _did_you_mean(name, [*_VARS, *_SYNONYMS])
+                if near is not None:
+                    raise self.error(key, f"unknown key '{_one_line(name)}': did you mean '{near}'?")
+                self.ignored.setdefault(name)
+                continue
+            attribute, read = _VARS[lab_name]
+            if attribute in written:
+                other = written[attribute]
+                raise self.error(key, f"{name} and {other.value} (line {_line(other)}) set the same thing; "
+                                      "keep one")
+            written[attribute] = key
             try:
                 values[attribute] = read(name, value, self.base_dir)
             except _Invalid as err:
@@ -355,18 +523,39 @@ class _Parser:
     def pairs(self, node: Node, what: str, merging: tuple[Node, ...] = ()) -> list[_Pair]:
         """A mapping's (name, key, value) entries; none for an empty value.
 
-        Keys must be unique; ``<<`` merge keys bring in entries the mapping does not set.
+        Keys must be unique; ``<<`` merge keys bring in entries the mapping does not set. Each
+        mapping is read once (an alias is the same node), and merges are bounded: by depth, by
+        the entries one mapping brings in counted as often as they are merged (what a reader
+        that copies merges would make: 8 mappings that each merge the one before ten times
+        are 10**7 entries), and by the entries copied in all.
         """
         if _is_null(node):
             return []
         if not isinstance(node, MappingNode):
             raise self.error(node, f"{what} must be a mapping, got {_shown(node)}")
+        if id(node) in self.read_pairs:
+            return self.read_pairs[id(node)][1]
+        if len(merging) > _MAX_MERGE_DEPTH:
+            raise self.error(node, f"merges (<<) are nested more than {_MAX_MERGE_DEPTH} deep here")
         own: dict[str, tuple[ScalarNode, Node]] = {}
         merged: dict[str, tuple[ScalarNode, Node]] = {}
+        weight = 0  # entries, each merged one as often as it is merged
         for key, value in node.value:
             if key.tag == _MERGE:
-                for name, merged_key, merged_value in self.merged(value, (*merging, node)):
-                    merged.setdefault(name, (merged_key, merged_value))
+                for mapping in value.value if isinstance(value, SequenceNode) else [value]:
+                    if mapping is node or any(mapping is outer for outer in merging):
+                        raise self.error(mapping, "a merge (<<) cannot bring in the mapping it is part of")
+                    entries = self.pairs(mapping, "a merge (<<) value", (*merging, node))
+                    weight += self.read_pairs[id(mapping)][2] if entries else 0
+                    self.merge_work += len(entries)
+                    if weight > _MAX_MERGED or self.merge_work > _MAX_MERGE_WORK:
+                        raise self.error(key, f"the merges (<<) here bring in more than {_MAX_MERGED:,} entries "
+                                              "(each counted as often as it is merged): a merge bomb?"
+                                         if weight > _MAX_MERGED else
+                                         f"the merges (<<) of this file copy more than {_MAX_MERGE_WORK:,} "
+                                         "entries in all")
+                    for name, merged_key, merged_value in entries:
+                        merged.setdefault(name, (merged_key, merged_value))
                 continue
             if not isinstance(key, ScalarNode) or key.tag == _NULL:
                 raise self.error(key, f"a key must be a name, got {_shown(key)}")
@@ -374,13 +563,10 @@ class _Parser:
                 first = _line(own[key.value][0])
                 raise self.error(key, f"duplicate key '{_one_line(key.value)}' (first at line {first})")
             own[key.value] = (key, value)
-        return [(name, key, value) for name, (key, value) in {**merged, **own}.items()]
-
-    def merged(self, value: Node, merging: tuple[Node, ...]) -> Iterator[_Pair]:
-        for mapping in value.value if isinstance(value, SequenceNode) else [value]:
-            if any(mapping is outer for outer in merging):
-                raise self.error(mapping, "a merge (<<) cannot bring in the mapping it is part of")
-            yield from self.pairs(mapping, "a merge (<<) value", merging)
+            weight += 1
+        found = [(name, key, value) for name, (key, value) in {**merged, **own}.items()]
+        self.read_pairs[id(node)] = (node, found, weight)
+        return found
 
     def build(self) -> tuple[Host, ...]:
         depths: dict[str, int] = {}
@@ -398,8 +584,14 @@ class _Parser:
                 if parent in below:
                     message = f"group cycle: '{name}' is listed under '{parent}', which is under '{name}'"
                     raise InventoryError(self.source, line, message)
+            if len(below) > _MAX_GROUP_DEPTH:  # (before the stack runs out)
+                raise InventoryError(self.source, entry.line,
+                                     f"groups are nested more than {_MAX_GROUP_DEPTH} deep here")
             parents = (self.depth(parent, depths, (*below, name)) for parent in entry.parents)
             depths[name] = 1 + max(parents, default=-1)
+            if depths[name] > _MAX_GROUP_DEPTH:
+                raise InventoryError(self.source, entry.line,
+                                     f"groups are nested more than {_MAX_GROUP_DEPTH} deep here")
         return depths[name]
 
     def host(self, name: str, entry: _Entry, depths: dict[str, int]) -> Host:

@@ -1,4 +1,8 @@
-"""Report: what a person (or a program, with --json) sees of a run."""
+"""Report: what a person (or a program, with --json) sees of a run.
+
+Whatever a rank printed or raised is untrusted: the text report and the JUnit XML show it
+through :func:`lab.text.printable` (escapes made visible) and as ``Text`` (no rich markup).
+JSON escapes control characters itself."""
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
@@ -9,6 +13,7 @@ from rich.text import Text
 
 from lab.core.judge import ExerciseReport, ended
 from lab.core.runner import LaunchState, RankState, RunOutcome
+from lab.text import printable
 
 RANK_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta", "bright_green")
 STATUS_STYLES = {"pass": "bold green", "fail": "bold red", "timeout": "bold red", "not run": "yellow"}
@@ -26,7 +31,7 @@ class LineStreamer:
     def __call__(self, state: RankState | LaunchState, stream: str, line: str) -> None:
         style = RANK_STYLES[state.color % len(RANK_STYLES)]
         text = Text(f"[{state.label}] ", style=style)
-        text.append(line, style={"err": "red", "lab": "yellow"}.get(stream, ""))
+        text.append(printable(line), style={"err": "red", "lab": "yellow"}.get(stream, ""))
         self.console.print(text, soft_wrap=True, highlight=False)
 
 
@@ -37,10 +42,10 @@ def print_report(console: Console, outcome: RunOutcome, reports: list[ExerciseRe
         line = Text(f"{r.status.upper():8}", style=STATUS_STYLES[r.status])
         line.append(f"{r.name:{width}}  {_seconds(r.seconds):>8}")
         if not r.passed and r.reason:
-            line.append(f"  {r.reason}", style="dim" if r.status == "not run" else "")
+            line.append(f"  {printable(r.reason)}", style="dim" if r.status == "not run" else "")
         console.print(line, soft_wrap=True, highlight=False)
         for note in r.notes:
-            console.print(Text(f"{'':8}note: {note}", style="yellow"), soft_wrap=True, highlight=False)
+            console.print(Text(f"{'':8}note: {printable(note)}", style="yellow"), soft_wrap=True, highlight=False)
     for note in dropped_output(outcome):
         console.print(Text(f"note: {note}", style="yellow"), soft_wrap=True, highlight=False)
     for r in reports:
@@ -51,11 +56,11 @@ def print_report(console: Console, outcome: RunOutcome, reports: list[ExerciseRe
 
 def _print_failure(console: Console, outcome: RunOutcome, r: ExerciseReport) -> None:
     console.print()
-    console.print(Text(f"{r.status.upper()} {r.name}: {r.reason}", style=STATUS_STYLES[r.status]),
+    console.print(Text(f"{r.status.upper()} {r.name}: {printable(r.reason)}", style=STATUS_STYLES[r.status]),
                   soft_wrap=True, highlight=False)
     if len(r.mismatches) > 1:
         for m in r.mismatches[:MISMATCHES_SHOWN]:
-            console.print(f"  {m}", soft_wrap=True, highlight=False, markup=False)
+            console.print(Text(f"  {printable(str(m))}"), soft_wrap=True, highlight=False)
         if len(r.mismatches) > MISMATCHES_SHOWN:
             console.print(f"  ... {len(r.mismatches) - MISMATCHES_SHOWN} more", markup=False)
     for rank in r.ranks[:2]:
@@ -66,7 +71,7 @@ def _print_failure(console: Console, outcome: RunOutcome, r: ExerciseReport) -> 
         if lines:
             console.print(Text(f"  last lines of rank {rank} ({state.spec.host}):", style="dim"))
             for line in lines:
-                console.print(f"  | {line}", soft_wrap=True, highlight=False, markup=False)
+                console.print(Text(f"  | {printable(line)}"), soft_wrap=True, highlight=False)
 
 
 def dropped_output(outcome: RunOutcome) -> list[str]:
@@ -126,6 +131,7 @@ def to_junit(outcome: RunOutcome, reports: list[ExerciseReport], suite_name: str
     counts = {"failures": sum(r.status == "fail" for r in reports),
               "errors": sum(r.status == "timeout" for r in reports),
               "skipped": sum(r.status == "not run" for r in reports)}
+    suite_name = printable(suite_name)  # (lab grade's: the student's file name)
     root = ET.Element("testsuites")
     suite = ET.SubElement(root, "testsuite", name=suite_name, tests=str(len(reports)),
                           attrib={"time": f"{outcome.seconds:.3f}", **{k: str(v) for k, v in counts.items()}})
@@ -135,15 +141,18 @@ def to_junit(outcome: RunOutcome, reports: list[ExerciseReport], suite_name: str
     for r in reports:
         case = ET.SubElement(suite, "testcase", classname=f"{suite_name}.{plan.backend}", name=r.name,
                              time=f"{r.seconds or 0.0:.3f}")
+        reason = printable(r.reason)
         if r.status == "fail":
-            ET.SubElement(case, "failure", message=r.reason, type="CheckFailed").text = \
-                "\n".join([r.reason, *map(str, r.mismatches), *(f"note: {n}" for n in r.notes)])
+            ET.SubElement(case, "failure", message=reason, type="CheckFailed").text = \
+                "\n".join(printable(line) for line in [r.reason, *map(str, r.mismatches),
+                                                          *(f"note: {n}" for n in r.notes)])
         elif r.status == "timeout":
-            ET.SubElement(case, "error", message=r.reason, type="Timeout").text = r.reason
+            ET.SubElement(case, "error", message=reason, type="Timeout").text = reason
         elif r.status == "not run":
-            ET.SubElement(case, "skipped", message=r.reason)
+            ET.SubElement(case, "skipped", message=reason)
         if not r.passed:
-            tails = [f"--- rank {rank} ({outcome.ranks[rank].spec.host})\n" + "\n".join(list(tail)[-TAIL_SHOWN:])
+            tails = [f"--- rank {rank} ({outcome.ranks[rank].spec.host})\n"
+                     + "\n".join(printable(line) for line in list(tail)[-TAIL_SHOWN:])
                      for rank in r.ranks if rank < len(outcome.ranks) and (tail := outcome.ranks[rank].tail)]
             if tails:
                 ET.SubElement(case, "system-out").text = "\n".join(tails)

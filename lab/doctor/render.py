@@ -1,4 +1,7 @@
-"""The doctor's verdict for a person: the hosts table, MASTER_ADDR, the mesh, the findings."""
+"""The doctor's verdict for a person: the hosts table, MASTER_ADDR, the mesh, the findings.
+
+What the hosts reported (versions, names, errors) is shown through :func:`_t`: escapes made
+visible, and as Text, never as rich markup."""
 from __future__ import annotations
 
 from rich import box
@@ -12,6 +15,7 @@ from lab.rank.probe import (
     Advertised,
     is_loopback,
 )
+from lab.text import printable
 
 MATRIX_MAX = 12  # hosts up to which the mesh prints as a matrix
 SEVERITY_STYLES = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -23,7 +27,7 @@ def print_diagnosis(console: Console, diagnosis: Diagnosis) -> None:
     master = diagnosis.master
     tried = [link for r in diagnosis.reports for link in r.links if link.target.kind == "master"]
     reached = sum(link.ok for link in tried)
-    line = Text(f"MASTER_ADDR {master.address}:{master.port or '-'} (rank 0 on {master.host}): ")
+    line = _t(f"MASTER_ADDR {master.address}:{master.port or '-'} (rank 0 on {master.host}): ")
     line.append(f"reached from {reached}/{len(tried)} hosts",
                 style="green" if tried and reached == len(tried) else "red")
     console.print(line, highlight=False)
@@ -31,11 +35,11 @@ def print_diagnosis(console: Console, diagnosis: Diagnosis) -> None:
     for f in diagnosis.findings:
         console.print()
         head = Text(f"{f.severity.upper():8}", style=SEVERITY_STYLES[f.severity])
-        head.append(f"{f.subject}: {f.message}")
+        head.append(printable(f"{f.subject}: {f.message}"))
         console.print(head, highlight=False)
         for label, text in (("cause", f.cause), ("fix", f.fix)):
             if text:
-                console.print(Text(f"{'':8}{label}: {text}", style="dim" if label == "cause" else ""), highlight=False)
+                console.print(_t(f"{'':8}{label}: {text}", "dim" if label == "cause" else ""), highlight=False)
     console.print()
     console.print(Text(summary(diagnosis), style="bold green" if diagnosis.ok else "bold red"), highlight=False)
 
@@ -63,21 +67,21 @@ def _hosts_table(diagnosis: Diagnosis) -> Table:
     table = Table(*columns, box=box.SIMPLE_HEAD, title="hosts", title_justify="left")
     for r in diagnosis.reports:
         if r.facts is None:
-            why = Text(r.unreachable or r.failure or "no report", style="red")
-            table.add_row(r.name, Text("unreachable" if r.unreachable else "probe failed", style="red"),
+            why = _t(r.unreachable or r.failure or "no report", "red")
+            table.add_row(_t(r.name), Text("unreachable" if r.unreachable else "probe failed", style="red"),
                           *([""] * (len(columns) - 3)), why)
             continue
         facts, runtime = r.facts, r.runtime
-        torch = (Text(runtime.torch) if runtime.torch else Text("missing", style="red")) if runtime else Text("?")
+        torch = (_t(runtime.torch) if runtime.torch else Text("missing", style="red")) if runtime else Text("?")
         devices = f"{runtime.cuda_devices}/{r.host.slots}" + (f" nccl {runtime.nccl}" if runtime.nccl else "") \
             if runtime else "?"
         resolved = facts.resolved
         first = resolved.answer[0] if resolved.answer else (resolved.error or "nothing")
-        resolves = Text(f"{facts.hostname} -> {first}", style="yellow" if is_loopback(first) else "")
+        resolves = _t(f"{facts.hostname} -> {first}", "yellow" if is_loopback(first) else "")
         slowest = max((lookup.seconds for lookup in (*facts.reverse, *r.heard)), default=0.0)
         lookups = Text(_ms(resolved.seconds), style="red" if resolved.seconds > SLOW_LOOKUP else "")
         lookups.append(f" / {_ms(slowest)}", style="red" if slowest > SLOW_LOOKUP else "")
-        table.add_row(r.name, facts.python, torch, devices, resolves, _advertised(facts.gloo),
+        table.add_row(_t(r.name), _t(facts.python), torch, _t(devices), resolves, _advertised(facts.gloo),
                       *([_advertised(facts.nccl)] if gpus else []), lookups)
     table.caption = "GPUs: seen by torch / slots; lookups: forward / slowest reverse"
     table.caption_justify = "left"
@@ -86,9 +90,14 @@ def _hosts_table(diagnosis: Diagnosis) -> Table:
 
 def _advertised(advertised: Advertised) -> Text:
     if advertised.error:
-        return Text(advertised.error, style="red")
+        return _t(advertised.error, "red")
     style = "yellow" if advertised.address and is_loopback(advertised.address) else ""
-    return Text(f"{advertised.address} {advertised.interface or '?'}", style=style)
+    return _t(f"{advertised.address} {advertised.interface or '?'}", style)
+
+
+def _t(text: str, style: str = "") -> Text:
+    """Text a host reported, shown as it is: escapes visible, no markup."""
+    return Text(printable(text), style=style)
 
 
 def _ms(seconds: float) -> str:
@@ -100,7 +109,7 @@ def _print_mesh(console: Console, diagnosis: Diagnosis) -> None:
     names = [r.name for r in diagnosis.reports]
     if len(names) <= MATRIX_MAX:
         console.print(Text("mesh: each host to each peer's advertised address"), highlight=False)
-        table = Table("from \\ to", *names, box=box.SIMPLE_HEAD)
+        table = Table("from \\ to", *names, box=box.SIMPLE_HEAD)  # (inventory names: no markup in them)
         for source in names:
             cells = []
             for peer in names:
@@ -110,13 +119,13 @@ def _print_mesh(console: Console, diagnosis: Diagnosis) -> None:
                 elif link.ok:
                     cells.append(Text(f"ok {_ms(link.seconds)}", style="green"))
                 else:
-                    cells.append(Text(link.failure or "failed", style="bold red"))
-            table.add_row(source, *cells)
+                    cells.append(_t(link.failure or "failed", "bold red"))
+            table.add_row(_t(source), *cells)
         console.print(table)
         return
     failed = [(pair, link) for pair, link in mesh.items() if not link.ok]
     console.print(Text(f"mesh: {len(mesh) - len(failed)}/{len(mesh)} pairs reachable",
                        style="green" if not failed else "red"), highlight=False)
     for (source, peer), link in failed:
-        console.print(Text(f"  {source} -> {peer} {link.target.address}:{link.target.port}: {link.error}", style="red"),
+        console.print(_t(f"  {source} -> {peer} {link.target.address}:{link.target.port}: {link.error}", "red"),
                       highlight=False)
