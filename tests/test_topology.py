@@ -2,7 +2,9 @@
 that lists networks, as `docker network ls` would)."""
 from __future__ import annotations
 
+import stat
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -65,3 +67,15 @@ def test_subnets_are_chosen_free_on_the_engine_and_kept_once_made() -> None:
     cross = hosts.with_free_subnets(engine, Topology(kind="cross-vpc", lab="x"))  # type: ignore[arg-type]
     assert cross.subnets[1:] == ("10.20.0.0/24", "10.99.0.0/24") and cross.subnets[0] != "10.10.0.0/24"
     assert len(set(cross.subnets)) == 3
+
+
+def test_the_labs_key_is_private_even_when_an_old_copy_was_not(tmp_path: Path) -> None:
+    key = tmp_path / "ssh" / "id_ed25519"
+    made = hosts.ensure_key(key, lambda _: None)
+    assert stat.S_IMODE(made.stat().st_mode) == 0o600 and stat.S_IMODE(key.parent.stat().st_mode) == 0o700
+    before = key.read_bytes()
+    key.chmod(0o644)
+    key.parent.chmod(0o755)
+    hosts.ensure_key(key, lambda _: None)  # kept, and made private again
+    assert key.read_bytes() == before
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600 and stat.S_IMODE(key.parent.stat().st_mode) == 0o700
