@@ -53,9 +53,11 @@ def test_a_host_sees_only_its_private_address(xvpc: tuple[Lab, Path]) -> None:
     assert addresses == {"127.0.0.1", TOPOLOGY.address(3)}
     gateway = subprocess.run(["docker", "inspect", "-f", "{{.HostConfig.CapAdd}}", TOPOLOGY.gateway_container],
                              capture_output=True, text=True, timeout=30).stdout
-    host = subprocess.run(["docker", "inspect", "-f", "{{.HostConfig.CapAdd}} {{.HostConfig.Privileged}}",
-                           TOPOLOGY.container(1)], capture_output=True, text=True, timeout=30).stdout
-    assert "NET_ADMIN" in gateway and host.split() == ["[]", "false"]
+    host = subprocess.run(["docker", "inspect", "-f", "{{json .HostConfig}}", TOPOLOGY.container(1)],
+                          capture_output=True, text=True, timeout=30).stdout
+    config = json.loads(host)
+    assert "NET_ADMIN" in gateway and not config["Privileged"] and config["CapDrop"] == ["ALL"]
+    assert config["CapAdd"] == list(topology.HostLimits.CAPABILITIES)  # sshd's, and no NET_ADMIN
 
 
 def test_doctor_reports_the_unreachable_pairs_and_the_nat_then_passes_with_peering(
