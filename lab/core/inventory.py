@@ -332,16 +332,13 @@ def _key_file(key: str, node: Node, base_dir: str) -> str:
     return path
 
 
-_USER_NAME = re.compile(r"[a-z_][a-z0-9_.-]{0,31}\Z")
-
-
 def _user_names(key: str, node: Node, base_dir: str) -> tuple[str, ...]:
     """A list of user names (a YAML sequence, or one string of names split by commas)."""
     if isinstance(node, SequenceNode):
         names = [_text(key, item, base_dir) for item in node.value]
     else:
         names = [name.strip() for name in _text(key, node, base_dir).split(",")]
-    bad = next((name for name in names if not _USER_NAME.match(name)), None)
+    bad = next((name for name in names if not _LOGIN.match(name)), None)
     if not names or bad is not None:
         raise _Invalid(f"{key} must be a list of user names, got {_shown(node) if bad is None else repr(bad)}")
     if len(set(names)) != len(names):
