@@ -51,12 +51,12 @@ from lab.core.plan import (
 )
 from lab.core.report import STATUS_STYLES, LineStreamer, print_report, to_json, to_junit
 from lab.core.runner import run_plan
+from lab.core.text import printable
 from lab.doctor.render import print_diagnosis
 from lab.doctor.run import diagnose, explain_hang
 from lab.doctor.scenario import run_scenario
 from lab.errors import ExitCode, LabError, UsageError
 from lab.suite import registry
-from lab.text import printable
 from lab.transport import with_master_address
 from lab.transport.local import local_gpu_count
 from lab.transport.ssh import SSHSettings

@@ -15,10 +15,10 @@ from rich.console import Console
 
 from lab.cli import print_gradebook
 from lab.core.grade import Grade, Gradebook
+from lab.core.text import printable
 from lab.doctor.model import Diagnosis
 from lab.doctor.render import print_diagnosis
 from lab.errors import ExitCode
-from lab.text import printable
 
 from .conftest import WRONG, Lab
 from .test_doctor import MASTER, link, report

@@ -1,7 +1,7 @@
 """Report: what a person (or a program, with --json) sees of a run.
 
 Whatever a rank printed or raised is untrusted: the text report and the JUnit XML show it
-through :func:`lab.text.printable` (escapes made visible) and as ``Text`` (no rich markup).
+through :func:`lab.core.text.printable` (escapes made visible) and as ``Text`` (no rich markup).
 JSON escapes control characters itself."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from rich.text import Text
 
 from lab.core.judge import ExerciseReport, ended
 from lab.core.runner import LaunchState, RankState, RunOutcome
-from lab.text import printable
+from lab.core.text import printable
 
 RANK_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta", "bright_green")
 STATUS_STYLES = {"pass": "bold green", "fail": "bold red", "timeout": "bold red", "not run": "yellow"}

@@ -9,13 +9,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from lab.core.text import printable
 from lab.doctor.model import SEVERITIES, Diagnosis
 from lab.doctor.rules import SLOW_LOOKUP
 from lab.rank.probe import (
     Advertised,
     is_loopback,
 )
-from lab.text import printable
 
 MATRIX_MAX = 12  # hosts up to which the mesh prints as a matrix
 SEVERITY_STYLES = {"error": "bold red", "warning": "yellow", "info": "cyan"}
