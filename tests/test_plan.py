@@ -103,20 +103,25 @@ def test_solution_replaces_the_program_and_needs_one_exercise() -> None:
         build_plan(local_inventory(2), opts("p2p", "broadcast", solution="/x.py"), TOKEN)
 
 
-def test_each_rank_launch_carries_the_rank_plan_and_dry_run_data_is_plain_yaml() -> None:
-    plan = build_plan(local_inventory(2), opts("all"), TOKEN)
+def test_the_lab_launcher_forks_each_hosts_ranks_and_dry_run_data_is_plain_yaml() -> None:
+    a, b = Host("a", "10.0.0.9", slots=2), Host("b", "10.0.0.10", slots=1, network_interface="eth1")
+    plan = build_plan(inv(a, b), opts("all"), TOKEN)
     launches = plan.launches()
-    assert [(launch.host, launch.ranks, launch.args) for launch in launches] == \
-        [("local", (r,), ("-m", "lab.rank.worker")) for r in (0, 1)]
+    assert [(launch.host, launch.ranks, launch.args) for launch in launches] == [
+        ("a", (0, 1), ("-m", "lab.rank.node", "fork", "--nprocs", "2", "--first-rank", "0", "-m", "lab.rank.worker")),
+        ("b", (2,), ("-m", "lab.rank.node", "fork", "--nprocs", "1", "--first-rank", "2", "-m", "lab.rank.worker"))]
     env = launches[1].env
     rank_plan = json.loads(env["LAB_RANK_PLAN"])
     assert rank_plan["token"] == "t0k3n" and rank_plan["backend"] == "gloo"
     assert [s["rendezvous"] for s in rank_plan["stages"]] == ["none", "shared", "env", "tcp", "file"]
-    assert env["RANK"] == "1" and env["LOCAL_RANK"] == "1" and env["PYTHONUNBUFFERED"] == "1"
-    assert env["PYTHONPATH"] == f"{RUN_DIR}/code"  # the run's own copy of the lab
+    # what every rank of the host shares; each forked rank sets its own RANK and LOCAL_RANK
+    assert (env["MASTER_ADDR"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"], env["GLOO_SOCKET_IFNAME"]) == \
+        ("10.0.0.9", "3", "1", "eth1")
+    assert "RANK" not in env and "LOCAL_RANK" not in env and "LAB_TAG_OUTPUT" not in env  # (the zygote tags)
+    assert env["PYTHONUNBUFFERED"] == "1" and env["PYTHONPATH"] == f"{RUN_DIR}/code"  # the run's own copy
     data = yaml.safe_load(yaml.safe_dump(plan.to_dict()))
-    assert data["world_size"] == 2 and data["ranks"][1]["env"]["RANK"] == "1"
-    assert data["launcher"] == "lab" and data["launches"][1]["command"] == ["python", "-m", "lab.rank.worker"]
+    assert data["world_size"] == 3 and data["ranks"][2]["env"]["RANK"] == "2"
+    assert data["launcher"] == "lab" and data["launches"][1]["command"][:4] == ["python", "-m", "lab.rank.node", "fork"]
     assert "LAB_RANK_PLAN" not in data["ranks"][1]["env"]
 
 

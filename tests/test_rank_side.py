@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lab.core.runner import where_stopped
-from lab.rank.protocol import RANK_TAG, untag
+from lab.rank.protocol import RANK_TAG, rank_tag, untag
 from lab.rank.worker import SharedPathError, call_with_context, ensure_shared_path
 
 from .conftest import REPO
@@ -92,5 +92,6 @@ def test_a_relayed_rank_has_every_line_tagged_and_no_line_an_event(tmp_path: Pat
         f"{RANK_TAG}3 hello from python", f'{RANK_TAG}3 \u241flab:tok {{"event": "done", "rank": 3}}',
         f"{RANK_TAG}3 from a child process", f"{RANK_TAG}3 a last line without its newline"]
     assert done.stderr.splitlines() == [f"{RANK_TAG}3 from C, on fd 2"]
-    assert untag(out[1 if out[1] != event else 2]) == (3, "hello from python")
-    assert untag("an untagged line") == (None, "an untagged line")
+    assert untag(out[1 if out[1] != event else 2].encode()) == (3, b"hello from python", None)
+    assert untag(b"an untagged line") == (None, b"an untagged line", None)
+    assert untag(rank_tag(12, 5000) + b"zzz") == (12, b"zzz", 5000)  # the start of a line the zygote cut

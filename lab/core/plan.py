@@ -12,8 +12,9 @@ fills it in host by host (:meth:`Launch.bound`):
 
 A plan is a list of ranks (host, rank, local rank, device, the rendezvous settings it
 gets), the launches that start them, and a list of stages. The launcher decides the
-launches (see :data:`LAUNCHERS`): ``lab`` starts every rank itself with the settings in
-its environment; ``torchrun`` starts one torchrun per host, which forms a c10d
+launches (see :data:`LAUNCHERS`), one process per host: ``lab`` starts every rank itself,
+with its settings in its environment, forked from a process that imported torch once
+(``lab.rank.zygote``); ``torchrun`` starts one torchrun per host, which forms a c10d
 rendezvous on rank 0's host and starts that host's ranks; ``spawn`` starts one process
 per host that ``mp.spawn``s the host's ranks, as the tutorials do on one machine. A stage is
 one rendezvous and the exercises that run under it, in
@@ -95,8 +96,8 @@ class RankSpec:
 
 @dataclass(frozen=True)
 class Launch:
-    """One process the lab starts on a host: a rank (launcher ``lab``), or the host's launcher
-    (``torchrun``, ``spawn``) that starts the host's ranks itself."""
+    """One process the lab starts on a host: the host's launcher, which starts the host's ranks
+    (``lab``: forks them, ``torchrun``, ``spawn``)."""
 
     host: str
     ranks: tuple[int, ...]  # the ranks it carries as planned (torchrun numbers them itself: see the runner)
@@ -154,18 +155,17 @@ class Plan:
         return ("-m", "lab.rank.script", *self.script) if self.script else ("-m", "lab.rank.worker")
 
     def launches(self) -> tuple[Launch, ...]:
-        """The processes to start: one per rank (``lab``) or one per host (``torchrun``, ``spawn``)."""
+        """The processes to start: one per host, which starts the host's ranks (``lab.rank.node``)."""
         common = {"PYTHONPATH": self.code_dir, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
                   "LAB_TOKEN": self.token}
         if not self.script:
             common["LAB_RANK_PLAN"] = json.dumps(self.rank_plan())
-        if self.launcher == "lab":
-            return tuple(Launch(r.host, (r.rank,), self.program, {**r.env, **common})
-                         for r in self.ranks)
         launches = []
         for node_rank, host in enumerate(self.hosts):
             ranks = tuple(r.rank for r in self.ranks if r.host == host.name)
-            env = {**common, **interface_env(host), "LAB_TAG_OUTPUT": "1"}
+            env = {**common, **interface_env(host)}
+            if self.launcher != "lab":  # (the lab's own launcher tags its ranks' lines itself)
+                env["LAB_TAG_OUTPUT"] = "1"
             args: tuple[str, ...]
             if self.launcher == "torchrun":
                 args = ("-m", "lab.rank.node", "torchrun", "--nnodes", str(len(self.hosts)),
@@ -176,7 +176,8 @@ class Plan:
                 first = self.ranks[ranks[0]].env
                 env.update({k: first[k] for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
                             if k in first})
-                args = ("-m", "lab.rank.node", "spawn", "--nprocs", str(host.slots), "--first-rank", str(ranks[0]))
+                args = ("-m", "lab.rank.node", "fork" if self.launcher == "lab" else "spawn",
+                        "--nprocs", str(host.slots), "--first-rank", str(ranks[0]))
             launches.append(Launch(host.name, ranks, (*args, *self.program), env))
         return tuple(launches)
 

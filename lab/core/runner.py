@@ -9,17 +9,19 @@ and rank 0's host a port holder (``lab.rank.ports``) that chooses the run's rend
 there and holds them until the run ends; each launch then starts with the plan's macros
 (``${run_dir}``, ``${portN}``) filled in for its host.
 
-A launch is one process: a rank, or a host's launcher that carries several (torchrun,
-mp.spawn). Their ranks tag their lines (lab.rank.output) and every event names its rank,
-so each line reaches the right rank; torchrun numbers the ranks itself, so a rank's host
-is the one whose launch its hello event came through.
+A launch is one process per host, the host's launcher, which starts the host's ranks (the lab's
+zygote forks them, torchrun and mp.spawn start them). Every line of a rank's is tagged with it
+(by the zygote, else by the rank's relay: lab.rank.output) and every event names its rank, so
+each line reaches the right rank; torchrun numbers the ranks itself, so a rank's host is the one
+whose launch its hello event came through.
 
 Events come only through each rank's private channel (lab.rank.protocol): nothing a rank prints
 is one. Every event is validated (``parse_event``) and checked against the run (an exercise of
-the plan, a step it has, a rank's own name: under ``--launcher lab`` the launch says whose it is,
-whatever its ``rank`` field says). One that fails is not applied: it is the failure of the rank
-that sent it, in the exercise that rank is in (``ExerciseRun.violations``), never the
-controller's; the run goes on.
+the plan, a step it has). One that fails is not applied: it is the failure of the rank that sent
+it, in the exercise that rank is in (``ExerciseRun.violations``), never the controller's; the run
+goes on. Under ``--launcher lab`` the zygote has checked each event against the rank whose pipe it
+came through (``lab.rank.zygote``): one in another rank's name comes as a ``bad`` event of its
+sender's; under torchrun and mp.spawn an event's ``rank`` field says whose it is.
 
 A watchdog gives every step a rank takes (start-up, rendezvous, one exercise) at most
 ``plan.timeout`` seconds, and every exercise a deadline as long, from when the rank began it,
@@ -42,16 +44,16 @@ never held) and sorts them itself:
   to the queue and ``on_line``; then ``on_line`` is told once that the rest of that rank's
   output is counted, not shown, and the report says how much each such rank printed.
 
-Past SHOWN_LINES, the stream of a rank of its own (``--launcher lab``, a local pipe) is taken
-in blocks of the lines already buffered, counted with one pass over their bytes, so a flood of
-short lines costs no Python per line. (Lines that ranks share a stream for, tagged with their
-rank, and SSH channels are read a line at a time.) The queue holds at most QUEUE_MAX items:
+Past SHOWN_LINES of a rank, the lines of that rank already buffered in a local pipe are taken in
+one block, counted with one pass over their bytes, so a flood of short lines costs no Python per
+line. (SSH channels are read a line at a time.) The queue holds at most QUEUE_MAX items:
 when the controller falls behind, the readers wait, the pipes fill and the ranks that print wait
 in their writes (backpressure), while the watchdog, which only takes from the queue, keeps its
 clock. While hung ranks dump their stacks (``dumping``), their stderr goes through whole.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import re
@@ -67,7 +69,18 @@ from typing import IO, Any, Literal
 
 from lab.core.plan import Launch, Plan, RankSpec, bind_macros
 from lab.errors import HostsUnreachable, HostUnreachable, LabError, RunError
-from lab.rank.protocol import EVENT_MAX, MARK, RANK_EVENTS, MalformedEvent, parse_event, rank_tag, untag
+from lab.rank.protocol import (
+    EVENT_MAX,
+    EVENTS_MAX,
+    LAUNCHER_EVENTS,
+    LINE_MAX,
+    MARK,
+    RANK_EVENTS,
+    RANK_TAG,
+    MalformedEvent,
+    parse_event,
+    untag,
+)
 from lab.transport import (
     PACKAGE_DIR,
     RankProcess,
@@ -83,10 +96,9 @@ log = logging.getLogger(__name__)
 
 TAIL_LINES = 200  # the last lines of each rank's output kept (for the report)
 SHOWN_LINES = 1000  # lines of each rank's output passed on to ``on_line``; the rest is counted, not shown
-LINE_MAX = 4096  # bytes kept of a line of output; the rest of a longer one is counted and dropped
+# LINE_MAX (lab.rank.protocol): bytes kept of a line of output; the rest of a longer one is counted and dropped
 # EVENT_MAX (lab.rank.protocol): bytes an event line may have; a longer marked line is its sender's failure
 OUTPUT_MAX = 64 << 20  # bytes of a rank's output whose lines are kept; past it they are counted only
-EVENTS_MAX = 64 << 20  # bytes of event lines read from one stream; past it they are dropped (its sender failed)
 QUEUE_MAX = 1024  # lines read and not yet handled; when full, the readers (and the ranks) wait
 BATCH = 256  # queued items handled between two looks at the processes and the clock
 DUMP_MAX = 10_000  # lines of one rank's stack dump kept
@@ -119,16 +131,18 @@ class Output:
                 self.last.append(_PAST_MAX)
             return self.lines
 
-    def add_block(self, block: bytes) -> None:
-        """Count a block of whole lines (each ends with its newline) and keep its last ones (up to
-        OUTPUT_MAX bytes printed)."""
+    def add_block(self, block: bytes, tag: bytes = b"") -> None:
+        """Count a block of whole lines (each ends with its newline and starts with ``tag``, which
+        is not the rank's) and keep its last ones (up to OUTPUT_MAX bytes printed)."""
+        lines = block.count(b"\n")
         with self.lock:
             before = self.size
-            self.lines += block.count(b"\n")
-            self.size += len(block)
+            self.lines += lines
+            self.size += len(block) - lines * len(tag)
             if before > OUTPUT_MAX:
                 return
-        last = [_text(raw.rstrip(b"\r"), len(raw) + 1) for raw in block[:-1].rsplit(b"\n", TAIL_LINES)[-TAIL_LINES:]]
+        last = [_text(raw[len(tag):].rstrip(b"\r"), len(raw) + 1 - len(tag))
+                for raw in block[:-1].rsplit(b"\n", TAIL_LINES)[-TAIL_LINES:]]
         with self.lock:
             self.last.extend(last if self.size <= OUTPUT_MAX else [*last, _PAST_MAX])
 
@@ -178,10 +192,6 @@ class LaunchState:
     @property
     def color(self) -> int:
         return self.launch.ranks[0] if self.launch.ranks else 0
-
-    @property
-    def carries_one_rank(self) -> bool:
-        return self.launcher == "lab"
 
     @property
     def finished(self) -> bool:
@@ -410,8 +420,7 @@ def _start(plan: Plan, launch: Launch, transport: Transport) -> RankProcess:
         assert transport.run_dir is not None
         return transport.start([transport.python, *launch.args], launch.env, transport.run_dir)
     except OSError as exc:
-        what = f"rank {launch.ranks[0]}" if plan.launcher == "lab" else plan.launcher
-        raise RunError(f"host {launch.host}: cannot start {what}: {exc}") from exc
+        raise RunError(f"host {launch.host}: cannot start its ranks ({plan.launcher}): {exc}") from exc
 
 
 @dataclass
@@ -431,18 +440,14 @@ class _Reader:
         """Queue each event line whole, count each other line for its rank and queue the first
         SHOWN_LINES of them (all of stderr while ranks dump their stacks); queue "end" at the end."""
         prefix = f"{MARK}{self.token} ".encode() if self.stream == "out" else b""
-        only = self.states[self.launch.launch.ranks[0]].output if self.launch.carries_one_rank else None
-
-        def in_blocks() -> bool:  # the stream's only rank is past SHOWN_LINES: count its lines by the block
-            return only is not None and only.lines > SHOWN_LINES and not (
-                self.stream == "err" and self.dumping.is_set())
-
         events = 0  # bytes of event lines read
         try:
-            for raw, size, kind in _lines(stream, prefix, in_blocks):
+            for raw, size, kind in _lines(stream, prefix, self._in_blocks, self._block):
                 self.launch.active_at = time.monotonic()
-                if kind == "lines" and only is not None:
-                    only.add_block(raw)
+                if kind == "lines":  # one rank's lines (_block)
+                    tag = _TAGGED.match(raw)
+                    assert tag is not None
+                    self.states[int(tag[1])].output.add_block(raw, tag[0])
                 elif prefix and raw.startswith(prefix):  # an event line: whole, or too long to be one
                     events += size
                     if kind != "whole":
@@ -454,9 +459,8 @@ class _Reader:
                         self._put("bad", self._sender(raw), f"sent more than {EVENTS_MAX >> 20} MiB of events "
                                                             f"(the rest were dropped)")
                 else:
-                    whose, text = _whose_line(self.launch, self.states, _text(raw, size, kind == "whole"))
-                    if isinstance(whose, RankState) and only is None:  # as the rank printed it: less its tag
-                        size -= len(rank_tag(whose.spec.rank))
+                    whose, body, size, whole = _whose_line(self.launch, self.states, raw, size, kind == "whole")
+                    text = _text(body, size, whole)
                     count = whose.output.add(text, size)
                     if count <= SHOWN_LINES or (self.stream == "err" and self.dumping.is_set()):
                         self._put(self.stream, whose, text)
@@ -470,11 +474,27 @@ class _Reader:
             self._put("end", None, "")
 
     def _sender(self, raw: bytes) -> RankState | LaunchState:
-        """The rank an event line came from: the launch's only rank, else the rank the line names
-        at its start (a line too long to be read whole), else the launch."""
-        if self.launch.carries_one_rank:
-            return self.states[self.launch.launch.ranks[0]]
+        """The rank an event line came from: the one the line names at its start (a line too long
+        to be read whole), else the launch."""
         return _claimed(raw[:200].decode("utf-8", "replace"), self.states) or self.launch
+
+    def _in_blocks(self) -> bool:
+        """Whether to look for blocks: one of the launch's ranks is past SHOWN_LINES (and this is
+        not stderr while ranks dump their stacks)."""
+        return any(self.states[r].output.lines > SHOWN_LINES for r in self.launch.launch.ranks) and not (
+            self.stream == "err" and self.dumping.is_set())
+
+    def _block(self, data: bytes) -> int:
+        """How much of ``data`` (whole lines, buffered) to take as one block: the lines at its
+        start that are one rank's, if that rank is past SHOWN_LINES (0: none)."""
+        found = _TAGGED.match(data)
+        if found is None:
+            return 0
+        rank = int(found[1])
+        if not (rank < len(self.states) and self.states[rank].output.lines > SHOWN_LINES):
+            return 0
+        other = _other_line(found[0]).search(data, 0, len(data) - 1)  # (data ends with a line end)
+        return other.start() + 1 if other else len(data)
 
     def _put(self, kind: str, whose: RankState | LaunchState | None, text: str) -> None:
         """Queue an item; wait while the queue is full, unless the run is over."""
@@ -487,10 +507,20 @@ class _Reader:
             return
 
 
+_TAGGED = re.compile(re.escape(RANK_TAG.encode()) + rb"(\d{1,9}) ")
+
+
+@functools.cache
+def _other_line(tag: bytes) -> re.Pattern[bytes]:
+    """A line end followed by a line that does not start with ``tag``."""
+    return re.compile(rb"\n(?!" + re.escape(tag) + rb")")
+
+
 LineKind = Literal["whole", "cut", "lines"]
 
 
-def _lines(stream: IO[bytes], prefix: bytes, in_blocks: Callable[[], bool]) -> Iterator[tuple[bytes, int, LineKind]]:
+def _lines(stream: IO[bytes], prefix: bytes, in_blocks: Callable[[], bool],
+           block: Callable[[bytes], int] = len) -> Iterator[tuple[bytes, int, LineKind]]:
     """The lines of ``stream``, each as (its start without its line end, its length in bytes as
     printed, "whole" or "cut"). A line longer than EVENT_MAX is cut: its rest is read in pieces
     and dropped, never held. An event line (``prefix``; b"": none) that output without a line end
@@ -498,18 +528,21 @@ def _lines(stream: IO[bytes], prefix: bytes, in_blocks: Callable[[], bool]) -> I
     writes one in pieces, and its channel may write between them) comes first, and the long line
     goes on after it.
 
-    While ``in_blocks()``, whole lines already read (a buffered stream's) come as one block,
-    (their bytes, line ends and all, their length, "lines"), unless an event is among them:
-    a flood then costs a pass over its bytes, not a turn of this loop per line."""
+    While ``in_blocks()``, whole lines already read (a buffered stream's), as many at their start
+    as ``block(lines)`` says, come as one block (their bytes, line ends and all, their length,
+    "lines"), unless an event is among them: a flood then costs a pass over its bytes, not a turn
+    of this loop per line."""
     peek = getattr(stream, "peek", None)  # a pipe's (not paramiko's): the bytes read and not yet taken
     carried = b""  # the start of the next line, already read
     while True:
         if not carried and peek is not None and in_blocks():
-            data = peek(EVENT_MAX)  # what is buffered (blocks only while nothing is)
+            data = peek(EVENT_MAX)  # what is buffered (reads only while nothing is)
             end = data.rfind(b"\n") + 1
             if end > 0 and (not prefix or data.find(prefix, 0, end) < 0):
-                yield stream.read(end), end, "lines"
-                continue
+                taken = block(data[:end])
+                if taken:
+                    yield stream.read(taken), taken, "lines"
+                    continue
         room = EVENT_MAX - len(carried)
         raw = carried if carried.endswith(b"\n") or room <= 0 else carried + stream.readline(room)
         carried = b""
@@ -558,7 +591,7 @@ def _watch(plan: Plan, launches: list[LaunchState], states: list[RankState], run
             elif kind == "event":
                 _on_event(plan, launch, states, runs, line)
             elif kind == "bad":
-                _violation(runs, _rank_of(launch, states, whose), line)
+                _violation(runs, whose if isinstance(whose, RankState) else states[launch.launch.ranks[0]], line)
             elif whose is not None:
                 on_line(whose, kind, line)
         now = time.monotonic()
@@ -571,7 +604,10 @@ def _watch(plan: Plan, launches: list[LaunchState], states: list[RankState], run
             if launch.exited_at is not None and not launch.settled and (
                     launch.open_streams == 0 or now - max(launch.exited_at, launch.active_at) > STREAM_GRACE):
                 launch.settled = True
-                crashed_at = _ended(plan, launch, states, now) or crashed_at
+                ended = _ended(plan, launch, states, now)
+                crashed_at = crashed_at or ended
+        if crashed_at is None and any(s.died for s in states):  # (a host's launcher said one ended)
+            crashed_at = now
         if crashed_at is not None and now - crashed_at > CRASH_GRACE:
             return "crashed", []
         late = [s.spec.rank for s in states if s.exit_code is None and (
@@ -611,12 +647,16 @@ def _ended(plan: Plan, launch: LaunchState, states: list[RankState], now: float)
     return now if any(not state.done for state in mine) else None
 
 
-def _whose_line(launch: LaunchState, states: list[RankState], line: str) -> tuple[RankState | LaunchState, str]:
-    """The rank a line is from (its tag, or the launch's only rank), else the launch's own."""
-    if launch.carries_one_rank:
-        return states[launch.launch.ranks[0]], line
-    rank, text = untag(line)
-    return (states[rank], text) if rank is not None and 0 <= rank < len(states) else (launch, line)
+def _whose_line(launch: LaunchState, states: list[RankState], raw: bytes, size: int,
+                whole: bool) -> tuple[RankState | LaunchState, bytes, int, bool]:
+    """Whose a line of output is (its tag's rank, else the launch's own), and the line as it
+    printed it: (whose, its text or start, its size, whether ``text`` is all of it)."""
+    rank, body, cut = untag(raw)
+    if rank is None or not 0 <= rank < len(states):
+        return launch, raw, size, whole
+    if cut is not None:  # the start of a longer line, which the lab's launcher cut
+        return states[rank], body, cut, False
+    return states[rank], body, size - (len(raw) - len(body)), whole
 
 
 _RANK_FIELD = re.compile(r'"rank": ?(\d{1,9})\b')
@@ -629,34 +669,24 @@ def _claimed(line: str, states: list[RankState]) -> RankState | None:
     return states[rank] if 0 <= rank < len(states) else None
 
 
-def _rank_of(launch: LaunchState, states: list[RankState], whose: RankState | LaunchState | None) -> RankState:
-    """The rank to hold to account for what came through ``launch``: ``whose`` if it is a rank, else
-    the launch's first."""
-    return whose if isinstance(whose, RankState) else states[launch.launch.ranks[0]]
-
-
 def _on_event(plan: Plan, launch: LaunchState, states: list[RankState], runs: dict[str, ExerciseRun],
               line: str) -> None:
     """Check an event line of ``launch``'s stdout and apply it. One that breaks the protocol is not
-    applied: it is the failure of the rank that sent it (under ``--launcher lab`` the launch's rank,
-    whatever the event says; under a host's launcher the rank it names)."""
-    sender = states[launch.launch.ranks[0]] if launch.carries_one_rank else None
+    applied: it is the failure of the rank that sent it, the one it names (under ``--launcher lab``
+    the zygote has made sure of that: ``lab.rank.zygote``)."""
     try:
         event = parse_event(line, plan.token)
     except MalformedEvent as exc:
-        _violation(runs, sender or _claimed(line[:200], states) or states[launch.launch.ranks[0]],
+        _violation(runs, _claimed(line[:200], states) or states[launch.launch.ranks[0]],
                    f"sent a malformed event: {exc}")
         return
     if event is None:
         return
     kind = event["event"]
-    if kind not in RANK_EVENTS and not (kind == "exit" and not launch.carries_one_rank):
-        _violation(runs, sender or states[launch.launch.ranks[0]], f"sent a {kind!r} event, which no rank sends")
+    if kind not in RANK_EVENTS | LAUNCHER_EVENTS:
+        _violation(runs, states[launch.launch.ranks[0]], f"sent a {kind!r} event, which no rank sends")
         return
     rank: int = event["rank"]
-    if sender is not None and rank != sender.spec.rank:
-        _violation(runs, sender, f"sent an event as rank {rank} (a rank speaks for itself only)")
-        return
     if not 0 <= rank < len(states):
         _violation(runs, states[launch.launch.ranks[0]], f"sent an event as rank {rank}, which the run does not have")
         return
@@ -709,6 +739,9 @@ def _handle_event(plan: Plan, launch: LaunchState, state: RankState, runs: dict[
         state.fatal = event["error"]
     elif kind == "exit":  # a host's launcher says how this rank ended, before it ends itself
         state.exit_code, state.ended_at = event["code"], time.monotonic()
+        state.done |= bool(plan.script) and event["code"] == 0  # a script says nothing
+    elif kind == "bad":  # the lab's launcher says the rank broke the protocol
+        _violation(runs, state, event["what"])
     elif kind == "done":
         state.done = True
 

@@ -1,5 +1,8 @@
-"""``python -m lab.rank.node torchrun|spawn ...``: the one process per host of ``--launcher torchrun``
-and ``--launcher spawn``, which starts that host's ranks itself.
+"""``python -m lab.rank.node fork|torchrun|spawn ...``: the one process per host that starts that
+host's ranks itself.
+
+* ``fork --nprocs N --first-rank F PROGRAM`` (``--launcher lab``): imports torch once and forks
+  the host's ranks from itself, passing their streams on checked: see ``lab.rank.zygote``.
 
 * ``torchrun ARGS``: torchrun as ``python -m torch.distributed.run ARGS`` would run it, in this
   process. Its agent joins the c10d rendezvous, then starts the ranks, each in a session of its
@@ -108,8 +111,12 @@ def _rank(local_rank: int, first_rank: int, module: str, args: list[str]) -> Non
 
 
 def main() -> int:
-    stop_when_orphaned()
     kind, *args = sys.argv[1:]
+    if kind == "fork":  # (it watches stdin itself: it forks, so it starts no thread)
+        from lab.rank import zygote
+
+        return zygote.main(args)
+    stop_when_orphaned()
     return {"torchrun": torchrun, "spawn": spawn}[kind](args)
 
 

@@ -29,17 +29,19 @@ exec) and the token (``/proc/self/environ`` still holds the environment the rank
 and write event lines there. The controller limits what such lines can do: every event is
 validated here (:func:`parse_event`: the fields of its kind, their types), and one that is not
 valid is the failure of the rank it came through, named ("rank 1 sent a malformed event: ...");
-under ``--launcher lab`` an event's rank is the one whose stream it came through, and one that
-claims another rank fails its sender; a rank's ``step`` events cannot keep it alive past its
-exercise's deadline (the runner's watchdog).
+under ``--launcher lab`` an event's rank is the one whose pipe it came through (the host's
+zygote, ``lab.rank.zygote``, checks it), and one that claims another rank fails its sender; a
+rank's ``step`` events cannot keep it alive past its exercise's deadline (the runner's watchdog).
 
-Ranks that share one process's streams (a host's torchrun or mp.spawn) have every other line
-tagged with the rank that wrote it (``lab.rank.output``)::
+A host's ranks reach the controller through one process's streams (the host's launcher), so
+every other line is tagged with the rank that wrote it::
 
     <RANK_TAG><rank> <the line as the rank wrote it>
+    <RANK_TAG><rank>/<size> <the start of a longer line, of size bytes, that the zygote cut>
 
-Under those launchers the events of a host's ranks come through one stream, and the controller
-takes an event's rank from its ``rank`` field (each rank's channel is its own, as above).
+Under ``--launcher lab`` the zygote tags each line with the rank whose pipe it came through;
+under torchrun and mp.spawn each rank's relay (``lab.rank.output``) tags its own, and the
+controller takes an event's rank from its ``rank`` field (each rank's channel is its own, as above).
 
 The events, by who sends them (fields besides ``event``):
 
@@ -59,6 +61,9 @@ fatal     rank, error, traceback                      start-up failed outside an
 done      rank, failures                              the rank ran every stage
 exit      rank, code                                  a host's launcher (``lab.rank.node``) says how
                                                       one of its ranks ended, before it ends itself
+bad       rank, what                                  the lab's launcher (``lab.rank.zygote``) says
+                                                      one of its ranks broke the protocol: ``what``
+                                                      it sent (the event is not passed on)
 ports     ports                                       the port holder (``lab.rank.ports``) holds
                                                       these ports on rank 0's host for the run
 facts     see ``lab.rank.probe``                      the doctor's probe: the host's facts
@@ -79,6 +84,7 @@ import fcntl
 import json
 import math
 import os
+import re
 import sys
 import threading
 from typing import Any, Final, Literal, get_args
@@ -89,11 +95,14 @@ PID_MARK: Final = b"lab-pid:"  # the first line of every started process: its gr
 UNIT_SEPARATOR: Final = b"\x1f"  # the first byte of every mark: never in what a relay passes on
 NEUTRAL: Final = "\u241f".encode()  # what a relay writes in its place: ␟
 EVENT_MAX: Final = 1 << 20  # bytes an event line may have (a result is tens of KB); a longer one is no event
+LINE_MAX: Final = 4096  # bytes the controller keeps of a line of output; the rest of a longer one is counted
+EVENTS_MAX: Final = 64 << 20  # bytes of event lines taken from one rank (or one stream); past it they are dropped
 
-EventKind = Literal["hello", "step", "result", "error", "fatal", "done", "exit", "ports",
+EventKind = Literal["hello", "step", "result", "error", "fatal", "done", "exit", "bad", "ports",
                     "facts", "runtime", "links", "heard"]
 EVENT_KINDS: Final[frozenset[str]] = frozenset(get_args(EventKind))
 RANK_EVENTS: Final = frozenset({"hello", "step", "result", "error", "fatal", "done"})  # what a rank sends
+LAUNCHER_EVENTS: Final = frozenset({"exit", "bad"})  # what a host's launcher says of one of its ranks
 
 
 class MalformedEvent(ValueError):
@@ -113,6 +122,7 @@ FIELDS: Final[dict[str, dict[str, Type]]] = {
     "fatal": {"rank": "int", "error": "str", "traceback": "str"},
     "done": {"rank": "int", "failures": "int"},
     "exit": {"rank": "int", "code": "int"},
+    "bad": {"rank": "int", "what": "str"},
     "ports": {"ports": "list"},
 }
 OPTIONAL: Final[dict[str, frozenset[str]]] = {
@@ -234,18 +244,22 @@ def is_event_line(line: bytes) -> bool:
     return line.startswith(MARK.encode())
 
 
-def rank_tag(rank: int) -> bytes:
-    """The prefix of a line that ``rank`` wrote into streams it shares with other ranks."""
-    return f"{RANK_TAG}{rank} ".encode()
+def rank_tag(rank: int, size: int | None = None) -> bytes:
+    """The prefix of a line that ``rank`` wrote into streams it shares with other ranks; given
+    ``size``, of the start of a line of ``size`` bytes (its end included), cut by the lab's launcher."""
+    return f"{RANK_TAG}{rank}{'' if size is None else f'/{size}'} ".encode()
 
 
-def untag(line: str) -> tuple[int | None, str]:
-    """The rank a tagged line came from and the line as the rank wrote it; (None, line) if untagged."""
-    if line.startswith(RANK_TAG):
-        number, _, text = line[len(RANK_TAG):].partition(" ")
-        if number.isdigit():
-            return int(number), text
-    return None, line
+_TAG = re.compile(re.escape(RANK_TAG.encode()) + rb"(\d{1,9})(?:/(\d{1,15}))? ")
+
+
+def untag(line: bytes) -> tuple[int | None, bytes, int | None]:
+    """The rank a tagged line came from, the line as the rank wrote it (its start, if it was cut)
+    and, for a cut line, its size; (None, line, None) if it is not tagged."""
+    found = _TAG.match(line)
+    if found is None:
+        return None, line, None
+    return int(found[1]), line[found.end():], int(found[2]) if found[2] else None
 
 
 def lock_for(fd: int) -> int | None:

@@ -31,6 +31,6 @@ def run():
     env = {name: os.environ.get(name) for name in VARIABLES}
     rank, size = dist.get_rank(), dist.get_world_size()
     print(f"rank {rank} of {size}: " + " ".join(f"{k}={v}" for k, v in env.items() if v is not None))
-    # The process that started this rank: the lab's shell or the controller, or the host's
-    # torchrun agent or mp.spawn parent, which all of the host's ranks share.
+    # The process that started this rank, which all of the host's ranks share: the lab's zygote,
+    # the host's torchrun agent or its mp.spawn parent.
     return {"rank": rank, "world_size": size, "env": env, "pid": os.getpid(), "parent": os.getppid()}

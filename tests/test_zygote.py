@@ -1,0 +1,132 @@
+"""The lab's launcher (lab.rank.zygote): what it passes on from a rank's pipes is that rank's, whatever
+the rank writes into them, and the ranks it forks from one torch import run as if started alone."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lab.rank.protocol import EVENT_MAX, LINE_MAX, NEUTRAL, event_line, parse_event, rank_tag, untag
+from lab.rank.zygote import Passer
+
+from .conftest import REPO
+
+TOKEN = "tok"
+
+
+def event(kind: str, **fields: object) -> bytes:
+    return event_line(TOKEN, kind, **fields).encode()  # type: ignore[arg-type]
+
+
+def passed(data: bytes, rank: int = 1, events: bool = True, pieces: int = 7) -> list[bytes]:
+    """The lines a Passer passes on for ``data``, fed in pieces of ``pieces`` bytes, then closed."""
+    passer = Passer(rank, TOKEN, events)
+    out = b"".join(passer.feed(data[i:i + pieces]) for i in range(0, len(data), pieces)) + passer.close()
+    assert out.endswith(b"\n")
+    return out.split(b"\n")[:-1]
+
+
+def said(line: bytes) -> dict[str, object] | None:
+    return parse_event(line.decode(), TOKEN)
+
+
+def test_output_is_tagged_with_the_pipes_rank_and_its_own_events_pass_as_they_came() -> None:
+    done = event("done", rank=1, failures=0)
+    lines = passed(b"hello\n" + done + b"two\nlines\na last one")
+    assert lines == [rank_tag(1) + b"hello", done[:-1], rank_tag(1) + b"two", rank_tag(1) + b"lines",
+                     rank_tag(1) + b"a last one"]
+
+
+@pytest.mark.parametrize("line, what", [
+    (event("done", rank=0, failures=0), "sent an event as rank 0 (a rank speaks for itself only)"),
+    (event("exit", rank=1, code=0), "sent a 'exit' event, which no rank sends"),
+    (event("bad", rank=0, what="framed"), "sent a 'bad' event, which no rank sends"),
+    (b"\x1flab:tok [1]\n", "sent a malformed event: not an object but a list"),
+    (b'\x1flab:tok {"event": "step", "rank": 1}\n', "sent a malformed event: a 'step' event without its 'step'"),
+])
+def test_an_event_that_is_not_the_ranks_own_is_dropped_and_named_as_its_failure(line: bytes, what: str) -> None:
+    assert [said(x) for x in passed(line)] == [{"event": "bad", "rank": 1, "what": what}]
+
+
+def test_marks_that_start_no_event_of_the_run_are_output() -> None:
+    lines = passed(b"\x1flab:other-run {}\n" + rank_tag(0) + b"as rank 0\n" + b"err\x1flab:tok {}\n", events=False)
+    assert all(untag(line)[0] == 1 for line in lines), lines
+    assert b"\x1f" not in b"".join(untag(line)[1] for line in lines)
+    assert untag(lines[0])[1] == NEUTRAL + b"lab:other-run {}"
+    # on stdout too: a forged tag of another rank's is output of this one
+    assert [untag(line)[:2] for line in passed(rank_tag(0) + b"forged\n")] == [(1, NEUTRAL + b"lab-rank:0 forged")]
+
+
+def test_a_long_line_is_passed_on_cut_with_its_size_and_an_event_between_its_pieces_first(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("lab.rank.zygote.HOLD", 100)
+    result = event("result", rank=1, exercise="p2p", value=[1], seconds=0.1)
+    long = b"z" * 10_000
+    lines = passed(long + result + long + b"\nafter\n", pieces=4096)
+    assert lines[0] == result[:-1]  # the relay wrote it between two pieces of the long line
+    assert untag(lines[1]) == (1, long[:LINE_MAX], 20_001)  # its start, and its size as printed
+    assert lines[2] == rank_tag(1) + b"after" and len(lines) == 3
+    # a last line without its end, still long at the end of the stream
+    assert untag(passed(long, pieces=4096)[0]) == (1, long[:LINE_MAX], 10_001)
+
+
+def test_an_event_line_longer_than_an_event_may_be_is_dropped_and_named() -> None:
+    lines = passed(b"\x1flab:tok " + b"x" * (EVENT_MAX + 10) + b"\nnext\n", pieces=65536)
+    assert said(lines[0]) == {"event": "bad", "rank": 1,
+                              "what": f"sent an event line longer than {EVENT_MAX} bytes"}
+    assert lines[1:] == [rank_tag(1) + b"next"]
+
+
+FORKED = """
+import os, sys
+from lab.rank import zygote
+sys.argv[1:] = []
+sys.exit(zygote.main(["--nprocs", "3", "--first-rank", "4", "-m", "child"]))
+"""
+
+CHILD = """
+import os, sys, atexit
+import torch  # already imported: the zygote's
+from lab.rank.protocol import emit
+from lab.rank.worker import start_rank
+from lab.rank import protocol
+
+def main():
+    start_rank()
+    rank = int(os.environ["RANK"])
+    atexit.register(print, f"atexit of {rank}")
+    emit("tok", "done", rank=rank, failures=0)
+    if rank == 5:
+        emit("tok", "done", rank=4, failures=0)  # another's name
+    print(f"rank {rank} local {os.environ['LOCAL_RANK']} torch {'torch' in sys.modules}", flush=True)
+    if rank == 6:
+        os.kill(os.getpid(), 9)
+    sys.exit(3 if rank == 5 else None)
+"""
+
+
+def test_the_zygote_forks_its_ranks_and_reports_each_ones_end(tmp_path: Path) -> None:
+    (tmp_path / "child.py").write_text(CHILD)
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{tmp_path}", "LAB_TOKEN": TOKEN, "OMP_NUM_THREADS": "1"}
+    stdin, held_open = os.pipe()  # (the zygote ends its group when its stdin closes: the controller is gone)
+    try:
+        zygote = subprocess.run([sys.executable, "-c", FORKED], stdin=stdin, capture_output=True, env=env,
+                                cwd=tmp_path, timeout=120, start_new_session=True)
+    finally:
+        os.close(stdin)
+        os.close(held_open)
+    assert zygote.returncode == 1, zygote.stderr  # not every rank ended with status 0
+    lines = zygote.stdout.splitlines()
+    events = [said(line) for line in lines if line.startswith(b"\x1f")]
+    exits = {e["rank"]: e["code"] for e in events if e and e["event"] == "exit"}
+    assert exits == {4: 0, 5: 3, 6: -9}, events
+    assert {"event": "bad", "rank": 5, "what": "sent an event as rank 4 (a rank speaks for itself only)"} in events
+    assert sorted(e["rank"] for e in events if e and e["event"] == "done") == [4, 5, 6]
+    output = {untag(line)[:2] for line in lines if not line.startswith(b"\x1flab:")}
+    assert {(r, f"rank {r} local {r - 4} torch True".encode()) for r in (4, 5, 6)} <= output, output
+    assert {(4, b"atexit of 4"), (5, b"atexit of 5")} <= output  # the program ended as the interpreter would
+    assert not json.dumps(sorted(str(x) for x in output)).count("atexit of 6")  # (killed: no atexit)
