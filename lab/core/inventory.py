@@ -244,6 +244,9 @@ def _host_directory(key: str, node: Node, base_dir: str) -> str:
     value = _text(key, node, base_dir)
     if not value.startswith("/"):
         raise _Invalid(f"{key} must be an absolute path on the host, got {_shown(node)}")
+    if not _PATH.match(value):
+        raise _invalid(key, value, "an absolute path of letters, digits and '_', '.', '/', '+', '@', ',', '=', "
+                                   "'-' only")
     return value.rstrip("/") or "/"
 
 
@@ -271,6 +274,8 @@ _INTERFACE = re.compile(r"(?!\.\.?\Z)[A-Za-z0-9_.:][A-Za-z0-9_.:-]{0,14}\Z")  # 
 _LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
 _HOST_NAME = re.compile(rf"(?=.{{1,253}}\Z){_LABEL}(?:\.{_LABEL})*\.?\Z")
 _LOGIN = re.compile(r"(?=.{1,32}\Z)[A-Za-z0-9_][A-Za-z0-9_.-]*\$?\Z")  # POSIX portable user names (and Samba's $)
+_PATH = re.compile(r"/[A-Za-z0-9_./+@,=-]*\Z")
+_CONTAINER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}\Z")  # Docker's container names (and ids)
 _COMMAND = re.compile(r"/[A-Za-z0-9_./+-]*\Z|[A-Za-z0-9_.+][A-Za-z0-9_.+-]*\Z")  # absolute path, or a bare name
 
 
@@ -306,6 +311,14 @@ def _login(key: str, node: Node, base_dir: str) -> str:
     if not _LOGIN.match(value):
         raise _invalid(key, value, "a user name: up to 32 of letters, digits, '_', '.' and '-', not starting "
                                    "with '-', perhaps ending in '$'")
+    return value
+
+
+def _container(key: str, node: Node, base_dir: str) -> str:
+    value = _text(key, node, base_dir)
+    if not _CONTAINER.match(value):
+        raise _invalid(key, value, "a Docker container name or id: letters, digits, '_', '.' and '-', starting "
+                                   "with a letter or digit")
     return value
 
 
@@ -370,7 +383,7 @@ _VARS: dict[str, tuple[str, _Reader]] = {
     "data_address": ("data_address", _address),
     "network_interface": ("network_interface", _interface),
     "shared_dir": ("shared_dir", _host_directory),
-    "docker_container": ("container", _text),
+    "docker_container": ("container", _container),
     "grade_users": ("grade_users", _user_names),
 }
 
