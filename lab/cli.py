@@ -219,7 +219,8 @@ def _cluster_options(parser: argparse.ArgumentParser) -> None:
 
 def _launcher_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--launcher", choices=LAUNCHERS, default="lab",
-                        help="who starts the ranks: lab (each rank, the settings in its environment), "
+                        help="who starts the ranks: lab (each rank, the settings in its environment, "
+                             "forked from one process per host that imported torch once), "
                              "torchrun (one per host: c10d rendezvous on rank 0's host, torchrun numbers "
                              "the ranks), spawn (one process per host that mp.spawns its ranks) (default lab)")
 

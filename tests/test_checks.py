@@ -504,6 +504,17 @@ def test_ring_inputs_and_sums_are_exact_in_every_dtype() -> None:
     assert ring_cases.expected_value(4, 0) == 55000
 
 
+@pytest.mark.parametrize("count", [0, 1, 12, 13, 14, 65, 4099, 65537])
+def test_the_ring_digests_weighted_sum_weighs_every_position_and_tells_a_permutation(count: int) -> None:
+    values = [ring_cases.expected_value(5, i) for i in range(count)]
+    by_definition = sum(v * (i % 13 + 1) for i, v in enumerate(values))
+    assert ring_cases.weighted_sum(values) == by_definition
+    assert ring_cases.weighted_sum([float(v) for v in values]) == float(by_definition)  # (exact in float64)
+    if count > 1:
+        swapped = [values[1], values[0], *values[2:]]
+        assert (ring_cases.weighted_sum(swapped) == by_definition) == (values[0] == values[1])
+
+
 @pytest.mark.parametrize("n", [2, 3, 4, 5])
 def test_ring_samples_cover_both_ends_and_every_piece_boundary(n: int) -> None:
     count = 4099

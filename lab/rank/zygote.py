@@ -60,7 +60,7 @@ from lab.rank.worker import RELAY_WAIT, TOKEN_VAR, WATCHED_BY_PARENT
 # What every rank imports, imported here once before the ranks are forked. A module that fails to
 # import is left to the ranks, which report the error as theirs (a host without torch, say).
 PRELOAD = ("torch", "torch.distributed", "torch.multiprocessing", "torch.nn.parallel", "torch.utils.data",
-           "lab.rank.calls", "lab.rank.worker", "lab.rank.script")
+           "lab.rank.calls", "lab.rank.worker", "lab.rank.script", "lab.suite.registry")
 READ = 65536  # bytes read from a rank's pipe at a time
 STREAMS_WAIT = RELAY_WAIT + 0.5  # seconds a rank's streams get to end after it has
 

@@ -21,6 +21,7 @@ SHAPES: tuple[tuple[int, ...], ...] = ((0,), (1,), (2,), (3,), (5,), (7,), (3, 7
                                        (1000,), (4099,), (65537,))
 DTYPES: tuple[str, ...] = ("float32", "float64", "int64", "int32")
 LIST_LIMIT = 64  # a result of at most this many elements is reported whole
+WEIGHTS = 13  # the digest's weights are 1..13, by position
 PERIOD = 1009  # the formula repeats after this many positions (a prime: no world size divides it)
 
 
@@ -57,11 +58,6 @@ def sample_positions(count: int, world_size: int) -> list[int]:
     return sorted(positions)
 
 
-def weight(i: int) -> int:
-    """The weight of position ``i`` in the digest's weighted sum (so a permutation shows)."""
-    return i % 13 + 1
-
-
 def digest(values: list[Any], world_size: int) -> dict[str, Any]:
     """What a rank reports of one flat result: every value when there are at most
     ``LIST_LIMIT``, else the values at :func:`sample_positions`, the sum and a weighted sum."""
@@ -70,7 +66,13 @@ def digest(values: list[Any], world_size: int) -> dict[str, Any]:
     return {"numel": len(values),
             "samples": [[p, values[p]] for p in sample_positions(len(values), world_size)],
             "sum": sum(values),
-            "weighted": sum(v * weight(i) for i, v in enumerate(values))}
+            "weighted": weighted_sum(values)}
+
+
+def weighted_sum(values: list[Any]) -> Any:
+    """The sum of ``values[i] * (i % WEIGHTS + 1)`` (so a permutation shows), a slice per weight
+    (exact in any order: every value and sum is an integer well below 2**53)."""
+    return sum((k + 1) * sum(values[k::WEIGHTS]) for k in range(WEIGHTS))
 
 
 def expected_digest(shape: tuple[int, ...] | list[int], world_size: int) -> dict[str, Any]:
