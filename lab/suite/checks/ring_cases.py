@@ -25,8 +25,9 @@ WEIGHTS = 13  # the digest's weights are 1..13, by position
 PERIOD = 1009  # the formula repeats after this many positions (a prime: no world size divides it)
 
 
-def value(rank: int, i: int) -> int:
-    """Rank ``rank``'s input at flat position ``i``."""
+def value(rank: int, i: Any) -> Any:
+    """Rank ``rank``'s input at flat position ``i`` (an int; or a tensor of positions, the inputs at
+    each: the rank program builds its tensors so)."""
     return (rank + 1) * ((i % PERIOD) - 500) + 10000 * rank
 
 

@@ -82,10 +82,10 @@ def run_cases(rank, size, device, allreduce, ring_allreduce):
     """Every case through both functions; a digest of each result for the checker."""
     reports = {"allreduce": {}, "ring_allreduce": {}}
     for shape in SHAPES:
-        inputs = [value(rank, i) for i in range(numel(shape))]  # the formula the checker sums
+        inputs = value(rank, torch.arange(numel(shape)))  # the formula the checker sums, at every position
         for dtype_name in DTYPES:
             name = case_name(shape, dtype_name)
-            send = torch.tensor(inputs, dtype=getattr(torch, dtype_name), device=device).reshape(shape)
+            send = inputs.to(dtype=getattr(torch, dtype_name), device=device).reshape(shape)
 
             recv = torch.zeros_like(send)
             allreduce(send, recv)
