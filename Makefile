@@ -6,6 +6,7 @@ STAMP  := $(VENV)/.installed
 NPROC  ?= 4
 LAUNCHER ?= lab
 TOPOLOGY ?= plain
+SCHEDULER ?= none
 NAME ?= lab
 LAB_UP_ARGS ?=
 
@@ -39,8 +40,8 @@ test-unit: venv ## run the fast tests only (no processes, sshd or Docker)
 run: venv ## run every exercise on the local cluster (NPROC=4 ranks, LAUNCHER=lab|torchrun|spawn)
 	$(PY) -m lab run all --nproc $(NPROC) --launcher $(LAUNCHER)
 
-lab-up: venv ## build the image, start the 4-host lab NAME (TOPOLOGY=plain|cross-vpc), write its inventory, smoke-test it
-	$(PY) -m lab up --name $(NAME) --topology $(TOPOLOGY) $(LAB_UP_ARGS)
+lab-up: venv ## build the image, start the 4-host lab NAME (TOPOLOGY=plain|cross-vpc, SCHEDULER=none|slurm), write its inventory, smoke-test it
+	$(PY) -m lab up --name $(NAME) --topology $(TOPOLOGY) --scheduler $(SCHEDULER) $(LAB_UP_ARGS)
 
 lab-down: venv ## remove every container, network and volume of the lab NAME (default lab)
 	$(PY) -m lab down --name $(NAME)

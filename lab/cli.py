@@ -28,6 +28,7 @@ from lab.containerlab.image import DEFAULT_BASE, OFFLINE
 from lab.containerlab.sandbox import Limits
 from lab.containerlab.topology import (
     DEFAULT_LAB,
+    SCHEDULERS,
     TOPOLOGIES,
     HostLimits,
     LabPaths,
@@ -139,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="plain: one network; cross-vpc: two private networks joined only through a NAT "
                          "gateway, like two cloud VPCs (default plain)")
     up.add_argument("--peering", action="store_true", help="cross-vpc: route between the private networks")
+    up.add_argument("--scheduler", choices=SCHEDULERS, default="none",
+                    help="slurm: the hosts also form a Slurm cluster (slurmctld on node1, slurmd on every "
+                         "host, munge with a key of the lab's own; plain topology) (default none)")
     up.add_argument("--base", default=DEFAULT_BASE, metavar="IMAGE",
                     help=f"base image (default {DEFAULT_BASE}); '{OFFLINE}' builds a Debian base with "
                          f"debootstrap, as happens when the base cannot be pulled")
@@ -466,7 +470,8 @@ def _one_exercise(name: str) -> registry.Exercise:
 def cmd_up(args: argparse.Namespace) -> int:
     if args.peering and args.topology != "cross-vpc":
         raise UsageError("--peering is for --topology cross-vpc")
-    topology = Topology(args.hosts, args.slots, args.topology, args.name)  # checked before anything starts
+    topology = Topology(args.hosts, args.slots, args.topology, args.name,  # checked before anything starts
+                        scheduler=args.scheduler)
     console = Console(highlight=False)
     say = _sayer(console)
     request = UpRequest(topology, Path(args.inventory or default_inventory(args.name)), args.base, args.gpus,
@@ -561,9 +566,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
     if not found:
         console.print("no lab is running; start one with `make lab-up` or `python -m lab up --name NAME`")
         return ExitCode.OK
-    table = Table("name", "topology", "hosts", "slots", "state", "subnets", "inventory")
+    table = Table("name", "topology", "scheduler", "hosts", "slots", "state", "subnets", "inventory")
     for lab in found:
-        table.add_row(lab.name, lab.kind, str(lab.hosts), str(lab.slots),
+        table.add_row(lab.name, lab.kind, lab.scheduler, str(lab.hosts), str(lab.slots),
                       Text(lab.state, style="green" if lab.state == "running" else "yellow"),
                       ", ".join(lab.subnets), default_inventory(lab.name))
     console.print(table)

@@ -23,6 +23,7 @@ from docker.errors import APIError, NotFound
 from docker.models.containers import Container
 from docker.models.networks import Network
 
+from lab.containerlab import slurm
 from lab.containerlab.crossvpc import untrack_bridge
 from lab.containerlab.engine import EngineError, Say
 from lab.containerlab.topology import (
@@ -31,11 +32,13 @@ from lab.containerlab.topology import (
     LABEL,
     NAME_LABEL,
     ROLE,
+    SCHEDULER_LABEL,
     SHARED_DIR,
     SLOTS_LABEL,
     TOPOLOGY_LABEL,
     HostLimits,
     LabPaths,
+    Scheduler,
     Topology,
     TopologyKind,
     peer_names,
@@ -211,9 +214,12 @@ def _start_host(client: docker.DockerClient, topology: Topology, i: int, image: 
         pass
     say(f"starting {name} ({topology.name(i)}, {address})")
     endpoint = client.api.create_endpoint_config(ipv4_address=address, aliases=[topology.name(i)])
+    binds = {str(paths.key.with_suffix(".pub").resolve()): {"bind": "/etc/lab/authorized_keys", "mode": "ro"},
+             topology.volume: {"bind": SHARED_DIR, "mode": "rw"}}
+    if topology.scheduler == "slurm":
+        binds[str(paths.slurm_conf.resolve())] = {"bind": slurm.CONF_PATH, "mode": "ro"}
     host_config = client.api.create_host_config(
-        binds={str(paths.key.with_suffix(".pub").resolve()): {"bind": "/etc/lab/authorized_keys", "mode": "ro"},
-               topology.volume: {"bind": SHARED_DIR, "mode": "rw"}},
+        binds=binds,
         # Every peer address answers from /etc/hosts at once: a reverse lookup that waits for
         # an unreachable resolver stalls torch's rendezvous by 10 s or more.
         shm_size="1g", init=True, extra_hosts=peer_names(topology, i),
@@ -351,6 +357,7 @@ class LabSummary:
     slots: int
     running: int  # hosts whose container runs
     subnets: tuple[str, ...]
+    scheduler: str = "none"
 
     @property
     def state(self) -> str:
@@ -366,7 +373,8 @@ def labs(client: docker.DockerClient) -> list[LabSummary]:
     nets = lab_networks(client, None)
     return [LabSummary(name, found[0].labels.get(TOPOLOGY_LABEL, "?"), len(found),
                        int(found[0].labels.get(SLOTS_LABEL, "1")), sum(c.status == "running" for c in found),
-                       tuple(s for n in nets if _of_lab(n.attrs.get("Labels"), name) for s in _subnets(n)))
+                       tuple(s for n in nets if _of_lab(n.attrs.get("Labels"), name) for s in _subnets(n)),
+                       found[0].labels.get(SCHEDULER_LABEL, "none"))
             for name, found in sorted(by_lab.items())]
 
 
@@ -377,7 +385,8 @@ def running_topology(client: docker.DockerClient, lab: str) -> Topology:
         raise EngineError(f"no lab named {lab} is running: start one with `python -m lab up --name {lab}`")
     kind: TopologyKind = "cross-vpc" if summary.kind == "cross-vpc" else "plain"
     subnets = {n.name: _subnets(n) for n in lab_networks(client, lab)}
-    shape = Topology(summary.hosts, summary.slots, kind, lab)
+    scheduler: Scheduler = "slurm" if summary.scheduler == "slurm" else "none"
+    shape = Topology(summary.hosts, summary.slots, kind, lab, scheduler=scheduler)
     return replace(shape, subnets=tuple((subnets.get(n.name) or [n.subnet])[0] for n in shape.networks()))
 
 

@@ -46,7 +46,7 @@ DEFAULT_BASE = f"pytorch/pytorch:{TORCH_VERSION}-cuda12.8-cudnn9-runtime"  # the
 OFFLINE = "offline"  # --base offline: skip the pull, build the debootstrap base
 WHEEL_PYTHON = "3.11"  # Debian bookworm's python3, the offline base's interpreter
 DEBOOTSTRAP_PACKAGES = ("python3", "python3-pip", "openssh-server", "iproute2", "iptables",
-                        "ca-certificates", "procps", "iputils-ping", "netcat-openbsd")
+                        "ca-certificates", "procps", "iputils-ping", "netcat-openbsd", "slurm-wlm", "munge")
 HOST_IMAGE = "lab-host"
 BASE_IMAGE = "lab-base"
 
@@ -117,8 +117,14 @@ def offline_base(client: docker.DockerClient, state_dir: Path, say: Say, progres
     archive = root.with_suffix(".tar")
     try:
         say(f"debootstrap: Debian bookworm into {root} (about a minute)")
-        _stream([debootstrap, "--variant=minbase", f"--include={','.join(DEBOOTSTRAP_PACKAGES)}",
-                 "bookworm", str(root)], progress)
+        try:
+            _stream([debootstrap, "--variant=minbase", f"--include={','.join(DEBOOTSTRAP_PACKAGES)}",
+                     "bookworm", str(root)], progress)
+        except EngineError as exc:  # its log goes with the root: say what it says first
+            log_file = root / "debootstrap" / "debootstrap.log"
+            lines = log_file.read_text(errors="replace").splitlines() if log_file.exists() else []
+            cause = next((line for line in reversed(lines) if line.startswith(("E:", "dpkg:"))), None)
+            raise EngineError(f"{exc}{f' ({cause.strip()})' if cause else ''}") from None
         say(f"importing {root} as {tag}")
         subprocess.run(["tar", "-C", str(root), "-cf", str(archive), "."], check=True, timeout=600)
         repository, version = tag.split(":")

@@ -20,6 +20,7 @@ LABEL = "lab.managed"
 NAME_LABEL = "lab.name"  # which lab a container, network or volume belongs to
 ROLE = "lab.role"
 TOPOLOGY_LABEL = "lab.topology"
+SCHEDULER_LABEL = "lab.scheduler"
 SLOTS_LABEL = "lab.slots"
 DEFAULT_LAB = "lab"
 FIRST_HOST = 11  # node1 is .11, node2 .12, ...
@@ -32,6 +33,8 @@ SHARED_DIR = "/shared"
 PYTHON = "/usr/local/bin/lab-python"
 TopologyKind = Literal["plain", "cross-vpc"]
 TOPOLOGIES: tuple[TopologyKind, ...] = get_args(TopologyKind)
+Scheduler = Literal["none", "slurm"]  # what else runs on the hosts: a Slurm cluster (lab.containerlab.slurm)
+SCHEDULERS: tuple[Scheduler, ...] = get_args(Scheduler)
 # The subnets a lab takes when they are free on the engine (up picks others when they are not):
 # plain, one network; cross-vpc, VPC a, VPC b and the "internet" of the external addresses.
 DEFAULT_SUBNETS: dict[TopologyKind, tuple[str, ...]] = {
@@ -99,9 +102,13 @@ class Topology:
     kind: TopologyKind = "plain"
     lab: str = DEFAULT_LAB
     subnets: tuple[str, ...] = ()
+    scheduler: Scheduler = "none"
 
     def __post_init__(self) -> None:
         check_lab_name(self.lab)
+        if self.scheduler == "slurm" and self.kind != "plain":
+            raise UsageError("--scheduler slurm needs --topology plain (Slurm across the NAT of the "
+                             "cross-VPC lab is not supported yet)")
         if not self.subnets:
             object.__setattr__(self, "subnets", DEFAULT_SUBNETS[self.kind])
         if len(self.subnets) != len(DEFAULT_SUBNETS[self.kind]):
@@ -135,7 +142,8 @@ class Topology:
 
     def labels(self, role: str) -> dict[str, str]:
         """What marks a container of this lab (``lab up`` compares them, compose/lab.yml sets them)."""
-        return {LABEL: "1", NAME_LABEL: self.lab, ROLE: role, TOPOLOGY_LABEL: self.kind}
+        return {LABEL: "1", NAME_LABEL: self.lab, ROLE: role, TOPOLOGY_LABEL: self.kind,
+                SCHEDULER_LABEL: self.scheduler}
 
     def network(self, i: int) -> Net:
         if self.kind == "plain":
@@ -202,6 +210,15 @@ class LabPaths:
     @property
     def known_hosts(self) -> Path:
         return self.own / "known_hosts"
+
+    @property
+    def munge_key(self) -> Path:
+        """The lab's munge key (``--scheduler slurm``): made by ``lab up``, never in the image."""
+        return self.own / "munge.key"
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.own / "slurm.conf"
 
 
 def peer_names(topology: Topology, i: int) -> list[str]:

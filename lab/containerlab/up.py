@@ -2,7 +2,8 @@
 
 The steps, each idempotent (a second ``up`` of the same lab takes seconds): the engine (installed
 and started where allowed), the lab's SSH key, the host image, the networks, the hosts, the
-cross-VPC gateway, the hosts' keys into known_hosts, sshd answering, the inventory written.
+cross-VPC gateway, the hosts' keys into known_hosts, sshd answering, Slurm (``--scheduler
+slurm``: lab.containerlab.slurm), the inventory written.
 
 A ``lab up`` that fails or is interrupted removes every container, network and volume it
 created, and leaves what was there before it as it was. Labs of other names on the engine are
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from lab.containerlab import crossvpc, engine, hosts, image
+from lab.containerlab import crossvpc, engine, hosts, image, slurm
 from lab.containerlab.engine import Say
 from lab.containerlab.image import Progress
 from lab.containerlab.topology import HostLimits, LabPaths, Topology, inventory_text
@@ -41,6 +42,8 @@ def bring_up(request: UpRequest, say: Say, progress: Progress) -> Path:
     tag = image.ensure_image(client, request.base, paths.state, say, progress)
     gpus = request.gpus == "all" or (request.gpus == "auto" and "nvidia" in client.info().get("Runtimes", {}))
     before = hosts.lab_resources(client, topology.lab)
+    if topology.scheduler == "slurm":
+        slurm.write_files(topology, paths)
     try:
         hosts.ensure_networks(client, topology, say)
         containers = hosts.start_hosts(client, topology, tag, paths, gpus, say, request.limits)
@@ -49,6 +52,8 @@ def bring_up(request: UpRequest, say: Say, progress: Progress) -> Path:
             crossvpc.route_hosts_through_gateway(client, topology, tag)
         hosts.collect_host_keys(containers, topology, paths)
         hosts.wait_for_ssh(topology)
+        if topology.scheduler == "slurm":
+            slurm.start(topology, paths, say)
     except BaseException:
         removed = hosts.down(client, say, topology.lab, spare=before)
         say(f"lab up did not finish: removed the {removed} container(s), network(s) and volume(s) it created")
