@@ -82,10 +82,10 @@ def test_an_event_line_longer_than_an_event_may_be_is_dropped_and_named() -> Non
 
 
 FORKED = """
-import os, sys
+import argparse, os, sys
 from lab.rank import zygote
 sys.argv[1:] = []
-sys.exit(zygote.main(["--nprocs", "3", "--first-rank", "4", "-m", "child"]))
+sys.exit(zygote.main(argparse.Namespace(nprocs=3, first_rank=4, module="child", args=[])))
 """
 
 CHILD = """

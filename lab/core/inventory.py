@@ -298,28 +298,24 @@ def _address(key: str, node: Node, base_dir: str) -> str:
     return value
 
 
-def _interface(key: str, node: Node, base_dir: str) -> str:
-    value = _text(key, node, base_dir)
-    if not _INTERFACE.match(value):
-        raise _invalid(key, value, "a network interface name: 1 to 15 of letters, digits, '_', '.', ':' and '-', "
+def _matching(pattern: re.Pattern[str], allowed: str) -> _Reader:
+    """A reader of a string that must match ``pattern`` (``allowed`` says what that is)."""
+
+    def read(key: str, node: Node, base_dir: str) -> str:
+        value = _text(key, node, base_dir)
+        if not pattern.match(value):
+            raise _invalid(key, value, allowed)
+        return value
+
+    return read
+
+
+_interface = _matching(_INTERFACE, "a network interface name: 1 to 15 of letters, digits, '_', '.', ':' and '-', "
                                    "not starting with '-'")
-    return value
-
-
-def _login(key: str, node: Node, base_dir: str) -> str:
-    value = _text(key, node, base_dir)
-    if not _LOGIN.match(value):
-        raise _invalid(key, value, "a user name: up to 32 of letters, digits, '_', '.' and '-', not starting "
-                                   "with '-', perhaps ending in '$'")
-    return value
-
-
-def _container(key: str, node: Node, base_dir: str) -> str:
-    value = _text(key, node, base_dir)
-    if not _CONTAINER.match(value):
-        raise _invalid(key, value, "a Docker container name or id: letters, digits, '_', '.' and '-', starting "
+_login = _matching(_LOGIN, "a user name: up to 32 of letters, digits, '_', '.' and '-', not starting with '-', "
+                           "perhaps ending in '$'")
+_container = _matching(_CONTAINER, "a Docker container name or id: letters, digits, '_', '.' and '-', starting "
                                    "with a letter or digit")
-    return value
 
 
 def _python(key: str, node: Node, base_dir: str) -> str:

@@ -69,16 +69,21 @@ def torchrun(args: list[str]) -> int:
     return 0
 
 
-def spawn(args: list[str]) -> int:
-    import torch.multiprocessing as mp
-    from torch.multiprocessing.spawn import ProcessException
-
-    parser = argparse.ArgumentParser(prog="python -m lab.rank.node spawn")
+def host_ranks(kind: str, args: list[str]) -> argparse.Namespace:
+    """``--nprocs N --first-rank F -m MODULE ARGS``: the host's ranks, and the program each runs."""
+    parser = argparse.ArgumentParser(prog=f"python -m lab.rank.node {kind}")
     parser.add_argument("--nprocs", type=int, required=True)
     parser.add_argument("--first-rank", type=int, required=True)
     parser.add_argument("-m", dest="module", required=True)
     parser.add_argument("args", nargs=argparse.REMAINDER)
-    options = parser.parse_args(args)
+    return parser.parse_args(args)
+
+
+def spawn(args: list[str]) -> int:
+    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException
+
+    options = host_ranks("spawn", args)
     # The ranks in this group dump their stacks on SIGUSR1; this process and the start of each
     # rank (the disposition is inherited until the program installs its dump) ignore it.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
@@ -115,7 +120,7 @@ def main() -> int:
     if kind == "fork":  # (it watches stdin itself: it forks, so it starts no thread)
         from lab.rank import zygote
 
-        return zygote.main(args)
+        return zygote.main(host_ranks(kind, args))
     stop_when_orphaned()
     return {"torchrun": torchrun, "spawn": spawn}[kind](args)
 

@@ -184,13 +184,9 @@ class Rank:
     reported: bool = False
 
 
-def main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lab.rank.node fork")
-    parser.add_argument("--nprocs", type=int, required=True)
-    parser.add_argument("--first-rank", type=int, required=True)
-    parser.add_argument("-m", dest="module", required=True)
-    parser.add_argument("args", nargs=argparse.REMAINDER)
-    options = parser.parse_args(args)
+def main(options: argparse.Namespace) -> int:
+    """Fork ``options.nprocs`` ranks from ``options.first_rank`` on (``lab.rank.node.host_ranks``),
+    each running ``options.module``'s main with ``options.args``; pass their streams on until all end."""
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # (each rank installs its stack dump)
     for name in PRELOAD:
         with contextlib.suppress(Exception):
