@@ -23,7 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.text import Text
 
-from lab.containerlab import crossvpc, engine, hosts, sandbox
+from lab.containerlab import crossvpc, engine, hosts, sandbox, slurm
 from lab.containerlab.image import DEFAULT_BASE, OFFLINE
 from lab.containerlab.sandbox import Limits
 from lab.containerlab.topology import (
@@ -192,7 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
     net_commands = net.add_subparsers(dest="net_command", required=True, metavar="WHAT", parser_class=_Parser)
     peering = net_commands.add_parser("peering", help="add or remove the route between the two private networks")
     peering.add_argument("state", choices=("on", "off", "show"))
-    _name_option(commands.add_parser("status", help="show each lab host, its addresses and whether sshd answers"))
+    status = commands.add_parser("status", help="show each lab host, its addresses and whether sshd answers "
+                                                "(and, with Slurm, each node's state and munge key)")
+    _name_option(status)
+    status.add_argument("--inventory", metavar="PATH", help="the lab's inventory, beside which `lab up` keeps its "
+                        "state (default: as for up)")
     commands.add_parser("ls", help="list the labs on the Docker engine: name, topology, hosts, slots, state")
     return parser
 
@@ -557,7 +561,25 @@ def cmd_status(args: argparse.Namespace) -> int:
         table.add_row(h.container, h.hostname, h.state, ", ".join(h.addresses),
                       Text("answers", style="green") if h.ssh else Text("no answer", style="red"))
     console.print(table)
-    return ExitCode.OK if all(h.ssh for h in found) else ExitCode.UNREACHABLE
+    problems = _slurm_status(console, args) if found[0].scheduler == "slurm" else ()
+    for problem in problems:
+        console.print(Text(f"lab: {problem}", style="red"))
+    return ExitCode.OK if all(h.ssh for h in found) and not problems else ExitCode.UNREACHABLE
+
+
+def _slurm_status(console: Console, args: argparse.Namespace) -> tuple[str, ...]:
+    """The lab's Slurm cluster: a row per node, and its problems."""
+    topology = hosts.running_topology(engine.client(), args.name)
+    health = slurm.health(topology, LabPaths(Path(args.inventory or default_inventory(args.name)).resolve(),
+                                             args.name))
+    table = Table("slurm node", "state", "munge key")
+    for node, same in health.keys.items():
+        state = health.states.get(node, "?")
+        table.add_row(node, Text(state, style="green" if state in slurm.WORKING else "red"),
+                      Text({True: "the lab's", False: "another", None: "?"}[same],
+                           style="green" if same else "red"))
+    console.print(table)
+    return health.problems
 
 
 def cmd_ls(args: argparse.Namespace) -> int:

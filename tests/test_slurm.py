@@ -92,3 +92,23 @@ def test_the_munge_key_is_the_labs_own_and_nobody_elses(slurm_lab: tuple[Lab, Pa
     listed = slurm_lab[0]("ls")
     rows = [[cell for cell in line.split() if cell != "\u2502"] for line in listed.out.splitlines()]
     assert [NAME, "plain", "slurm"] in [row[:3] for row in rows], listed.out
+
+
+@pytest.mark.docker
+def test_status_names_a_host_with_another_munge_key_and_up_mends_it(slurm_lab: tuple[Lab, Path]) -> None:
+    lab, inventory = slurm_lab
+    status = ("status", "--name", NAME, "--inventory", str(inventory))
+    healthy = lab(*status)
+    assert healthy.code == 0 and healthy.out.count("the lab's") == 2, healthy.text
+    other_key = subprocess.run(["docker", "exec", "-i", f"{NAME}-node2", "/usr/local/bin/lab-slurm-start"],
+                               input=os.urandom(slurm.MUNGE_KEY_BYTES), capture_output=True, timeout=60)
+    assert other_key.returncode == 0, other_key.stderr
+    broken = lab(*status)
+    assert broken.code == 3, broken.text
+    assert "lab: node2: its munge key is not the lab's" in " ".join(broken.out.split()), broken.out
+    mended = lab("up", "--name", NAME, "--hosts", "2", "--slots", "2", "--scheduler", "slurm", "--no-smoke",
+                 "--inventory", str(inventory), timeout=600)
+    assert mended.code == 0, mended.text[-3000:]
+    assert lab(*status).code == 0
+    job = in_host(1, "srun", "--nodes", "2", "hostname", user="lab")
+    assert sorted(job.stdout.split()) == ["node1", "node2"], job

@@ -14,7 +14,15 @@ cat > /run/lab-munge/munge.key.new
 [ -s /run/lab-munge/munge.key.new ] || { echo "no munge key on stdin" >&2; exit 2; }
 chmod 0400 /run/lab-munge/munge.key.new
 chown munge:munge /run/lab-munge/munge.key.new
-mv -f /run/lab-munge/munge.key.new /run/lab-munge/munge.key
+if [ -f /run/lab-munge/munge.key ] && runuser -u munge -- cmp -s /run/lab-munge/munge.key.new /run/lab-munge/munge.key
+then
+    rm -f /run/lab-munge/munge.key.new
+else  # a first key, or another one: munged reads its key when it starts
+    mv -f /run/lab-munge/munge.key.new /run/lab-munge/munge.key
+    if pkill -x munged; then
+        for _ in 1 2 3 4 5 6 7 8 9 10; do pgrep -x munged >/dev/null || break; sleep 0.2; done
+    fi
+fi
 directory /run/munge munge
 pgrep -x munged >/dev/null || runuser -u munge -- /usr/sbin/munged --key-file=/run/lab-munge/munge.key
 

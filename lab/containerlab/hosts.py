@@ -331,6 +331,7 @@ class HostStatus:
     state: str
     addresses: tuple[str, ...]
     ssh: bool
+    scheduler: str = "none"
 
 
 def status(client: docker.DockerClient, lab: str = DEFAULT_LAB) -> list[HostStatus]:
@@ -341,7 +342,8 @@ def status(client: docker.DockerClient, lab: str = DEFAULT_LAB) -> list[HostStat
         addresses = tuple(f"{n['IPAddress']} ({name})" for name, n in nets.items() if n.get("IPAddress"))
         first = next((n["IPAddress"] for n in nets.values() if n.get("IPAddress")), None)
         return HostStatus(c.name, c.attrs["Config"]["Hostname"], c.status, addresses,
-                          first is not None and c.status == "running" and ssh_answers(first))
+                          first is not None and c.status == "running" and ssh_answers(first),
+                          c.labels.get(SCHEDULER_LABEL, "none"))
 
     with ThreadPoolExecutor(max_workers=max(1, len(containers))) as pool:
         return list(pool.map(one, containers))

@@ -16,11 +16,13 @@ hosts of a 2-core machine 4 slots each).
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from lab.containerlab.engine import EngineError, Say
@@ -33,6 +35,8 @@ CONF_PATH = "/etc/slurm/slurm.conf"  # where a host finds the lab's slurm.conf (
 START_TIMEOUT = 30.0  # seconds for one host's lab-slurm-start
 IDLE_TIMEOUT = 90.0  # seconds for every node to be idle after the daemons start
 SINFO = ["sinfo", "--noheader", "--Node", "--format", "%N %T"]
+WORKING = ("idle", "mixed", "allocated", "completing")  # the states of a node that takes jobs
+KEY_IN_HOST = "/run/lab-munge/munge.key"  # where lab-slurm-start puts the lab's key (munge's, 0400)
 
 
 def ensure_munge_key(path: Path) -> Path:
@@ -89,12 +93,18 @@ def write_files(topology: Topology, paths: LabPaths) -> None:
     os.chmod(paths.slurm_conf, 0o644)
 
 
-def start(topology: Topology, paths: LabPaths, say: Say) -> None:
-    """Start munged and slurmd on every host (slurmctld on node1 first), each given the key on
-    its stdin; then wait until every node is idle."""
+def _docker_cli() -> str:
     docker_cli = shutil.which("docker")
     if docker_cli is None:
-        raise EngineError("the docker command is needed to start Slurm in the lab")
+        raise EngineError("the docker command is needed for Slurm in the lab")
+    return docker_cli
+
+
+def start(topology: Topology, paths: LabPaths, say: Say) -> None:
+    """Start munged and slurmd on every host (slurmctld on node1 first), each given the key on
+    its stdin (a host whose key was another gets the lab's, and its munged restarts); then wait
+    until every node is idle."""
+    docker_cli = _docker_cli()
     key = paths.munge_key.read_bytes()
     say(f"starting Slurm: slurmctld on {topology.name(CONTROLLER)}, slurmd on {topology.hosts} host(s)")
     for i in topology.indices():
@@ -125,10 +135,58 @@ def wait_idle(topology: Topology, docker_cli: str) -> None:
     states: dict[str, str] = {}
     while time.monotonic() < deadline:
         states = node_states(topology, docker_cli)
-        if wanted <= {node for node, state in states.items() if state in ("idle", "mixed", "allocated")}:
+        if wanted <= {node for node, state in states.items() if state in WORKING}:
             return
         time.sleep(1)
     shown = ", ".join(f"{node} {states.get(node, 'unknown')}" for node in sorted(wanted)) if states else \
         "slurmctld does not answer"
     raise EngineError(f"Slurm did not come up within {IDLE_TIMEOUT:g}s ({shown}): see /var/log/slurmd.log on the "
                       f"hosts and /var/log/slurm/slurmctld.log on {topology.name(CONTROLLER)}")
+
+
+@dataclass(frozen=True)
+class Health:
+    """The lab's Slurm cluster as ``lab status`` shows it: each node's state as slurmctld has it
+    (none: slurmctld does not answer), whether each host's munge key is the lab's, and each
+    problem with its fix."""
+
+    states: dict[str, str]
+    keys: dict[str, bool | None]  # None: the host's key could not be read
+    problems: tuple[str, ...]
+
+
+def health(topology: Topology, paths: LabPaths) -> Health:
+    docker_cli = _docker_cli()
+    again = f"`python -m lab up --name {topology.lab} --scheduler slurm` (with the same --hosts and --slots)"
+    states = node_states(topology, docker_cli)
+    lab_key = hashlib.sha256(paths.munge_key.read_bytes()).hexdigest() if paths.munge_key.exists() else None
+    keys = {topology.name(i): _key_is(topology.container(i), lab_key, docker_cli) for i in topology.indices()}
+    problems = []
+    if lab_key is None:
+        problems.append(f"the lab's munge key is not at {paths.munge_key}: run status from where `lab up` "
+                        f"wrote the lab's inventory (--inventory)")
+    if not states:
+        problems.append(f"slurmctld on {topology.name(CONTROLLER)} does not answer: {again} starts it again "
+                        f"(its log: /var/log/slurm/slurmctld.log there)")
+    for node, same in keys.items():
+        if same is False:
+            problems.append(f"{node}: its munge key is not the lab's, so slurmctld rejects what it sends: {again} "
+                            f"gives every host the lab's key")
+    for node in keys:
+        state = states.get(node)
+        if states and state not in WORKING:
+            problems.append(f"{node}: {state or 'not in slurm.conf'} in Slurm: slurmd there does not answer "
+                            f"slurmctld; {again} starts it again (its log: /var/log/slurmd.log there)")
+    return Health(states, keys, tuple(problems))
+
+
+def _key_is(container: str, lab_key: str | None, docker_cli: str) -> bool | None:
+    """Whether the host's munge key is the lab's (None: unknown)."""
+    try:
+        done = subprocess.run([docker_cli, "exec", "--user", "munge", container, "sha256sum", KEY_IN_HOST],
+                              capture_output=True, text=True, timeout=START_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return None
+    if done.returncode != 0 or lab_key is None:
+        return None
+    return done.stdout.split()[0] == lab_key
