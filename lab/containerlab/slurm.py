@@ -172,7 +172,6 @@ def health(topology: Topology, paths: LabPaths) -> Health:
         if same is False:
             problems.append(f"{node}: its munge key is not the lab's, so slurmctld rejects what it sends: {again} "
                             f"gives every host the lab's key")
-    for node in keys:
         state = states.get(node)
         if states and state not in WORKING:
             problems.append(f"{node}: {state or 'not in slurm.conf'} in Slurm: slurmd there does not answer "

@@ -76,9 +76,9 @@ from lab.rank.protocol import (
     LINE_MAX,
     MARK,
     RANK_EVENTS,
-    RANK_TAG,
     MalformedEvent,
     parse_event,
+    rank_tag,
     untag,
 )
 from lab.transport import (
@@ -445,9 +445,9 @@ class _Reader:
             for raw, size, kind in _lines(stream, prefix, self._in_blocks, self._block):
                 self.launch.active_at = time.monotonic()
                 if kind == "lines":  # one rank's lines (_block)
-                    tag = _TAGGED.match(raw)
-                    assert tag is not None
-                    self.states[int(tag[1])].output.add_block(raw, tag[0])
+                    rank = untag(raw[:TAG_MAX])[0]
+                    assert rank is not None
+                    self.states[rank].output.add_block(raw, rank_tag(rank))
                 elif prefix and raw.startswith(prefix):  # an event line: whole, or too long to be one
                     events += size
                     if kind != "whole":
@@ -487,13 +487,11 @@ class _Reader:
     def _block(self, data: bytes) -> int:
         """How much of ``data`` (whole lines, buffered) to take as one block: the lines at its
         start that are one rank's, if that rank is past SHOWN_LINES (0: none)."""
-        found = _TAGGED.match(data)
-        if found is None:
+        rank, _, cut = untag(data[:TAG_MAX])
+        if rank is None or cut is not None or not (
+                rank < len(self.states) and self.states[rank].output.lines > SHOWN_LINES):
             return 0
-        rank = int(found[1])
-        if not (rank < len(self.states) and self.states[rank].output.lines > SHOWN_LINES):
-            return 0
-        other = _other_line(found[0]).search(data, 0, len(data) - 1)  # (data ends with a line end)
+        other = _other_line(rank_tag(rank)).search(data, 0, len(data) - 1)  # (data ends with a line end)
         return other.start() + 1 if other else len(data)
 
     def _put(self, kind: str, whose: RankState | LaunchState | None, text: str) -> None:
@@ -507,7 +505,7 @@ class _Reader:
             return
 
 
-_TAGGED = re.compile(re.escape(RANK_TAG.encode()) + rb"(\d{1,9}) ")
+TAG_MAX = 64  # bytes enough for any rank's tag
 
 
 @functools.cache
