@@ -230,7 +230,12 @@ def _launcher_option(parser: argparse.ArgumentParser) -> None:
                         help="who starts the ranks: lab (each rank, the settings in its environment, "
                              "forked from one process per host that imported torch once), "
                              "torchrun (one per host: c10d rendezvous on rank 0's host, torchrun numbers "
-                             "the ranks), spawn (one process per host that mp.spawns its ranks) (default lab)")
+                             "the ranks), spawn (one process per host that mp.spawns its ranks), "
+                             "srun (the ranks are the tasks of one Slurm job, started by srun on the first "
+                             "host), srun-torchrun (srun starts one torchrun per node, as the tutorials' "
+                             "`srun torchrun`) (default lab)")
+    parser.add_argument("--partition", metavar="NAME", help="the Slurm partition (--launcher srun and "
+                        "srun-torchrun; default: the cluster's default partition)")
 
 
 def _cluster(args: argparse.Namespace) -> Inventory:
@@ -509,7 +514,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     settings = _ssh_settings(args)
     inventory = with_master_address(_cluster(args), settings)
     console = Console(highlight=False)
-    plan = build_launch_plan(inventory, str(script.resolve()), args.args, args.timeout, args.launcher)
+    plan = build_launch_plan(inventory, str(script.resolve()), args.args, args.timeout, args.launcher,
+                             partition=args.partition)
     outcome = run_plan(plan, on_line=LineStreamer(console), keep=args.keep, ssh=settings)
     failed = [s for s in outcome.ranks if not s.done]
     console.print()
@@ -618,4 +624,5 @@ def _options(args: argparse.Namespace) -> Options:
         if path.suffix != ".py" or not path.is_file():
             raise UsageError(f"--solution {args.solution}: not a readable .py file")
         solution = str(path.resolve())
-    return Options(exercises, args.backend, args.init, args.timeout, solution, args.launcher)
+    return Options(exercises, args.backend, args.init, args.timeout, solution, args.launcher,
+                   partition=args.partition)

@@ -68,12 +68,13 @@ def assert_no_workers_anywhere() -> None:
     assert {c: w for c, w in left.items() if w} == {}
 
 
-def inventory_variant(tmp_path: Path, hosts: int, slots: int, **extra: str) -> Path:
-    """The lab's inventory cut to ``hosts`` hosts with ``slots`` each, paths made absolute."""
-    data = yaml.safe_load(INVENTORY.read_text())
+def inventory_variant(tmp_path: Path, hosts: int, slots: int, source: Path = INVENTORY, **extra: str) -> Path:
+    """A lab's inventory (``source``: the default lab's) cut to ``hosts`` hosts with ``slots`` each,
+    paths made absolute."""
+    data = yaml.safe_load(source.read_text())
     v = data["all"]["vars"]
-    v["ansible_ssh_private_key_file"] = str(REPO / v["ansible_ssh_private_key_file"])
-    v["ssh_known_hosts_file"] = str(REPO / v["ssh_known_hosts_file"])
+    v["ansible_ssh_private_key_file"] = str(source.parent / v["ansible_ssh_private_key_file"])
+    v["ssh_known_hosts_file"] = str(source.parent / v["ssh_known_hosts_file"])
     v["slots"] = slots
     v.update(extra)
     data["all"]["hosts"] = dict(list(data["all"]["hosts"].items())[:hosts])

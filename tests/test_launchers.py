@@ -92,7 +92,7 @@ def test_torchrun_takes_only_its_own_rendezvous(lab: Lab) -> None:
     assert result.code == 2
     assert result.err.strip().splitlines() == [
         "lab: error: with --launcher torchrun, torchrun forms the process group (env://): "
-        "--init tcp and file need --launcher lab or spawn"]
+        "--init tcp and file need --launcher lab, spawn or srun"]
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "spawn"])

@@ -12,6 +12,7 @@ from lab.core.plan import (
     Launch,
     Options,
     bind_macros,
+    build_launch_plan,
     build_plan,
     default_backend,
     port_macro,
@@ -140,9 +141,9 @@ def test_torchrun_starts_one_agent_per_host_that_numbers_the_ranks_itself() -> N
     launches = plan.launches()
     assert [(launch.host, launch.ranks) for launch in launches] == [("b", (0,)), ("a", (1, 2))]
     assert launches[1].args == (
-        "-m", "lab.rank.node", "torchrun", "--nnodes", "2", "--nproc-per-node", "2", "--node-rank", "1",
+        "-m", "lab.rank.node", "torchrun", "--nnodes", "2", "--nproc-per-node", "2",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"10.0.0.10:{P0}", "--rdzv-id", "t0k3n",
-        "--local-addr", "10.0.0.9", "--max-restarts", "0", "-m", "lab.rank.worker")
+        "--max-restarts", "0", "--node-rank", "1", "--local-addr", "10.0.0.9", "-m", "lab.rank.worker")
     env = launches[1].env
     assert not {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT"} & env.keys()  # torchrun sets them
     assert env["LAB_TAG_OUTPUT"] == "1" and env["GLOO_SOCKET_IFNAME"] == "eth1"
@@ -164,6 +165,53 @@ def test_spawn_starts_one_process_per_host_with_its_first_rank() -> None:
     assert "RANK" not in env and "LOCAL_RANK" not in env  # each spawned rank sets its own
     with pytest.raises(UsageError, match="--launcher must be one of"):
         build_plan(inv(a, b), opts("p2p", launcher="mpirun"), TOKEN)
+
+
+def test_srun_starts_one_job_from_the_first_host_whose_tasks_are_the_ranks() -> None:
+    a, b = Host("node1", "10.0.0.9", slots=2), Host("node2", "10.0.0.10", slots=2)
+    plan = build_plan(inv(a, b), opts("p2p", "init-tcp", launcher="srun", init="tcp", partition="gpu"), TOKEN)
+    assert [h.name for h in plan.hosts] == ["node1", "node2"]  # srun numbers the tasks node by node
+    (launch,) = plan.launches()
+    assert (launch.host, launch.ranks) == ("node1", (0, 1, 2, 3))
+    assert launch.args == ("-m", "lab.rank.node", "srun", "--nodes=2", "--ntasks-per-node=2",
+                           "--nodelist=node1,node2", "--job-name=lab-t0k3n", "--immediate=60", "--partition=gpu",
+                           "--", "task", "-m", "lab.rank.worker")
+    assert (launch.env["MASTER_ADDR"], launch.env["MASTER_PORT"]) == ("10.0.0.9", P0)
+    assert "RANK" not in launch.env and "LAB_TAG_OUTPUT" not in launch.env  # Slurm's numbers; srun.py tags
+
+
+def test_srun_torchrun_starts_one_torchrun_per_node_as_the_tutorial_does() -> None:
+    a, b = Host("node2", "10.0.0.10", slots=2), Host("node1", "10.0.0.9", slots=2)
+    plan = build_launch_plan(inv(a, b), "/x/broadcast.py", ["--n", "1"], 30.0, "srun-torchrun", TOKEN)
+    assert [h.name for h in plan.hosts] == ["node1", "node2"]  # every agent's address is its host's name
+    (launch,) = plan.launches()
+    assert launch.args == (
+        "-m", "lab.rank.node", "srun", "--nodes=2", "--ntasks-per-node=1", "--nodelist=node1,node2",
+        "--job-name=lab-t0k3n", "--immediate=30", "--", "torchrun", "--nnodes", "2", "--nproc-per-node", "2",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"10.0.0.9:{P0}", "--rdzv-id", "t0k3n", "--max-restarts", "0",
+        "-m", "lab.rank.script", "${run_dir}/script/broadcast.py", "--n", "1")
+    assert launch.env["LAB_TAG_OUTPUT"] == "1" and "MASTER_PORT" not in launch.env
+
+
+@pytest.mark.parametrize(("launcher", "kw", "error"), [
+    ("srun", {"partition": "gpu"}, None),
+    ("srun", {"partition": "a b;rm"}, "not a Slurm partition's name"),
+    ("torchrun", {"partition": "gpu"}, "a Slurm partition is for --launcher srun"),
+    ("srun-torchrun", {"init": "tcp"}, "torchrun forms the process group"),
+])
+def test_slurm_options_are_checked(launcher: str, kw: dict[str, str], error: str | None) -> None:
+    hosts = inv(Host("node1", "10.0.0.9", slots=2), Host("node2", "10.0.0.10", slots=2))
+    if error is None:
+        assert build_plan(hosts, opts("p2p", launcher=launcher, **kw), TOKEN).partition == kw["partition"]
+        return
+    with pytest.raises(UsageError, match=error):
+        build_plan(hosts, opts("p2p", launcher=launcher, **kw), TOKEN)
+
+
+def test_srun_needs_as_many_ranks_on_every_node() -> None:
+    uneven = inv(Host("node1", "10.0.0.9", slots=2), Host("node2", "10.0.0.10", slots=1))
+    with pytest.raises(UsageError, match="node1 2, node2 1 slots"):
+        build_plan(uneven, opts("p2p", launcher="srun"), TOKEN)
 
 
 def test_select_keeps_suite_order_and_rejects_unknown_names() -> None:

@@ -3,8 +3,11 @@ unprivileged lab hosts, a job across them; the pieces ``lab up`` writes, without
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,8 +17,9 @@ from lab.containerlab import hosts, slurm
 from lab.containerlab.topology import Topology
 from lab.errors import UsageError
 
-from .conftest import Lab
-from .test_lab_docker import _client
+from .conftest import REPO, Lab
+from .test_lab_docker import _client, inventory_variant, workers_on
+from .tutorials import assert_prints_as_shown, tutorial_scripts
 
 NAME = "slurmt"
 
@@ -112,3 +116,112 @@ def test_status_names_a_host_with_another_munge_key_and_up_mends_it(slurm_lab: t
     assert lab(*status).code == 0
     job = in_host(1, "srun", "--nodes", "2", "hostname", user="lab")
     assert sorted(job.stdout.split()) == ["node1", "node2"], job
+
+
+def assert_nothing_left() -> None:
+    """No job of the lab's in squeue, no process of a run on either host."""
+    assert in_host(1, "squeue", "--noheader").stdout.strip() == ""
+    assert {node: workers_on(f"{NAME}-node{node}") for node in (1, 2)} == {1: [], 2: []}
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("launcher", ["srun", "srun-torchrun"])
+def test_run_all_with_the_ranks_as_slurm_tasks(slurm_lab: tuple[Lab, Path], launcher: str) -> None:
+    lab, inventory = slurm_lab
+    result = lab("run", "all", "--hosts", str(inventory), "--launcher", launcher, "--json", timeout=600)
+    report = json.loads(result.out)
+    failed = {e["name"]: e["reason"] for e in report["exercises"] if e["status"] != "pass"}
+    assert (result.code, failed) == (0, {}), result.err[-3000:]
+    # srun placed two tasks on each node (or one torchrun per node started two ranks), block by block
+    placed = [(r["host"], r["hostname"]) for r in sorted(report["ranks"], key=lambda r: r["rank"])]
+    assert placed == [("node1", "node1")] * 2 + [("node2", "node2")] * 2
+    assert_nothing_left()
+
+
+@pytest.mark.docker
+def test_the_tutorials_scripts_run_unchanged_under_srun_torchrun(slurm_lab: tuple[Lab, Path],
+                                                                 tmp_path: Path) -> None:
+    """Tutorial 002's own form: ``srun torchrun --nnodes=2 --nproc_per_node=N/2 --rdzv_backend c10d``."""
+    lab, inventory = slurm_lab
+    for script in tutorial_scripts(tmp_path):
+        n = script.nproc
+        hosts = inventory_variant(tmp_path, 2, n // 2, source=inventory)
+        result = lab("launch", "--hosts", str(hosts), "--launcher", "srun-torchrun", "--timeout", "120",
+                     str(script.path), timeout=300)
+        assert result.code == 0, result.text[-3000:]
+        assert f"{script.name}: {n} of {n} ranks succeeded" in result.out
+        assert f"[node2 r{n - 1}] " in result.out
+        assert_prints_as_shown(script, result.out)
+    assert_nothing_left()
+
+
+HANGS = """
+import time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    time.sleep(3600)
+dist.barrier()
+"""
+
+
+@pytest.mark.docker
+def test_a_hung_job_is_stopped_at_the_timeout_and_cancelled(slurm_lab: tuple[Lab, Path], tmp_path: Path) -> None:
+    lab, inventory = slurm_lab
+    script = tmp_path / "hangs.py"
+    script.write_text(HANGS)
+    result = lab("launch", "--hosts", str(inventory), "--launcher", "srun", "--timeout", "20", str(script))
+    assert result.code == 4, result.text[-3000:]
+    assert "rank 1 (node1) stopped after 20s at hangs.py:6 in <module>: time.sleep(3600)" in result.out
+    assert "rank 3 (node2) stopped after 20s at hangs.py:7 in <module>: dist.barrier()" in result.out
+    assert_nothing_left()
+
+
+@pytest.mark.docker
+def test_a_task_that_exits_fails_its_rank_and_ends_the_job(slurm_lab: tuple[Lab, Path]) -> None:
+    lab, inventory = slurm_lab
+    exits = REPO / "tests" / "class" / "ring" / "grace.py"  # rank 1 leaves with os._exit(0) mid-exercise
+    result = lab("run", "ring-allreduce", "--solution", str(exits), "--hosts", str(inventory), "--launcher", "srun")
+    assert result.code == 1, result.text[-3000:]
+    assert "rank 1 (node1) exited with status 0 during ring-allreduce, before reporting its result" in result.out
+    assert_nothing_left()
+
+
+@pytest.mark.docker
+def test_ctrl_c_cancels_the_job(slurm_lab: tuple[Lab, Path], tmp_path: Path) -> None:
+    lab, inventory = slurm_lab
+    script = tmp_path / "hangs.py"
+    script.write_text(HANGS)
+    proc = subprocess.Popen(lab.argv("launch", "--hosts", str(inventory), "--launcher", "srun-torchrun",
+                                     "--timeout", "300", str(script)), cwd=REPO, env=lab.env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while "R" not in in_host(1, "squeue", "--noheader", "--format=%t").stdout.split():
+            assert time.monotonic() < deadline and proc.poll() is None, "the job never ran"
+            time.sleep(0.5)
+        time.sleep(3)  # (the ranks are in the rendezvous, or past it)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert_nothing_left()
+
+
+@pytest.mark.docker
+def test_slurms_refusals_are_one_line_each_with_its_exit_code(slurm_lab: tuple[Lab, Path]) -> None:
+    lab, inventory = slurm_lab
+    no_partition = lab("run", "p2p", "--hosts", str(inventory), "--launcher", "srun", "--partition", "nosuch")
+    assert no_partition.code == 2, no_partition.text
+    assert no_partition.err.strip().splitlines()[-1] == \
+        "lab: error: host node1: Slurm refused the job: Invalid partition name specified"
+    assert in_host(1, "scontrol", "update", "nodename=node2", "state=drain", "reason=lab-test").returncode == 0
+    try:
+        drained = lab("run", "p2p", "--hosts", str(inventory), "--launcher", "srun", "--timeout", "5")
+    finally:
+        assert in_host(1, "scontrol", "update", "nodename=node2", "state=resume").returncode == 0
+    assert drained.code == 3, drained.text
+    error = drained.err.strip().splitlines()[-1]
+    assert error.startswith("lab: error: host node1: Slurm refused the job: ") and "drained" in error, error
+    assert_nothing_left()

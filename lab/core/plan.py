@@ -16,7 +16,9 @@ launches (see :data:`LAUNCHERS`), one process per host: ``lab`` starts every ran
 with its settings in its environment, forked from a process that imported torch once
 (``lab.rank.zygote``); ``torchrun`` starts one torchrun per host, which forms a c10d
 rendezvous on rank 0's host and starts that host's ranks; ``spawn`` starts one process
-per host that ``mp.spawn``s the host's ranks, as the tutorials do on one machine. A stage is
+per host that ``mp.spawn``s the host's ranks, as the tutorials do on one machine; ``srun`` and
+``srun-torchrun`` start one Slurm job from the first host whose tasks are the ranks, or one
+torchrun per node (``lab.rank.srun``). A stage is
 one rendezvous and the exercises that run under it, in
 one process per rank: every "shared" exercise reuses a single process group, so
 ``run all`` pays process start-up, the torch import and the rendezvous once, while the
@@ -37,10 +39,11 @@ from lab.suite.registry import Exercise, Rendezvous
 
 Backend = Literal["gloo", "nccl"]
 InitMethod = Literal["env", "tcp", "file"]
-Launcher = Literal["lab", "torchrun", "spawn"]
+Launcher = Literal["lab", "torchrun", "spawn", "srun", "srun-torchrun"]
 BACKENDS: tuple[Backend, ...] = get_args(Backend)
 INIT_METHODS: tuple[InitMethod, ...] = get_args(InitMethod)
 LAUNCHERS: tuple[Launcher, ...] = get_args(Launcher)
+SRUN_LAUNCHERS: tuple[Launcher, ...] = ("srun", "srun-torchrun")  # the ranks are Slurm tasks of one job
 DEFAULT_TIMEOUT = 60.0
 RUN_DIR = "${run_dir}"
 _MACRO = re.compile(r"\$\{(run_dir|port(\d+))\}")
@@ -72,6 +75,7 @@ class Options:
     solution: str | None = None  # a .py file run in place of the (single) exercise's program
     launcher: Launcher = "lab"  # who starts the ranks
     memory_mb: int | None = None  # each rank's data memory limit (RLIMIT_DATA), set before its program loads
+    partition: str | None = None  # the Slurm partition (--launcher srun...); None: the cluster's default
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,7 @@ class Plan:
     rdzv_endpoint: str | None = None  # torchrun: ADDR:PORT of the c10d rendezvous
     port_count: int = 0  # ports to hold on rank 0's host (``${port0}``...)
     memory_mb: int | None = None  # see Options
+    partition: str | None = None  # see Options
 
     @property
     def run_name(self) -> str:
@@ -155,11 +160,14 @@ class Plan:
         return ("-m", "lab.rank.script", *self.script) if self.script else ("-m", "lab.rank.worker")
 
     def launches(self) -> tuple[Launch, ...]:
-        """The processes to start: one per host, which starts the host's ranks (``lab.rank.node``)."""
+        """The processes to start: one per host, which starts the host's ranks (``lab.rank.node``),
+        or under Slurm one ``srun`` on the first host, whose tasks are the ranks."""
         common = {"PYTHONPATH": self.code_dir, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
                   "LAB_TOKEN": self.token}
         if not self.script:
             common["LAB_RANK_PLAN"] = json.dumps(self.rank_plan())
+        if self.launcher in SRUN_LAUNCHERS:
+            return (self._srun_launch(common),)
         launches = []
         for node_rank, host in enumerate(self.hosts):
             ranks = tuple(r.rank for r in self.ranks if r.host == host.name)
@@ -168,18 +176,51 @@ class Plan:
                 env["LAB_TAG_OUTPUT"] = "1"
             args: tuple[str, ...]
             if self.launcher == "torchrun":
-                args = ("-m", "lab.rank.node", "torchrun", "--nnodes", str(len(self.hosts)),
-                        "--nproc-per-node", str(host.slots), "--node-rank", str(node_rank),
-                        "--rdzv-backend", "c10d", "--rdzv-endpoint", str(self.rdzv_endpoint),
-                        "--rdzv-id", self.token, "--local-addr", data_address(host), "--max-restarts", "0")
+                args = ("-m", "lab.rank.node", *self._torchrun_args(host.slots), "--node-rank", str(node_rank),
+                        "--local-addr", data_address(host))
             else:
-                first = self.ranks[ranks[0]].env
-                env.update({k: first[k] for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
-                            if k in first})
+                env.update(self._rendezvous_env(ranks[0]))
                 args = ("-m", "lab.rank.node", "fork" if self.launcher == "lab" else "spawn",
                         "--nprocs", str(host.slots), "--first-rank", str(ranks[0]))
             launches.append(Launch(host.name, ranks, (*args, *self.program), env))
         return tuple(launches)
+
+    def _torchrun_args(self, slots: int) -> tuple[str, ...]:
+        """``torchrun`` and the arguments a host's agent shares with the others' (``slots``: its ranks)."""
+        return ("torchrun", "--nnodes", str(len(self.hosts)), "--nproc-per-node", str(slots),
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", str(self.rdzv_endpoint), "--rdzv-id", self.token,
+                "--max-restarts", "0")
+
+    def _rendezvous_env(self, rank: int) -> dict[str, str]:
+        """What the lab tells a host's launcher of the rendezvous (its ranks get the rest)."""
+        planned = self.ranks[rank].env
+        return {k: planned[k] for k in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+                if k in planned}
+
+    def _srun_launch(self, common: dict[str, str]) -> Launch:
+        """One ``srun`` from the first host (the login host) for the whole job (``lab.rank.node srun``):
+        its tasks are the ranks (``srun``: each maps SLURM_PROCID... to RANK...) or one torchrun per
+        node (``srun-torchrun``, the tutorial's ``srun torchrun``)."""
+        login = self.hosts[0]
+        per_node = 1 if self.launcher == "srun-torchrun" else login.slots
+        env = {**common, **interface_env(login)}
+        task: tuple[str, ...]
+        if self.launcher == "srun-torchrun":  # (a task is an agent: its ranks tag their lines themselves)
+            env["LAB_TAG_OUTPUT"] = "1"
+            task = self._torchrun_args(login.slots)
+        else:
+            env.update(self._rendezvous_env(0))
+            task = ("task",)
+        srun = ("-m", "lab.rank.node", "srun", f"--nodes={len(self.hosts)}", f"--ntasks-per-node={per_node}",
+                f"--nodelist={','.join(h.name for h in self.hosts)}", f"--job-name={self.job_name}",
+                f"--immediate={max(1, round(self.timeout))}",  # (waiting longer for the nodes is a hang)
+                *((f"--partition={self.partition}",) if self.partition else ()), "--")
+        return Launch(login.name, tuple(r.rank for r in self.ranks), (*srun, *task, *self.program), env)
+
+    @property
+    def job_name(self) -> str:
+        """The Slurm job's name (``--launcher srun``): the run's, so the lab can cancel it by name."""
+        return f"lab-{self.token}"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for ``--dry-run`` (YAML) and ``--json``."""
@@ -236,9 +277,13 @@ def shared_run_dir(hosts: Sequence[Host], run_name: str) -> str | None:
 def placement_order(hosts: Sequence[Host], launcher: str) -> tuple[Host, ...]:
     """The hosts in the order their ranks are numbered. torchrun's c10d rendezvous numbers the
     nodes itself, in the sorted order of their addresses (``--local-addr``, then the agent's
-    pid), so that is the order here; the runner learns the real placement from each rank."""
+    pid; under ``srun`` every agent has the same arguments, so its host's name), so that is the
+    order here; ``srun`` numbers its tasks node by node, in the order slurm.conf lists the nodes.
+    The runner learns the real placement from each rank."""
     if launcher == "torchrun":
         return tuple(sorted(hosts, key=data_address))
+    if launcher == "srun-torchrun":
+        return tuple(sorted(hosts, key=lambda h: h.name))
     return tuple(hosts)
 
 
@@ -262,9 +307,10 @@ def build_plan(inventory: Inventory, options: Options, token: str | None = None)
     if options.init not in INIT_METHODS:
         raise UsageError(f"--init must be one of {', '.join(INIT_METHODS)}, got {options.init!r}")
     _check_launcher(options.launcher)
-    if options.launcher == "torchrun" and options.init != "env":
-        raise UsageError("with --launcher torchrun, torchrun forms the process group (env://): "
-                         "--init tcp and file need --launcher lab or spawn")
+    if uses_torchrun(options.launcher) and options.init != "env":
+        raise UsageError(f"with --launcher {options.launcher}, torchrun forms the process group (env://): "
+                         "--init tcp and file need --launcher lab, spawn or srun")
+    _check_slurm(hosts, options.launcher, options.partition)
     backend = options.backend or default_backend(hosts)
     if backend not in BACKENDS:
         raise UsageError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -287,7 +333,7 @@ def build_plan(inventory: Inventory, options: Options, token: str | None = None)
     token = token or new_token()
     run_name = f"lab-run-{token}"
     ports = _PortMacros()
-    rdzv_port = ports.take() if options.launcher == "torchrun" else None
+    rdzv_port = ports.take() if uses_torchrun(options.launcher) else None
     uploads = {}
     program = None  # the solution as every host sees it: copied into the run directory
     if options.solution:
@@ -304,12 +350,35 @@ def build_plan(inventory: Inventory, options: Options, token: str | None = None)
                 master_addr=master, master_port=master_port, timeout=options.timeout,
                 token=token, hosts=hosts, ranks=tuple(ranks), stages=stages, uploads=uploads,
                 shared_run_dir=shared, launcher=options.launcher,
-                rdzv_endpoint=_endpoint(master, rdzv_port), port_count=ports.count, memory_mb=options.memory_mb)
+                rdzv_endpoint=_endpoint(master, rdzv_port), port_count=ports.count, memory_mb=options.memory_mb,
+                partition=options.partition)
+
+
+def uses_torchrun(launcher: str) -> bool:
+    """Whether torchrun starts the ranks (on every host, or under ``srun``) and forms their group."""
+    return launcher in ("torchrun", "srun-torchrun")
 
 
 def _check_launcher(launcher: str) -> None:
     if launcher not in LAUNCHERS:
         raise UsageError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+
+
+_PARTITION = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def _check_slurm(hosts: Sequence[Host], launcher: str, partition: str | None) -> None:
+    """What a job of one ``srun`` needs of the hosts: as many ranks on each (``--ntasks-per-node``)."""
+    if partition is not None and launcher not in SRUN_LAUNCHERS:
+        raise UsageError(f"--partition {partition!r}: a Slurm partition is for --launcher srun or srun-torchrun")
+    if partition is not None and not _PARTITION.fullmatch(partition):
+        raise UsageError(f"--partition {partition!r}: not a Slurm partition's name (letters, digits, '_.-')")
+    if launcher not in SRUN_LAUNCHERS:
+        return
+    slots = {h.slots for h in hosts}
+    if len(slots) > 1:
+        raise UsageError(f"--launcher {launcher} starts as many ranks on every node (srun --ntasks-per-node), "
+                         f"but the hosts have {', '.join(f'{h.name} {h.slots}' for h in hosts)} slots")
 
 
 def _endpoint(addr: str, port: str | None) -> str | None:
@@ -327,7 +396,7 @@ def _lay_out_ranks(hosts: Sequence[Host], master: str, master_port: str | None, 
             rank = len(ranks)
             env = {"MASTER_ADDR": master, "RANK": str(rank), "WORLD_SIZE": str(world_size),
                    "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(host.slots)}
-            if master_port is not None and launcher != "torchrun":
+            if master_port is not None and not uses_torchrun(launcher):
                 env["MASTER_PORT"] = master_port
             env.update(interface_env(host))
             device = f"cuda:{local_rank}" if backend == "nccl" else "cpu"
@@ -336,12 +405,13 @@ def _lay_out_ranks(hosts: Sequence[Host], master: str, master_port: str | None, 
 
 
 def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], timeout: float,
-                      launcher: Launcher = "lab", token: str | None = None) -> Plan:
+                      launcher: Launcher = "lab", token: str | None = None, partition: str | None = None) -> Plan:
     """``lab launch``: the user's script on every rank, the rendezvous in its environment
     (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE), set by the launcher."""
     if not inventory.hosts:
         raise UsageError(f"{inventory.path}: no hosts")
     _check_launcher(launcher)
+    _check_slurm(inventory.hosts, launcher, partition)
     hosts = placement_order(inventory.hosts, launcher)
     master = data_address(hosts[0])
     port = port_macro(0)
@@ -351,8 +421,8 @@ def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], ti
                 master_addr=master, master_port=port, timeout=timeout, token=token or new_token(), hosts=hosts,
                 ranks=_lay_out_ranks(hosts, master, port, backend, launcher),
                 stages=(), uploads={relative: script}, script=(f"{RUN_DIR}/{relative}", *args),
-                launcher=launcher, rdzv_endpoint=_endpoint(master, port) if launcher == "torchrun" else None,
-                port_count=1)
+                launcher=launcher, rdzv_endpoint=_endpoint(master, port) if uses_torchrun(launcher) else None,
+                port_count=1, partition=partition)
 
 
 StageKind = Literal["none", "torchrun", "env", "tcp", "file"]  # who forms the stage's group, and how
@@ -368,7 +438,7 @@ def _group_by_stage(options: Options) -> list[tuple[StageKind, list[Exercise]]]:
     if none:
         groups.append(("none", none))
     if shared:  # the shared group uses --init, or torchrun's own rendezvous
-        groups.append(("torchrun" if options.launcher == "torchrun" else options.init, shared))
+        groups.append(("torchrun" if uses_torchrun(options.launcher) else options.init, shared))
     groups.extend((kind, [e]) for kind, e in own)
     return groups
 

@@ -67,7 +67,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from lab.core.plan import Launch, Plan, RankSpec, bind_macros
+from lab.core import slurm
+from lab.core.plan import SRUN_LAUNCHERS, Launch, Plan, RankSpec, bind_macros
 from lab.errors import HostsUnreachable, HostUnreachable, LabError, RunError
 from lab.rank.protocol import (
     EVENT_MAX,
@@ -301,6 +302,8 @@ def run_plan(plan: Plan, on_line: OnLine = lambda *_: None, keep: bool = False,
     ports: tuple[int, ...] = ()
     try:
         run_dirs = _prepare_all(plan, transports)
+        if plan.launcher in SRUN_LAUNCHERS:
+            _check_same_run_dir(plan, run_dirs)
         if plan.port_count:
             holder, ports = _hold_ports(plan, transports[plan.hosts[0].name])
 
@@ -329,8 +332,14 @@ def run_plan(plan: Plan, on_line: OnLine = lambda *_: None, keep: bool = False,
         if holder is not None:
             holder.kill()
         _stop_all(launches, states, transports)
+        if plan.launcher in SRUN_LAUNCHERS and status != "completed" and launches[0].process is not None:
+            slurm.cancel(transports[plan.hosts[0].name], plan.job_name)
         also = [plan.shared_run_dir] if plan.shared_run_dir else []
         for_each_host(transports, lambda t: release(t, keep, also))
+    if plan.launcher in SRUN_LAUNCHERS and not any(s.info for s in states):
+        refused = slurm.refusal(launches[0].output.tail(), plan.hosts[0].name)
+        if refused is not None:
+            raise refused
     walled = wall if status == "timeout" and wall and time.monotonic() - started >= wall else None
     return RunOutcome(plan, states, runs, status, time.monotonic() - started, hung, ports, walled)
 
@@ -359,6 +368,16 @@ def _prepare_all(plan: Plan, transports: dict[str, Transport]) -> dict[str, str]
     if unreachable:
         raise HostsUnreachable.of(unreachable)
     return {name: str(run_dir) for name, run_dir in outcomes.items()}
+
+
+def _check_same_run_dir(plan: Plan, run_dirs: dict[str, str]) -> None:
+    """``srun`` starts every task in its own directory, the run's on the login host: every node
+    needs the run's directory at that same path."""
+    login = run_dirs[plan.hosts[0].name]
+    other = next(((name, d) for name, d in run_dirs.items() if d != login), None)
+    if other is not None:
+        raise RunError(f"host {other[0]}: its run directory is {other[1]}, not {login} as on {plan.hosts[0].name}: "
+                       f"srun runs the tasks in the same directory on every node (give the hosts the same TMPDIR)")
 
 
 def _hold_ports(plan: Plan, transport: Transport) -> tuple[RankProcess, tuple[int, ...]]:
@@ -722,10 +741,11 @@ def _handle_event(plan: Plan, launch: LaunchState, state: RankState, runs: dict[
                 state.entered.setdefault(state.step, state.step_started)
     elif kind == "hello":
         state.info = event
-        if state.launch is not launch or state.spec.local_rank != event["local_rank"]:
-            # torchrun placed it elsewhere than planned: it runs where its hello came from
+        host = _host_of(plan, launch, event["hostname"])
+        if state.launch is not launch or state.spec.host != host or state.spec.local_rank != event["local_rank"]:
+            # torchrun or Slurm placed it elsewhere than planned: it runs where it says it does
             state.launch = launch
-            state.spec = replace(state.spec, host=launch.launch.host, local_rank=event["local_rank"])
+            state.spec = replace(state.spec, host=host, local_rank=event["local_rank"])
     elif kind == "result":
         run = runs[event["exercise"]]
         run.results[rank] = event["value"]
@@ -742,6 +762,15 @@ def _handle_event(plan: Plan, launch: LaunchState, state: RankState, runs: dict[
         _violation(runs, state, event["what"])
     elif kind == "done":
         state.done = True
+
+
+def _host_of(plan: Plan, launch: LaunchState, hostname: str) -> str:
+    """The host a rank that said hello runs on: its launch's, or under Slurm (one launch for every
+    node) the host its hostname names."""
+    if plan.launcher not in SRUN_LAUNCHERS:
+        return launch.launch.host
+    names = {h.name for h in plan.hosts}
+    return next((n for n in (hostname, hostname.split(".", 1)[0]) if n in names), launch.launch.host)
 
 
 def _step_budget(plan: Plan) -> int:

@@ -9,6 +9,13 @@ host's ranks itself.
   own, with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR and
   MASTER_PORT set. The ranks inherit this process's standard input, so each one stops itself
   when the controller goes away (see ``lab.rank.worker.stop_when_orphaned``).
+* ``srun SRUN_OPTIONS -- KIND ARGS`` (``--launcher srun`` and ``srun-torchrun``): on the Slurm
+  cluster's login host, one job whose tasks are the ranks (KIND ``task``) or one torchrun per
+  node (KIND ``torchrun``, the tutorial's ``srun torchrun``): see ``lab.rank.srun``.
+* ``task PROGRAM``: one Slurm task as a rank: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE and
+  GROUP_RANK from SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, the step's tasks on this node and
+  SLURM_NODEID (the lab gives MASTER_ADDR and MASTER_PORT); the rank is forked from the lab's
+  zygote (``fork`` above, with one rank), so its streams are checked as under ``--launcher lab``.
 * ``spawn --nprocs N --first-rank F PROGRAM``: ``torch.multiprocessing.spawn`` of N ranks, as the
   tutorials start theirs on one machine. Rank ``F + i`` gets RANK and LOCAL_RANK here; the lab
   gives this process MASTER_ADDR, MASTER_PORT, WORLD_SIZE and LOCAL_WORLD_SIZE. The ranks stay
@@ -29,7 +36,7 @@ import signal
 import sys
 from pathlib import Path
 
-from lab.rank.protocol import Channel
+from lab.rank.protocol import report_exits
 from lab.rank.worker import WATCHED_BY_PARENT, stop_when_orphaned
 
 
@@ -64,7 +71,7 @@ def torchrun(args: list[str]) -> int:
     except ChildFailedError as exc:  # torchrun's table of which rank failed how, without our stack
         print(exc.format_msg(), file=sys.stderr)  # type: ignore[no-untyped-call]
         first, _ = exc.get_first_failure()  # the root cause first: the others were stopped after it
-        _report_exits({rank: exc.failures[rank].exitcode for rank in sorted(exc.failures, key=lambda r: r != first)})
+        report_exits({rank: exc.failures[rank].exitcode for rank in sorted(exc.failures, key=lambda r: r != first)})
         return 1
     return 0
 
@@ -93,18 +100,39 @@ def spawn(args: list[str]) -> int:
                  nprocs=options.nprocs)
     except ProcessException as exc:  # one rank failed; mp.spawn has stopped the others
         print(f"lab.rank.node: mp.spawn: {exc}".rstrip(), file=sys.stderr)
-        _report_exits({options.first_rank + exc.error_index: getattr(exc, "exit_code", 1)})
+        report_exits({options.first_rank + exc.error_index: getattr(exc, "exit_code", 1)})
         return 1
     return 0
 
 
-def _report_exits(codes: dict[int, int]) -> None:
-    """Tell the controller how each failed rank ended, in the order they ended (this process's own
-    exit code is one for all)."""
-    sys.stdout.flush()
-    channel = Channel(1, os.environ.get("LAB_TOKEN", ""))  # (whole lines: the ranks' relays write here too)
-    for rank, code in codes.items():
-        channel.send("exit", rank=rank, code=code)
+def task(args: list[str]) -> int:
+    """One Slurm task as a rank (see the module): its settings from Slurm's, then the rank, forked
+    from the lab's zygote, which passes its streams on checked and says how it ended."""
+    from lab.rank import zygote
+
+    options = _program(args)
+    node = int(os.environ["SLURM_NODEID"])
+    os.environ.update(WORLD_SIZE=os.environ["SLURM_NTASKS"], GROUP_RANK=str(node),
+                      LOCAL_WORLD_SIZE=str(tasks_on_node(os.environ["SLURM_STEP_TASKS_PER_NODE"], node)))
+    options.nprocs, options.first_rank = 1, int(os.environ["SLURM_PROCID"])
+    return zygote.main(options, first_local_rank=int(os.environ["SLURM_LOCALID"]))
+
+
+def tasks_on_node(spec: str, node: int) -> int:
+    """How many of a step's tasks run on its ``node``-th node, from Slurm's count (``2(x3),1``)."""
+    counts: list[int] = []
+    for part in spec.split(","):
+        count, _, times = part.partition("(x")
+        counts += [int(count)] * int(times.rstrip(")") or 1)
+    return counts[node]
+
+
+def _program(args: list[str]) -> argparse.Namespace:
+    """``-m MODULE ARGS``: the program a rank runs."""
+    parser = argparse.ArgumentParser(prog="python -m lab.rank.node task")
+    parser.add_argument("-m", dest="module", required=True)
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    return parser.parse_args(args)
 
 
 def _rank(local_rank: int, first_rank: int, module: str, args: list[str]) -> None:
@@ -121,7 +149,13 @@ def main() -> int:
         from lab.rank import zygote
 
         return zygote.main(host_ranks(kind, args))
+    if kind == "task":  # (the zygote watches stdin itself)
+        return task(args)
     stop_when_orphaned()
+    if kind == "srun":
+        from lab.rank import srun
+
+        return srun.main(args)
     return {"torchrun": torchrun, "spawn": spawn}[kind](args)
 
 

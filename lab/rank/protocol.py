@@ -291,3 +291,13 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, (set, frozenset, tuple)):
         return list(value)
     return repr(value)
+
+
+def report_exits(codes: dict[int, int]) -> None:
+    """A host's launcher tells the controller how each failed rank ended, in the order they ended
+    (its own exit code is one for all): ``exit`` events on its stdout, in whole lines (the ranks'
+    relays write there too)."""
+    sys.stdout.flush()
+    channel = Channel(1, os.environ.get("LAB_TOKEN", ""))
+    for rank, code in codes.items():
+        channel.send("exit", rank=rank, code=code)

@@ -184,9 +184,10 @@ class Rank:
     reported: bool = False
 
 
-def main(options: argparse.Namespace) -> int:
-    """Fork ``options.nprocs`` ranks from ``options.first_rank`` on (``lab.rank.node.host_ranks``),
-    each running ``options.module``'s main with ``options.args``; pass their streams on until all end."""
+def main(options: argparse.Namespace, first_local_rank: int = 0) -> int:
+    """Fork ``options.nprocs`` ranks from ``options.first_rank`` on (``lab.rank.node.host_ranks``;
+    their local ranks from ``first_local_rank`` on), each running ``options.module``'s main with
+    ``options.args``; pass their streams on until all end."""
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # (each rank installs its stack dump)
     for name in PRELOAD:
         with contextlib.suppress(Exception):
@@ -195,7 +196,8 @@ def main(options: argparse.Namespace) -> int:
     token = os.environ.get(TOKEN_VAR, "")
     ranks: list[Rank] = []
     for local_rank in range(options.nprocs):
-        ranks.append(_fork(options.first_rank + local_rank, local_rank, options.module, options.args, token,
+        ranks.append(_fork(options.first_rank + local_rank, first_local_rank + local_rank, options.module, options.args,
+                           token,
                            [fd for r in ranks for fd in r.pipes]))
     _pass_on(ranks, token)
     return 0 if all(r.code == 0 for r in ranks) else 1

@@ -67,7 +67,8 @@ def _exercises() -> dict[str, Exercise]:
         Exercise("processes", "torch.multiprocessing: Process + join, then mp.spawn; each child reports once",
                  "lab.suite.exercises.processes", basics.check_processes, "none"),
         Exercise("launchers", "RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE as the launcher sets them "
-                 "(--launcher lab, torchrun or spawn)", "lab.suite.exercises.launchers", basics.check_launchers),
+                 "(--launcher lab, torchrun, spawn, srun or srun-torchrun)", "lab.suite.exercises.launchers",
+                 basics.check_launchers),
         Exercise("groups", "init_process_group, get_rank/get_world_size, new_group of a subset",
                  "lab.suite.exercises.groups", basics.check_groups),
         Exercise("init-env", "init_method='env://': MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE",

@@ -15,6 +15,8 @@ import select
 import shlex
 import signal
 import subprocess
+import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +28,9 @@ from lab.errors import RunError
 from lab.rank.protocol import PID_MARK
 
 log = logging.getLogger(__name__)
+
+CALL_OUTPUT = 1 << 16  # bytes kept of each stream of a ``Transport.call``
+STREAM_WAIT = 5.0  # seconds for the last output of a call that ended
 
 
 class RankProcess(ABC):
@@ -117,6 +122,27 @@ class Transport(ABC):
         finally:
             for process in processes:
                 process.release()
+
+    def call(self, argv: Sequence[str], timeout: float) -> tuple[int | None, str]:
+        """Run ``argv`` on the host (a short command, not a rank) and wait for it, up to ``timeout``
+        seconds: its exit status (None: it did not end in time and was killed) and the last
+        CALL_OUTPUT bytes it printed on stdout and stderr. OSError, LabError as ``start``."""
+        process = self.start(argv, {}, "/")
+        printed: list[bytes] = []
+        readers = [threading.Thread(target=lambda s=stream: printed.append(s.read()[-CALL_OUTPUT:]), daemon=True)
+                   for stream in (process.stdout, process.stderr)]
+        for reader in readers:
+            reader.start()
+        process.close_stdin()
+        deadline = time.monotonic() + timeout
+        status = process.poll()
+        while status is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            status = process.poll()
+        for reader in readers:
+            reader.join(max(0.0, deadline - time.monotonic()) if status is None else STREAM_WAIT)
+        process.kill()
+        return status, b"".join(printed).decode("utf-8", "replace")
 
     def own_address(self) -> str | None:
         """The host's address as this transport reaches it, when it can tell (see ssh)."""

@@ -1,0 +1,83 @@
+"""What the lab makes of srun's streams and words, without a cluster (the real job is in test_slurm):
+each task's stream put back together from srun's labelled pieces and checked as the lab's own
+launcher checks a rank's, how each task ended, and Slurm's refusals as one line."""
+from __future__ import annotations
+
+import pytest
+
+from lab.core import slurm
+from lab.errors import ExitCode
+from lab.rank import srun
+from lab.rank.node import tasks_on_node
+from lab.rank.output import HOLD
+from lab.rank.protocol import event_line, parse_event, rank_tag, report_exits
+
+TOKEN = "t0k3n"
+
+
+def pieces(task: int, data: bytes) -> list[bytes]:
+    """``data`` (one task's lines) as ``srun --label`` passes it on: each line in pieces of at most
+    SRUN_PIECE bytes, every piece labelled and ended."""
+    out = []
+    for line in data.splitlines(keepends=True):
+        body = line.rstrip(b"\n")
+        chunks = [body[i:i + srun.SRUN_PIECE] for i in range(0, len(body), srun.SRUN_PIECE)] or [b""]
+        if len(chunks[-1]) == srun.SRUN_PIECE:  # (srun passes the newline on in a piece of its own)
+            chunks.append(b"")
+        out += [f"{task}: ".encode() + chunk + b"\n" for chunk in chunks]
+    return out
+
+
+def test_a_tasks_long_lines_come_back_whole_from_pieces_that_other_tasks_lines_came_between() -> None:
+    big = event_line(TOKEN, "step", rank=0, step="x" * 3000).encode()
+    exact = rank_tag(0) + b"y" * (srun.SRUN_PIECE - len(rank_tag(0))) + b"\n"  # a line exactly one piece long
+    first, second = pieces(0, big + exact), pieces(1, rank_tag(1) + b"hi\n" + rank_tag(1) + b"z" * 2500 + b"\n")
+    unlabel = srun.Unlabel()
+    out = b"".join(unlabel.feed(line) for pair in zip(first, second) for line in pair)
+    out += b"".join(unlabel.feed(line) for line in first[len(second):] + second[len(first):]) + unlabel.close()
+    lines = out.splitlines(keepends=True)
+    assert sorted(lines) == sorted([big, exact, rank_tag(1) + b"hi\n", rank_tag(1) + b"z" * 2500 + b"\n"])
+    assert parse_event(big.decode().rstrip("\n"), TOKEN)["step"] == "x" * 3000  # type: ignore[index]
+
+
+def test_srun_s_own_lines_go_on_as_they_are_and_what_a_task_left_unended_is_ended() -> None:
+    unlabel = srun.Unlabel()
+    assert unlabel.feed(b"srun: error: node2: task 1: Killed\n") == b"srun: error: node2: task 1: Killed\n"
+    assert unlabel.feed(b"0: " + b"a" * srun.SRUN_PIECE + b"\n") == b""
+    assert unlabel.close() == b"a" * srun.SRUN_PIECE + b"\n"
+
+
+def test_a_line_longer_than_any_event_goes_on_in_lines_of_bounded_size() -> None:
+    unlabel = srun.Unlabel()
+    out = b"".join(unlabel.feed(line) for line in pieces(3, b"f" * (3 * HOLD) + b"\n"))
+    most = HOLD + srun.SRUN_PIECE  # (the piece that took it past HOLD goes with it)
+    assert [len(line) for line in out.splitlines()] == [most, most, 3 * HOLD - 2 * most]
+
+
+def test_tasks_on_a_node_from_slurms_count() -> None:
+    assert [tasks_on_node("2(x3),1", node) for node in range(4)] == [2, 2, 2, 1]
+    assert tasks_on_node("4", 0) == 4
+
+
+@pytest.mark.parametrize(("lines", "code", "says"), [
+    (["srun: error: invalid partition specified: gpu",
+      "srun: error: Unable to allocate resources: Invalid partition name specified"],
+     ExitCode.BAD_INPUT, "host node1: Slurm refused the job: Invalid partition name specified"),
+    (["srun: Required node not available (down, drained or reserved)", "srun: job 19 queued and waiting",
+      "srun: error: Unable to allocate resources: Requested nodes are busy"],
+     ExitCode.UNREACHABLE, "Requested nodes are busy (Required node not available (down, drained or reserved)): "
+                           "`sinfo` there shows the nodes' states"),
+])
+def test_slurms_refusals_are_one_line_with_their_exit_code(lines: list[str], code: ExitCode, says: str) -> None:
+    refused = slurm.refusal(lines, "node1")
+    assert refused is not None and refused.exit_code == code
+    assert says in str(refused) and "\n" not in str(refused)
+    assert slurm.refusal(["srun: error: node2: task 3: Exited with exit code 3"], "node1") is None
+
+
+def test_exits_are_reported_as_events_in_the_order_given(capfd: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LAB_TOKEN", TOKEN)
+    report_exits({3: 3, 0: -15})
+    events = [parse_event(line, TOKEN) for line in capfd.readouterr().out.splitlines()]
+    assert [(e["rank"], e["code"]) for e in events if e] == [(3, 3), (0, -15)]
