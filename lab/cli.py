@@ -52,6 +52,7 @@ from lab.core.plan import (
 )
 from lab.core.report import STATUS_STYLES, LineStreamer, print_report, to_json, to_junit
 from lab.core.runner import run_plan
+from lab.core.slurm import WORKING
 from lab.core.text import printable
 from lab.doctor.render import print_diagnosis
 from lab.doctor.run import diagnose, explain_hang
@@ -581,7 +582,7 @@ def _slurm_status(console: Console, args: argparse.Namespace) -> tuple[str, ...]
     table = Table("slurm node", "state", "munge key")
     for node, same in health.keys.items():
         state = health.states.get(node, "?")
-        table.add_row(node, Text(state, style="green" if state in slurm.WORKING else "red"),
+        table.add_row(node, Text(state, style="green" if state in WORKING else "red"),
                       Text({True: "the lab's", False: "another", None: "?"}[same],
                            style="green" if same else "red"))
     console.print(table)

@@ -262,8 +262,9 @@ def test_launchers_one_launcher_process_per_host_and_torchrun_group_ranks() -> N
     results[2]["env"]["GROUP_RANK"] = "0"
     v = basics.check_launchers(results, World(4, "gloo", TWO_HOSTS, (0, 1, 0, 1), "torchrun"))
     assert v.failed_ranks == (2, 3)
-    assert "rank 3: the process that started it (the torchrun agent of b): expected 52, got 999" in map(str, v.mismatches)
-    assert "rank 2: GROUP_RANK (the number the launcher gave b): expected '1', got '0'" in map(str, v.mismatches)
+    said = list(map(str, v.mismatches))
+    assert "rank 3: the process that started it (the torchrun agent of b): expected 52, got 999" in said
+    assert "rank 2: GROUP_RANK (the number the launcher gave b): expected '1', got '0'" in said
     # The lab starts every rank itself: their parents may differ.
     assert basics.check_launchers(results | {2: launchers_ok(4, TWO_HOSTS)[2]},
                                   World(4, "gloo", TWO_HOSTS, (0, 1, 0, 1), "lab")).passed

@@ -98,18 +98,29 @@ def test_the_munge_key_is_the_labs_own_and_nobody_elses(slurm_lab: tuple[Lab, Pa
     assert [NAME, "plain", "slurm"] in [row[:3] for row in rows], listed.out
 
 
+def doctor(lab: Lab, inventory: Path) -> tuple[int, dict]:
+    result = lab("doctor", "--hosts", str(inventory), "--json")
+    return result.code, json.loads(result.out)
+
+
 @pytest.mark.docker
-def test_status_names_a_host_with_another_munge_key_and_up_mends_it(slurm_lab: tuple[Lab, Path]) -> None:
+def test_status_and_doctor_name_a_host_with_another_munge_key_and_up_mends_it(slurm_lab: tuple[Lab, Path]) -> None:
     lab, inventory = slurm_lab
     status = ("status", "--name", NAME, "--inventory", str(inventory))
     healthy = lab(*status)
     assert healthy.code == 0 and healthy.out.count("the lab's") == 2, healthy.text
+    code, diagnosis = doctor(lab, inventory)
+    assert code == 0 and "Slurm: slurmctld on node1 answers; 2 node(s) idle" in json.dumps(diagnosis)
     other_key = subprocess.run(["docker", "exec", "-i", f"{NAME}-node2", "/usr/local/bin/lab-slurm-start"],
                                input=os.urandom(slurm.MUNGE_KEY_BYTES), capture_output=True, timeout=60)
     assert other_key.returncode == 0, other_key.stderr
     broken = lab(*status)
     assert broken.code == 3, broken.text
     assert "lab: node2: its munge key is not the lab's" in " ".join(broken.out.split()), broken.out
+    code, diagnosis = doctor(lab, inventory)
+    assert code == 1
+    assert [(f["subject"], f["message"]) for f in diagnosis["findings"] if f["check"] == "slurm"] == [
+        ("node2", "munge there cannot decode a credential made on node1: unmunge: Error: Invalid credential")]
     mended = lab("up", "--name", NAME, "--hosts", "2", "--slots", "2", "--scheduler", "slurm", "--no-smoke",
                  "--inventory", str(inventory), timeout=600)
     assert mended.code == 0, mended.text[-3000:]
@@ -219,9 +230,13 @@ def test_slurms_refusals_are_one_line_each_with_its_exit_code(slurm_lab: tuple[L
     assert in_host(1, "scontrol", "update", "nodename=node2", "state=drain", "reason=lab-test").returncode == 0
     try:
         drained = lab("run", "p2p", "--hosts", str(inventory), "--launcher", "srun", "--timeout", "5")
+        code, diagnosis = doctor(lab, inventory)
     finally:
         assert in_host(1, "scontrol", "update", "nodename=node2", "state=resume").returncode == 0
     assert drained.code == 3, drained.text
     error = drained.err.strip().splitlines()[-1]
     assert error.startswith("lab: error: host node1: Slurm refused the job: ") and "drained" in error, error
+    found = [f for f in diagnosis["findings"] if f["check"] == "slurm"]
+    assert code == 1 and [(f["subject"], f["message"]) for f in found] == [("node2", "Slurm has the node drained")]
+    assert "scontrol update nodename=node2 state=resume" in found[0]["fix"]
     assert_nothing_left()

@@ -1,11 +1,14 @@
-"""What the lab makes of srun's streams and words, without a cluster (the real job is in test_slurm):
-each task's stream put back together from srun's labelled pieces and checked as the lab's own
-launcher checks a rank's, how each task ended, and Slurm's refusals as one line."""
+"""What the lab makes of Slurm's streams and words, without a cluster (the real one is in
+test_slurm): each task's lines put back together from srun's labelled pieces, Slurm's refusals
+as one line, and the doctor's Slurm findings."""
 from __future__ import annotations
 
 import pytest
 
 from lab.core import slurm
+from lab.core.inventory import Host
+from lab.doctor import slurm as doctor_slurm
+from lab.doctor.slurm import SlurmAnswers
 from lab.errors import ExitCode
 from lab.rank import srun
 from lab.rank.node import tasks_on_node
@@ -81,3 +84,25 @@ def test_exits_are_reported_as_events_in_the_order_given(capfd: pytest.CaptureFi
     report_exits({3: 3, 0: -15})
     events = [parse_event(line, TOKEN) for line in capfd.readouterr().out.splitlines()]
     assert [(e["rank"], e["code"]) for e in events if e] == [(3, 3), (0, -15)]
+
+
+def test_the_doctor_names_each_slurm_problem_with_its_fix() -> None:
+    hosts = [Host("node1", "10.0.0.1"), Host("node2", "10.0.0.2"), Host("gpu9", "10.0.0.9")]
+    answers = SlurmAnswers("node1", "Slurmctld(primary) at node1 is DOWN",
+                           {"node1": "idle", "node2": "down*"}, {"node1": None, "node2": None,
+                                                                  "gpu9": "unmunge: Error: Invalid credential"})
+    found = {(f.subject, f.message): f for f in doctor_slurm.findings(answers, hosts)}
+    assert set(found) == {
+        ("node1", "slurmctld does not answer: Slurmctld(primary) at node1 is DOWN"),
+        ("node2", "Slurm has the node down*"),
+        ("gpu9", "is not a node of this Slurm cluster"),
+        ("gpu9", "munge there cannot decode a credential made on node1: unmunge: Error: Invalid credential")}
+    assert all(f.severity == "error" and f.fix for f in found.values())
+    munge = next(f for (subject, message), f in found.items() if subject == "gpu9" and message.startswith("munge"))
+    assert "its munge key is not the cluster's" in munge.cause
+    well = SlurmAnswers("node1", "Slurmctld(primary) at node1 is UP", {"node1": "idle", "node2": "mixed"},
+                        {"node1": None, "node2": None})
+    (note,) = doctor_slurm.findings(well, hosts[:2])
+    assert note.severity == "info"
+    assert note.message.startswith("Slurm: slurmctld on node1 answers; 2 node(s) idle, mixed")
+

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from lab.containerlab.engine import EngineError, Say
 from lab.containerlab.topology import LabPaths, Topology
+from lab.core.slurm import WORKING
 
 MUNGE_KEY_BYTES = 1024
 CONTROLLER = 1  # the host slurmctld runs on
@@ -35,7 +36,6 @@ CONF_PATH = "/etc/slurm/slurm.conf"  # where a host finds the lab's slurm.conf (
 START_TIMEOUT = 30.0  # seconds for one host's lab-slurm-start
 IDLE_TIMEOUT = 90.0  # seconds for every node to be idle after the daemons start
 SINFO = ["sinfo", "--noheader", "--Node", "--format", "%N %T"]
-WORKING = ("idle", "mixed", "allocated", "completing")  # the states of a node that takes jobs
 KEY_IN_HOST = "/run/lab-munge/munge.key"  # where lab-slurm-start puts the lab's key (munge's, 0400)
 
 

@@ -18,6 +18,7 @@ from lab.transport import Transport
 log = logging.getLogger(__name__)
 
 CANCEL_WAIT = 20.0  # seconds for a cancelled job to leave squeue
+WORKING = ("idle", "mixed", "allocated", "completing")  # the states (``sinfo %T``) of a node that takes jobs
 
 
 class SlurmRefused(LabError):

@@ -27,7 +27,9 @@ from typing import Any
 
 from lab.core.inventory import Host, Inventory
 from lab.core.plan import data_address, interface_env, new_token
+from lab.doctor import slurm
 from lab.doctor.model import (
+    SEVERITIES,
     Diagnosis,
     HostReport,
     Master,
@@ -176,12 +178,17 @@ def diagnose(inventory: Inventory, ssh: SSHSettings | None = None, master_port: 
         for probe in probes.values():
             probe.process.close_stdin()  # the end of phase 2: each probe closes its listeners and exits
         _gather_heard(probes.get(first.name), reports[first.name], timeout)
+        scheduler_started = time.monotonic()
+        scheduler = None if first.is_local or reports[first.name].unreachable else \
+            slurm.ask(transports, inventory.hosts, timeout)
+        seconds["slurm"] = time.monotonic() - scheduler_started
     finally:
         for_each_host(probes, lambda probe: probe.stop())  # streams and channels first, then the connections
         for_each_host(transports, release)
     seconds["total"] = time.monotonic() - started
     ordered = tuple(reports[name] for name in hosts)
-    return Diagnosis(ordered, master, tuple(analyse(ordered, master)), seconds)
+    found = analyse(ordered, master) + (slurm.findings(scheduler, inventory.hosts) if scheduler else [])
+    return Diagnosis(ordered, master, tuple(sorted(found, key=lambda f: SEVERITIES.index(f.severity))), seconds)
 
 
 def _gather_facts(probes: dict[str, _ProbeRun], reports: dict[str, HostReport], timeout: float) -> None:
