@@ -39,13 +39,14 @@ from lab.containerlab.topology import (
 from lab.containerlab.up import UpRequest, bring_up
 from lab.core import grade
 from lab.core.grade import DEFAULT_WALL
-from lab.core.inventory import Inventory, load_inventory, local_inventory
+from lab.core.inventory import ALLOCATION, Inventory, allocation_inventory, load_inventory, local_inventory
 from lab.core.judge import ended, exit_code, hung_at_start, judge
 from lab.core.plan import (
     BACKENDS,
     DEFAULT_TIMEOUT,
     INIT_METHODS,
     LAUNCHERS,
+    Launcher,
     Options,
     build_launch_plan,
     build_plan,
@@ -217,8 +218,9 @@ def _lab_name(text: str) -> str:
 
 def _cluster_options(parser: argparse.ArgumentParser) -> None:
     """Which cluster: the hosts of an inventory, or the local cluster of --nproc ranks."""
-    parser.add_argument("--hosts", metavar="INVENTORY", help="an Ansible-style YAML inventory; "
-                        "without it: the local cluster, --nproc processes on this machine")
+    parser.add_argument("--hosts", metavar="INVENTORY", help="an Ansible-style YAML inventory, or 'slurm': the "
+                        "nodes of the Slurm allocation the lab runs in (salloc, sbatch); without it: the local "
+                        "cluster, --nproc processes on this machine")
     parser.add_argument("--nproc", type=int, default=4, metavar="N", help="ranks of the local cluster (default 4)")
     parser.add_argument("--accept-new-host-keys", action="store_true",
                         help="trust SSH host keys not yet in known_hosts (and record them)")
@@ -227,20 +229,22 @@ def _cluster_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _launcher_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--launcher", choices=LAUNCHERS, default="lab",
+    parser.add_argument("--launcher", choices=LAUNCHERS,
                         help="who starts the ranks: lab (each rank, the settings in its environment, "
                              "forked from one process per host that imported torch once), "
                              "torchrun (one per host: c10d rendezvous on rank 0's host, torchrun numbers "
                              "the ranks), spawn (one process per host that mp.spawns its ranks), "
                              "srun (the ranks are the tasks of one Slurm job, started by srun on the first "
                              "host), srun-torchrun (srun starts one torchrun per node, as the tutorials' "
-                             "`srun torchrun`) (default lab)")
+                             "`srun torchrun`) (default lab; srun with --hosts slurm)")
     parser.add_argument("--partition", metavar="NAME", help="the Slurm partition (--launcher srun and "
                         "srun-torchrun; default: the cluster's default partition)")
 
 
 def _cluster(args: argparse.Namespace) -> Inventory:
-    """The hosts of ``--hosts``, or the local cluster of ``--nproc`` ranks."""
+    """The hosts of ``--hosts`` (``slurm``: the allocation's nodes), or the local cluster of ``--nproc`` ranks."""
+    if args.hosts == ALLOCATION:
+        return allocation_inventory(os.environ, sys.executable)
     if args.hosts:
         return load_inventory(args.hosts)
     return local_inventory(args.nproc, gpus=local_gpu_count() if args.nproc >= 1 else 0)
@@ -515,7 +519,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     settings = _ssh_settings(args)
     inventory = with_master_address(_cluster(args), settings)
     console = Console(highlight=False)
-    plan = build_launch_plan(inventory, str(script.resolve()), args.args, args.timeout, args.launcher,
+    plan = build_launch_plan(inventory, str(script.resolve()), args.args, args.timeout, _launcher(args),
                              partition=args.partition)
     outcome = run_plan(plan, on_line=LineStreamer(console), keep=args.keep, ssh=settings)
     failed = [s for s in outcome.ranks if not s.done]
@@ -625,5 +629,10 @@ def _options(args: argparse.Namespace) -> Options:
         if path.suffix != ".py" or not path.is_file():
             raise UsageError(f"--solution {args.solution}: not a readable .py file")
         solution = str(path.resolve())
-    return Options(exercises, args.backend, args.init, args.timeout, solution, args.launcher,
+    return Options(exercises, args.backend, args.init, args.timeout, solution, _launcher(args),
                    partition=args.partition)
+
+
+def _launcher(args: argparse.Namespace) -> Launcher:
+    """``--launcher``, else srun on the nodes of a Slurm allocation, else the lab's own."""
+    return args.launcher or ("srun" if args.hosts == ALLOCATION else "lab")

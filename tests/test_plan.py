@@ -173,11 +173,11 @@ def test_srun_starts_one_job_from_the_first_host_whose_tasks_are_the_ranks() -> 
     assert [h.name for h in plan.hosts] == ["node1", "node2"]  # srun numbers the tasks node by node
     (launch,) = plan.launches()
     assert (launch.host, launch.ranks) == ("node1", (0, 1, 2, 3))
-    assert launch.args == ("-m", "lab.rank.node", "srun", "--nodes=2", "--ntasks-per-node=2",
-                           "--nodelist=node1,node2", "--job-name=lab-t0k3n", "--immediate=60", "--partition=gpu",
-                           "--", "task", "-m", "lab.rank.worker")
+    assert launch.args == ("-m", "lab.rank.node", "srun", "--nodes=2", "--ntasks=4", "--ntasks-per-node=2",
+                           "--distribution=block", "--nodelist=node1,node2", "--job-name=lab-t0k3n", "--immediate=60",
+                           "--partition=gpu", "--", "task", "-m", "lab.rank.worker")
     assert (launch.env["MASTER_ADDR"], launch.env["MASTER_PORT"]) == ("10.0.0.9", P0)
-    assert "RANK" not in launch.env and "LAB_TAG_OUTPUT" not in launch.env  # Slurm's numbers; srun.py tags
+    assert "RANK" not in launch.env and "LAB_TAG_OUTPUT" not in launch.env  # Slurm's numbers; the zygote tags
 
 
 def test_srun_torchrun_starts_one_torchrun_per_node_as_the_tutorial_does() -> None:
@@ -186,7 +186,8 @@ def test_srun_torchrun_starts_one_torchrun_per_node_as_the_tutorial_does() -> No
     assert [h.name for h in plan.hosts] == ["node1", "node2"]  # every agent's address is its host's name
     (launch,) = plan.launches()
     assert launch.args == (
-        "-m", "lab.rank.node", "srun", "--nodes=2", "--ntasks-per-node=1", "--nodelist=node1,node2",
+        "-m", "lab.rank.node", "srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--distribution=block",
+        "--nodelist=node1,node2",
         "--job-name=lab-t0k3n", "--immediate=30", "--", "torchrun", "--nnodes", "2", "--nproc-per-node", "2",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"10.0.0.9:{P0}", "--rdzv-id", "t0k3n", "--max-restarts", "0",
         "-m", "lab.rank.script", "${run_dir}/script/broadcast.py", "--n", "1")

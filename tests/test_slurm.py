@@ -5,10 +5,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
+import sys
+import tarfile
 import time
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -130,8 +134,13 @@ def test_status_and_doctor_name_a_host_with_another_munge_key_and_up_mends_it(sl
 
 
 def assert_nothing_left() -> None:
-    """No job of the lab's in squeue, no process of a run on either host."""
-    assert in_host(1, "squeue", "--noheader").stdout.strip() == ""
+    """No job in squeue (one that ended may be completing for some seconds), no process of a run
+    on either host."""
+    deadline = time.monotonic() + 30
+    while (listed := in_host(1, "squeue", "--noheader").stdout.strip()) and time.monotonic() < deadline:
+        assert all(line.split()[4] == "CG" for line in listed.splitlines()), listed  # (ended, completing)
+        time.sleep(1)
+    assert listed == ""
     assert {node: workers_on(f"{NAME}-node{node}") for node in (1, 2)} == {1: [], 2: []}
 
 
@@ -239,4 +248,60 @@ def test_slurms_refusals_are_one_line_each_with_its_exit_code(slurm_lab: tuple[L
     found = [f for f in diagnosis["findings"] if f["check"] == "slurm"]
     assert code == 1 and [(f["subject"], f["message"]) for f in found] == [("node2", "Slurm has the node drained")]
     assert "scontrol update nodename=node2 state=resume" in found[0]["fix"]
+    assert_nothing_left()
+
+
+def controller_archive(path: Path) -> Path:
+    """The lab as a clone of it holds it (the package and requirements.txt) with the controller's
+    dependencies from this interpreter's site-packages (the hosts' Python is this one's minor
+    version: a cluster's users install them with pip), as a tar to unpack on a host."""
+    files, seen, wanted = [], set(), ["pyyaml", "rich", "paramiko", "docker"]
+    while wanted:
+        try:
+            dist = metadata.distribution(wanted.pop())
+        except metadata.PackageNotFoundError:  # (a dependency of another platform's)
+            continue
+        if dist.metadata["Name"].lower() in seen:
+            continue
+        seen.add(dist.metadata["Name"].lower())
+        wanted += [re.split(r"[ ;<>=!~\[(]", r)[0] for r in dist.requires or [] if "extra ==" not in r]
+        files += [(Path(str(f.locate())), str(f)) for f in dist.files or [] if not str(f).startswith("..")]
+    with tarfile.open(path, "w") as tar:
+        for local, name in files:
+            if local.is_file():
+                tar.add(str(local), arcname=name)
+        tar.add(str(REPO / "lab"), arcname="lab", filter=lambda t: None if "__pycache__" in t.name else t)
+        tar.add(str(REPO / "requirements.txt"), arcname="requirements.txt")
+    return path
+
+
+@pytest.mark.docker
+def test_hosts_slurm_runs_on_the_nodes_of_an_allocation(slurm_lab: tuple[Lab, Path], tmp_path: Path) -> None:
+    """The lab itself on node1, as the lab user inside ``salloc -N2 --ntasks-per-node=2``: the
+    allocation's nodes are the hosts, reached by job steps; the ranks are Slurm tasks (the default
+    there) or forked by the lab's zygote on each node."""
+    info = sys.version_info
+    assert in_host(1, "lab-python", "-c", "import sys; print(sys.version_info[:2])").stdout.strip() == \
+        str((info.major, info.minor)), "the controller's dependencies are copied from this Python's"
+    unpack = subprocess.run(["docker", "exec", "-i", "--user", "lab", f"{NAME}-node1", "sh", "-c",
+                             "rm -rf /tmp/ctl && mkdir /tmp/ctl && tar -x -C /tmp/ctl"],
+                            input=controller_archive(tmp_path / "lab.tar").read_bytes(), capture_output=True,
+                            timeout=300)
+    assert unpack.returncode == 0, unpack.stderr
+    try:
+        for launcher, exercises in ((None, ["all"]), ("lab", ["p2p", "launchers", "init-file"])):
+            run = in_host(1, "salloc", "--nodes=2", "--ntasks-per-node=2", "env", "PYTHONPATH=/tmp/ctl",
+                          "XDG_STATE_HOME=/tmp/ctl/state", "LAB_SHARED_DIR=/shared", "lab-python", "-m", "lab",
+                          "run", *exercises, "--hosts", "slurm", *(("--launcher", launcher) if launcher else ()),
+                          "--json", user="lab")
+            assert run.returncode == 0, run.stderr[-3000:]
+            report = json.loads(run.stdout)
+            assert report["plan"]["launcher"] == (launcher or "srun")
+            assert [e["name"] for e in report["exercises"] if e["status"] == "pass"] == \
+                [e["name"] for e in report["exercises"]] and len(report["exercises"]) >= 3
+            assert [h["connection"] for h in report["plan"]["hosts"]] == ["slurm", "slurm"]
+            placed = [r["hostname"] for r in sorted(report["ranks"], key=lambda r: r["rank"])]
+            assert placed == ["node1", "node1", "node2", "node2"]
+    finally:
+        in_host(1, "rm", "-rf", "/tmp/ctl", user="lab")
     assert_nothing_left()

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from lab.core import slurm
-from lab.core.inventory import Host
+from lab.core.inventory import Host, allocation_inventory, expand_nodelist
 from lab.doctor import slurm as doctor_slurm
 from lab.doctor.slurm import SlurmAnswers
-from lab.errors import ExitCode
+from lab.errors import ExitCode, UsageError
 from lab.rank import srun
-from lab.rank.node import tasks_on_node
+from lab.rank.node import per_node_counts
 from lab.rank.output import HOLD
 from lab.rank.protocol import event_line, parse_event, rank_tag, report_exits
 
@@ -57,9 +57,24 @@ def test_a_line_longer_than_any_event_goes_on_in_lines_of_bounded_size() -> None
     assert [len(line) for line in out.splitlines()] == [most, most, 3 * HOLD - 2 * most]
 
 
-def test_tasks_on_a_node_from_slurms_count() -> None:
-    assert [tasks_on_node("2(x3),1", node) for node in range(4)] == [2, 2, 2, 1]
-    assert tasks_on_node("4", 0) == 4
+def test_tasks_per_node_from_slurms_count() -> None:
+    assert per_node_counts("2(x3),1") == [2, 2, 2, 1] and per_node_counts("4") == [4]
+    with pytest.raises(ValueError):
+        per_node_counts("2(x")
+
+
+def test_the_nodes_of_an_allocation_are_the_inventory_of_hosts_slurm() -> None:
+    assert expand_nodelist("node[1-3,07],login,gpu[1-2]-ib[0-1]") == [
+        "node1", "node2", "node3", "node07", "login", "gpu1-ib0", "gpu1-ib1", "gpu2-ib0", "gpu2-ib1"]
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_TASKS_PER_NODE": "2(x2)"}
+    inventory = allocation_inventory({**env, "LAB_SHARED_DIR": "/shared"}, "/opt/py/bin/python")
+    assert [(h.name, h.address, h.connection, h.slots, h.python, h.shared_dir) for h in inventory.hosts] == [
+        ("node1", "node1", "slurm", 2, "/opt/py/bin/python", "/shared"),
+        ("node2", "node2", "slurm", 2, "/opt/py/bin/python", "/shared")]
+    for broken in ({}, {**env, "SLURM_JOB_NODELIST": "node[1-"}, {**env, "SLURM_TASKS_PER_NODE": "2(x3)"},
+                   {**env, "SLURM_JOB_NODELIST": "node[2-1]"}, {**env, "LAB_SHARED_DIR": "shared; rm"}):
+        with pytest.raises(UsageError, match="--hosts slurm|LAB_SHARED_DIR"):
+            allocation_inventory(broken, "python3")
 
 
 @pytest.mark.parametrize(("lines", "code", "says"), [

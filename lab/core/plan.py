@@ -211,7 +211,9 @@ class Plan:
         else:
             env.update(self._rendezvous_env(0))
             task = ("task",)
-        srun = ("-m", "lab.rank.node", "srun", f"--nodes={len(self.hosts)}", f"--ntasks-per-node={per_node}",
+        # (every count given: srun run from inside a step of an allocation would take that step's from its environment)
+        srun = ("-m", "lab.rank.node", "srun", f"--nodes={len(self.hosts)}", f"--ntasks={len(self.hosts) * per_node}",
+                f"--ntasks-per-node={per_node}", "--distribution=block",
                 f"--nodelist={','.join(h.name for h in self.hosts)}", f"--job-name={self.job_name}",
                 f"--immediate={max(1, round(self.timeout))}",  # (waiting longer for the nodes is a hang)
                 *((f"--partition={self.partition}",) if self.partition else ()), "--")

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -113,18 +114,21 @@ def task(args: list[str]) -> int:
     options = _program(args)
     node = int(os.environ["SLURM_NODEID"])
     os.environ.update(WORLD_SIZE=os.environ["SLURM_NTASKS"], GROUP_RANK=str(node),
-                      LOCAL_WORLD_SIZE=str(tasks_on_node(os.environ["SLURM_STEP_TASKS_PER_NODE"], node)))
+                      LOCAL_WORLD_SIZE=str(per_node_counts(os.environ["SLURM_STEP_TASKS_PER_NODE"])[node]))
     options.nprocs, options.first_rank = 1, int(os.environ["SLURM_PROCID"])
     return zygote.main(options, first_local_rank=int(os.environ["SLURM_LOCALID"]))
 
 
-def tasks_on_node(spec: str, node: int) -> int:
-    """How many of a step's tasks run on its ``node``-th node, from Slurm's count (``2(x3),1``)."""
+def per_node_counts(spec: str) -> list[int]:
+    """Slurm's tasks per node, node by node, from its compact count (``2(x3),1`` -> 2, 2, 2, 1);
+    ValueError when it is not one."""
     counts: list[int] = []
     for part in spec.split(","):
-        count, _, times = part.partition("(x")
-        counts += [int(count)] * int(times.rstrip(")") or 1)
-    return counts[node]
+        found = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part)
+        if found is None:
+            raise ValueError(f"not a count of tasks: {part!r}")
+        counts += [int(found[1])] * int(found[2] or 1)
+    return counts
 
 
 def _program(args: list[str]) -> argparse.Namespace:

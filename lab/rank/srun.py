@@ -16,6 +16,7 @@ exactly SRUN_PIECE bytes long (srun passes the rest of the line on in the next p
 """
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -66,7 +67,9 @@ def main(args: list[str]) -> int:
         print("usage: python -m lab.rank.node srun SRUN_OPTIONS -- KIND ARGS", file=sys.stderr)
         return 2
     at = args.index("--")
-    argv = ["srun", "--label", "--kill-on-bad-exit=1", *args[:at], sys.executable, "-m", "lab.rank.node",
+    # inside an allocation (the lab's own steps run there too: lab.transport.slurm) the job is a step of it
+    within = ["--overlap"] if os.environ.get("SLURM_JOB_ID") else []
+    argv = ["srun", "--label", "--kill-on-bad-exit=1", *within, *args[:at], sys.executable, "-m", "lab.rank.node",
             *args[at + 1:]]
     signal.signal(signal.SIGUSR1, lambda *_: None)  # (srun, in this group, passes it on to the tasks)
     try:

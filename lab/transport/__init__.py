@@ -1,4 +1,5 @@
-"""Transports: how a command reaches a host (``local``, ``ssh``, ``docker``; the interface in ``base``).
+"""Transports: how a command reaches a host (``local``, ``ssh``, ``docker``, ``slurm``; the interface
+in ``base``).
 
 ``transport_for`` picks one from the host's ``connection``.
 """
@@ -19,6 +20,7 @@ from lab.transport.base import (
 )
 from lab.transport.docker import DockerTransport
 from lab.transport.local import LocalTransport
+from lab.transport.slurm import SlurmTransport
 from lab.transport.ssh import SSHSettings, SSHTransport
 
 __all__ = ["PACKAGE_DIR", "RankProcess", "Transport", "code_uploads", "for_each_host", "release",
@@ -59,4 +61,6 @@ def transport_for(host: Host, ssh: SSHSettings | None = None) -> Transport:
         return LocalTransport(host)
     if host.connection == "docker":
         return DockerTransport(host)
+    if host.connection == "slurm":
+        return SlurmTransport(host)
     return SSHTransport(host, ssh or SSHSettings())
