@@ -38,6 +38,7 @@ from lab.containerlab.topology import (
 )
 from lab.containerlab.up import UpRequest, bring_up
 from lab.core import grade
+from lab.core import slurm as slurm_jobs
 from lab.core.grade import DEFAULT_WALL
 from lab.core.inventory import ALLOCATION, Inventory, allocation_inventory, load_inventory, local_inventory
 from lab.core.judge import ended, exit_code, hung_at_start, judge
@@ -175,6 +176,28 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("script", metavar="SCRIPT.py", help="the script every rank runs")
     launch.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
 
+    submission = commands.add_parser(
+        "submit", help="run exercises as a Slurm batch job (sbatch), here on the cluster's login host",
+        description="Write an sbatch script that runs `python -m lab run NAME... --hosts slurm` on the nodes "
+                    "Slurm gives the job, submit it and print its id; with --wait, wait for it and print its "
+                    "report (its exit code is the run's). The job's output and JUnit results go to --out.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    submission.add_argument("exercises", nargs="+", metavar="NAME", help="exercise names, or 'all' (see 'list')")
+    submission.add_argument("--nodes", type=int, default=2, metavar="N", help="nodes for the job (default 2)")
+    submission.add_argument("--ntasks-per-node", type=int, default=1, metavar="S",
+                            help="ranks on each node (default 1)")
+    submission.add_argument("--time", metavar="LIMIT", help="the job's time limit, as Slurm writes it (MINUTES, "
+                            "HH:MM:SS, DAYS-HH); default: the partition's")
+    submission.add_argument("--partition", metavar="NAME", help="the partition (default: the cluster's default)")
+    submission.add_argument("--launcher", choices=LAUNCHERS, help="who starts the ranks in the job (default srun)")
+    submission.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                            help=f"as for run (default {DEFAULT_TIMEOUT:g})")
+    submission.add_argument("--out", default="lab-jobs", metavar="DIR",
+                            help="where the script, the job's output and its JUnit results go; the job's nodes "
+                                 "must see it (default lab-jobs)")
+    submission.add_argument("--wait", action="store_true", help="wait for the job and print its report; Ctrl-C "
+                            "cancels it")
+
     doc = commands.add_parser(
         "doctor", help="check a cluster for what makes multi-node jobs fail or hang",
         description="Check every host and every pair: SSH, python/torch versions, GPUs/NCCL, name "
@@ -260,7 +283,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signum, _interrupt)
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "list": cmd_list, "run": cmd_run, "launch": cmd_launch, "doctor": cmd_doctor,
-        "grade": cmd_grade, "up": cmd_up, "down": cmd_down, "status": cmd_status, "net": cmd_net, "ls": cmd_ls}
+        "grade": cmd_grade, "submit": cmd_submit, "up": cmd_up, "down": cmd_down, "status": cmd_status,
+        "net": cmd_net, "ls": cmd_ls}
     try:
         return commands[args.command](args)
     except LabError as exc:
@@ -535,6 +559,30 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if outcome.status == "timeout":
         return ExitCode.TIMEOUT
     return ExitCode.OK if not failed else ExitCode.CHECK_FAILED
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    try:
+        registry.select(args.exercises)
+    except KeyError as exc:
+        raise UsageError(f"unknown exercise {exc.args[0]!r}; see 'python -m lab list'") from None
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
+    run_args = (*args.exercises, "--timeout", f"{args.timeout:g}",
+                *(("--launcher", args.launcher) if args.launcher else ()))
+    job = slurm_jobs.BatchJob(run_args, args.nodes, args.ntasks_per_node, args.time, args.partition)
+    out = Path(args.out)
+    say = _sayer(Console(highlight=False, stderr=True))
+    job_id, code = slurm_jobs.submit(job, out, args.wait, lambda job_id: say(
+        f"submitted batch job {job_id}: its report goes to {out / f'slurm-{job_id}.out'}"))
+    if code is None:
+        return ExitCode.OK
+    output = slurm_jobs.job_output(out, job_id)
+    print(output, end="")
+    if slurm_jobs.ran_out_of_time(output):
+        limit = args.time or "the partition's"
+        raise slurm_jobs.SlurmError(f"job {job_id}: Slurm stopped it at its time limit ({limit})", ExitCode.TIMEOUT)
+    return code
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:

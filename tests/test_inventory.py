@@ -646,7 +646,7 @@ ERRORS = [
           hosts:
             h1:
               ansible_connection: winrm
-        """, 4, "ansible_connection must be one of ssh, local, docker, got 'winrm'", id="connection"),
+        """, 4, "ansible_connection must be one of ssh, local, docker, slurm, got 'winrm'", id="connection"),
     pytest.param("""\
         all:
           vars:

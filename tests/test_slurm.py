@@ -275,33 +275,88 @@ def controller_archive(path: Path) -> Path:
     return path
 
 
-@pytest.mark.docker
-def test_hosts_slurm_runs_on_the_nodes_of_an_allocation(slurm_lab: tuple[Lab, Path], tmp_path: Path) -> None:
-    """The lab itself on node1, as the lab user inside ``salloc -N2 --ntasks-per-node=2``: the
-    allocation's nodes are the hosts, reached by job steps; the ranks are Slurm tasks (the default
-    there) or forked by the lab's zygote on each node."""
+CONTROLLER = "/tmp/ctl"  # where node1 has the lab itself (the controller), for the lab user
+
+
+@pytest.fixture(scope="module")
+def controller_on_node1(slurm_lab: tuple[Lab, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The lab and its dependencies on node1, as a cluster's user has them on the login host."""
     info = sys.version_info
     assert in_host(1, "lab-python", "-c", "import sys; print(sys.version_info[:2])").stdout.strip() == \
         str((info.major, info.minor)), "the controller's dependencies are copied from this Python's"
+    archive = controller_archive(tmp_path_factory.mktemp("controller") / "lab.tar")
     unpack = subprocess.run(["docker", "exec", "-i", "--user", "lab", f"{NAME}-node1", "sh", "-c",
-                             "rm -rf /tmp/ctl && mkdir /tmp/ctl && tar -x -C /tmp/ctl"],
-                            input=controller_archive(tmp_path / "lab.tar").read_bytes(), capture_output=True,
-                            timeout=300)
+                             f"rm -rf {CONTROLLER} && mkdir {CONTROLLER} && tar -x -C {CONTROLLER}"],
+                            input=archive.read_bytes(), capture_output=True, timeout=300)
     assert unpack.returncode == 0, unpack.stderr
-    try:
-        for launcher, exercises in ((None, ["all"]), ("lab", ["p2p", "launchers", "init-file"])):
-            run = in_host(1, "salloc", "--nodes=2", "--ntasks-per-node=2", "env", "PYTHONPATH=/tmp/ctl",
-                          "XDG_STATE_HOME=/tmp/ctl/state", "LAB_SHARED_DIR=/shared", "lab-python", "-m", "lab",
-                          "run", *exercises, "--hosts", "slurm", *(("--launcher", launcher) if launcher else ()),
-                          "--json", user="lab")
-            assert run.returncode == 0, run.stderr[-3000:]
-            report = json.loads(run.stdout)
-            assert report["plan"]["launcher"] == (launcher or "srun")
-            assert [e["name"] for e in report["exercises"] if e["status"] == "pass"] == \
-                [e["name"] for e in report["exercises"]] and len(report["exercises"]) >= 3
-            assert [h["connection"] for h in report["plan"]["hosts"]] == ["slurm", "slurm"]
-            placed = [r["hostname"] for r in sorted(report["ranks"], key=lambda r: r["rank"])]
-            assert placed == ["node1", "node1", "node2", "node2"]
+    yield
+    in_host(1, "rm", "-rf", CONTROLLER, "/shared/jobs", user="lab")
+
+
+def lab_on_node1(*args: str, before: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    """``python -m lab ARGS`` on node1 as the lab user (after ``before``: salloc, timeout...)."""
+    return in_host(1, *before, "env", f"PYTHONPATH={CONTROLLER}", f"XDG_STATE_HOME={CONTROLLER}/state",
+                   "LAB_SHARED_DIR=/shared", "lab-python", "-m", "lab", *args, user="lab")
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("controller_on_node1")
+def test_hosts_slurm_runs_on_the_nodes_of_an_allocation() -> None:
+    """The lab itself on node1, as the lab user inside ``salloc -N2 --ntasks-per-node=2``: the
+    allocation's nodes are the hosts, reached by job steps; the ranks are Slurm tasks (the default
+    there) or forked by the lab's zygote on each node."""
+    for launcher, exercises in ((None, ["all"]), ("lab", ["p2p", "launchers", "init-file"])):
+        run = lab_on_node1("run", *exercises, "--hosts", "slurm", *(("--launcher", launcher) if launcher else ()),
+                           "--json", before=("salloc", "--nodes=2", "--ntasks-per-node=2"))
+        assert run.returncode == 0, run.stderr[-3000:]
+        report = json.loads(run.stdout)
+        assert report["plan"]["launcher"] == (launcher or "srun")
+        assert [e["name"] for e in report["exercises"] if e["status"] == "pass"] == \
+            [e["name"] for e in report["exercises"]] and len(report["exercises"]) >= 3
+        assert [h["connection"] for h in report["plan"]["hosts"]] == ["slurm", "slurm"]
+        placed = [r["hostname"] for r in sorted(report["ranks"], key=lambda r: r["rank"])]
+        assert placed == ["node1", "node1", "node2", "node2"]
+    assert_nothing_left()
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("controller_on_node1")
+def test_submit_runs_the_exercises_as_a_batch_job() -> None:
+    waited = lab_on_node1("submit", "p2p", "all-reduce", "--nodes", "2", "--ntasks-per-node", "2",
+                          "--out", "/shared/jobs", "--wait")
+    assert waited.returncode == 0, waited.stderr[-3000:]
+    job = re.search(r"submitted batch job (\d+)", waited.stderr)
+    assert job, waited.stderr
+    assert "PASS    p2p" in waited.stdout and "2 passed, 0 failed" in waited.stdout  # the run's report
+    junit = in_host(1, "cat", f"/shared/jobs/lab-{job[1]}.xml", user="lab").stdout
+    assert 'tests="2"' in junit and 'failures="0"' in junit, junit
+    queued = lab_on_node1("submit", "p2p", "--nodes", "2", "--out", "/shared/jobs")
+    assert queued.returncode == 0 and (job := re.search(r"submitted batch job (\d+)", queued.stderr)), queued.stderr
+    deadline = time.monotonic() + 120  # it runs without anyone waiting for it
+    while in_host(1, "squeue", "--noheader", f"--jobs={job[1]}", "--format=%t").stdout.strip() not in ("", "CG"):
+        assert time.monotonic() < deadline, "the batch job did not end"
+        time.sleep(1)
+    assert_nothing_left()
+    assert "1 passed, 0 failed" in in_host(1, "cat", f"/shared/jobs/slurm-{job[1]}.out", user="lab").stdout
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("controller_on_node1")
+def test_submit_never_waits_for_a_job_that_cannot_run_and_ctrl_c_cancels_one() -> None:
+    refused = lab_on_node1("submit", "p2p", "--partition", "nosuch", "--out", "/shared/jobs", "--wait")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines()[-1] == \
+        "lab: error: sbatch: Slurm refused the job: Invalid partition name specified"
+    too_big = lab_on_node1("submit", "p2p", "--nodes", "3", "--out", "/shared/jobs", "--wait")
+    assert too_big.returncode == 2, too_big.stderr
+    assert "Slurm can never run it as asked (PartitionNodeLimit): it was cancelled" in too_big.stderr
+    assert in_host(1, "salloc", "--no-shell", "--nodes=2", "--ntasks-per-node=2", "--job-name=blocker",
+                   user="lab").returncode == 0
+    try:  # the job waits for nodes another job holds, and Ctrl-C (SIGINT) comes
+        interrupted = lab_on_node1("submit", "p2p", "--out", "/shared/jobs", "--wait",
+                                   before=("timeout", "--signal=INT", "8"))
+        assert "lab: interrupted" in interrupted.stderr, interrupted.stderr
+        assert in_host(1, "squeue", "--noheader", "--format=%j").stdout.split() == ["blocker"]
     finally:
-        in_host(1, "rm", "-rf", "/tmp/ctl", user="lab")
+        in_host(1, "scancel", "--name=blocker", user="lab")
     assert_nothing_left()

@@ -87,10 +87,10 @@ def test_the_nodes_of_an_allocation_are_the_inventory_of_hosts_slurm() -> None:
                            "`sinfo` there shows the nodes' states"),
 ])
 def test_slurms_refusals_are_one_line_with_their_exit_code(lines: list[str], code: ExitCode, says: str) -> None:
-    refused = slurm.refusal(lines, "node1")
+    refused = slurm.refusal(lines, "host node1")
     assert refused is not None and refused.exit_code == code
     assert says in str(refused) and "\n" not in str(refused)
-    assert slurm.refusal(["srun: error: node2: task 3: Exited with exit code 3"], "node1") is None
+    assert slurm.refusal(["srun: error: node2: task 3: Exited with exit code 3"], "host node1") is None
 
 
 def test_exits_are_reported_as_events_in_the_order_given(capfd: pytest.CaptureFixture[str],

@@ -337,7 +337,7 @@ def run_plan(plan: Plan, on_line: OnLine = lambda *_: None, keep: bool = False,
         also = [plan.shared_run_dir] if plan.shared_run_dir else []
         for_each_host(transports, lambda t: release(t, keep, also))
     if plan.launcher in SRUN_LAUNCHERS and not any(s.info for s in states):
-        refused = slurm.refusal(launches[0].output.tail(), plan.hosts[0].name)
+        refused = slurm.refusal(launches[0].output.tail(), f"host {plan.hosts[0].name}")
         if refused is not None:
             raise refused
     walled = wall if status == "timeout" and wall and time.monotonic() - started >= wall else None
