@@ -3,6 +3,8 @@ test_slurm): each task's lines put back together from srun's labelled pieces, Sl
 as one line, and the doctor's Slurm findings."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from lab.core import slurm
@@ -75,6 +77,31 @@ def test_the_nodes_of_an_allocation_are_the_inventory_of_hosts_slurm() -> None:
                    {**env, "SLURM_JOB_NODELIST": "node[2-1]"}, {**env, "LAB_SHARED_DIR": "shared; rm"}):
         with pytest.raises(UsageError, match="--hosts slurm|LAB_SHARED_DIR"):
             allocation_inventory(broken, "python3")
+
+
+def test_a_time_limit_is_a_bad_request_or_the_jobs_end() -> None:
+    too_long = slurm.refusal(["srun: error: Unable to allocate resources: Requested time limit is invalid "
+                              "(missing or exceeds some limit)"], "host node1")
+    assert too_long is not None and too_long.exit_code == ExitCode.BAD_INPUT
+    assert slurm.ran_out_of_time("slurmstepd: error: *** JOB 12 ON node1 CANCELLED AT 2026-11-23T10:09:37 DUE TO "
+                                 "TIME LIMIT ***\n")
+    assert not slurm.ran_out_of_time("slurmstepd: error: *** STEP 9.0 ON node1 CANCELLED AT 2026-11-23T10:09:37 ***")
+
+
+def test_the_batch_script_runs_the_lab_from_its_clone_on_the_allocations_nodes(tmp_path: Path) -> None:
+    job = slurm.BatchJob(("p2p", "--timeout", "60"), nodes=2, ntasks_per_node=2, time="10:00", partition="gpu")
+    script = job.script("/opt/py/bin/python", Path("/home/me/lab clone"), tmp_path)
+    assert script.splitlines()[:8] == [
+        "#!/bin/sh", "# written by `python -m lab submit`", "#SBATCH --job-name=lab-submit", "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=2", f"#SBATCH --output={tmp_path}/slurm-%j.out", "#SBATCH --time=10:00",
+        "#SBATCH --partition=gpu"]
+    assert "cd '/home/me/lab clone' || exit 5" in script
+    assert (f"exec /opt/py/bin/python -m lab run p2p --timeout 60 --hosts slurm --junit {tmp_path}/lab-"
+            '"$SLURM_JOB_ID".xml') in script
+    for bad, says in (({"time": "soon"}, "not a Slurm time"), ({"nodes": 0}, "at least 1"),
+                      ({"partition": "a;b"}, "not a Slurm partition")):
+        with pytest.raises(UsageError, match=says):
+            slurm.BatchJob(("p2p",), **{"nodes": 1, "ntasks_per_node": 1, **bad}).check()  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("lines", "code", "says"), [
