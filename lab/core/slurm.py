@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import select
 import shlex
 import shutil
 import subprocess
@@ -108,7 +109,8 @@ class BatchJob:
 
     def script(self, python: str, checkout: Path, out: Path) -> str:
         """The sbatch script: the allocation's nodes are the hosts (``--hosts slurm``); the run's
-        report goes to the job's output, its results to ``lab-JOBID.json`` and ``.xml`` in ``out``."""
+        report goes to the job's output (``slurm-JOBID.out``), its JUnit results to ``lab-JOBID.xml``,
+        both in ``out``."""
         options = ["--job-name=lab-submit", f"--nodes={self.nodes}", f"--ntasks-per-node={self.ntasks_per_node}",
                    f"--output={out}/slurm-%j.out", *([f"--time={self.time}"] if self.time else []),
                    *([f"--partition={self.partition}"] if self.partition else [])]
@@ -138,6 +140,9 @@ def submit(job: BatchJob, out: Path, wait: bool, submitted: Callable[[str], None
     job_id = ""
     try:
         assert process.stdout is not None
+        if not select.select([process.stdout], [], [], SBATCH_TIMEOUT)[0]:
+            raise SlurmError(f"sbatch did not answer within {SBATCH_TIMEOUT:g}s: does slurmctld? (`scontrol ping`)",
+                             ExitCode.UNREACHABLE)
         job_id = process.stdout.readline().strip().split(";")[0]
         if job_id.isdigit():
             submitted(job_id)
