@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import NoReturn
 
 import yaml
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -37,7 +38,7 @@ from lab.containerlab.topology import (
     default_inventory,
 )
 from lab.containerlab.up import UpRequest, bring_up
-from lab.core import grade
+from lab.core import bench, grade
 from lab.core import slurm as slurm_jobs
 from lab.core.grade import DEFAULT_WALL
 from lab.core.inventory import ALLOCATION, Inventory, allocation_inventory, load_inventory, local_inventory
@@ -176,6 +177,24 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("script", metavar="SCRIPT.py", help="the script every rank runs")
     launch.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
 
+    benching = commands.add_parser(
+        "bench", help="time the collectives and p2p on each size, nccl-tests style, every result checked",
+        description="Time all_reduce, all_gather, reduce_scatter, broadcast, reduce and p2p (each rank to the "
+                    "next) on the cluster, for each size, and print nccl-tests' table: size, count, type, "
+                    "redop, time, algbw, busbw (scaled so that it compares with a link's speed) and #wrong.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _cluster_options(benching)
+    benching.add_argument("--ops", default="all", metavar="OP,...", help=f"of {', '.join(bench.OPS)} (default all)")
+    benching.add_argument("--sizes", default=bench.DEFAULT_SIZES, metavar="SIZE,...",
+                          help=f"bytes per buffer, with K, M, G (default {bench.DEFAULT_SIZES})")
+    benching.add_argument("--iters", type=int, default=20, metavar="N", help="timed calls per size (default 20)")
+    benching.add_argument("--warmup", type=int, default=2, metavar="N", help="untimed calls first (default 2)")
+    benching.add_argument("--backend", choices=BACKENDS, help="default: as for run")
+    _launcher_option(benching)
+    benching.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT * 5, metavar="SECONDS",
+                          help=f"the longest the measurement may take on any rank (default {DEFAULT_TIMEOUT * 5:g})")
+    benching.add_argument("--json", action="store_true", help="print the rows as JSON")
+
     submission = commands.add_parser(
         "submit", help="run exercises as a Slurm batch job (sbatch), here on the cluster's login host",
         description="Write an sbatch script that runs `python -m lab run NAME... --hosts slurm` on the nodes "
@@ -283,8 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signum, _interrupt)
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "list": cmd_list, "run": cmd_run, "launch": cmd_launch, "doctor": cmd_doctor,
-        "grade": cmd_grade, "submit": cmd_submit, "up": cmd_up, "down": cmd_down, "status": cmd_status,
-        "net": cmd_net, "ls": cmd_ls}
+        "grade": cmd_grade, "bench": cmd_bench, "submit": cmd_submit, "up": cmd_up, "down": cmd_down,
+        "status": cmd_status, "net": cmd_net, "ls": cmd_ls}
     try:
         return commands[args.command](args)
     except LabError as exc:
@@ -559,6 +578,44 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if outcome.status == "timeout":
         return ExitCode.TIMEOUT
     return ExitCode.OK if not failed else ExitCode.CHECK_FAILED
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
+    env = bench.rank_env(bench.parse_ops(args.ops), bench.parse_sizes(args.sizes), args.iters, args.warmup)
+    options = Options((registry.EXERCISES["bench"],), args.backend, "env", args.timeout, launcher=_launcher(args),
+                      partition=args.partition, rank_env=env)
+    settings = _ssh_settings(args)
+    inventory = with_master_address(_cluster(args), settings)
+    console = Console(stderr=args.json, highlight=False)
+    console.width = max(console.width, 100)  # (the table's numbers whole, never cut, on a narrow terminal too)
+    with console.status(f"timing {args.ops} on {inventory.world_size} ranks", spinner="dots"):
+        outcome = run_plan(build_plan(inventory, options), on_line=LineStreamer(console), ssh=settings)
+    reports = judge(outcome)
+    code = exit_code(outcome, reports)
+    if code != ExitCode.OK:  # (the run's own report says what went wrong, and where)
+        print_report(console, outcome, reports)
+        return code
+    rows = bench.rows(outcome.exercises["bench"].results, outcome.plan.world_size)
+    if args.json:
+        print(json.dumps({"ranks": outcome.plan.world_size, "backend": outcome.plan.backend,
+                          "rows": [row.to_json() for row in rows]}, indent=2))
+        return code
+    table = Table("op", "size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong", box=box.SIMPLE_HEAD,
+                  title=f"{outcome.plan.world_size} ranks, {outcome.plan.backend}: size in bytes, time in us, "
+                        f"algbw and busbw in GB/s")
+    for column in table.columns:
+        column.no_wrap = True
+        column.justify = "left" if column.header in ("op", "type", "redop") else "right"
+    for row in rows:
+        timed = row.seconds is not None
+        table.add_row(row.op, f"{row.bytes}", f"{row.count}", "float", bench.REDOPS.get(row.op, "none"),
+                      f"{row.seconds * 1e6:.1f}" if row.seconds is not None else "n/a",
+                      f"{row.algbw:.3f}" if timed and row.algbw is not None else "n/a",
+                      f"{row.busbw:.3f}" if timed and row.busbw is not None else "n/a", str(row.wrong))
+    console.print(table)
+    return code
 
 
 def cmd_submit(args: argparse.Namespace) -> int:

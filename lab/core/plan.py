@@ -76,6 +76,7 @@ class Options:
     launcher: Launcher = "lab"  # who starts the ranks
     memory_mb: int | None = None  # each rank's data memory limit (RLIMIT_DATA), set before its program loads
     partition: str | None = None  # the Slurm partition (--launcher srun...); None: the cluster's default
+    rank_env: dict[str, str] = field(default_factory=dict, hash=False)  # more settings for every rank (lab bench's)
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,7 @@ class Plan:
     port_count: int = 0  # ports to hold on rank 0's host (``${port0}``...)
     memory_mb: int | None = None  # see Options
     partition: str | None = None  # see Options
+    rank_env: dict[str, str] = field(default_factory=dict, hash=False)  # see Options
 
     @property
     def run_name(self) -> str:
@@ -162,7 +164,7 @@ class Plan:
     def launches(self) -> tuple[Launch, ...]:
         """The processes to start: one per host, which starts the host's ranks (``lab.rank.node``),
         or under Slurm one ``srun`` on the first host, whose tasks are the ranks."""
-        common = {"PYTHONPATH": self.code_dir, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+        common = {**self.rank_env, "PYTHONPATH": self.code_dir, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
                   "LAB_TOKEN": self.token}
         if not self.script:
             common["LAB_RANK_PLAN"] = json.dumps(self.rank_plan())
@@ -353,7 +355,7 @@ def build_plan(inventory: Inventory, options: Options, token: str | None = None)
                 token=token, hosts=hosts, ranks=tuple(ranks), stages=stages, uploads=uploads,
                 shared_run_dir=shared, launcher=options.launcher,
                 rdzv_endpoint=_endpoint(master, rdzv_port), port_count=ports.count, memory_mb=options.memory_mb,
-                partition=options.partition)
+                partition=options.partition, rank_env=dict(options.rank_env))
 
 
 def uses_torchrun(launcher: str) -> bool:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from lab.suite.check import Results, Verdict, World
-from lab.suite.checks import backends, basics, collectives, dsgd, p2p, ring
+from lab.suite.checks import backends, basics, bench, collectives, dsgd, p2p, ring
 from lab.suite.method import Calls, Method, borrowed, check_method, combine, nonblocking, point_to_point, uses
 
 # Who forms the process group: nobody, the lab (one group every shared exercise reuses), or the
@@ -115,6 +115,8 @@ def _exercises() -> dict[str, Exercise]:
         Exercise("cross-vpc", "(the cross-VPC lab) MASTER_ADDR external: the store connects, the mesh "
                  "hangs; diagnosed, then passes with peering", "lab.suite.exercises.cross_vpc",
                  basics.check_cross_vpc, "env", min_ranks=2, in_all=False),
+        Exercise("bench", "(python -m lab bench) the collectives and p2p timed on each size, every result "
+                 "checked", "lab.suite.exercises.bench", bench.check_bench, min_ranks=2, in_all=False),
     ]
     return {e.name: e for e in items}
 

@@ -1,0 +1,96 @@
+"""``lab bench``: the settings the ranks measure with, and their rows as nccl-tests prints them.
+
+The ranks time every op and size and check each result (``lab.suite.exercises.bench``); here each
+op's time is the slowest rank's (a collective ends when its last rank does), algbw is the bytes
+over that time, and busbw scales it by nccl-tests' factor for the op, so that it compares with the
+link's own speed whatever the number of ranks: 2(n-1)/n for all_reduce, (n-1)/n for all_gather and
+reduce_scatter, 1 for broadcast, reduce and p2p.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from lab.errors import UsageError
+from lab.suite.checks.bench import rows_of
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "p2p")
+REDOPS = {"all_reduce": "sum", "reduce_scatter": "sum", "reduce": "sum"}
+DEFAULT_SIZES = "8,1K,64K,1M,16M"
+SETTINGS_VAR = "LAB_BENCH"  # = lab.suite.exercises.bench.SETTINGS_VAR
+_SIZE = re.compile(r"(\d+)([KMG]?)", re.I)
+SIZE_MAX = 1 << 30  # bytes: a bigger buffer per rank is a mistake, not a benchmark
+
+
+def bus_factor(op: str, ranks: int) -> float:
+    if op == "all_reduce":
+        return 2 * (ranks - 1) / ranks
+    if op in ("all_gather", "reduce_scatter"):
+        return (ranks - 1) / ranks
+    return 1.0
+
+
+def parse_sizes(text: str) -> list[int]:
+    """``8,1K,1M``: bytes (K, M, G: powers of 1024)."""
+    sizes = []
+    for part in text.split(","):
+        found = _SIZE.fullmatch(part.strip())
+        if found is None:
+            raise UsageError(f"--sizes: {part.strip()!r} is not a size (a number of bytes, with K, M or G)")
+        size = int(found[1]) << {"": 0, "K": 10, "M": 20, "G": 30}[found[2].upper()]
+        if not 4 <= size <= SIZE_MAX:
+            raise UsageError(f"--sizes: {part.strip()} is not between 4 bytes and 1G")
+        sizes.append(size)
+    return sizes
+
+
+def parse_ops(text: str) -> list[str]:
+    ops = [op.strip() for op in text.split(",")] if text != "all" else list(OPS)
+    unknown = [op for op in ops if op not in OPS]
+    if unknown:
+        raise UsageError(f"--ops: unknown {', '.join(unknown)}; the ops are {', '.join(OPS)} (or all)")
+    return ops
+
+
+def rank_env(ops: list[str], sizes: list[int], iters: int, warmup: int) -> dict[str, str]:
+    if iters < 1 or warmup < 0:
+        raise UsageError("--iters must be at least 1 and --warmup at least 0")
+    return {SETTINGS_VAR: json.dumps({"ops": ops, "sizes": sizes, "iters": iters, "warmup": warmup})}
+
+
+@dataclass(frozen=True)
+class Row:
+    op: str
+    bytes: int
+    count: int
+    seconds: float | None  # the slowest rank's time per call (None: the backend lacks the op)
+    wrong: int
+    ranks: int
+
+    @property
+    def algbw(self) -> float | None:
+        """GB/s (1e9 bytes)."""
+        return self.bytes / self.seconds / 1e9 if self.seconds else None
+
+    @property
+    def busbw(self) -> float | None:
+        return self.algbw * bus_factor(self.op, self.ranks) if self.algbw is not None else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "bytes": self.bytes, "count": self.count, "type": "float32",
+                "redop": REDOPS.get(self.op, "none"), "time_us": None if self.seconds is None else self.seconds * 1e6,
+                "algbw_gbs": self.algbw, "busbw_gbs": self.busbw, "wrong": self.wrong}
+
+
+def rows(results: dict[int, Any], ranks: int) -> list[Row]:
+    """One row per op and size from every rank's (checked) results."""
+    per_rank = [rows_of(result) or [] for _, result in sorted(results.items())]
+    out = []
+    for measured in zip(*per_rank):
+        first = measured[0]
+        times = [r["seconds"] for r in measured if "seconds" in r]
+        out.append(Row(first["op"], first["bytes"], first["count"], max(times) if len(times) == len(measured) else None,
+                       sum(int(r.get("wrong", 0)) for r in measured), ranks))
+    return out

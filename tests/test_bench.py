@@ -1,0 +1,65 @@
+"""`lab bench`: the settings, the rows as nccl-tests prints them, the checker; and a real bench of
+every op on a local cluster."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lab.core import bench
+from lab.errors import UsageError
+from lab.suite.check import World
+from lab.suite.checks.bench import check_bench
+
+from .conftest import Lab
+
+
+def test_sizes_ops_and_bus_factors() -> None:
+    assert bench.parse_sizes("8,1K,64k,1M,1G") == [8, 1024, 65536, 1 << 20, 1 << 30]
+    for bad in ("3X", "2", "2G", ""):
+        with pytest.raises(UsageError, match="--sizes"):
+            bench.parse_sizes(bad)
+    assert bench.parse_ops("all") == list(bench.OPS) and bench.parse_ops("p2p,reduce") == ["p2p", "reduce"]
+    with pytest.raises(UsageError, match="unknown alltoall"):
+        bench.parse_ops("all_reduce,alltoall")
+    assert [bench.bus_factor(op, 4) for op in bench.OPS] == [1.5, 0.75, 0.75, 1.0, 1.0, 1.0]
+
+
+def row(op: str, seconds: float, wrong: int = 0) -> dict[str, object]:
+    return {"op": op, "count": 1024, "bytes": 4096, "seconds": seconds, "wrong": wrong}
+
+
+def test_a_rows_time_is_the_slowest_ranks_and_busbw_scales_algbw() -> None:
+    results = {0: {"rows": [row("all_reduce", 0.001), row("p2p", 0.002)]},
+               1: {"rows": [row("all_reduce", 0.004, wrong=3), row("p2p", 0.001)]}}
+    reduce_row, p2p_row = bench.rows(results, 2)
+    assert (reduce_row.seconds, reduce_row.wrong, p2p_row.seconds) == (0.004, 3, 0.002)
+    assert reduce_row.algbw == pytest.approx(4096 / 0.004 / 1e9)
+    assert reduce_row.busbw == pytest.approx(reduce_row.algbw * 2 * (2 - 1) / 2)
+    assert reduce_row.to_json()["redop"] == "sum" and p2p_row.to_json()["redop"] == "none"
+
+
+def test_the_checker_fails_a_wrong_result_and_notes_an_op_the_backend_lacks() -> None:
+    world = World(2, "gloo", ("a", "a"), (0, 1), "lab")
+    wrong = check_bench({0: {"rows": [row("all_reduce", 0.001)]}, 1: {"rows": [row("all_reduce", 0.001, wrong=7)]}},
+                        world)
+    assert not wrong.passed and "rank 1: #wrong of all_reduce on 4096 bytes: expected 0, got 7" in wrong.reason
+    lacking = {"op": "reduce_scatter", "count": 1024, "bytes": 4096, "unsupported": "gloo does not support it"}
+    noted = check_bench({0: {"rows": [lacking]}, 1: {"rows": [lacking]}}, world)
+    assert noted.passed and any("reduce_scatter is not supported here" in n for n in noted.notes)
+    assert not check_bench({0: {"rows": "no"}, 1: {"rows": []}}, world).passed
+
+
+@pytest.mark.local
+def test_bench_times_and_checks_every_op_on_a_local_cluster(lab: Lab) -> None:
+    result = lab("bench", "--nproc", "3", "--sizes", "8,64K", "--iters", "2", "--json")
+    assert result.code == 0, result.text[-3000:]
+    report = json.loads(result.out)
+    assert report["ranks"] == 3
+    rows = report["rows"]
+    assert [(r["op"], r["bytes"]) for r in rows] == [(op, size) for op in bench.OPS for size in (12, 65532)]
+    for r in rows:  # (sizes are whole elements, a multiple of the ranks: as nccl-tests rounds them)
+        assert r["wrong"] == 0 and r["time_us"] > 0, r
+        assert r["busbw_gbs"] == pytest.approx(r["algbw_gbs"] * bench.bus_factor(r["op"], 3))
+    table = lab("bench", "--nproc", "2", "--ops", "all_reduce", "--sizes", "1K", "--iters", "1")
+    assert table.code == 0 and "busbw" in table.out and "all_reduce" in table.out and "1024" in table.out
