@@ -11,7 +11,7 @@ from lab.errors import UsageError
 from lab.suite.check import World
 from lab.suite.checks.bench import check_bench
 
-from .conftest import Lab
+from .conftest import REPO, Lab
 
 
 def test_sizes_ops_and_bus_factors() -> None:
@@ -23,6 +23,15 @@ def test_sizes_ops_and_bus_factors() -> None:
     with pytest.raises(UsageError, match="unknown alltoall"):
         bench.parse_ops("all_reduce,alltoall")
     assert [bench.bus_factor(op, 4) for op in bench.OPS] == [1.5, 0.75, 0.75, 1.0, 1.0, 1.0]
+
+
+def test_the_controller_and_the_ranks_name_the_settings_alike() -> None:
+    program = REPO / "lab" / "suite" / "exercises" / "bench.py"  # (it imports torch: read, not imported)
+    assert f'SETTINGS_VAR = "{bench.SETTINGS_VAR}"' in program.read_text()
+    assert json.loads(bench.rank_env(["p2p"], [8], 3, 1)[bench.SETTINGS_VAR]) == {
+        "ops": ["p2p"], "sizes": [8], "iters": 3, "warmup": 1}
+    with pytest.raises(UsageError, match="--iters"):
+        bench.rank_env(["p2p"], [8], 0, 1)
 
 
 def row(op: str, seconds: float, wrong: int = 0) -> dict[str, object]:
