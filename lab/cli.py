@@ -619,10 +619,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    try:
-        registry.select(args.exercises)
-    except KeyError as exc:
-        raise UsageError(f"unknown exercise {exc.args[0]!r}; see 'python -m lab list'") from None
+    _exercises(args.exercises)  # (checked here: the job runs them)
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
     run_args = (*args.exercises, "--timeout", f"{args.timeout:g}",
@@ -721,11 +718,15 @@ def _sayer(console: Console) -> Callable[[str], None]:
     return lambda message: console.print(Text(f"lab: {printable(message)}"), highlight=False)
 
 
-def _options(args: argparse.Namespace) -> Options:
+def _exercises(names: list[str]) -> tuple[registry.Exercise, ...]:
     try:
-        exercises = tuple(registry.select(args.exercises))
+        return tuple(registry.select(names))
     except KeyError as exc:
         raise UsageError(f"unknown exercise {exc.args[0]!r}; see 'python -m lab list'") from None
+
+
+def _options(args: argparse.Namespace) -> Options:
+    exercises = _exercises(args.exercises)
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
     solution = None

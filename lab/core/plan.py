@@ -371,12 +371,18 @@ def _check_launcher(launcher: str) -> None:
 _PARTITION = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
+def check_partition(partition: str) -> None:
+    """A Slurm partition's name, as it may go on srun's or sbatch's command line."""
+    if not _PARTITION.fullmatch(partition):
+        raise UsageError(f"--partition {partition!r}: not a Slurm partition's name (letters, digits, '_.-')")
+
+
 def _check_slurm(hosts: Sequence[Host], launcher: str, partition: str | None) -> None:
     """What a job of one ``srun`` needs of the hosts: as many ranks on each (``--ntasks-per-node``)."""
     if partition is not None and launcher not in SRUN_LAUNCHERS:
         raise UsageError(f"--partition {partition!r}: a Slurm partition is for --launcher srun or srun-torchrun")
-    if partition is not None and not _PARTITION.fullmatch(partition):
-        raise UsageError(f"--partition {partition!r}: not a Slurm partition's name (letters, digits, '_.-')")
+    if partition is not None:
+        check_partition(partition)
     if launcher not in SRUN_LAUNCHERS:
         return
     slots = {h.slots for h in hosts}

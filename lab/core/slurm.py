@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from lab.core.plan import check_partition
 from lab.errors import ExitCode, LabError, UsageError
 from lab.transport import Transport
 
@@ -104,8 +105,8 @@ class BatchJob:
             raise UsageError("--nodes and --ntasks-per-node must be at least 1")
         if self.time is not None and not _TIME.fullmatch(self.time):
             raise UsageError(f"--time {self.time!r}: not a Slurm time (MINUTES, HH:MM:SS, DAYS-HH)")
-        if self.partition is not None and not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", self.partition):
-            raise UsageError(f"--partition {self.partition!r}: not a Slurm partition's name (letters, digits, '_.-')")
+        if self.partition is not None:
+            check_partition(self.partition)
 
     def script(self, python: str, checkout: Path, out: Path) -> str:
         """The sbatch script: the allocation's nodes are the hosts (``--hosts slurm``); the run's

@@ -77,11 +77,13 @@ def torchrun(args: list[str]) -> int:
     return 0
 
 
-def host_ranks(kind: str, args: list[str]) -> argparse.Namespace:
-    """``--nprocs N --first-rank F -m MODULE ARGS``: the host's ranks, and the program each runs."""
+def host_ranks(kind: str, args: list[str], counted: bool = True) -> argparse.Namespace:
+    """``--nprocs N --first-rank F -m MODULE ARGS``: the host's ranks, and the program each runs
+    (not ``counted``: ``-m MODULE ARGS`` alone)."""
     parser = argparse.ArgumentParser(prog=f"python -m lab.rank.node {kind}")
-    parser.add_argument("--nprocs", type=int, required=True)
-    parser.add_argument("--first-rank", type=int, required=True)
+    if counted:
+        parser.add_argument("--nprocs", type=int, required=True)
+        parser.add_argument("--first-rank", type=int, required=True)
     parser.add_argument("-m", dest="module", required=True)
     parser.add_argument("args", nargs=argparse.REMAINDER)
     return parser.parse_args(args)
@@ -111,7 +113,7 @@ def task(args: list[str]) -> int:
     from the lab's zygote, which passes its streams on checked and says how it ended."""
     from lab.rank import zygote
 
-    options = _program(args)
+    options = host_ranks("task", args, counted=False)
     node = int(os.environ["SLURM_NODEID"])
     os.environ.update(WORLD_SIZE=os.environ["SLURM_NTASKS"], GROUP_RANK=str(node),
                       LOCAL_WORLD_SIZE=str(per_node_counts(os.environ["SLURM_STEP_TASKS_PER_NODE"])[node]))
@@ -129,14 +131,6 @@ def per_node_counts(spec: str) -> list[int]:
             raise ValueError(f"not a count of tasks: {part!r}")
         counts += [int(found[1])] * int(found[2] or 1)
     return counts
-
-
-def _program(args: list[str]) -> argparse.Namespace:
-    """``-m MODULE ARGS``: the program a rank runs."""
-    parser = argparse.ArgumentParser(prog="python -m lab.rank.node task")
-    parser.add_argument("-m", dest="module", required=True)
-    parser.add_argument("args", nargs=argparse.REMAINDER)
-    return parser.parse_args(args)
 
 
 def _rank(local_rank: int, first_rank: int, module: str, args: list[str]) -> None:
