@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.text import Text
 
-from lab.containerlab import crossvpc, engine, hosts, sandbox, slurm
+from lab.containerlab import crossvpc, engine, hosts, sandbox, shaping, slurm
 from lab.containerlab.image import DEFAULT_BASE, OFFLINE
 from lab.containerlab.sandbox import Limits
 from lab.containerlab.topology import (
@@ -231,11 +231,26 @@ def build_parser() -> argparse.ArgumentParser:
     down = commands.add_parser("down", help="remove every container, network and volume of a lab")
     _name_option(down)
     down.add_argument("--all", action="store_true", help="remove every lab on the engine")
-    net = commands.add_parser("net", help="change the running lab's network (cross-vpc)")
+    net = commands.add_parser("net", help="shape the running lab's links (delay, jitter, loss, rate), or peer its "
+                                          "two private networks (cross-vpc)")
     _name_option(net)
     net_commands = net.add_subparsers(dest="net_command", required=True, metavar="WHAT", parser_class=_Parser)
     peering = net_commands.add_parser("peering", help="add or remove the route between the two private networks")
     peering.add_argument("state", choices=("on", "off", "show"))
+    shape = net_commands.add_parser(
+        "shape", help="give hosts' links a delay, jitter, loss or rate (in place of the shape they had)",
+        description="Delay, jitter and loss apply to what each shaped host receives (a round trip grows by the "
+                    "delay of each shaped end), the rate to what it sends. A helper container with NET_ADMIN in each "
+                    "host's network namespace sets them (tc tbf for the rate, an NFQUEUE for the rest); the hosts "
+                    "stay unprivileged. `lab net clear` takes them away, `lab down` too.")
+    shape.add_argument("hosts", nargs="*", metavar="HOST", help="node1 node2 ... or all (default: all)")
+    shape.add_argument("--delay", metavar="TIME", help="added to every packet a host receives: 20ms, 500us, 1s")
+    shape.add_argument("--jitter", metavar="TIME", help="each packet's delay varies by up to this, either way")
+    shape.add_argument("--loss", metavar="PERCENT", help="the share of packets a host receives that are lost: 0.1%%")
+    shape.add_argument("--rate", metavar="RATE", help="what a host sends, at most: 100mbit, 1gbit")
+    net_commands.add_parser("show", help="each host's shape")
+    clear = net_commands.add_parser("clear", help="take hosts' shapes away")
+    clear.add_argument("hosts", nargs="*", metavar="HOST", help="node1 node2 ... or all (default: all)")
     status = commands.add_parser("status", help="show each lab host, its addresses and whether sshd answers "
                                                 "(and, with Slurm, each node's state and munge key)")
     _name_option(status)
@@ -655,10 +670,19 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_net(args: argparse.Namespace) -> int:
     client = engine.client()
     topology = hosts.running_topology(client, args.name)
-    if args.state != "show":
-        crossvpc.set_peering(client, topology, args.state == "on")
-    state = "on" if crossvpc.peering(client, topology) else "off"
-    _sayer(Console(highlight=False))(f"lab {args.name}: peering is {state}")
+    say = _sayer(Console(highlight=False))
+    if args.net_command == "peering":
+        if args.state != "show":
+            crossvpc.set_peering(client, topology, args.state == "on")
+        say(f"lab {args.name}: peering is {'on' if crossvpc.peering(client, topology) else 'off'}")
+    elif args.net_command == "shape":
+        wanted = shaping.parse_shape(args.delay, args.jitter, args.loss, args.rate)
+        shaping.shape(client, topology, shaping.host_indices(topology, args.hosts), wanted, say)
+    elif args.net_command == "clear":
+        shaping.clear(client, topology, shaping.host_indices(topology, args.hosts), say)
+    else:
+        for host, shape in shaping.shapes(client, topology).items():
+            print(f"{host}: {shape or 'none'}")
     return ExitCode.OK
 
 

@@ -378,6 +378,95 @@ def test_the_tutorials_scripts_run_unchanged_across_hosts(lab_up: Lab, tmp_path:
     assert_no_workers_anywhere()
 
 
+def ping(source: int, target: int, count: int = 5, interval: float = 0.2) -> tuple[float, float | None]:
+    """(the share of pings lost, the average round trip in ms: None when none came back)."""
+    out = subprocess.run(["docker", "exec", TOPOLOGY.container(source), "ping", "-q", "-c", str(count), "-i",
+                          str(interval), "-W", "2", TOPOLOGY.name(target)], capture_output=True, text=True,
+                         timeout=60).stdout
+    lost = re.search(r"([\d.]+)% packet loss", out)
+    rtt = re.search(r"= [\d.]+/([\d.]+)/", out)
+    assert lost is not None, out
+    return float(lost[1]) / 100, float(rtt[1]) if rtt else None
+
+
+def tcp_seconds(source: int, target: int, nbytes: int) -> float:
+    """Seconds for ``nbytes`` to go from host ``source`` to host ``target`` over one TCP connection
+    (after its setup), as the receiver counts them; inf when the connection cannot be made."""
+    receive = ("import socket,time;s=socket.create_server(('',5301));c,_=s.accept();n=0;b=c.recv(65536);t=time.time()"
+               "\nwhile b:\n n+=len(b);b=c.recv(1<<20)\nprint(n,time.time()-t)")
+    send = f"import socket;c=socket.create_connection(('{TOPOLOGY.name(target)}',5301),timeout=10);" \
+           f"c.sendall(bytes({nbytes}));c.close()"
+    receiver = subprocess.Popen(["docker", "exec", TOPOLOGY.container(target), "timeout", "60", "python3", "-c",
+                                 receive], stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1)
+        sent = subprocess.run(["docker", "exec", TOPOLOGY.container(source), "timeout", "60", "python3", "-c", send],
+                              capture_output=True, text=True, timeout=90)
+        if sent.returncode != 0:
+            return float("inf")
+        got, seconds = receiver.communicate(timeout=90)[0].split()
+        assert int(got) == nbytes
+        return float(seconds)
+    finally:
+        receiver.kill()
+        receiver.wait()
+
+
+def connect_ms(source: int, target: int) -> float:
+    """Milliseconds for a TCP connection from host ``source`` to ``target``'s sshd to be set up."""
+    code = (f"import socket,time;t=time.perf_counter();socket.create_connection(('{TOPOLOGY.name(target)}',22),"
+            f"timeout=10);print((time.perf_counter()-t)*1e3)")
+    return float(subprocess.run(["docker", "exec", TOPOLOGY.container(source), "python3", "-c", code],
+                                capture_output=True, text=True, timeout=60).stdout)
+
+
+def shape_rules(host: int) -> str:
+    """The host's shaping, as its own namespace shows it (the host cannot: it lacks NET_ADMIN)."""
+    return subprocess.run(["docker", "run", "--rm", "--network", f"container:{TOPOLOGY.container(host)}",
+                           "--cap-add", "NET_ADMIN", "--entrypoint", "sh", "lab-host:latest", "-c",
+                           "iptables -S; tc qdisc show"], capture_output=True, text=True, timeout=60).stdout
+
+
+def test_shaped_links_delay_lose_and_limit_then_clear_leaves_nothing(lab_up: Lab) -> None:
+    assert lab_up("net", "shape", "node2", "--delay", "40ms").code == 0
+    try:
+        assert lab_up("net", "shape", "node3", "--loss", "100%").code == 0
+        assert lab_up("net", "shape", "node4", "--rate", "16mbit").code == 0
+        assert lab_up("net", "show").out.splitlines() == [
+            "node1: none", "node2: delay 40ms", "node3: loss 100%", "node4: rate 16mbit"]
+        lost, rtt = ping(1, 2)
+        assert lost == 0 and rtt is not None and 40 <= rtt < 80, rtt
+        assert 40 <= connect_ms(1, 2) < 80 and 40 <= connect_ms(2, 1) < 80  # TCP's round trips too, either way
+        assert connect_ms(1, 4) < 40
+        assert ping(1, 3) == (1.0, None)  # every reply lost
+        assert tcp_seconds(1, 3, 1024) == float("inf")  # and every TCP packet: no connection
+        seconds = tcp_seconds(4, 1, 4 << 20)  # 4 MiB at 16 Mbit/s: 2.1 s
+        assert 1.6 < seconds < 6, seconds
+        assert tcp_seconds(1, 4, 4 << 20) < 1.0  # what node4 receives is not limited
+        assert lab_up("net", "shape", "node2", "--delay", "1ms", "--jitter", "500us").out.strip() == \
+            "lab: node2: delay 1ms +-500us"  # in place of the 40 ms
+        assert ping(1, 2)[1] < 20
+    finally:
+        cleared = lab_up("net", "clear")
+    assert cleared.code == 0 and sorted(cleared.out.splitlines())[-1] == "lab: node4: shape cleared", cleared.text
+    assert lab_up("net", "show").out.splitlines() == [f"node{i}: none" for i in TOPOLOGY.indices()]
+    assert ping(1, 2)[1] < 5 and ping(1, 3)[0] == 0
+    assert all("LAB-SHAPE" not in shape_rules(i) and "tbf" not in shape_rules(i) for i in TOPOLOGY.indices())
+    assert [c.name for c in hosts.lab_containers(engine.client()) if "shape" in c.name] == []
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--delay", "20"), "lab: error: --delay: '20' is not a time (a number with us, ms or s: 20ms)"),
+    (("node9", "--delay", "1ms"), "lab: error: lab lab has no host node9: its hosts are node1, node2, node3, "
+                                  "node4 (or all)"),
+    ((), "lab: error: nothing to shape: give --delay, --jitter, --loss or --rate (lab net clear takes a shape away)"),
+])
+def test_a_bad_shape_is_one_line_and_changes_nothing(lab_up: Lab, args: tuple[str, ...], message: str) -> None:
+    result = lab_up("net", "shape", *args)
+    assert (result.code, result.err.strip()) == (2, message)
+    assert lab_up("net", "show").out.splitlines() == [f"node{i}: none" for i in TOPOLOGY.indices()]
+
+
 def test_a_lab_up_that_fails_removes_what_it_started(lab_up: Lab) -> None:
     """A host's address taken by a container that is not the lab's: `lab up` stops with one line
     naming the host, and removes the containers and volume it had started (the network was there

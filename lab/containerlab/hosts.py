@@ -33,6 +33,7 @@ from lab.containerlab.topology import (
     NAME_LABEL,
     ROLE,
     SCHEDULER_LABEL,
+    SHAPED_LABEL,
     SHARED_DIR,
     SLOTS_LABEL,
     TOPOLOGY_LABEL,
@@ -209,6 +210,8 @@ def _start_host(client: docker.DockerClient, topology: Topology, i: int, image: 
                 config.get("CapDrop") == ["ALL"])
         if same and c.status == "running" and _trusts(c, paths.key.with_suffix(".pub")):
             return c
+        for shaper in client.containers.list(all=True, filters={"label": f"{SHAPED_LABEL}={name}"}):
+            shaper.remove(force=True)  # (in the namespace of the container going away)
         c.remove(force=True)
     except NotFound:
         pass
@@ -335,7 +338,7 @@ class HostStatus:
 
 
 def status(client: docker.DockerClient, lab: str = DEFAULT_LAB) -> list[HostStatus]:
-    containers = lab_containers(client, lab)
+    containers = [c for c in lab_containers(client, lab) if c.labels.get(ROLE) != "shaper"]  # (lab net show)
 
     def one(c: Container) -> HostStatus:
         nets = c.attrs["NetworkSettings"]["Networks"]

@@ -22,6 +22,8 @@ ROLE = "lab.role"
 TOPOLOGY_LABEL = "lab.topology"
 SCHEDULER_LABEL = "lab.scheduler"
 SLOTS_LABEL = "lab.slots"
+SHAPED_LABEL = "lab.shapes"  # a shaper's: the host container whose links it shapes
+SHAPE_LABEL = "lab.shape"  # a shaper's: the shape it set (JSON)
 DEFAULT_LAB = "lab"
 FIRST_HOST = 11  # node1 is .11, node2 .12, ...
 GATEWAY_HOST = 2  # the cross-VPC NAT gateway is .2 on every network
@@ -129,6 +131,10 @@ class Topology:
 
     def container(self, i: int) -> str:
         return f"{self.lab}-node{i}"
+
+    def shaper(self, i: int) -> str:
+        """The helper that shapes host i's links (``lab net shape``)."""
+        return f"{self.lab}-shape-node{i}"
 
     @property
     def gateway_container(self) -> str:
