@@ -612,25 +612,61 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if code != ExitCode.OK:  # (the run's own report says what went wrong, and where)
         print_report(console, outcome, reports)
         return code
-    rows = bench.rows(outcome.exercises["bench"].results, outcome.plan.world_size)
+    results, ranks = outcome.exercises["bench"].results, outcome.plan.world_size
+    rows, tcp = bench.rows(results, ranks), bench.baseline(results)
+    fitted = bench.fit(rows)
     if args.json:
-        print(json.dumps({"ranks": outcome.plan.world_size, "backend": outcome.plan.backend,
-                          "rows": [row.to_json() for row in rows]}, indent=2))
+        print(json.dumps({"ranks": ranks, "backend": outcome.plan.backend, "rows": [row.to_json() for row in rows],
+                          "tcp": tcp.to_json() if tcp else None,
+                          "fit": fitted.to_json(ranks) if fitted else None}, indent=2))
         return code
-    table = Table("op", "size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong", box=box.SIMPLE_HEAD,
-                  title=f"{outcome.plan.world_size} ranks, {outcome.plan.backend}: size in bytes, time in us, "
-                        f"algbw and busbw in GB/s")
+    _print_bench(console, f"{ranks} ranks, {outcome.plan.backend}", rows, tcp)
+    if fitted is not None:
+        _print_model(console, fitted, rows, ranks)
+    return code
+
+
+def _print_bench(console: Console, title: str, rows: list[bench.Row], tcp: bench.Baseline | None) -> None:
+    """nccl-tests' table, with each op's busbw as a share of raw TCP's when the ranks measured it."""
+    table = Table("op", "size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong",
+                  *(("of tcp",) if tcp else ()), box=box.SIMPLE_HEAD,
+                  title=f"{title}: size in bytes, time in us, algbw and busbw in GB/s")
     for column in table.columns:
         column.no_wrap = True
         column.justify = "left" if column.header in ("op", "type", "redop") else "right"
     for row in rows:
         timed = row.seconds is not None
+        busbw = row.busbw if timed else None
         table.add_row(row.op, f"{row.bytes}", f"{row.count}", "float", bench.REDOPS.get(row.op, "none"),
                       f"{row.seconds * 1e6:.1f}" if row.seconds is not None else "n/a",
                       f"{row.algbw:.3f}" if timed and row.algbw is not None else "n/a",
-                      f"{row.busbw:.3f}" if timed and row.busbw is not None else "n/a", str(row.wrong))
+                      f"{busbw:.3f}" if busbw is not None else "n/a", str(row.wrong),
+                      *((f"{busbw / tcp.gbs:.0%}" if busbw is not None else "n/a",) if tcp else ()))
     console.print(table)
-    return code
+    if tcp is not None:
+        console.print(f"raw TCP, {tcp.hosts[1]} -> {tcp.hosts[0]}: {tcp.gbs:.3f} GB/s in one stream, "
+                      f"round trip {tcp.rtt * 1e6:.0f} us")
+
+
+def _print_model(console: Console, fitted: bench.Fit, rows: list[bench.Row], ranks: int) -> None:
+    """The alpha-beta fit of the p2p sweep, and the two rings' times as it predicts them."""
+    console.print(f"p2p fit, t = alpha + S*beta: alpha = {fitted.alpha * 1e6:.1f} us, beta = {fitted.beta * 1e9:.3f} "
+                  f"ns/byte ({1 / fitted.beta / 1e9 if fitted.beta else float('inf'):.3f} GB/s)")
+    measured = {row.bytes: row.seconds for row in rows if row.op == "all_reduce"}
+    table = Table("size", "tutorial's ring", "chunked ring", *(("all_reduce",) if measured else ()),
+                  box=box.SIMPLE_HEAD, title=f"ring all-reduce on {ranks} ranks as the fit predicts it (us): "
+                                             "(n-1)(alpha+S*beta) and 2(n-1)(alpha+S*beta/n)")
+    for column in table.columns:
+        column.justify = "right"
+    for size in sorted({row.bytes for row in rows if row.op == "p2p"}):
+        seconds = measured.get(size)
+        gloo = (f"{seconds * 1e6:.1f}" if seconds else "n/a",) if measured else ()
+        table.add_row(str(size), f"{fitted.ring(size, ranks) * 1e6:.1f}",
+                      f"{fitted.chunked_ring(size, ranks) * 1e6:.1f}", *gloo)
+    console.print(table)
+    crossover = fitted.crossover(ranks)
+    console.print(f"the chunked ring wins above {crossover:.0f} bytes: alpha / (beta (1 - 2/n))" if crossover else
+                  f"on {ranks} ranks the chunked ring never wins: as many bytes, in more messages")
 
 
 def cmd_submit(args: argparse.Namespace) -> int:

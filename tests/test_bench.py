@@ -54,9 +54,41 @@ def test_the_checker_fails_a_wrong_result_and_notes_an_op_the_backend_lacks() ->
                         world)
     assert not wrong.passed and "rank 1: #wrong of all_reduce on 4096 bytes: expected 0, got 7" in wrong.reason
     lacking = {"op": "reduce_scatter", "count": 1024, "bytes": 4096, "unsupported": "gloo does not support it"}
-    noted = check_bench({0: {"rows": [lacking]}, 1: {"rows": [lacking]}}, world)
+    tcp = {"hosts": ["a", "a"], "rtt": 1e-5, "bytes": 10, "seconds": 1.0}
+    noted = check_bench({0: {"rows": [lacking]}, 1: {"rows": [lacking], "tcp": tcp}}, world)
     assert noted.passed and any("reduce_scatter is not supported here" in n for n in noted.notes)
     assert not check_bench({0: {"rows": "no"}, 1: {"rows": []}}, world).passed
+
+
+def p2p(nbytes: int, seconds: float) -> bench.Row:
+    return bench.Row("p2p", nbytes, nbytes // 4, seconds, 0, 4)
+
+
+def test_the_alpha_beta_fit_recovers_a_line_and_predicts_both_rings() -> None:
+    alpha, beta = 50e-6, 1e-9  # 50 us, 1 GB/s
+    fitted = bench.fit([p2p(size, alpha + size * beta) for size in (8, 1024, 1 << 16, 1 << 20, 1 << 24)])
+    assert fitted is not None
+    assert (fitted.alpha, fitted.beta) == (pytest.approx(alpha), pytest.approx(beta))
+    assert fitted.ring(1 << 20, 4) == pytest.approx(3 * (alpha + (1 << 20) * beta))
+    assert fitted.chunked_ring(1 << 20, 4) == pytest.approx(6 * (alpha + (1 << 18) * beta))
+    crossover = fitted.crossover(4)
+    assert crossover == pytest.approx(100_000)  # alpha / (beta / 2): where the two rings take as long
+    assert fitted.ring(int(crossover), 4) == pytest.approx(fitted.chunked_ring(int(crossover), 4), rel=1e-4)
+    assert fitted.crossover(2) is None  # with two ranks the chunked ring only adds messages
+    assert bench.fit([p2p(8, 1e-3), p2p(8, 2e-3)]) is None  # one size fits no line
+
+
+def test_the_tcp_baseline_is_one_ranks_and_checked() -> None:
+    world = World(2, "gloo", ("a", "b"), (0, 1), "lab")
+    tcp = {"hosts": ["a", "b"], "rtt": 1e-4, "bytes": 2_000_000_000, "seconds": 1.0}
+    results = {0: {"rows": [row("p2p", 0.001)]}, 1: {"rows": [row("p2p", 0.001)], "tcp": tcp}}
+    assert check_bench(results, world).passed
+    assert bench.baseline(results) == bench.Baseline(("a", "b"), 1e-4, 2_000_000_000, 1.0)
+    assert bench.baseline(results).gbs == 2.0  # type: ignore[union-attr]
+    missing = check_bench({0: {"rows": [row("p2p", 0.001)]}, 1: {"rows": [row("p2p", 0.001)]}}, world)
+    assert not missing.passed and "the TCP baseline" in missing.reason
+    broken = {**results, 1: {"rows": [row("p2p", 0.001)], "tcp": {**tcp, "seconds": 0}}}
+    assert not check_bench(broken, world).passed
 
 
 @pytest.mark.local
@@ -65,6 +97,8 @@ def test_bench_times_and_checks_every_op_on_a_local_cluster(lab: Lab) -> None:
     assert result.code == 0, result.text[-3000:]
     report = json.loads(result.out)
     assert report["ranks"] == 3
+    assert report["tcp"]["gbs"] > 0 and report["tcp"]["rtt_us"] > 0  # (ranks on one machine: loopback)
+    assert report["fit"]["alpha_us"] >= 0 and report["fit"]["beta_ns_per_byte"] >= 0
     rows = report["rows"]
     assert [(r["op"], r["bytes"]) for r in rows] == [(op, size) for op in bench.OPS for size in (12, 65532)]
     for r in rows:  # (sizes are whole elements, a multiple of the ranks: as nccl-tests rounds them)
@@ -72,3 +106,4 @@ def test_bench_times_and_checks_every_op_on_a_local_cluster(lab: Lab) -> None:
         assert r["busbw_gbs"] == pytest.approx(r["algbw_gbs"] * bench.bus_factor(r["op"], 3))
     table = lab("bench", "--nproc", "2", "--ops", "all_reduce", "--sizes", "1K", "--iters", "1")
     assert table.code == 0 and "busbw" in table.out and "all_reduce" in table.out and "1024" in table.out
+    assert "raw TCP" in table.out and "of tcp" in table.out and "p2p fit" not in table.out  # (no p2p sweep)

@@ -455,6 +455,21 @@ def test_shaped_links_delay_lose_and_limit_then_clear_leaves_nothing(lab_up: Lab
     assert [c.name for c in hosts.lab_containers(engine.client()) if "shape" in c.name] == []
 
 
+def test_bench_on_shaped_links_fits_their_delay_as_alpha(lab_up: Lab, tmp_path: Path) -> None:
+    """Both hosts hold what they receive 20 ms: TCP's round trip is 40 ms, and so is the p2p sweep's
+    alpha (one message's cost in the model t = alpha + S*beta): a gloo message takes a round trip."""
+    assert lab_up("net", "shape", "node1", "node2", "--delay", "20ms").code == 0
+    try:
+        result = lab_up("bench", "--hosts", str(inventory_variant(tmp_path, 2, 1)), "--ops", "p2p", "--sizes",
+                        "8,64K,1M", "--iters", "3", "--json", timeout=600)
+    finally:
+        assert lab_up("net", "clear").code == 0
+    assert result.code == 0, result.text[-3000:]
+    report = json.loads(result.out)
+    assert report["tcp"]["hosts"] == ["node1", "node2"] and 40_000 <= report["tcp"]["rtt_us"] < 60_000, report["tcp"]
+    assert 30_000 <= report["fit"]["alpha_us"] <= 60_000, report["fit"]
+
+
 @pytest.mark.parametrize("args, message", [
     (("--delay", "20"), "lab: error: --delay: '20' is not a time (a number with us, ms or s: 20ms)"),
     (("node9", "--delay", "1ms"), "lab: error: lab lab has no host node9: its hosts are node1, node2, node3, "

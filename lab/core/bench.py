@@ -5,6 +5,12 @@ op's time is the slowest rank's (a collective ends when its last rank does), alg
 over that time, and busbw scales it by nccl-tests' factor for the op, so that it compares with the
 link's own speed whatever the number of ranks: 2(n-1)/n for all_reduce, (n-1)/n for all_gather and
 reduce_scatter, 1 for broadcast, reduce and p2p.
+
+Beside them: the link's own speed (raw TCP between two of the hosts, measured by the ranks in the
+same run), and the alpha-beta model fitted to the p2p sweep (a message of S bytes takes
+alpha + S*beta), with what it predicts for the two rings of the exercises: the tutorial's, which
+passes the whole tensor n-1 times, (n-1)(alpha + S*beta), and the chunked one, 2(n-1)(alpha + S*beta/n):
+more messages, fewer bytes each, so it wins above S = alpha / (beta (1 - 2/n)).
 """
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lab.errors import UsageError
-from lab.suite.checks.bench import rows_of
+from lab.suite.checks.bench import rows_of, tcp_of
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "p2p")
 REDOPS = {"all_reduce": "sum", "reduce_scatter": "sum", "reduce": "sum"}
@@ -94,3 +100,67 @@ def rows(results: dict[int, Any], ranks: int) -> list[Row]:
         out.append(Row(first["op"], first["bytes"], first["count"], max(times) if len(times) == len(measured) else None,
                        sum(int(r.get("wrong", 0)) for r in measured), ranks))
     return out
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Raw TCP between two hosts: one byte's round trip, and one stream's throughput."""
+
+    hosts: tuple[str, str]
+    rtt: float  # seconds
+    bytes: int
+    seconds: float
+
+    @property
+    def gbs(self) -> float:
+        return self.bytes / self.seconds / 1e9
+
+    def to_json(self) -> dict[str, Any]:
+        return {"hosts": list(self.hosts), "rtt_us": self.rtt * 1e6, "gbs": self.gbs}
+
+
+def baseline(results: dict[int, Any]) -> Baseline | None:
+    for result in results.values():
+        tcp = tcp_of(result)
+        if tcp is not None:
+            first, second = (str(h) for h in tcp["hosts"])
+            return Baseline((first, second), float(tcp["rtt"]), int(tcp["bytes"]), float(tcp["seconds"]))
+    return None
+
+
+@dataclass(frozen=True)
+class Fit:
+    """t = alpha + S * beta, fitted to the p2p rows (seconds, seconds per byte)."""
+
+    alpha: float
+    beta: float
+
+    def ring(self, nbytes: int, ranks: int) -> float:
+        """The tutorial's ring all-reduce: the whole tensor, n-1 times."""
+        return (ranks - 1) * (self.alpha + nbytes * self.beta)
+
+    def chunked_ring(self, nbytes: int, ranks: int) -> float:
+        """The chunked ring: reduce-scatter then all-gather, 2(n-1) messages of S/n."""
+        return 2 * (ranks - 1) * (self.alpha + nbytes * self.beta / ranks)
+
+    def crossover(self, ranks: int) -> float | None:
+        """Bytes above which the chunked ring wins (None: it never does, with n <= 2 or no beta)."""
+        return self.alpha / (self.beta * (1 - 2 / ranks)) if ranks > 2 and self.beta > 0 else None
+
+    def to_json(self, ranks: int) -> dict[str, Any]:
+        return {"alpha_us": self.alpha * 1e6, "beta_ns_per_byte": self.beta * 1e9,
+                "crossover_bytes": self.crossover(ranks)}
+
+
+def fit(measured: list[Row]) -> Fit | None:
+    """The alpha-beta fit of the timed p2p rows, each size weighted by its own time (relative error),
+    so the small sizes set alpha and the large ones beta; None without two sizes."""
+    points = [(row.bytes, row.seconds) for row in measured if row.op == "p2p" and row.seconds]
+    if len({size for size, _ in points}) < 2:
+        return None
+    w = [1 / t ** 2 for _, t in points]
+    sw, sx, sy = sum(w), sum(wi * x for wi, (x, _) in zip(w, points)), sum(wi * t for wi, (_, t) in zip(w, points))
+    sxx = sum(wi * x * x for wi, (x, _) in zip(w, points))
+    sxy = sum(wi * x * t for wi, (x, t) in zip(w, points))
+    beta = max(0.0, (sw * sxy - sx * sy) / (sw * sxx - sx * sx))
+    return Fit(max(0.0, (sy - beta * sx) / sw), beta)

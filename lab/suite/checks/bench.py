@@ -19,6 +19,15 @@ def rows_of(result: Any) -> list[dict[str, Any]] | None:
     return rows
 
 
+def tcp_of(result: Any) -> dict[str, Any] | None:
+    """A rank's raw TCP baseline (hosts, rtt, bytes, seconds), if it reports one."""
+    tcp = result.get("tcp") if isinstance(result, dict) else None
+    if not (isinstance(tcp, dict) and all(is_number(tcp.get(k)) and tcp[k] > 0 for k in ("rtt", "bytes", "seconds"))
+            and isinstance(tcp.get("hosts"), list)):
+        return None
+    return tcp
+
+
 def check_bench(results: Results, world: World) -> Verdict:
     e = Expect()
     ranks = reported(e, results, world)
@@ -34,6 +43,9 @@ def check_bench(results: Results, world: World) -> Verdict:
                 e.note(f"{row['op']} is not supported here: {row['unsupported']}")
             else:
                 e.equal(rank, f"#wrong of {row['op']} on {row['bytes']} bytes", 0, row["wrong"])
+    baselines = [rank for rank, result in ranks.items() if isinstance(result, dict) and "tcp" in result]
+    e.true(None, "the TCP baseline", len(baselines) == 1 and tcp_of(ranks[baselines[0]]) is not None,
+           expected="one rank's round trip and stream", got=str([ranks[r].get("tcp") for r in baselines])[:200])
     first = next(iter(shapes.values()), None)
     for rank, shape in shapes.items():
         e.equal(rank, "the ops and sizes measured", first, shape)

@@ -9,26 +9,91 @@ The sizes are the whole buffer: all_reduce's, broadcast's and reduce's tensor, a
 and reduce_scatter's input (each rank's piece is 1/n of it), and what p2p sends: every rank to the
 next one (r -> r+1), receiving from the one before, at once. The settings come in LAB_BENCH (JSON:
 ops, sizes, iters, warmup); an op the backend lacks is reported as such.
+
+First, the link's own speed, for the ops to be read against: raw TCP between rank 0 and the
+first rank on another host (rank 1 when all share one), which reports it as ``tcp``: the round
+trip of one byte (the median of PINGS) and the throughput of one stream sent for STREAM_SECONDS.
 """
 import json
 import os
+import socket
+import statistics
 import time
 
 import torch
 import torch.distributed as dist
 
 SETTINGS_VAR = "LAB_BENCH"
+PINGS = 20
+STREAM_SECONDS = 1.0
+CHUNK = 1 << 20
+TCP_TIMEOUT = 60.0
 
 
 def run(rank, size, backend, device):
     settings = json.loads(os.environ.get(SETTINGS_VAR) or "{}")
+    tcp = _tcp_baseline(rank, size)
     rows = []
     for op in settings.get("ops", ["all_reduce"]):
         for nbytes in settings.get("sizes", [1 << 20]):
             count = max(size, nbytes // 4 // size * size)  # elements: a multiple of the ranks, at least one each
             rows.append(_measure(op, count, rank, size, device, int(settings.get("iters", 5)),
                                  int(settings.get("warmup", 1))))
-    return {"rows": rows}
+    return {"rows": rows, **({"tcp": tcp} if tcp else {})}
+
+
+def _tcp_baseline(rank, size):
+    hosts = [None] * size
+    dist.all_gather_object(hosts, socket.gethostname())
+    peer = next((r for r in range(1, size) if hosts[r] != hosts[0]), 1)
+    port = [0]
+    server = socket.create_server(("", 0)) if rank == 0 else None
+    if server is not None:
+        server.settimeout(TCP_TIMEOUT)
+        port[0] = server.getsockname()[1]
+    dist.broadcast_object_list(port, src=0)
+    measured = None
+    if server is not None:
+        with server, server.accept()[0] as conn:
+            _serve_baseline(conn)
+    elif rank == peer:
+        with socket.create_connection((os.environ["MASTER_ADDR"], port[0]), timeout=TCP_TIMEOUT) as conn:
+            measured = {"hosts": [hosts[0], hosts[peer]], **_measure_baseline(conn)}
+    dist.barrier()
+    return measured
+
+
+def _serve_baseline(conn):
+    """Rank 0: echo each ping, then count the stream to its end and say how much came."""
+    conn.settimeout(TCP_TIMEOUT)
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for _ in range(PINGS):
+        conn.sendall(conn.recv(1))
+    received = 0
+    while data := conn.recv(CHUNK):
+        received += len(data)
+    conn.sendall(received.to_bytes(8, "big"))
+
+
+def _measure_baseline(conn):
+    conn.settimeout(TCP_TIMEOUT)
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    trips = []
+    for _ in range(PINGS):
+        started = time.perf_counter()
+        conn.sendall(b"p")
+        conn.recv(1)
+        trips.append(time.perf_counter() - started)
+    chunk = bytes(CHUNK)
+    started = time.perf_counter()
+    while time.perf_counter() - started < STREAM_SECONDS:
+        conn.sendall(chunk)
+    conn.shutdown(socket.SHUT_WR)
+    answer = b""
+    while len(answer) < 8 and (data := conn.recv(8 - len(answer))):
+        answer += data
+    received = int.from_bytes(answer, "big")
+    return {"rtt": statistics.median(trips), "bytes": received, "seconds": time.perf_counter() - started}
 
 
 def _measure(op, count, rank, size, device, iters, warmup):
