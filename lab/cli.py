@@ -239,14 +239,15 @@ def build_parser() -> argparse.ArgumentParser:
     peering.add_argument("state", choices=("on", "off", "show"))
     shape = net_commands.add_parser(
         "shape", help="give hosts' links a delay, jitter, loss or rate (in place of the shape they had)",
-        description="Delay, jitter and loss apply to what each shaped host receives (a round trip grows by the "
-                    "delay of each shaped end), the rate to what it sends. A helper container with NET_ADMIN in each "
-                    "host's network namespace sets them (tc tbf for the rate, an NFQUEUE for the rest); the hosts "
-                    "stay unprivileged. `lab net clear` takes them away, `lab down` too.")
+        description="Delay, jitter and loss apply once to each packet a shaped host exchanges with another (a "
+                    "round trip grows by the delay of each shaped end, as with tc netem on both), the rate to what "
+                    "it sends. A helper container with NET_ADMIN in each host's network namespace sets them (tc tbf "
+                    "for the rate, an NFQUEUE for the rest); the hosts stay unprivileged. `lab net clear` takes "
+                    "them away, `lab down` too.")
     shape.add_argument("hosts", nargs="*", metavar="HOST", help="node1 node2 ... or all (default: all)")
-    shape.add_argument("--delay", metavar="TIME", help="added to every packet a host receives: 20ms, 500us, 1s")
+    shape.add_argument("--delay", metavar="TIME", help="added to every packet: 20ms, 500us, 1s")
     shape.add_argument("--jitter", metavar="TIME", help="each packet's delay varies by up to this, either way")
-    shape.add_argument("--loss", metavar="PERCENT", help="the share of packets a host receives that are lost: 0.1%%")
+    shape.add_argument("--loss", metavar="PERCENT", help="the share of packets lost: 0.1%%")
     shape.add_argument("--rate", metavar="RATE", help="what a host sends, at most: 100mbit, 1gbit")
     net_commands.add_parser("show", help="each host's shape")
     clear = net_commands.add_parser("clear", help="take hosts' shapes away")
@@ -704,6 +705,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_net(args: argparse.Namespace) -> int:
+    wanted = shaping.parse_shape(args.delay, args.jitter, args.loss, args.rate) if args.net_command == "shape" else None
     client = engine.client()
     topology = hosts.running_topology(client, args.name)
     say = _sayer(Console(highlight=False))
@@ -711,8 +713,7 @@ def cmd_net(args: argparse.Namespace) -> int:
         if args.state != "show":
             crossvpc.set_peering(client, topology, args.state == "on")
         say(f"lab {args.name}: peering is {'on' if crossvpc.peering(client, topology) else 'off'}")
-    elif args.net_command == "shape":
-        wanted = shaping.parse_shape(args.delay, args.jitter, args.loss, args.rate)
+    elif wanted is not None:
         shaping.shape(client, topology, shaping.host_indices(topology, args.hosts), wanted, say)
     elif args.net_command == "clear":
         shaping.clear(client, topology, shaping.host_indices(topology, args.hosts), say)
