@@ -6,10 +6,10 @@ import struct
 
 import pytest
 
-from lab.containerlab import netem
 from lab.containerlab.shaping import Shape, host_indices, parse_shape
 from lab.containerlab.topology import Topology
 from lab.errors import UsageError
+from lab.rank import netem
 
 
 def test_options_read_with_their_units() -> None:

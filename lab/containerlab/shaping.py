@@ -1,7 +1,7 @@
 """``lab net shape / show / clear``: delay, jitter, loss and a rate on a lab's links.
 
 Each shaped host gets a shaper: a container with NET_ADMIN in the host's network namespace that
-runs :mod:`lab.containerlab.netem` (the host itself stays unprivileged). The shaper is the
+runs :mod:`lab.rank.netem` (the host itself stays unprivileged). The shaper is the
 record of the shape (its labels say what it set), ``lab net clear`` stops it (it takes what it set
 away) and ``lab down`` removes it with the lab.
 """
@@ -18,9 +18,11 @@ from pathlib import Path
 import docker
 from docker.errors import APIError, NotFound
 
+from lab.containerlab import helper
 from lab.containerlab.engine import EngineError, Say
 from lab.containerlab.topology import SHAPE_LABEL, SHAPED_LABEL, Topology
 from lab.errors import UsageError
+from lab.rank import netem
 
 ROLE_NAME = "shaper"
 READY_WAIT = 20.0  # seconds for a shaper to say it is ready
@@ -120,7 +122,7 @@ def shape(client: docker.DockerClient, topology: Topology, indices: Sequence[int
     """Give each of the hosts ``indices`` the shape ``wanted`` (in place of any shape they had)."""
     def one(i: int) -> None:
         _stop(client, topology, i)
-        host = _host(client, topology, i)
+        host = helper.running_host(client, topology, i)
         labels = {**topology.labels(ROLE_NAME), SHAPED_LABEL: host.name, SHAPE_LABEL: json.dumps(asdict(wanted))}
         try:
             shaper = client.containers.run(
@@ -173,17 +175,6 @@ def _stop(client: docker.DockerClient, topology: Topology, i: int) -> bool:
     return True
 
 
-def _host(client: docker.DockerClient, topology: Topology, i: int) -> docker.models.containers.Container:
-    try:
-        host = client.containers.get(topology.container(i))
-    except NotFound:
-        raise EngineError(f"host {topology.name(i)}: its container {topology.container(i)} is gone; "
-                          f"run `python -m lab up --name {topology.lab}` again") from None
-    if host.status != "running":
-        raise EngineError(f"host {topology.name(i)}: {host.name} is {host.status}, not running")
-    return host
-
-
 def _wait_ready(shaper: docker.models.containers.Container, host: str) -> None:
     deadline = time.monotonic() + READY_WAIT
     while time.monotonic() < deadline:
@@ -209,4 +200,4 @@ def _each(indices: Sequence[int], one: Callable[[int], None]) -> None:
             done.result()
 
 
-_PROGRAM = (Path(__file__).parent / "netem.py").read_text()
+_PROGRAM = Path(netem.__file__).read_text()  # (run by python3 -c: the helper has no copy of the lab)
