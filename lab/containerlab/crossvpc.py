@@ -24,6 +24,7 @@ from docker.errors import NotFound
 from docker.models.containers import Container
 from docker.models.networks import Network
 
+from lab.containerlab import helper
 from lab.containerlab.engine import EngineError, Say
 from lab.containerlab.topology import GATEWAY_HOST, Topology
 
@@ -83,10 +84,8 @@ def route_hosts_through_gateway(client: docker.DockerClient, topology: Topology,
     """Each host's default route -> its network's gateway, set from a helper container that
     joins the host's network namespace (the host itself gets no NET_ADMIN)."""
     for i in topology.indices():
-        via = topology.network(i).at(GATEWAY_HOST)
-        client.containers.run(image, ["ip", "route", "replace", "default", "via", via],
-                              network_mode=f"container:{topology.container(i)}", cap_add=["NET_ADMIN"],
-                              remove=True, labels=topology.labels("helper"))
+        helper.in_namespace(client, topology, i, f"ip route replace default via {topology.network(i).at(GATEWAY_HOST)}",
+                            image)
 
 
 def nat_script(topology: Topology) -> str:

@@ -1,0 +1,43 @@
+"""Short-lived helpers: a container with NET_ADMIN that joins one lab host's network namespace,
+runs one shell script there and goes, so the host itself never needs the capability (its
+routes in the cross-VPC lab, the faults of ``lab break``)."""
+from __future__ import annotations
+
+import docker
+from docker.errors import APIError, ContainerError, NotFound
+from docker.models.containers import Container
+
+from lab.containerlab.engine import EngineError
+from lab.containerlab.topology import Topology
+
+ROLE_NAME = "helper"
+
+
+def running_host(client: docker.DockerClient, topology: Topology, i: int) -> Container:
+    """Host i's container, running (else one line naming the host, and what to do)."""
+    try:
+        host = client.containers.get(topology.container(i))
+    except NotFound:
+        raise EngineError(f"host {topology.name(i)}: its container {topology.container(i)} is gone; "
+                          f"run `python -m lab up --name {topology.lab}` again") from None
+    if host.status != "running":
+        raise EngineError(f"host {topology.name(i)}: {host.name} is {host.status}, not running")
+    return host
+
+
+def in_namespace(client: docker.DockerClient, topology: Topology, i: int, script: str,
+                 image: str | None = None) -> str:
+    """Run ``script`` (sh) with NET_ADMIN in host i's network namespace; its output. ``image``:
+    the host's own by default."""
+    host = running_host(client, topology, i)
+    try:
+        out = client.containers.run(image or host.image.id, ["sh", "-c", script], entrypoint=[],
+                                    network_mode=f"container:{host.id}", cap_drop=["ALL"], cap_add=["NET_ADMIN"],
+                                    remove=True, labels=topology.labels(ROLE_NAME))
+    except ContainerError as exc:
+        error = bytes(exc.stderr or b"").decode("utf-8", "replace").strip().splitlines()
+        raise EngineError(f"host {topology.name(i)}: {error[-1] if error else exc}") from None
+    except APIError as exc:
+        raise EngineError(f"host {topology.name(i)}: cannot start a helper in its network namespace: "
+                          f"{str(exc.explanation or exc).strip().splitlines()[0]}") from None
+    return bytes(out).decode("utf-8", "replace")
