@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.text import Text
 
-from lab.containerlab import crossvpc, engine, hosts, sandbox, shaping, slurm
+from lab.containerlab import crossvpc, engine, faults, hosts, sandbox, shaping, slurm
 from lab.containerlab.image import DEFAULT_BASE, OFFLINE
 from lab.containerlab.sandbox import Limits
 from lab.containerlab.topology import (
@@ -57,6 +57,7 @@ from lab.core.report import STATUS_STYLES, LineStreamer, print_report, to_json, 
 from lab.core.runner import run_plan
 from lab.core.slurm import WORKING
 from lab.core.text import printable
+from lab.doctor.known import printed_causes, run_causes
 from lab.doctor.render import print_diagnosis
 from lab.doctor.run import diagnose, explain_hang
 from lab.doctor.scenario import run_scenario
@@ -252,6 +253,21 @@ def build_parser() -> argparse.ArgumentParser:
     net_commands.add_parser("show", help="each host's shape")
     clear = net_commands.add_parser("clear", help="take hosts' shapes away")
     clear.add_argument("hosts", nargs="*", metavar="HOST", help="node1 node2 ... or all (default: all)")
+    broken = commands.add_parser(
+        "break", help="make a classic multi-node failure happen on a lab host, for real (`lab fix` undoes it)",
+        epilog="\n".join(f"  {f.kind:18} {f.about}" for f in faults.FAULTS.values()),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    _name_option(broken)
+    broken.add_argument("kind", choices=faults.KINDS, metavar="KIND", help=", ".join(faults.KINDS))
+    broken.add_argument("hosts", nargs="*", metavar="HOST", help="node1 node2 ... or all (default: every host for "
+                        "loopback-hostname, as Debian installs them; node1, MASTER_ADDR's host, for slow-dns and "
+                        "port-taken; node2 otherwise)")
+    broken.add_argument("--port", type=int, default=faults.DEFAULT_PORT, metavar="PORT",
+                        help=f"port-taken: the port to hold (default {faults.DEFAULT_PORT}, the tutorials')")
+    fixed = commands.add_parser("fix", help="undo `lab break`: every fault on every host, or one kind")
+    _name_option(fixed)
+    fixed.add_argument("kind", nargs="?", choices=faults.KINDS, metavar="KIND", help="default: every kind")
+    fixed.add_argument("hosts", nargs="*", metavar="HOST", help="node1 node2 ... or all (default: all)")
     status = commands.add_parser("status", help="show each lab host, its addresses and whether sshd answers "
                                                 "(and, with Slurm, each node's state and munge key)")
     _name_option(status)
@@ -319,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands: dict[str, Callable[[argparse.Namespace], int]] = {
         "list": cmd_list, "run": cmd_run, "launch": cmd_launch, "doctor": cmd_doctor,
         "grade": cmd_grade, "bench": cmd_bench, "submit": cmd_submit, "up": cmd_up, "down": cmd_down,
-        "status": cmd_status, "net": cmd_net, "ls": cmd_ls}
+        "status": cmd_status, "net": cmd_net, "ls": cmd_ls, "break": cmd_break, "fix": cmd_fix}
     try:
         return commands[args.command](args)
     except LabError as exc:
@@ -414,17 +430,24 @@ def run_and_report(inventory: Inventory, options: Options, settings: SSHSettings
     reports = judge(outcome)
     code = exit_code(outcome, reports)
     causes = explain_hang(inventory, settings, outcome.master_port) if hung_at_start(outcome) else []
+    printed = run_causes(outcome, reports)
     if junit:
         Path(junit).write_bytes(to_junit(outcome, reports))
     if json_out:
-        print(json.dumps({**to_json(outcome, reports, code), "likely_causes": causes}, indent=2))
+        print(json.dumps({**to_json(outcome, reports, code), "likely_causes": causes, "known_errors": printed},
+                         indent=2))
     else:
         print_report(console, outcome, reports)
-        if causes:
-            console.print(Text("likely cause (from `python -m lab doctor`):", style="bold yellow"))
-            for line in causes:
-                console.print(Text(f"  {printable(line)}"), soft_wrap=True)
+        _print_causes(console, "likely cause (from `python -m lab doctor`):", causes)
+        _print_causes(console, "what the ranks printed means:", printed)
     return code
+
+
+def _print_causes(console: Console, title: str, causes: list[str]) -> None:
+    if causes:
+        console.print(Text(title, style="bold yellow"))
+        for line in causes:
+            console.print(Text(f"  {printable(line)}"), soft_wrap=True)
 
 
 def _run_cross_vpc(inventory: Inventory, options: Options, args: argparse.Namespace) -> int:
@@ -589,6 +612,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         console.print(Text(f"rank {s.spec.rank} ({s.spec.host}) {why}", style="red"), soft_wrap=True)
     console.print(Text(f"{script.name}: {plan.world_size - len(failed)} of {plan.world_size} ranks succeeded "
                        f"in {outcome.seconds:.1f}s ({outcome.status})", style="bold"), highlight=False)
+    _print_causes(console, "what the ranks printed means:", printed_causes(failed))
     if outcome.status == "interrupted":
         return ExitCode.INTERRUPTED
     if outcome.status == "timeout":
@@ -720,6 +744,26 @@ def cmd_net(args: argparse.Namespace) -> int:
     else:
         for host, shape in shaping.shapes(client, topology).items():
             print(f"{host}: {shape or 'none'}")
+    return ExitCode.OK
+
+
+def cmd_break(args: argparse.Namespace) -> int:
+    client = engine.client()
+    topology = hosts.running_topology(client, args.name)
+    fault = faults.FAULTS[args.kind]
+    default = [name for name in fault.default_hosts if name in map(topology.name, topology.indices())] or ["all"]
+    indices = shaping.host_indices(topology, args.hosts or default)
+    faults.break_hosts(client, topology, args.kind, indices, args.port)
+    _sayer(Console(highlight=False))(f"{', '.join(topology.name(i) for i in indices)}: broken: {fault.about}; a job "
+                                     f"shows: {fault.shows} (`lab fix {args.kind}` mends it)")
+    return ExitCode.OK
+
+
+def cmd_fix(args: argparse.Namespace) -> int:
+    client = engine.client()
+    topology = hosts.running_topology(client, args.name)
+    faults.fix(client, topology, [args.kind] if args.kind else faults.KINDS,
+               shaping.host_indices(topology, args.hosts), _sayer(Console(highlight=False)))
     return ExitCode.OK
 
 

@@ -482,6 +482,84 @@ def test_a_bad_shape_is_one_line_and_changes_nothing(lab_up: Lab, args: tuple[st
     assert lab_up("net", "show").out.splitlines() == [f"node{i}: none" for i in TOPOLOGY.indices()]
 
 
+TUTORIAL_PORT_SCRIPT = """import os, torch, torch.distributed as dist
+os.environ['MASTER_PORT'] = '29500'  # as the tutorials set it
+dist.init_process_group('gloo')
+dist.all_reduce(torch.ones(1))
+"""
+
+
+def doctor_findings(lab: Lab, inventory: Path, *extra: str) -> tuple[int, list[dict]]:
+    result = lab("doctor", "--hosts", str(inventory), "--json", *extra, timeout=300)
+    assert result.out.strip(), result.err[-3000:]
+    return result.code, json.loads(result.out)["findings"]
+
+
+@pytest.mark.parametrize("kind, hosts, broken, shows, check, subject", [
+    ("loopback-hostname", 2, "node1, node2, node3, node4", r"remote=\[127\.0\.1\.1\]", "resolve", "node2"),
+    # (gloo's higher rank connects to the lower: node3 to node2 is the pair the firewall stops)
+    ("blocked-port", 3, "node2", r"node1, node3 cannot reach node2 at 10\.213\.0\.12", "mesh", "-> node2"),
+    ("wrong-ifname", 2, "node2", r"rank 1 \(node2\) printed 'Unable to find address for: eth9'", "interface", "node2"),
+    ("slow-dns", 3, "node1", r"1 passed, 0 failed in (1\d|[2-9]\d)\.\ds", "lookup", "node1"),  # 10 s late
+    ("port-taken", 2, "node1", r"rank 0 \(node1\) printed 'EADDRINUSE': MASTER_PORT is already taken", "master",
+     "node1"),
+])
+def test_a_fault_shows_in_a_job_and_the_doctor_names_it_until_fixed(
+        lab_up: Lab, tmp_path: Path, kind: str, hosts: int, broken: str, shows: str, check: str, subject: str) -> None:
+    inventory = inventory_variant(tmp_path, hosts, 1)
+    port = ("--master-port", "29500") if kind == "port-taken" else ()
+    said = lab_up("break", kind)
+    assert said.code == 0 and " ".join(said.out.split()).startswith(f"lab: {broken}: broken: "), said.text
+    try:
+        if kind == "port-taken":  # (lab run takes a free port: the tutorials' scripts set their own)
+            script = tmp_path / "tutorial.py"
+            script.write_text(TUTORIAL_PORT_SCRIPT)
+            job = lab_up("launch", "--hosts", str(inventory), "--timeout", "30", str(script), timeout=300)
+        else:
+            job = lab_up("run", "p2p", "--hosts", str(inventory), "--timeout", "30", timeout=300)
+        assert re.search(shows, " ".join(job.text.split())), job.text[-4000:]
+        findings = doctor_findings(lab_up, inventory, *port)[1]
+        named = [f for f in findings if (f["check"], f["subject"]) == (check, subject)]
+        assert named and named[0]["severity"] in ("error", "warning") and named[0]["fix"], findings
+    finally:
+        fixed = lab_up("fix")
+    assert fixed.code == 0 and fixed.out.count("fixed every fault") == len(TOPOLOGY.indices()), fixed.text
+    code, findings = doctor_findings(lab_up, inventory, *port)
+    assert code == 0 and not [f for f in findings if f["check"] == check], findings
+    assert_no_workers_anywhere()
+
+
+def test_a_host_partitioned_mid_run_is_named_within_the_timeout(lab_up: Lab, tmp_path: Path) -> None:
+    script = tmp_path / "steady.py"
+    script.write_text("import time, torch, torch.distributed as dist\n"
+                      "dist.init_process_group('gloo')\n"
+                      "print('ranks connected', flush=True)\n"
+                      "for _ in range(600):\n    dist.all_reduce(torch.ones(1)); time.sleep(0.1)\n")
+    job = lab_up.popen("launch", "--hosts", str(inventory_variant(tmp_path, 2, 1)), "--timeout", "60", str(script))
+    try:
+        assert job.stdout is not None
+        started = time.monotonic()
+        for line in job.stdout:
+            if "ranks connected" in line:
+                break
+        assert lab_up("break", "partition", "node2").code == 0
+        out = job.communicate(timeout=180)[0]
+        assert time.monotonic() - started < 90 and job.returncode == 3, out
+        assert "lab: error: host node2 (10.213.0.12:22): lost: no answer to SSH keepalives" in out, out
+        deadline = time.monotonic() + 30  # its sshd drops the silent controller's sessions, and the ranks end
+        while workers_on(TOPOLOGY.container(2)) and time.monotonic() < deadline:
+            time.sleep(1)
+        assert workers_on(TOPOLOGY.container(2)) == []
+        code, findings = doctor_findings(lab_up, inventory_variant(tmp_path, 2, 1))
+        assert code != 0 and [f["check"] for f in findings if f["subject"] == "node2"] == ["reach"], findings
+    finally:
+        job.kill()
+        job.wait()
+        assert lab_up("fix", "partition").code == 0
+    assert doctor_findings(lab_up, inventory_variant(tmp_path, 2, 1))[0] == 0
+    assert_no_workers_anywhere()
+
+
 def test_a_lab_up_that_fails_removes_what_it_started(lab_up: Lab) -> None:
     """A host's address taken by a container that is not the lab's: `lab up` stops with one line
     naming the host, and removes the containers and volume it had started (the network was there

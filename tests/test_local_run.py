@@ -239,6 +239,22 @@ def test_launch_reports_the_failing_rank_and_stops_the_others(lab: Lab, tmp_path
     assert lab.leftovers() == []
 
 
+def test_launch_names_the_cause_of_an_error_every_torch_user_meets(lab: Lab, tmp_path) -> None:
+    """MASTER_PORT taken on rank 0's host, for real: the script holds the port, then starts the store on it."""
+    script = tmp_path / "taken.py"
+    script.write_text("import os, socket, torch.distributed as dist\n"
+                      "held = socket.create_server(('', 0))\n"
+                      "port = held.getsockname()[1]\n"
+                      "dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=0, world_size=1)\n")
+    result = lab("launch", "--nproc", "1", "--timeout", "60", str(script))
+    assert result.code == 1, result.text
+    assert "what the ranks printed means:" in result.out
+    cause = result.out.split("what the ranks printed means:", 1)[1]
+    assert re.search(r"rank 0 \(local\) printed '(?i:EADDRINUSE|address already in use)': MASTER_PORT is already "
+                     r"taken on MASTER_ADDR's host", " ".join(cause.split())), cause
+    assert lab.leftovers() == []
+
+
 @pytest.mark.parametrize("solution, status, fragment", [
     ("average_gradients_only.py", "pass", ""),
     ("average_gradients_no_divide.py", "fail",
