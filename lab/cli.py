@@ -195,6 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     benching.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT * 5, metavar="SECONDS",
                           help=f"the longest the measurement may take on any rank (default {DEFAULT_TIMEOUT * 5:g})")
     benching.add_argument("--json", action="store_true", help="print the rows as JSON")
+    benching.add_argument("--csv", metavar="FILE", help="also write the rows to FILE as CSV")
+    benching.add_argument("--plot", metavar="FILE.png", help="also draw busbw against size (one line per op, and "
+                          "raw TCP's) to FILE.png")
 
     submission = commands.add_parser(
         "submit", help="run exercises as a Slurm batch job (sbatch), here on the cluster's login host",
@@ -623,6 +626,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
+    for option, path in (("--csv", args.csv), ("--plot", args.plot)):
+        if path and not Path(path).resolve().parent.is_dir():
+            raise UsageError(f"{option} {path}: no such directory")
+    if args.plot:
+        bench.check_plotting()
     env = bench.rank_env(bench.parse_ops(args.ops), bench.parse_sizes(args.sizes), args.iters, args.warmup)
     options = Options((registry.EXERCISES["bench"],), args.backend, "env", args.timeout, launcher=_launcher(args),
                       partition=args.partition, rank_env=env)
@@ -640,12 +648,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     results, ranks = outcome.exercises["bench"].results, outcome.plan.world_size
     rows, tcp = bench.rows(results, ranks), bench.baseline(results)
     fitted = bench.fit(rows)
+    title = f"{ranks} ranks, {outcome.plan.backend}"
+    if args.csv:
+        Path(args.csv).write_text(bench.csv_text(rows, tcp))
+    if args.plot:
+        bench.plot(rows, tcp, Path(args.plot), title)
     if args.json:
         print(json.dumps({"ranks": ranks, "backend": outcome.plan.backend, "rows": [row.to_json() for row in rows],
                           "tcp": tcp.to_json() if tcp else None,
                           "fit": fitted.to_json(ranks) if fitted else None}, indent=2))
         return code
-    _print_bench(console, f"{ranks} ranks, {outcome.plan.backend}", rows, tcp)
+    _print_bench(console, title, rows, tcp)
     if fitted is not None:
         _print_model(console, fitted, rows, ranks)
     return code

@@ -2,9 +2,12 @@
 every op on a local cluster."""
 from __future__ import annotations
 
+import csv
 import json
+from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from lab.core import bench
 from lab.errors import UsageError
@@ -92,10 +95,18 @@ def test_the_tcp_baseline_is_one_ranks_and_checked() -> None:
 
 
 @pytest.mark.local
-def test_bench_times_and_checks_every_op_on_a_local_cluster(lab: Lab) -> None:
-    result = lab("bench", "--nproc", "3", "--sizes", "8,64K", "--iters", "2", "--json")
+def test_bench_times_and_checks_every_op_on_a_local_cluster(lab: Lab, tmp_path: Path) -> None:
+    table, picture = tmp_path / "bench.csv", tmp_path / "bench.png"
+    result = lab("bench", "--nproc", "3", "--sizes", "8,64K", "--iters", "2", "--json", "--csv", str(table),
+                 "--plot", str(picture))
     assert result.code == 0, result.text[-3000:]
     report = json.loads(result.out)
+    written = list(csv.DictReader(table.open()))
+    assert [(r["op"], int(r["bytes"]), float(r["busbw_gbs"]), float(r["tcp_gbs"])) for r in written] == [
+        (r["op"], r["bytes"], pytest.approx(r["busbw_gbs"]), pytest.approx(report["tcp"]["gbs"]))
+        for r in report["rows"]]
+    with Image.open(picture) as image:  # (Pillow: matplotlib's own dependency)
+        assert image.format == "PNG" and image.size[0] > 400 and len(image.getcolors(maxcolors=1 << 16) or ()) > 10
     assert report["ranks"] == 3
     assert report["tcp"]["gbs"] > 0 and report["tcp"]["rtt_us"] > 0  # (ranks on one machine: loopback)
     assert report["fit"]["alpha_us"] >= 0 and report["fit"]["beta_ns_per_byte"] >= 0
@@ -104,6 +115,9 @@ def test_bench_times_and_checks_every_op_on_a_local_cluster(lab: Lab) -> None:
     for r in rows:  # (sizes are whole elements, a multiple of the ranks: as nccl-tests rounds them)
         assert r["wrong"] == 0 and r["time_us"] > 0, r
         assert r["busbw_gbs"] == pytest.approx(r["algbw_gbs"] * bench.bus_factor(r["op"], 3))
+    nowhere = lab("bench", "--nproc", "2", "--plot", str(tmp_path / "no" / "such.png"))
+    assert (nowhere.code, nowhere.err.strip()) == (2, f"lab: error: --plot {tmp_path / 'no' / 'such.png'}: no such "
+                                                      f"directory")
     table = lab("bench", "--nproc", "2", "--ops", "all_reduce", "--sizes", "1K", "--iters", "1")
     assert table.code == 0 and "busbw" in table.out and "all_reduce" in table.out and "1024" in table.out
     assert "raw TCP" in table.out and "of tcp" in table.out and "p2p fit" not in table.out  # (no p2p sweep)

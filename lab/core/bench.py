@@ -14,9 +14,12 @@ more messages, fewer bytes each, so it wins above S = alpha / (beta (1 - 2/n)).
 """
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from lab.errors import UsageError
@@ -164,3 +167,46 @@ def fit(measured: list[Row]) -> Fit | None:
     sxy = sum(wi * x * t for wi, (x, t) in zip(w, points))
     beta = max(0.0, (sw * sxy - sx * sy) / (sw * sxx - sx * sx))
     return Fit(max(0.0, (sy - beta * sx) / sw), beta)
+
+
+def csv_text(measured: list[Row], tcp: Baseline | None) -> str:
+    """The rows as CSV, with raw TCP's throughput in every row when the ranks measured it."""
+    out = io.StringIO()
+    fields = ["op", "bytes", "count", "type", "redop", "time_us", "algbw_gbs", "busbw_gbs", "wrong", "tcp_gbs"]
+    writer = csv.DictWriter(out, fields, lineterminator="\n")
+    writer.writeheader()
+    for row in measured:
+        writer.writerow({**row.to_json(), "tcp_gbs": tcp.gbs if tcp else None})
+    return out.getvalue()
+
+
+def check_plotting() -> None:
+    """--plot needs matplotlib (a dependency of the lab: one line, not a traceback, if it is gone)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError("--plot needs matplotlib: pip install matplotlib (make venv installs it)") from None
+
+
+def plot(measured: list[Row], tcp: Baseline | None, path: Path, title: str) -> None:
+    """busbw against size on log axes, one line per op, and raw TCP's throughput as a line across."""
+    import matplotlib
+    matplotlib.use("Agg")  # (no display: a file)
+    from matplotlib import pyplot
+
+    figure, axes = pyplot.subplots(figsize=(8, 5))
+    for op in dict.fromkeys(row.op for row in measured):
+        points = [(row.bytes, row.busbw) for row in measured if row.op == op and row.busbw]
+        if points:
+            axes.plot(*zip(*points), marker="o", label=op)
+    if tcp is not None:
+        axes.axhline(tcp.gbs, color="grey", linestyle="--", label=f"raw TCP {tcp.hosts[1]} -> {tcp.hosts[0]}")
+    axes.set_xscale("log", base=2)
+    axes.set_yscale("log")
+    axes.set_xlabel("size (bytes)")
+    axes.set_ylabel("busbw (GB/s)")
+    axes.set_title(f"lab bench: {title}")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend()
+    figure.savefig(path, dpi=100, bbox_inches="tight")
+    pyplot.close(figure)
