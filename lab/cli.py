@@ -182,10 +182,15 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="time the collectives and p2p on each size, nccl-tests style, every result checked",
         description="Time all_reduce, all_gather, reduce_scatter, broadcast, reduce and p2p (each rank to the "
                     "next) on the cluster, for each size, and print nccl-tests' table: size, count, type, "
-                    "redop, time, algbw, busbw (scaled so that it compares with a link's speed) and #wrong.",
+                    "redop, time, algbw, busbw (scaled so that it compares with a link's speed) and #wrong. "
+                    "With --solution, a student's ring all-reduce beside gloo's.",
         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
     _cluster_options(benching)
-    benching.add_argument("--ops", default="all", metavar="OP,...", help=f"of {', '.join(bench.OPS)} (default all)")
+    benching.add_argument("--ops", metavar="OP,...", help=f"of {', '.join(bench.OPS)} (default all), and "
+                          f"{', '.join(bench.RINGS.values())}: the ring-allreduce exercise's two rings")
+    benching.add_argument("--solution", metavar="FILE.py", help="time this file's allreduce(send, recv) and/or "
+                          "ring_allreduce(tensor) as ring and chunked_ring, checked, beside all_reduce and p2p "
+                          "(or the --ops given)")
     benching.add_argument("--sizes", default=bench.DEFAULT_SIZES, metavar="SIZE,...",
                           help=f"bytes per buffer, with K, M, G (default {bench.DEFAULT_SIZES})")
     benching.add_argument("--iters", type=int, default=20, metavar="N", help="timed calls per size (default 20)")
@@ -631,14 +636,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise UsageError(f"{option} {path}: no such directory")
     if args.plot:
         bench.check_plotting()
-    env = bench.rank_env(bench.parse_ops(args.ops), bench.parse_sizes(args.sizes), args.iters, args.warmup)
-    options = Options((registry.EXERCISES["bench"],), args.backend, "env", args.timeout, launcher=_launcher(args),
-                      partition=args.partition, rank_env=env)
+    ops, solution = bench.parse_ops(args.ops or "all"), None
+    if args.solution:
+        solution = _solution_file(args.solution)
+        ops = bench.solution_ops(ops, bench.solution_rings(Path(solution)), args.ops is not None)
+    env = bench.rank_env(ops, bench.parse_sizes(args.sizes), args.iters, args.warmup)
+    options = Options((registry.EXERCISES["bench"],), args.backend, "env", args.timeout, solution,
+                      launcher=_launcher(args), partition=args.partition, rank_env=env)
     settings = _ssh_settings(args)
     inventory = with_master_address(_cluster(args), settings)
     console = Console(stderr=args.json, highlight=False)
     console.width = max(console.width, 100)  # (the table's numbers whole, never cut, on a narrow terminal too)
-    with console.status(f"timing {args.ops} on {inventory.world_size} ranks", spinner="dots"):
+    with console.status(f"timing {','.join(ops)} on {inventory.world_size} ranks", spinner="dots"):
         outcome = run_plan(build_plan(inventory, options), on_line=LineStreamer(console), ssh=settings)
     reports = judge(outcome)
     code = exit_code(outcome, reports)
@@ -648,7 +657,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     results, ranks = outcome.exercises["bench"].results, outcome.plan.world_size
     rows, tcp = bench.rows(results, ranks), bench.baseline(results)
     fitted = bench.fit(rows)
-    title = f"{ranks} ranks, {outcome.plan.backend}"
+    notes = next(r.notes for r in reports if r.name == "bench")  # (what the rings sent, with a solution's)
+    title = f"{ranks} ranks, {outcome.plan.backend}" + (f", rings of {Path(solution).name}" if solution else "")
     if args.csv:
         Path(args.csv).write_text(bench.csv_text(rows, tcp))
     if args.plot:
@@ -656,11 +666,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"ranks": ranks, "backend": outcome.plan.backend, "rows": [row.to_json() for row in rows],
                           "tcp": tcp.to_json() if tcp else None,
-                          "fit": fitted.to_json(ranks) if fitted else None}, indent=2))
+                          "fit": fitted.to_json(ranks) if fitted else None, "notes": list(notes)}, indent=2))
         return code
     _print_bench(console, title, rows, tcp)
     if fitted is not None:
         _print_model(console, fitted, rows, ranks)
+    for note in notes:
+        console.print(Text(f"note: {printable(note)}"))
     return code
 
 
@@ -690,21 +702,27 @@ def _print_model(console: Console, fitted: bench.Fit, rows: list[bench.Row], ran
     """The alpha-beta fit of the p2p sweep, and the two rings' times as it predicts them."""
     console.print(f"p2p fit, t = alpha + S*beta: alpha = {fitted.alpha * 1e6:.1f} us, beta = {fitted.beta * 1e9:.3f} "
                   f"ns/byte ({1 / fitted.beta / 1e9 if fitted.beta else float('inf'):.3f} GB/s)")
-    measured = {row.bytes: row.seconds for row in rows if row.op == "all_reduce"}
-    table = Table("size", "tutorial's ring", "chunked ring", *(("all_reduce",) if measured else ()),
+    measured = {(row.op, row.bytes): row.seconds for row in rows if row.seconds}
+    timed = [op for op in ("ring", "chunked_ring", "all_reduce") if any(o == op for o, _ in measured)]
+    table = Table("size", "tutorial's ring", "chunked ring", *(f"{op} measured" for op in timed),
                   box=box.SIMPLE_HEAD, title=f"ring all-reduce on {ranks} ranks as the fit predicts it (us): "
                                              "(n-1)(alpha+S*beta) and 2(n-1)(alpha+S*beta/n)")
     for column in table.columns:
         column.justify = "right"
     for size in sorted({row.bytes for row in rows if row.op == "p2p"}):
-        seconds = measured.get(size)
-        gloo = (f"{seconds * 1e6:.1f}" if seconds else "n/a",) if measured else ()
+        times = [measured.get((op, size)) for op in timed]
         table.add_row(str(size), f"{fitted.ring(size, ranks) * 1e6:.1f}",
-                      f"{fitted.chunked_ring(size, ranks) * 1e6:.1f}", *gloo)
+                      f"{fitted.chunked_ring(size, ranks) * 1e6:.1f}",
+                      *(f"{seconds * 1e6:.1f}" if seconds else "n/a" for seconds in times))
     console.print(table)
     crossover = fitted.crossover(ranks)
-    console.print(f"the chunked ring wins above {crossover:.0f} bytes: alpha / (beta (1 - 2/n))" if crossover else
-                  f"on {ranks} ranks the chunked ring never wins: as many bytes, in more messages")
+    if crossover:
+        console.print(f"the chunked ring wins above {crossover:.0f} bytes: alpha / (beta (1 - 2/n))")
+    elif ranks <= 2:
+        console.print(f"on {ranks} ranks the chunked ring never wins: as many bytes, in more messages")
+    else:
+        console.print("the fit found no cost per byte (the sizes are too small to show one): time larger sizes "
+                      "to see where the chunked ring wins")
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -847,14 +865,16 @@ def _options(args: argparse.Namespace) -> Options:
     exercises = _exercises(args.exercises)
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, got {args.timeout:g}")
-    solution = None
-    if args.solution:
-        path = Path(args.solution)
-        if path.suffix != ".py" or not path.is_file():
-            raise UsageError(f"--solution {args.solution}: not a readable .py file")
-        solution = str(path.resolve())
+    solution = _solution_file(args.solution) if args.solution else None
     return Options(exercises, args.backend, args.init, args.timeout, solution, _launcher(args),
                    partition=args.partition)
+
+
+def _solution_file(text: str) -> str:
+    path = Path(text)
+    if path.suffix != ".py" or not path.is_file():
+        raise UsageError(f"--solution {text}: not a readable .py file")
+    return str(path.resolve())
 
 
 def _launcher(args: argparse.Namespace) -> Launcher:

@@ -12,9 +12,11 @@ from PIL import Image
 from lab.core import bench
 from lab.errors import UsageError
 from lab.suite.check import World
-from lab.suite.checks.bench import check_bench
+from lab.suite.checks.bench import check_bench, check_ring_calls
 
 from .conftest import REPO, Lab
+
+SOLUTIONS, WRONG = REPO / "tests" / "solutions", REPO / "tests" / "wrong"
 
 
 def test_sizes_ops_and_bus_factors() -> None:
@@ -26,6 +28,35 @@ def test_sizes_ops_and_bus_factors() -> None:
     with pytest.raises(UsageError, match="unknown alltoall"):
         bench.parse_ops("all_reduce,alltoall")
     assert [bench.bus_factor(op, 4) for op in bench.OPS] == [1.5, 0.75, 0.75, 1.0, 1.0, 1.0]
+    assert bench.parse_ops("ring,p2p,ring") == ["ring", "p2p"] and bench.bus_factor("chunked_ring", 4) == 1.5
+
+
+def test_a_solutions_rings_are_read_from_its_text_and_added_to_the_ops(tmp_path: Path) -> None:
+    assert bench.solution_rings(SOLUTIONS / "ring_allreduce_only.py") == ["chunked_ring"]
+    assert bench.solution_rings(WRONG / "ring_drops_remainder.py") == ["ring", "chunked_ring"]  # (one imported)
+    assert bench.solution_ops(["all_reduce", "broadcast"], ["ring"], chosen=False) == ["all_reduce", "p2p", "ring"]
+    assert bench.solution_ops(["broadcast", "ring"], ["ring"], chosen=True) == ["broadcast", "ring"]
+    broken, neither = tmp_path / "broken.py", tmp_path / "neither.py"
+    broken.write_text("import torch\n\ndef ring_allreduce(tensor)\n    pass\n")
+    neither.write_text("def run():\n    raise SystemExit('never run here')\n")
+    with pytest.raises(UsageError, match=rf"^--solution {broken}:3: expected ':'$"):
+        bench.solution_rings(broken)
+    with pytest.raises(UsageError, match="defines neither allreduce"):
+        bench.solution_rings(neither)
+
+
+def test_a_ring_that_calls_a_collective_fails_and_an_honest_ones_bytes_are_noted() -> None:
+    world = World(2, "gloo", ("a", "b"), (0, 1), "lab")
+
+    def calls(counts: dict[str, int]) -> dict[str, object]:
+        return {"counts": counts, "functions": {"ring_allreduce": {
+            "calls": 3, "tensor_bytes": 3000, "counts": counts, "sent": {"1": 1500} if "isend" in counts else {}}}}
+
+    cheat = check_ring_calls({0: calls({"all_reduce": 3}), 1: calls({"all_reduce": 3})}, world)
+    assert not cheat.passed and cheat.reason.startswith("ring_allreduce(tensor) called all_reduce on ranks 0, 1: "
+                                                         "its time is gloo's")
+    honest = check_ring_calls({0: calls({"isend": 3, "recv": 3}), 1: calls({"isend": 3, "recv": 3})}, world)
+    assert honest.passed and any("0.50x the bytes of its tensor" in n for n in honest.notes), honest.notes
 
 
 def test_the_controller_and_the_ranks_name_the_settings_alike() -> None:
@@ -121,3 +152,27 @@ def test_bench_times_and_checks_every_op_on_a_local_cluster(lab: Lab, tmp_path: 
     table = lab("bench", "--nproc", "2", "--ops", "all_reduce", "--sizes", "1K", "--iters", "1")
     assert table.code == 0 and "busbw" in table.out and "all_reduce" in table.out and "1024" in table.out
     assert "raw TCP" in table.out and "of tcp" in table.out and "p2p fit" not in table.out  # (no p2p sweep)
+
+
+@pytest.mark.local
+def test_bench_times_a_students_ring_beside_gloos_and_holds_it_to_the_method(lab: Lab, tmp_path: Path) -> None:
+    args = ("bench", "--nproc", "3", "--sizes", "12,48K", "--iters", "2")
+    result = lab(*args, "--json", "--solution", str(SOLUTIONS / "ring_allreduce_only.py"))
+    assert result.code == 0, result.text[-3000:]
+    report = json.loads(result.out)
+    assert [(r["op"], r["bytes"]) for r in report["rows"]] == [
+        (op, size) for op in ("all_reduce", "p2p", "chunked_ring") for size in (12, 49152)]
+    assert all(r["wrong"] == 0 and r["time_us"] > 0 for r in report["rows"])
+    assert any(n.startswith("ring_allreduce(tensor): each rank sent 1.33x") for n in report["notes"]), report["notes"]
+    cheat = lab(*args, "--solution", str(WRONG / "ring_calls_all_reduce.py"))
+    assert cheat.code == 1 and "allreduce(send, recv) called all_reduce on ranks 0, 1, 2: its time is gloo's" \
+        in cheat.out, cheat.text[-3000:]
+    lazy = tmp_path / "lazy.py"  # passes each tensor on, never adding it: wrong sums, counted
+    lazy.write_text("import torch.distributed as dist\n\n\ndef allreduce(send, recv):\n"
+                    "    rank, size = dist.get_rank(), dist.get_world_size()\n"
+                    "    request = dist.isend(send, (rank + 1) % size)\n"
+                    "    dist.recv(recv, (rank - 1) % size)\n    request.wait()\n")
+    wrong = lab(*args, "--ops", "ring", "--solution", str(lazy))
+    assert wrong.code == 1 and "#wrong of ring on 12 bytes: expected 0, got 3" in wrong.out, wrong.text[-3000:]
+    neither = lab(*args, "--solution", str(REPO / "tests" / "solutions" / "nothing_to_grade.py"))
+    assert (neither.code, len(neither.err.strip().splitlines())) == (2, 1), neither.text

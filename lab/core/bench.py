@@ -11,9 +11,14 @@ same run), and the alpha-beta model fitted to the p2p sweep (a message of S byte
 alpha + S*beta), with what it predicts for the two rings of the exercises: the tutorial's, which
 passes the whole tensor n-1 times, (n-1)(alpha + S*beta), and the chunked one, 2(n-1)(alpha + S*beta/n):
 more messages, fewer bytes each, so it wins above S = alpha / (beta (1 - 2/n)).
+
+The two rings themselves can be timed too (ops ``ring`` and ``chunked_ring``): the exercise's, or
+a student's ``allreduce`` and ``ring_allreduce`` (``--solution``), beside gloo's all_reduce; they
+are all-reduces, so their busbw has its factor.
 """
 from __future__ import annotations
 
+import ast
 import csv
 import io
 import json
@@ -25,8 +30,9 @@ from typing import Any
 from lab.errors import UsageError
 from lab.suite.checks.bench import rows_of, tcp_of
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "p2p")
-REDOPS = {"all_reduce": "sum", "reduce_scatter": "sum", "reduce": "sum"}
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "p2p")  # --ops all
+RINGS = {"allreduce": "ring", "ring_allreduce": "chunked_ring"}  # a solution's function -> its op
+REDOPS = {"all_reduce": "sum", "reduce_scatter": "sum", "reduce": "sum", "ring": "sum", "chunked_ring": "sum"}
 DEFAULT_SIZES = "8,1K,64K,1M,16M"
 SETTINGS_VAR = "LAB_BENCH"  # = lab.suite.exercises.bench.SETTINGS_VAR
 _SIZE = re.compile(r"(\d+)([KMG]?)", re.I)
@@ -34,7 +40,7 @@ SIZE_MAX = 1 << 30  # bytes: a bigger buffer per rank is a mistake, not a benchm
 
 
 def bus_factor(op: str, ranks: int) -> float:
-    if op == "all_reduce":
+    if op in ("all_reduce", *RINGS.values()):
         return 2 * (ranks - 1) / ranks
     if op in ("all_gather", "reduce_scatter"):
         return (ranks - 1) / ranks
@@ -57,10 +63,41 @@ def parse_sizes(text: str) -> list[int]:
 
 def parse_ops(text: str) -> list[str]:
     ops = [op.strip() for op in text.split(",")] if text != "all" else list(OPS)
-    unknown = [op for op in ops if op not in OPS]
+    unknown = [op for op in ops if op not in (*OPS, *RINGS.values())]
     if unknown:
-        raise UsageError(f"--ops: unknown {', '.join(unknown)}; the ops are {', '.join(OPS)} (or all)")
-    return ops
+        raise UsageError(f"--ops: unknown {', '.join(unknown)}; the ops are {', '.join(OPS)} (or all), "
+                         f"and {', '.join(RINGS.values())}")
+    return list(dict.fromkeys(ops))
+
+
+def solution_rings(path: Path) -> list[str]:
+    """The ring ops a ``--solution`` file writes: those of ``allreduce`` and ``ring_allreduce`` it
+    defines (or imports) at its top level. Read, never run, here: it runs on the ranks."""
+    try:
+        tree = ast.parse(path.read_bytes(), str(path))
+    except SyntaxError as exc:
+        raise UsageError(f"--solution {path}:{exc.lineno}: {exc.msg}") from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--solution {path}: {exc}") from None
+    defined = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            defined.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            defined |= {alias.asname or alias.name for alias in node.names}
+        elif isinstance(node, ast.Assign):
+            defined |= {target.id for target in node.targets if isinstance(target, ast.Name)}
+    rings = [op for function, op in RINGS.items() if function in defined]
+    if not rings:
+        raise UsageError(f"--solution {path}: defines neither allreduce(send, recv) nor ring_allreduce(tensor), "
+                         f"the rings lab bench times")
+    return rings
+
+
+def solution_ops(ops: list[str], rings: list[str], chosen: bool) -> list[str]:
+    """The ops to time with a solution: its rings added to those asked for (``chosen``), else to
+    gloo's all_reduce, to compare with, and p2p, whose fit predicts the rings."""
+    return list(dict.fromkeys([*(ops if chosen else ["all_reduce", "p2p"]), *rings]))
 
 
 def rank_env(ops: list[str], sizes: list[int], iters: int, warmup: int) -> dict[str, str]:

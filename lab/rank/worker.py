@@ -155,7 +155,8 @@ def _module_name(path: str) -> str:
     return f"_lab_solution_{safe}"
 
 
-def load_solution(program: str, reference: str | None, writes: tuple[str, ...] = ()) -> ModuleType:
+def load_solution(program: str, reference: str | None, writes: tuple[str, ...] = (),
+                  some: bool = False) -> ModuleType:
     """The program to run. A solution may be a whole program (it defines ``run``) or the
     functions a student writes (``writes``, the exercise's: ``allreduce`` and ``ring_allreduce``,
     ``average_gradients``...): those then replace the reference program's own (so do other
@@ -163,19 +164,23 @@ def load_solution(program: str, reference: str | None, writes: tuple[str, ...] =
 
     Such a solution must define every one of ``writes``, or the reference's own would be graded
     in place of the missing ones: ImportError names them. (Importing the reference's function
-    is defining it on purpose: the report then says it is the reference's.)"""
+    is defining it on purpose: the report then says it is the reference's.) With ``some`` (the
+    bench: it times the rings a solution writes) only ``writes`` are taken, any of them, and a
+    ``run`` of the solution's is not used."""
     module = load_program(program)
-    if hasattr(module, "run") or reference is None:
+    if (hasattr(module, "run") and not some) or reference is None:
         return module
     base = load_program(reference)
-    names = [n for n, v in vars(module).items()
-             if callable(v) and not n.startswith("_") and callable(getattr(base, n, None))]
+    names = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+             and callable(getattr(base, n, None)) and (n in writes or not some)]
     file, ref = os.path.basename(program), f"{reference.rsplit('.', 1)[-1]}.py"
     missing = [n for n in writes if n not in names]
     if not names:
         asked = f" (it asks for {_listed(writes)})" if writes else ""
+        if some:
+            raise ImportError(f"{file} defines none of {_listed(writes)}")
         raise ImportError(f"{file} defines neither run() nor any function of {ref} to replace{asked}")
-    if missing:
+    if missing and not some:
         have = [n for n in writes if n in names]
         head = (f"{file} defines {_listed(have)} but not {_listed(missing)}" if have
                 else f"{file} defines neither run() nor {_listed(missing)}")
@@ -190,12 +195,13 @@ def _listed(names: list[str] | tuple[str, ...]) -> str:
     return ", ".join(f"{n}()" for n in names)
 
 
-def student_functions(name: str) -> tuple[str, ...]:
-    """The functions a student writes for exercise ``name`` (lab.suite.registry), if any."""
+def student_functions(name: str) -> tuple[tuple[str, ...], bool]:
+    """The functions a student writes for exercise ``name`` (lab.suite.registry), if any, and
+    whether a solution may write only some of them."""
     from lab.suite.registry import EXERCISES  # pure Python: it travels with the rank side
 
     exercise = EXERCISES.get(name)
-    return exercise.writes if exercise is not None else ()
+    return (exercise.writes, exercise.writes_some) if exercise is not None else ((), False)
 
 
 def record_functions(program: ModuleType, writes: tuple[str, ...], reference: str | None) -> None:
@@ -312,10 +318,10 @@ class Rank:
         name = exercise["name"]
         self.emit("step", step=name)
         started = time.monotonic()
-        reference, writes = exercise.get("reference"), student_functions(name)
+        reference, (writes, some) = exercise.get("reference"), student_functions(name)
         try:
             with RECORDER.recording():  # only the exercise's own calls: not the lab's barrier after it
-                program = load_solution(exercise["program"], reference, writes)
+                program = load_solution(exercise["program"], reference, writes, some)
                 record_functions(program, writes, reference)
                 value = call_with_context(program.run, self.context(init_method))
         except Exception as exc:  # an exercise's failure is a result, not the worker's end

@@ -13,7 +13,9 @@ reads and may replace with ``--solution``) with a checker
   init method, from the settings the lab injects, and destroys it again.
 
 ``writes`` names the functions a student writes: a ``--solution`` without ``run()`` must define
-every one (the reference's ``run`` drives them), and what each one sends is recorded apart.
+every one (the reference's ``run`` drives them), and what each one sends is recorded apart. With
+``writes_some`` (the bench, which times whichever rings a solution writes) a solution is only ever
+those functions: it may define some of them, and a ``run()`` of its own is not used.
 
 ``method`` (:mod:`lab.suite.method`) is what the exercise's ranks may and must call, where the
 exercise is about the method and not only the values:
@@ -53,6 +55,7 @@ class Exercise:
     min_ranks: int = 1
     in_all: bool = True  # part of `run all`
     writes: tuple[str, ...] = ()  # the functions a student writes (a solution without run() defines all)
+    writes_some: bool = False  # a solution is some of ``writes``, never a whole program (the bench's rings)
     method: Method | None = None  # the calls its ranks may and must make (None: any)
 
     def judge(self, results: Results, calls: Calls, world: World) -> Verdict:
@@ -116,7 +119,9 @@ def _exercises() -> dict[str, Exercise]:
                  "hangs; diagnosed, then passes with peering", "lab.suite.exercises.cross_vpc",
                  basics.check_cross_vpc, "env", min_ranks=2, in_all=False),
         Exercise("bench", "(python -m lab bench) the collectives and p2p timed on each size, every result "
-                 "checked", "lab.suite.exercises.bench", bench.check_bench, min_ranks=2, in_all=False),
+                 "checked", "lab.suite.exercises.bench", bench.check_bench, min_ranks=2, in_all=False,
+                 writes=("allreduce", "ring_allreduce"), writes_some=True,
+                 method=Method("times rings built from point-to-point calls", traffic=bench.check_ring_calls)),
     ]
     return {e.name: e for e in items}
 

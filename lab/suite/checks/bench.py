@@ -1,11 +1,18 @@
 """Checker of the bench (``python -m lab bench``): every rank measured the same ops and sizes, and
-every checked call came out right (no ``#wrong``), unless the backend lacks the op."""
+every checked call came out right (no ``#wrong``), unless the backend lacks the op.
+
+The rings it times (a student's with ``--solution``) are held to what makes their times mean
+anything: :func:`check_ring_calls` fails a ring that called a collective (its time would be
+gloo's), and notes the bytes each one sent, as the ring-allreduce exercise does."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from lab.suite.check import Expect, Results, Verdict, World
+from lab.suite.check import Expect, Mismatch, Results, Verdict, World, ranks_named
 from lab.suite.checks import is_number, reported
+from lab.suite.checks.ring import FUNCTIONS, check_ring_traffic
+from lab.suite.method import P2P, P2P_NAMES, SYNC, Calls, counts_of
 
 
 def rows_of(result: Any) -> list[dict[str, Any]] | None:
@@ -50,3 +57,25 @@ def check_bench(results: Results, world: World) -> Verdict:
     for rank, shape in shapes.items():
         e.equal(rank, "the ops and sizes measured", first, shape)
     return e.verdict()
+
+
+def check_ring_calls(calls: Calls, world: World) -> Verdict:
+    """The rings timed: nothing but point-to-point calls inside them (a failure names the rest),
+    and a note of the bytes each rank sent inside each one, per byte of its tensor."""
+    mismatches: list[Mismatch] = []
+    callers: dict[tuple[str, str], list[int]] = {}  # (function, its calls) -> the ranks that made them
+    for rank in range(world.world_size):
+        summary = calls.get(rank)
+        functions = summary.get("functions") if isinstance(summary, Mapping) else None
+        for function, label in FUNCTIONS.items():
+            made = counts_of(functions.get(function)) if isinstance(functions, Mapping) else None
+            wrong = sorted(n for n in made or {} if n not in P2P | SYNC)
+            if made and wrong:
+                callers.setdefault((label, ", ".join(wrong)), []).append(rank)
+                mismatches.append(Mismatch(rank, f"calls inside {label}", f"only {P2P_NAMES}",
+                                           ", ".join(f"{n} x{made[n]}" for n in wrong)))
+    reason = "; ".join(f"{label} called {names} on {ranks_named(ranks)}: its time is gloo's, not a ring's "
+                       f"(a ring is built from {P2P_NAMES})" for (label, names), ranks in callers.items())
+    traffic = check_ring_traffic(calls, world)
+    notes = traffic.notes + ((traffic.reason,) if traffic.reason else ())
+    return Verdict(not mismatches, reason, tuple(mismatches), notes)

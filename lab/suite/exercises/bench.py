@@ -10,6 +10,11 @@ and reduce_scatter's input (each rank's piece is 1/n of it), and what p2p sends:
 next one (r -> r+1), receiving from the one before, at once. The settings come in LAB_BENCH (JSON:
 ops, sizes, iters, warmup); an op the backend lacks is reported as such.
 
+Two more ops are all-reduces built from p2p messages, as in the ring-allreduce exercise: ``ring``,
+the tutorial's ``allreduce(send, recv)``, and ``chunked_ring``, ``ring_allreduce(tensor)``. They call
+this module's ``allreduce`` and ``ring_allreduce``: the exercise's own, or a student's, which
+``lab bench --solution mine.py`` puts in their place (as ``lab run ring-allreduce --solution``).
+
 First, the link's own speed, for the ops to be read against: raw TCP between rank 0 and the
 first rank on another host (rank 1 when all share one), which reports it as ``tcp``: the round
 trip of one byte (the median of PINGS) and the throughput of one stream sent for STREAM_SECONDS.
@@ -22,6 +27,8 @@ import time
 
 import torch
 import torch.distributed as dist
+
+from lab.suite.exercises.ring_allreduce import allreduce, ring_allreduce  # what a --solution replaces
 
 SETTINGS_VAR = "LAB_BENCH"
 PINGS = 20
@@ -189,5 +196,27 @@ def _p2p(count, rank, size, device):
     return lambda: exchange(send, recv), check
 
 
+def _ring(count, rank, size, device):
+    send, recv = torch.zeros(count, device=device), torch.zeros(count, device=device)
+
+    def check():
+        got = torch.zeros(count, device=device)
+        allreduce(torch.full((count,), float(rank + 1), device=device), got)
+        return (got != size * (size + 1) / 2).sum().item()
+
+    return lambda: allreduce(send, recv), check
+
+
+def _chunked_ring(count, rank, size, device):
+    work = torch.zeros(count, device=device)
+
+    def check():
+        data = torch.full((count,), float(rank + 1), device=device)
+        ring_allreduce(data)
+        return (data != size * (size + 1) / 2).sum().item()
+
+    return lambda: ring_allreduce(work), check
+
+
 OPS = {"all_reduce": _all_reduce, "all_gather": _all_gather, "reduce_scatter": _reduce_scatter,
-       "broadcast": _broadcast, "reduce": _reduce, "p2p": _p2p}
+       "broadcast": _broadcast, "reduce": _reduce, "p2p": _p2p, "ring": _ring, "chunked_ring": _chunked_ring}
