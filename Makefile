@@ -9,9 +9,11 @@ TOPOLOGY ?= plain
 SCHEDULER ?= none
 NAME ?= lab
 LAB_UP_ARGS ?=
+BENCH ?=
+REPEAT ?= 3
 
 .DEFAULT_GOAL := help
-.PHONY: help venv python-venv test test-host test-unit lint run list lab-up lab-down lab-status clean
+.PHONY: help venv python-venv test test-host test-unit lint bench run list lab-up lab-down lab-status clean
 
 help: ## show the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -36,6 +38,9 @@ lint: venv ## ruff and mypy (the settings are in pyproject.toml)
 
 test-unit: venv ## run the fast tests only (no processes, sshd or Docker)
 	$(PY) -m pytest -q -m "not local and not sshd and not docker"
+
+bench: venv test-host ## time the lab against its baselines, as ratios (benchmarks/lab_speed.py; BENCH=name..., REPEAT=3)
+	$(PY) benchmarks/lab_speed.py $(BENCH) --repeat $(REPEAT)
 
 run: venv ## run every exercise on the local cluster (NPROC=4 ranks, LAUNCHER=lab|torchrun|spawn)
 	$(PY) -m lab run all --nproc $(NPROC) --launcher $(LAUNCHER)

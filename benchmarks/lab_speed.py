@@ -1,0 +1,240 @@
+"""Benchmark: the lab's own speed, each figure a ratio against a baseline timed in the same run.
+
+    launch-ssh    `lab launch --hosts` on 4 container hosts (over SSH)
+                  / the same script started by parallel `docker exec` on them         goal <= 1.10
+    run-all       the `processes` exercise / the whole `run all` on 8 container hosts goal <  0.25
+    up            `lab up --no-smoke` / `docker-compose up -d` of the same 4 hosts
+                  (image built, no container yet)                                      goal <= 1.20
+    doctor        the doctor's all-pairs phase / the slowest pair, on 8 hosts
+                  (benchmarks/doctor_mesh.py, 0.25 s per connection)                   goal <= 1.30
+    launch-local  `lab launch --nproc 4` / `torchrun --nproc-per-node 4`               goal <  1.00
+
+Each pair is timed --repeat times, alternating, and compared by medians. The container
+benchmarks bring up labs of their own (named bench4 and bench8) and take them down again;
+`up` needs the default lab down (it starts and removes it). Needs the Docker engine and the
+lab image (`make lab-up` builds it), except doctor and launch-local.
+
+    python benchmarks/lab_speed.py [NAME...] [--repeat 3]        (make bench: all of them)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.doctor_mesh import parallel_mesh  # noqa: E402
+from lab.containerlab.topology import PYTHON, Topology  # noqa: E402
+
+LAB = [sys.executable, "-m", "lab"]
+TIMEOUT = 600
+# What every rank runs: a rendezvous, one all_reduce checked, and the end of the group.
+SCRIPT = """\
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+total = torch.ones(1024)
+dist.all_reduce(total)
+assert total[0].item() == dist.get_world_size()
+dist.destroy_process_group()
+"""
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str
+    what: str
+    lab: list[float]
+    baseline: list[float]
+    goal: float
+    strict: bool  # the goal is "under", not "at most"
+
+    @property
+    def ratio(self) -> float:
+        return statistics.median(self.lab) / statistics.median(self.baseline)
+
+    @property
+    def met(self) -> bool:
+        return self.ratio < self.goal if self.strict else self.ratio <= self.goal
+
+
+def timed(argv: list[str], what: str) -> tuple[float, subprocess.CompletedProcess[str]]:
+    """Seconds ``argv`` took; a failure ends the benchmark with its output."""
+    started = time.monotonic()
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT)
+    seconds = time.monotonic() - started
+    if done.returncode != 0:
+        raise SystemExit(f"{what}: {' '.join(argv)} exited {done.returncode}:\n"
+                         f"{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    return seconds, done
+
+
+Timing = Callable[[], float]
+
+
+def alternating(repeat: int, lab: Timing, baseline: Timing) -> tuple[list[float], list[float]]:
+    """Both timed ``repeat`` times, taking turns (a slow moment of the machine falls on both)."""
+    ours, theirs = [], []
+    for _ in range(repeat):
+        ours.append(lab())
+        theirs.append(baseline())
+    return ours, theirs
+
+
+class ContainerLab:
+    """A lab of ``hosts`` hosts named ``name``, up for the benchmark and down after it."""
+
+    def __init__(self, name: str, hosts: int) -> None:
+        self.topology = Topology(hosts=hosts, lab=name)
+        self.inventory = REPO / f"{name}.inventory.yaml"
+
+    def __enter__(self) -> ContainerLab:
+        timed([*LAB, "up", "--name", self.topology.lab, "--hosts", str(self.topology.hosts), "--no-smoke"],
+              f"lab up --name {self.topology.lab}")
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        subprocess.run([*LAB, "down", "--name", self.topology.lab], cwd=REPO, capture_output=True, timeout=TIMEOUT)
+
+    def addresses(self) -> list[str]:
+        hosts = yaml.safe_load(self.inventory.read_text())["all"]["hosts"]
+        return [hosts[self.topology.name(i)]["ansible_host"] for i in self.topology.indices()]
+
+
+def launch_ssh(repeat: int, script: Path) -> Figure:
+    with ContainerLab("bench4", 4) as lab:
+        master, n = lab.addresses()[0], lab.topology.hosts
+        ports = iter(range(29600, 29600 + repeat))
+
+        def over_ssh() -> float:
+            return timed([*LAB, "launch", "--hosts", str(lab.inventory), str(script)], "lab launch --hosts")[0]
+
+        def docker_exec(i: int, port: int) -> None:
+            container = lab.topology.container(i)
+            timed(["docker", "cp", str(script), f"{container}:/tmp/{script.name}"], "docker cp")
+            env = {"MASTER_ADDR": master, "MASTER_PORT": str(port), "RANK": str(i - 1), "LOCAL_RANK": "0",
+                   "WORLD_SIZE": str(n)}
+            timed(["docker", "exec", "-u", "lab", *(f"-e{k}={v}" for k, v in env.items()), container, PYTHON,
+                   f"/tmp/{script.name}"], f"docker exec {container}")
+
+        def by_docker_exec() -> float:
+            port, started = next(ports), time.monotonic()
+            with ThreadPoolExecutor(n) as pool:
+                list(pool.map(lambda i: docker_exec(i, port), lab.topology.indices()))
+            return time.monotonic() - started
+
+        ours, theirs = alternating(repeat, over_ssh, by_docker_exec)
+    return Figure("launch-ssh", "lab launch --hosts (4 hosts) / parallel docker exec", ours, theirs, 1.10, False)
+
+
+def run_all(repeat: int) -> Figure:
+    whole, processes = [], []
+    with ContainerLab("bench8", 8) as lab:
+        for _ in range(repeat):
+            seconds, done = timed([*LAB, "run", "all", "--hosts", str(lab.inventory), "--json"], "lab run all")
+            report = json.loads(done.stdout)
+            whole.append(seconds)
+            processes.append(next(e["seconds"] for e in report["exercises"] if e["name"] == "processes"))
+    return Figure("run-all", "processes / run all (8 hosts)", processes, whole, 0.25, True)
+
+
+def compose_tool() -> list[str]:
+    for tool in (["docker-compose"], ["docker", "compose"]):
+        if shutil.which(tool[0]) and subprocess.run([*tool, "version"], capture_output=True).returncode == 0:
+            return tool
+    raise SystemExit("up: neither docker-compose nor `docker compose` is installed")
+
+
+def up(repeat: int) -> Figure:
+    default = Topology()
+    running = subprocess.run(["docker", "ps", "-q", "--filter", f"name=^{default.container(1)}$"],
+                             capture_output=True, text=True, timeout=60).stdout.strip()
+    if running:
+        raise SystemExit("up: the default lab is up; `python -m lab down` first (this benchmark starts and "
+                         "removes it)")
+    compose = [*compose_tool(), "-f", str(REPO / "compose" / "lab.yml")]
+    down = [*LAB, "down"]
+    timed([*LAB, "up", "--no-smoke"], "lab up (warming: the image and the key)")
+    timed(down, "lab down")
+
+    def lab_up() -> float:
+        seconds = timed([*LAB, "up", "--no-smoke"], "lab up")[0]
+        timed(down, "lab down")
+        return seconds
+
+    def compose_up() -> float:
+        seconds = timed([*compose, "up", "-d"], "compose up")[0]
+        timed([*compose, "down", "-v"], "compose down")
+        return seconds
+
+    try:
+        ours, theirs = alternating(repeat, lab_up, compose_up)
+    finally:
+        subprocess.run(down, cwd=REPO, capture_output=True, timeout=TIMEOUT)
+    return Figure("up", "lab up --no-smoke / docker-compose up -d (4 hosts)", ours, theirs, 1.2, False)
+
+
+def doctor(repeat: int) -> Figure:
+    delay = 0.25
+    mesh = parallel_mesh(8, delay, repeat)
+    return Figure("doctor", f"doctor's mesh phase / the slowest pair ({delay:g} s), 8 hosts", mesh,
+                  [delay] * repeat, 1.3, False)
+
+
+def launch_local(repeat: int, script: Path) -> Figure:
+    def lab_launch() -> float:
+        return timed([*LAB, "launch", "--nproc", "4", str(script)], "lab launch --nproc 4")[0]
+
+    def torchrun() -> float:
+        return timed([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", str(script)],
+                     "torchrun")[0]
+
+    ours, theirs = alternating(repeat, lab_launch, torchrun)
+    return Figure("launch-local", "lab launch --nproc 4 / torchrun", ours, theirs, 1.0, True)
+
+
+def main() -> int:
+    names = ("launch-ssh", "run-all", "up", "doctor", "launch-local")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", metavar="NAME", help=f"of {', '.join(names)} (default all)")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    unknown = [n for n in args.names if n not in names]
+    if unknown or args.repeat < 1:
+        parser.error(f"unknown {', '.join(unknown)}" if unknown else "--repeat must be at least 1")
+    os.environ["PYTHONPATH"] = str(REPO)
+    figures = []
+    with tempfile.TemporaryDirectory() as directory:
+        script = Path(directory, "allreduce_once.py")
+        script.write_text(SCRIPT)
+        script.chmod(0o644)
+        runs = {"launch-ssh": lambda: launch_ssh(args.repeat, script), "run-all": lambda: run_all(args.repeat),
+                "up": lambda: up(args.repeat), "doctor": lambda: doctor(args.repeat),
+                "launch-local": lambda: launch_local(args.repeat, script)}
+        for name in args.names or names:
+            figure = runs[name]()
+            figures.append(figure)
+            print(f"{figure.name:13} {figure.ratio:5.2f}  ({figure.what}: "
+                  f"{', '.join(f'{t:.2f}' for t in figure.lab)} s / {', '.join(f'{t:.2f}' for t in figure.baseline)} s)"
+                  f"  goal {'<' if figure.strict else '<='} {figure.goal:g}: {'met' if figure.met else 'NOT met'}",
+                  flush=True)
+    return 0 if all(f.met for f in figures) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
