@@ -142,6 +142,10 @@ def test_the_doctor_names_each_slurm_problem_with_its_fix() -> None:
     assert all(f.severity == "error" and f.fix for f in found.values())
     munge = next(f for (subject, message), f in found.items() if subject == "gpu9" and message.startswith("munge"))
     assert "its munge key is not the cluster's" in munge.cause
+    rejected = SlurmAnswers("node1", "Slurmctld(primary) at node1 is UP", {"node1": "idle", "node2": "idle*"},
+                            {"node1": None, "node2": "unmunge: Error: Invalid credential"})
+    (one,) = doctor_slurm.findings(rejected, hosts[:2])  # the node's state is the key's doing: one finding
+    assert one.message.startswith("munge there cannot decode") and one.cause.endswith("(Slurm has the node idle*)")
     well = SlurmAnswers("node1", "Slurmctld(primary) at node1 is UP", {"node1": "idle", "node2": "mixed"},
                         {"node1": None, "node2": None})
     (note,) = doctor_slurm.findings(well, hosts[:2])

@@ -11,8 +11,10 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import docker
 from docker.errors import DockerException
@@ -26,6 +28,22 @@ ENGINE_WAIT = 60.0
 API_TIMEOUT = 120  # seconds for one engine API call (image builds stream, and are longer)
 
 Say = Callable[[str], None]
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+def each(action: Callable[[Item], Result], items: Iterable[Item]) -> list[Result]:
+    """``action`` on every item at once (the engine does the work: containers, execs), the results
+    in order. Every call has ended when this returns or raises (the first failure, after the
+    others finished), so nothing is still being made behind a caller's cleanup."""
+    todo = list(items)
+    with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
+        futures = [pool.submit(action, item) for item in todo]
+        try:
+            return [future.result() for future in futures]
+        finally:
+            for future in futures:
+                future.cancel()  # (those not yet begun; the pool waits for the rest)
 
 
 class EngineError(LabError):

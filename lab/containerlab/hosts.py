@@ -12,7 +12,6 @@ import socket
 import subprocess
 import time
 from collections.abc import Collection, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from docker.models.networks import Network
 
 from lab.containerlab import slurm
 from lab.containerlab.crossvpc import untrack_bridge
-from lab.containerlab.engine import EngineError, Say
+from lab.containerlab.engine import EngineError, Say, each
 from lab.containerlab.topology import (
     DEFAULT_LAB,
     DEFAULT_SUBNETS,
@@ -190,10 +189,7 @@ def start_hosts(client: docker.DockerClient, topology: Topology, image: str, pat
             say(f"removing {c.name} (not in a {topology.hosts}-host lab)")
             c.remove(force=True)
     ensure_shared_volume(client, topology)
-    containers = []
-    for i in topology.indices():
-        containers.append(_start_host(client, topology, i, image, paths, gpus, limits, say))
-    return containers
+    return each(lambda i: _start_host(client, topology, i, image, paths, gpus, limits, say), topology.indices())
 
 
 def _start_host(client: docker.DockerClient, topology: Topology, i: int, image: str, paths: LabPaths,
@@ -252,12 +248,9 @@ def _trusts(c: Container, public_key: Path) -> bool:
 def collect_host_keys(containers: list[Container], topology: Topology, paths: LabPaths) -> None:
     """Record each host's key in the lab known_hosts, read through the engine (a channel
     we already trust), so SSH can verify every host from its first connection."""
-    lines = []
-    for i, c in zip(topology.indices(), containers):
-        key = _wait_for_host_key(c)
-        lines.append(f"{topology.address(i)} {key}\n")
+    keys = each(_wait_for_host_key, containers)
     paths.known_hosts.parent.mkdir(parents=True, exist_ok=True)
-    paths.known_hosts.write_text("".join(lines))
+    paths.known_hosts.write_text("".join(f"{topology.address(i)} {key}\n" for i, key in zip(topology.indices(), keys)))
 
 
 def _wait_for_host_key(c: Container) -> str:
@@ -348,8 +341,7 @@ def status(client: docker.DockerClient, lab: str = DEFAULT_LAB) -> list[HostStat
                           first is not None and c.status == "running" and ssh_answers(first),
                           c.labels.get(SCHEDULER_LABEL, "none"))
 
-    with ThreadPoolExecutor(max_workers=max(1, len(containers))) as pool:
-        return list(pool.map(one, containers))
+    return each(one, containers)
 
 
 @dataclass(frozen=True)

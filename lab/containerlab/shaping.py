@@ -10,8 +10,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import docker
 from docker.errors import APIError, NotFound
 
 from lab.containerlab import helper
-from lab.containerlab.engine import EngineError, Say
+from lab.containerlab.engine import EngineError, Say, each
 from lab.containerlab.topology import SHAPE_LABEL, SHAPED_LABEL, Topology
 from lab.errors import UsageError
 from lab.rank import netem
@@ -135,7 +134,7 @@ def shape(client: docker.DockerClient, topology: Topology, indices: Sequence[int
         _wait_ready(shaper, topology.name(i))
         say(f"{topology.name(i)}: {wanted}")
 
-    _each(indices, one)
+    each(one, indices)
 
 
 def clear(client: docker.DockerClient, topology: Topology, indices: Sequence[int], say: Say) -> None:
@@ -144,7 +143,7 @@ def clear(client: docker.DockerClient, topology: Topology, indices: Sequence[int
         if _stop(client, topology, i):
             say(f"{topology.name(i)}: shape cleared")
 
-    _each(indices, one)
+    each(one, indices)
 
 
 def shapes(client: docker.DockerClient, topology: Topology) -> dict[str, Shape | None]:
@@ -194,10 +193,6 @@ def _last_line(shaper: docker.models.containers.Container) -> str:
     return lines[-1] if lines else ""
 
 
-def _each(indices: Sequence[int], one: Callable[[int], None]) -> None:
-    with ThreadPoolExecutor(max_workers=max(1, len(indices))) as pool:
-        for done in [pool.submit(one, i) for i in indices]:
-            done.result()
 
 
 _PROGRAM = Path(netem.__file__).read_text()  # (run by python3 -c: the helper has no copy of the lab)

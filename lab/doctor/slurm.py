@@ -90,19 +90,20 @@ def findings(answers: SlurmAnswers, hosts: Sequence[Host]) -> list[Finding]:
             found.append(Finding("error", "slurm", host.name, "is not a node of this Slurm cluster",
                                  f"sinfo on {answers.login} lists {', '.join(sorted(answers.states))}",
                                  "name the inventory's hosts as Slurm names its nodes (`sinfo -N`)"))
-        elif state is not None and state not in WORKING:
+        why = answers.decoded.get(host.name)
+        down = f" (Slurm has the node {state})" if state is not None and state not in WORKING else ""
+        if why is None and down:  # (with munge failing there, that is why: one finding, its cause)
             found.append(Finding("error", "slurm", host.name, f"Slurm has the node {state}",
                                  "slurmd there does not answer slurmctld, or the node was drained or set down",
                                  f"start slurmd on {host.name} (its log: /var/log/slurmd.log), then "
                                  f"`scontrol update nodename={host.name} state=resume` as root"))
-        why = answers.decoded.get(host.name)
         if why is not None:
             other_key = "Invalid credential" in why or "decode" in why.lower()
             found.append(Finding(
                 "error", "slurm", host.name,
                 f"munge there cannot decode a credential made on {answers.login}: {why}",
-                "its munge key is not the cluster's: slurmctld rejects everything it sends" if other_key else
-                "munged does not run there, or does not answer",
+                ("its munge key is not the cluster's: slurmctld rejects everything it sends" if other_key else
+                 "munged does not run there, or does not answer") + down,
                 "give every host the same munge key (/etc/munge/munge.key) and restart munged (in the lab: "
                 "`python -m lab up --scheduler slurm` again)" if other_key else f"start munged on {host.name}"))
     if not found:

@@ -11,7 +11,8 @@ lines (``lab.rank.protocol``), one event each:
    the host's advertised address and of MASTER_ADDR (timed), the interfaces, the
    addresses gloo and NCCL will advertise (honouring GLOO_SOCKET_IFNAME and
    NCCL_SOCKET_IFNAME), and the port its listener took. It then keeps listening.
-2. ``runtime``: torch's version, GPUs and NCCL's version (whenever the import is done).
+2. ``runtime``: torch's version, GPUs and NCCL's version (whenever the import is done; the
+   child importing torch runs at a lower priority, so on a busy host the links are checked first).
 3. ``links``: after the controller sends one JSON line ``{"targets": [...]}`` on stdin,
    the result of connecting to every target at once, each bounded by the timeout. A
    connection is a handshake: the probe sends the token and its name; the listener
@@ -46,6 +47,7 @@ from lab.rank.protocol import EventKind, emit
 
 PROBE_VAR = "LAB_PROBE"
 DELAY_VAR = "LAB_PROBE_CONNECT_DELAY"
+RUNTIME_NICENESS = 10  # added to the torch check's niceness: it yields the CPU to the link checks
 GLOO_LOOPBACK = "127.0.0.1"  # gloo's fallback when the hostname gives no usable address
 HANDSHAKE_LIMIT = 4096  # bytes of one handshake line
 ACCEPT_POLL = 0.2  # seconds between checks that the listener should stop
@@ -570,6 +572,7 @@ class Probe:
 
 def main(argv: Sequence[str]) -> int:
     if list(argv) == ["runtime"]:
+        os.nice(RUNTIME_NICENESS)  # (the import is seconds of CPU: the link checks come first)
         print(json.dumps(runtime_facts()), flush=True)
         return 0
     return Probe(json.loads(os.environ[PROBE_VAR])).run()
