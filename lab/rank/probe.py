@@ -12,7 +12,8 @@ lines (``lab.rank.protocol``), one event each:
    addresses gloo and NCCL will advertise (honouring GLOO_SOCKET_IFNAME and
    NCCL_SOCKET_IFNAME), and the port its listener took. It then keeps listening.
 2. ``runtime``: torch's version, GPUs and NCCL's version (whenever the import is done; the
-   child importing torch runs at a lower priority, so on a busy host the links are checked first).
+   child importing torch is paused while the links are checked, so that their times are the
+   network's, not those of a CPU busy importing torch).
 3. ``links``: after the controller sends one JSON line ``{"targets": [...]}`` on stdin,
    the result of connecting to every target at once, each bounded by the timeout. A
    connection is a handshake: the probe sends the token and its name; the listener
@@ -27,18 +28,20 @@ only, never set by the lab) delays each connection, to imitate a slow link.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import ipaddress
 import json
 import os
+import signal
 import socket
 import struct
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any, Literal, TypeVar
@@ -47,7 +50,6 @@ from lab.rank.protocol import EventKind, emit
 
 PROBE_VAR = "LAB_PROBE"
 DELAY_VAR = "LAB_PROBE_CONNECT_DELAY"
-RUNTIME_NICENESS = 10  # added to the torch check's niceness: it yields the CPU to the link checks
 GLOO_LOOPBACK = "127.0.0.1"  # gloo's fallback when the hostname gives no usable address
 HANDSHAKE_LIMIT = 4096  # bytes of one handshake line
 ACCEPT_POLL = 0.2  # seconds between checks that the listener should stop
@@ -494,6 +496,7 @@ class Probe:
         self.lookup_peers = bool(spec.get("lookup_peers"))
         self.delay = float(os.environ.get(DELAY_VAR) or 0)
         self._emit_lock = threading.Lock()
+        self._runtime_child: subprocess.Popen[bytes] | None = None
 
     def report(self, event: EventKind, **fields: Any) -> None:
         with self._emit_lock:
@@ -507,7 +510,8 @@ class Probe:
             line = sys.stdin.buffer.readline()
             if line.strip():
                 targets = [Target(**t) for t in json.loads(line)["targets"]]
-                links = check_links(targets, self.name, self.token, self.timeout, self.delay)
+                with self._runtime_paused():
+                    links = check_links(targets, self.name, self.token, self.timeout, self.delay)
                 self.report("links", links=[asdict(link) for link in links])
             while sys.stdin.buffer.readline():
                 pass
@@ -545,12 +549,32 @@ class Probe:
 
     def _runtime(self) -> None:
         try:
-            done = subprocess.run([sys.executable, "-m", "lab.rank.probe", "runtime"], stdin=subprocess.DEVNULL,
-                                  capture_output=True, timeout=self.lifetime, check=False)
-            facts = json.loads(done.stdout.decode().strip().splitlines()[-1])
+            with subprocess.Popen([sys.executable, "-m", "lab.rank.probe", "runtime"], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) as child:
+                self._runtime_child = child
+                try:
+                    out, _ = child.communicate(timeout=self.lifetime)
+                finally:
+                    child.kill()  # (a no-op once it ended)
+            facts = json.loads(out.decode().strip().splitlines()[-1])
         except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
             facts = {"torch": None, "torch_error": f"the torch check failed: {describe(exc)[1]}"}
         self.report("runtime", **facts)
+
+    @contextlib.contextmanager
+    def _runtime_paused(self) -> Iterator[None]:
+        """The torch check stopped (SIGSTOP) while the links are checked, then let go on."""
+        child = self._runtime_child
+        paused = child is not None and child.poll() is None
+        if paused:
+            assert child is not None
+            child.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            if paused:
+                assert child is not None
+                child.send_signal(signal.SIGCONT)
 
     def _heard(self, listeners: Sequence[Listener]) -> None:
         """Report who connected, and how long reverse lookups of their addresses take (the
@@ -572,7 +596,6 @@ class Probe:
 
 def main(argv: Sequence[str]) -> int:
     if list(argv) == ["runtime"]:
-        os.nice(RUNTIME_NICENESS)  # (the import is seconds of CPU: the link checks come first)
         print(json.dumps(runtime_facts()), flush=True)
         return 0
     return Probe(json.loads(os.environ[PROBE_VAR])).run()
