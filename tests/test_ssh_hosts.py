@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from lab.core.inventory import Host
+from lab.errors import RunError
 from lab.transport.ssh import SSHSettings, SSHTransport
 
 from .conftest import REPO
@@ -207,8 +208,7 @@ def test_a_host_without_sftp_runs_p2p_with_its_files_sent_by_tar(no_sftp: SSHSer
     done = cli(user_home, "run", "p2p", "--hosts", str(inv), "-v")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "PASS    p2p" in done.stdout
-    said = [line for line in done.stderr.splitlines() if "no SFTP" in line]
-    assert len(said) == 2 and all("tar stream on an exec channel" in line for line in said), said
+    assert "SFTP" not in done.stderr  # (tar is the first way: SFTP was never needed)
     assert list(no_sftp.tmp.iterdir()) == []  # and the run directories were removed
 
 
@@ -222,12 +222,18 @@ def test_files_sent_by_tar_arrive_whole_and_private(no_sftp: SSHServer, server: 
         uploads[relative] = tmp_path / f"local{i}"
         uploads[relative].write_bytes(data)
     caplog.set_level(logging.DEBUG, logger="lab.transport.ssh.transport")
-    for sshd, how in ((no_sftp, "a tar stream on an exec channel"), (server, "over SFTP")):
+
+    class TarFails(SSHTransport):  # (a host whose tar cannot unpack: the files go over SFTP)
+        def _untar(self, *_: object) -> str:
+            return "tar: not found"
+
+    for sshd, kind in ((no_sftp, SSHTransport), (server, SSHTransport), (server, TarFails)):
         kh = tmp_path / f"kh{sshd.port}"
         kh.write_text(sshd.known_hosts_line)
-        t = SSHTransport(Host("a", "127.0.0.1", port=sshd.port, user="root", key_file=str(sshd.client_key),
-                              known_hosts=str(kh)),
-                         SSHSettings(connect_timeout=5.0, ssh_config=str(tmp_path / "no_ssh_config")))
+        t = kind(Host("a", "127.0.0.1", port=sshd.port, user="root", key_file=str(sshd.client_key),
+                      known_hosts=str(kh)),
+                 SSHSettings(connect_timeout=5.0, ssh_config=str(tmp_path / "no_ssh_config")))
+        caplog.clear()
         try:
             run_dir = Path(t.prepare("lab-run x", uploads))
             assert run_dir.stat().st_mode & 0o777 == 0o700
@@ -237,8 +243,18 @@ def test_files_sent_by_tar_arrive_whole_and_private(no_sftp: SSHServer, server: 
             assert not run_dir.exists()
         finally:
             t.close()
-        assert how in caplog.text
-        caplog.clear()
+        assert ("tar cannot unpack the run's files (tar: not found): 4 files go over SFTP" in caplog.text) == \
+            (kind is TarFails)
+    neither = TarFails(Host("a", "127.0.0.1", port=no_sftp.port, user="root", key_file=str(no_sftp.client_key),
+                            known_hosts=str(tmp_path / f"kh{no_sftp.port}")),
+                       SSHSettings(connect_timeout=5.0, ssh_config=str(tmp_path / "no_ssh_config")))
+    try:
+        with pytest.raises(RunError, match="^host a: cannot copy the run's files: its tar failed and it has no SFTP"):
+            neither.prepare("lab-run y", uploads)
+        neither.cleanup()  # (the run directory it made goes)
+    finally:
+        neither.close()
+    assert list(no_sftp.tmp.iterdir()) == []
 
 
 # -- more ranks on one host than sshd's sessions --------------------------------------

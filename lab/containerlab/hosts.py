@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 SSH_WAIT = 60.0
 SSH_PROBE_TIMEOUT = 3.0
+START_POLL = 0.05  # seconds between looks at a starting host (its key, its sshd): sshd starts in a few tenths
 
 
 def ensure_key(path: Path, say: Say) -> Path:
@@ -264,7 +265,7 @@ def _wait_for_host_key(c: Container) -> str:
             logs = c.logs(tail=5).decode(errors="replace").strip().splitlines()
             raise EngineError(f"host container {c.name} did not start sshd ({c.status}): "
                               f"{logs[-1] if logs else 'no output'}")
-        time.sleep(0.3)
+        time.sleep(START_POLL)
 
 
 def wait_for_ssh(topology: Topology) -> None:
@@ -276,7 +277,7 @@ def wait_for_ssh(topology: Topology) -> None:
         if pending and time.monotonic() > deadline:
             raise EngineError(f"sshd did not answer on {', '.join(topology.name(i) for i in sorted(pending))}")
         if pending:
-            time.sleep(0.3)
+            time.sleep(START_POLL)
 
 
 def ssh_answers(address: str, port: int = 22, timeout: float = SSH_PROBE_TIMEOUT) -> bool:

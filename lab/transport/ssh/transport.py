@@ -249,7 +249,9 @@ class SSHTransport(Transport):
 
     def prepare(self, run_name: str, uploads: Mapping[str, Path]) -> str:
         """Make the run directory and the directories of the uploads in one command, then put
-        every file over one SFTP session (closed again: it would hold a session slot)."""
+        every file there in one more: a tar stream into ``tar -x`` on the host. A host without a
+        working tar gets them over one SFTP session instead (closed again: it would hold a
+        session slot), a round trip or more per file."""
         client = self._main()
         subdirs = [d for d in (posixpath.dirname(relative) for relative in uploads) if d]
         status, output = self.run(client, make_run_dir_command(run_name, subdirs))
@@ -258,36 +260,41 @@ class SSHTransport(Transport):
             raise RunError(f"host {self.host.name}: cannot make the run directory {run_name} in its temp "
                            f"directory: {output.splitlines()[-1] if output else f'exit status {status}'}")
         self.run_dir = run_dir
-        targets = {posixpath.join(run_dir, relative): source for relative, source in uploads.items()}
         with self._talking("uploading the lab's files"):
-            try:
-                sftp = client.open_sftp()
-            except (paramiko.SSHException, EOFError) as exc:  # no SFTP subsystem: "Channel closed."
-                if not self._reaches(client):
-                    raise
-                log.info("host %s: no SFTP (%s): %d files go as a tar stream on an exec channel", self.host.name,
-                         _reason(exc), len(uploads))
-                self._untar(client, run_dir, uploads)
-                return run_dir
-            log.debug("host %s: %d files go over SFTP", self.host.name, len(uploads))
-            try:
-                sftp.get_channel().settimeout(self.settings.connect_timeout)  # type: ignore[union-attr]
-                for target, source in targets.items():
-                    try:
-                        with sftp.open(target, "wb") as remote:
-                            remote.set_pipelined(True)
-                            remote.write(source.read_bytes())
-                    except (TimeoutError, ConnectionError):
-                        raise
-                    except OSError as exc:  # a local file, or SFTP's answer (no such file, no space...)
-                        raise RunError(f"host {self.host.name}: cannot upload {source} to {target}: "
-                                       f"{exc.strerror or exc}") from None
-            finally:
-                sftp.close()
+            untarred = self._untar(client, run_dir, uploads)
+            if untarred is not None:
+                log.info("host %s: tar cannot unpack the run's files (%s): %d files go over SFTP",
+                         self.host.name, untarred, len(uploads))
+                self._put_over_sftp(client, run_dir, uploads)
         return run_dir
 
-    def _untar(self, client: paramiko.SSHClient, run_dir: str, uploads: Mapping[str, Path]) -> None:
-        """Put the uploads in ``run_dir`` with ``tar -x`` on the host, fed a tar stream built here."""
+    def _put_over_sftp(self, client: paramiko.SSHClient, run_dir: str, uploads: Mapping[str, Path]) -> None:
+        try:
+            sftp = client.open_sftp()
+        except (paramiko.SSHException, EOFError) as exc:  # no SFTP subsystem: "Channel closed."
+            if not self._reaches(client):
+                raise
+            raise RunError(f"host {self.host.name}: cannot copy the run's files: its tar failed and it has no "
+                           f"SFTP ({_reason(exc)})") from None
+        try:
+            sftp.get_channel().settimeout(self.settings.connect_timeout)  # type: ignore[union-attr]
+            for relative, source in uploads.items():
+                target = posixpath.join(run_dir, relative)
+                try:
+                    with sftp.open(target, "wb") as remote:
+                        remote.set_pipelined(True)
+                        remote.write(source.read_bytes())
+                except (TimeoutError, ConnectionError):
+                    raise
+                except OSError as exc:  # a local file, or SFTP's answer (no such file, no space...)
+                    raise RunError(f"host {self.host.name}: cannot upload {source} to {target}: "
+                                   f"{exc.strerror or exc}") from None
+        finally:
+            sftp.close()
+
+    def _untar(self, client: paramiko.SSHClient, run_dir: str, uploads: Mapping[str, Path]) -> str | None:
+        """Put the uploads in ``run_dir`` with ``tar -x`` on the host, fed a tar stream built here;
+        None when it did, else what tar said."""
         archive = io.BytesIO()
         with tarfile.open(fileobj=archive, mode="w") as tar:
             for relative, source in uploads.items():
@@ -302,8 +309,8 @@ class SSHTransport(Transport):
         untar = shlex.join(["tar", "-x", "-f", "-", "--no-same-owner", "-C", run_dir])
         status, output = self.run(client, f"/bin/sh -c {shlex.quote(untar)}", archive.getvalue())
         if status != 0:
-            raise RunError(f"host {self.host.name}: cannot copy the run's files to {run_dir} with tar: "
-                           f"{output.splitlines()[-1] if output else f'exit status {status}'}")
+            return output.splitlines()[-1] if output else f"exit status {status}"
+        return None
 
     @staticmethod
     def _reaches(client: paramiko.SSHClient) -> bool:
