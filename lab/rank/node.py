@@ -36,6 +36,7 @@ import re
 import signal
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from lab.rank.protocol import report_exits
 from lab.rank.worker import WATCHED_BY_PARENT, stop_when_orphaned
@@ -108,7 +109,7 @@ def spawn(args: list[str]) -> int:
     return 0
 
 
-def task(args: list[str]) -> int:
+def task(args: list[str]) -> NoReturn:
     """One Slurm task as a rank (see the module): its settings from Slurm's, then the rank, forked
     from the lab's zygote, which passes its streams on checked and says how it ended."""
     from lab.rank import zygote
@@ -118,7 +119,7 @@ def task(args: list[str]) -> int:
     os.environ.update(WORLD_SIZE=os.environ["SLURM_NTASKS"], GROUP_RANK=str(node),
                       LOCAL_WORLD_SIZE=str(per_node_counts(os.environ["SLURM_STEP_TASKS_PER_NODE"])[node]))
     options.nprocs, options.first_rank = 1, int(os.environ["SLURM_PROCID"])
-    return zygote.main(options, first_local_rank=int(os.environ["SLURM_LOCALID"]))
+    zygote.main(options, first_local_rank=int(os.environ["SLURM_LOCALID"]))
 
 
 def per_node_counts(spec: str) -> list[int]:
