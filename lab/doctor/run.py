@@ -16,6 +16,7 @@ cause in a few lines.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -174,7 +175,7 @@ def diagnose(inventory: Inventory, ssh: SSHSettings | None = None, master_port: 
         mesh_started = time.monotonic()
         _connect_all(probes, reports, plan_targets(list(reports.values()), master), timeout)
         seconds["mesh"] = time.monotonic() - mesh_started
-        _gather_runtime(probes, reports)
+        _gather_runtime(probes, reports)  # (asked only now: see lab.rank.probe)
         for probe in probes.values():
             probe.process.close_stdin()  # the end of phase 2: each probe closes its listeners and exits
         _gather_heard(probes.get(first.name), reports[first.name], timeout)
@@ -253,10 +254,15 @@ def _connect_all(probes: dict[str, _ProbeRun], reports: dict[str, HostReport],
 
 
 def _gather_runtime(probes: dict[str, _ProbeRun], reports: dict[str, HostReport]) -> None:
+    """Tell every probe to ask torch now, and wait for each one's answer."""
+    asked = time.monotonic()
+    for probe in probes.values():
+        with contextlib.suppress(OSError, EOFError):  # (a probe that is gone says so below)
+            probe.process.send(b'{"runtime": true}\n')
     for name, probe in probes.items():
         if reports[name].facts is None:
             continue
-        data = probe.wait("runtime", probe.started + RUNTIME_WAIT)
+        data = probe.wait("runtime", asked + RUNTIME_WAIT)
         reports[name].runtime = Runtime(**data) if data is not None else Runtime(
             None, f"torch did not answer within {RUNTIME_WAIT:g}s")
 

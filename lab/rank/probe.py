@@ -11,13 +11,14 @@ lines (``lab.rank.protocol``), one event each:
    the host's advertised address and of MASTER_ADDR (timed), the interfaces, the
    addresses gloo and NCCL will advertise (honouring GLOO_SOCKET_IFNAME and
    NCCL_SOCKET_IFNAME), and the port its listener took. It then keeps listening.
-2. ``runtime``: torch's version, GPUs and NCCL's version (whenever the import is done; the
-   child importing torch is paused while the links are checked, so that their times are the
-   network's, not those of a CPU busy importing torch).
-3. ``links``: after the controller sends one JSON line ``{"targets": [...]}`` on stdin,
+2. ``links``: after the controller sends one JSON line ``{"targets": [...]}`` on stdin,
    the result of connecting to every target at once, each bounded by the timeout. A
    connection is a handshake: the probe sends the token and its name; the listener
    answers with its name and the source address it saw (how NAT shows).
+3. ``runtime``: torch's version, GPUs and NCCL's version, asked only after the controller's
+   next line (every host's links are in: ``{"runtime": true}``). The import is seconds of
+   CPU: started earlier, a host's import would slow the links its peers are still timing,
+   and every time the doctor reports would be partly the CPU's.
 4. ``heard`` (only with ``lookup_peers``: MASTER_ADDR's host, where the store looks its
    peers up): at end-of-file on stdin, the sources its listeners saw and how long
    reverse lookups of their addresses took. Then it exits.
@@ -28,20 +29,18 @@ only, never set by the lab) delays each connection, to imitate a slow link.
 """
 from __future__ import annotations
 
-import contextlib
 import errno
 import fcntl
 import ipaddress
 import json
 import os
-import signal
 import socket
 import struct
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any, Literal, TypeVar
@@ -496,7 +495,6 @@ class Probe:
         self.lookup_peers = bool(spec.get("lookup_peers"))
         self.delay = float(os.environ.get(DELAY_VAR) or 0)
         self._emit_lock = threading.Lock()
-        self._runtime_child: subprocess.Popen[bytes] | None = None
 
     def report(self, event: EventKind, **fields: Any) -> None:
         with self._emit_lock:
@@ -504,15 +502,15 @@ class Probe:
 
     def run(self) -> int:
         threading.Thread(target=self._expire, name="lab-probe-expire", daemon=True).start()
-        threading.Thread(target=self._runtime, name="lab-probe-runtime", daemon=True).start()
         listeners = self._facts()
         try:
             line = sys.stdin.buffer.readline()
             if line.strip():
                 targets = [Target(**t) for t in json.loads(line)["targets"]]
-                with self._runtime_paused():
-                    links = check_links(targets, self.name, self.token, self.timeout, self.delay)
+                links = check_links(targets, self.name, self.token, self.timeout, self.delay)
                 self.report("links", links=[asdict(link) for link in links])
+                sys.stdin.buffer.readline()  # every host's links are in (or the controller is gone)
+            threading.Thread(target=self._runtime, name="lab-probe-runtime", daemon=True).start()
             while sys.stdin.buffer.readline():
                 pass
         finally:
@@ -551,7 +549,6 @@ class Probe:
         try:
             with subprocess.Popen([sys.executable, "-m", "lab.rank.probe", "runtime"], stdin=subprocess.DEVNULL,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE) as child:
-                self._runtime_child = child
                 try:
                     out, _ = child.communicate(timeout=self.lifetime)
                 finally:
@@ -560,21 +557,6 @@ class Probe:
         except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
             facts = {"torch": None, "torch_error": f"the torch check failed: {describe(exc)[1]}"}
         self.report("runtime", **facts)
-
-    @contextlib.contextmanager
-    def _runtime_paused(self) -> Iterator[None]:
-        """The torch check stopped (SIGSTOP) while the links are checked, then let go on."""
-        child = self._runtime_child
-        paused = child is not None and child.poll() is None
-        if paused:
-            assert child is not None
-            child.send_signal(signal.SIGSTOP)
-        try:
-            yield
-        finally:
-            if paused:
-                assert child is not None
-                child.send_signal(signal.SIGCONT)
 
     def _heard(self, listeners: Sequence[Listener]) -> None:
         """Report who connected, and how long reverse lookups of their addresses take (the
