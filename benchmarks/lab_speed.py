@@ -110,6 +110,7 @@ class ContainerLab:
 
     def __exit__(self, *_: object) -> None:
         subprocess.run([*LAB, "down", "--name", self.topology.lab], cwd=REPO, capture_output=True, timeout=TIMEOUT)
+        self.inventory.unlink(missing_ok=True)
 
     def addresses(self) -> list[str]:
         hosts = yaml.safe_load(self.inventory.read_text())["all"]["hosts"]
