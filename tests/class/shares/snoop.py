@@ -1,7 +1,8 @@
 """A correct ring that first looks for the run of the submission graded beside it on the same
 host: it fails (raises) if it can read that run's directory (the other student's code, its
 token), or if no other run shows up. Graded twice at once on one host, each copy passes only
-when the shares run as different users."""
+when the shares run as different users. Once it has seen the other's run it leaves a mark in
+its own and waits for the other's, so that neither copy ends before the other has looked."""
 import os
 import time
 
@@ -9,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 WAIT = 20.0  # seconds to wait for the other share's run to appear
+MARK = "seen-you"  # left in this run's directory once it has seen the other's
 snooped = False
 
 
@@ -31,10 +33,22 @@ def _snoop():
             except FileNotFoundError:  # it just ended
                 continue
             raise RuntimeError(f"read another share's run {other}: {sorted(seen)}")
-        if any(os.stat(o).st_uid != os.getuid() for o in others if os.path.exists(o)):
+        strangers = [o for o in others if os.path.exists(o) and os.stat(o).st_uid != os.getuid()]
+        if strangers:
+            _stay_until_seen(mine, strangers, deadline)
             return
         time.sleep(0.2)
     raise RuntimeError(f"no run of another user showed up in {parent} within {WAIT:g}s")
+
+
+def _stay_until_seen(mine, strangers, deadline):
+    """Stay until the other share has seen this run too (its mark), or has ended: a copy that
+    finished at once could be gone before the other one looks."""
+    os.chmod(mine, 0o711)  # (the other may look for the mark; listing the directory stays denied)
+    open(os.path.join(mine, MARK), "w").close()
+    while time.monotonic() < deadline and not any(
+            os.path.exists(os.path.join(o, MARK)) or not os.path.exists(o) for o in strangers):
+        time.sleep(0.2)
 
 
 def ring_allreduce(tensor):
