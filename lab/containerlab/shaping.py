@@ -193,6 +193,4 @@ def _last_line(shaper: docker.models.containers.Container) -> str:
     return lines[-1] if lines else ""
 
 
-
-
 _PROGRAM = Path(netem.__file__).read_text()  # (run by python3 -c: the helper has no copy of the lab)

@@ -53,12 +53,12 @@ def printed_causes(states: Iterable[RankState], details: Mapping[int, str] | Non
     causes: dict[str, str] = {}
     for state in states:
         text = "\n".join([*state.tail, state.fatal or "", (details or {}).get(state.spec.rank, "")])
-        known = next((k for k in KNOWN if k.pattern.search(text)), None)
-        if known is not None:
+        for known in KNOWN:
             found = known.pattern.search(text)
-            assert found is not None
-            causes.setdefault(known.kind, f"rank {state.spec.rank} ({state.spec.host}) printed {found[0]!r}: "
-                                          f"{known.cause}; fix: {known.fix}")
+            if found is not None:
+                causes.setdefault(known.kind, f"rank {state.spec.rank} ({state.spec.host}) printed {found[0]!r}: "
+                                              f"{known.cause}; fix: {known.fix}")
+                break
     return list(causes.values())
 
 

@@ -547,13 +547,9 @@ class Probe:
 
     def _runtime(self) -> None:
         try:
-            with subprocess.Popen([sys.executable, "-m", "lab.rank.probe", "runtime"], stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) as child:
-                try:
-                    out, _ = child.communicate(timeout=self.lifetime)
-                finally:
-                    child.kill()  # (a no-op once it ended)
-            facts = json.loads(out.decode().strip().splitlines()[-1])
+            done = subprocess.run([sys.executable, "-m", "lab.rank.probe", "runtime"], stdin=subprocess.DEVNULL,
+                                  capture_output=True, timeout=self.lifetime, check=False)
+            facts = json.loads(done.stdout.decode().strip().splitlines()[-1])
         except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
             facts = {"torch": None, "torch_error": f"the torch check failed: {describe(exc)[1]}"}
         self.report("runtime", **facts)
