@@ -43,6 +43,10 @@ def test_a_solutions_rings_are_read_from_its_text_and_added_to_the_ops(tmp_path:
         bench.solution_rings(broken)
     with pytest.raises(UsageError, match="defines neither allreduce"):
         bench.solution_rings(neither)
+    nested = tmp_path / "nested.py"
+    nested.write_text("x = " + "1+" * 200_000 + "1\n")
+    with pytest.raises(UsageError, match=rf"^--solution {nested}: too deeply nested to read$"):
+        bench.solution_rings(nested)
 
 
 def test_a_ring_that_calls_a_collective_fails_and_an_honest_ones_bytes_are_noted() -> None:

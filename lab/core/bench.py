@@ -79,6 +79,8 @@ def solution_rings(path: Path) -> list[str]:
         raise UsageError(f"--solution {path}:{exc.lineno}: {exc.msg}") from None
     except (OSError, ValueError) as exc:
         raise UsageError(f"--solution {path}: {exc}") from None
+    except (RecursionError, MemoryError):  # (an expression nested past the parser's stack)
+        raise UsageError(f"--solution {path}: too deeply nested to read") from None
     defined = set()
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
