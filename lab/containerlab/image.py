@@ -58,16 +58,23 @@ def ensure_image(client: docker.DockerClient, base: str, state_dir: Path, say: S
     """The tag of an up-to-date lab host image, building what is missing."""
     base_ref = resolve_base(client, base, state_dir, say, progress)
     wheels = ensure_wheelhouse(state_dir / "wheels", say)
-    files = _context_files(wheels)
-    tag = f"{HOST_IMAGE}:{_digest(client.images.get(base_ref).id, files)}"
+    tag = ensure_built(client, HOST_IMAGE, base_ref, _context_files(wheels), say, progress)
+    client.images.get(tag).tag(HOST_IMAGE, "latest")  # what compose/lab.yml starts
+    _untag_older(client, tag)
+    return tag
+
+
+def ensure_built(client: docker.DockerClient, repository: str, base_ref: str, files: dict[str, Path], say: Say,
+                 progress: Progress) -> str:
+    """``repository``:HASH built from ``files`` (build-context path -> file, a Dockerfile among them)
+    on ``base_ref``, unless it is there already; HASH is of every input."""
+    tag = f"{repository}:{_digest(client.images.get(base_ref).id, files)}"
     try:
         client.images.get(tag)
         say(f"image {tag} is up to date")
     except ImageNotFound:
         say(f"building image {tag} on {base_ref}")
         _build(client, files, tag, base_ref, progress)
-    client.images.get(tag).tag(HOST_IMAGE, "latest")  # what compose/lab.yml starts
-    _untag_older(client, tag)
     return tag
 
 
@@ -103,9 +110,11 @@ def resolve_base(client: docker.DockerClient, base: str, state_dir: Path, say: S
     return offline_base(client, state_dir, say, progress)
 
 
-def offline_base(client: docker.DockerClient, state_dir: Path, say: Say, progress: Progress) -> str:
-    """Debian bookworm made with debootstrap and imported as an image (about a minute, once)."""
-    tag = f"{BASE_IMAGE}:bookworm-{hashlib.sha256(' '.join(DEBOOTSTRAP_PACKAGES).encode()).hexdigest()[:12]}"
+def offline_base(client: docker.DockerClient, state_dir: Path, say: Say, progress: Progress,
+                 packages: tuple[str, ...] = DEBOOTSTRAP_PACKAGES, repository: str = BASE_IMAGE) -> str:
+    """Debian bookworm with ``packages``, made with debootstrap and imported as an image (about a
+    minute, once)."""
+    tag = f"{repository}:bookworm-{hashlib.sha256(' '.join(packages).encode()).hexdigest()[:12]}"
     try:
         client.images.get(tag)
         return tag
@@ -114,11 +123,12 @@ def offline_base(client: docker.DockerClient, state_dir: Path, say: Say, progres
     debootstrap = require_tool("debootstrap", "debootstrap", say)
     state_dir.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="rootfs-", dir=state_dir))
+    root.chmod(0o755)  # the chroot's /: mkdtemp's 0700 stops a package's own user (munge's postinst) at it
     archive = root.with_suffix(".tar")
     try:
         say(f"debootstrap: Debian bookworm into {root} (about a minute)")
         try:
-            _stream([debootstrap, "--variant=minbase", f"--include={','.join(DEBOOTSTRAP_PACKAGES)}",
+            _stream([debootstrap, "--variant=minbase", f"--include={','.join(packages)}",
                      "bookworm", str(root)], progress)
         except EngineError as exc:  # its log goes with the root: say what it says first
             log_file = root / "debootstrap" / "debootstrap.log"
