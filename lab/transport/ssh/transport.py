@@ -95,6 +95,7 @@ DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 RANKS_PER_CONNECTION = 8  # sshd allows 10 sessions per connection (MaxSessions); keep two spare
 COMMANDS_PER_CONNECTION = 2  # short commands (kill, rm, an upload) at once on one connection: the spare sessions
 MAX_JUMPS = 8  # ProxyJump hops before we call it a loop
+SETTLE = 0.05  # seconds paramiko may take to mark a dropped connection inactive after its channels closed
 KEEPALIVE_REQUEST = "keepalive@openssh.com"  # OpenSSH's own: any server answers it (with "failure")
 LINES_BEFORE_PID = 100  # what a login script may print before the pid line
 
@@ -195,7 +196,7 @@ class SSHProcess(RankProcess):
         HostUnreachable when its host went silent before it said how it ended (see the module)."""
         ready = self._channel.exit_status_ready()
         if not self._released and not (ready and self._channel.exit_status != -1):
-            self._transport.check_alive()
+            self._transport.check_alive(ended=ready)
         return self._channel.recv_exit_status() if ready else None
 
     def exited(self) -> bool:
@@ -231,9 +232,11 @@ class SSHProcess(RankProcess):
 class SSHTransport(Transport):
     """Reaches one host over SSH; see the module's contracts."""
 
-    def __init__(self, host: Host, settings: SSHSettings = SSHSettings()) -> None:
+    def __init__(self, host: Host, settings: SSHSettings = SSHSettings(), what: str = "host") -> None:
         super().__init__(host)
         self.settings = settings
+        # how messages name it: a lab host (and the Docker machine it is on), or a Docker machine
+        self.who = f"{what} {host.name}" + (f" on machine {host.machine}" if host.machine else "")
         self._config: paramiko.SSHConfig | None = None  # read at the first connection
         self._endpoint: Endpoint | None = None
         self._lock = threading.RLock()  # ranks of one host may be started from several threads
@@ -257,7 +260,7 @@ class SSHTransport(Transport):
         status, output = self.run(client, make_run_dir_command(run_name, subdirs))
         run_dir = made_run_dir(output)
         if status != 0 or run_dir is None:
-            raise RunError(f"host {self.host.name}: cannot make the run directory {run_name} in its temp "
+            raise RunError(f"{self.who}: cannot make the run directory {run_name} in its temp "
                            f"directory: {output.splitlines()[-1] if output else f'exit status {status}'}")
         self.run_dir = run_dir
         with self._talking("uploading the lab's files"):
@@ -274,7 +277,7 @@ class SSHTransport(Transport):
         except (paramiko.SSHException, EOFError) as exc:  # no SFTP subsystem: "Channel closed."
             if not self._reaches(client):
                 raise
-            raise RunError(f"host {self.host.name}: cannot copy the run's files: its tar failed and it has no "
+            raise RunError(f"{self.who}: cannot copy the run's files: its tar failed and it has no "
                            f"SFTP ({_reason(exc)})") from None
         try:
             sftp.get_channel().settimeout(self.settings.connect_timeout)  # type: ignore[union-attr]
@@ -287,7 +290,7 @@ class SSHTransport(Transport):
                 except (TimeoutError, ConnectionError):
                     raise
                 except OSError as exc:  # a local file, or SFTP's answer (no such file, no space...)
-                    raise RunError(f"host {self.host.name}: cannot upload {source} to {target}: "
+                    raise RunError(f"{self.who}: cannot upload {source} to {target}: "
                                    f"{exc.strerror or exc}") from None
         finally:
             sftp.close()
@@ -301,7 +304,7 @@ class SSHTransport(Transport):
                 try:
                     data = source.read_bytes()
                 except OSError as exc:
-                    raise RunError(f"host {self.host.name}: cannot upload {source} to "
+                    raise RunError(f"{self.who}: cannot upload {source} to "
                                    f"{posixpath.join(run_dir, relative)}: {exc.strerror or exc}") from None
                 info = tarfile.TarInfo(relative)
                 info.size, info.mode, info.mtime = len(data), 0o600, int(time.time())
@@ -313,8 +316,10 @@ class SSHTransport(Transport):
         return None
 
     @staticmethod
-    def _reaches(client: paramiko.SSHClient) -> bool:
+    def _reaches(client: paramiko.SSHClient, settle: float = 0.0) -> bool:
         transport = client.get_transport()
+        if transport is not None and transport.is_active() and settle:
+            transport.join(settle)  # (a dropped connection's thread ends within it)
         return transport is not None and transport.is_active()
 
     def cleanup(self, keep: bool = False, also: Sequence[str] = ()) -> None:
@@ -322,6 +327,9 @@ class SSHTransport(Transport):
         directories = removable([self.run_dir, *also]) if self.run_dir else []
         if keep or not directories:
             return
+        if self.is_lost or (self._clients and not self._reaches(self._clients[0])):
+            log.debug("%s: gone; %s is left there", self._where(), " ".join(directories))
+            return  # (the run's error names the host; its files went down with it)
         try:
             status, output = self.run(self._main(), f"rm -rf -- {shlex.join(directories)}")
         except LabError as exc:
@@ -371,19 +379,25 @@ class SSHTransport(Transport):
     def is_lost(self) -> bool:
         return self._lost is not None
 
-    def check_alive(self) -> None:
+    def check_alive(self, ended: bool = False) -> None:
         """Raise HostUnreachable when the host is lost: a keepalive on one of its connections went
-        unanswered for ``alive_timeout`` seconds. Its connections are then closed, so that every
-        read and every wait on them ends (a silent TCP connection would never end by itself)."""
+        unanswered for ``alive_timeout`` seconds, or one of its connections was closed from the
+        other end (the host, or its machine, went down). Its connections are then closed, so that
+        every read and every wait on them ends (a silent TCP connection would never end by itself).
+        ``ended``: a rank's channel closed without an exit status, which is how paramiko shows a
+        dropped connection a moment before it marks the connection inactive (SETTLE waits for it)."""
         if self._lost is None:
             now = time.monotonic()
             silent = max((k.silent_for(now) for k in list(self._keepalives)), default=0.0)
-            if silent < self.settings.alive_timeout:
+            closed = not all(self._reaches(c, settle=SETTLE if ended else 0.0) for c in list(self._clients))
+            if silent < self.settings.alive_timeout and not closed:
                 return
             with self._lock:
                 if self._lost is None:
-                    self._lost = (f"{self._where()}: lost: no answer to SSH keepalives for {silent:.0f}s "
-                                  f"(the host or the network went silent)")
+                    self._lost = (f"{self._where()}: lost: " + (
+                        f"no answer to SSH keepalives for {silent:.0f}s (the host or the network went silent)"
+                        if silent >= self.settings.alive_timeout else
+                        "its SSH connection was closed from the other end (the host went down, or its sshd)"))
                     log.debug("%s; closing its connections", self._lost)
                     for client in (*self._clients, *self._jump_clients):
                         client.close()
@@ -463,7 +477,7 @@ class SSHTransport(Transport):
     def _read_pid(self, channel: paramiko.Channel, stdout: IO[bytes], stderr: IO[bytes],
                   argv: Sequence[str], cwd: str) -> int:
         channel.settimeout(self.settings.connect_timeout)
-        what = f"host {self.host.name}: cannot start {shlex.join(argv)} in {cwd}"
+        what = f"{self.who}: cannot start {shlex.join(argv)} in {cwd}"
         try:
             for _ in range(LINES_BEFORE_PID):
                 line = stdout.readline()
@@ -496,9 +510,14 @@ class SSHTransport(Transport):
                                   f"{_reason(exc)}") from None
 
     def _where(self) -> str:
-        return self._endpoint.where if self._endpoint else f"host {self.host.name}"
+        return self._endpoint.where if self._endpoint else self.who
 
     # -- connections ------------------------------------------------------------------
+
+    def connection(self) -> paramiko.SSHClient:
+        """The host's first connection (made now if it is not yet): for commands, and for what
+        rides on SSH besides ranks (the Docker API of a machine)."""
+        return self._main()
 
     def _main(self) -> paramiko.SSHClient:
         """The first connection: files, commands, and the first ranks."""
@@ -593,20 +612,20 @@ class SSHTransport(Transport):
         options = lookup(config, host.name, host.address)
         explicit_address = host.address != host.name  # ansible_host given
         return Endpoint(
-            host=host.name, who=f"host {host.name}",
+            host=host.name, who=self.who,
             address=host.address if explicit_address else options.get("hostname", host.name),
-            port=host.port if host.port != 22 else port_of(options, f"host {host.name}"),
+            port=host.port if host.port != 22 else port_of(options, self.who),
             user=host.user or options.get("user") or getpass.getuser(),
             key_files=(host.key_file,) if host.key_file else identity_files(options),
-            jumps=jumps_of(options, f"host {host.name}"),
+            jumps=jumps_of(options, self.who),
             hash_known_hosts=options.get("hashknownhosts", "no").lower() == "yes")
 
     def _jump(self, config: paramiko.SSHConfig, jumps: tuple[str, ...]) -> Endpoint:
         """The last hop of ``jumps``; the hops before it lead there (else its own ProxyJump)."""
         *before, spec = jumps
-        user, name, port = parse_jump(spec, f"host {self.host.name}")
+        user, name, port = parse_jump(spec, self.who)
         options = lookup(config, name, name)
-        who = f"host {self.host.name}: jump host {spec}"
+        who = f"{self.who}: jump host {spec}"
         own_keys = identity_files(options)
         return Endpoint(
             host=self.host.name, who=who, address=options.get("hostname", name),
