@@ -89,6 +89,7 @@ class Host:
     network_interface: str | None = None  # the NIC for the data plane (GLOO_SOCKET_IFNAME)
     shared_dir: str | None = None  # a directory every host mounts (NFS...): file:// rendezvous
     container: str | None = None  # the container name, for connection docker
+    machine: str | None = None  # the Docker machine the host's container runs on (lab up --machines)
     grade_users: tuple[str, ...] = ()  # lab grade's share N logs in as the Nth (else as `user`)
     groups: tuple[str, ...] = ()  # every group the host is in, `all` left out, in file order
     source: str = ""  # "inventory.yaml:12": where the host is defined
@@ -111,40 +112,64 @@ class Inventory:
 def load_inventory(path: str | os.PathLike[str]) -> Inventory:
     """Read and check the inventory file at ``path``."""
     source = os.fspath(path)
+    return parse_inventory(read_text(source, "an inventory file"), source, os.path.dirname(os.path.abspath(source)))
+
+
+def read_text(source: str, kind: str) -> str:
+    """The UTF-8 text of the file ``source`` (``kind`` names what it should be), or InventoryError."""
     try:
         with open(source, "rb") as file:
             data = file.read()
     except FileNotFoundError:
         raise InventoryError(source, None, "file not found") from None
     except IsADirectoryError:
-        raise InventoryError(source, None, "is a directory, not an inventory file") from None
+        raise InventoryError(source, None, f"is a directory, not {kind}") from None
     except OSError as err:
         raise InventoryError(source, None, f"cannot read the file: {err.strerror}") from None
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
         raise InventoryError(source, line, "the file is not UTF-8 text") from None
-    return parse_inventory(text, source, os.path.dirname(os.path.abspath(source)))
 
 
 def parse_inventory(text: str, source: str, base_dir: str) -> Inventory:
     """Check inventory ``text``; ``source`` names it in errors, ``base_dir`` anchors relative paths."""
+    return Inventory(source, tuple(_host(*entry) for entry in read_ansible(text, source, base_dir, VARS)))
+
+
+def _host(name: str, values: dict[str, object], groups: tuple[str, ...], source: str) -> Host:
+    values.setdefault("address", name)
+    if values.get("connection") == "docker":
+        values.setdefault("container", name)
+    else:
+        values.pop("container", None)
+    return Host(name=name, **values, groups=groups, source=source)  # type: ignore[arg-type]
+
+
+Entry = tuple[str, dict[str, object], tuple[str, ...], str]  # name, its variables, its groups, "file:line"
+
+
+def read_ansible(text: str, source: str, base_dir: str, table: Mapping[str, tuple[str, Reader]],
+                 what: str = "the inventory") -> list[Entry]:
+    """The hosts of an Ansible-style YAML file (``what`` names it in errors), each with the
+    variables ``table`` reads (name -> the field it fills and its reader; see ``VARS``),
+    inherited through its groups."""
     root = _compose(text, source)
     if root is None or _is_null(root):
-        raise InventoryError(source, 1, "the inventory is empty")
-    parser = _Parser(source, base_dir)
+        raise InventoryError(source, 1, f"{what} is empty")
+    parser = _Parser(source, base_dir, table)
     try:
         parser.read(root)
         hosts = parser.build()
     except RecursionError:  # (the bounds above come first; this is the last line of defence)
-        raise InventoryError(source, None, "the inventory is nested too deep to read") from None
+        raise InventoryError(source, None, f"{what} is nested too deep to read") from None
     if not hosts:
-        raise InventoryError(source, _line(root), "the inventory defines no hosts")
+        raise InventoryError(source, _line(root), f"{what} defines no hosts")
     if parser.ignored:
         _log.info("%s: ignored variables the lab does not use: %s", source,
                   ", ".join(_one_line(name) for name in parser.ignored))
-    return Inventory(source, hosts)
+    return hosts
 
 
 def local_inventory(nproc: int, gpus: int = 0) -> Inventory:
@@ -267,7 +292,7 @@ class _Invalid(Exception):
     """A variable's value is wrong; the parser adds the line."""
 
 
-_Reader = Callable[[str, Node, str], object]  # (key, value node, base dir) -> the Host field's value
+Reader = Callable[[str, Node, str], object]  # (key, value node, base dir) -> the Host field's value
 
 
 def _line(node: Node) -> int:
@@ -296,7 +321,7 @@ def _shown(node: Node) -> str:
     return f"'{text}'" if node.tag == _STR else text
 
 
-def _text(key: str, node: Node, base_dir: str) -> str:
+def text_value(key: str, node: Node, base_dir: str) -> str:
     value = node.value.strip() if isinstance(node, ScalarNode) and node.tag not in (_NULL, _BOOL) else ""
     if not value or "\n" in value:
         raise _Invalid(f"{key} must be a one-line string, got {_shown(node)}")
@@ -305,16 +330,16 @@ def _text(key: str, node: Node, base_dir: str) -> str:
 
 def _host_directory(key: str, node: Node, base_dir: str) -> str:
     """An absolute directory on the host itself (not resolved here)."""
-    value = _text(key, node, base_dir)
+    value = text_value(key, node, base_dir)
     if not value.startswith("/"):
         raise _Invalid(f"{key} must be an absolute path on the host, got {_shown(node)}")
     if not _PATH.match(value):
-        raise _invalid(key, value, "an absolute path of letters, digits and '_', '.', '/', '+', '@', ',', '=', "
+        raise invalid_value(key, value, "an absolute path of letters, digits and '_', '.', '/', '+', '@', ',', '=', "
                                    "'-' only")
     return value.rstrip("/") or "/"
 
 
-def _integer(minimum: int, maximum: int | None = None) -> _Reader:
+def integer(minimum: int, maximum: int | None = None) -> Reader:
     wanted = f"an integer >= {minimum}" if maximum is None else f"an integer from {minimum} to {maximum}"
 
     def read(key: str, node: Node, base_dir: str) -> int:
@@ -327,7 +352,7 @@ def _integer(minimum: int, maximum: int | None = None) -> _Reader:
 
 
 def _connection(key: str, node: Node, base_dir: str) -> str:
-    value = _text(key, node, base_dir)
+    value = text_value(key, node, base_dir)
     if value not in _CONNECTIONS:
         raise _Invalid(f"{key} must be one of {', '.join(_CONNECTIONS)}, got {_shown(node)}")
     return value
@@ -343,13 +368,13 @@ _CONTAINER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}\Z")  # Docker's conta
 _COMMAND = re.compile(r"/[A-Za-z0-9_./+-]*\Z|[A-Za-z0-9_.+][A-Za-z0-9_.+-]*\Z")  # absolute path, or a bare name
 
 
-def _invalid(key: str, value: str, allowed: str) -> _Invalid:
+def invalid_value(key: str, value: str, allowed: str) -> _Invalid:
     return _Invalid(f"invalid {key} '{_one_line(value)}' ({allowed})")
 
 
 def _address(key: str, node: Node, base_dir: str) -> str:
     """An IPv4 or IPv6 address, or a DNS host name."""
-    value = _text(key, node, base_dir)
+    value = text_value(key, node, base_dir)
     try:
         ipaddress.ip_address(value)
         if _INTERFACE.match(value.partition("%")[2] or "lo"):  # (Python takes any scope: fe80::1%ANY)
@@ -357,18 +382,18 @@ def _address(key: str, node: Node, base_dir: str) -> str:
     except ValueError:
         pass
     if not _HOST_NAME.match(value) or value.rstrip(".").replace(".", "").isdigit():  # (999.1.2.3: no address)
-        raise _invalid(key, value, "an IPv4 or IPv6 address, or a DNS host name: labels of letters, digits, "
-                                   "'-' and '_' joined by dots")
+        raise invalid_value(key, value, "an IPv4 or IPv6 address, or a DNS host name: labels of letters, digits, "
+                                        "'-' and '_' joined by dots")
     return value
 
 
-def _matching(pattern: re.Pattern[str], allowed: str) -> _Reader:
+def _matching(pattern: re.Pattern[str], allowed: str) -> Reader:
     """A reader of a string that must match ``pattern`` (``allowed`` says what that is)."""
 
     def read(key: str, node: Node, base_dir: str) -> str:
-        value = _text(key, node, base_dir)
+        value = text_value(key, node, base_dir)
         if not pattern.match(value):
-            raise _invalid(key, value, allowed)
+            raise invalid_value(key, value, allowed)
         return value
 
     return read
@@ -383,17 +408,17 @@ _container = _matching(_CONTAINER, "a Docker container name or id: letters, digi
 
 
 def _python(key: str, node: Node, base_dir: str) -> str:
-    value = _text(key, node, base_dir)
+    value = text_value(key, node, base_dir)
     if value in _AUTO_PYTHON:
         return _DEFAULT_PYTHON
     if not _COMMAND.match(value):
-        raise _invalid(key, value, "an absolute path or a command name, of letters, digits and '_', '.', '/', '+', "
-                                   "'-' only")
+        raise invalid_value(key, value, "an absolute path or a command name, of letters, digits and '_', '.', '/', "
+                                        "'+', '-' only")
     return value
 
 
 def _key_file(key: str, node: Node, base_dir: str) -> str:
-    path = os.path.abspath(os.path.join(base_dir, os.path.expanduser(_text(key, node, base_dir))))
+    path = os.path.abspath(os.path.join(base_dir, os.path.expanduser(text_value(key, node, base_dir))))
     if not os.path.exists(path):
         raise _Invalid(f"{key}: {path} does not exist")
     if not os.path.isfile(path):
@@ -408,9 +433,9 @@ def _key_file(key: str, node: Node, base_dir: str) -> str:
 def _user_names(key: str, node: Node, base_dir: str) -> tuple[str, ...]:
     """A list of user names (a YAML sequence, or one string of names split by commas)."""
     if isinstance(node, SequenceNode):
-        names = [_text(key, item, base_dir) for item in node.value]
+        names = [text_value(key, item, base_dir) for item in node.value]
     else:
-        names = [name.strip() for name in _text(key, node, base_dir).split(",")]
+        names = [name.strip() for name in text_value(key, node, base_dir).split(",")]
     bad = next((name for name in names if not _LOGIN.match(name)), None)
     if not names or bad is not None:
         raise _Invalid(f"{key} must be a list of user names, got {_shown(node) if bad is None else repr(bad)}")
@@ -421,7 +446,7 @@ def _user_names(key: str, node: Node, base_dir: str) -> tuple[str, ...]:
 
 def _known_hosts_file(key: str, node: Node, base_dir: str) -> str:
     """A known_hosts path; the file itself may be missing (--accept-new-host-keys creates it)."""
-    path = os.path.abspath(os.path.join(base_dir, os.path.expanduser(_text(key, node, base_dir))))
+    path = os.path.abspath(os.path.join(base_dir, os.path.expanduser(text_value(key, node, base_dir))))
     if os.path.isdir(path):
         raise _Invalid(f"{key}: {path} is a directory, not a file")
     if not os.path.isdir(os.path.dirname(path)):
@@ -430,21 +455,22 @@ def _known_hosts_file(key: str, node: Node, base_dir: str) -> str:
 
 
 # Each key a host or group may set: the Host field it fills, and how its value is read.
-_VARS: dict[str, tuple[str, _Reader]] = {
+VARS: dict[str, tuple[str, Reader]] = {
     "ansible_host": ("address", _address),
-    "ansible_port": ("port", _integer(1, 65535)),
+    "ansible_port": ("port", integer(1, 65535)),
     "ansible_user": ("user", _login),
     "ansible_ssh_private_key_file": ("key_file", _key_file),
     "ssh_known_hosts_file": ("known_hosts", _known_hosts_file),
     "ansible_connection": ("connection", _connection),
     "ansible_python_interpreter": ("python", _python),
-    "slots": ("slots", _integer(1)),
-    "gpus": ("gpus", _integer(0)),
+    "slots": ("slots", integer(1)),
+    "gpus": ("gpus", integer(0)),
     "data_address": ("data_address", _address),
     "network_interface": ("network_interface", _interface),
     "shared_dir": ("shared_dir", _host_directory),
     "docker_container": ("container", _container),
     "grade_users": ("grade_users", _user_names),
+    "machine": ("machine", _matching(_NAME, "a machine's name in machines.yaml")),
 }
 
 
@@ -487,9 +513,10 @@ _Pair = tuple[str, ScalarNode, Node]
 
 
 class _Parser:
-    def __init__(self, source: str, base_dir: str) -> None:
+    def __init__(self, source: str, base_dir: str, table: Mapping[str, tuple[str, Reader]]) -> None:
         self.source = source
         self.base_dir = base_dir
+        self.table = table
         self.groups: dict[str, _Entry] = {"all": _Entry(1)}
         self.hosts: dict[str, _Entry] = {}
         self.ignored: dict[str, None] = {}  # variables the lab does not use, in file order
@@ -529,7 +556,7 @@ class _Parser:
             else:
                 near = _did_you_mean(word, _GROUP_KEYS)
                 mean = f": did you mean '{near}'?" if near else ""
-                hint = "; put variables under vars:" if word in _VARS or word in _SYNONYMS else ""
+                hint = "; put variables under vars:" if word in self.table or word in _SYNONYMS else ""
                 known = ", ".join(_GROUP_KEYS)
                 raise self.error(word_key, f"unknown key '{_one_line(word)}'{mean} (known: {known}{hint})")
 
@@ -572,13 +599,13 @@ class _Parser:
             lab_name = _SYNONYMS.get(name, name)
             if name in self.ignored:
                 continue
-            if lab_name not in _VARS:
-                near = _did_you_mean(name, [*_VARS, *_SYNONYMS])
+            if lab_name not in self.table:
+                near = _did_you_mean(name, [*self.table, *_SYNONYMS])
                 if near is not None:
                     raise self.error(key, f"unknown key '{_one_line(name)}': did you mean '{near}'?")
                 self.ignored.setdefault(name)
                 continue
-            attribute, read = _VARS[lab_name]
+            attribute, read = self.table[lab_name]
             if attribute in written:
                 other = written[attribute]
                 raise self.error(key, f"{name} and {other.value} (line {_line(other)}) set the same thing; "
@@ -638,11 +665,11 @@ class _Parser:
         self.read_pairs[id(node)] = (node, found, weight)
         return found
 
-    def build(self) -> tuple[Host, ...]:
+    def build(self) -> list[Entry]:
         depths: dict[str, int] = {}
         for name in self.groups:
             self.depth(name, depths, ())
-        return tuple(self.host(name, entry, depths) for name, entry in self.hosts.items())
+        return [self.host(name, entry, depths) for name, entry in self.hosts.items()]
 
     def depth(self, name: str, depths: dict[str, int], below: tuple[str, ...]) -> int:
         """How far group ``name`` is from ``all``, by its longest path (Ansible's depth)."""
@@ -664,20 +691,14 @@ class _Parser:
                                      f"groups are nested more than {_MAX_GROUP_DEPTH} deep here")
         return depths[name]
 
-    def host(self, name: str, entry: _Entry, depths: dict[str, int]) -> Host:
+    def host(self, name: str, entry: _Entry, depths: dict[str, int]) -> Entry:
         groups = self.ancestors(entry)
         values: dict[str, object] = {}
         for group in sorted(groups, key=lambda group: (depths[group], group)):
             values.update(self.groups[group].vars)
         values.update(entry.vars)
-        values.setdefault("address", name)
-        if values.get("connection") == "docker":
-            values.setdefault("container", name)
-        else:
-            values.pop("container", None)
-        return Host(name=name, **values,  # type: ignore[arg-type]
-                    groups=tuple(group for group in self.groups if group in groups and group != "all"),
-                    source=f"{self.source}:{entry.line}")
+        return (name, values, tuple(group for group in self.groups if group in groups and group != "all"),
+                f"{self.source}:{entry.line}")
 
     def ancestors(self, entry: _Entry) -> set[str]:
         found: set[str] = set()
