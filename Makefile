@@ -37,7 +37,7 @@ lint: venv ## ruff and mypy (the settings are in pyproject.toml)
 	$(PY) -m mypy
 
 test-unit: venv ## run the fast tests only (no processes, sshd or Docker)
-	$(PY) -m pytest -q -m "not local and not sshd and not docker"
+	$(PY) -m pytest -q -m "not local and not sshd and not docker and not machines"
 
 bench: venv test-host ## time the lab against its baselines, as ratios (benchmarks/lab_speed.py; BENCH=name..., REPEAT=3)
 	$(PY) benchmarks/lab_speed.py $(BENCH) --repeat $(REPEAT)

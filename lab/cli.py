@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.text import Text
 
-from lab.containerlab import crossvpc, engine, faults, hosts, sandbox, shaping, slurm
+from lab.containerlab import crossvpc, engine, faults, hosts, sandbox, shaping, slurm, spread
 from lab.containerlab.image import DEFAULT_BASE, OFFLINE
 from lab.containerlab.sandbox import Limits
 from lab.containerlab.topology import (
@@ -52,6 +52,7 @@ from lab.core.plan import (
     Options,
     build_launch_plan,
     build_plan,
+    without_unshared,
 )
 from lab.core.report import STATUS_STYLES, LineStreamer, print_report, to_json, to_junit
 from lab.core.runner import run_plan
@@ -138,8 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     up = commands.add_parser(
         "up", help="build the lab image and start the container lab, write its inventory, smoke-test it",
         description="Start a lab of hosts (containers with their own addresses and sshd) on the local "
-                    "Docker engine, write the inventory for it, and run the p2p exercise across them.")
-    up.add_argument("--hosts", type=int, default=4, metavar="N", help="hosts in the lab (default 4)")
+                    "Docker engine, or across the Docker machines of --machines joined in a Swarm, write the "
+                    "inventory for it, and run the p2p exercise across them.")
+    up.add_argument("--hosts", type=int, metavar="N", help="hosts in the lab (default 4; with --machines: one "
+                    "per machine, or each machine's lab_hosts)")
     up.add_argument("--slots", type=int, default=1, metavar="S", help="ranks per host in the inventory (default 1)")
     up.add_argument("--topology", choices=TOPOLOGIES, default="plain",
                     help="plain: one network; cross-vpc: two private networks joined only through a NAT "
@@ -162,6 +165,14 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--inventory", metavar="PATH", help="where to write the lab's inventory (default: "
                     "inventory.yaml for the lab named lab, NAME.inventory.yaml for the others)")
     up.add_argument("--no-smoke", action="store_true", help="skip the p2p run across the hosts")
+    machines_options = up.add_argument_group("across Docker machines (README: Several machines)")
+    _machines_option(machines_options, "start the hosts across the Docker machines of FILE (an Ansible-style "
+                     "inventory of machines), joined in a Swarm; the image goes to each by docker save | load")
+    machines_options.add_argument("--network", choices=spread.NETWORK_MODES, default="overlay",
+                                  help="overlay: the hosts on an attachable overlay network, each at its own address "
+                                       "(default); host: one host per machine, on the machine's own address")
+    machines_options.add_argument("--accept-new-host-keys", action="store_true",
+                                  help="trust and record a machine's SSH host key seen for the first time")
 
     launch = commands.add_parser(
         "launch", help="run any script on every rank with the rendezvous injected (torchrun across hosts)",
@@ -240,6 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     down = commands.add_parser("down", help="remove every container, network and volume of a lab")
     _name_option(down)
     down.add_argument("--all", action="store_true", help="remove every lab on the engine")
+    down.add_argument("--inventory", metavar="PATH", help="the lab's inventory, beside which `lab up` keeps its "
+                      "state (default: as for up)")
+    _machines_option(down, "the lab is across the Docker machines of FILE: clean every one, and leave each "
+                           "Swarm as lab up found it (default: the file `lab up --machines` was given)")
     net = commands.add_parser("net", help="shape the running lab's links (delay, jitter, loss, rate), or peer its "
                                           "two private networks (cross-vpc)")
     _name_option(net)
@@ -281,8 +296,25 @@ def build_parser() -> argparse.ArgumentParser:
     _name_option(status)
     status.add_argument("--inventory", metavar="PATH", help="the lab's inventory, beside which `lab up` keeps its "
                         "state (default: as for up)")
+    _machines_option(status, "the lab is across the Docker machines of FILE (default: the file `lab up "
+                             "--machines` was given)")
     commands.add_parser("ls", help="list the labs on the Docker engine: name, topology, hosts, slots, state")
     return parser
+
+
+def _lab_paths(args: argparse.Namespace) -> LabPaths:
+    return LabPaths(Path(args.inventory or default_inventory(args.name)).resolve(), args.name)
+
+
+def _machines_file(args: argparse.Namespace) -> str | None:
+    """--machines, else the machines file `lab up --machines` recorded for the lab (None: the lab
+    is on this machine's engine)."""
+    record = _lab_paths(args).machines_record
+    return args.machines or (record.read_text().strip() if record.is_file() else None)
+
+
+def _machines_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup, about: str) -> None:
+    parser.add_argument("--machines", metavar="FILE", help=about)
 
 
 def _name_option(parser: argparse.ArgumentParser) -> None:
@@ -420,6 +452,11 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     options = _options(args)
     inventory = _cluster(args)
+    if "all" in args.exercises:
+        options, left_out = without_unshared(options, inventory.hosts)
+        for e in left_out:
+            print(f"lab: {e.name} is left out of `run all`: its file:// rendezvous needs a directory every host "
+                  f"mounts, and these hosts share none (shared_dir); `run {e.name}` runs it anyway", file=sys.stderr)
     if args.dry_run:  # a dry run stays offline: it shows the addresses as given
         print(yaml.safe_dump(build_plan(inventory, options).to_dict(), sort_keys=False), end="")
         return ExitCode.OK
@@ -574,7 +611,14 @@ def _one_exercise(name: str) -> registry.Exercise:
 def cmd_up(args: argparse.Namespace) -> int:
     if args.peering and args.topology != "cross-vpc":
         raise UsageError("--peering is for --topology cross-vpc")
-    topology = Topology(args.hosts, args.slots, args.topology, args.name,  # checked before anything starts
+    if args.machines:
+        return _up_across_machines(args)
+    if args.network != "overlay" or args.accept_new_host_keys:
+        raise UsageError("--network and --accept-new-host-keys are for a lab across --machines")
+    if (recorded := _machines_file(args)) is not None:
+        raise UsageError(f"lab {args.name} is across the machines of {recorded}: `python -m lab down --name "
+                         f"{args.name}` first, or give this lab another --name")
+    topology = Topology(args.hosts or 4, args.slots, args.topology, args.name,  # checked before anything starts
                         scheduler=args.scheduler)
     console = Console(highlight=False)
     say = _sayer(console)
@@ -592,8 +636,34 @@ def cmd_up(args: argparse.Namespace) -> int:
     return run_and_report(load_inventory(inventory), Options(tuple(registry.select(["p2p"]))), SSHSettings(), console)
 
 
+def _up_across_machines(args: argparse.Namespace) -> int:
+    if args.topology != "plain" or args.scheduler != "none":
+        raise UsageError("--machines starts a plain lab: the machines' network is the topology, and Slurm "
+                         "across machines is not supported yet")
+    console = Console(highlight=False)
+    request = spread.SpreadRequest(args.machines, args.name, Path(args.inventory or default_inventory(args.name)),
+                                   args.hosts, args.slots, args.network, args.base, args.gpus,
+                                   HostLimits(args.memory, args.pids))
+    with console.status("starting the lab across machines", spinner="dots") as spinner:
+        inventory = spread.bring_up(request, _ssh_settings(args), _sayer(console),
+                                    lambda line: spinner.update(Text(line[:100], style="dim")))
+    if args.no_smoke:
+        return ExitCode.OK
+    _sayer(console)("smoke check: p2p across the hosts")
+    return run_and_report(load_inventory(inventory), Options(tuple(registry.select(["p2p"]))), SSHSettings(), console)
+
+
 def cmd_down(args: argparse.Namespace) -> int:
     say = _sayer(Console(highlight=False))
+    machines = None if args.all and not args.machines else _machines_file(args)
+    if machines:
+        if args.all:
+            raise UsageError("--all is for the labs on this machine's engine; name the lab with --name")
+        removed = spread.bring_down(machines, args.name, SSHSettings(), say)
+        _lab_paths(args).machines_record.unlink(missing_ok=True)
+        say(f"lab {args.name} is down on every machine ({removed} removed)" if removed else
+            f"lab {args.name}: nothing to remove on the machines")
+        return ExitCode.OK
     removed = hosts.down(engine.client(), say, None if args.all else args.name)
     which = "every lab" if args.all else f"lab {args.name}"
     say(f"{which} is down ({removed} removed)" if removed else f"{which}: nothing to remove")
@@ -800,6 +870,9 @@ def cmd_fix(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     console = Console(highlight=False)
+    machines = _machines_file(args)
+    if machines:
+        return _status_across_machines(console, machines, args.name)
     found = hosts.status(engine.client(), args.name)
     if not found:
         start = "`make lab-up`" if args.name == DEFAULT_LAB else f"`python -m lab up --name {args.name}`"
@@ -816,11 +889,22 @@ def cmd_status(args: argparse.Namespace) -> int:
     return ExitCode.OK if all(h.ssh for h in found) and not problems else ExitCode.UNREACHABLE
 
 
+def _status_across_machines(console: Console, machines: str, lab: str) -> int:
+    found, lost = spread.status(machines, lab, SSHSettings())
+    table = Table("machine", "container", "state", "ssh at", "data address", "ssh")
+    for h in found:
+        table.add_row(h.machine, h.container, h.state, h.ssh_at, h.data_address,
+                      Text("answers", style="green") if h.ssh else Text("no answer", style="red"))
+    console.print(table if found else f"no host of lab {lab} on the machines that answered")
+    for error in lost:
+        console.print(Text(f"lab: {error}", style="red"))
+    return ExitCode.OK if found and all(h.ssh for h in found) and not lost else ExitCode.UNREACHABLE
+
+
 def _slurm_status(console: Console, args: argparse.Namespace) -> tuple[str, ...]:
     """The lab's Slurm cluster: a row per node, and its problems."""
     topology = hosts.running_topology(engine.client(), args.name)
-    health = slurm.health(topology, LabPaths(Path(args.inventory or default_inventory(args.name)).resolve(),
-                                             args.name))
+    health = slurm.health(topology, _lab_paths(args))
     table = Table("slurm node", "state", "munge key")
     for node, same in health.keys.items():
         state = health.states.get(node, "?")
@@ -834,16 +918,31 @@ def _slurm_status(console: Console, args: argparse.Namespace) -> tuple[str, ...]
 def cmd_ls(args: argparse.Namespace) -> int:
     console = Console(highlight=False)
     found = hosts.labs(engine.client())
-    if not found:
+    across = {lab: record.read_text().strip() for lab in _recorded_labs()
+              if (record := LabPaths(Path(default_inventory(lab)).resolve(), lab).machines_record).is_file()}
+    if not found and not across:
         console.print("no lab is running; start one with `make lab-up` or `python -m lab up --name NAME`")
         return ExitCode.OK
-    table = Table("name", "topology", "scheduler", "hosts", "slots", "state", "subnets", "inventory")
-    for lab in found:
-        table.add_row(lab.name, lab.kind, lab.scheduler, str(lab.hosts), str(lab.slots),
-                      Text(lab.state, style="green" if lab.state == "running" else "yellow"),
-                      ", ".join(lab.subnets), default_inventory(lab.name))
-    console.print(table)
+    if found:
+        table = Table("name", "topology", "scheduler", "hosts", "slots", "state", "subnets", "inventory")
+        for lab in found:
+            table.add_row(lab.name, lab.kind, lab.scheduler, str(lab.hosts), str(lab.slots),
+                          Text(lab.state, style="green" if lab.state == "running" else "yellow"),
+                          ", ".join(lab.subnets), default_inventory(lab.name))
+        console.print(table)
+    if across:
+        table = Table("name", "machines", "inventory", title="labs across Docker machines (their state: "
+                      "`python -m lab status --name NAME`)", title_justify="left")
+        for name, machines in sorted(across.items()):
+            table.add_row(name, machines, default_inventory(name))
+        console.print(table)
     return ExitCode.OK
+
+
+def _recorded_labs() -> list[str]:
+    """The labs whose state is under this directory's .lab/ (see state_subdir)."""
+    labs = Path(".lab/labs")
+    return [DEFAULT_LAB, *sorted(d.name for d in labs.iterdir() if d.is_dir())] if labs.is_dir() else [DEFAULT_LAB]
 
 
 def _ssh_settings(args: argparse.Namespace) -> SSHSettings:

@@ -11,7 +11,7 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -78,6 +78,14 @@ def _of_lab(labels: Mapping[str, str] | None, lab: str | None) -> bool:
     return lab is None or (labels or {}).get(NAME_LABEL, DEFAULT_LAB) == lab
 
 
+def claim(c: Container, lab: str, where: str = "") -> None:
+    """EngineError unless ``c`` is a container of ``lab``: one of the same name that is not is
+    someone else's, and the lab never removes it."""
+    if LABEL not in c.labels or not _of_lab(c.labels, lab):
+        raise EngineError(f"a container named {c.name}{where} is not lab {lab}'s: remove or rename it, or give "
+                          f"the lab another --name")
+
+
 def lab_containers(client: docker.DockerClient, lab: str | None = DEFAULT_LAB) -> list[Container]:
     """The containers of ``lab`` (None: of every lab), by name."""
     found = client.containers.list(all=True, filters={"label": LABEL})
@@ -100,17 +108,31 @@ def with_free_subnets(client: docker.DockerClient, topology: Topology) -> Topolo
     wanted = [n.name for n in topology.networks()]
     if all(own.get(name) for name in wanted):
         return replace(topology, subnets=tuple(own[name][0] for name in wanted))
-    taken = [ipaddress.ip_network(s, strict=False) for n in client.networks.list()
-             if n.name not in own for s in _subnets(n)] + _host_routes()
-    chosen: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
-    for default in DEFAULT_SUBNETS[topology.kind]:  # each network its default if free, else the next free /24
+    taken = engine_subnets(client, spare=own) + _host_routes()
+    return replace(topology, subnets=free_subnets(DEFAULT_SUBNETS[topology.kind], taken))
+
+
+Subnet = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def engine_subnets(client: docker.DockerClient, spare: Collection[str] = ()) -> list[Subnet]:
+    """The subnets of the engine's networks, but those named in ``spare``."""
+    return [ipaddress.ip_network(s, strict=False) for n in client.networks.list()
+            if n.name not in spare for s in _subnets(n)]
+
+
+def free_subnets(defaults: Sequence[str], taken: Sequence[Subnet]) -> tuple[str, ...]:
+    """A /24 for each of ``defaults``: itself where nothing in ``taken`` (nor one chosen before)
+    overlaps it, else the next free one of the pool."""
+    chosen: list[Subnet] = []
+    for default in defaults:
         free = (n for n in map(ipaddress.ip_network, itertools.chain([default], _pool()))
                 if not any(n.overlaps(other) for other in (*taken, *chosen)))
         found = next(free, None)
         if found is None:
             raise EngineError("no free /24 is left in 10.0.0.0/8 for the lab's networks")
         chosen.append(found)
-    return replace(topology, subnets=tuple(str(n) for n in chosen))
+    return tuple(str(n) for n in chosen)
 
 
 def _pool() -> Iterator[str]:
@@ -120,12 +142,23 @@ def _pool() -> Iterator[str]:
             yield f"10.{second}.{third}.0/24"
 
 
-def _host_routes() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+def _host_routes() -> list[Subnet]:
     """The networks the engine's host routes to (``ip -j route``), so a lab network shadows none."""
     try:
-        done = subprocess.run(["ip", "-j", "-4", "route"], capture_output=True, timeout=10, check=True)
-        routes = [r.get("dst", "") for r in json.loads(done.stdout)]
-    except (OSError, subprocess.SubprocessError, ValueError):
+        done = subprocess.run(ROUTES_COMMAND, capture_output=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return routes_in(done.stdout)
+
+
+ROUTES_COMMAND = ["ip", "-j", "-4", "route"]
+
+
+def routes_in(output: bytes | str) -> list[Subnet]:
+    """The destinations in ``ip -j route``'s output."""
+    try:
+        routes = [r.get("dst", "") for r in json.loads(output)]
+    except (ValueError, AttributeError):
         return []
     found = []
     for dst in routes:
@@ -160,8 +193,10 @@ def ensure_networks(client: docker.DockerClient, topology: Topology, say: Say) -
 
 
 def remove_network(net: Network, say: Say) -> None:
-    """Remove a lab network and anything the lab added for it on the engine's host."""
-    untrack_bridge(net, remove=True)
+    """Remove a lab network and anything the lab added for it on the engine's host (this machine's:
+    a bridge; an overlay's are the swarm's)."""
+    if net.attrs.get("Driver") == "bridge":
+        untrack_bridge(net, remove=True)
     for c in net.attrs.get("Containers") or {}:
         try:
             net.disconnect(c, force=True)
@@ -207,6 +242,7 @@ def _start_host(client: docker.DockerClient, topology: Topology, i: int, image: 
                 config.get("CapDrop") == ["ALL"])
         if same and c.status == "running" and _trusts(c, paths.key.with_suffix(".pub")):
             return c
+        claim(c, topology.lab)
         for shaper in client.containers.list(all=True, filters={"label": f"{SHAPED_LABEL}={name}"}):
             shaper.remove(force=True)  # (in the namespace of the container going away)
         c.remove(force=True)
@@ -249,12 +285,13 @@ def _trusts(c: Container, public_key: Path) -> bool:
 def collect_host_keys(containers: list[Container], topology: Topology, paths: LabPaths) -> None:
     """Record each host's key in the lab known_hosts, read through the engine (a channel
     we already trust), so SSH can verify every host from its first connection."""
-    keys = each(_wait_for_host_key, containers)
+    keys = each(host_key, containers)
     paths.known_hosts.parent.mkdir(parents=True, exist_ok=True)
     paths.known_hosts.write_text("".join(f"{topology.address(i)} {key}\n" for i, key in zip(topology.indices(), keys)))
 
 
-def _wait_for_host_key(c: Container) -> str:
+def host_key(c: Container) -> str:
+    """The host's SSH key (``type base64``), once its entrypoint has made it (bounded)."""
     deadline = time.monotonic() + SSH_WAIT
     while True:
         code, out = c.exec_run(["cat", "/etc/ssh/ssh_host_ed25519_key.pub"])
@@ -268,14 +305,14 @@ def _wait_for_host_key(c: Container) -> str:
         time.sleep(START_POLL)
 
 
-def wait_for_ssh(topology: Topology) -> None:
-    """Until every host's sshd answers with its banner (bounded)."""
+def wait_for_ssh(targets: Mapping[str, tuple[str, int]]) -> None:
+    """Until every host's sshd (name -> address, port) answers with its banner (bounded)."""
     deadline = time.monotonic() + SSH_WAIT
-    pending = set(topology.indices())
+    pending = dict(targets)
     while pending:
-        pending = {i for i in pending if not ssh_answers(topology.address(i))}
+        pending = {name: at for name, at in pending.items() if not ssh_answers(*at)}
         if pending and time.monotonic() > deadline:
-            raise EngineError(f"sshd did not answer on {', '.join(topology.name(i) for i in sorted(pending))}")
+            raise EngineError(f"sshd did not answer on {', '.join(sorted(pending))}")
         if pending:
             time.sleep(START_POLL)
 

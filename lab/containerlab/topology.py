@@ -218,6 +218,12 @@ class LabPaths:
         return self.own / "known_hosts"
 
     @property
+    def machines_record(self) -> Path:
+        """For a lab across Docker machines: the path of its machines file, as ``lab up`` was given
+        it (``down`` and ``status`` find the machines there)."""
+        return self.own / "machines"
+
+    @property
     def munge_key(self) -> Path:
         """The lab's munge key (``--scheduler slurm``): made by ``lab up``, never in the image."""
         return self.own / "munge.key"
@@ -245,20 +251,27 @@ def peer_names(topology: Topology, i: int) -> list[str]:
 
 def inventory_text(topology: Topology) -> str:
     """The inventory of the lab, as `up` writes it (and the repository carries the plain one)."""
-    own = state_subdir(topology.lab)
-    hosts: dict[str, dict[str, str]] = {}
+    hosts: dict[str, dict[str, object]] = {}
     for i in topology.indices():
         hosts[topology.name(i)] = {"ansible_host": topology.address(i)}
         external = topology.external(i)
         if external:  # peers use the external address, as with cloud VMs in other VPCs
             hosts[topology.name(i)]["data_address"] = external
-    data = {"all": {
-        "vars": {"ansible_user": USER, "ansible_ssh_private_key_file": f"{own}/ssh/id_ed25519",
-                 "ssh_known_hosts_file": f"{own}/known_hosts", "ansible_python_interpreter": PYTHON,
-                 "shared_dir": SHARED_DIR, "slots": topology.slots, "grade_users": list(GRADE_USERS)},
-        "hosts": hosts,
-    }}
     named = "" if topology.lab == DEFAULT_LAB else f" --name {topology.lab}"
-    header = (f"# The container lab's hosts ({topology.kind}), written by `python -m lab up{named}` (make lab-up).\n"
-              f"# The key and known_hosts under {state_subdir(topology.lab)}/ are made by `lab up`; run it first.\n")
-    return header + yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+    return lab_inventory(topology.lab, topology.slots, hosts, f"The container lab's hosts ({topology.kind}), written "
+                         f"by `python -m lab up{named}` (make lab-up).", shared=True)
+
+
+def lab_inventory(lab: str, slots: int, hosts: dict[str, dict[str, object]], about: str, shared: bool) -> str:
+    """An inventory of lab hosts (``hosts``: name -> its variables), with the variables every lab
+    host has in common; ``shared``: they all mount the lab's SHARED_DIR."""
+    own = state_subdir(lab)
+    common: dict[str, object] = {
+        "ansible_user": USER, "ansible_ssh_private_key_file": f"{own}/ssh/id_ed25519",
+        "ssh_known_hosts_file": f"{own}/known_hosts", "ansible_python_interpreter": PYTHON}
+    if shared:
+        common["shared_dir"] = SHARED_DIR
+    common.update({"slots": slots, "grade_users": list(GRADE_USERS)})
+    header = f"# {about}\n# The key and known_hosts under {own}/ are made by `lab up`; run it first.\n"
+    return header + yaml.safe_dump({"all": {"vars": common, "hosts": hosts}}, sort_keys=False,
+                                   default_flow_style=False)

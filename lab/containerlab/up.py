@@ -51,7 +51,7 @@ def bring_up(request: UpRequest, say: Say, progress: Progress) -> Path:
             crossvpc.start_gateway(client, topology, tag, request.peering, say)
             crossvpc.route_hosts_through_gateway(client, topology, tag)
         hosts.collect_host_keys(containers, topology, paths)
-        hosts.wait_for_ssh(topology)
+        hosts.wait_for_ssh({topology.name(i): (topology.address(i), 22) for i in topology.indices()})
         if topology.scheduler == "slurm":
             slurm.start(topology, paths, say)
     except BaseException:

@@ -278,6 +278,15 @@ def shared_run_dir(hosts: Sequence[Host], run_name: str) -> str | None:
     return f"{dirs.pop()}/{run_name}"
 
 
+def without_unshared(options: Options, hosts: Sequence[Host]) -> tuple[Options, tuple[Exercise, ...]]:
+    """``run all`` on hosts that share no directory (no common shared_dir, not all this
+    machine): the exercises that can run, and those left out for meeting in a file."""
+    if all(h.is_local for h in hosts) or shared_run_dir(hosts, "") is not None:
+        return options, ()
+    left_out = tuple(e for e in options.exercises if e.rendezvous == "file")
+    return replace(options, exercises=tuple(e for e in options.exercises if e not in left_out)), left_out
+
+
 def placement_order(hosts: Sequence[Host], launcher: str) -> tuple[Host, ...]:
     """The hosts in the order their ranks are numbered. torchrun's c10d rendezvous numbers the
     nodes itself, in the sorted order of their addresses (``--local-addr``, then the agent's

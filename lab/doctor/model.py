@@ -137,7 +137,8 @@ class Diagnosis:
         return {
             "ok": self.ok, "exit_code": int(self.exit_code), "master": asdict(self.master),
             "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
-            "hosts": [{"name": r.name, "connection": r.host.connection, "unreachable": r.unreachable,
+            "hosts": [{"name": r.name, "machine": r.host.machine, "connection": r.host.connection,
+                       "unreachable": r.unreachable,
                        "failure": r.failure, "facts": asdict(r.facts) if r.facts else None,
                        "runtime": asdict(r.runtime) if r.runtime else None,
                        "heard": [asdict(h) for h in r.heard]} for r in self.reports],

@@ -60,16 +60,19 @@ def summary(diagnosis: Diagnosis) -> str:
 
 
 def _hosts_table(diagnosis: Diagnosis) -> Table:
-    """One row per host; the NCCL column only where some host has a GPU (else NCCL is not used)."""
+    """One row per host; the machine column only for a lab across Docker machines, the NCCL
+    column only where some host has a GPU (else NCCL is not used)."""
     gpus = any(r.host.gpus or (r.runtime and r.runtime.cuda_devices) for r in diagnosis.reports)
-    columns = ["host", "python", "torch", "GPUs", "hostname -> address", "gloo advertises",
-               *(["NCCL advertises"] if gpus else []), "lookups"]
+    machines = any(r.host.machine for r in diagnosis.reports)
+    columns = ["host", *(["machine"] if machines else []), "python", "torch", "GPUs", "hostname -> address",
+               "gloo advertises", *(["NCCL advertises"] if gpus else []), "lookups"]
     table = Table(*columns, box=box.SIMPLE_HEAD, title="hosts", title_justify="left")
     for r in diagnosis.reports:
+        host = [_t(r.name), *([_t(r.host.machine or "")] if machines else [])]
         if r.facts is None:
             why = _t(r.unreachable or r.failure or "no report", "red")
-            table.add_row(_t(r.name), Text("unreachable" if r.unreachable else "probe failed", style="red"),
-                          *([""] * (len(columns) - 3)), why)
+            table.add_row(*host, Text("unreachable" if r.unreachable else "probe failed", style="red"),
+                          *([""] * (len(columns) - len(host) - 2)), why)
             continue
         facts, runtime = r.facts, r.runtime
         torch = (_t(runtime.torch) if runtime.torch else Text("missing", style="red")) if runtime else Text("?")
@@ -81,7 +84,7 @@ def _hosts_table(diagnosis: Diagnosis) -> Table:
         slowest = max((lookup.seconds for lookup in (*facts.reverse, *r.heard)), default=0.0)
         lookups = Text(_ms(resolved.seconds), style="red" if resolved.seconds > SLOW_LOOKUP else "")
         lookups.append(f" / {_ms(slowest)}", style="red" if slowest > SLOW_LOOKUP else "")
-        table.add_row(_t(r.name), _t(facts.python), torch, _t(devices), resolves, _advertised(facts.gloo),
+        table.add_row(*host, _t(facts.python), torch, _t(devices), resolves, _advertised(facts.gloo),
                       *([_advertised(facts.nccl)] if gpus else []), lookups)
     table.caption = "GPUs: seen by torch / slots; lookups: forward / slowest reverse"
     table.caption_justify = "left"

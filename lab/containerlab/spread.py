@@ -1,0 +1,463 @@
+"""A lab across Docker machines: ``lab up --machines FILE``, and its ``down`` and ``status``.
+
+The machines' engines join one Swarm (lab.containerlab.swarm); the lab's hosts are containers
+placed across them, in blocks in the file's order (``--hosts N`` spread evenly, or
+``lab_hosts`` per machine). Two ways to wire them:
+
+* ``overlay`` (default): an attachable overlay network of the lab's own, each host at its own
+  address there (node i at .10+i), by name in the Swarm's DNS; its sshd is published on a port
+  of its machine that the engine picks, which the inventory names.
+* ``host``: one host per machine in the machine's own network namespace, on the machine's
+  address (no VXLAN on the data path, as real multi-node training runs); its sshd listens on a
+  port beside the machine's own: HOST_MODE_SSH_PORT, or the next one no other lab's host holds.
+
+No registry is needed: a machine without the image's hash tag gets it from this machine's
+engine (``docker save``, streamed into its ``docker load`` over the machine's SSH), once. No
+file of the controller is mounted: the lab's public key goes into each container before it
+starts. There is no directory every host mounts (file:// rendezvous needs NFS or the like).
+A ``lab up`` that fails removes what it made on every machine and leaves each Swarm as found.
+"""
+from __future__ import annotations
+
+import io
+import ipaddress
+import tarfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal, get_args
+
+import docker
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.models.containers import Container
+
+from lab.containerlab import engine as local_engine
+from lab.containerlab import hosts, image, swarm
+from lab.containerlab.engine import EngineError, Say, each
+from lab.containerlab.image import Progress
+from lab.containerlab.machines import Engine, Machine, check_engines, connect, connect_all, load_machines
+from lab.containerlab.topology import (
+    FIRST_HOST,
+    LABEL,
+    NAME_LABEL,
+    ROLE,
+    SLOTS_LABEL,
+    TOPOLOGY_LABEL,
+    HostLimits,
+    LabPaths,
+    check_lab_name,
+    lab_inventory,
+)
+from lab.errors import HostsUnreachable, HostUnreachable, UsageError
+from lab.transport.ssh.transport import SSHSettings
+
+NetworkMode = Literal["overlay", "host"]
+NETWORK_MODES: tuple[NetworkMode, ...] = get_args(NetworkMode)
+MACHINE_LABEL = "lab.machine"  # on a host container: the machine it runs on
+SSH_PORT_LABEL = "lab.ssh_port"  # on a host container in --network host: the port its sshd listens on
+HOST_MODE_SSH_PORT = 2222
+DEFAULT_OVERLAY = "10.215.0.0/24"
+SEND_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Which lab, and which machine each of its hosts is on (``on[i-1]`` for node i)."""
+
+    lab: str
+    on: tuple[str, ...]
+    network: NetworkMode
+    slots: int = 1
+    subnet: str = DEFAULT_OVERLAY
+    ssh_port: int = HOST_MODE_SSH_PORT  # --network host: where the hosts' sshd listens
+
+    def indices(self) -> range:
+        return range(1, len(self.on) + 1)
+
+    def name(self, i: int) -> str:
+        return f"node{i}"
+
+    def container(self, i: int) -> str:
+        return f"{self.lab}-node{i}"
+
+    @property
+    def overlay(self) -> str:
+        return f"{self.lab}-overlay"
+
+    def overlay_address(self, i: int) -> str:
+        return str(ipaddress.ip_network(self.subnet)[FIRST_HOST - 1 + i])
+
+    def labels(self, i: int) -> dict[str, str]:
+        return {LABEL: "1", NAME_LABEL: self.lab, ROLE: "host", TOPOLOGY_LABEL: f"machines-{self.network}",
+                SLOTS_LABEL: str(self.slots), MACHINE_LABEL: self.on[i - 1],
+                **({SSH_PORT_LABEL: str(self.ssh_port)} if self.network == "host" else {})}
+
+
+def place(machines: Sequence[Machine], hosts_wanted: int | None, network: NetworkMode) -> tuple[str, ...]:
+    """The machine of each host, in blocks in the file's order: ``lab_hosts`` where a machine
+    sets it, the rest of ``hosts_wanted`` (default: one per such machine) shared evenly by the
+    others; host mode puts one host on each machine."""
+    if network == "host":
+        chosen = [m for m in machines if m.lab_hosts != 0]
+        if any((m.lab_hosts or 1) != 1 for m in chosen) or hosts_wanted not in (None, len(chosen)):
+            raise UsageError(f"--network host runs one host per machine ({len(chosen)} here): set no --hosts "
+                             f"and no lab_hosts but 0 or 1")
+        return tuple(m.name for m in chosen)
+    fixed = sum(m.lab_hosts or 0 for m in machines)
+    free = [m for m in machines if m.lab_hosts is None]
+    total = hosts_wanted if hosts_wanted is not None else fixed + len(free)
+    rest = total - fixed
+    if rest < 0 or (rest and not free) or (free and rest < len(free) and hosts_wanted is not None and rest < 1):
+        raise UsageError(f"--hosts {total}: the machines file places {fixed} host(s) with lab_hosts"
+                         f"{f' and {len(free)} machine(s) share the rest' if free else ''}; make them agree")
+    counts = {m.name: m.lab_hosts for m in machines if m.lab_hosts is not None}
+    for k, m in enumerate(free):
+        counts[m.name] = rest // len(free) + (k < rest % len(free))
+    on = tuple(m.name for m in machines for _ in range(counts[m.name] or 0))
+    if not on:
+        raise UsageError("the lab needs at least one host")
+    return on
+
+
+@dataclass(frozen=True)
+class SpreadRequest:
+    machines_file: str
+    lab: str
+    inventory: Path
+    hosts: int | None = None
+    slots: int = 1
+    network: NetworkMode = "overlay"
+    base: str = image.DEFAULT_BASE
+    gpus: Literal["auto", "all", "none"] = "auto"
+    limits: HostLimits = HostLimits()
+
+
+def bring_up(request: SpreadRequest, settings: SSHSettings, say: Say, progress: Progress) -> Path:
+    """Start the lab across the machines and write its inventory; the inventory's path."""
+    check_lab_name(request.lab)
+    if request.slots < 1:
+        raise UsageError("--slots must be at least 1")
+    machines = load_machines(request.machines_file)
+    spread = Spread(request.lab, place(machines, request.hosts, request.network), request.network, request.slots)
+    paths = LabPaths(request.inventory.resolve(), request.lab)
+    local = local_engine.ensure_engine(say)  # (the image is built here, then sent)
+    if hosts.lab_containers(local, request.lab):
+        raise UsageError(f"a lab named {request.lab} runs on this machine's engine; give the lab across machines "
+                         "another --name")
+    hosts.ensure_key(paths.key, say)
+    engines = connect_all([m for m in machines if m.name in spread.on or m is machines[0]], settings, say)
+    try:
+        check_engines(engines, str(local.info().get("Architecture")))
+        _say_if_short_of_memory(engines, spread, request.limits, say)
+        tag = image.ensure_image(local, request.base, paths.state, say, progress)
+        paths.own.mkdir(parents=True, exist_ok=True)  # (before anything starts there: `lab down --name` finds
+        paths.machines_record.write_text(f"{Path(request.machines_file).resolve()}\n")  # the machines again)
+        try:
+            _bring_up_on(engines, spread, local, tag, paths, request, say, progress)
+        except BaseException:
+            paths.machines_record.unlink(missing_ok=True)  # (what it started there is removed again)
+            raise
+    finally:
+        for e in engines:
+            e.close()
+    return paths.inventory
+
+
+def _say_if_short_of_memory(engines: Sequence[Engine], spread: Spread, limits: HostLimits, say: Say) -> None:
+    """A line for each machine whose free memory is less than its hosts may use (--memory each):
+    a limit is no reservation, so the lab starts, but a job there may be killed for memory."""
+    for e in engines:
+        hosts_here = spread.on.count(e.name)
+        wanted = hosts_here * (limits.memory_mb << 20)
+        if hosts_here and e.facts.memory < wanted:
+            say(f"machine {e.name}: its {hosts_here} host(s) may use {wanted / 2**30:.1f} GiB (--memory "
+                f"{limits.memory_mb} each) and {e.facts.memory / 2**30:.1f} GiB is free: jobs there may run out")
+
+
+def _bring_up_on(engines: list[Engine], spread: Spread, local: docker.DockerClient, tag: str, paths: LabPaths,
+                 request: SpreadRequest, say: Say, progress: Progress) -> None:
+    by_name = {e.name: e for e in engines}
+    before = {e.name: hosts.lab_resources(e.client, spread.lab) for e in engines}
+    manager, joined = None, []
+    try:
+        if spread.network == "overlay":
+            manager = swarm.leader(engines)
+            joined = swarm.join(engines, manager, say)
+            spread = _with_overlay(manager, engines, spread, say)
+        else:
+            spread = replace(spread, ssh_port=_host_mode_port([by_name[n] for n in spread.on], spread.lab))
+        each(lambda e: send_image(local, e, tag, say, progress), [e for e in engines if e.name in spread.on])
+        public_key = paths.key.with_suffix(".pub").read_bytes()
+        containers = each(lambda i: _start_host(by_name[spread.on[i - 1]], spread, i, tag, public_key,
+                                                request, say), spread.indices())
+        ports = [_ssh_port(c, spread) for c in containers]
+        keys = each(hosts.host_key, containers)
+        machine = {m.name: m for m in (e.machine for e in engines)}
+        at = {spread.name(i): (machine[spread.on[i - 1]].address, ports[i - 1]) for i in spread.indices()}
+        paths.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+        paths.known_hosts.write_text("".join(f"{_known_name(*at[spread.name(i)])} {key}\n"
+                                             for i, key in zip(spread.indices(), keys)))
+        hosts.wait_for_ssh(at)
+    except BaseException:
+        removed = _remove(engines, spread.lab, say, spare=before, manager=manager)
+        if joined and manager is not None and not swarm.in_use(manager, besides=spread.lab):
+            swarm.leave(joined, manager, say)
+        say(f"lab up did not finish: removed the {removed} container(s) and network(s) it created")
+        raise
+    data = {spread.name(i): spread.overlay_address(i) if spread.network == "overlay" else
+            by_name[spread.on[i - 1]].address for i in spread.indices()}
+    inventory = {spread.name(i): {"ansible_host": at[spread.name(i)][0], "ansible_port": at[spread.name(i)][1],
+                                  "data_address": data[spread.name(i)], "machine": spread.on[i - 1]}
+                 for i in spread.indices()}
+    about = (f"The lab {spread.lab} across Docker machines ({spread.network} network), written by "
+             f"`python -m lab up --machines {request.machines_file}`.")
+    paths.inventory.write_text(lab_inventory(spread.lab, spread.slots, inventory, about, shared=False))
+    placed = ", ".join(f"{n}: {spread.on.count(n)}" for n in dict.fromkeys(spread.on))
+    say(f"wrote {request.inventory}: lab {spread.lab}, {len(spread.on)} hosts x {spread.slots} slot(s) on "
+        f"{len(set(spread.on))} machine(s) ({placed}), {spread.network} network"
+        f"{f' {spread.subnet}' if spread.network == 'overlay' else ''}")
+
+
+def _known_name(address: str, port: int) -> str:
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+def _host_mode_port(engines: Sequence[Engine], lab: str) -> int:
+    """The port the lab's sshd listens on in --network host, the same on each of its machines:
+    the one it has there already, else the first from HOST_MODE_SSH_PORT that no other lab's
+    host-mode sshd on these machines holds."""
+    own: set[int] = set()
+    taken: set[int] = set()
+    for e in engines:
+        for c in hosts.lab_containers(e.client, None):
+            if SSH_PORT_LABEL in c.labels:
+                (own if c.labels.get(NAME_LABEL) == lab else taken).add(int(c.labels[SSH_PORT_LABEL]))
+    if len(own) == 1 and not own & taken:
+        return own.pop()
+    return next(port for port in range(HOST_MODE_SSH_PORT, 65536) if port not in taken)
+
+
+def _with_overlay(manager: Engine, engines: Sequence[Engine], spread: Spread, say: Say) -> Spread:
+    """The lab's overlay network on the swarm (made on the manager), on a subnet no network of
+    any machine, nor any route of theirs, overlaps."""
+    existing = [n for n in hosts.lab_networks(manager.client, spread.lab) if n.name == spread.overlay]
+    if existing:
+        subnets = [c["Subnet"] for c in (existing[0].attrs.get("IPAM") or {}).get("Config") or []]
+        if subnets:
+            return replace(spread, subnet=subnets[0])
+    taken = [s for e in engines for s in hosts.engine_subnets(e.client) + _routes(e)]
+    subnet = hosts.free_subnets([DEFAULT_OVERLAY], taken)[0]
+    ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=subnet)])
+    say(f"creating overlay network {spread.overlay} ({subnet}) on the swarm of {manager.name}")
+    try:
+        manager.client.networks.create(spread.overlay, driver="overlay", attachable=True, ipam=ipam,
+                                       labels={LABEL: "1", NAME_LABEL: spread.lab})
+    except APIError as exc:
+        raise EngineError(f"machine {manager.name}: cannot create the overlay network {spread.overlay}: "
+                          f"{_first_line(exc)}") from None
+    return replace(spread, subnet=subnet)
+
+
+def _routes(engine: Engine) -> list[hosts.Subnet]:
+    """The networks the machine routes to, where SSH can ask it."""
+    if engine.ssh is None:
+        return []
+    status, out = engine.ssh.run(engine.ssh.connection(), " ".join(hosts.ROUTES_COMMAND))
+    return hosts.routes_in(out) if status == 0 else []
+
+
+def send_image(local: docker.DockerClient, engine: Engine, tag: str, say: Say, progress: Progress) -> None:
+    """The lab image on the machine: sent from this machine's engine (``docker save`` into the
+    machine's ``docker load``) unless it has that hash tag already."""
+    try:
+        engine.client.images.get(tag)
+        return
+    except ImageNotFound:
+        pass
+    except (APIError, DockerException) as exc:
+        raise engine.fail(f"cannot look up image {tag}: {_first_line(exc)}") from None
+    size = int(local.images.get(tag).attrs.get("Size") or 0)
+    say(f"machine {engine.name}: sending image {tag} ({size / 1e9:.1f} GB; once, while it lacks this tag)")
+    started = time.monotonic()
+    try:
+        for chunk in engine.client.api.load_image(_counted(local.api.get_image(tag, chunk_size=SEND_CHUNK),
+                                                           engine.name, size, progress)):
+            if "error" in chunk:
+                raise engine.fail(f"docker load of {tag} failed: {str(chunk['error']).strip()[:300]}")
+        engine.client.images.get(tag)
+    except (APIError, DockerException, OSError) as exc:
+        raise engine.fail(f"cannot send image {tag}: {_first_line(exc)}") from None
+    say(f"machine {engine.name}: image {tag} loaded in {time.monotonic() - started:.0f}s")
+
+
+def _counted(chunks: Iterator[bytes], machine: str, size: int, progress: Progress) -> Iterator[bytes]:
+    sent, shown = 0, 0.0
+    for chunk in chunks:
+        sent += len(chunk)
+        if time.monotonic() - shown > 1:
+            shown = time.monotonic()
+            progress(f"{machine}: {sent / 1e6:,.0f} of about {size / 1e6:,.0f} MB sent")
+        yield chunk
+
+
+def _start_host(engine: Engine, spread: Spread, i: int, tag: str, public_key: bytes, request: SpreadRequest,
+                say: Say) -> Container:
+    """Host i's container on its machine, kept when it is as wanted (image, labels, key), else made anew."""
+    client, name, labels = engine.client, spread.container(i), spread.labels(i)
+    try:
+        c = client.containers.get(name)
+        hosts.claim(c, spread.lab, f" on machine {engine.name}")
+        same = tag in c.image.tags and all(c.labels.get(k) == v for k, v in labels.items())
+        if spread.network == "overlay":
+            endpoint = c.attrs["NetworkSettings"]["Networks"].get(spread.overlay) or {}
+            same = same and (endpoint.get("IPAMConfig") or {}).get("IPv4Address") == spread.overlay_address(i)
+        if same and c.status == "running" and _logs_in(c, public_key):
+            return c
+        c.remove(force=True)
+    except NotFound:
+        pass
+    limits = request.limits
+    gpus = request.gpus == "all" or (request.gpus == "auto" and engine.facts.gpus)
+    overlay = spread.network == "overlay"
+    say(f"starting {name} ({spread.name(i)}) on machine {engine.name}"
+        f"{f' at {spread.overlay_address(i)}' if overlay else ', in its network namespace'}")
+    host_config = client.api.create_host_config(
+        shm_size="1g", init=True, cap_drop=["ALL"], cap_add=list(HostLimits.CAPABILITIES),
+        security_opt=["no-new-privileges"], mem_limit=limits.memory_mb << 20,
+        memswap_limit=limits.memory_mb << 20, pids_limit=limits.pids,
+        port_bindings={22: None} if overlay else None, network_mode=None if overlay else "host",
+        device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None)
+    networking = client.api.create_networking_config({spread.overlay: client.api.create_endpoint_config(
+        ipv4_address=spread.overlay_address(i), aliases=[spread.name(i)])}) if overlay else None
+    try:
+        created = client.api.create_container(
+            tag, name=name, hostname=spread.name(i) if overlay else None, detach=True, labels=labels,
+            ports=[22] if overlay else None, host_config=host_config, networking_config=networking,
+            environment=None if overlay else {"LAB_SSH_PORT": str(spread.ssh_port)})
+        client.api.put_archive(created["Id"], "/etc/lab", _one_file_tar("authorized_keys", public_key))
+        client.api.start(created["Id"])
+        return client.containers.get(name)
+    except (APIError, DockerException) as exc:
+        raise EngineError(f"host {spread.name(i)}: cannot start {name} on machine {engine.name}: "
+                          f"{_first_line(exc)}") from None
+
+
+def _logs_in(c: Container, public_key: bytes) -> bool:
+    code, out = c.exec_run(["cat", "/etc/lab/authorized_keys"])
+    return code == 0 and bytes(out).strip() == public_key.strip()
+
+
+def _one_file_tar(name: str, data: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo(name)
+        info.size, info.mode = len(data), 0o644
+        tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def _ssh_port(c: Container, spread: Spread) -> int:
+    if spread.network == "host":
+        return spread.ssh_port
+    c.reload()
+    bound = (c.attrs["NetworkSettings"].get("Ports") or {}).get("22/tcp") or []
+    if not bound:
+        raise EngineError(f"{c.name}: its sshd port is not published")
+    return int(bound[0]["HostPort"])
+
+
+def _remove(engines: Sequence[Engine], lab: str, say: Say, spare: dict[str, set[str]] | None = None,
+            manager: Engine | None = None) -> int:
+    """Remove the lab's containers on every machine, then its networks (the overlay through the
+    manager); those in ``spare`` (machine -> ids, see hosts.lab_resources) stay. How many went."""
+    def containers(e: Engine) -> int:
+        gone = 0
+        for c in hosts.lab_containers(e.client, lab):
+            if c.id not in (spare or {}).get(e.name, ()):
+                c.remove(force=True, v=True)
+                say(f"machine {e.name}: removed container {c.name}")
+                gone += 1
+        return gone
+
+    removed = sum(each(containers, engines))
+    gone: set[str] = set()  # (a worker may still list an overlay the manager removed)
+    for e in [manager] if manager is not None else engines:
+        for net in hosts.lab_networks(e.client, lab):
+            if net.id not in gone and net.id not in (spare or {}).get(e.name, ()):
+                hosts.remove_network(net, lambda line, e=e: say(f"machine {e.name}: {line}"))  # type: ignore[misc]
+                gone.add(net.id)
+    return removed + len(gone)
+
+
+def bring_down(machines_file: str, lab: str, settings: SSHSettings, say: Say) -> int:
+    """Remove the lab's containers and networks on every machine of the file, and take the
+    machines the lab put in a swarm out again once no lab uses it; how many things went.
+    Unreachable machines are one line each (HostsUnreachable, after the others are clean)."""
+    machines = load_machines(machines_file)
+    engines, lost = _reachable(machines, settings)
+    try:
+        managers = [e for e in engines if e.client.info()["Swarm"].get("ControlAvailable")]
+        removed = _remove(engines, lab, say, manager=managers[0] if managers else None)
+        if managers and not swarm.in_use(managers[0], besides=lab):
+            swarm.leave(swarm.joined_by_lab(engines, managers[0]), managers[0], say)
+    finally:
+        for e in engines:
+            e.close()
+    if lost:
+        raise HostsUnreachable.of(lost)
+    return removed
+
+
+def _reachable(machines: Sequence[Machine], settings: SSHSettings) -> tuple[list[Engine], list[HostUnreachable]]:
+    found: list[Engine | HostUnreachable] = each(lambda m: _try_connect(m, settings), machines)
+    return ([f for f in found if isinstance(f, Engine)], [f for f in found if isinstance(f, HostUnreachable)])
+
+
+def _try_connect(machine: Machine, settings: SSHSettings) -> Engine | HostUnreachable:
+    try:
+        return connect(machine, settings)
+    except HostUnreachable as exc:
+        return exc
+
+
+@dataclass(frozen=True)
+class SpreadHost:
+    """A host of a lab across machines, as ``lab status --machines`` shows it."""
+
+    machine: str
+    container: str
+    state: str
+    ssh_at: str  # machine address:port
+    data_address: str
+    ssh: bool
+
+
+def status(machines_file: str, lab: str, settings: SSHSettings) -> tuple[list[SpreadHost], list[HostUnreachable]]:
+    """The lab's hosts on every machine, and the machines that did not answer."""
+    machines = load_machines(machines_file)
+    engines, lost = _reachable(machines, settings)
+    try:
+        def on(e: Engine) -> list[SpreadHost]:
+            found = []
+            for c in hosts.lab_containers(e.client, lab):
+                host_mode = SSH_PORT_LABEL in c.labels
+                port = int(c.labels[SSH_PORT_LABEL]) if host_mode else int(
+                    ((c.attrs["NetworkSettings"].get("Ports") or {}).get("22/tcp") or [{"HostPort": 0}])[0]["HostPort"])
+                data = e.address if host_mode else next(
+                    (n.get("IPAddress") or "?" for n in c.attrs["NetworkSettings"]["Networks"].values()), "?")
+                found.append(SpreadHost(e.name, c.name, c.status, f"{e.machine.address}:{port}", data,
+                                        c.status == "running" and bool(port) and
+                                        hosts.ssh_answers(e.machine.address, port)))
+            return found
+
+        return [h for found in each(on, engines) for h in found], lost
+    finally:
+        for e in engines:
+            e.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "explanation", None) or exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+

@@ -1,0 +1,135 @@
+"""The machines' Swarm: joined for a lab, left again as it was found.
+
+A lab across machines needs their engines in one Swarm, for its attachable overlay network.
+Machines already in a Swarm stay in it (a manager among them leads; a Swarm of theirs is never
+left or changed but for the overlay); machines in none join the leader's, or, when none is in
+one, the first machine starts one. Each node the lab joined (or whose Swarm it started) gets
+the node label ``lab.joined``: ``lab down`` of the last lab on the Swarm takes exactly those
+out again, workers first, so every machine ends in the state ``lab up`` found it in.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from docker.errors import APIError, DockerException, NotFound
+
+from lab.containerlab.engine import EngineError, Say
+from lab.containerlab.machines import Engine
+from lab.containerlab.topology import LABEL, NAME_LABEL
+
+JOINED_LABEL = "lab.joined"  # on a swarm node that lab up put in the swarm
+SWARM_PORT = 2377
+
+
+def _state(engine: Engine) -> str:
+    return str(engine.facts.swarm.get("LocalNodeState") or "inactive")
+
+
+def _cluster(engine: Engine) -> str | None:
+    return (engine.facts.swarm.get("Cluster") or {}).get("ID")
+
+
+def leader(engines: Sequence[Engine]) -> Engine:
+    """The manager the lab works through: one the machines' Swarm already has, else the first
+    machine (whose Swarm ``join`` starts). EngineError when the machines are in Swarms the lab
+    cannot use as they are."""
+    for e in engines:
+        if _state(e) not in ("inactive", "active"):
+            raise EngineError(f"machine {e.name}: its swarm is {_state(e)}; mend it (docker swarm leave, or "
+                              "join again) before lab up")
+    active = [e for e in engines if _state(e) == "active"]
+    managers = [e for e in active if e.facts.swarm.get("ControlAvailable")]
+    if active and not managers:
+        raise EngineError(f"machine {active[0].name} is in a swarm whose managers are not in the machines file: "
+                          "add a manager of that swarm to it")
+    clusters = {_cluster(e) for e in managers}
+    if len(clusters) > 1:
+        raise EngineError(f"machines {managers[0].name} and "
+                          f"{next(e.name for e in managers if _cluster(e) != _cluster(managers[0]))} manage "
+                          "different swarms; the lab runs in one")
+    chosen = managers[0] if managers else engines[0]
+    if managers:
+        members = {node.id for node in chosen.client.nodes.list()}
+        strangers = [e.name for e in active if e.facts.swarm.get("NodeID") not in members]
+        if strangers:
+            raise EngineError(f"machine {strangers[0]} is in another swarm than {chosen.name}'s; the lab runs in one")
+    return chosen
+
+
+def join(engines: Sequence[Engine], manager: Engine, say: Say) -> list[Engine]:
+    """Every machine in the manager's Swarm (started on the manager if it has none); the
+    engines the lab put in, each labelled ``lab.joined``."""
+    joined: list[Engine] = []
+    try:
+        if _state(manager) != "active":
+            say(f"machine {manager.name}: starting a swarm there (lab down ends it again)")
+            _call(manager, "cannot start a swarm", lambda: manager.client.swarm.init(
+                advertise_addr=manager.address, listen_addr=f"0.0.0.0:{SWARM_PORT}"))
+            joined.append(manager)
+        token = manager.client.swarm.attrs["JoinTokens"]["Worker"]
+        for e in engines:
+            if e is not manager and _state(e) != "active":
+                say(f"machine {e.name}: joining the swarm of {manager.name}")
+                _call(e, "cannot join the swarm", lambda e=e: e.client.swarm.join(  # type: ignore[misc]
+                    remote_addrs=[f"{manager.address}:{SWARM_PORT}"], join_token=token,
+                    advertise_addr=e.address, listen_addr=f"0.0.0.0:{SWARM_PORT}"))
+                joined.append(e)
+        for e in joined:
+            _label(manager, str(e.client.info()["Swarm"]["NodeID"]))
+    except BaseException:
+        leave(joined, manager, say)
+        raise
+    return joined
+
+
+def _label(manager: Engine, node_id: str) -> None:
+    node = manager.client.nodes.get(node_id)
+    spec = dict(node.attrs["Spec"])
+    spec["Labels"] = {**(spec.get("Labels") or {}), JOINED_LABEL: "1"}
+    node.update(spec)
+
+
+def joined_by_lab(engines: Sequence[Engine], manager: Engine) -> list[Engine]:
+    """The engines whose swarm node carries ``lab.joined``."""
+    try:
+        marked = {n.id for n in manager.client.nodes.list(filters={"node.label": JOINED_LABEL})}
+    except (APIError, DockerException):  # (not a manager now: nothing of the lab's to undo)
+        return []
+    return [e for e in engines if e.client.info()["Swarm"].get("NodeID") in marked]
+
+
+def in_use(manager: Engine, besides: str) -> bool:
+    """Whether a lab other than ``besides`` has its overlay network on the swarm. (Not "any lab":
+    the manager may still list the network of ``besides`` for a moment after removing it.)"""
+    return any((n.attrs.get("Labels") or {}).get(NAME_LABEL) != besides
+               for n in manager.client.networks.list(filters={"label": LABEL, "driver": "overlay"}))
+
+
+def leave(joined: Sequence[Engine], manager: Engine, say: Say) -> None:
+    """Take ``joined`` out of the swarm again: workers first, each removed from the manager's
+    list, then the manager (its swarm ends) if it is one of them. Never raises: a machine that
+    cannot leave is one line."""
+    for e in (*[e for e in joined if e is not manager], *[e for e in joined if e is manager]):
+        try:
+            node_id = e.client.info()["Swarm"].get("NodeID")
+            e.client.swarm.leave(force=e is manager)
+            if e is not manager and node_id:
+                _remove_node(manager, node_id)
+            say(f"machine {e.name}: left the swarm")
+        except (APIError, DockerException, OSError) as exc:
+            say(f"machine {e.name}: cannot leave the swarm: {str(exc).strip().splitlines()[0][:200]}")
+
+
+def _remove_node(manager: Engine, node_id: str) -> None:
+    try:
+        manager.client.api.remove_node(node_id, force=True)
+    except NotFound:
+        pass
+
+
+def _call(engine: Engine, doing: str, action: Callable[[], object]) -> None:
+    try:
+        action()
+    except APIError as exc:
+        raise EngineError(f"machine {engine.name}: {doing}: "
+                          f"{str(exc.explanation or exc).strip().splitlines()[0][:300]}") from None

@@ -1,0 +1,163 @@
+"""Docker "machines" on this one: containers each running its own dockerd and sshd (images/lab-machine,
+on a debootstrap base with Debian's docker.io), on a network of their own, reached over SSH as
+root with a key made for the test; and the machines.yaml that names them.
+
+The flags are those ../shared/ENVIRONMENT.md found to work here (--privileged does not): every
+capability but SYS_RESOURCE, no seccomp or AppArmor, the host's cgroup tree writable (cgroup v1),
+and /var/lib/docker on a volume so the inner engine can use overlay2. ``remove`` takes it all away,
+the inner engines' cgroup directories (/dind-NAME) too.
+"""
+from __future__ import annotations
+
+import io
+import subprocess
+import tarfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from docker.errors import NotFound
+
+from lab.containerlab import image
+
+REPO = Path(__file__).resolve().parents[1]
+MACHINE_DIR = REPO / "images" / "lab-machine"
+PACKAGES = ("docker.io", "openssh-server", "iptables", "iproute2", "procps", "ca-certificates")
+TEST_LABEL = "lab.test-machines"  # on what this module makes
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+ENGINE_WAIT = 90.0
+
+
+@dataclass(frozen=True)
+class Machines:
+    file: Path  # machines.yaml
+    names: tuple[str, ...]  # m1, m2...
+    addresses: dict[str, str]
+    prefix: str
+
+    def container(self, name: str) -> str:
+        return f"{self.prefix}-{name}"
+
+    def docker(self, name: str, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """``docker ARGV`` run on machine ``name``'s own engine."""
+        return subprocess.run(["docker", "exec", self.container(name), "docker", *argv], capture_output=True,
+                              text=True, timeout=timeout)
+
+
+def build(client: docker.DockerClient, state_dir: Path) -> str:
+    """The machine image's tag, built when its inputs changed (debootstrap once: about two minutes)."""
+    say = print
+    base = image.offline_base(client, state_dir, say, lambda line: None, PACKAGES, "lab-machine-base")
+    files = {p.name: p for p in sorted(MACHINE_DIR.iterdir()) if p.is_file()}
+    return image.ensure_built(client, "lab-machine", base, files, say, lambda line: None)
+
+
+def start(client: docker.DockerClient, tag: str, prefix: str, count: int, workdir: Path) -> Machines:
+    """``count`` machines and the machines.yaml (in ``workdir``, with their key and known_hosts)."""
+    key = workdir / "machine_key"
+    private = Ed25519PrivateKey.generate()
+    key.write_bytes(private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                          serialization.NoEncryption()))
+    key.chmod(0o600)
+    public = private.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    network = client.networks.create(f"{prefix}-net", driver="bridge", labels={TEST_LABEL: prefix})
+    names = tuple(f"m{i}" for i in range(1, count + 1))
+    for name in names:
+        volume = client.volumes.create(f"{prefix}-{name}-docker", labels={TEST_LABEL: prefix})
+        host_config = client.api.create_host_config(
+            cap_add=["ALL"], cap_drop=["SYS_RESOURCE"], security_opt=["seccomp=unconfined", "apparmor=unconfined"],
+            binds={"/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
+                   volume.name: {"bind": "/var/lib/docker", "mode": "rw"}})
+        host_config.update(MaskedPaths=[], ReadonlyPaths=[])  # (the CLI's --security-opt systempaths=unconfined)
+        created = client.api.create_container(
+            tag, name=f"{prefix}-{name}", hostname=name, detach=True, labels={TEST_LABEL: prefix},
+            host_config=host_config,
+            networking_config=client.api.create_networking_config({network.name: client.api.create_endpoint_config()}))
+        client.api.put_archive(created["Id"], "/etc/lab-machine", _tar("authorized_keys", public + b"\n"))
+        client.api.start(created["Id"])
+    containers = {name: client.containers.get(f"{prefix}-{name}") for name in names}
+    addresses = {name: c.attrs["NetworkSettings"]["Networks"][network.name]["IPAddress"]
+                 for name, c in containers.items()}
+    for c in containers.values():
+        wait_for_engine(c)
+    known = workdir / "machines_known_hosts"
+    known.write_text("".join(f"{addresses[n]} {' '.join(_host_key(c).split()[:2])}\n" for n, c in containers.items()))
+    machines_yaml = workdir / "machines.yaml"
+    lines = ["all:", "  vars:", "    ansible_user: root", f"    ansible_ssh_private_key_file: {key}",
+             f"    ssh_known_hosts_file: {known}", "  hosts:"]
+    lines += [f"    {n}: {{ansible_host: {addresses[n]}}}" for n in names]
+    machines_yaml.write_text("\n".join(lines) + "\n")
+    return Machines(machines_yaml, names, addresses, prefix)
+
+
+def wait_for_engine(c: docker.models.containers.Container) -> None:
+    deadline = time.monotonic() + ENGINE_WAIT
+    while True:
+        code, out = c.exec_run(["docker", "info", "--format", "{{.ServerVersion}}"])
+        if code == 0:
+            return
+        if time.monotonic() > deadline:
+            _, log = c.exec_run(["tail", "-5", "/var/log/dockerd.log"])
+            raise AssertionError(f"the engine of {c.name} did not start: {out!r} {log!r}")
+        time.sleep(0.5)
+
+
+def kill(found: Machines, name: str) -> subprocess.CompletedProcess[str]:
+    """Machine ``name`` goes down at once, as a VM pulled off: its engine, sshd and lab hosts."""
+    return subprocess.run(["docker", "kill", found.container(name)], capture_output=True, text=True, timeout=60)
+
+
+def restart(found: Machines, name: str) -> None:
+    """Machine ``name`` up again (its host key and engine state kept), its engine answering."""
+    subprocess.run(["docker", "start", found.container(name)], check=True, capture_output=True, timeout=60)
+    wait_for_engine(docker.from_env().containers.get(found.container(name)))
+
+
+def _host_key(c: docker.models.containers.Container) -> str:
+    deadline = time.monotonic() + ENGINE_WAIT
+    while True:
+        code, out = c.exec_run(["cat", "/etc/ssh/ssh_host_ed25519_key.pub"])
+        if code == 0 and out.strip():
+            return bytes(out).decode()
+        assert time.monotonic() < deadline, f"{c.name} made no host key"
+        time.sleep(0.2)
+
+
+def _tar(name: str, data: bytes) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo(name)
+        info.size, info.mode = len(data), 0o600
+        tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def remove(client: docker.DockerClient, prefix: str) -> None:
+    """Every machine of ``prefix``, its volume and network, and its engine's cgroup directories."""
+    for c in client.containers.list(all=True, filters={"label": f"{TEST_LABEL}={prefix}"}):
+        c.remove(force=True, v=True)
+    for v in client.volumes.list(filters={"label": f"{TEST_LABEL}={prefix}"}):
+        v.remove(force=True)
+    for n in client.networks.list(filters={"label": f"{TEST_LABEL}={prefix}"}):
+        try:
+            n.remove()
+        except NotFound:
+            pass
+    for directory in _dind_cgroups():
+        try:
+            directory.rmdir()
+        except OSError:
+            pass
+
+
+def _dind_cgroups() -> Iterator[Path]:
+    """The machines' cgroup directories, the deepest first (rmdir takes only empty ones)."""
+    found = [d for controller in CGROUP_ROOT.iterdir() if controller.is_dir()
+             for d in controller.glob("dind-*") if d.is_dir()]
+    nested = [sub for d in found for sub in d.rglob("*") if sub.is_dir()]
+    yield from sorted(nested, key=lambda p: len(p.parts), reverse=True)
+    yield from found

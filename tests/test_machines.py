@@ -1,0 +1,280 @@
+"""A lab across Docker machines, for real: two "machines" (containers each running their own
+dockerd and sshd, tests/machines.py) reached over SSH by the lab, joined in a Swarm by
+``lab up --machines``, the lab image sent to each by docker save | load, lab hosts on both,
+real torch.distributed across them.
+
+The tests run in file order on one lab: up, runs, a second lab in host mode, a machine
+killed mid-run and brought back, then ``down``; then a Swarm the machines were in before the
+lab. Under CI=true they run (the engine is installed and started when missing); elsewhere
+they skip with the reason when no engine can be had.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lab.containerlab import engine, topology
+from lab.containerlab.swarm import JOINED_LABEL
+
+from . import machines
+from .conftest import REPO, Lab, Result
+
+pytestmark = pytest.mark.machines
+LAB = "mtest"  # the lab across the machines (overlay network)
+HOST_LAB = "mtest-host"  # the one in --network host
+PREFIX = "lab-test-machine"  # the machines' containers: lab-test-machine-m1, -m2
+RANK_PROCESSES = "lab[.]rank[.](worker|script|node|output|ports)"
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[machines.Machines]:
+    """Two Docker machines, m1 and m2, in no Swarm, and the machines.yaml naming them."""
+    try:
+        if os.environ.get("CI") == "true":
+            client = engine.ensure_engine(lambda message: print(f"lab: {message}"))
+        else:
+            client = engine.client()
+    except engine.EngineError as exc:
+        if os.environ.get("CI") == "true":
+            raise
+        pytest.skip(f"no Docker engine: {exc}")
+    machines.remove(client, PREFIX)
+    tag = machines.build(client, REPO / ".lab")
+    found = machines.start(client, tag, PREFIX, 2, tmp_path_factory.mktemp("machines"))
+    yield found
+    machines.remove(client, PREFIX)
+
+
+class Spread:
+    """The lab across the two machines: the CLI on it, and what the machines hold."""
+
+    def __init__(self, two: machines.Machines, workdir: Path) -> None:
+        self.machines = two
+        self.inventory = workdir / f"{LAB}.inventory.yaml"
+        self.cli = Lab()
+        self.up_output = ""
+
+    def __call__(self, *args: str, timeout: float = 600) -> Result:
+        return self.cli(*args, timeout=timeout)
+
+    def up(self, *extra: str) -> Result:
+        return self("up", "--machines", str(self.machines.file), "--name", LAB, "--inventory", str(self.inventory),
+                    *extra, timeout=1500)
+
+    def down(self) -> Result:
+        return self("down", "--name", LAB, "--inventory", str(self.inventory))
+
+    def hosts(self) -> dict[str, dict]:
+        return yaml.safe_load(self.inventory.read_text())["all"]["hosts"]
+
+    def containers(self, machine: str, lab: str | None = LAB) -> list[str]:
+        """The lab's containers on the machine (lab None: every lab's)."""
+        label = topology.LABEL if lab is None else f"{topology.NAME_LABEL}={lab}"
+        done = self.machines.docker(machine, "ps", "-a", "--filter", f"label={label}", "--format", "{{.Names}}")
+        assert done.returncode == 0, done.stderr
+        return sorted(done.stdout.split())
+
+    def lab_networks(self, machine: str) -> list[str]:
+        done = self.machines.docker(machine, "network", "ls", "--filter", f"label={topology.LABEL}", "--format",
+                                    "{{.Name}}")
+        return sorted(done.stdout.split())
+
+    def ranks_in(self, machine: str, container: str) -> list[str]:
+        done = self.machines.docker(machine, "exec", container, "pgrep", "-af", RANK_PROCESSES)
+        return done.stdout.split("\n") if done.stdout.strip() else []
+
+    def swarm(self, machine: str) -> str:
+        return self.machines.docker(machine, "info", "--format", "{{.Swarm.LocalNodeState}}").stdout.strip()
+
+    def node_labels(self, manager: str) -> dict[str, dict]:
+        """hostname -> the labels of its Swarm node, as the manager lists them."""
+        done = self.machines.docker(manager, "node", "ls", "--format", "{{.ID}}")
+        nodes = {}
+        for node_id in done.stdout.split():
+            node = json.loads(self.machines.docker(manager, "node", "inspect", node_id).stdout)[0]
+            nodes[node["Description"]["Hostname"]] = node["Spec"].get("Labels") or {}
+        return nodes
+
+
+@pytest.fixture(scope="module")
+def spread(two: machines.Machines, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Spread]:
+    """The lab LAB up across the machines: 4 hosts, 2 on each."""
+    lab = Spread(two, tmp_path_factory.mktemp("spread"))
+    result = lab.up("--hosts", "4")
+    assert result.code == 0, result.text[-4000:]
+    lab.up_output = result.out
+    yield lab
+    lab.down()
+    lab("down", "--name", HOST_LAB, "--machines", str(two.file))
+
+
+def test_up_joins_the_machines_in_a_swarm_and_sends_the_image_once(spread: Spread) -> None:
+    out = spread.up_output
+    assert "machine m1: starting a swarm there" in out and "machine m2: joining the swarm of m1" in out, out
+    assert out.count("sending image lab-host:") == 2 and "PASS    p2p" in out, out
+    assert (spread.swarm("m1"), spread.swarm("m2")) == ("active", "active")
+    assert {name: labels.get(JOINED_LABEL) for name, labels in spread.node_labels("m1").items()} == {
+        "m1": "1", "m2": "1"}
+    assert {name: h["machine"] for name, h in spread.hosts().items()} == {
+        "node1": "m1", "node2": "m1", "node3": "m2", "node4": "m2"}
+    data = [h["data_address"].rpartition(".") for h in spread.hosts().values()]  # node i at .10+i of the overlay
+    assert len({net for net, _, _ in data}) == 1 and [last for _, _, last in data] == ["11", "12", "13", "14"]
+    again = spread.up("--hosts", "4", "--no-smoke")  # everything there already: nothing sent, nothing restarted
+    assert again.code == 0 and "sending image" not in again.out and "starting" not in again.out, again.text
+
+
+def test_run_all_passes_with_ranks_on_both_machines(spread: Spread) -> None:
+    result = spread("run", "all", "--hosts", str(spread.inventory), "--json")
+    report = json.loads(result.out)
+    failed = {e["name"]: e["reason"] for e in report["exercises"] if e["status"] != "pass"}
+    assert (result.code, failed) == (0, {}), result.err[-3000:]
+    assert [r["hostname"] for r in report["ranks"]] == ["node1", "node2", "node3", "node4"]
+    assert "init-file is left out of `run all`" in result.err  # (no directory every host mounts)
+    for machine, containers in (("m1", ("mtest-node1", "mtest-node2")), ("m2", ("mtest-node3", "mtest-node4"))):
+        for c in containers:
+            assert spread.ranks_in(machine, c) == [], c
+
+
+def test_status_ls_and_the_doctor_name_each_hosts_machine(spread: Spread) -> None:
+    status = spread("status", "--name", LAB, "--inventory", str(spread.inventory))
+    assert status.code == 0 and status.out.count("answers") == 4, status.text
+    rows = [line for line in status.out.splitlines() if "mtest-node" in line]
+    assert [row.split()[1] for row in rows] == ["m1", "m1", "m2", "m2"], status.out
+    doctor = spread("doctor", "--hosts", str(spread.inventory), "--json")
+    diagnosis = json.loads(doctor.out)
+    assert doctor.code == 0 and diagnosis["ok"], doctor.out[-3000:]
+    assert {h["name"]: h["machine"] for h in diagnosis["hosts"]} == {
+        "node1": "m1", "node2": "m1", "node3": "m2", "node4": "m2"}
+
+
+def test_a_class_graded_across_the_machines(spread: Spread, tmp_path: Path) -> None:
+    from .test_grade import CLASS, read_grades
+
+    submissions = tmp_path / "class"
+    submissions.mkdir()
+    expected = {"alice": "pass", "bob": "fail", "ivan": "fail"}
+    for student in expected:
+        (submissions / f"{student}.py").write_text((CLASS / f"{student}.py").read_text())
+    result = spread("grade", str(submissions), "--exercise", "ring-allreduce", "--hosts", str(spread.inventory),
+                    "--parallel", "2", "--timeout", "30", "--out", str(tmp_path / "book"))
+    assert result.code == 0, result.text[-4000:]
+    grades = read_grades(tmp_path / "book")
+    assert {s: grades[s]["verdict"] for s in expected} == expected, grades
+    assert "called all_reduce" in grades["ivan"]["reason"]
+
+
+def test_a_host_mode_lab_stands_beside_on_the_machines_own_addresses(spread: Spread, tmp_path: Path) -> None:
+    inventory = tmp_path / "host.inventory.yaml"
+    result = spread("up", "--machines", str(spread.machines.file), "--name", HOST_LAB, "--network", "host",
+                    "--inventory", str(inventory))
+    assert result.code == 0 and "PASS    p2p" in result.out, result.text[-3000:]
+    hosts = yaml.safe_load(inventory.read_text())["all"]["hosts"]
+    addresses = spread.machines.addresses
+    assert {name: (h["machine"], h["ansible_host"], h["data_address"], h["ansible_port"])
+            for name, h in hosts.items()} == {
+        "node1": ("m1", addresses["m1"], addresses["m1"], 2222),
+        "node2": ("m2", addresses["m2"], addresses["m2"], 2222)}
+    down = spread("down", "--name", HOST_LAB, "--inventory", str(inventory))  # (the machines as recorded)
+    assert down.code == 0, down.text
+    assert spread.containers("m1", HOST_LAB) == spread.containers("m2", HOST_LAB) == []
+    assert spread.containers("m1") == ["mtest-node1", "mtest-node2"]  # the other lab is untouched
+
+
+def test_an_unreachable_machine_is_one_line_and_nothing_starts_elsewhere(spread: Spread, tmp_path: Path) -> None:
+    machines_file = tmp_path / "machines.yaml"
+    machines_file.write_text(spread.machines.file.read_text() + "    m3: {ansible_host: 127.0.0.1, ansible_port: 1}\n")
+    result = spread("up", "--machines", str(machines_file), "--name", "mtest-bad", "--inventory",
+                    str(tmp_path / "bad.inventory.yaml"))
+    assert result.code == 3, result.text
+    assert result.err.strip().splitlines()[-1] == "lab: error: machine m3 (127.0.0.1:1): cannot connect: " \
+                                                  "Connection refused", result.err
+    assert spread.containers("m1", "mtest-bad") == spread.containers("m2", "mtest-bad") == []
+    assert not (tmp_path / ".lab" / "labs" / "mtest-bad" / "machines").exists()
+
+
+def test_a_machine_killed_mid_run_fails_the_run_in_one_line_and_leaves_nothing(spread: Spread,
+                                                                                tmp_path: Path) -> None:
+    script = tmp_path / "steady.py"
+    script.write_text("import time, torch, torch.distributed as dist\n"
+                      "dist.init_process_group('gloo')\n"
+                      "print('ranks connected', flush=True)\n"
+                      "for _ in range(600):\n    dist.all_reduce(torch.ones(1)); time.sleep(0.1)\n")
+    job = spread.cli.popen("launch", "--hosts", str(spread.inventory), "--timeout", "120", str(script))
+    try:
+        assert job.stdout is not None
+        for line in job.stdout:
+            if "ranks connected" in line:
+                break
+        killed = time.monotonic()
+        assert machines.kill(spread.machines, "m2").returncode == 0
+        out = job.communicate(timeout=120)[0]
+        assert job.returncode == 3 and time.monotonic() - killed < 45, out
+        errors = [line for line in out.splitlines() if line.startswith("lab: error:")]
+        assert len(errors) == 1 and "on machine m2" in errors[0] and "lost" in errors[0], out
+    finally:
+        job.kill()
+        job.wait()
+    for c in ("mtest-node1", "mtest-node2"):  # the ranks on the machine still up were stopped
+        assert spread.ranks_in("m1", c) == [], c
+    machines.restart(spread.machines, "m2")
+    back = spread.up("--hosts", "4")  # its hosts made again, in the Swarm it rejoined
+    assert back.code == 0 and "PASS    p2p" in back.out and "starting mtest-node3" in back.out, back.text[-3000:]
+
+
+def test_down_leaves_every_engine_clean_and_no_swarm(spread: Spread) -> None:
+    result = spread.down()
+    assert result.code == 0 and f"lab {LAB} is down on every machine" in result.out, result.text
+    for m in ("m1", "m2"):
+        assert (spread.containers(m, None), spread.lab_networks(m), spread.swarm(m)) == ([], [], "inactive"), m
+    again = spread.down()
+    assert again.code == 0 and "nothing to remove" in again.out, again.text
+
+
+def test_a_lab_up_that_fails_on_one_machine_removes_what_it_started_on_all(spread: Spread, tmp_path: Path) -> None:
+    """A container of another's named as the lab's second host would be, on m2: `lab up` stops
+    with one line naming it and the machine, leaves it be, and removes the host it started on
+    m1, the overlay network and the Swarm it made."""
+    m = spread.machines
+    image = m.docker("m2", "images", "--format", "{{.ID}}", "lab-host").stdout.split()[0]
+    assert m.docker("m2", "create", "--name", "mtest-fail-node2", image).returncode == 0
+    try:
+        result = spread("up", "--machines", str(m.file), "--name", "mtest-fail", "--hosts", "2", "--no-smoke",
+                        "--inventory", str(tmp_path / "fail.inventory.yaml"))
+        assert result.code != 0 and "Traceback" not in result.text, result.text
+        assert result.err.strip().splitlines() == [
+            "lab: error: a container named mtest-fail-node2 on machine m2 is not lab mtest-fail's: remove or "
+            "rename it, or give the lab another --name"], result.text
+        assert "machine m1: removed container mtest-fail-node1" in result.out, result.out
+        assert (spread.containers("m1", None), spread.lab_networks("m1")) == ([], [])
+        assert (spread.swarm("m1"), spread.swarm("m2")) == ("inactive", "inactive")
+        assert "mtest-fail-node2" in m.docker("m2", "ps", "-a", "--format", "{{.Names}}").stdout.split()
+    finally:
+        m.docker("m2", "rm", "-f", "mtest-fail-node2")
+
+
+def test_a_swarm_the_machines_were_in_is_used_and_left_as_found(spread: Spread) -> None:
+    """m1 manages a Swarm of its own before the lab: the lab joins m2 to it, and down takes out
+    only m2, leaving m1's Swarm (and its own network there) as they were."""
+    m = spread.machines
+    assert m.docker("m1", "swarm", "init", "--advertise-addr", m.addresses["m1"]).returncode == 0
+    try:
+        assert m.docker("m1", "network", "create", "-d", "overlay", "--attachable", "theirs").returncode == 0
+        up = spread.up("--hosts", "2", "--no-smoke")
+        assert up.code == 0 and "starting a swarm" not in up.out and "m2: joining the swarm of m1" in up.out, \
+            up.text[-3000:]
+        assert {n: labels.get(JOINED_LABEL) for n, labels in spread.node_labels("m1").items()} == {
+            "m1": None, "m2": "1"}
+        assert spread("run", "p2p", "--hosts", str(spread.inventory)).code == 0
+        down = spread.down()
+        assert down.code == 0, down.text
+        assert (spread.swarm("m1"), spread.swarm("m2")) == ("active", "inactive")
+        assert "theirs" in m.docker("m1", "network", "ls", "--format", "{{.Name}}").stdout.split()
+        assert spread.containers("m1", None) == spread.containers("m2", None) == []
+    finally:
+        m.docker("m1", "swarm", "leave", "--force")

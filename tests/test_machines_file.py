@@ -1,0 +1,139 @@
+"""A lab across machines before anything starts: machines.yaml read and checked (each error with
+its line), the hosts placed over the machines, `run all` on hosts that share no directory, and
+the command line's refusals. No engine and no machine needed (tests/test_machines.py has them)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from lab.containerlab.machines import Machine, load_machines
+from lab.containerlab.spread import Spread, place
+from lab.core.inventory import Host
+from lab.core.plan import Options, without_unshared
+from lab.errors import InventoryError, UsageError
+from lab.suite import registry
+
+from .conftest import REPO
+
+
+def machines_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "machines.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_a_machines_file_reads_like_an_inventory(tmp_path: Path) -> None:
+    key = tmp_path / "id"
+    key.write_text("key\n")
+    key.chmod(0o600)
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    for name in ("ca.pem", "cert.pem", "key.pem"):
+        (certs / name).write_text("x")
+    found = load_machines(str(machines_file(tmp_path, """\
+        all:
+          vars: {ansible_user: admin, ansible_ssh_private_key_file: id}
+          children:
+            gpus:
+              hosts:
+                gpu1: {ansible_host: 10.0.0.5}
+                gpu2: {ansible_host: 10.0.0.6, lab_hosts: 2, ansible_port: 2200}
+          hosts:
+            tls: {docker_host: "tcp://10.0.0.7:2376", docker_cert_path: certs, lab_hosts: 0}
+            viassh: {docker_host: "ssh://ops@10.0.0.8:2022"}
+        """)))
+    by_name = {m.name: m for m in found}
+    assert by_name["gpu1"] == Machine("gpu1", "10.0.0.5", 22, "admin", str(key), source=by_name["gpu1"].source)
+    assert (by_name["gpu2"].port, by_name["gpu2"].lab_hosts) == (2200, 2)
+    assert (by_name["tls"].cert_path, by_name["tls"].lab_hosts) == (str(certs), 0)
+    ssh = by_name["viassh"].ssh_host()  # docker_host's user and port win for the SSH login
+    assert (ssh.address, ssh.port, ssh.user) == ("10.0.0.8", 2022, "ops")
+    assert by_name["gpu1"].source.endswith("machines.yaml:6")
+
+
+@pytest.mark.parametrize("text, line, words", [
+    ("all:\n  hosts:\n    a: {docker_host: 'tcp://10.0.0.7:2376'}\n", 3, "needs docker_cert_path (TLS)"),
+    ("all:\n  hosts:\n    a: {docker_host: 'http://10.0.0.7'}\n", 3, "ssh://[USER@]HOST[:PORT] or tcp://HOST:PORT"),
+    ("all:\n  hosts:\n    a: {docker_host: 'ssh://x; rm -rf /'}\n", 3, "ssh://[USER@]HOST[:PORT]"),
+    ("all:\n  hosts:\n    a: {docker_cert_path: /nonexistent}\n", 3, "ca.pem, cert.pem, key.pem missing"),
+    ("all:\n  hosts:\n    a: {lab_hosts: -1}\n", 3, "lab_hosts must be an integer >= 0"),
+    ("all:\n  hosts:\n    a: {slots: 2}\n", 3, "invalid slots '2' (a variable of a lab's hosts, not of a machine"),
+    ("all:\n  hosts:\n    a: {lab_hosts: 0}\n", None, "every machine has lab_hosts: 0"),
+])
+def test_a_bad_machines_file_is_one_error_naming_its_line(tmp_path: Path, text: str, line: int | None,
+                                                          words: str) -> None:
+    with pytest.raises(InventoryError) as caught:
+        load_machines(str(machines_file(tmp_path, text)))
+    message = str(caught.value)
+    assert message.startswith(f"{tmp_path / 'machines.yaml'}{f':{line}' if line else ''}:"), message
+    assert words in message and "\n" not in message, message
+
+
+def machine(name: str, lab_hosts: int | None = None) -> Machine:
+    return Machine(name, name, lab_hosts=lab_hosts)
+
+
+@pytest.mark.parametrize("fixed, wanted, network, expected", [
+    ((None, None), None, "overlay", ("m1", "m2")),  # one host per machine
+    ((None, None), 5, "overlay", ("m1", "m1", "m1", "m2", "m2")),  # evenly, the first ones first
+    ((2, None), 5, "overlay", ("m1", "m1", "m2", "m2", "m2")),  # lab_hosts, the rest shared
+    ((0, None), 3, "overlay", ("m2", "m2", "m2")),  # none on m1
+    ((2, 1), None, "overlay", ("m1", "m1", "m2")),
+    ((None, 0), None, "host", ("m1",)),
+    ((None, None), None, "host", ("m1", "m2")),
+])
+def test_hosts_are_placed_in_blocks_in_the_files_order(fixed: tuple[int | None, ...], wanted: int | None,
+                                                       network: str, expected: tuple[str, ...]) -> None:
+    machines = [machine(f"m{i + 1}", n) for i, n in enumerate(fixed)]
+    assert place(machines, wanted, network) == expected  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("fixed, wanted, network, words", [
+    ((2, 2), 5, "overlay", "--hosts 5: the machines file places 4 host(s) with lab_hosts"),
+    ((3, None), 2, "overlay", "--hosts 2: the machines file places 3 host(s)"),
+    ((None, None), 3, "host", "--network host runs one host per machine (2 here)"),
+    ((2, None), None, "host", "--network host runs one host per machine"),
+])
+def test_a_placement_that_cannot_be_is_refused(fixed: tuple[int | None, ...], wanted: int | None, network: str,
+                                               words: str) -> None:
+    with pytest.raises(UsageError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        place([machine(f"m{i + 1}", n) for i, n in enumerate(fixed)], wanted, network)  # type: ignore[arg-type]
+
+
+def test_overlay_addresses_and_labels_of_a_spread_lab() -> None:
+    spread = Spread("class", ("m1", "m1", "m2"), "overlay", subnet="10.215.3.0/24")
+    assert [spread.overlay_address(i) for i in spread.indices()] == ["10.215.3.11", "10.215.3.12", "10.215.3.13"]
+    assert spread.labels(3)["lab.machine"] == "m2" and "lab.ssh_port" not in spread.labels(3)
+    assert Spread("class", ("m1",), "host", ssh_port=2223).labels(1)["lab.ssh_port"] == "2223"
+
+
+def test_run_all_leaves_out_the_file_rendezvous_where_hosts_share_no_directory() -> None:
+    everything = Options(tuple(registry.select(["all"])))
+    apart = [Host("a", "10.0.0.1"), Host("b", "10.0.0.2")]
+    kept, left_out = without_unshared(everything, apart)
+    assert [e.name for e in left_out] == ["init-file"]
+    assert [e.name for e in kept.exercises] == [e.name for e in everything.exercises if e.name != "init-file"]
+    shared = [Host("a", "10.0.0.1", shared_dir="/nfs"), Host("b", "10.0.0.2", shared_dir="/nfs")]
+    assert without_unshared(everything, shared) == (everything, ())
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "lab", *args], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "DOCKER_HOST": "unix:///nonexistent.sock"})
+
+
+@pytest.mark.parametrize("args, message", [
+    (("up", "--network", "host"), "--network and --accept-new-host-keys are for a lab across --machines"),
+    (("up", "--machines", "m.yaml", "--topology", "cross-vpc"), "--machines starts a plain lab"),
+    (("up", "--machines", "/nonexistent/machines.yaml"), "/nonexistent/machines.yaml: file not found"),
+    (("down", "--all", "--machines", "m.yaml"), "--all is for the labs on this machine's engine"),
+])
+def test_the_command_line_refuses_what_a_lab_across_machines_cannot_do(args: tuple[str, ...], message: str) -> None:
+    done = cli(*args)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == f"lab: error: {message}" or message in done.stderr.strip().splitlines()[-1], \
+        done.stderr
