@@ -99,7 +99,10 @@ def tutorial_scripts(directory: Path) -> list[Script]:
 def ring_allreduce_fragment() -> str:
     """Tutorial 001's ``allreduce(send, recv)``, its text exactly as the tutorial prints it (dedented),
     as a solution file: the lab's reference program drives it."""
-    text = next(SEEDS.glob("001_*.txt")).read_text(encoding="utf-8")
+    seeds = sorted(SEEDS.glob("001_*.txt"))
+    if not seeds:
+        pytest.skip(f"the tutorials are not at {SEEDS}")
+    text = seeds[0].read_text(encoding="utf-8")
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.strip() == "def allreduce(send, recv):")
     end = next(i for i in range(start, len(lines)) if lines[i].strip() == "recv[:] = accum[:]")
