@@ -59,6 +59,8 @@ SSH_PORT_LABEL = "lab.ssh_port"  # on a host container in --network host: the po
 HOST_MODE_SSH_PORT = 2222
 DEFAULT_OVERLAY = "10.215.0.0/24"
 SEND_CHUNK = 1 << 20
+ATTACH_WAIT = 90.0  # seconds an engine may fail to attach a container to the overlay before lab up gives up
+NOT_ATTACHED = "attaching to network failed"  # what the engine says then
 
 
 @dataclass(frozen=True)
@@ -151,12 +153,14 @@ def bring_up(request: SpreadRequest, settings: SSHSettings, say: Say, progress: 
         check_engines(engines, str(local.info().get("Architecture")))
         _say_if_short_of_memory(engines, spread, request.limits, say)
         tag = image.ensure_image(local, request.base, paths.state, say, progress)
+        recorded = paths.machines_record.is_file()  # (the lab is up already: a failure leaves what was there)
         paths.own.mkdir(parents=True, exist_ok=True)  # (before anything starts there: `lab down --name` finds
         paths.machines_record.write_text(f"{Path(request.machines_file).resolve()}\n")  # the machines again)
         try:
             _bring_up_on(engines, spread, local, tag, paths, request, say, progress)
         except BaseException:
-            paths.machines_record.unlink(missing_ok=True)  # (what it started there is removed again)
+            if not recorded:
+                paths.machines_record.unlink(missing_ok=True)  # (what it started there is removed again)
             raise
     finally:
         for e in engines:
@@ -184,6 +188,7 @@ def _bring_up_on(engines: list[Engine], spread: Spread, local: docker.DockerClie
         if spread.network == "overlay":
             manager = swarm.leader(engines)
             joined = swarm.join(engines, manager, say)
+            swarm.wait_until_ready([by_name[n] for n in dict.fromkeys(spread.on)], manager, say)
             spread = _with_overlay(manager, engines, spread, say)
         else:
             spread = replace(spread, ssh_port=_host_mode_port([by_name[n] for n in spread.on], spread.lab))
@@ -330,14 +335,25 @@ def _start_host(engine: Engine, spread: Spread, i: int, tag: str, public_key: by
         device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None)
     networking = client.api.create_networking_config({spread.overlay: client.api.create_endpoint_config(
         ipv4_address=spread.overlay_address(i), aliases=[spread.name(i)])}) if overlay else None
+    deadline = time.monotonic() + ATTACH_WAIT
     try:
-        created = client.api.create_container(
-            tag, name=name, hostname=spread.name(i) if overlay else None, detach=True, labels=labels,
-            ports=[22] if overlay else None, host_config=host_config, networking_config=networking,
-            environment=None if overlay else {"LAB_SSH_PORT": str(spread.ssh_port)})
-        client.api.put_archive(created["Id"], "/etc/lab", _one_file_tar("authorized_keys", public_key))
-        client.api.start(created["Id"])
-        return client.containers.get(name)
+        while True:
+            created = client.api.create_container(
+                tag, name=name, hostname=spread.name(i) if overlay else None, detach=True, labels=labels,
+                ports=[22] if overlay else None, host_config=host_config, networking_config=networking,
+                environment=None if overlay else {"LAB_SSH_PORT": str(spread.ssh_port)})
+            client.api.put_archive(created["Id"], "/etc/lab", _one_file_tar("authorized_keys", public_key))
+            try:
+                client.api.start(created["Id"])
+                return client.containers.get(name)
+            except APIError as exc:
+                # A machine back up after going down with lab hosts running is "ready" in the swarm at
+                # once, but for about half a minute its engine's attachments to the overlay time out (20 s)
+                if NOT_ATTACHED not in str(exc) or time.monotonic() > deadline:
+                    raise
+                client.api.remove_container(created["Id"], force=True)
+                say(f"machine {engine.name}: its engine cannot attach {name} to the overlay network yet (as "
+                    "after the machine came back up); trying again")
     except (APIError, DockerException) as exc:
         raise EngineError(f"host {spread.name(i)}: cannot start {name} on machine {engine.name}: "
                           f"{_first_line(exc)}") from None
