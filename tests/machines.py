@@ -1,6 +1,8 @@
 """Docker "machines" on this one: containers each running its own dockerd and sshd (images/lab-machine,
 on a debootstrap base with Debian's docker.io), on a network of their own, reached over SSH as
-root with a key made for the test; and the machines.yaml that names them.
+root with a key made for the test; and the machines.yaml that names them. Each engine also
+answers on tcp://ADDRESS:2376 with TLS, to a client certificate of the test's own CA
+(``Machines.tls``), as an engine a site opens to the network would.
 
 The flags are those ../shared/ENVIRONMENT.md found to work here (--privileged does not): every
 capability but SYS_RESOURCE, no seccomp or AppArmor, the host's cgroup tree writable (cgroup v1),
@@ -9,7 +11,9 @@ the inner engines' cgroup directories (/dind-NAME) too.
 """
 from __future__ import annotations
 
+import datetime
 import io
+import ipaddress
 import subprocess
 import tarfile
 import time
@@ -18,11 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import docker
-from cryptography.hazmat.primitives import serialization
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from docker.errors import NotFound
 
-from lab.containerlab import image
+from lab.containerlab import hosts, image
 
 REPO = Path(__file__).resolve().parents[1]
 MACHINE_DIR = REPO / "images" / "lab-machine"
@@ -30,6 +37,8 @@ PACKAGES = ("docker.io", "openssh-server", "iptables", "iproute2", "procps", "ca
 TEST_LABEL = "lab.test-machines"  # on what this module makes
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 ENGINE_WAIT = 90.0
+SUBNET = "10.216.0.0/24"  # the machines' network, when free (else the next free /24): they have fixed addresses
+TLS_PORT = 2376
 
 
 @dataclass(frozen=True)
@@ -38,6 +47,7 @@ class Machines:
     names: tuple[str, ...]  # m1, m2...
     addresses: dict[str, str]
     prefix: str
+    tls: Path  # a client's ca.pem, cert.pem and key.pem for the engines' tcp://ADDRESS:2376
 
     def container(self, name: str) -> str:
         return f"{self.prefix}-{name}"
@@ -64,8 +74,12 @@ def start(client: docker.DockerClient, tag: str, prefix: str, count: int, workdi
                                           serialization.NoEncryption()))
     key.chmod(0o600)
     public = private.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-    network = client.networks.create(f"{prefix}-net", driver="bridge", labels={TEST_LABEL: prefix})
+    subnet = hosts.free_subnets([SUBNET], hosts.engine_subnets(client) + hosts.host_routes())[0]
+    ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=subnet)])
+    network = client.networks.create(f"{prefix}-net", driver="bridge", ipam=ipam, labels={TEST_LABEL: prefix})
     names = tuple(f"m{i}" for i in range(1, count + 1))
+    addresses = {name: str(ipaddress.ip_network(subnet)[10 + i]) for i, name in enumerate(names, 1)}
+    engine_tls = certificates(workdir / "tls", addresses)
     for name in names:
         volume = client.volumes.create(f"{prefix}-{name}-docker", labels={TEST_LABEL: prefix})
         host_config = client.api.create_host_config(
@@ -76,12 +90,12 @@ def start(client: docker.DockerClient, tag: str, prefix: str, count: int, workdi
         created = client.api.create_container(
             tag, name=f"{prefix}-{name}", hostname=name, detach=True, labels={TEST_LABEL: prefix},
             host_config=host_config,
-            networking_config=client.api.create_networking_config({network.name: client.api.create_endpoint_config()}))
-        client.api.put_archive(created["Id"], "/etc/lab-machine", _tar("authorized_keys", public + b"\n"))
+            networking_config=client.api.create_networking_config({network.name: client.api.create_endpoint_config(
+                ipv4_address=addresses[name])}))
+        client.api.put_archive(created["Id"], "/etc/lab-machine", _tar({"authorized_keys": public + b"\n",
+                                                                        **engine_tls[name]}))
         client.api.start(created["Id"])
     containers = {name: client.containers.get(f"{prefix}-{name}") for name in names}
-    addresses = {name: c.attrs["NetworkSettings"]["Networks"][network.name]["IPAddress"]
-                 for name, c in containers.items()}
     for c in containers.values():
         wait_for_engine(c)
     known = workdir / "machines_known_hosts"
@@ -91,7 +105,60 @@ def start(client: docker.DockerClient, tag: str, prefix: str, count: int, workdi
              f"    ssh_known_hosts_file: {known}", "  hosts:"]
     lines += [f"    {n}: {{ansible_host: {addresses[n]}}}" for n in names]
     machines_yaml.write_text("\n".join(lines) + "\n")
-    return Machines(machines_yaml, names, addresses, prefix)
+    return Machines(machines_yaml, names, addresses, prefix, workdir / "tls")
+
+
+def certificates(client_dir: Path, addresses: dict[str, str]) -> dict[str, dict[str, bytes]]:
+    """A CA of the test's own, a client certificate of it in ``client_dir`` (ca.pem, cert.pem,
+    key.pem, as DOCKER_CERT_PATH holds them), and each machine's server files, by name, as paths
+    under /etc/lab-machine (the certificate names the machine's address)."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def issue(subject: str, key: ec.EllipticCurvePrivateKey, ca: x509.Certificate | None,
+              signer: ec.EllipticCurvePrivateKey, *extensions: x509.ExtensionType) -> x509.Certificate:
+        """A certificate as strict verifiers want it (Python 3.13's VERIFY_X509_STRICT): key
+        usages, key identifiers, a CA's constraints critical."""
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
+        usage = dict.fromkeys(("digital_signature", "content_commitment", "key_encipherment", "data_encipherment",
+                               "key_agreement", "key_cert_sign", "crl_sign", "encipher_only", "decipher_only"), False)
+        usage.update({"key_cert_sign": True, "crl_sign": True} if ca is None else {"digital_signature": True})
+        builder = (x509.CertificateBuilder().subject_name(name).issuer_name(ca.subject if ca else name)
+                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - datetime.timedelta(minutes=5))
+                   .not_valid_after(now + datetime.timedelta(days=1))
+                   .add_extension(x509.BasicConstraints(ca=ca is None, path_length=None), critical=True)
+                   .add_extension(x509.KeyUsage(**usage), critical=True)
+                   .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False))
+        if ca is not None:
+            builder = builder.add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
+                ca.public_key()), critical=False)
+        for extension in extensions:
+            builder = builder.add_extension(extension, critical=False)
+        return builder.sign(signer, hashes.SHA256())
+
+    def pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+        return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                 serialization.NoEncryption())
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = issue("lab test machines CA", ca_key, None, ca_key)
+    ca_pem = ca.public_bytes(serialization.Encoding.PEM)
+    client_key = ec.generate_private_key(ec.SECP256R1())
+    client_cert = issue("lab", client_key, ca, ca_key,
+                        x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]))
+    client_dir.mkdir(mode=0o700)
+    for file, data in (("ca.pem", ca_pem), ("cert.pem", client_cert.public_bytes(serialization.Encoding.PEM)),
+                       ("key.pem", pem(client_key))):
+        (client_dir / file).write_bytes(data)
+    servers = {}
+    for name, address in addresses.items():
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = issue(name, key, ca, ca_key, x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
+                     x509.SubjectAlternativeName([x509.DNSName(name),
+                                                  x509.IPAddress(ipaddress.ip_address(address))]))
+        servers[name] = {"tls/ca.pem": ca_pem, "tls/cert.pem": cert.public_bytes(serialization.Encoding.PEM),
+                         "tls/key.pem": pem(key)}
+    return servers
 
 
 def wait_for_engine(c: docker.models.containers.Container) -> None:
@@ -127,12 +194,18 @@ def _host_key(c: docker.models.containers.Container) -> str:
         time.sleep(0.2)
 
 
-def _tar(name: str, data: bytes) -> bytes:
+def _tar(files: dict[str, bytes]) -> bytes:
+    """A tar of ``files`` (path -> content), each 0600, with the directories they are in."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        info = tarfile.TarInfo(name)
-        info.size, info.mode = len(data), 0o600
-        tar.addfile(info, io.BytesIO(data))
+        for directory in sorted({str(Path(path).parent) for path in files} - {"."}):
+            info = tarfile.TarInfo(directory)
+            info.type, info.mode = tarfile.DIRTYPE, 0o700
+            tar.addfile(info)
+        for path, data in files.items():
+            info = tarfile.TarInfo(path)
+            info.size, info.mode = len(data), 0o600
+            tar.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
 
 

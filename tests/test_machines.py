@@ -28,6 +28,7 @@ from .conftest import REPO, Lab, Result
 pytestmark = pytest.mark.machines
 LAB = "mtest"  # the lab across the machines (overlay network)
 HOST_LAB = "mtest-host"  # the one in --network host
+URL_LAB = "mtest-urls"  # the one whose machines are named by docker_host URLs
 PREFIX = "lab-test-machine"  # the machines' containers: lab-test-machine-m1, -m2
 RANK_PROCESSES = "lab[.]rank[.](worker|script|node|output|ports)"
 
@@ -184,6 +185,45 @@ def test_a_host_mode_lab_stands_beside_on_the_machines_own_addresses(spread: Spr
     assert down.code == 0, down.text
     assert spread.containers("m1", HOST_LAB) == spread.containers("m2", HOST_LAB) == []
     assert spread.containers("m1") == ["mtest-node1", "mtest-node2"]  # the other lab is untouched
+
+
+def test_engines_named_by_docker_host_urls_ssh_and_tcp_with_tls(spread: Spread, tmp_path: Path) -> None:
+    """m1's engine by ``ssh://root@ADDRESS`` (the Docker SDK over the lab's SSH), m2's by
+    ``tcp://ADDRESS:2376`` with TLS: a second overlay lab on the Swarm the first one made, p2p
+    across, down leaving the first lab and the Swarm; then a certificate of another CA is
+    refused in one line naming the machine, before anything starts."""
+    m = spread.machines
+    key, known = m.file.parent / "machine_key", m.file.parent / "machines_known_hosts"
+
+    def machines_file(cert_path: Path) -> Path:
+        path = tmp_path / f"{cert_path.name}.yaml"
+        path.write_text(f"all:\n  vars: {{ansible_user: root, ansible_ssh_private_key_file: {key}, "
+                        f"ssh_known_hosts_file: {known}}}\n  hosts:\n"
+                        f"    m1: {{docker_host: 'ssh://root@{m.addresses['m1']}:22'}}\n"
+                        f"    m2: {{docker_host: 'tcp://{m.addresses['m2']}:{machines.TLS_PORT}', "
+                        f"docker_cert_path: {cert_path}}}\n")
+        return path
+
+    inventory = tmp_path / "urls.inventory.yaml"
+    up = spread("up", "--machines", str(machines_file(m.tls)), "--name", URL_LAB, "--hosts", "2",
+                "--inventory", str(inventory))
+    assert up.code == 0 and "PASS    p2p" in up.out, up.text[-3000:]
+    assert "starting a swarm" not in up.out and "joining the swarm" not in up.out, up.out  # (in it already)
+    assert f"machine m2 ({m.addresses['m2']}): Docker" in up.out, up.out
+    hosts = yaml.safe_load(inventory.read_text())["all"]["hosts"]
+    assert {name: h["machine"] for name, h in hosts.items()} == {"node1": "m1", "node2": "m2"}
+    assert spread("down", "--name", URL_LAB, "--inventory", str(inventory)).code == 0
+    assert spread.containers("m2", URL_LAB) == [] and spread.containers("m2") == ["mtest-node3", "mtest-node4"]
+    assert (spread.swarm("m1"), spread.swarm("m2")) == ("active", "active")  # (the first lab still uses it)
+
+    machines.certificates(tmp_path / "strangers", {})  # a client certificate of a CA the engines do not know
+    refused = spread("up", "--machines", str(machines_file(tmp_path / "strangers")), "--name", URL_LAB,
+                     "--inventory", str(inventory))
+    assert refused.code == 3 and "Traceback" not in refused.text, refused.text
+    last = refused.err.strip().splitlines()[-1]
+    assert last.startswith(f"lab: error: machine m2: its Docker engine does not answer at tcp://{m.addresses['m2']}"
+                           f":{machines.TLS_PORT}: "), refused.err
+    assert spread.containers("m1", URL_LAB) == [], refused.text
 
 
 def test_an_unreachable_machine_is_one_line_and_nothing_starts_elsewhere(spread: Spread, tmp_path: Path) -> None:

@@ -49,7 +49,7 @@ def test_a_machines_file_reads_like_an_inventory(tmp_path: Path) -> None:
     by_name = {m.name: m for m in found}
     assert by_name["gpu1"] == Machine("gpu1", "10.0.0.5", 22, "admin", str(key), source=by_name["gpu1"].source)
     assert (by_name["gpu2"].port, by_name["gpu2"].lab_hosts) == (2200, 2)
-    assert (by_name["tls"].cert_path, by_name["tls"].lab_hosts) == (str(certs), 0)
+    assert (by_name["tls"].cert_path, by_name["tls"].lab_hosts, by_name["tls"].address) == (str(certs), 0, "10.0.0.7")
     ssh = by_name["viassh"].ssh_host()  # docker_host's user and port win for the SSH login
     assert (ssh.address, ssh.port, ssh.user) == ("10.0.0.8", 2022, "ops")
     assert by_name["gpu1"].source.endswith("machines.yaml:6")

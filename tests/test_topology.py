@@ -58,7 +58,7 @@ class FakeEngine:
 
 
 def test_subnets_are_chosen_free_on_the_engine_and_kept_once_made(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hosts, "_host_routes", list)  # (not this machine's routes: a lab up here has some)
+    monkeypatch.setattr(hosts, "host_routes", list)  # (not this machine's routes: a lab up here has some)
     engine = FakeEngine(FakeNetwork("lab-net", "10.213.0.0/24", "lab"), FakeNetwork("site", "10.213.1.0/24"),
                         FakeNetwork("big", "10.10.0.0/16"))
     second = hosts.with_free_subnets(engine, Topology(lab="b"))  # type: ignore[arg-type]

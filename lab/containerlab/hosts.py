@@ -108,7 +108,7 @@ def with_free_subnets(client: docker.DockerClient, topology: Topology) -> Topolo
     wanted = [n.name for n in topology.networks()]
     if all(own.get(name) for name in wanted):
         return replace(topology, subnets=tuple(own[name][0] for name in wanted))
-    taken = engine_subnets(client, spare=own) + _host_routes()
+    taken = engine_subnets(client, spare=own) + host_routes()
     return replace(topology, subnets=free_subnets(DEFAULT_SUBNETS[topology.kind], taken))
 
 
@@ -142,7 +142,7 @@ def _pool() -> Iterator[str]:
             yield f"10.{second}.{third}.0/24"
 
 
-def _host_routes() -> list[Subnet]:
+def host_routes() -> list[Subnet]:
     """The networks the engine's host routes to (``ip -j route``), so a lab network shadows none."""
     try:
         done = subprocess.run(ROUTES_COMMAND, capture_output=True, timeout=10, check=True)
@@ -312,7 +312,8 @@ def wait_for_ssh(targets: Mapping[str, tuple[str, int]]) -> None:
     while pending:
         pending = {name: at for name, at in pending.items() if not ssh_answers(*at)}
         if pending and time.monotonic() > deadline:
-            raise EngineError(f"sshd did not answer on {', '.join(sorted(pending))}")
+            where = (f"{name} ({address}:{port})" for name, (address, port) in sorted(pending.items()))
+            raise EngineError(f"sshd did not answer on {', '.join(where)}")
         if pending:
             time.sleep(START_POLL)
 

@@ -94,7 +94,7 @@ class Machine:
     """One Docker machine of machines.yaml."""
 
     name: str
-    address: str  # ansible_host, else the name: where SSH, and the lab's SSH to its hosts, reach it
+    address: str  # ansible_host, else docker_host's host, else the name: where SSH reaches it, and its hosts' sshd
     port: int = 22
     user: str | None = None
     key_file: str | None = None
@@ -118,8 +118,8 @@ def load_machines(path: str) -> tuple[Machine, ...]:
     """Read and check machines.yaml."""
     base_dir = os.path.dirname(os.path.abspath(path))
     entries = read_ansible(read_text(path, "a machines file"), path, base_dir, MACHINE_VARS, "the machines file")
-    machines = tuple(Machine(name, **{"address": name, **values}, source=source)  # type: ignore[arg-type]
-                     for name, values, _groups, source in entries)
+    machines = tuple(Machine(name, **{"address": _default_address(name, values), **values},  # type: ignore[arg-type]
+                             source=source) for name, values, _groups, source in entries)
     for m in machines:
         tcp = (m.docker_host or "").startswith("tcp://")
         line = int(m.source.rpartition(":")[2])
@@ -131,6 +131,11 @@ def load_machines(path: str) -> tuple[Machine, ...]:
     if all(m.lab_hosts == 0 for m in machines):
         raise InventoryError(path, None, "every machine has lab_hosts: 0; the lab needs a place for its hosts")
     return machines
+
+
+def _default_address(name: str, values: dict[str, object]) -> str:
+    """Where a machine is without ansible_host: docker_host's host, else its name."""
+    return urllib.parse.urlsplit(str(values.get("docker_host", ""))).hostname or name
 
 
 @dataclass(frozen=True)
@@ -201,6 +206,9 @@ def connect(machine: Machine, settings: SSHSettings, timeout: int = API_TIMEOUT)
                             ca_cert=os.path.join(cert, "ca.pem"), verify=True)
             client = docker.DockerClient(base_url=str(machine.docker_host).replace("tcp://", "https://"), tls=tls,
                                          version=API_VERSION, timeout=timeout)
+            # requests lets REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE override the CA given here (psf/requests#3829),
+            # and would go through an HTTPS_PROXY: the engine is checked against docker_cert_path's CA alone
+            client.api.trust_env = False
             address = _resolve(urllib.parse.urlsplit(str(machine.docker_host)).hostname or machine.address)
         else:
             status, seen = ssh.run(ssh.connection(), "echo $SSH_CONNECTION")
@@ -278,5 +286,8 @@ def _resolve(name: str) -> str:
 
 
 def _first_line(exc: BaseException) -> str:
+    tls = re.search(r"\[SSL: \w+\] ([^(]+?) \(_ssl", str(exc))  # (requests nests it deep in a long line)
+    if tls:
+        return f"TLS: {tls.group(1)}"
     text = str(getattr(exc, "explanation", None) or exc).strip().splitlines()
     return text[0][:200] if text else type(exc).__name__

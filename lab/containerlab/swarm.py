@@ -9,6 +9,7 @@ out again, workers first, so every machine ends in the state ``lab up`` found it
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 from docker.errors import APIError, DockerException, NotFound
@@ -19,6 +20,8 @@ from lab.containerlab.topology import LABEL, NAME_LABEL
 
 JOINED_LABEL = "lab.joined"  # on a swarm node that lab up put in the swarm
 SWARM_PORT = 2377
+READY_WAIT = 60.0  # seconds a machine's swarm node may take to be ready (a machine back up reports in again)
+READY_POLL = 0.5
 
 
 def _state(engine: Engine) -> str:
@@ -80,6 +83,30 @@ def join(engines: Sequence[Engine], manager: Engine, say: Say) -> list[Engine]:
         leave(joined, manager, say)
         raise
     return joined
+
+
+def wait_until_ready(engines: Sequence[Engine], manager: Engine, say: Say) -> None:
+    """Until the manager sees each engine's swarm node ready. A machine that has just come back
+    up is in the swarm but its node is "down" for some seconds, and a container started there
+    meanwhile cannot attach to the overlay network (the manager allocates its address).
+    EngineError naming the machine when one is not ready within READY_WAIT."""
+    nodes = {e.name: str(e.client.info()["Swarm"].get("NodeID")) for e in engines}
+    deadline, told = time.monotonic() + READY_WAIT, set[str]()
+    while True:
+        states = {n.id: str((n.attrs.get("Status") or {}).get("State")) for n in manager.client.nodes.list()}
+        waiting = {name: states.get(node, "not a member") for name, node in nodes.items()
+                   if states.get(node) != "ready"}
+        if not waiting:
+            return
+        for name in waiting.keys() - told:
+            say(f"machine {name}: waiting for its swarm node to be ready ({waiting[name]} as {manager.name} sees it)")
+            told.add(name)
+        if time.monotonic() > deadline:
+            name = next(iter(waiting))
+            raise EngineError(f"machine {name}: its swarm node is still {waiting[name]} as {manager.name} sees it "
+                              f"after {READY_WAIT:.0f}s (is its dockerd up, and TCP {SWARM_PORT} to "
+                              f"{manager.address} open?)")
+        time.sleep(READY_POLL)
 
 
 def _label(manager: Engine, node_id: str) -> None:
