@@ -137,3 +137,18 @@ def test_the_command_line_refuses_what_a_lab_across_machines_cannot_do(args: tup
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip() == f"lab: error: {message}" or message in done.stderr.strip().splitlines()[-1], \
         done.stderr
+
+
+def test_a_docker_calls_failure_is_one_line_and_a_tls_one_names_its_cause() -> None:
+    from docker.errors import APIError
+    from requests.exceptions import SSLError
+
+    from lab.containerlab.engine import reason
+
+    buried = SSLError("HTTPSConnectionPool(host='10.0.0.7', port=2376): Max retries exceeded with url: /v1.41/info "
+                      "(Caused by SSLError(SSLError(1, '[SSL: TLSV1_ALERT_UNKNOWN_CA] tlsv1 alert unknown ca "
+                      "(_ssl.c:2580)')))")
+    assert reason(buried) == "TLS: tlsv1 alert unknown ca"
+    assert reason(APIError("500 Server Error", explanation="network lab-net not found\nmore")) == \
+        "network lab-net not found"
+    assert reason(OSError("x" * 400)) == "x" * 300

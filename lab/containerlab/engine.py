@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -86,7 +87,7 @@ def client(timeout: int = API_TIMEOUT) -> docker.DockerClient:
         c.ping()
         return c
     except DockerException as exc:
-        raise EngineError(f"no Docker engine answers ({_first_line(exc)}); start dockerd, "
+        raise EngineError(f"no Docker engine answers ({reason(exc)}); start dockerd, "
                           f"or run `make lab-up` as root to have it installed and started") from None
 
 
@@ -112,6 +113,12 @@ def ensure_engine(say: Say) -> docker.DockerClient:
             time.sleep(0.5)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:200] if text else type(exc).__name__
+def reason(exc: BaseException, limit: int = 300) -> str:
+    """What a failed Docker call says, in one line: the engine's explanation (an APIError's), a
+    TLS failure by its cause (requests buries that deep in a long line), else the first line."""
+    text = str(getattr(exc, "explanation", None) or exc)
+    tls = re.search(r"\[SSL: \w+\] ([^(]+?) \(_ssl", text)
+    if tls:
+        return f"TLS: {tls.group(1)}"
+    lines = text.strip().splitlines()
+    return lines[0][:limit] if lines else type(exc).__name__

@@ -7,7 +7,7 @@ import docker
 from docker.errors import APIError, ContainerError, NotFound
 from docker.models.containers import Container
 
-from lab.containerlab.engine import EngineError
+from lab.containerlab.engine import EngineError, reason
 from lab.containerlab.topology import Topology
 
 ROLE_NAME = "helper"
@@ -39,5 +39,5 @@ def in_namespace(client: docker.DockerClient, topology: Topology, i: int, script
         raise EngineError(f"host {topology.name(i)}: {error[-1] if error else exc}") from None
     except APIError as exc:
         raise EngineError(f"host {topology.name(i)}: cannot start a helper in its network namespace: "
-                          f"{str(exc.explanation or exc).strip().splitlines()[0]}") from None
+                          f"{reason(exc)}") from None
     return bytes(out).decode("utf-8", "replace")

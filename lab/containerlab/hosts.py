@@ -24,7 +24,7 @@ from docker.models.networks import Network
 
 from lab.containerlab import slurm
 from lab.containerlab.crossvpc import untrack_bridge
-from lab.containerlab.engine import EngineError, Say, each
+from lab.containerlab.engine import EngineError, Say, each, reason
 from lab.containerlab.topology import (
     DEFAULT_LAB,
     DEFAULT_SUBNETS,
@@ -270,9 +270,8 @@ def _start_host(client: docker.DockerClient, topology: Topology, i: int, image: 
         client.api.start(created["Id"])
         return client.containers.get(name)
     except APIError as exc:
-        reason = str(exc.explanation or exc).strip().splitlines()[0]
         raise EngineError(f"host {topology.name(i)}: cannot start {name} at {address} on {net.name}: "
-                          f"{reason}") from None
+                          f"{reason(exc)}") from None
 
 
 def _trusts(c: Container, public_key: Path) -> bool:

@@ -21,7 +21,7 @@ from pathlib import Path
 import docker
 from docker.errors import APIError, DockerException, ImageNotFound
 
-from lab.containerlab.engine import EngineError, Say, require_tool
+from lab.containerlab.engine import EngineError, Say, reason, require_tool
 from lab.transport import code_uploads
 
 log = logging.getLogger(__name__)
@@ -105,8 +105,7 @@ def resolve_base(client: docker.DockerClient, base: str, state_dir: Path, say: S
             client.images.pull(base)
             return base
         except (APIError, DockerException) as exc:
-            reason = (getattr(exc, "explanation", None) or str(exc)).strip().splitlines()[0][:200]
-            say(f"cannot pull {base} ({reason}): building an offline base with debootstrap instead")
+            say(f"cannot pull {base} ({reason(exc)}): building an offline base with debootstrap instead")
     return offline_base(client, state_dir, say, progress)
 
 

@@ -22,7 +22,7 @@ import os
 import re
 import socket
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,7 @@ from docker.tls import TLSConfig
 from docker.transport import SSHHTTPAdapter
 from yaml.nodes import Node
 
-from lab.containerlab.engine import EngineError, Say, each
+from lab.containerlab.engine import EngineError, Say, each, reason
 from lab.core.inventory import (
     VARS,
     Host,
@@ -230,16 +230,14 @@ def connect(machine: Machine, settings: SSHSettings, timeout: int = API_TIMEOUT)
         via = "over SSH (is the docker command on its PATH, and may its user run it?)" if ssh else \
             f"at {machine.docker_host}"
         raise HostUnreachable(machine.name, f"machine {machine.name}: its Docker engine does not answer {via}: "
-                                            f"{_first_line(exc)}") from None
+                                            f"{reason(exc)}") from None
     return Engine(machine, client, ssh, address, _facts(info, ssh))
 
 
 def connect_all(machines: Sequence[Machine], settings: SSHSettings, say: Say) -> list[Engine]:
     """Every machine's engine, checked; when any fails, the others are closed again and the
     error names each machine that failed, one line each."""
-    results = each(lambda m: _attempt(lambda: connect(m, settings)), machines)
-    failed = [r for r in results if isinstance(r, HostUnreachable)]
-    engines = [r for r in results if isinstance(r, Engine)]
+    engines, failed = connect_each(machines, settings)
     if failed:
         for e in engines:
             e.close()
@@ -249,11 +247,17 @@ def connect_all(machines: Sequence[Machine], settings: SSHSettings, say: Say) ->
     return engines
 
 
-def _attempt(call: Callable[[], Engine]) -> Engine | HostUnreachable:
-    try:
-        return call()
-    except HostUnreachable as exc:
-        return exc
+def connect_each(machines: Sequence[Machine], settings: SSHSettings) -> tuple[list[Engine], list[HostUnreachable]]:
+    """Every machine's engine, connected at once: those that answered, and the error of each that
+    did not."""
+    def attempt(machine: Machine) -> Engine | HostUnreachable:
+        try:
+            return connect(machine, settings)
+        except HostUnreachable as exc:
+            return exc
+
+    found = each(attempt, machines)
+    return [f for f in found if isinstance(f, Engine)], [f for f in found if isinstance(f, HostUnreachable)]
 
 
 def check_engines(engines: Sequence[Engine], architecture: str) -> None:
@@ -283,11 +287,3 @@ def _resolve(name: str) -> str:
         return str(socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)[0][4][0])
     except OSError:
         return name
-
-
-def _first_line(exc: BaseException) -> str:
-    tls = re.search(r"\[SSL: \w+\] ([^(]+?) \(_ssl", str(exc))  # (requests nests it deep in a long line)
-    if tls:
-        return f"TLS: {tls.group(1)}"
-    text = str(getattr(exc, "explanation", None) or exc).strip().splitlines()
-    return text[0][:200] if text else type(exc).__name__

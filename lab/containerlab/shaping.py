@@ -18,7 +18,7 @@ import docker
 from docker.errors import APIError, NotFound
 
 from lab.containerlab import helper
-from lab.containerlab.engine import EngineError, Say, each
+from lab.containerlab.engine import EngineError, Say, each, reason
 from lab.containerlab.topology import SHAPE_LABEL, SHAPED_LABEL, Topology
 from lab.errors import UsageError
 from lab.rank import netem
@@ -130,7 +130,7 @@ def shape(client: docker.DockerClient, topology: Topology, indices: Sequence[int
                 cap_add=["NET_ADMIN"], init=True, detach=True, labels=labels)
         except APIError as exc:
             raise EngineError(f"host {topology.name(i)}: cannot start its shaper: "
-                              f"{str(exc.explanation or exc).strip().splitlines()[0]}") from None
+                              f"{reason(exc)}") from None
         _wait_ready(shaper, topology.name(i))
         say(f"{topology.name(i)}: {wanted}")
 
@@ -183,9 +183,9 @@ def _wait_ready(shaper: docker.models.containers.Container, host: str) -> None:
         if shaper.status not in ("created", "running"):
             break
         time.sleep(0.1)
-    reason = _last_line(shaper) or f"not ready within {READY_WAIT:g}s"
+    why = _last_line(shaper) or f"not ready within {READY_WAIT:g}s"
     shaper.remove(force=True)
-    raise EngineError(f"host {host}: cannot shape its links: {reason}")
+    raise EngineError(f"host {host}: cannot shape its links: {why}")
 
 
 def _last_line(shaper: docker.models.containers.Container) -> str:

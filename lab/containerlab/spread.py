@@ -34,9 +34,9 @@ from docker.models.containers import Container
 
 from lab.containerlab import engine as local_engine
 from lab.containerlab import hosts, image, swarm
-from lab.containerlab.engine import EngineError, Say, each
+from lab.containerlab.engine import EngineError, Say, each, reason
 from lab.containerlab.image import Progress
-from lab.containerlab.machines import Engine, Machine, check_engines, connect, connect_all, load_machines
+from lab.containerlab.machines import Engine, Machine, check_engines, connect_all, connect_each, load_machines
 from lab.containerlab.topology import (
     FIRST_HOST,
     LABEL,
@@ -260,7 +260,7 @@ def _with_overlay(manager: Engine, engines: Sequence[Engine], spread: Spread, sa
                                        labels={LABEL: "1", NAME_LABEL: spread.lab})
     except APIError as exc:
         raise EngineError(f"machine {manager.name}: cannot create the overlay network {spread.overlay}: "
-                          f"{_first_line(exc)}") from None
+                          f"{reason(exc)}") from None
     return replace(spread, subnet=subnet)
 
 
@@ -281,7 +281,7 @@ def send_image(local: docker.DockerClient, engine: Engine, tag: str, say: Say, p
     except ImageNotFound:
         pass
     except (APIError, DockerException) as exc:
-        raise engine.fail(f"cannot look up image {tag}: {_first_line(exc)}") from None
+        raise engine.fail(f"cannot look up image {tag}: {reason(exc)}") from None
     size = int(local.images.get(tag).attrs.get("Size") or 0)
     say(f"machine {engine.name}: sending image {tag} ({size / 1e9:.1f} GB; once, while it lacks this tag)")
     started = time.monotonic()
@@ -292,7 +292,7 @@ def send_image(local: docker.DockerClient, engine: Engine, tag: str, say: Say, p
                 raise engine.fail(f"docker load of {tag} failed: {str(chunk['error']).strip()[:300]}")
         engine.client.images.get(tag)
     except (APIError, DockerException, OSError) as exc:
-        raise engine.fail(f"cannot send image {tag}: {_first_line(exc)}") from None
+        raise engine.fail(f"cannot send image {tag}: {reason(exc)}") from None
     say(f"machine {engine.name}: image {tag} loaded in {time.monotonic() - started:.0f}s")
 
 
@@ -356,7 +356,7 @@ def _start_host(engine: Engine, spread: Spread, i: int, tag: str, public_key: by
                     "after the machine came back up); trying again")
     except (APIError, DockerException) as exc:
         raise EngineError(f"host {spread.name(i)}: cannot start {name} on machine {engine.name}: "
-                          f"{_first_line(exc)}") from None
+                          f"{reason(exc)}") from None
 
 
 def _logs_in(c: Container, public_key: bytes) -> bool:
@@ -411,7 +411,7 @@ def bring_down(machines_file: str, lab: str, settings: SSHSettings, say: Say) ->
     machines the lab put in a swarm out again once no lab uses it; how many things went.
     Unreachable machines are one line each (HostsUnreachable, after the others are clean)."""
     machines = load_machines(machines_file)
-    engines, lost = _reachable(machines, settings)
+    engines, lost = connect_each(machines, settings)
     try:
         managers = [e for e in engines if e.client.info()["Swarm"].get("ControlAvailable")]
         removed = _remove(engines, lab, say, manager=managers[0] if managers else None)
@@ -423,18 +423,6 @@ def bring_down(machines_file: str, lab: str, settings: SSHSettings, say: Say) ->
     if lost:
         raise HostsUnreachable.of(lost)
     return removed
-
-
-def _reachable(machines: Sequence[Machine], settings: SSHSettings) -> tuple[list[Engine], list[HostUnreachable]]:
-    found: list[Engine | HostUnreachable] = each(lambda m: _try_connect(m, settings), machines)
-    return ([f for f in found if isinstance(f, Engine)], [f for f in found if isinstance(f, HostUnreachable)])
-
-
-def _try_connect(machine: Machine, settings: SSHSettings) -> Engine | HostUnreachable:
-    try:
-        return connect(machine, settings)
-    except HostUnreachable as exc:
-        return exc
 
 
 @dataclass(frozen=True)
@@ -452,7 +440,7 @@ class SpreadHost:
 def status(machines_file: str, lab: str, settings: SSHSettings) -> tuple[list[SpreadHost], list[HostUnreachable]]:
     """The lab's hosts on every machine, and the machines that did not answer."""
     machines = load_machines(machines_file)
-    engines, lost = _reachable(machines, settings)
+    engines, lost = connect_each(machines, settings)
     try:
         def on(e: Engine) -> list[SpreadHost]:
             found = []
@@ -471,9 +459,3 @@ def status(machines_file: str, lab: str, settings: SSHSettings) -> tuple[list[Sp
     finally:
         for e in engines:
             e.close()
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(getattr(exc, "explanation", None) or exc).strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__
-

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from docker.errors import APIError, DockerException, NotFound
 
-from lab.containerlab.engine import EngineError, Say
+from lab.containerlab.engine import EngineError, Say, reason
 from lab.containerlab.machines import Engine
 from lab.containerlab.topology import LABEL, NAME_LABEL
 
@@ -144,7 +144,7 @@ def leave(joined: Sequence[Engine], manager: Engine, say: Say) -> None:
                 _remove_node(manager, node_id)
             say(f"machine {e.name}: left the swarm")
         except (APIError, DockerException, OSError) as exc:
-            say(f"machine {e.name}: cannot leave the swarm: {str(exc).strip().splitlines()[0][:200]}")
+            say(f"machine {e.name}: cannot leave the swarm: {reason(exc)}")
 
 
 def _remove_node(manager: Engine, node_id: str) -> None:
@@ -158,5 +158,4 @@ def _call(engine: Engine, doing: str, action: Callable[[], object]) -> None:
     try:
         action()
     except APIError as exc:
-        raise EngineError(f"machine {engine.name}: {doing}: "
-                          f"{str(exc.explanation or exc).strip().splitlines()[0][:300]}") from None
+        raise EngineError(f"machine {engine.name}: {doing}: {reason(exc)}") from None
