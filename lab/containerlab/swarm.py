@@ -139,12 +139,25 @@ def leave(joined: Sequence[Engine], manager: Engine, say: Say) -> None:
     for e in (*[e for e in joined if e is not manager], *[e for e in joined if e is manager]):
         try:
             node_id = e.client.info()["Swarm"].get("NodeID")
-            e.client.swarm.leave(force=e is manager)
+            _leave(e, force=e is manager, say=say)
             if e is not manager and node_id:
                 _remove_node(manager, node_id)
             say(f"machine {e.name}: left the swarm")
         except (APIError, DockerException, OSError) as exc:
             say(f"machine {e.name}: cannot leave the swarm: {reason(exc)}")
+
+
+def _leave(engine: Engine, force: bool, say: Say) -> None:
+    """A worker leaves telling the manager; when the manager does not answer it in time (as for a
+    machine that came back up lately: "context deadline exceeded"), it leaves on its own
+    (``--force``): the manager's list loses the node all the same (_remove_node)."""
+    try:
+        engine.client.swarm.leave(force=force)
+    except APIError as exc:
+        if force:
+            raise
+        say(f"machine {engine.name}: its swarm's manager did not see it leave ({reason(exc)}): leaving on its own")
+        engine.client.swarm.leave(force=True)
 
 
 def _remove_node(manager: Engine, node_id: str) -> None:
