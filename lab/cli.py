@@ -309,8 +309,11 @@ def _lab_paths(args: argparse.Namespace) -> LabPaths:
 def _machines_file(args: argparse.Namespace) -> str | None:
     """--machines, else the machines file `lab up --machines` recorded for the lab (None: the lab
     is on this machine's engine)."""
-    record = _lab_paths(args).machines_record
-    return args.machines or (record.read_text().strip() if record.is_file() else None)
+    return args.machines or spread.recorded_machines(_lab_paths(args))
+
+
+ACROSS_MACHINES_HINT = ("a lab across machines is found beside its inventory: give its --inventory, or its "
+                        "--machines file")
 
 
 def _machines_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup, about: str) -> None:
@@ -666,7 +669,8 @@ def cmd_down(args: argparse.Namespace) -> int:
         return ExitCode.OK
     removed = hosts.down(engine.client(), say, None if args.all else args.name)
     which = "every lab" if args.all else f"lab {args.name}"
-    say(f"{which} is down ({removed} removed)" if removed else f"{which}: nothing to remove")
+    say(f"{which} is down ({removed} removed)" if removed else
+        f"{which}: nothing to remove on this machine's engine" + ("" if args.all else f" ({ACROSS_MACHINES_HINT})"))
     return ExitCode.OK
 
 
@@ -876,7 +880,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     found = hosts.status(engine.client(), args.name)
     if not found:
         start = "`make lab-up`" if args.name == DEFAULT_LAB else f"`python -m lab up --name {args.name}`"
-        console.print(f"no lab named {args.name} is running; start one with {start}")
+        console.print(f"no lab named {args.name} is running on this machine's engine; start one with {start} "
+                      f"({ACROSS_MACHINES_HINT})")
         return ExitCode.OK
     table = Table("container", "hostname", "state", "addresses", "ssh")
     for h in found:

@@ -130,6 +130,20 @@ def test_up_joins_the_machines_in_a_swarm_and_sends_the_image_once(spread: Sprea
     assert again.code == 0 and "sending image" not in again.out and "starting" not in again.out, again.text
 
 
+def test_a_second_up_with_other_hosts_or_limits_removes_and_remakes_what_differs(spread: Spread) -> None:
+    """Two hosts instead of four (one a machine), with another memory limit: the hosts no longer
+    wanted where they are go, the kept one is made anew for its limit; then four again."""
+    fewer = spread.up("--hosts", "2", "--memory", "2048")
+    assert fewer.code == 0 and "PASS    p2p" in fewer.out, fewer.text[-3000:]
+    assert "machine m1: removing mtest-node2 (not in this lab's 2 host(s) there)" in fewer.out, fewer.out
+    assert "starting mtest-node1" in fewer.out, fewer.out  # (its memory limit changed)
+    assert (spread.containers("m1"), spread.containers("m2")) == (["mtest-node1"], ["mtest-node2"])
+    back = spread.up("--hosts", "4", "--no-smoke")
+    assert back.code == 0, back.text[-3000:]
+    assert (spread.containers("m1"), spread.containers("m2")) == (["mtest-node1", "mtest-node2"],
+                                                                  ["mtest-node3", "mtest-node4"])
+
+
 def test_run_all_passes_with_ranks_on_both_machines(spread: Spread) -> None:
     result = spread("run", "all", "--hosts", str(spread.inventory), "--json")
     report = json.loads(result.out)
@@ -298,18 +312,25 @@ def test_a_lab_up_that_fails_on_one_machine_removes_what_it_started_on_all(sprea
         m.docker("m2", "rm", "-f", "mtest-fail-node2")
 
 
-def test_a_swarm_the_machines_were_in_is_used_and_left_as_found(spread: Spread) -> None:
-    """m1 manages a Swarm of its own before the lab: the lab joins m2 to it, and down takes out
-    only m2, leaving m1's Swarm (and its own network there) as they were."""
+def test_a_swarm_the_machines_were_in_is_used_and_left_as_found(spread: Spread, tmp_path: Path) -> None:
+    """m1 manages a Swarm of its own before the lab, and takes no lab host (lab_hosts: 0): the lab
+    joins m2 to it, and down takes out only m2, leaving m1's Swarm (and its own network there) as
+    they were."""
     m = spread.machines
+    manager_only = tmp_path / "machines.yaml"
+    manager_only.write_text(m.file.read_text().replace(f"m1: {{ansible_host: {m.addresses['m1']}}}",
+                                                       f"m1: {{ansible_host: {m.addresses['m1']}, lab_hosts: 0}}"))
+    assert "lab_hosts: 0" in manager_only.read_text()
     assert m.docker("m1", "swarm", "init", "--advertise-addr", m.addresses["m1"]).returncode == 0
     try:
         assert m.docker("m1", "network", "create", "-d", "overlay", "--attachable", "theirs").returncode == 0
-        up = spread.up("--hosts", "2", "--no-smoke")
+        up = spread("up", "--machines", str(manager_only), "--name", LAB, "--inventory", str(spread.inventory),
+                    "--hosts", "2", "--no-smoke", timeout=1500)
         assert up.code == 0 and "starting a swarm" not in up.out and "m2: joining the swarm of m1" in up.out, \
             up.text[-3000:]
         assert {n: labels.get(JOINED_LABEL) for n, labels in spread.node_labels("m1").items()} == {
             "m1": None, "m2": "1"}
+        assert {name: h["machine"] for name, h in spread.hosts().items()} == {"node1": "m2", "node2": "m2"}
         assert spread("run", "p2p", "--hosts", str(spread.inventory)).code == 0
         down = spread.down()
         assert down.code == 0, down.text

@@ -59,6 +59,8 @@ def test_a_machines_file_reads_like_an_inventory(tmp_path: Path) -> None:
     ("all:\n  hosts:\n    a: {docker_host: 'tcp://10.0.0.7:2376'}\n", 3, "needs docker_cert_path (TLS)"),
     ("all:\n  hosts:\n    a: {docker_host: 'http://10.0.0.7'}\n", 3, "ssh://[USER@]HOST[:PORT] or tcp://HOST:PORT"),
     ("all:\n  hosts:\n    a: {docker_host: 'ssh://x; rm -rf /'}\n", 3, "ssh://[USER@]HOST[:PORT]"),
+    ("all:\n  hosts:\n    a: {docker_host: 'ssh://h:abc'}\n", 3, "a port from 1 to 65535"),
+    ("all:\n  hosts:\n    a: {docker_host: 'tcp://h:99999', docker_cert_path: /x}\n", 3, "a port from 1 to 65535"),
     ("all:\n  hosts:\n    a: {docker_cert_path: /nonexistent}\n", 3, "ca.pem, cert.pem, key.pem missing"),
     ("all:\n  hosts:\n    a: {lab_hosts: -1}\n", 3, "lab_hosts must be an integer >= 0"),
     ("all:\n  hosts:\n    a: {slots: 2}\n", 3, "invalid slots '2' (a variable of a lab's hosts, not of a machine"),

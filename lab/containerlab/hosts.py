@@ -14,6 +14,7 @@ import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import docker
 from cryptography.hazmat.primitives import serialization
@@ -234,13 +235,7 @@ def _start_host(client: docker.DockerClient, topology: Topology, i: int, image: 
     labels = {**topology.labels("host"), SLOTS_LABEL: str(topology.slots)}  # compose/lab.yml sets the same
     try:
         c = client.containers.get(name)
-        endpoint = c.attrs["NetworkSettings"]["Networks"].get(net.name, {})
-        config = c.attrs["HostConfig"]
-        same = (image in c.image.tags and all(c.labels.get(k) == v for k, v in labels.items()) and
-                endpoint.get("IPAMConfig", {}).get("IPv4Address") == address and
-                config.get("Memory") == limits.memory_mb << 20 and config.get("PidsLimit") == limits.pids and
-                config.get("CapDrop") == ["ALL"])
-        if same and c.status == "running" and _trusts(c, paths.key.with_suffix(".pub")):
+        if keeps(c, image, labels, limits, paths.key.with_suffix(".pub").read_bytes(), net.name, address):
             return c
         claim(c, topology.lab)
         for shaper in client.containers.list(all=True, filters={"label": f"{SHAPED_LABEL}={name}"}):
@@ -254,18 +249,13 @@ def _start_host(client: docker.DockerClient, topology: Topology, i: int, image: 
              topology.volume: {"bind": SHARED_DIR, "mode": "rw"}}
     if topology.scheduler == "slurm":
         binds[str(paths.slurm_conf.resolve())] = {"bind": slurm.CONF_PATH, "mode": "ro"}
-    host_config = client.api.create_host_config(
-        binds=binds,
-        # Every peer address answers from /etc/hosts at once: a reverse lookup that waits for
-        # an unreachable resolver stalls torch's rendezvous by 10 s or more.
-        shm_size="1g", init=True, extra_hosts=peer_names(topology, i),
-        cap_drop=["ALL"], cap_add=list(HostLimits.CAPABILITIES), security_opt=["no-new-privileges"],
-        mem_limit=limits.memory_mb << 20, memswap_limit=limits.memory_mb << 20, pids_limit=limits.pids,
-        device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None)
+    # Every peer address answers from /etc/hosts at once: a reverse lookup that waits for an
+    # unreachable resolver stalls torch's rendezvous by 10 s or more.
+    config = host_config(client, limits, gpus, binds=binds, extra_hosts=peer_names(topology, i))
     try:
         created = client.api.create_container(
             image, name=name, hostname=topology.name(i), detach=True, labels=labels,
-            host_config=host_config,
+            host_config=config,
             networking_config=client.api.create_networking_config({net.name: endpoint}))
         client.api.start(created["Id"])
         return client.containers.get(name)
@@ -274,11 +264,31 @@ def _start_host(client: docker.DockerClient, topology: Topology, i: int, image: 
                           f"{reason(exc)}") from None
 
 
-def _trusts(c: Container, public_key: Path) -> bool:
-    """Whether the host logs in the lab's current key (a key made anew is a new file the running
-    container does not see)."""
+def host_config(client: docker.DockerClient, limits: HostLimits, gpus: bool, **more: Any) -> dict[str, Any]:
+    """What every lab host's container runs with: unprivileged (sshd's capabilities only, no new
+    privileges), an init, a large /dev/shm, the memory and process limits, the engine's GPUs
+    when asked; ``more``: the rest of create_host_config's arguments (binds, networking)."""
+    return dict(client.api.create_host_config(
+        shm_size="1g", init=True, cap_drop=["ALL"], cap_add=list(HostLimits.CAPABILITIES),
+        security_opt=["no-new-privileges"], mem_limit=limits.memory_mb << 20, memswap_limit=limits.memory_mb << 20,
+        pids_limit=limits.pids,
+        device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None, **more))
+
+
+def keeps(c: Container, image: str, labels: Mapping[str, str], limits: HostLimits, public_key: bytes,
+          network: str | None = None, address: str | None = None) -> bool:
+    """Whether a host's running container is as ``lab up`` would make it now (image, labels,
+    limits, no capability but sshd's, and on ``network`` at ``address``) and logs in the lab's
+    current key (a key made anew is a new file the running container does not see)."""
+    config = c.attrs["HostConfig"]
+    endpoint = c.attrs["NetworkSettings"]["Networks"].get(network) or {} if network else {}
+    if not (c.status == "running" and image in c.image.tags and all(c.labels.get(k) == v for k, v in labels.items())
+            and config.get("Memory") == limits.memory_mb << 20 and config.get("PidsLimit") == limits.pids
+            and config.get("CapDrop") == ["ALL"]
+            and (network is None or (endpoint.get("IPAMConfig") or {}).get("IPv4Address") == address)):
+        return False
     code, out = c.exec_run(["cat", "/etc/lab/authorized_keys"])
-    return code == 0 and bytes(out).strip() == public_key.read_bytes().strip()
+    return code == 0 and bytes(out).strip() == public_key.strip()
 
 
 def collect_host_keys(containers: list[Container], topology: Topology, paths: LabPaths) -> None:
@@ -304,12 +314,23 @@ def host_key(c: Container) -> str:
         time.sleep(START_POLL)
 
 
-def wait_for_ssh(targets: Mapping[str, tuple[str, int]]) -> None:
-    """Until every host's sshd (name -> address, port) answers with its banner (bounded)."""
-    deadline = time.monotonic() + SSH_WAIT
+def wait_for_ssh(targets: Mapping[str, tuple[str, int]], containers: Mapping[str, Container] | None = None) -> None:
+    """Until every host's sshd (name -> address, port) answers with its banner (bounded). With the
+    hosts' ``containers`` (by name), a host whose container has stopped (its sshd could not
+    listen, say) is an error at once, with the container's last line."""
+    deadline, looked = time.monotonic() + SSH_WAIT, time.monotonic()
     pending = dict(targets)
     while pending:
         pending = {name: at for name, at in pending.items() if not ssh_answers(*at)}
+        if pending and containers and time.monotonic() - looked > 1:
+            looked = time.monotonic()
+            for name in sorted(pending):
+                c = containers[name]
+                c.reload()
+                if c.status != "running":
+                    logs = c.logs(tail=3).decode(errors="replace").strip().splitlines()
+                    raise EngineError(f"host {name}: its container {c.name} stopped ({c.status}): "
+                                      f"{logs[-1] if logs else 'no output'}")
         if pending and time.monotonic() > deadline:
             where = (f"{name} ({address}:{port})" for name, (address, port) in sorted(pending.items()))
             raise EngineError(f"sshd did not answer on {', '.join(where)}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import threading
 import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,9 +32,10 @@ import paramiko
 from docker.errors import DockerException
 from docker.tls import TLSConfig
 from docker.transport import SSHHTTPAdapter
+from docker.transport.sshconn import SSHConnectionPool
 from yaml.nodes import Node
 
-from lab.containerlab.engine import EngineError, Say, each, reason
+from lab.containerlab.engine import API_TIMEOUT, EngineError, Say, each, reason
 from lab.core.inventory import (
     VARS,
     Host,
@@ -49,15 +51,20 @@ from lab.transport.ssh.transport import SSHSettings, SSHTransport
 
 API_VERSION = "1.41"  # Docker 20.10's API, which every later engine still speaks
 MIN_ENGINE = (20, 10)
-API_TIMEOUT = 120  # seconds for one engine API call
-API_SESSIONS = 4  # SSH sessions the API may hold on a machine's connection at once (sshd allows 10)
+LIVENESS_TIMEOUT = 5.0  # seconds to tell whether a machine's engine can still be reached
+API_SESSIONS = 4  # SSH sessions the API may hold on a machine's connection at once (sshd allows 10; the lab's
+# own commands there take one at a time)
 _DOCKER_HOST = re.compile(r"(ssh|tcp)://[A-Za-z0-9_.:@\[\]-]+\Z")
 
 
 def _docker_host(key: str, node: Node, base_dir: str) -> str:
     value = text_value(key, node, base_dir)
-    if not _DOCKER_HOST.match(value):
-        raise invalid_value(key, value, "ssh://[USER@]HOST[:PORT] or tcp://HOST:PORT")
+    try:
+        port_ok = urllib.parse.urlsplit(value).port != 0
+    except ValueError:  # (not a number, or past 65535)
+        port_ok = False
+    if not _DOCKER_HOST.match(value) or not port_ok:
+        raise invalid_value(key, value, "ssh://[USER@]HOST[:PORT] or tcp://HOST:PORT, a port from 1 to 65535")
     return value
 
 
@@ -145,6 +152,7 @@ class EngineFacts:
     version: str
     architecture: str
     memory: int  # bytes: available (MemAvailable) where SSH can read it, else the engine's total
+    memory_is_free: bool  # (False: the engine's total, for a machine reached over tcp://)
     cpus: int
     gpus: bool  # the engine has the nvidia runtime
     swarm: dict[str, Any]  # docker info's Swarm: LocalNodeState, NodeID, ControlAvailable, Cluster
@@ -152,8 +160,13 @@ class EngineFacts:
     def summary(self) -> str:
         state = self.swarm.get("LocalNodeState") or "inactive"
         role = " (manager)" if self.swarm.get("ControlAvailable") else ""
-        return (f"Docker {self.version}, {self.cpus} CPUs, {self.memory / 2**30:.1f} GiB free, "
+        return (f"Docker {self.version}, {self.cpus} CPUs, {self.memory_text}, "
                 f"{'GPUs' if self.gpus else 'no GPU'}, swarm {state}{role}")
+
+
+    @property
+    def memory_text(self) -> str:
+        return f"{self.memory / 2**30:.1f} GiB {'free' if self.memory_is_free else 'in all'}"
 
 
 class Engine:
@@ -173,6 +186,18 @@ class Engine:
         """An error naming the machine."""
         return HostUnreachable(self.name, f"machine {self.name}: {message}")
 
+    def answers(self) -> bool:
+        """Whether the engine can still be reached: its SSH connection alive, or its TLS port
+        taking connections (within LIVENESS_TIMEOUT)."""
+        if self.ssh is not None:
+            return not self.ssh.is_lost and self.ssh.reaches()
+        url = urllib.parse.urlsplit(str(self.machine.docker_host))
+        try:
+            socket.create_connection((url.hostname or self.address, url.port or 2376), LIVENESS_TIMEOUT).close()
+        except OSError:
+            return False
+        return True
+
     def close(self) -> None:
         self.client.close()
         if self.ssh is not None:
@@ -181,10 +206,15 @@ class Engine:
 
 class _LabSSHAdapter(SSHHTTPAdapter):  # type: ignore[misc]
     """docker-py's SSH adapter on a connection the lab made (host key checked, key login),
-    instead of one it would make itself from ~/.ssh."""
+    instead of one it would make itself from ~/.ssh; and with one pool of at most API_SESSIONS
+    sessions for every call. (docker-py keeps a pool per URL, each holding its idle
+    ``docker system dial-stdio`` sessions open: past a dozen different calls, more than sshd's
+    MaxSessions of 10, and the next session is refused. docker/docker-py#2246)"""
 
     def __init__(self, connection: paramiko.SSHClient, timeout: int) -> None:
         self._given = connection
+        self._pool: SSHConnectionPool | None = None
+        self._pool_lock = threading.Lock()
         super().__init__("ssh://machine", timeout=timeout, max_pool_size=API_SESSIONS)
 
     def _create_paramiko_client(self, base_url: str) -> None:
@@ -193,6 +223,19 @@ class _LabSSHAdapter(SSHHTTPAdapter):  # type: ignore[misc]
 
     def _connect(self) -> None:
         """(connected already: a lost connection stays lost, and the calls on it fail)"""
+
+    def get_connection(self, url: str, proxies: Any = None) -> SSHConnectionPool:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = SSHConnectionPool(ssh_client=self.ssh_client, timeout=self.timeout, maxsize=API_SESSIONS,
+                                               host=self.ssh_host)
+                self._pool.block = True  # (a call waits for a free session rather than open another)
+            return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+        super().close()
 
 
 def connect(machine: Machine, settings: SSHSettings, timeout: int = API_TIMEOUT) -> Engine:
@@ -211,15 +254,13 @@ def connect(machine: Machine, settings: SSHSettings, timeout: int = API_TIMEOUT)
             client.api.trust_env = False
             address = _resolve(urllib.parse.urlsplit(str(machine.docker_host)).hostname or machine.address)
         else:
-            status, seen = ssh.run(ssh.connection(), "echo $SSH_CONNECTION")
-            fields = seen.split()
-            address = fields[2] if status == 0 and len(fields) == 4 else _resolve(machine.address)
+            address = ssh.own_address() or _resolve(machine.address)
             client = docker.DockerClient(base_url=f"ssh://{machine.name}", version=API_VERSION, timeout=timeout,
                                          use_ssh_client=True)  # (no connection made: ours is mounted next)
             adapter = _LabSSHAdapter(ssh.connection(), timeout)
             client.api.mount("http+docker://ssh", adapter)
             client.api._custom_adapter = adapter
-        info = client.info()
+        facts = _facts(client.info(), ssh)
     except HostUnreachable:
         if ssh is not None:
             ssh.close()
@@ -231,7 +272,7 @@ def connect(machine: Machine, settings: SSHSettings, timeout: int = API_TIMEOUT)
             f"at {machine.docker_host}"
         raise HostUnreachable(machine.name, f"machine {machine.name}: its Docker engine does not answer {via}: "
                                             f"{reason(exc)}") from None
-    return Engine(machine, client, ssh, address, _facts(info, ssh))
+    return Engine(machine, client, ssh, address, facts)
 
 
 def connect_all(machines: Sequence[Machine], settings: SSHSettings, say: Say) -> list[Engine]:
@@ -272,13 +313,13 @@ def check_engines(engines: Sequence[Engine], architecture: str) -> None:
 
 
 def _facts(info: dict[str, Any], ssh: SSHTransport | None) -> EngineFacts:
-    memory = int(info.get("MemTotal") or 0)
+    memory, free = int(info.get("MemTotal") or 0), False
     if ssh is not None:
         status, out = ssh.run(ssh.connection(), "grep MemAvailable /proc/meminfo")
         fields = out.split()
         if status == 0 and len(fields) >= 2 and fields[1].isdigit():
-            memory = int(fields[1]) * 1024
-    return EngineFacts(str(info.get("ServerVersion", "?")), str(info.get("Architecture", "?")), memory,
+            memory, free = int(fields[1]) * 1024, True
+    return EngineFacts(str(info.get("ServerVersion", "?")), str(info.get("Architecture", "?")), memory, free,
                        int(info.get("NCPU") or 0), "nvidia" in (info.get("Runtimes") or {}), info.get("Swarm") or {})
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 import docker
+import paramiko
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.models.containers import Container
 
@@ -49,7 +50,8 @@ from lab.containerlab.topology import (
     check_lab_name,
     lab_inventory,
 )
-from lab.errors import HostsUnreachable, HostUnreachable, UsageError
+from lab.errors import HostsUnreachable, HostUnreachable, LabError, UsageError
+from lab.transport.ssh.config import known_hosts_name
 from lab.transport.ssh.transport import SSHSettings
 
 NetworkMode = Literal["overlay", "host"]
@@ -143,29 +145,55 @@ def bring_up(request: SpreadRequest, settings: SSHSettings, say: Say, progress: 
     machines = load_machines(request.machines_file)
     spread = Spread(request.lab, place(machines, request.hosts, request.network), request.network, request.slots)
     paths = LabPaths(request.inventory.resolve(), request.lab)
+    machines_file = str(Path(request.machines_file).resolve())
+    recorded = recorded_machines(paths)
+    if recorded not in (None, machines_file):
+        raise UsageError(f"lab {request.lab} is across the machines of {recorded}: `python -m lab down --name "
+                         f"{request.lab}` first, or give this lab another --name")
     local = local_engine.ensure_engine(say)  # (the image is built here, then sent)
-    if hosts.lab_containers(local, request.lab):
-        raise UsageError(f"a lab named {request.lab} runs on this machine's engine; give the lab across machines "
-                         "another --name")
-    hosts.ensure_key(paths.key, say)
-    engines = connect_all([m for m in machines if m.name in spread.on or m is machines[0]], settings, say)
     try:
-        check_engines(engines, str(local.info().get("Architecture")))
-        _say_if_short_of_memory(engines, spread, request.limits, say)
+        if hosts.lab_containers(local, request.lab):
+            raise UsageError(f"a lab named {request.lab} runs on this machine's engine; give the lab across "
+                             "machines another --name")
+        hosts.ensure_key(paths.key, say)
         tag = image.ensure_image(local, request.base, paths.state, say, progress)
-        recorded = paths.machines_record.is_file()  # (the lab is up already: a failure leaves what was there)
-        paths.own.mkdir(parents=True, exist_ok=True)  # (before anything starts there: `lab down --name` finds
-        paths.machines_record.write_text(f"{Path(request.machines_file).resolve()}\n")  # the machines again)
+        engines = connect_all(machines, settings, say)  # (every machine: a manager may host no lab host)
         try:
-            _bring_up_on(engines, spread, local, tag, paths, request, say, progress)
-        except BaseException:
-            if not recorded:
-                paths.machines_record.unlink(missing_ok=True)  # (what it started there is removed again)
-            raise
+            check_engines(engines, str(local.info().get("Architecture")))
+            _say_if_short_of_memory(engines, spread, request.limits, say)
+            paths.own.mkdir(parents=True, exist_ok=True)  # (before anything starts there: `lab down --name`
+            paths.machines_record.write_text(f"{machines_file}\n")  # finds the machines again)
+            try:
+                _bring_up_on(engines, spread, local, tag, paths, request, say, progress)
+            except BaseException as exc:
+                if recorded is None and not _anything_left(engines, request.lab):
+                    paths.machines_record.unlink(missing_ok=True)
+                if isinstance(exc, ENGINE_FAILURES):
+                    raise failed_machine(engines, exc) from None
+                raise
+        finally:
+            for e in engines:
+                e.close()
     finally:
-        for e in engines:
-            e.close()
+        local.close()
     return paths.inventory
+
+
+def recorded_machines(paths: LabPaths) -> str | None:
+    """The machines file the lab was brought up across (``lab up --machines``), if it was."""
+    record = paths.machines_record
+    return record.read_text().strip() if record.is_file() else None
+
+
+def _anything_left(engines: Sequence[Engine], lab: str) -> bool:
+    """Whether a container of the lab is still on a machine (or a machine cannot say)."""
+    for e in engines:
+        try:
+            if hosts.lab_containers(e.client, lab):
+                return True
+        except Exception:  # (a machine gone: what may be on it is not known)
+            return True
+    return False
 
 
 def _say_if_short_of_memory(engines: Sequence[Engine], spread: Spread, limits: HostLimits, say: Say) -> None:
@@ -176,23 +204,25 @@ def _say_if_short_of_memory(engines: Sequence[Engine], spread: Spread, limits: H
         wanted = hosts_here * (limits.memory_mb << 20)
         if hosts_here and e.facts.memory < wanted:
             say(f"machine {e.name}: its {hosts_here} host(s) may use {wanted / 2**30:.1f} GiB (--memory "
-                f"{limits.memory_mb} each) and {e.facts.memory / 2**30:.1f} GiB is free: jobs there may run out")
+                f"{limits.memory_mb} each) and it has {e.facts.memory_text}: jobs there may run out")
 
 
 def _bring_up_on(engines: list[Engine], spread: Spread, local: docker.DockerClient, tag: str, paths: LabPaths,
                  request: SpreadRequest, say: Say, progress: Progress) -> None:
     by_name = {e.name: e for e in engines}
+    hosting = [by_name[n] for n in dict.fromkeys(spread.on)]
+    _remove_unwanted(engines, spread, say)
     before = {e.name: hosts.lab_resources(e.client, spread.lab) for e in engines}
     manager, joined = None, []
     try:
         if spread.network == "overlay":
             manager = swarm.leader(engines)
-            joined = swarm.join(engines, manager, say)
-            swarm.wait_until_ready([by_name[n] for n in dict.fromkeys(spread.on)], manager, say)
+            joined = swarm.join(list(dict.fromkeys([manager, *hosting])), manager, say)
+            swarm.wait_until_ready(hosting, manager, say)
             spread = _with_overlay(manager, engines, spread, say)
         else:
-            spread = replace(spread, ssh_port=_host_mode_port([by_name[n] for n in spread.on], spread.lab))
-        each(lambda e: send_image(local, e, tag, say, progress), [e for e in engines if e.name in spread.on])
+            spread = replace(spread, ssh_port=_host_mode_port(hosting, spread.lab))
+        each(lambda e: send_image(local, e, tag, say, progress), hosting)
         public_key = paths.key.with_suffix(".pub").read_bytes()
         containers = each(lambda i: _start_host(by_name[spread.on[i - 1]], spread, i, tag, public_key,
                                                 request, say), spread.indices())
@@ -201,13 +231,13 @@ def _bring_up_on(engines: list[Engine], spread: Spread, local: docker.DockerClie
         machine = {m.name: m for m in (e.machine for e in engines)}
         at = {spread.name(i): (machine[spread.on[i - 1]].address, ports[i - 1]) for i in spread.indices()}
         paths.known_hosts.parent.mkdir(parents=True, exist_ok=True)
-        paths.known_hosts.write_text("".join(f"{_known_name(*at[spread.name(i)])} {key}\n"
+        paths.known_hosts.write_text("".join(f"{known_hosts_name(*at[spread.name(i)])} {key}\n"
                                              for i, key in zip(spread.indices(), keys)))
-        hosts.wait_for_ssh(at)
+        hosts.wait_for_ssh(at, {spread.name(i): c for i, c in zip(spread.indices(), containers)})
     except BaseException:
         removed = _remove(engines, spread.lab, say, spare=before, manager=manager)
-        if joined and manager is not None and not swarm.in_use(manager, besides=spread.lab):
-            swarm.leave(joined, manager, say)
+        if joined and manager is not None:
+            swarm.leave_if_unused(joined, manager, spread.lab, say)
         say(f"lab up did not finish: removed the {removed} container(s) and network(s) it created")
         raise
     data = {spread.name(i): spread.overlay_address(i) if spread.network == "overlay" else
@@ -224,8 +254,15 @@ def _bring_up_on(engines: list[Engine], spread: Spread, local: docker.DockerClie
         f"{f' {spread.subnet}' if spread.network == 'overlay' else ''}")
 
 
-def _known_name(address: str, port: int) -> str:
-    return address if port == 22 else f"[{address}]:{port}"
+def _remove_unwanted(engines: Sequence[Engine], spread: Spread, say: Say) -> None:
+    """Remove the lab's hosts that the lab no longer has where they are (it has fewer hosts now,
+    or they are placed otherwise): each would hold a name and an address a host wants."""
+    wanted = {(spread.container(i), machine) for i, machine in zip(spread.indices(), spread.on)}
+    for e in engines:
+        for c in hosts.lab_containers(e.client, spread.lab):
+            if (c.name, e.name) not in wanted:
+                say(f"machine {e.name}: removing {c.name} (not in this lab's {len(spread.on)} host(s) there)")
+                c.remove(force=True, v=True)
 
 
 def _host_mode_port(engines: Sequence[Engine], lab: str) -> int:
@@ -310,29 +347,21 @@ def _start_host(engine: Engine, spread: Spread, i: int, tag: str, public_key: by
                 say: Say) -> Container:
     """Host i's container on its machine, kept when it is as wanted (image, labels, key), else made anew."""
     client, name, labels = engine.client, spread.container(i), spread.labels(i)
+    overlay = spread.network == "overlay"
     try:
         c = client.containers.get(name)
         hosts.claim(c, spread.lab, f" on machine {engine.name}")
-        same = tag in c.image.tags and all(c.labels.get(k) == v for k, v in labels.items())
-        if spread.network == "overlay":
-            endpoint = c.attrs["NetworkSettings"]["Networks"].get(spread.overlay) or {}
-            same = same and (endpoint.get("IPAMConfig") or {}).get("IPv4Address") == spread.overlay_address(i)
-        if same and c.status == "running" and _logs_in(c, public_key):
+        if hosts.keeps(c, tag, labels, request.limits, public_key, *(
+                (spread.overlay, spread.overlay_address(i)) if overlay else ())):
             return c
         c.remove(force=True)
     except NotFound:
         pass
-    limits = request.limits
     gpus = request.gpus == "all" or (request.gpus == "auto" and engine.facts.gpus)
-    overlay = spread.network == "overlay"
     say(f"starting {name} ({spread.name(i)}) on machine {engine.name}"
         f"{f' at {spread.overlay_address(i)}' if overlay else ', in its network namespace'}")
-    host_config = client.api.create_host_config(
-        shm_size="1g", init=True, cap_drop=["ALL"], cap_add=list(HostLimits.CAPABILITIES),
-        security_opt=["no-new-privileges"], mem_limit=limits.memory_mb << 20,
-        memswap_limit=limits.memory_mb << 20, pids_limit=limits.pids,
-        port_bindings={22: None} if overlay else None, network_mode=None if overlay else "host",
-        device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None)
+    host_config = hosts.host_config(client, request.limits, gpus, port_bindings={22: None} if overlay else None,
+                                    network_mode=None if overlay else "host")
     networking = client.api.create_networking_config({spread.overlay: client.api.create_endpoint_config(
         ipv4_address=spread.overlay_address(i), aliases=[spread.name(i)])}) if overlay else None
     deadline = time.monotonic() + ATTACH_WAIT
@@ -359,11 +388,6 @@ def _start_host(engine: Engine, spread: Spread, i: int, tag: str, public_key: by
                           f"{reason(exc)}") from None
 
 
-def _logs_in(c: Container, public_key: bytes) -> bool:
-    code, out = c.exec_run(["cat", "/etc/lab/authorized_keys"])
-    return code == 0 and bytes(out).strip() == public_key.strip()
-
-
 def _one_file_tar(name: str, data: bytes) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
@@ -386,24 +410,43 @@ def _ssh_port(c: Container, spread: Spread) -> int:
 def _remove(engines: Sequence[Engine], lab: str, say: Say, spare: dict[str, set[str]] | None = None,
             manager: Engine | None = None) -> int:
     """Remove the lab's containers on every machine, then its networks (the overlay through the
-    manager); those in ``spare`` (machine -> ids, see hosts.lab_resources) stay. How many went."""
+    manager); those in ``spare`` (machine -> ids, see hosts.lab_resources) stay. How many went.
+    Never raises: what cannot go (a machine gone) is a line."""
     def containers(e: Engine) -> int:
         gone = 0
-        for c in hosts.lab_containers(e.client, lab):
-            if c.id not in (spare or {}).get(e.name, ()):
-                c.remove(force=True, v=True)
-                say(f"machine {e.name}: removed container {c.name}")
-                gone += 1
+        try:
+            for c in hosts.lab_containers(e.client, lab):
+                if c.id not in (spare or {}).get(e.name, ()):
+                    c.remove(force=True, v=True)
+                    say(f"machine {e.name}: removed container {c.name}")
+                    gone += 1
+        except Exception as exc:  # (best effort: the next machine all the same)
+            say(f"machine {e.name}: cannot remove lab {lab}'s containers there: {reason(exc)}")
         return gone
 
     removed = sum(each(containers, engines))
     gone: set[str] = set()  # (a worker may still list an overlay the manager removed)
     for e in [manager] if manager is not None else engines:
-        for net in hosts.lab_networks(e.client, lab):
-            if net.id not in gone and net.id not in (spare or {}).get(e.name, ()):
-                hosts.remove_network(net, lambda line, e=e: say(f"machine {e.name}: {line}"))  # type: ignore[misc]
-                gone.add(net.id)
+        try:
+            for net in hosts.lab_networks(e.client, lab):
+                if net.id not in gone and net.id not in (spare or {}).get(e.name, ()):
+                    hosts.remove_network(net, lambda line, e=e: say(f"machine {e.name}: {line}"))  # type: ignore[misc]
+                    gone.add(net.id)
+        except Exception as exc:
+            say(f"machine {e.name}: cannot remove lab {lab}'s networks there: {reason(exc)}")
     return removed + len(gone)
+
+
+ENGINE_FAILURES = (DockerException, OSError, paramiko.SSHException, EOFError)  # what a call to an engine may raise
+
+
+def failed_machine(engines: Sequence[Engine], exc: BaseException) -> LabError:
+    """A call to an engine failed outside the lab's own checks (the machine went down, say): one
+    line naming the machine whose engine no longer answers, else saying what failed."""
+    gone = [e for e in engines if not e.answers()]
+    if gone:
+        return HostsUnreachable.of([e.fail(f"its engine stopped answering ({reason(exc)})") for e in gone])
+    return EngineError(f"a machine's engine failed: {reason(exc)}")
 
 
 def bring_down(machines_file: str, lab: str, settings: SSHSettings, say: Say) -> int:
@@ -415,8 +458,10 @@ def bring_down(machines_file: str, lab: str, settings: SSHSettings, say: Say) ->
     try:
         managers = [e for e in engines if e.client.info()["Swarm"].get("ControlAvailable")]
         removed = _remove(engines, lab, say, manager=managers[0] if managers else None)
-        if managers and not swarm.in_use(managers[0], besides=lab):
-            swarm.leave(swarm.joined_by_lab(engines, managers[0]), managers[0], say)
+        if managers:
+            swarm.leave_if_unused(engines, managers[0], lab, say, only_marked=True)
+    except ENGINE_FAILURES as exc:
+        raise failed_machine(engines, exc) from None
     finally:
         for e in engines:
             e.close()
@@ -456,6 +501,8 @@ def status(machines_file: str, lab: str, settings: SSHSettings) -> tuple[list[Sp
             return found
 
         return [h for found in each(on, engines) for h in found], lost
+    except ENGINE_FAILURES as exc:
+        raise failed_machine(engines, exc) from None
     finally:
         for e in engines:
             e.close()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from docker.errors import APIError, DockerException, NotFound
+from docker.errors import APIError, NotFound
 
 from lab.containerlab.engine import EngineError, Say, reason
 from lab.containerlab.machines import Engine
@@ -116,13 +116,36 @@ def _label(manager: Engine, node_id: str) -> None:
     node.update(spec)
 
 
-def joined_by_lab(engines: Sequence[Engine], manager: Engine) -> list[Engine]:
-    """The engines whose swarm node carries ``lab.joined``."""
+def leave_if_unused(engines: Sequence[Engine], manager: Engine, lab: str, say: Say,
+                    only_marked: bool = False) -> None:
+    """Take out of the swarm the machines ``lab`` put in it, as far as no other lab needs them:
+    ``engines`` (``only_marked``: those whose node carries ``lab.joined``). A worker leaves unless
+    another lab's hosts run on it; the manager leaves (the swarm ends) only when no other lab has
+    its overlay on the swarm and no other node the lab put in is left in it (a node outside
+    ``engines``, another machines file's: it would be stranded in a swarm with no manager).
+    Never raises: what cannot be told or done is a line, and the machines stay."""
     try:
-        marked = {n.id for n in manager.client.nodes.list(filters={"node.label": JOINED_LABEL})}
-    except (APIError, DockerException):  # (not a manager now: nothing of the lab's to undo)
-        return []
-    return [e for e in engines if e.client.info()["Swarm"].get("NodeID") in marked]
+        marked = {n.id: str(n.attrs["Description"]["Hostname"])
+                  for n in manager.client.nodes.list(filters={"node.label": JOINED_LABEL})}
+        nodes = {e.name: str(e.client.info()["Swarm"].get("NodeID")) for e in engines}
+        leaving = [e for e in engines if (not only_marked or nodes[e.name] in marked) and
+                   (e is manager or not _hosts_other_labs(e, lab))]
+        strangers = sorted(name for node, name in marked.items() if node not in nodes.values())
+        used = in_use(manager, besides=lab)
+    except Exception as exc:  # (best effort, as all undoing)
+        say(f"machine {manager.name}: cannot tell which machines may leave the swarm ({reason(exc)}); they stay")
+        return
+    if manager in leaving and (used or strangers):
+        if strangers:
+            say(f"machine {manager.name} stays in the swarm and manages it: {', '.join(strangers)}, put in it by "
+                "lab up from another machines file, still are")
+        leaving.remove(manager)
+    leave(leaving, manager, say)
+
+
+def _hosts_other_labs(engine: Engine, lab: str) -> bool:
+    found = engine.client.containers.list(all=True, filters={"label": LABEL})
+    return any(c.labels.get(NAME_LABEL) != lab for c in found)
 
 
 def in_use(manager: Engine, besides: str) -> bool:
@@ -143,7 +166,7 @@ def leave(joined: Sequence[Engine], manager: Engine, say: Say) -> None:
             if e is not manager and node_id:
                 _remove_node(manager, node_id)
             say(f"machine {e.name}: left the swarm")
-        except (APIError, DockerException, OSError) as exc:
+        except Exception as exc:  # (never raises: the next machine all the same)
             say(f"machine {e.name}: cannot leave the swarm: {reason(exc)}")
 
 

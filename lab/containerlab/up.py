@@ -51,7 +51,8 @@ def bring_up(request: UpRequest, say: Say, progress: Progress) -> Path:
             crossvpc.start_gateway(client, topology, tag, request.peering, say)
             crossvpc.route_hosts_through_gateway(client, topology, tag)
         hosts.collect_host_keys(containers, topology, paths)
-        hosts.wait_for_ssh({topology.name(i): (topology.address(i), 22) for i in topology.indices()})
+        hosts.wait_for_ssh({topology.name(i): (topology.address(i), 22) for i in topology.indices()},
+                           {topology.name(i): c for i, c in zip(topology.indices(), containers)})
         if topology.scheduler == "slurm":
             slurm.start(topology, paths, say)
     except BaseException:

@@ -38,8 +38,12 @@ class Endpoint:
 
     @property
     def known_hosts_name(self) -> str:
-        """The name its keys have in known_hosts, as ssh writes it."""
-        return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
+        return known_hosts_name(self.address, self.port)
+
+
+def known_hosts_name(address: str, port: int) -> str:
+    """The name a server's keys have in known_hosts, as ssh writes it."""
+    return address if port == 22 else f"[{address}]:{port}"
 
 
 def read_config(path: str) -> paramiko.SSHConfig:

@@ -379,6 +379,10 @@ class SSHTransport(Transport):
     def is_lost(self) -> bool:
         return self._lost is not None
 
+    def reaches(self) -> bool:
+        """Whether the host's first connection is made and still up."""
+        return bool(self._clients) and self._reaches(self._clients[0])
+
     def check_alive(self, ended: bool = False) -> None:
         """Raise HostUnreachable when the host is lost: a keepalive on one of its connections went
         unanswered for ``alive_timeout`` seconds, or one of its connections was closed from the
