@@ -291,25 +291,49 @@ def test_down_leaves_every_engine_clean_and_no_swarm(spread: Spread) -> None:
 
 
 def test_a_lab_up_that_fails_on_one_machine_removes_what_it_started_on_all(spread: Spread, tmp_path: Path) -> None:
-    """A container of another's named as the lab's second host would be, on m2: `lab up` stops
-    with one line naming it and the machine, leaves it be, and removes the host it started on
-    m1, the overlay network and the Swarm it made."""
+    """Two ways a `lab up` fails on m2: one line names the host and the machine, and the host it
+    started on m1, the overlay network and the Swarm it made are gone.
+    - A container of another's named as the lab's second host would be: found before any host
+      starts, and left be.
+    - m2's copy of the lab image is broken (no command to run): m1's host was made at the same
+      time as m2's failed, and is removed."""
     m = spread.machines
-    image = m.docker("m2", "images", "--format", "{{.ID}}", "lab-host").stdout.split()[0]
-    assert m.docker("m2", "create", "--name", "mtest-fail-node2", image).returncode == 0
-    try:
-        result = spread("up", "--machines", str(m.file), "--name", "mtest-fail", "--hosts", "2", "--no-smoke",
-                        "--inventory", str(tmp_path / "fail.inventory.yaml"))
+    up = ("up", "--machines", str(m.file), "--name", "mtest-fail", "--hosts", "2", "--no-smoke",
+          "--inventory", str(tmp_path / "fail.inventory.yaml"))
+
+    swarms = (spread.swarm("m1"), spread.swarm("m2"))  # (inactive when the module's lab is down)
+
+    def failed_cleanly(result: Result) -> None:
         assert result.code != 0 and "Traceback" not in result.text, result.text
+        assert spread.containers("m1", "mtest-fail") == [], result.text
+        assert [n for n in spread.lab_networks("m1") if n.startswith("mtest-fail")] == [], result.text
+        assert (spread.swarm("m1"), spread.swarm("m2")) == swarms, result.text
+
+    image = m.docker("m2", "images", "--format", "{{.Repository}}:{{.Tag}} {{.ID}}", "lab-host").stdout.split()
+    assert m.docker("m2", "create", "--name", "mtest-fail-node2", image[1]).returncode == 0
+    try:
+        result = spread(*up)
         assert result.err.strip().splitlines() == [
             "lab: error: a container named mtest-fail-node2 on machine m2 is not lab mtest-fail's: remove or "
             "rename it, or give the lab another --name"], result.text
-        assert "machine m1: removed container mtest-fail-node1" in result.out, result.out
-        assert (spread.containers("m1", None), spread.lab_networks("m1")) == ([], [])
-        assert (spread.swarm("m1"), spread.swarm("m2")) == ("inactive", "inactive")
+        assert "starting mtest-fail-node" not in result.out, result.out
+        failed_cleanly(result)
         assert "mtest-fail-node2" in m.docker("m2", "ps", "-a", "--format", "{{.Names}}").stdout.split()
     finally:
         m.docker("m2", "rm", "-f", "mtest-fail-node2")
+
+    broken = m.docker("m2", "import", "/dev/null")  # an image of no files and no command
+    assert broken.returncode == 0, broken.stderr
+    assert m.docker("m2", "tag", broken.stdout.strip(), image[0]).returncode == 0
+    try:
+        result = spread(*up)
+        assert result.err.startswith("lab: error: host node2: cannot start mtest-fail-node2 on machine m2: "), \
+            result.text
+        assert "machine m1: removed container mtest-fail-node1" in result.out, result.out
+        failed_cleanly(result)
+    finally:
+        assert m.docker("m2", "tag", image[1], image[0]).returncode == 0
+        m.docker("m2", "rmi", broken.stdout.strip())
 
 
 def test_a_swarm_the_machines_were_in_is_used_and_left_as_found(spread: Spread, tmp_path: Path) -> None:

@@ -224,8 +224,14 @@ def _bring_up_on(engines: list[Engine], spread: Spread, local: docker.DockerClie
             spread = replace(spread, ssh_port=_host_mode_port(hosting, spread.lab))
         each(lambda e: send_image(local, e, tag, say, progress), hosting)
         public_key = paths.key.with_suffix(".pub").read_bytes()
-        containers = each(lambda i: _start_host(by_name[spread.on[i - 1]], spread, i, tag, public_key,
-                                                request, say), spread.indices())
+        # Every container that goes is gone before any is made: an engine that removes the last
+        # container it had on the overlay while it attaches another fails that one ("network not
+        # found") and keeps its attachment task for good, which then holds the network (no `lab
+        # down` could remove it; only leaving the swarm does: moby/moby#31068)
+        kept = each(lambda i: _kept(by_name[spread.on[i - 1]], spread, i, tag, public_key, request),
+                    spread.indices())
+        containers = each(lambda i: kept[i - 1] or _start_host(by_name[spread.on[i - 1]], spread, i, tag,
+                                                               public_key, request, say), spread.indices())
         ports = [_ssh_port(c, spread) for c in containers]
         keys = each(hosts.host_key, containers)
         machine = {m.name: m for m in (e.machine for e in engines)}
@@ -343,20 +349,30 @@ def _counted(chunks: Iterator[bytes], machine: str, size: int, progress: Progres
         yield chunk
 
 
-def _start_host(engine: Engine, spread: Spread, i: int, tag: str, public_key: bytes, request: SpreadRequest,
-                say: Say) -> Container:
-    """Host i's container on its machine, kept when it is as wanted (image, labels, key), else made anew."""
-    client, name, labels = engine.client, spread.container(i), spread.labels(i)
-    overlay = spread.network == "overlay"
+def _kept(engine: Engine, spread: Spread, i: int, tag: str, public_key: bytes,
+          request: SpreadRequest) -> Container | None:
+    """Host i's container on its machine when it is as wanted (image, labels, limits, key, address);
+    one that is not is removed (None)."""
     try:
-        c = client.containers.get(name)
+        c = engine.client.containers.get(spread.container(i))
         hosts.claim(c, spread.lab, f" on machine {engine.name}")
-        if hosts.keeps(c, tag, labels, request.limits, public_key, *(
-                (spread.overlay, spread.overlay_address(i)) if overlay else ())):
+        if hosts.keeps(c, tag, spread.labels(i), request.limits, public_key, *(
+                (spread.overlay, spread.overlay_address(i)) if spread.network == "overlay" else ())):
             return c
         c.remove(force=True)
     except NotFound:
         pass
+    except (APIError, DockerException) as exc:
+        raise EngineError(f"host {spread.name(i)}: cannot check {spread.container(i)} on machine {engine.name}: "
+                          f"{reason(exc)}") from None
+    return None
+
+
+def _start_host(engine: Engine, spread: Spread, i: int, tag: str, public_key: bytes, request: SpreadRequest,
+                say: Say) -> Container:
+    """Host i's container made on its machine (where there is none of that name)."""
+    client, name, labels = engine.client, spread.container(i), spread.labels(i)
+    overlay = spread.network == "overlay"
     gpus = request.gpus == "all" or (request.gpus == "auto" and engine.facts.gpus)
     say(f"starting {name} ({spread.name(i)}) on machine {engine.name}"
         f"{f' at {spread.overlay_address(i)}' if overlay else ', in its network namespace'}")
