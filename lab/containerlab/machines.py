@@ -163,7 +163,6 @@ class EngineFacts:
         return (f"Docker {self.version}, {self.cpus} CPUs, {self.memory_text}, "
                 f"{'GPUs' if self.gpus else 'no GPU'}, swarm {state}{role}")
 
-
     @property
     def memory_text(self) -> str:
         return f"{self.memory / 2**30:.1f} GiB {'free' if self.memory_is_free else 'in all'}"
