@@ -41,7 +41,7 @@ from lab.containerlab.up import UpRequest, bring_up
 from lab.core import bench, grade
 from lab.core import slurm as slurm_jobs
 from lab.core.grade import DEFAULT_WALL
-from lab.core.inventory import ALLOCATION, Inventory, allocation_inventory, load_inventory, local_inventory
+from lab.core.inventory import load_inventory, local_inventory
 from lab.core.judge import ended, exit_code, hung_at_start, judge
 from lab.core.plan import (
     BACKENDS,
@@ -56,13 +56,14 @@ from lab.core.plan import (
 )
 from lab.core.report import STATUS_STYLES, LineStreamer, print_report, to_json, to_junit
 from lab.core.runner import run_plan
-from lab.core.slurm import WORKING
+from lab.core.slurm import ALLOCATION, WORKING, allocation_inventory
 from lab.core.text import printable
 from lab.doctor.known import printed_causes, run_causes
 from lab.doctor.render import print_diagnosis
 from lab.doctor.run import diagnose, explain_hang
 from lab.doctor.scenario import run_scenario
 from lab.errors import ExitCode, LabError, UsageError
+from lab.inventory import Inventory
 from lab.suite import registry
 from lab.transport import with_master_address
 from lab.transport.local import local_gpu_count

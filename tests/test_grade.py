@@ -21,8 +21,8 @@ from lab.containerlab import engine
 from lab.containerlab.sandbox import IMAGE, ROLE_NAME
 from lab.containerlab.topology import ROLE
 from lab.core.grade import Submission, find_submissions, one_user_hosts, split_inventory
-from lab.core.inventory import Host, Inventory
 from lab.errors import UsageError
+from lab.inventory import Host, Inventory
 
 from .conftest import REPO, Lab
 

@@ -9,14 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from lab.core.inventory import (
-    Host,
-    Inventory,
-    load_inventory,
-    local_inventory,
-    parse_inventory,
-)
+from lab.core.inventory import load_inventory, local_inventory, parse_inventory
 from lab.errors import ExitCode, InventoryError, UsageError
+from lab.inventory import Host, Inventory
 
 REPO_INVENTORY = Path(__file__).resolve().parent.parent / "inventory.yaml"
 HOSTILE = Path(__file__).resolve().parent / "hostile"

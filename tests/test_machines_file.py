@@ -12,9 +12,9 @@ import pytest
 
 from lab.containerlab.machines import Machine, load_machines
 from lab.containerlab.spread import Spread, place
-from lab.core.inventory import Host
 from lab.core.plan import Options, without_unshared
 from lab.errors import InventoryError, UsageError
+from lab.inventory import Host
 from lab.suite import registry
 
 from .conftest import REPO

@@ -6,7 +6,7 @@ import json
 import pytest
 import yaml
 
-from lab.core.inventory import Host, Inventory, local_inventory
+from lab.core.inventory import local_inventory
 from lab.core.plan import (
     RUN_DIR,
     Launch,
@@ -18,6 +18,7 @@ from lab.core.plan import (
     port_macro,
 )
 from lab.errors import UsageError
+from lab.inventory import Host, Inventory
 from lab.suite import registry
 
 TOKEN = "t0k3n"

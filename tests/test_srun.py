@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from lab.core import slurm
-from lab.core.inventory import Host, allocation_inventory, expand_nodelist
+from lab.core.slurm import allocation_inventory, expand_nodelist
 from lab.doctor import slurm as doctor_slurm
 from lab.doctor.slurm import SlurmAnswers
 from lab.errors import ExitCode, UsageError
+from lab.inventory import Host
 from lab.rank import srun
 from lab.rank.node import per_node_counts
 from lab.rank.output import HOLD

@@ -19,11 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from lab.core.inventory import Host, Inventory, load_inventory
+from lab.core.inventory import load_inventory
 from lab.core.judge import judge
 from lab.core.plan import Options, build_plan, data_address
 from lab.core.runner import RunOutcome, run_plan
 from lab.errors import ExitCode, HostUnreachable, RunError
+from lab.inventory import Host, Inventory
 from lab.suite import registry
 from lab.transport import RankProcess, code_uploads, transport_for, with_master_address
 from lab.transport.ssh import RANKS_PER_CONNECTION, SSHSettings, SSHTransport

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.core.inventory import Host
 from lab.errors import RunError
+from lab.inventory import Host
 from lab.transport.ssh import SSHSettings, SSHTransport
 
 from .conftest import REPO

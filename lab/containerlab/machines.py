@@ -24,7 +24,7 @@ import socket
 import threading
 import urllib.parse
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import docker
@@ -36,18 +36,11 @@ from docker.transport.sshconn import SSHConnectionPool
 from yaml.nodes import Node
 
 from lab.containerlab.engine import API_TIMEOUT, EngineError, Say, each, reason
-from lab.core.inventory import (
-    VARS,
-    Host,
-    Reader,
-    integer,
-    invalid_value,
-    read_ansible,
-    read_text,
-    text_value,
-)
+from lab.core.ansible import Key, integer, invalid_value, read_ansible, read_text, text_value
+from lab.core.inventory import HOST_KEYS
 from lab.errors import HostsUnreachable, HostUnreachable, InventoryError
-from lab.transport.ssh.transport import SSHSettings, SSHTransport
+from lab.inventory import Host
+from lab.transport.ssh import SSHSettings, SSHTransport
 
 API_VERSION = "1.41"  # Docker 20.10's API, which every later engine still speaks
 MIN_ENGINE = (20, 10)
@@ -81,18 +74,28 @@ def _lab_host_only(key: str, node: Node, base_dir: str) -> object:
                                                               "lab up --hosts and --slots, or lab_hosts, shape the lab")
 
 
-_LOGIN = ("ansible_host", "ansible_port", "ansible_user", "ansible_ssh_private_key_file", "ssh_known_hosts_file")
+_LOGIN = ("ansible_port", "ansible_user", "ansible_ssh_private_key_file", "ssh_known_hosts_file")
 _LAB_HOST_ONLY = ("slots", "gpus", "data_address", "network_interface", "shared_dir", "docker_container",
                   "grade_users", "machine")
-# What machines.yaml reads: how to log in (as in a lab inventory), and the machine's own settings.
+# What machines.yaml reads: how to log in (as in a lab inventory), and the machine's own settings,
+# each with the Machine field it fills, how its value is read and what it means (as HOST_KEYS).
 # What only a lab's hosts have is an error here (a Docker machine is not a lab host); other
 # variables are ignored, as in a lab inventory.
-MACHINE_VARS: dict[str, tuple[str, Reader]] = {
-    **{name: VARS[name] for name in _LOGIN},
-    **{name: (name, _lab_host_only) for name in _LAB_HOST_ONLY},
-    "docker_host": ("docker_host", _docker_host),
-    "docker_cert_path": ("cert_path", _cert_path),
-    "lab_hosts": ("lab_hosts", integer(0)),
+MACHINE_KEYS: dict[str, Key] = {
+    "ansible_host": replace(HOST_KEYS["ansible_host"], meaning=(
+        "the machine's address, where SSH reaches it and its hosts' sshd: an IPv4 or IPv6 address or a DNS host "
+        "name (default: docker_host's host, else the machine's name)")),
+    **{name: HOST_KEYS[name] for name in _LOGIN},
+    **{name: Key(name, _lab_host_only, "a lab host's variable, refused here: `lab up --hosts` and `--slots`, or "
+                                       "lab_hosts, shape the lab") for name in _LAB_HOST_ONLY},
+    "docker_host": Key("docker_host", _docker_host, "how the Docker SDK reaches the machine's engine: "
+                                                    "`ssh://[USER@]HOST[:PORT]` (default: the machine's own SSH "
+                                                    "login) or `tcp://HOST:PORT` with TLS"),
+    "docker_cert_path": Key("cert_path", _cert_path, "a directory with ca.pem, cert.pem and key.pem, the TLS files "
+                                                     "of a `tcp://` docker_host (as DOCKER_CERT_PATH); relative to "
+                                                     "the machines file's directory"),
+    "lab_hosts": Key("lab_hosts", integer(0), "lab hosts to place on the machine (default: an even share of "
+                                              "`--hosts`; 0: none)"),
 }
 
 
@@ -124,7 +127,7 @@ class Machine:
 def load_machines(path: str) -> tuple[Machine, ...]:
     """Read and check machines.yaml."""
     base_dir = os.path.dirname(os.path.abspath(path))
-    entries = read_ansible(read_text(path, "a machines file"), path, base_dir, MACHINE_VARS, "the machines file")
+    entries = read_ansible(read_text(path, "a machines file"), path, base_dir, MACHINE_KEYS, "the machines file")
     machines = tuple(Machine(name, **{"address": _default_address(name, values), **values},  # type: ignore[arg-type]
                              source=source) for name, values, _groups, source in entries)
     for m in machines:

@@ -28,13 +28,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal, Protocol
 
-from lab.core.inventory import Host, Inventory
 from lab.core.judge import ExerciseReport, judge
 from lab.core.plan import Options, build_plan
 from lab.core.report import to_junit
 from lab.core.runner import RunOutcome, run_plan
 from lab.core.text import printable
 from lab.errors import ExitCode, LabError, UsageError
+from lab.inventory import Host, Inventory
 from lab.transport.ssh import SSHSettings
 
 DEFAULT_WALL = 300.0  # seconds one submission may take in all

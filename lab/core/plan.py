@@ -33,8 +33,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, get_args
 
-from lab.core.inventory import Host, Inventory
 from lab.errors import UsageError
+from lab.inventory import Host, Inventory
 from lab.suite.registry import Exercise, Rendezvous
 
 Backend = Literal["gloo", "nccl"]

@@ -1,6 +1,6 @@
 """What the controller knows of Slurm: a job it started (``--launcher srun``), cancelled by name
-when a run stops early, Slurm's refusals to run one, each as one line with its exit code, and the
-batch jobs of ``lab submit``.
+when a run stops early, Slurm's refusals to run one, each as one line with its exit code, the
+batch jobs of ``lab submit``, and the nodes of the allocation the lab runs in (``--hosts slurm``).
 
 The job is the run's (``Plan.job_name``: ``lab-TOKEN``), so cancelling it by name on the login
 host (``scancel --name``) reaches it whatever became of the ``srun`` that started it, and
@@ -16,12 +16,15 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from lab.core.ansible import HOST_NAME, PLAIN_PATH
 from lab.core.plan import check_partition
 from lab.errors import ExitCode, LabError, UsageError
+from lab.inventory import Host, Inventory
+from lab.rank.node import per_node_counts
 from lab.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -200,3 +203,65 @@ def job_output(out: Path, job_id: str) -> str:
 def ran_out_of_time(output: str) -> bool:
     """Whether Slurm ended the job at its time limit (what slurmstepd writes in its output)."""
     return "DUE TO TIME LIMIT" in output
+
+
+ALLOCATION = "slurm"  # --hosts slurm: the nodes of the Slurm allocation the lab runs in
+
+
+def allocation_inventory(environ: Mapping[str, str], python: str) -> Inventory:
+    """The nodes of the Slurm allocation the lab runs in (``salloc``, ``sbatch``), read from its
+    environment (SLURM_JOB_NODELIST, SLURM_TASKS_PER_NODE), each reached by a job step of its own
+    (``connection: slurm``) and running ``python``: this one, as a cluster's nodes share it. Their
+    ``shared_dir`` (file:// rendezvous) is LAB_SHARED_DIR, a directory every node mounts, if set."""
+    nodelist, tasks = environ.get("SLURM_JOB_NODELIST"), environ.get("SLURM_TASKS_PER_NODE")
+    if not environ.get("SLURM_JOB_ID") or not nodelist or not tasks:
+        raise UsageError("--hosts slurm reads the nodes of the Slurm allocation the lab runs in: run it inside "
+                         "one (salloc -N2 --ntasks-per-node=2, or an sbatch script); SLURM_JOB_ID, "
+                         "SLURM_JOB_NODELIST and SLURM_TASKS_PER_NODE are not all set here")
+    try:
+        nodes, counts = expand_nodelist(nodelist), per_node_counts(tasks)
+    except ValueError as exc:
+        raise UsageError(f"--hosts slurm: SLURM_JOB_NODELIST={nodelist!r}, SLURM_TASKS_PER_NODE={tasks!r}: "
+                         f"{exc}") from None
+    if len(nodes) != len(counts) or not all(HOST_NAME.match(n) for n in nodes):
+        raise UsageError(f"--hosts slurm: SLURM_JOB_NODELIST={nodelist!r} and SLURM_TASKS_PER_NODE={tasks!r} do "
+                         f"not name one task count per node")
+    shared = environ.get("LAB_SHARED_DIR") or None
+    if shared is not None and not PLAIN_PATH.match(shared):
+        raise UsageError(f"LAB_SHARED_DIR={shared!r}: not an absolute path of plain characters")
+    source = f"<slurm job {environ['SLURM_JOB_ID']}>"
+    return Inventory(source, tuple(Host(node, node, connection="slurm", python=python, slots=count, source=source,
+                                        shared_dir=shared) for node, count in zip(nodes, counts)))
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Slurm's compact list of nodes as names: ``node[1-3,07],login`` -> node1, node2, node3,
+    node07, login (ranges keep their zero padding; ValueError when it is not such a list)."""
+    names: list[str] = []
+    depth, start = 0, 0
+    for i, char in enumerate(nodelist + ","):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if depth < 0 or depth > 1:
+            raise ValueError("unbalanced brackets")
+        if char == "," and depth == 0:
+            names += _expand_name(nodelist[start:i])
+            start = i + 1
+    return names
+
+
+def _expand_name(name: str) -> list[str]:
+    """One item of a node list: a name, or a name with bracketed ranges (``gpu[1-2]-ib[0-1]``)."""
+    head, bracket, rest = name.partition("[")
+    if not bracket:
+        if not name:
+            raise ValueError("an empty name")
+        return [name]
+    inside, _, tail = rest.partition("]")
+    tails = _expand_name(tail) if tail else [""]
+    numbers: list[str] = []
+    for part in inside.split(","):
+        first, _, last = part.partition("-")
+        if not first.isdigit() or (last and not last.isdigit()) or int(last or first) < int(first):
+            raise ValueError(f"not a range: {part!r}")
+        numbers += [f"{n:0{len(first)}d}" for n in range(int(first), int(last or first) + 1)]
+    return [f"{head}{number}{t}" for number in numbers for t in tails]

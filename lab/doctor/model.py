@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
-from lab.core.inventory import Host
 from lab.errors import ExitCode
+from lab.inventory import Host
 from lab.rank.probe import (
     Advertised,
     Interface,

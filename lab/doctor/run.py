@@ -26,7 +26,6 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from lab.core.inventory import Host, Inventory
 from lab.core.plan import data_address, interface_env, new_token
 from lab.doctor import slurm
 from lab.doctor.model import (
@@ -40,6 +39,7 @@ from lab.doctor.model import (
 )
 from lab.doctor.rules import analyse, hang_causes
 from lab.errors import HostUnreachable
+from lab.inventory import Host, Inventory
 from lab.rank.probe import (
     PROBE_VAR,
     Lookup,

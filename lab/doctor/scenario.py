@@ -20,12 +20,12 @@ from dataclasses import dataclass, replace
 
 from lab.containerlab import crossvpc, engine, hosts
 from lab.containerlab.engine import EngineError
-from lab.core.inventory import Inventory
 from lab.core.judge import ExerciseReport, judge
 from lab.core.plan import Options, build_plan
 from lab.core.runner import OnLine, RunOutcome, run_plan
 from lab.doctor.model import Diagnosis
 from lab.doctor.run import diagnose
+from lab.inventory import Inventory
 from lab.transport.ssh import SSHSettings
 
 BROKEN_RUN_TIMEOUT = 20.0  # seconds: long enough for the store, short enough not to wait in vain

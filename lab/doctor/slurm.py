@@ -14,10 +14,10 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from lab.core.inventory import Host
 from lab.core.slurm import WORKING
 from lab.doctor.model import Finding
 from lab.errors import LabError
+from lab.inventory import Host
 from lab.transport import Transport, for_each_host
 
 MARK = "lab-slurm:"

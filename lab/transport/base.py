@@ -23,8 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, TypeVar
 
-from lab.core.inventory import Host
 from lab.errors import RunError
+from lab.inventory import Host
 from lab.rank.protocol import PID_MARK
 
 log = logging.getLogger(__name__)

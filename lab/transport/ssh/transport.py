@@ -52,8 +52,8 @@ from typing import IO, cast
 
 import paramiko
 
-from lab.core.inventory import Host
 from lab.errors import HostUnreachable, LabError, RunError
+from lab.inventory import Host
 from lab.rank.protocol import PID_MARK
 from lab.transport.base import (
     RankProcess,

@@ -1,0 +1,51 @@
+"""The inventory's model: the hosts the lab runs on, how each is reached and what it holds.
+
+Data only, and the standard library only: ``lab.core.inventory`` reads an inventory file into
+it, ``lab.transport`` reaches the hosts it names, and everything above passes it around.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+Connection = Literal["ssh", "local", "docker", "slurm"]
+CONNECTIONS: tuple[Connection, ...] = get_args(Connection)
+DEFAULT_PYTHON = "python3"
+
+
+@dataclass(frozen=True)
+class Host:
+    """One machine (or container) the lab starts ranks on."""
+
+    name: str
+    address: str  # ansible_host, else the name
+    port: int = 22
+    user: str | None = None
+    key_file: str | None = None  # absolute path
+    known_hosts: str | None = None  # absolute path of the lab's known_hosts file for this host
+    connection: Connection = "ssh"
+    python: str = DEFAULT_PYTHON
+    slots: int = 1  # ranks on this host
+    gpus: int = 0
+    data_address: str | None = None  # the address peers use for the data plane, if not `address`
+    network_interface: str | None = None  # the NIC for the data plane (GLOO_SOCKET_IFNAME)
+    shared_dir: str | None = None  # a directory every host mounts (NFS...): file:// rendezvous
+    container: str | None = None  # the container name, for connection docker
+    machine: str | None = None  # the Docker machine the host's container runs on (lab up --machines)
+    grade_users: tuple[str, ...] = ()  # lab grade's share N logs in as the Nth (else as `user`)
+    groups: tuple[str, ...] = ()  # every group the host is in, `all` left out, in file order
+    source: str = ""  # "inventory.yaml:12": where the host is defined
+
+    @property
+    def is_local(self) -> bool:
+        return self.connection == "local"
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: str
+    hosts: tuple[Host, ...]  # in file order (first appearance)
+
+    @property
+    def world_size(self) -> int:
+        return sum(host.slots for host in self.hosts)
