@@ -51,8 +51,8 @@ from lab.containerlab.topology import (
     lab_inventory,
 )
 from lab.errors import HostsUnreachable, HostUnreachable, LabError, UsageError
+from lab.transport.ssh import SSHSettings
 from lab.transport.ssh.config import known_hosts_name
-from lab.transport.ssh.transport import SSHSettings
 
 NetworkMode = Literal["overlay", "host"]
 NETWORK_MODES: tuple[NetworkMode, ...] = get_args(NetworkMode)

@@ -33,20 +33,16 @@ Contracts:
 from __future__ import annotations
 
 import contextlib
-import getpass
 import io
 import logging
-import os
 import posixpath
 import shlex
 import signal
-import socket
 import tarfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, cast
 
@@ -64,85 +60,13 @@ from lab.transport.base import (
     remote_command,
     removable,
 )
-from lab.transport.ssh.config import (
-    Endpoint,
-    identity_files,
-    jumps_of,
-    lookup,
-    parse_jump,
-    port_of,
-    read_config,
-)
-from lab.transport.ssh.known_hosts import CheckHostKey, KnownHosts
+from lab.transport.ssh.connections import Connections, SSHSettings, is_up, reason
 
 log = logging.getLogger(__name__)
-WIRE_LOG = f"{__name__}.paramiko"  # paramiko's own log lines for the lab's connections
 
-
-def _only_when_verbose(record: logging.LogRecord) -> bool:
-    """paramiko logs a failed handshake with a traceback at ERROR; the lab raises one line for
-    it instead, so paramiko's lines show only when the lab logs at DEBUG (``-v``); and never the
-    two lines of every keepalive (its request, the server's "denied")."""
-    if not log.isEnabledFor(logging.DEBUG):
-        return False
-    message = record.getMessage()
-    return KEEPALIVE_REQUEST not in message and message != "Global request denied."
-
-
-logging.getLogger(WIRE_LOG).addFilter(_only_when_verbose)
-
-DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
-RANKS_PER_CONNECTION = 8  # sshd allows 10 sessions per connection (MaxSessions); keep two spare
 COMMANDS_PER_CONNECTION = 2  # short commands (kill, rm, an upload) at once on one connection: the spare sessions
-MAX_JUMPS = 8  # ProxyJump hops before we call it a loop
 SETTLE = 0.05  # seconds paramiko may take to mark a dropped connection inactive after its channels closed
-KEEPALIVE_REQUEST = "keepalive@openssh.com"  # OpenSSH's own: any server answers it (with "failure")
 LINES_BEFORE_PID = 100  # what a login script may print before the pid line
-
-
-@dataclass(frozen=True)
-class SSHSettings:
-    """How every SSH host of a run is reached."""
-
-    connect_timeout: float = 10.0  # seconds for any one wait: TCP, banner, auth, a channel, a reply
-    keepalive: float = 5.0  # seconds between two keepalives on every connection
-    alive_timeout: float = 30.0  # seconds a keepalive may go unanswered before the host is lost
-    accept_new_host_keys: bool = False  # trust and record a host key seen for the first time
-    known_hosts: str | None = None  # the lab's known_hosts file; a host's own file wins
-    ssh_config: str = "~/.ssh/config"
-
-
-
-
-class _Keepalive:
-    """Asks the host for an answer every ``interval`` seconds on one connection, from a thread of
-    its own (paramiko's ``set_keepalive`` asks for no answer, so it cannot tell a silent peer)."""
-
-    def __init__(self, transport: paramiko.Transport, interval: float, name: str) -> None:
-        self._transport = transport
-        self._interval = interval
-        self._asked_at: float | None = None  # when the keepalive still unanswered was sent
-        self._stopped = threading.Event()
-        threading.Thread(target=self._run, name=f"lab-ssh-keepalive-{name}", daemon=True).start()
-
-    def _run(self) -> None:
-        while not self._stopped.wait(self._interval) and self._transport.is_active():
-            self._asked_at = time.monotonic()
-            try:  # (returns when the answer came, or when the connection closed)
-                self._transport.global_request(KEEPALIVE_REQUEST, wait=True)
-            except (paramiko.SSHException, OSError, EOFError):
-                return  # it cannot even be asked: the question stays unanswered
-            if self._transport.is_active():
-                self._asked_at = None
-
-    def silent_for(self, now: float) -> float:
-        """How long the host has left a keepalive unanswered on this connection (0 when none is
-        waiting, or the connection is closed: that is no silence)."""
-        asked = self._asked_at
-        return 0.0 if asked is None or not self._transport.is_active() else now - asked
-
-    def stop(self) -> None:
-        self._stopped.set()
 
 
 class _QuietFinalizer:
@@ -237,14 +161,8 @@ class SSHTransport(Transport):
         self.settings = settings
         # how messages name it: a lab host (and the Docker machine it is on), or a Docker machine
         self.who = f"{what} {host.name}" + (f" on machine {host.machine}" if host.machine else "")
-        self._config: paramiko.SSHConfig | None = None  # read at the first connection
-        self._endpoint: Endpoint | None = None
-        self._lock = threading.RLock()  # ranks of one host may be started from several threads
-        self._clients: list[paramiko.SSHClient] = []  # [0]: files, signals; ranks fill each in turn
-        self._ranks_on: list[int] = []  # rank channels started on each of _clients
-        self._hop: paramiko.SSHClient | None = None  # the last jump host, shared by _clients
-        self._jump_clients: list[paramiko.SSHClient] = []
-        self._keepalives: list[_Keepalive] = []  # one per connection, the jump hosts' too
+        self._connections = Connections(host, settings, self.who)
+        self._lock = threading.Lock()  # the host is found lost once
         self._lost: str | None = None  # why the host is lost (it went silent), once it is
         self._commands = threading.BoundedSemaphore(COMMANDS_PER_CONNECTION)
 
@@ -255,7 +173,7 @@ class SSHTransport(Transport):
         every file there in one more: a tar stream into ``tar -x`` on the host. A host without a
         working tar gets them over one SFTP session instead (closed again: it would hold a
         session slot), a round trip or more per file."""
-        client = self._main()
+        client = self._connections.main()
         subdirs = [d for d in (posixpath.dirname(relative) for relative in uploads) if d]
         status, output = self.run(client, make_run_dir_command(run_name, subdirs))
         run_dir = made_run_dir(output)
@@ -275,10 +193,10 @@ class SSHTransport(Transport):
         try:
             sftp = client.open_sftp()
         except (paramiko.SSHException, EOFError) as exc:  # no SFTP subsystem: "Channel closed."
-            if not self._reaches(client):
+            if not is_up(client):
                 raise
             raise RunError(f"{self.who}: cannot copy the run's files: its tar failed and it has no "
-                           f"SFTP ({_reason(exc)})") from None
+                           f"SFTP ({reason(exc)})") from None
         try:
             sftp.get_channel().settimeout(self.settings.connect_timeout)  # type: ignore[union-attr]
             for relative, source in uploads.items():
@@ -315,23 +233,17 @@ class SSHTransport(Transport):
             return output.splitlines()[-1] if output else f"exit status {status}"
         return None
 
-    @staticmethod
-    def _reaches(client: paramiko.SSHClient, settle: float = 0.0) -> bool:
-        transport = client.get_transport()
-        if transport is not None and transport.is_active() and settle:
-            transport.join(settle)  # (a dropped connection's thread ends within it)
-        return transport is not None and transport.is_active()
-
     def cleanup(self, keep: bool = False, also: Sequence[str] = ()) -> None:
         """``rm -rf`` the run directory (if ``prepare`` made it) and ``also``; a failure is logged."""
         directories = removable([self.run_dir, *also]) if self.run_dir else []
         if keep or not directories:
             return
-        if self.is_lost or (self._clients and not self._reaches(self._clients[0])):
-            log.debug("%s: gone; %s is left there", self._where(), " ".join(directories))
+        first = self._connections.first
+        if self.is_lost or (first is not None and not is_up(first)):
+            log.debug("%s: gone; %s is left there", self._connections.where, " ".join(directories))
             return  # (the run's error names the host; its files went down with it)
         try:
-            status, output = self.run(self._main(), f"rm -rf -- {shlex.join(directories)}")
+            status, output = self.run(self._connections.main(), f"rm -rf -- {shlex.join(directories)}")
         except LabError as exc:
             log.warning("%s; %s is left on host %s", exc, " ".join(directories), self.host.name)
             return
@@ -340,7 +252,7 @@ class SSHTransport(Transport):
 
     def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> RankProcess:
         """Start ``argv`` on its own channel and read its pid (= its process group)."""
-        client = self._rank_client()
+        client = self._connections.for_rank()
         command = remote_command(self.python, argv, env, cwd)
         with self._talking("starting a rank"):
             channel = self._session(client)
@@ -360,18 +272,13 @@ class SSHTransport(Transport):
     def own_address(self) -> str | None:
         """The host's address on the connection that reaches it: sshd's SSH_CONNECTION says
         "client port server port". The address peers use when the inventory gives none."""
-        status, output = self.run(self._main(), "echo $SSH_CONNECTION")
+        status, output = self.run(self._connections.main(), "echo $SSH_CONNECTION")
         fields = output.split()
         return fields[2] if status == 0 and len(fields) == 4 else None
 
     def close(self) -> None:
         """Close every connection, the jump hosts' last; safe to call twice."""
-        for keepalive in self._keepalives:
-            keepalive.stop()
-        for client in (*self._clients, *reversed(self._jump_clients)):
-            client.close()
-        self._clients, self._ranks_on, self._jump_clients, self._hop = [], [], [], None
-        self._keepalives = []
+        self._connections.close()
 
     # -- liveness ---------------------------------------------------------------------
 
@@ -381,7 +288,8 @@ class SSHTransport(Transport):
 
     def reaches(self) -> bool:
         """Whether the host's first connection is made and still up."""
-        return bool(self._clients) and self._reaches(self._clients[0])
+        first = self._connections.first
+        return first is not None and is_up(first)
 
     def check_alive(self, ended: bool = False) -> None:
         """Raise HostUnreachable when the host is lost: a keepalive on one of its connections went
@@ -392,19 +300,18 @@ class SSHTransport(Transport):
         dropped connection a moment before it marks the connection inactive (SETTLE waits for it)."""
         if self._lost is None:
             now = time.monotonic()
-            silent = max((k.silent_for(now) for k in list(self._keepalives)), default=0.0)
-            closed = not all(self._reaches(c, settle=SETTLE if ended else 0.0) for c in list(self._clients))
+            silent = self._connections.silent_for(now)
+            closed = not self._connections.all_up(settle=SETTLE if ended else 0.0)
             if silent < self.settings.alive_timeout and not closed:
                 return
             with self._lock:
                 if self._lost is None:
-                    self._lost = (f"{self._where()}: lost: " + (
+                    self._lost = (f"{self._connections.where}: lost: " + (
                         f"no answer to SSH keepalives for {silent:.0f}s (the host or the network went silent)"
                         if silent >= self.settings.alive_timeout else
                         "its SSH connection was closed from the other end (the host went down, or its sshd)"))
                     log.debug("%s; closing its connections", self._lost)
-                    for client in (*self._clients, *self._jump_clients):
-                        client.close()
+                    self._connections.cut()
         raise HostUnreachable(self.host.name, self._lost)
 
     def kill_all(self, processes: Sequence[RankProcess]) -> None:
@@ -457,7 +364,7 @@ class SSHTransport(Transport):
         if not pgids:
             return
         name = signal.Signals(signum).name
-        client = client or (self._clients[0] if self._clients else None)
+        client = client or self._connections.first
         if self._lost is not None or client is None:
             log.debug("host %s: %s; cannot send %s to pgid %s", self.host.name, self._lost or "not connected", name,
                       " ".join(map(str, pgids)))
@@ -504,178 +411,18 @@ class SSHTransport(Transport):
         except TimeoutError:
             if self._lost is not None:
                 raise HostUnreachable(self.host.name, self._lost) from None
-            raise HostUnreachable(self.host.name, f"{self._where()}: no answer within "
+            raise HostUnreachable(self.host.name, f"{self._connections.where}: no answer within "
                                                   f"{self.settings.connect_timeout:g}s "
                                   f"while {doing}") from None
         except (paramiko.SSHException, EOFError, ConnectionError) as exc:
             if self._lost is not None:
                 raise HostUnreachable(self.host.name, self._lost) from None
-            raise HostUnreachable(self.host.name, f"{self._where()}: SSH connection failed while {doing}: "
-                                  f"{_reason(exc)}") from None
-
-    def _where(self) -> str:
-        return self._endpoint.where if self._endpoint else self.who
+            raise HostUnreachable(self.host.name, f"{self._connections.where}: SSH connection failed while "
+                                  f"{doing}: {reason(exc)}") from None
 
     # -- connections ------------------------------------------------------------------
 
     def connection(self) -> paramiko.SSHClient:
         """The host's first connection (made now if it is not yet): for commands, and for what
         rides on SSH besides ranks (the Docker API of a machine)."""
-        return self._main()
-
-    def _main(self) -> paramiko.SSHClient:
-        """The first connection: files, commands, and the first ranks."""
-        with self._lock:
-            if not self._clients:
-                self._clients.append(self._connect())
-                self._ranks_on.append(0)
-            return self._clients[0]
-
-    def _rank_client(self) -> paramiko.SSHClient:
-        """A connection with a free session slot for one more rank."""
-        with self._lock:
-            self._main()
-            if self._ranks_on[-1] >= RANKS_PER_CONNECTION:
-                self._clients.append(self._connect())
-                self._ranks_on.append(0)
-            self._ranks_on[-1] += 1
-            return self._clients[-1]
-
-    def _connect(self) -> paramiko.SSHClient:
-        """A new logged-in connection to the host, through its jump hosts if any."""
-        if self._config is None or self._endpoint is None:
-            self._config = read_config(self.settings.ssh_config)
-            self._endpoint = self._target(self._config)
-        endpoint = self._endpoint
-        if not endpoint.jumps:
-            return self._login(endpoint, None)
-        if self._hop is None:
-            self._hop = self._reach(self._jump(self._config, endpoint.jumps), self._config, 1)
-        return self._login(endpoint, self._tunnel(self._hop, endpoint))
-
-    def _reach(self, endpoint: Endpoint, config: paramiko.SSHConfig, depth: int) -> paramiko.SSHClient:
-        """A connection to jump host ``endpoint``, through the hops before it."""
-        sock = None
-        if endpoint.jumps:
-            if depth >= MAX_JUMPS:
-                raise HostUnreachable(endpoint.host, f"{endpoint.who}: more than {MAX_JUMPS} ProxyJump hops (a loop in "
-                                      f"{self.settings.ssh_config}?)")
-            sock = self._tunnel(self._reach(self._jump(config, endpoint.jumps), config, depth + 1), endpoint)
-        client = self._login(endpoint, sock)
-        self._jump_clients.append(client)
-        return client
-
-    def _tunnel(self, hop: paramiko.SSHClient, endpoint: Endpoint) -> paramiko.Channel:
-        """A ``direct-tcpip`` channel from jump host ``hop`` to ``endpoint``."""
-        transport = hop.get_transport()
-        try:
-            if transport is None or not transport.is_active():
-                raise EOFError("the connection to the jump host is closed")
-            return transport.open_channel("direct-tcpip", (endpoint.address, endpoint.port), ("127.0.0.1", 0),
-                                          timeout=self.settings.connect_timeout)
-        except (paramiko.SSHException, EOFError, OSError) as exc:
-            raise HostUnreachable(endpoint.host, f"{endpoint.where}: the jump host cannot connect to it: "
-                                  f"{_reason(exc)}") from None
-
-    def _login(self, endpoint: Endpoint, sock: paramiko.Channel | None) -> paramiko.SSHClient:
-        """Connect to ``endpoint``, check its host key and log in with a key."""
-        timeout = self.settings.connect_timeout
-        known = KnownHosts(self._known_hosts_files(), self.settings.accept_new_host_keys)
-        client = paramiko.SSHClient()  # no host keys loaded: every key goes to CheckHostKey
-        client.set_log_channel(WIRE_LOG)
-        policy = CheckHostKey(known, endpoint)
-        client.set_missing_host_key_policy(policy)
-        log.debug("%s: connecting as %s%s", endpoint.where, endpoint.user, " through a jump host" if sock else "")
-        started = time.monotonic()
-        try:
-            client.connect(endpoint.address, endpoint.port, username=endpoint.user,
-                           key_filename=list(endpoint.key_files) or None,  # type: ignore[arg-type]
-                           allow_agent=True, look_for_keys=not endpoint.key_files, sock=sock,
-                           timeout=timeout, banner_timeout=timeout, auth_timeout=timeout,
-                           channel_timeout=timeout, transport_factory=known.transport_factory(endpoint))
-        except BaseException as exc:
-            client.close()
-            silent = time.monotonic() - started >= timeout  # paramiko's errors for this vary
-            raise _unreachable(endpoint, exc, timeout, authenticating=policy.accepted, silent=silent) from None
-        transport = client.get_transport()
-        if transport is not None:
-            self._keepalives.append(_Keepalive(transport, self.settings.keepalive, endpoint.host))
-        return client
-
-    # -- where the host is ------------------------------------------------------------
-
-    def _known_hosts_files(self) -> tuple[str, ...]:
-        """The lab's file first (new keys go there), then ~/.ssh/known_hosts."""
-        lab = self.host.known_hosts or self.settings.known_hosts
-        files = [os.path.expanduser(path) for path in (lab, DEFAULT_KNOWN_HOSTS) if path]
-        return tuple(dict.fromkeys(files))
-
-    def _target(self, config: paramiko.SSHConfig) -> Endpoint:
-        """The host as the inventory names it, completed from the SSH config."""
-        host = self.host
-        options = lookup(config, host.name, host.address)
-        explicit_address = host.address != host.name  # ansible_host given
-        return Endpoint(
-            host=host.name, who=self.who,
-            address=host.address if explicit_address else options.get("hostname", host.name),
-            port=host.port if host.port != 22 else port_of(options, self.who),
-            user=host.user or options.get("user") or getpass.getuser(),
-            key_files=(host.key_file,) if host.key_file else identity_files(options),
-            jumps=jumps_of(options, self.who),
-            hash_known_hosts=options.get("hashknownhosts", "no").lower() == "yes")
-
-    def _jump(self, config: paramiko.SSHConfig, jumps: tuple[str, ...]) -> Endpoint:
-        """The last hop of ``jumps``; the hops before it lead there (else its own ProxyJump)."""
-        *before, spec = jumps
-        user, name, port = parse_jump(spec, self.who)
-        options = lookup(config, name, name)
-        who = f"{self.who}: jump host {spec}"
-        own_keys = identity_files(options)
-        return Endpoint(
-            host=self.host.name, who=who, address=options.get("hostname", name),
-            port=port or port_of(options, who),
-            user=user or options.get("user") or getpass.getuser(),
-            key_files=own_keys or ((self.host.key_file,) if self.host.key_file else ()),
-            jumps=tuple(before) or jumps_of(options, who),
-            hash_known_hosts=options.get("hashknownhosts", "no").lower() == "yes")
-
-
-# -- commands and messages ------------------------------------------------------------
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, paramiko.ChannelException):
-        return f"channel refused ({exc.text})"
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    return str(exc) or type(exc).__name__
-
-
-def _unreachable(endpoint: Endpoint, exc: BaseException, timeout: float, authenticating: bool,
-                 silent: bool) -> BaseException:
-    """The one-line error for a failed login (a LabError, or the original exception)."""
-    if isinstance(exc, LabError) or not isinstance(exc, Exception):
-        return exc  # our host-key verdict, or KeyboardInterrupt
-    if authenticating or isinstance(exc, paramiko.AuthenticationException):
-        keys = ", ".join(endpoint.key_files) or "from ssh-agent or ~/.ssh"
-        if isinstance(exc, paramiko.PasswordRequiredException):
-            why = ": it needs a passphrase; add it to ssh-agent"
-        elif isinstance(exc, paramiko.AuthenticationException):
-            why = ""  # the server said no
-        else:  # an unreadable key, no key at all, a timeout
-            why = f": {_reason(exc)}"
-        return HostUnreachable(endpoint.host, f"{endpoint.who}: SSH authentication failed for user {endpoint.user} "
-                               f"(key {keys}){why}")
-    if isinstance(exc, socket.gaierror):
-        reason = f"cannot resolve {endpoint.address}: {exc.strerror}"
-    elif isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
-        reason = "; ".join(sorted({_reason(e) for e in exc.errors.values()}))
-    elif isinstance(exc, TimeoutError):
-        reason = f"no answer within {timeout:g}s"
-    elif silent:
-        reason = f"no answer within {timeout:g}s ({_reason(exc)})"
-    elif isinstance(exc, paramiko.SSHException):
-        reason = f"SSH handshake failed: {_reason(exc)}"
-    else:
-        reason = _reason(exc)
-    return HostUnreachable(endpoint.host, f"{endpoint.where}: cannot connect: {reason}")
+        return self._connections.main()
