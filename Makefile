@@ -13,7 +13,7 @@ BENCH ?=
 REPEAT ?= 3
 
 .DEFAULT_GOAL := help
-.PHONY: help venv python-venv test test-host test-unit lint bench run list lab-up lab-down lab-status clean
+.PHONY: help venv python-venv test test-host test-unit lint docs bench run list lab-up lab-down lab-status clean
 
 help: ## show the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -33,8 +33,11 @@ test-host:
 	@tests/setup-host.sh
 
 lint: venv ## ruff and mypy (the settings are in pyproject.toml)
-	$(PY) -m ruff check lab tests benchmarks
+	$(PY) -m ruff check lab tests benchmarks docs
 	$(PY) -m mypy
+
+docs: venv ## regenerate docs/reference.md from the parser (a test fails when it is stale)
+	$(PY) -m docs.reference
 
 test-unit: venv ## run the fast tests only (no processes, sshd or Docker)
 	$(PY) -m pytest -q -m "not local and not sshd and not docker and not machines"

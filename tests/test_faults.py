@@ -10,13 +10,13 @@ from lab.doctor.known import KNOWN
 from .conftest import REPO
 
 
-def test_every_fault_undoes_what_it_does_and_is_in_the_readme_table() -> None:
-    readme = (REPO / "README.md").read_text()
+def test_every_fault_undoes_what_it_does_and_is_in_the_docs_table() -> None:
+    doc = (REPO / "docs" / "engineers.md").read_text()
     for fault in FAULTS.values():
         for done, undone in (fault.in_host, fault.in_namespace):
             assert bool(undone) >= bool(done), fault.kind
         assert fault.in_host[1] or fault.in_namespace[1], fault.kind
-        assert f"| `{fault.kind}` |" in readme, fault.kind
+        assert f"| `{fault.kind}` |" in doc, fault.kind
     assert KINDS == ("loopback-hostname", "blocked-port", "wrong-ifname", "partition", "slow-dns", "port-taken")
 
 
