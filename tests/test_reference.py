@@ -7,6 +7,8 @@ import pytest
 
 from docs.reference import REFERENCE, REGENERATE, Command, render, walk
 from lab.cli import build_parser
+from lab.containerlab.machines import MACHINE_KEYS
+from lab.core.inventory import HOST_KEYS
 from lab.errors import ExitCode
 
 
@@ -22,7 +24,7 @@ def test_the_reference_does_not_depend_on_the_terminal_width(monkeypatch: pytest
     assert widths[0] == widths[1]
 
 
-def test_every_command_option_and_exit_code_is_in_it() -> None:
+def test_every_command_option_exit_code_and_key_is_in_it() -> None:
     text = render()
     for command in walk(Command(build_parser(), (), None)):
         assert f"# {' '.join(command.words) or command.parser.prog}\n" in text
@@ -32,3 +34,5 @@ def test_every_command_option_and_exit_code_is_in_it() -> None:
                     assert f"`{flag}`" in text, flag
     for code in ExitCode:
         assert f"| {int(code)} | `{code.name}` | {code.meaning} |" in text
+    for name, key in [*HOST_KEYS.items(), *MACHINE_KEYS.items()]:
+        assert f"| `{name}`" in text and " ".join(key.meaning.split()) in text, name
