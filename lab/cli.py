@@ -12,8 +12,9 @@ import stat
 import sys
 import tempfile
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import NoReturn
 
@@ -24,9 +25,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.text import Text
 
-from lab.containerlab import crossvpc, engine, faults, hosts, sandbox, shaping, slurm, spread
+from lab.containerlab import crossvpc, engine, faults, hosts, shaping, slurm, spread
 from lab.containerlab.image import DEFAULT_BASE, OFFLINE
-from lab.containerlab.sandbox import Limits
 from lab.containerlab.topology import (
     DEFAULT_LAB,
     SCHEDULERS,
@@ -38,9 +38,8 @@ from lab.containerlab.topology import (
     default_inventory,
 )
 from lab.containerlab.up import UpRequest, bring_up
-from lab.core import bench, grade
+from lab.core import bench
 from lab.core import slurm as slurm_jobs
-from lab.core.grade import DEFAULT_WALL
 from lab.core.inventory import ALLOCATION, Inventory, allocation_inventory, load_inventory, local_inventory
 from lab.core.judge import ended, exit_code, hung_at_start, judge
 from lab.core.plan import (
@@ -63,6 +62,9 @@ from lab.doctor.render import print_diagnosis
 from lab.doctor.run import diagnose, explain_hang
 from lab.doctor.scenario import run_scenario
 from lab.errors import ExitCode, LabError, UsageError
+from lab.grading.grade import Grade, Gradebook, find_submissions, grade_all
+from lab.grading.places import DEFAULT_WALL, GradeRequest, places_for
+from lab.grading.sandbox import Limits
 from lab.suite import registry
 from lab.transport import with_master_address
 from lab.transport.local import local_gpu_count
@@ -520,46 +522,20 @@ def _run_cross_vpc(inventory: Inventory, options: Options, args: argparse.Namesp
 
 
 def cmd_grade(args: argparse.Namespace) -> int:
-    exercise = _one_exercise(args.exercise)
-    if args.parallel < 1:
-        raise UsageError(f"--parallel must be at least 1, got {args.parallel}")
-    for option in ("timeout", "wall"):
-        if getattr(args, option) <= 0:
-            raise UsageError(f"--{option} must be positive, got {getattr(args, option):g}")
-    if args.hosts and args.sandbox == "container":
-        raise UsageError("--sandbox container is for the local cluster: with --hosts the submissions run "
-                         "on the inventory's hosts")
-    limits = Limits(args.memory, args.pids)
-    try:
-        limits.check()
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    submissions = grade.find_submissions(Path(args.submissions), exercise.program.rsplit(".", 1)[-1])
-    options = Options((exercise,), args.backend, "env", args.timeout, memory_mb=args.memory)
+    request = GradeRequest(_one_exercise(args.exercise), args.parallel, args.timeout, args.wall, args.hosts,
+                           args.nproc, args.sandbox, Limits(args.memory, args.pids), args.backend)
+    request.check()
+    submissions = find_submissions(Path(args.submissions), request.exercise.program.rsplit(".", 1)[-1])
     settings = _ssh_settings(args)
-    book = grade.Gradebook(Path(args.out))
+    book = Gradebook(Path(args.out))
     console = Console(highlight=False)
-    with contextlib.ExitStack() as stack:
-        if args.hosts:
-            inventory = with_master_address(load_inventory(args.hosts), settings)
-            places = [grade.fixed(share) for share in
-                      grade.split_inventory(inventory, args.parallel, exercise.min_ranks)]
-            shared = grade.one_user_hosts(inventory) if args.parallel > 1 else []
-            if shared:
-                console.print(f"note: {', '.join(shared)} name no grade_users: the submissions graded at once "
-                              "there run as one user and can read each other's run files", style="yellow")
-        elif args.sandbox == "none":
-            places = [grade.fixed(local_inventory(args.nproc))] * args.parallel
-        else:
-            local_inventory(args.nproc)  # (checks --nproc)
-            client = engine.client()
-            state = LabPaths(Path(default_inventory(DEFAULT_LAB)).resolve()).state  # (the wheelhouse `lab up` keeps)
-            with console.status("the sandbox image", spinner="dots") as spinner:
-                sandbox.ensure_sandbox_image(client, state, _sayer(console),
-                                             lambda line: spinner.update(Text(line[:100], style="dim")))
-            stack.enter_context(sandbox.sandboxes_of(client))
-            places = [sandbox.maker(client, args.nproc, limits)] * args.parallel
-        grades = _grade_with_progress(console, submissions, options, places, book, settings, args.wall)
+    with places_for(request, settings, _sayer(console), partial(_working, console)) as places:
+        if places.one_user_hosts:
+            console.print(f"note: {', '.join(places.one_user_hosts)} name no grade_users: the submissions graded "
+                          "at once there run as one user and can read each other's run files", style="yellow")
+        grades = _grade_with_progress(console, request.exercise.name, len(submissions),
+                                      lambda graded: grade_all(submissions, request.options(), places.makers, book,
+                                                               settings, request.wall, on_graded=graded))
     csv_path = book.write_csv(grades)
     print_gradebook(console, grades)
     console.print(Text(f"wrote {csv_path} and {len(grades)} JUnit file(s) in {book.out / 'junit'}"))
@@ -567,26 +543,31 @@ def cmd_grade(args: argparse.Namespace) -> int:
     return failed[0].exit_code if failed else ExitCode.OK
 
 
-def _grade_with_progress(console: Console, submissions: list[grade.Submission], options: Options,
-                         places: list[grade.PlaceMaker], book: grade.Gradebook, settings: SSHSettings,
-                         wall: float) -> list[grade.Grade]:
+@contextlib.contextmanager
+def _working(console: Console, what: str) -> Iterator[Callable[[str], None]]:
+    with console.status(what, spinner="dots") as status:
+        yield lambda line: status.update(Text(line[:100], style="dim"))
+
+
+def _grade_with_progress(console: Console, exercise: str, submissions: int,
+                         grading: Callable[[Callable[[Grade], None]], list[Grade]]) -> list[Grade]:
     columns = (SpinnerColumn(), TextColumn("grading {task.description}"), BarColumn(),
                MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task(options.exercises[0].name, total=len(submissions))
+        task = progress.add_task(exercise, total=submissions)
 
-        def graded(g: grade.Grade) -> None:
+        def graded(g: Grade) -> None:
             progress.console.print(Text(f"{g.verdict.upper():8}", style=GRADE_STYLES[g.verdict])
                                    + Text(printable(f"{g.student}  {g.seconds:.1f}s  {g.reason}")), soft_wrap=True)
             progress.advance(task)
 
-        return grade.grade_all(submissions, options, places, book, settings, wall, on_graded=graded)
+        return grading(graded)
 
 
 GRADE_STYLES = {"pass": "bold green", "fail": "bold red", "timeout": "bold red", "error": "yellow"}
 
 
-def print_gradebook(console: Console, grades: list[grade.Grade]) -> None:
+def print_gradebook(console: Console, grades: list[Grade]) -> None:
     """The grades as a table, by student, and the count of each verdict (names and reasons as
     Text: a str cell would be read as rich markup)."""
     table = Table("student", "verdict", "score", "seconds", "reason (whole in grades.csv)")

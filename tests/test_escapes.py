@@ -14,11 +14,11 @@ import pytest
 from rich.console import Console
 
 from lab.cli import print_gradebook
-from lab.core.grade import Grade, Gradebook
 from lab.core.text import printable
 from lab.doctor.model import Diagnosis
 from lab.doctor.render import print_diagnosis
 from lab.errors import ExitCode
+from lab.grading.grade import Grade, Gradebook
 
 from .conftest import WRONG, Lab
 from .test_doctor import MASTER, link, report

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from lab.transport import PACKAGE_DIR, code_uploads
 
-CONTROLLER_SIDE = ("lab.cli", "lab.core", "lab.transport", "lab.doctor", "lab.containerlab", "lab.errors")
+CONTROLLER_SIDE = ("lab.cli", "lab.core", "lab.transport", "lab.doctor", "lab.containerlab", "lab.grading",
+                   "lab.errors")
 THIRD_PARTY = ("yaml", "paramiko", "docker", "rich", "cryptography")
 
 
