@@ -115,10 +115,10 @@ def test_the_rank_side_and_the_suite_never_import_the_controller_side() -> None:
 
 
 def test_only_the_cli_prints_or_exits() -> None:
-    """The controller side returns data and raises; ``lab.cli`` alone talks to the user."""
+    """The controller side returns data and raises; ``lab.cli``'s views alone talk to the user."""
     offenders = []
     for name, path in modules(PACKAGE_DIR).items():
-        if not name.startswith(CONTROLLER_SIDE) or name == "lab.cli":
+        if not name.startswith(CONTROLLER_SIDE) or name.startswith("lab.cli.views"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call):
