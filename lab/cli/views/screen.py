@@ -1,5 +1,8 @@
 """The consoles the CLI prints on, the lines it says as it goes, JSON for programs, and the one
-line of each error."""
+line of each error.
+
+A ``lab: ...`` line is printed whole however long it is: never wrapped, also when the output is no
+terminal (a log or a CI job keeps a path in one piece; rich would wrap at 80 columns there)."""
 from __future__ import annotations
 
 import contextlib
@@ -30,8 +33,8 @@ def sayer(console: Console) -> Say:
 
 
 def say_line(console: Console, line: str, style: str = "") -> None:
-    """One line as it is (no markup)."""
-    console.print(Text(line, style=style), highlight=False)
+    """One line as it is (no markup), never wrapped."""
+    console.print(Text(line, style=style), highlight=False, soft_wrap=True)
 
 
 @contextlib.contextmanager
