@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from lab.cli.views.doctor import print_diagnosis
 from lab.core.inventory import load_inventory, local_inventory
 from lab.doctor.model import Diagnosis, Finding, HostFacts, HostReport, Master, Runtime
-from lab.doctor.render import print_diagnosis
 from lab.doctor.rules import NO_NETWORK_CAUSE, SAME_NETWORK_FIX, analyse, hang_causes
 from lab.doctor.run import diagnose, explain_hang, plan_targets
 from lab.errors import ExitCode

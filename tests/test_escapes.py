@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from lab.cli import print_gradebook
-from lab.core.grade import Grade, Gradebook
+from lab.cli.views.doctor import print_diagnosis
+from lab.cli.views.grades import print_gradebook
 from lab.core.text import printable
 from lab.doctor.model import Diagnosis
-from lab.doctor.render import print_diagnosis
 from lab.errors import ExitCode
+from lab.grading.grade import Grade, Gradebook
 
 from .conftest import WRONG, Lab
 from .test_doctor import MASTER, link, report

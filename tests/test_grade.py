@@ -18,10 +18,11 @@ from xml.etree import ElementTree as ET
 import pytest
 
 from lab.containerlab import engine
-from lab.containerlab.sandbox import IMAGE, ROLE_NAME
 from lab.containerlab.topology import ROLE
-from lab.core.grade import Submission, find_submissions, one_user_hosts, split_inventory
 from lab.errors import UsageError
+from lab.grading.grade import Submission, find_submissions
+from lab.grading.places import one_user_hosts, split_inventory
+from lab.grading.sandbox import IMAGE, ROLE_NAME
 from lab.inventory import Host, Inventory
 
 from .conftest import REPO, Lab

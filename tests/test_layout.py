@@ -10,7 +10,8 @@ from pathlib import Path
 
 from lab.transport import PACKAGE_DIR, code_uploads
 
-CONTROLLER_SIDE = ("lab.cli", "lab.core", "lab.transport", "lab.doctor", "lab.containerlab", "lab.errors")
+CONTROLLER_SIDE = ("lab.cli", "lab.core", "lab.transport", "lab.doctor", "lab.containerlab", "lab.grading",
+                   "lab.errors")
 THIRD_PARTY = ("yaml", "paramiko", "docker", "rich", "cryptography")
 
 
@@ -114,10 +115,10 @@ def test_the_rank_side_and_the_suite_never_import_the_controller_side() -> None:
 
 
 def test_only_the_cli_prints_or_exits() -> None:
-    """The controller side returns data and raises; ``lab.cli`` alone talks to the user."""
+    """The controller side returns data and raises; ``lab.cli``'s views alone talk to the user."""
     offenders = []
     for name, path in modules(PACKAGE_DIR).items():
-        if not name.startswith(CONTROLLER_SIDE) or name == "lab.cli":
+        if not name.startswith(CONTROLLER_SIDE) or name.startswith("lab.cli.views"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call):

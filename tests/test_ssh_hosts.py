@@ -340,11 +340,11 @@ def test_a_ranks_channel_files_are_closed_with_it_and_finalize_quietly(server: S
 
 BREAK_LIST = """\
 import sys
-import lab.cli as cli
+from lab.cli import main, running
 def broken(args):
     raise RuntimeError("a bug in the lab")
-cli.cmd_list = broken
-sys.exit(cli.main(["list"]))
+running.cmd_list = broken
+sys.exit(main(["list"]))
 """
 
 

@@ -1,77 +1,18 @@
-"""Report: what a person (or a program, with --json) sees of a run.
+"""Report: what a run says, as data: its one-line summary, JSON, JUnit XML (a person's view of it
+is the CLI's: lab.cli.views.run).
 
-Whatever a rank printed or raised is untrusted: the text report and the JUnit XML show it
-through :func:`lab.core.text.printable` (escapes made visible) and as ``Text`` (no rich markup).
-JSON escapes control characters itself."""
+Whatever a rank printed or raised is untrusted: the JUnit XML shows it through
+:func:`lab.core.text.printable` (escapes made visible); JSON escapes control characters itself."""
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from rich.console import Console
-from rich.text import Text
-
 from lab.core.judge import ExerciseReport, ended
-from lab.core.runner import LaunchState, RankState, RunOutcome
+from lab.core.runner import RunOutcome
 from lab.core.text import printable
 
-RANK_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta", "bright_green")
-STATUS_STYLES = {"pass": "bold green", "fail": "bold red", "timeout": "bold red", "not run": "yellow"}
 TAIL_SHOWN = 12
-MISMATCHES_SHOWN = 5
-
-
-class LineStreamer:
-    """Prints each rank's output as it comes, prefixed with host and rank (or, for a host's
-    launcher's own lines, host and launcher)."""
-
-    def __init__(self, console: Console) -> None:
-        self.console = console
-
-    def __call__(self, state: RankState | LaunchState, stream: str, line: str) -> None:
-        style = RANK_STYLES[state.color % len(RANK_STYLES)]
-        text = Text(f"[{state.label}] ", style=style)
-        text.append(printable(line), style={"err": "red", "lab": "yellow"}.get(stream, ""))
-        self.console.print(text, soft_wrap=True, highlight=False)
-
-
-def print_report(console: Console, outcome: RunOutcome, reports: list[ExerciseReport]) -> None:
-    console.print()
-    width = max(len(r.name) for r in reports) if reports else 0
-    for r in reports:
-        line = Text(f"{r.status.upper():8}", style=STATUS_STYLES[r.status])
-        line.append(f"{r.name:{width}}  {_seconds(r.seconds):>8}")
-        if not r.passed and r.reason:
-            line.append(f"  {printable(r.reason)}", style="dim" if r.status == "not run" else "")
-        console.print(line, soft_wrap=True, highlight=False)
-        for note in r.notes:
-            console.print(Text(f"{'':8}note: {printable(note)}", style="yellow"), soft_wrap=True, highlight=False)
-    for note in dropped_output(outcome):
-        console.print(Text(f"note: {note}", style="yellow"), soft_wrap=True, highlight=False)
-    for r in reports:
-        if r.status in ("fail", "timeout"):
-            _print_failure(console, outcome, r)
-    console.print(Text(summary(outcome, reports), style="bold"), highlight=False)
-
-
-def _print_failure(console: Console, outcome: RunOutcome, r: ExerciseReport) -> None:
-    console.print()
-    console.print(Text(f"{r.status.upper()} {r.name}: {printable(r.reason)}", style=STATUS_STYLES[r.status]),
-                  soft_wrap=True, highlight=False)
-    if len(r.mismatches) > 1:
-        for m in r.mismatches[:MISMATCHES_SHOWN]:
-            console.print(Text(f"  {printable(str(m))}"), soft_wrap=True, highlight=False)
-        if len(r.mismatches) > MISMATCHES_SHOWN:
-            console.print(f"  ... {len(r.mismatches) - MISMATCHES_SHOWN} more", markup=False)
-    for rank in r.ranks[:2]:
-        state = outcome.ranks[rank]
-        lines = list(state.tail)[-TAIL_SHOWN:]
-        if rank in r.details and r.details[rank]:
-            lines = r.details[rank].rstrip().splitlines()[-TAIL_SHOWN:]
-        if lines:
-            console.print(Text(f"  last lines of rank {rank} ({state.spec.host}):", style="dim"))
-            for line in lines:
-                console.print(Text(f"  | {printable(line)}"), soft_wrap=True, highlight=False)
 
 
 def dropped_output(outcome: RunOutcome) -> list[str]:
@@ -159,7 +100,3 @@ def to_junit(outcome: RunOutcome, reports: list[ExerciseReport], suite_name: str
     ET.indent(root)
     data: bytes = ET.tostring(root, encoding="utf-8", xml_declaration=True)
     return data
-
-
-def _seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}s"

@@ -1,6 +1,6 @@
 """The doctor's data: what each host's probe reported, and the findings drawn from it.
 
-Pure data; :class:`Diagnosis` is what ``lab doctor`` prints (``lab.doctor.render``) and
+Pure data; :class:`Diagnosis` is what ``lab doctor`` prints (``lab.cli.views.doctor``) and
 ``--json`` writes.
 """
 from __future__ import annotations

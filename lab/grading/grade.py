@@ -1,9 +1,9 @@
 """``lab grade``: a class's submissions, each run and checked exactly as ``run EX --solution FILE``
 would, several at once, into a gradebook.
 
-The nouns: a :class:`Submission` (one student's file), a *place* to run it (:class:`Place`: the
-hosts of an inventory's share, the local cluster, or a throwaway sandbox the grader makes for
-each submission: see lab.containerlab.sandbox), and a :class:`Grade` (the row of the gradebook).
+The nouns: a :class:`Submission` (one student's file), a *place* to run it (lab.grading.places:
+the hosts of an inventory's share, the local cluster, or a throwaway sandbox the grader makes for
+each submission: see lab.grading.sandbox), and a :class:`Grade` (the row of the gradebook).
 ``--parallel K`` makes K places (K shares of the inventory's slots, K local clusters side by side,
 or K sandboxes at a time), and K threads each take the next submission until none is left; each
 run has its own token, run directory (0700) and ports (lab.core.runner), so they never meet.
@@ -16,17 +16,15 @@ unreachable, a sandbox that did not start) the row says so and the grade is not 
 """
 from __future__ import annotations
 
-import contextlib
 import csv
 import queue
 import re
 import threading
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal
 
 from lab.core.judge import ExerciseReport, judge
 from lab.core.plan import Options, build_plan
@@ -34,10 +32,9 @@ from lab.core.report import to_junit
 from lab.core.runner import RunOutcome, run_plan
 from lab.core.text import printable
 from lab.errors import ExitCode, LabError, UsageError
-from lab.inventory import Host, Inventory
+from lab.grading.places import PlaceMaker
 from lab.transport.ssh import SSHSettings
 
-DEFAULT_WALL = 300.0  # seconds one submission may take in all
 GradeVerdict = Literal["pass", "fail", "timeout", "error"]
 OUT_OF_MEMORY = ("MemoryError", "can't allocate memory", "Cannot allocate memory")
 CSV_FIELDS = ("student", "exercise", "verdict", "score", "reason", "seconds")
@@ -69,34 +66,6 @@ class Grade:
     def row(self) -> dict[str, str]:
         return {"student": self.student, "exercise": self.exercise, "verdict": self.verdict,
                 "score": f"{self.score:g}", "reason": self.reason, "seconds": f"{self.seconds:.1f}"}
-
-
-class Place(Protocol):
-    """Where one submission runs: a cluster, and what it can tell after the run."""
-
-    @property
-    def inventory(self) -> Inventory:
-        """The cluster to run it on."""
-
-    def memory_kills(self) -> int:
-        """Processes the kernel killed there for want of memory (0 where it cannot tell)."""
-
-
-@dataclass(frozen=True)
-class Hosts:
-    """A share of an inventory's hosts (or the local cluster), the same for every submission."""
-
-    inventory: Inventory
-
-    def memory_kills(self) -> int:
-        return 0
-
-
-PlaceMaker = Callable[[], AbstractContextManager[Place]]  # a fresh place for each submission
-
-
-def fixed(inventory: Inventory) -> PlaceMaker:
-    return lambda: contextlib.nullcontext(Hosts(inventory))
 
 
 # -- submissions ------------------------------------------------------------------------------
@@ -132,45 +101,6 @@ def _in_folder(folder: Path, program: str) -> Submission:
         return Submission(folder.name, None, f"no .py file in {folder.name}/")
     return Submission(folder.name, None, f"{len(files)} .py files in {folder.name}/ and none is "
                                          f"{program}.py or solution.py")
-
-
-# -- sharing the cluster ----------------------------------------------------------------------
-
-
-def split_inventory(inventory: Inventory, shares: int, least: int) -> list[Inventory]:
-    """``shares`` inventories that share out the slots of ``inventory`` (in host order, each
-    share as many as the smallest), every one with at least ``least`` ranks. On an SSH host
-    with ``grade_users``, share N logs in as the Nth of them (so shares on one host are
-    different users), else as the host's own user."""
-    short = next((h for h in inventory.hosts if h.grade_users and len(h.grade_users) < shares), None)
-    if short is not None:
-        raise UsageError(f"{short.source}: host {short.name} has {len(short.grade_users)} grade_users for "
-                         f"{shares} share(s); use fewer --parallel or name more users")
-    slots = [(host, s) for host in inventory.hosts for s in range(host.slots)]
-    each = len(slots) // shares
-    if each < max(least, 1):
-        raise UsageError(f"{inventory.path}: {len(slots)} slot(s) cannot make {shares} share(s) of at least "
-                         f"{max(least, 1)} rank(s) each; use fewer --parallel or more slots")
-    out = []
-    for i in range(shares):
-        mine = slots[i * each:(i + 1) * each]
-        counts: dict[str, int] = {}
-        for host, _ in mine:
-            counts[host.name] = counts.get(host.name, 0) + 1
-        hosts = tuple(replace(h, slots=counts[h.name], user=_share_user(h, i)) for h in inventory.hosts
-                      if h.name in counts)
-        out.append(Inventory(f"{inventory.path} (share {i + 1} of {shares})", hosts))
-    return out
-
-
-def _share_user(host: Host, share: int) -> str | None:
-    return host.grade_users[share] if host.grade_users and host.connection == "ssh" else host.user
-
-
-def one_user_hosts(inventory: Inventory) -> list[str]:
-    """The SSH hosts where every share runs as one user (no ``grade_users``): there the
-    submissions graded at once can read each other's run files and signal each other."""
-    return [h.name for h in inventory.hosts if h.connection == "ssh" and not h.grade_users]
 
 
 # -- grading ----------------------------------------------------------------------------------

@@ -117,7 +117,7 @@ def ensure_sandbox_image(client: docker.DockerClient, state_dir: Path, say: Say,
 
 
 def maker(client: docker.DockerClient, ranks: int, limits: Limits) -> Callable[[], Sandbox]:
-    """A fresh sandbox for each submission (lab.core.grade's PlaceMaker)."""
+    """A fresh sandbox for each submission (lab.grading.places' PlaceMaker)."""
     return lambda: Sandbox(client, ranks, limits)
 
 

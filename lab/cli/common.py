@@ -1,0 +1,119 @@
+"""What the commands share: the parser class, the options several take (which cluster, which
+launcher, which lab), and reading them into the core's terms."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import NoReturn, TypeAlias
+
+from lab.containerlab.topology import DEFAULT_LAB, check_lab_name
+from lab.core.inventory import load_inventory, local_inventory
+from lab.core.plan import LAUNCHERS, Launcher
+from lab.core.slurm import ALLOCATION, allocation_inventory
+from lab.errors import ExitCode, UsageError
+from lab.inventory import Inventory
+from lab.suite import registry
+from lab.transport.local import local_gpu_count
+from lab.transport.ssh import SSHSettings
+
+Commands: TypeAlias = "argparse._SubParsersAction[Parser]"  # where each command adds its parser
+EXIT_CODES = "exit codes:\n" + "\n".join(f"  {int(code):<4} {code.meaning}" for code in ExitCode)
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, exit 2, like every bad input
+        self.exit(ExitCode.BAD_INPUT, f"{self.prog}: error: {message}\n")
+
+
+def add_command(commands: Commands, name: str, help: str, description: str) -> argparse.ArgumentParser:
+    """The parser of a command that runs something: its description as written, the exit codes after
+    its options."""
+    return commands.add_parser(name, help=help, description=description, epilog=EXIT_CODES,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+# -- options ----------------------------------------------------------------------------------
+
+
+def cluster_options(parser: argparse.ArgumentParser) -> None:
+    """Which cluster: the hosts of an inventory, or the local cluster of --nproc ranks."""
+    parser.add_argument("--hosts", metavar="INVENTORY", help="an Ansible-style YAML inventory, or 'slurm': the "
+                        "nodes of the Slurm allocation the lab runs in (salloc, sbatch); without it: the local "
+                        "cluster, --nproc processes on this machine")
+    parser.add_argument("--nproc", type=int, default=4, metavar="N", help="ranks of the local cluster (default 4)")
+    parser.add_argument("--accept-new-host-keys", action="store_true",
+                        help="trust SSH host keys not yet in known_hosts (and record them)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what the lab does (and the "
+                        "inventory's variables it ignores)")
+
+
+def launcher_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--launcher", choices=LAUNCHERS,
+                        help="who starts the ranks: lab (each rank, the settings in its environment, "
+                             "forked from one process per host that imported torch once), "
+                             "torchrun (one per host: c10d rendezvous on rank 0's host, torchrun numbers "
+                             "the ranks), spawn (one process per host that mp.spawns its ranks), "
+                             "srun (the ranks are the tasks of one Slurm job, started by srun on the first "
+                             "host), srun-torchrun (srun starts one torchrun per node, as the tutorials' "
+                             "`srun torchrun`) (default lab; srun with --hosts slurm)")
+    parser.add_argument("--partition", metavar="NAME", help="the Slurm partition (--launcher srun and "
+                        "srun-torchrun; default: the cluster's default partition)")
+
+
+def name_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--name", default=DEFAULT_LAB, type=_lab_name, metavar="NAME",
+                        help=f"which lab: labs of different names stand side by side on one engine "
+                             f"(default {DEFAULT_LAB})")
+
+
+def _lab_name(text: str) -> str:
+    try:
+        return check_lab_name(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix(f"--name {text!r}: ")) from None
+
+
+def machines_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup, about: str) -> None:
+    parser.add_argument("--machines", metavar="FILE", help=about)
+
+
+# -- reading them -----------------------------------------------------------------------------
+
+
+def cluster(args: argparse.Namespace) -> Inventory:
+    """The hosts of ``--hosts`` (``slurm``: the allocation's nodes), or the local cluster of ``--nproc`` ranks."""
+    if args.hosts == ALLOCATION:
+        return allocation_inventory(os.environ, sys.executable)
+    if args.hosts:
+        return load_inventory(args.hosts)
+    return local_inventory(args.nproc, gpus=local_gpu_count() if args.nproc >= 1 else 0)
+
+
+def launcher(args: argparse.Namespace) -> Launcher:
+    """``--launcher``, else srun on the nodes of a Slurm allocation, else the lab's own."""
+    return args.launcher or ("srun" if args.hosts == ALLOCATION else "lab")
+
+
+def ssh_settings(args: argparse.Namespace) -> SSHSettings:
+    return SSHSettings(accept_new_host_keys=args.accept_new_host_keys)
+
+
+def exercises(names: list[str]) -> tuple[registry.Exercise, ...]:
+    try:
+        return tuple(registry.select(names))
+    except KeyError as exc:
+        raise UsageError(f"unknown exercise {exc.args[0]!r}; see 'python -m lab list'") from None
+
+
+def solution_file(text: str) -> str:
+    path = Path(text)
+    if path.suffix != ".py" or not path.is_file():
+        raise UsageError(f"--solution {text}: not a readable .py file")
+    return str(path.resolve())
+
+
+def check_timeout(seconds: float) -> None:
+    if seconds <= 0:
+        raise UsageError(f"--timeout must be positive, got {seconds:g}")

@@ -1,0 +1,74 @@
+"""``grade``: a class's submissions, each run and checked, into a gradebook (lab.grading decides
+where each runs; this parses, calls and shows)."""
+from __future__ import annotations
+
+import argparse
+from functools import partial
+from pathlib import Path
+
+from lab.cli.common import Commands, add_command, cluster_options, ssh_settings
+from lab.cli.views import grades as views
+from lab.cli.views import screen
+from lab.core.plan import BACKENDS, DEFAULT_TIMEOUT
+from lab.errors import ExitCode, UsageError
+from lab.grading.grade import Gradebook, find_submissions, grade_all
+from lab.grading.places import DEFAULT_WALL, GradeRequest, places_for
+from lab.grading.sandbox import Limits
+from lab.suite import registry
+
+
+def add_grade(commands: Commands) -> None:
+    grading = add_command(
+        commands, "grade", help="grade a class: run one exercise with every student's file, write a gradebook",
+        description="Run EXERCISE with each submission in SUBMISSIONS (a NAME.py file or a NAME/ folder "
+                    "per student) exactly as `run EXERCISE --solution FILE` would, check it, and write "
+                    "OUT/grades.csv (student, exercise, verdict, score, reason, seconds) and a JUnit "
+                    "file per student. On the local cluster each submission runs in a throwaway "
+                    "container (no network, read-only, user nobody, the limits below); the exit code "
+                    "says whether grading worked, not whether the students passed.")
+    grading.add_argument("submissions", metavar="SUBMISSIONS", help="a folder with one .py file or folder per student")
+    grading.add_argument("--exercise", required=True, metavar="NAME", help="the exercise to grade (see 'list')")
+    cluster_options(grading)
+    grading.add_argument("--parallel", type=int, default=1, metavar="K",
+                         help="grade K submissions at once, each on its own share of the cluster (default 1)")
+    grading.add_argument("--out", default="grades", metavar="DIR", help="where the gradebook goes (default grades)")
+    grading.add_argument("--sandbox", choices=("container", "none"),
+                         help="local cluster: container (default) runs each submission in a throwaway "
+                              "container; none runs it as you, like `run --solution` (with --hosts: none)")
+    grading.add_argument("--memory", type=int, default=Limits.memory_mb, metavar="MB",
+                         help=f"data memory per rank (RLIMIT_DATA, on every kind of host; default {Limits.memory_mb})")
+    grading.add_argument("--pids", type=int, default=Limits.pids, metavar="N",
+                         help=f"processes (and threads) per rank in the sandbox (default {Limits.pids})")
+    grading.add_argument("--wall", type=float, default=DEFAULT_WALL, metavar="SECONDS",
+                         help=f"the longest one submission may run in all (default {DEFAULT_WALL:g})")
+    grading.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                         help=f"the longest any rank may spend on one step (default {DEFAULT_TIMEOUT:g})")
+    grading.add_argument("--backend", choices=BACKENDS, help="default: as for run")
+    grading.set_defaults(handler=cmd_grade)
+
+
+def cmd_grade(args: argparse.Namespace) -> int:
+    request = GradeRequest(_one_exercise(args.exercise), args.parallel, args.timeout, args.wall, args.hosts,
+                           args.nproc, args.sandbox, Limits(args.memory, args.pids), args.backend)
+    request.check()
+    submissions = find_submissions(Path(args.submissions), request.exercise.program.rsplit(".", 1)[-1])
+    settings = ssh_settings(args)
+    book = Gradebook(Path(args.out))
+    console = screen.console()
+    with places_for(request, settings, screen.sayer(console), partial(screen.working, console)) as places:
+        if places.one_user_hosts:
+            views.print_one_user_hosts(console, places.one_user_hosts)
+        with views.grading_progress(console, request.exercise.name, len(submissions)) as graded:
+            grades = grade_all(submissions, request.options(), places.makers, book, settings, request.wall,
+                               on_graded=graded)
+    csv_path = book.write_csv(grades)
+    views.print_gradebook(console, grades)
+    views.print_written(console, csv_path, len(grades), book.out / "junit")
+    failed = [g for g in grades if not g.graded]
+    return failed[0].exit_code if failed else ExitCode.OK
+
+
+def _one_exercise(name: str) -> registry.Exercise:
+    if name not in registry.EXERCISES:
+        raise UsageError(f"unknown exercise {name!r}; see 'python -m lab list'")
+    return registry.EXERCISES[name]

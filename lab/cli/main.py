@@ -1,0 +1,108 @@
+"""``python -m lab``: the root parser, made of every command's own, and ``main``: it dispatches to
+the command's handler and turns what went wrong into one line and an exit code (an internal
+error's traceback goes to a debug log only the user can read)."""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import stat
+import tempfile
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from lab.cli.bench import add_bench
+from lab.cli.common import EXIT_CODES, Commands, Parser
+from lab.cli.doctor import add_doctor
+from lab.cli.grading import add_grade
+from lab.cli.labs import add_break, add_down, add_fix, add_ls, add_net, add_status, add_up
+from lab.cli.running import add_launch, add_list, add_run, add_submit
+from lab.cli.views import screen
+from lab.errors import ExitCode, LabError
+
+# Each command adds its parser, in the order the top-level help lists them.
+COMMANDS: tuple[Callable[[Commands], None], ...] = (
+    add_list, add_run, add_grade, add_up, add_launch, add_bench, add_submit, add_doctor, add_down, add_net,
+    add_break, add_fix, add_status, add_ls)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="python -m lab",
+        description="Run torch.distributed exercises on a cluster of hosts and check every result.",
+        epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
+    for add in COMMANDS:
+        add(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if getattr(args, "verbose", False) else logging.WARNING,
+                        format="lab: %(message)s")
+    # Ctrl-C and SIGTERM stop every rank on every host, whatever this process inherited: a shell
+    # that starts it in the background (and many CI runners) ignores SIGINT for it.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _interrupt)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except LabError as exc:
+        screen.print_error(exc)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        screen.print_interrupted()
+        return ExitCode.INTERRUPTED
+    except Exception as exc:  # a bug: one line here, the whole traceback in the debug log
+        screen.print_internal_error(exc, write_debug_log(traceback.format_exc()))
+        return ExitCode.RUN_ERROR
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def debug_log_path() -> Path:
+    """Where the traceback of an internal error goes: ``$XDG_STATE_HOME/lab/debug.log``, else
+    ``~/.local/state/lab/debug.log``."""
+    state = os.environ.get("XDG_STATE_HOME", "")
+    return (Path(state) if os.path.isabs(state) else Path.home() / ".local" / "state") / "lab" / "debug.log"
+
+
+def write_debug_log(text: str) -> Path | None:
+    """Write ``text`` where only this user can read it: ``debug_log_path()`` (the file 0600, its
+    directory 0700 and the user's), else ``lab-UID/debug.log`` in the temp directory (0700, the
+    user's). The file is written anew and renamed into place, so whatever was there (a symlink,
+    someone else's file) is replaced, never followed; a directory that is a symlink or someone
+    else's is not used. Where it went; None when it could go nowhere."""
+    for directory in (debug_log_path().parent, Path(tempfile.gettempdir()) / f"lab-{os.getuid()}"):
+        try:
+            return _write_private(directory, "debug.log", text)
+        except OSError:
+            continue
+    return None
+
+
+def _write_private(directory: Path, name: str, text: str) -> Path:
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        directory.mkdir(mode=0o700)
+    found = os.lstat(directory)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid():
+        raise PermissionError(f"{directory}: not a directory of this user's")
+    if stat.S_IMODE(found.st_mode) != 0o700:
+        os.chmod(directory, 0o700)
+    fd, temporary = tempfile.mkstemp(dir=directory, prefix=f".{name}.")  # 0600, a new file
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(text)
+        os.replace(temporary, directory / name)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    return directory / name

@@ -1,0 +1,230 @@
+"""Running programs on a cluster: ``list``, ``run`` (the exercises, checked), ``launch`` (any
+script, torchrun-style), ``submit`` (a run as a Slurm batch job)."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+from pathlib import Path
+
+from lab.cli.common import (
+    Commands,
+    add_command,
+    check_timeout,
+    cluster,
+    cluster_options,
+    exercises,
+    launcher,
+    launcher_option,
+    solution_file,
+    ssh_settings,
+)
+from lab.cli.views import run as views
+from lab.cli.views import screen
+from lab.cli.views.doctor import print_diagnosis
+from lab.core import slurm as slurm_jobs
+from lab.core.judge import exit_code, hung_at_start, judge
+from lab.core.plan import (
+    BACKENDS,
+    DEFAULT_TIMEOUT,
+    INIT_METHODS,
+    LAUNCHERS,
+    Options,
+    build_launch_plan,
+    build_plan,
+    without_unshared,
+)
+from lab.core.report import to_json, to_junit
+from lab.core.runner import run_plan
+from lab.doctor.known import printed_causes, run_causes
+from lab.doctor.run import explain_hang
+from lab.doctor.scenario import run_scenario
+from lab.errors import ExitCode, UsageError
+from lab.inventory import Inventory
+from lab.transport import with_master_address
+from lab.transport.ssh import SSHSettings
+
+DEFAULT_LAUNCH_TIMEOUT = 3600.0  # seconds a `launch` may run unless --timeout says otherwise
+
+
+def add_list(commands: Commands) -> None:
+    commands.add_parser("list", help="list the exercises, one line each").set_defaults(handler=cmd_list)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    views.print_exercises()
+    return ExitCode.OK
+
+
+# -- run --------------------------------------------------------------------------------------
+
+
+def add_run(commands: Commands) -> None:
+    run = add_command(
+        commands, "run", help="run exercises on the local cluster or the hosts of an inventory, and check them",
+        description="Run exercises (or 'all') and check every rank's result against an independent oracle.")
+    run.add_argument("exercises", nargs="+", metavar="NAME", help="exercise names, or 'all' (see 'list')")
+    cluster_options(run)
+    run.add_argument("--backend", choices=BACKENDS, help="default: nccl when every rank has its own GPU, else gloo")
+    run.add_argument("--init", choices=INIT_METHODS, default="env",
+                     help="how the ranks rendezvous for the shared process group (default env)")
+    launcher_option(run)
+    run.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                     help=f"the longest any rank may spend on one step: start-up, rendezvous or one "
+                          f"exercise (default {DEFAULT_TIMEOUT:g})")
+    run.add_argument("--solution", metavar="FILE.py", help="run this file in place of the exercise's "
+                     "reference program (one exercise) and check it the same way; it runs as you, with "
+                     "your environment and files: for other people's code use `grade`")
+    run.add_argument("--json", action="store_true", help="print the results as JSON on stdout "
+                     "(rank output goes to stderr)")
+    run.add_argument("--junit", metavar="FILE.xml", help="also write the results as JUnit XML (for grading in CI)")
+    run.add_argument("--dry-run", action="store_true", help="print the plan as YAML and exit")
+    run.add_argument("--keep", action="store_true", help="keep the run directory on every host")
+    run.set_defaults(handler=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    options = _options(args)
+    inventory = cluster(args)
+    if "all" in args.exercises:
+        options, left_out = without_unshared(options, inventory.hosts)
+        views.print_left_out(left_out)
+    if args.dry_run:  # a dry run stays offline: it shows the addresses as given
+        views.print_plan(build_plan(inventory, options).to_dict())
+        return ExitCode.OK
+    inventory = with_master_address(inventory, ssh_settings(args))
+    if any(e.name == "cross-vpc" for e in options.exercises):
+        return _run_cross_vpc(inventory, options, args)
+    return run_and_report(inventory, options, ssh_settings(args), json_out=args.json, junit=args.junit,
+                          keep=args.keep)
+
+
+def _options(args: argparse.Namespace) -> Options:
+    chosen = exercises(args.exercises)
+    check_timeout(args.timeout)
+    solution = solution_file(args.solution) if args.solution else None
+    return Options(chosen, args.backend, args.init, args.timeout, solution, launcher(args),
+                   partition=args.partition)
+
+
+def run_and_report(inventory: Inventory, options: Options, settings: SSHSettings, json_out: bool = False,
+                   junit: str | None = None, keep: bool = False) -> int:
+    """Run the exercises, check them, report (on stderr when stdout carries JSON); the exit code."""
+    console = screen.console(stderr=json_out)
+    plan = build_plan(inventory, options)
+    outcome = run_plan(plan, on_line=views.LineStreamer(console), keep=keep, ssh=settings)
+    reports = judge(outcome)
+    code = exit_code(outcome, reports)
+    causes = explain_hang(inventory, settings, outcome.master_port) if hung_at_start(outcome) else []
+    printed = run_causes(outcome, reports)
+    if junit:
+        Path(junit).write_bytes(to_junit(outcome, reports))
+    if json_out:
+        screen.print_json({**to_json(outcome, reports, code), "likely_causes": causes, "known_errors": printed})
+    else:
+        views.print_report(console, outcome, reports)
+        views.print_causes(console, "likely cause (from `python -m lab doctor`):", causes)
+        views.print_causes(console, "what the ranks printed means:", printed)
+    return code
+
+
+def _run_cross_vpc(inventory: Inventory, options: Options, args: argparse.Namespace) -> int:
+    """The tutorial's failure on the cross-VPC lab, the diagnosis, then the fix (lab.doctor.scenario)."""
+    if len(options.exercises) != 1:
+        raise UsageError("cross-vpc runs alone: name no other exercise with it")
+    console = screen.console(stderr=args.json)
+    result = run_scenario(inventory, options, ssh_settings(args), views.LineStreamer(console), screen.sayer(console),
+                          lambda diagnosis: print_diagnosis(console, diagnosis), keep=args.keep)
+    if args.json:
+        screen.print_json({"passed": result.passed, "steps": [asdict(step) for step in result.steps],
+                           "diagnosis": result.diagnosis.to_json()})
+    else:
+        views.print_scenario(console, result)
+    return ExitCode.OK if result.passed else ExitCode.CHECK_FAILED
+
+
+# -- launch -----------------------------------------------------------------------------------
+
+
+def add_launch(commands: Commands) -> None:
+    launch = add_command(
+        commands, "launch", help="run any script on every rank with the rendezvous injected (torchrun across hosts)",
+        description="Run SCRIPT on every rank of the cluster with MASTER_ADDR, MASTER_PORT, RANK, "
+                    "WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE in its environment, set by the lab, by "
+                    "torchrun or by mp.spawn on each host (--launcher), across the hosts of an inventory. "
+                    "The tutorials' torchrun scripts run unchanged.")
+    cluster_options(launch)
+    launcher_option(launch)
+    launch.add_argument("--timeout", type=float, default=DEFAULT_LAUNCH_TIMEOUT, metavar="SECONDS",
+                        help=f"stop the job when it runs longer (default {DEFAULT_LAUNCH_TIMEOUT:g}: an hour)")
+    launch.add_argument("--keep", action="store_true", help="keep the run directory on every host")
+    launch.add_argument("script", metavar="SCRIPT.py", help="the script every rank runs")
+    launch.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+    launch.set_defaults(handler=cmd_launch)
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    script = Path(args.script)
+    if not script.is_file():
+        raise UsageError(f"{args.script}: no such script")
+    check_timeout(args.timeout)
+    settings = ssh_settings(args)
+    inventory = with_master_address(cluster(args), settings)
+    console = screen.console()
+    plan = build_launch_plan(inventory, str(script.resolve()), args.args, args.timeout, launcher(args),
+                             partition=args.partition)
+    outcome = run_plan(plan, on_line=views.LineStreamer(console), keep=args.keep, ssh=settings)
+    failed = [s for s in outcome.ranks if not s.done]
+    views.print_launch(console, script.name, outcome, failed)
+    views.print_causes(console, "what the ranks printed means:", printed_causes(failed))
+    if outcome.status == "interrupted":
+        return ExitCode.INTERRUPTED
+    if outcome.status == "timeout":
+        return ExitCode.TIMEOUT
+    return ExitCode.OK if not failed else ExitCode.CHECK_FAILED
+
+
+# -- submit -----------------------------------------------------------------------------------
+
+
+def add_submit(commands: Commands) -> None:
+    submission = add_command(
+        commands, "submit", help="run exercises as a Slurm batch job (sbatch), here on the cluster's login host",
+        description="Write an sbatch script that runs `python -m lab run NAME... --hosts slurm` on the nodes "
+                    "Slurm gives the job, submit it and print its id; with --wait, wait for it and print its "
+                    "report (its exit code is the run's). The job's output and JUnit results go to --out.")
+    submission.add_argument("exercises", nargs="+", metavar="NAME", help="exercise names, or 'all' (see 'list')")
+    submission.add_argument("--nodes", type=int, default=2, metavar="N", help="nodes for the job (default 2)")
+    submission.add_argument("--ntasks-per-node", type=int, default=1, metavar="S",
+                            help="ranks on each node (default 1)")
+    submission.add_argument("--time", metavar="LIMIT", help="the job's time limit, as Slurm writes it (MINUTES, "
+                            "HH:MM:SS, DAYS-HH); default: the partition's")
+    submission.add_argument("--partition", metavar="NAME", help="the partition (default: the cluster's default)")
+    submission.add_argument("--launcher", choices=LAUNCHERS, help="who starts the ranks in the job (default srun)")
+    submission.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                            help=f"as for run (default {DEFAULT_TIMEOUT:g})")
+    submission.add_argument("--out", default="lab-jobs", metavar="DIR",
+                            help="where the script, the job's output and its JUnit results go; the job's nodes "
+                                 "must see it (default lab-jobs)")
+    submission.add_argument("--wait", action="store_true", help="wait for the job and print its report; Ctrl-C "
+                            "cancels it")
+    submission.set_defaults(handler=cmd_submit)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    exercises(args.exercises)  # (checked here: the job runs them)
+    check_timeout(args.timeout)
+    run_args = (*args.exercises, "--timeout", f"{args.timeout:g}",
+                *(("--launcher", args.launcher) if args.launcher else ()))
+    job = slurm_jobs.BatchJob(run_args, args.nodes, args.ntasks_per_node, args.time, args.partition)
+    out = Path(args.out)
+    say = screen.sayer(screen.console(stderr=True))
+    job_id, code = slurm_jobs.submit(job, out, args.wait, lambda job_id: say(
+        f"submitted batch job {job_id}: its report goes to {out / f'slurm-{job_id}.out'}"))
+    if code is None:
+        return ExitCode.OK
+    output = slurm_jobs.job_output(out, job_id)
+    views.print_job_output(output)
+    if slurm_jobs.ran_out_of_time(output):
+        limit = args.time or "the partition's"
+        raise slurm_jobs.SlurmError(f"job {job_id}: Slurm stopped it at its time limit ({limit})", ExitCode.TIMEOUT)
+    return code

@@ -1,0 +1,65 @@
+"""What ``lab grade`` shows: a line per submission as it is graded (under a progress bar), the
+gradebook as a table, where it was written.
+
+Students' names and reasons are untrusted: shown through :func:`lab.core.text.printable` and as
+``Text`` (a str cell would be read as rich markup)."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from lab.core.text import printable
+from lab.grading.grade import Grade
+
+GRADE_STYLES = {"pass": "bold green", "fail": "bold red", "timeout": "bold red", "error": "yellow"}
+
+
+def print_one_user_hosts(console: Console, hosts: list[str]) -> None:
+    console.print(f"note: {', '.join(hosts)} name no grade_users: the submissions graded at once "
+                  "there run as one user and can read each other's run files", style="yellow")
+
+
+@contextlib.contextmanager
+def grading_progress(console: Console, exercise: str, submissions: int) -> Iterator[Callable[[Grade], None]]:
+    """A progress bar while the block grades; the callable it gives prints a grade above the bar
+    and moves the bar on (the bar goes when the block ends)."""
+    columns = (SpinnerColumn(), TextColumn("grading {task.description}"), BarColumn(),
+               MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task(exercise, total=submissions)
+
+        def graded(g: Grade) -> None:
+            progress.console.print(Text(f"{g.verdict.upper():8}", style=GRADE_STYLES[g.verdict])
+                                   + Text(printable(f"{g.student}  {g.seconds:.1f}s  {g.reason}")), soft_wrap=True)
+            progress.advance(task)
+
+        yield graded
+
+
+def print_gradebook(console: Console, grades: list[Grade]) -> None:
+    """The grades as a table, by student, and the count of each verdict (names and reasons as
+    Text: a str cell would be read as rich markup)."""
+    table = Table("student", "verdict", "score", "seconds", "reason (whole in grades.csv)")
+    rows = [(Text(printable(g.student)), Text(g.verdict, style=GRADE_STYLES[g.verdict]), Text(f"{g.score:g}"),
+             Text(f"{g.seconds:.1f}"), Text(printable(g.reason))) for g in sorted(grades, key=lambda g: g.student)]
+    # the reason takes what the other columns leave (unbounded, a long one would squeeze them out)
+    widths = [max([len(str(column.header)), *(row[i].cell_len for row in rows)])
+              for i, column in enumerate(table.columns[:-1])]
+    reason = table.columns[-1]
+    reason.no_wrap, reason.overflow = True, "ellipsis"
+    reason.max_width = max(20, console.width - sum(widths) - 3 * len(table.columns) - 1)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    counts = {v: sum(g.verdict == v for g in grades) for v in GRADE_STYLES}
+    console.print(f"{len(grades)} graded: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n))
+
+
+def print_written(console: Console, csv_path: Path, grades: int, junit: Path) -> None:
+    console.print(Text(f"wrote {csv_path} and {grades} JUnit file(s) in {junit}"))

@@ -1,0 +1,86 @@
+"""What the lab commands show: each host of a lab and whether sshd answers (and its Slurm nodes),
+the labs on the engine and across machines, the hosts' link shapes."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from lab.cli.views.screen import say_line
+from lab.containerlab.hosts import HostStatus, LabSummary
+from lab.containerlab.shaping import Shape
+from lab.containerlab.slurm import Health
+from lab.containerlab.spread import SpreadHost
+from lab.containerlab.topology import DEFAULT_LAB, default_inventory
+from lab.core.slurm import WORKING
+from lab.errors import HostUnreachable
+
+ACROSS_MACHINES_HINT = ("a lab across machines is found beside its inventory: give its --inventory, or its "
+                        "--machines file")
+
+
+def print_no_lab(console: Console, lab: str) -> None:
+    start = "`make lab-up`" if lab == DEFAULT_LAB else f"`python -m lab up --name {lab}`"
+    console.print(f"no lab named {lab} is running on this machine's engine; start one with {start} "
+                  f"({ACROSS_MACHINES_HINT})")
+
+
+def print_hosts(console: Console, found: list[HostStatus]) -> None:
+    table = Table("container", "hostname", "state", "addresses", "ssh")
+    for h in found:
+        table.add_row(h.container, h.hostname, h.state, ", ".join(h.addresses), _answers(h.ssh))
+    console.print(table)
+
+
+def print_hosts_across_machines(console: Console, lab: str, found: list[SpreadHost],
+                                lost: list[HostUnreachable]) -> None:
+    table = Table("machine", "container", "state", "ssh at", "data address", "ssh")
+    for h in found:
+        table.add_row(h.machine, h.container, h.state, h.ssh_at, h.data_address, _answers(h.ssh))
+    console.print(table if found else f"no host of lab {lab} on the machines that answered")
+    print_problems(console, [str(error) for error in lost])
+
+
+def print_slurm(console: Console, health: Health) -> None:
+    """The lab's Slurm cluster: a row per node."""
+    table = Table("slurm node", "state", "munge key")
+    for node, same in health.keys.items():
+        state = health.states.get(node, "?")
+        table.add_row(node, Text(state, style="green" if state in WORKING else "red"),
+                      Text({True: "the lab's", False: "another", None: "?"}[same],
+                           style="green" if same else "red"))
+    console.print(table)
+
+
+def print_problems(console: Console, problems: list[str] | tuple[str, ...]) -> None:
+    for problem in problems:
+        say_line(console, f"lab: {problem}", style="red")
+
+
+def print_labs(console: Console, found: list[LabSummary], across: dict[str, str]) -> None:
+    """The labs on this machine's engine, and those across machines (name -> their machines file)."""
+    if not found and not across:
+        console.print("no lab is running; start one with `make lab-up` or `python -m lab up --name NAME`")
+        return
+    if found:
+        table = Table("name", "topology", "scheduler", "hosts", "slots", "state", "subnets", "inventory")
+        for lab in found:
+            table.add_row(lab.name, lab.kind, lab.scheduler, str(lab.hosts), str(lab.slots),
+                          Text(lab.state, style="green" if lab.state == "running" else "yellow"),
+                          ", ".join(lab.subnets), default_inventory(lab.name))
+        console.print(table)
+    if across:
+        table = Table("name", "machines", "inventory", title="labs across Docker machines (their state: "
+                      "`python -m lab status --name NAME`)", title_justify="left")
+        for name, machines in sorted(across.items()):
+            table.add_row(name, machines, default_inventory(name))
+        console.print(table)
+
+
+def print_shapes(shapes: dict[str, Shape | None]) -> None:
+    for host, shape in shapes.items():
+        print(f"{host}: {shape or 'none'}")
+
+
+def _answers(ssh: bool) -> Text:
+    return Text("answers", style="green") if ssh else Text("no answer", style="red")

@@ -1,0 +1,135 @@
+"""What a person sees of a run, a launch and a job: each rank's lines as they come, the report
+(a line per exercise, the failures with their ranks' last lines, the summary), the known causes.
+
+Whatever a rank printed or raised is untrusted: it is shown through
+:func:`lab.core.text.printable` (escapes made visible) and as ``Text`` (no rich markup)."""
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.text import Text
+
+from lab.core.judge import ExerciseReport, ended
+from lab.core.report import TAIL_SHOWN, dropped_output, summary
+from lab.core.runner import LaunchState, RankState, RunOutcome
+from lab.core.text import printable
+from lab.doctor.scenario import ScenarioResult
+from lab.suite import registry
+
+RANK_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta", "bright_green")
+STATUS_STYLES = {"pass": "bold green", "fail": "bold red", "timeout": "bold red", "not run": "yellow"}
+MISMATCHES_SHOWN = 5
+
+
+def print_exercises() -> None:
+    """``lab list``: one line each."""
+    width = max(map(len, registry.EXERCISES))
+    for exercise in registry.EXERCISES.values():
+        print(f"{exercise.name:{width}}  {exercise.summary}")
+
+
+def print_plan(plan: dict[str, Any]) -> None:
+    """``run --dry-run``: the plan as YAML."""
+    print(yaml.safe_dump(plan, sort_keys=False), end="")
+
+
+def print_left_out(exercises: Iterable[registry.Exercise]) -> None:
+    for e in exercises:
+        print(f"lab: {e.name} is left out of `run all`: its file:// rendezvous needs a directory every host "
+              f"mounts, and these hosts share none (shared_dir); `run {e.name}` runs it anyway", file=sys.stderr)
+
+
+class LineStreamer:
+    """Prints each rank's output as it comes, prefixed with host and rank (or, for a host's
+    launcher's own lines, host and launcher)."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def __call__(self, state: RankState | LaunchState, stream: str, line: str) -> None:
+        style = RANK_STYLES[state.color % len(RANK_STYLES)]
+        text = Text(f"[{state.label}] ", style=style)
+        text.append(printable(line), style={"err": "red", "lab": "yellow"}.get(stream, ""))
+        self.console.print(text, soft_wrap=True, highlight=False)
+
+
+def print_report(console: Console, outcome: RunOutcome, reports: list[ExerciseReport]) -> None:
+    console.print()
+    width = max(len(r.name) for r in reports) if reports else 0
+    for r in reports:
+        line = Text(f"{r.status.upper():8}", style=STATUS_STYLES[r.status])
+        line.append(f"{r.name:{width}}  {_seconds(r.seconds):>8}")
+        if not r.passed and r.reason:
+            line.append(f"  {printable(r.reason)}", style="dim" if r.status == "not run" else "")
+        console.print(line, soft_wrap=True, highlight=False)
+        for note in r.notes:
+            console.print(Text(f"{'':8}note: {printable(note)}", style="yellow"), soft_wrap=True, highlight=False)
+    for note in dropped_output(outcome):
+        console.print(Text(f"note: {note}", style="yellow"), soft_wrap=True, highlight=False)
+    for r in reports:
+        if r.status in ("fail", "timeout"):
+            _print_failure(console, outcome, r)
+    console.print(Text(summary(outcome, reports), style="bold"), highlight=False)
+
+
+def _print_failure(console: Console, outcome: RunOutcome, r: ExerciseReport) -> None:
+    console.print()
+    console.print(Text(f"{r.status.upper()} {r.name}: {printable(r.reason)}", style=STATUS_STYLES[r.status]),
+                  soft_wrap=True, highlight=False)
+    if len(r.mismatches) > 1:
+        for m in r.mismatches[:MISMATCHES_SHOWN]:
+            console.print(Text(f"  {printable(str(m))}"), soft_wrap=True, highlight=False)
+        if len(r.mismatches) > MISMATCHES_SHOWN:
+            console.print(f"  ... {len(r.mismatches) - MISMATCHES_SHOWN} more", markup=False)
+    for rank in r.ranks[:2]:
+        state = outcome.ranks[rank]
+        lines = list(state.tail)[-TAIL_SHOWN:]
+        if rank in r.details and r.details[rank]:
+            lines = r.details[rank].rstrip().splitlines()[-TAIL_SHOWN:]
+        if lines:
+            console.print(Text(f"  last lines of rank {rank} ({state.spec.host}):", style="dim"))
+            for line in lines:
+                console.print(Text(f"  | {printable(line)}"), soft_wrap=True, highlight=False)
+
+
+def print_causes(console: Console, title: str, causes: list[str]) -> None:
+    if causes:
+        console.print(Text(title, style="bold yellow"))
+        for line in causes:
+            console.print(Text(f"  {printable(line)}"), soft_wrap=True)
+
+
+def print_scenario(console: Console, result: ScenarioResult) -> None:
+    """The cross-VPC lesson's steps, each passed or failed, and its verdict."""
+    console.print()
+    for step in result.steps:
+        status = "pass" if step.passed else "fail"
+        line = Text(f"{status.upper():8}", style=STATUS_STYLES[status])
+        line.append(printable(f"{step.what}: {step.detail}"))
+        console.print(line, soft_wrap=True)
+    console.print(Text(f"cross-vpc {'passed' if result.passed else 'failed'}", style="bold"))
+
+
+def print_launch(console: Console, script: str, outcome: RunOutcome, failed: list[RankState]) -> None:
+    """``lab launch``'s end: each rank that failed, and why; how many succeeded."""
+    plan = outcome.plan
+    console.print()
+    for s in failed:
+        why = (f"stopped after {plan.timeout:g}s" + (f" at {s.stopped_at}" if s.stopped_at else "")
+               if s.spec.rank in outcome.hung else ended(s.exit_code))
+        console.print(Text(f"rank {s.spec.rank} ({s.spec.host}) {why}", style="red"), soft_wrap=True)
+    console.print(Text(f"{script}: {plan.world_size - len(failed)} of {plan.world_size} ranks succeeded "
+                       f"in {outcome.seconds:.1f}s ({outcome.status})", style="bold"), highlight=False)
+
+
+def print_job_output(output: str) -> None:
+    """``submit --wait``: what the job printed, as it printed it (its own report)."""
+    print(output, end="")
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}s"

@@ -1,0 +1,169 @@
+"""Where a submission runs, and the choice ``lab grade`` makes between the places.
+
+A *place* (:class:`Place`) is the cluster one submission runs on: a share of an inventory's hosts
+(``--hosts``: :func:`split_inventory` shares the slots out ``--parallel`` ways), a local cluster
+(``--sandbox none``: processes as the grader, like ``run --solution``), or a throwaway sandbox
+container made for each submission (the default on the local cluster: lab.grading.sandbox).
+:class:`GradeRequest` is what ``lab grade`` was asked; :func:`places_for` checks it and makes its
+places, one maker for each submission graded at once.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal, Protocol
+
+from lab.containerlab import engine
+from lab.containerlab.engine import Say
+from lab.containerlab.image import Progress
+from lab.containerlab.topology import DEFAULT_LAB, LabPaths, default_inventory
+from lab.core.inventory import load_inventory, local_inventory
+from lab.core.plan import DEFAULT_TIMEOUT, Backend, Options
+from lab.errors import UsageError
+from lab.grading import sandbox
+from lab.grading.sandbox import Limits
+from lab.inventory import Host, Inventory
+from lab.suite.registry import Exercise
+from lab.transport import with_master_address
+from lab.transport.ssh import SSHSettings
+
+DEFAULT_WALL = 300.0  # seconds one submission may take in all
+SandboxChoice = Literal["container", "none"]
+Working = Callable[[str], AbstractContextManager[Progress]]  # shows what is being done, and how it goes
+
+
+class Place(Protocol):
+    """Where one submission runs: a cluster, and what it can tell after the run."""
+
+    @property
+    def inventory(self) -> Inventory:
+        """The cluster to run it on."""
+
+    def memory_kills(self) -> int:
+        """Processes the kernel killed there for want of memory (0 where it cannot tell)."""
+
+
+@dataclass(frozen=True)
+class Hosts:
+    """A share of an inventory's hosts (or the local cluster), the same for every submission."""
+
+    inventory: Inventory
+
+    def memory_kills(self) -> int:
+        return 0
+
+
+PlaceMaker = Callable[[], AbstractContextManager[Place]]  # a fresh place for each submission
+
+
+def fixed(inventory: Inventory) -> PlaceMaker:
+    return lambda: contextlib.nullcontext(Hosts(inventory))
+
+
+# -- sharing the cluster ----------------------------------------------------------------------
+
+
+def split_inventory(inventory: Inventory, shares: int, least: int) -> list[Inventory]:
+    """``shares`` inventories that share out the slots of ``inventory`` (in host order, each
+    share as many as the smallest), every one with at least ``least`` ranks. On an SSH host
+    with ``grade_users``, share N logs in as the Nth of them (so shares on one host are
+    different users), else as the host's own user."""
+    short = next((h for h in inventory.hosts if h.grade_users and len(h.grade_users) < shares), None)
+    if short is not None:
+        raise UsageError(f"{short.source}: host {short.name} has {len(short.grade_users)} grade_users for "
+                         f"{shares} share(s); use fewer --parallel or name more users")
+    slots = [(host, s) for host in inventory.hosts for s in range(host.slots)]
+    each = len(slots) // shares
+    if each < max(least, 1):
+        raise UsageError(f"{inventory.path}: {len(slots)} slot(s) cannot make {shares} share(s) of at least "
+                         f"{max(least, 1)} rank(s) each; use fewer --parallel or more slots")
+    out = []
+    for i in range(shares):
+        mine = slots[i * each:(i + 1) * each]
+        counts: dict[str, int] = {}
+        for host, _ in mine:
+            counts[host.name] = counts.get(host.name, 0) + 1
+        hosts = tuple(replace(h, slots=counts[h.name], user=_share_user(h, i)) for h in inventory.hosts
+                      if h.name in counts)
+        out.append(Inventory(f"{inventory.path} (share {i + 1} of {shares})", hosts))
+    return out
+
+
+def _share_user(host: Host, share: int) -> str | None:
+    return host.grade_users[share] if host.grade_users and host.connection == "ssh" else host.user
+
+
+def one_user_hosts(inventory: Inventory) -> list[str]:
+    """The SSH hosts where every share runs as one user (no ``grade_users``): there the
+    submissions graded at once can read each other's run files and signal each other."""
+    return [h.name for h in inventory.hosts if h.connection == "ssh" and not h.grade_users]
+
+
+# -- choosing the places ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GradeRequest:
+    """What ``lab grade`` was asked: the exercise, how many submissions at once, how long each may
+    take, and where they run: the hosts of the inventory ``hosts``, else local clusters of
+    ``nproc`` ranks, each submission in a sandbox unless ``sandbox`` is "none"."""
+
+    exercise: Exercise
+    parallel: int = 1
+    timeout: float = DEFAULT_TIMEOUT  # the longest any rank may spend on one step
+    wall: float = DEFAULT_WALL
+    hosts: str | None = None
+    nproc: int = 4
+    sandbox: SandboxChoice | None = None  # None: a sandbox on the local cluster, none with hosts
+    limits: Limits = field(default_factory=Limits)
+    backend: Backend | None = None  # None: as for run
+
+    def check(self) -> None:
+        """The options that cannot work together, or at all: a UsageError before anything starts."""
+        if self.parallel < 1:
+            raise UsageError(f"--parallel must be at least 1, got {self.parallel}")
+        for option, value in (("timeout", self.timeout), ("wall", self.wall)):
+            if value <= 0:
+                raise UsageError(f"--{option} must be positive, got {value:g}")
+        if self.hosts and self.sandbox == "container":
+            raise UsageError("--sandbox container is for the local cluster: with --hosts the submissions run "
+                             "on the inventory's hosts")
+        try:
+            self.limits.check()
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
+    def options(self) -> Options:
+        """The run of one submission, as ``run EXERCISE --solution FILE`` would make it."""
+        return Options((self.exercise,), self.backend, "env", self.timeout, memory_mb=self.limits.memory_mb)
+
+
+@dataclass(frozen=True)
+class Places:
+    makers: list[PlaceMaker]  # one for each submission graded at once
+    one_user_hosts: list[str] = field(default_factory=list)  # see one_user_hosts (only when graded at once)
+
+
+@contextlib.contextmanager
+def places_for(request: GradeRequest, ssh: SSHSettings, say: Say, working: Working) -> Iterator[Places]:
+    """The places the request's submissions run in, for as long as the block runs: shares of its
+    hosts, local clusters, or (the default) a sandbox each, made from the lab image (built first,
+    while ``working`` shows it, if the engine has none) and all removed when the block ends."""
+    if request.hosts:
+        inventory = with_master_address(load_inventory(request.hosts), ssh)
+        shares = split_inventory(inventory, request.parallel, request.exercise.min_ranks)
+        yield Places([fixed(share) for share in shares],
+                     one_user_hosts(inventory) if request.parallel > 1 else [])
+    elif request.sandbox == "none":
+        yield Places([fixed(local_inventory(request.nproc))] * request.parallel)
+    else:
+        local_inventory(request.nproc)  # (checks --nproc)
+        client = engine.client()
+        state = LabPaths(Path(default_inventory(DEFAULT_LAB)).resolve()).state  # (the wheelhouse `lab up` keeps)
+        with working("the sandbox image") as progress:
+            sandbox.ensure_sandbox_image(client, state, say, progress)
+        with sandbox.sandboxes_of(client):
+            yield Places([sandbox.maker(client, request.nproc, request.limits)] * request.parallel)
