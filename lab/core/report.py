@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.text import Text
 
 from lab.core.judge import ExerciseReport, ended
-from lab.core.runner import LaunchState, RankState, RunOutcome
+from lab.core.outcome import LaunchState, RankState, RunOutcome
 from lab.core.text import printable
 
 RANK_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta", "bright_green")
