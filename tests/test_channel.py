@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from lab.core.runner import OUTPUT_MAX, Output
+from lab.core.outcome import OUTPUT_MAX, Output
 from lab.errors import ExitCode
 from lab.rank.output import tagged
 from lab.rank.protocol import NEUTRAL, MalformedEvent, parse_event
@@ -148,7 +148,7 @@ def test_the_relay_neutralizes_every_mark() -> None:
 
 
 def test_a_ranks_output_past_its_limit_is_counted_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("lab.core.runner.OUTPUT_MAX", 10)
+    monkeypatch.setattr("lab.core.outcome.OUTPUT_MAX", 10)
     output = Output()
     output.add("12345", 6)
     output.add("67890", 6)

@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 from lab.core.judge import ended
-from lab.core.runner import EVENT_MAX, LINE_MAX, SHOWN_LINES, TAIL_LINES, Output, _lines
+from lab.core.outcome import SHOWN_LINES, TAIL_LINES, Output
+from lab.core.streams import read_lines
 from lab.errors import ExitCode
 from lab.rank.output import tagged
+from lab.rank.protocol import EVENT_MAX, LINE_MAX
 
 from .conftest import Lab
 
@@ -152,7 +154,7 @@ def test_a_rank_that_ends_itself_inside_the_exercise_fails_it(lab: Lab, tmp_path
 # The pieces, without processes.
 
 def lines_of(data: bytes, prefix: bytes = b"\x1flab:tok ") -> list[tuple[bytes, int, str]]:
-    return list(_lines(io.BufferedReader(io.BytesIO(data)), prefix, lambda: False))
+    return list(read_lines(io.BufferedReader(io.BytesIO(data)), prefix, lambda: False))
 
 
 def test_an_event_that_output_without_a_newline_ran_into_is_a_line_of_its_own() -> None:
@@ -179,7 +181,7 @@ def test_a_line_longer_than_an_event_may_be_is_cut_and_never_held_whole() -> Non
 def test_lines_past_what_is_shown_are_counted_by_the_block() -> None:
     event = b"\x1flab:tok {}"
     data = b"".join(b"line %d\n" % i for i in range(50_000)) + event + b"\nlast\n"
-    got = list(_lines(io.BufferedReader(io.BytesIO(data)), b"\x1flab:tok ", lambda: True))
+    got = list(read_lines(io.BufferedReader(io.BytesIO(data)), b"\x1flab:tok ", lambda: True))
     assert {kind for _, _, kind in got} == {"lines", "whole"}
     assert (event, len(event) + 1, "whole") in got  # an event is never inside a block
     output = Output()

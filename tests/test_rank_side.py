@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.core.runner import where_stopped
+from lab.core.stacks import where_stopped
 from lab.rank.protocol import RANK_TAG, rank_tag, untag
 from lab.rank.worker import SharedPathError, call_with_context, ensure_shared_path
 

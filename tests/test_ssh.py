@@ -21,8 +21,9 @@ import pytest
 
 from lab.core.inventory import load_inventory
 from lab.core.judge import judge
+from lab.core.outcome import RunOutcome
 from lab.core.plan import Options, build_plan, data_address
-from lab.core.runner import RunOutcome, run_plan
+from lab.core.runner import run_plan
 from lab.errors import ExitCode, HostUnreachable, RunError
 from lab.inventory import Host, Inventory
 from lab.suite import registry

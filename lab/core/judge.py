@@ -5,7 +5,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Literal
 
-from lab.core.runner import ExerciseRun, RankState, RunOutcome
+from lab.core.outcome import ExerciseRun, RankState, RunOutcome
 from lab.errors import ExitCode
 from lab.suite.check import Mismatch, Verdict, World, ranks_named
 from lab.suite.registry import EXERCISES

@@ -9,14 +9,14 @@ import xml.etree.ElementTree as ET
 from typing import Any
 
 from lab.core.judge import ExerciseReport, ended
-from lab.core.runner import RunOutcome
+from lab.core.outcome import RunOutcome
 from lab.core.text import printable
 
 TAIL_SHOWN = 12
 
 
 def dropped_output(outcome: RunOutcome) -> list[str]:
-    """One line for each rank that printed more than the lab shows (lab.core.runner: bounded output)."""
+    """One line for each rank that printed more than the lab shows (lab.core.outcome: bounded output)."""
     return [f"rank {s.spec.rank} ({s.spec.host}) printed {s.output.lines} lines ({_size(s.output.size)}): the "
             f"first {s.output.shown} were shown, the other {s.output.dropped} counted and dropped"
             for s in outcome.ranks if s.output.dropped]

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from lab.core.judge import ExerciseReport
-from lab.core.runner import RankState, RunOutcome
+from lab.core.outcome import RankState, RunOutcome
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,9 @@ from dataclasses import dataclass, replace
 from lab.containerlab import crossvpc, engine, hosts
 from lab.containerlab.engine import EngineError
 from lab.core.judge import ExerciseReport, judge
+from lab.core.outcome import OnLine, RunOutcome
 from lab.core.plan import Options, build_plan
-from lab.core.runner import OnLine, RunOutcome, run_plan
+from lab.core.runner import run_plan
 from lab.doctor.model import Diagnosis
 from lab.doctor.run import diagnose
 from lab.inventory import Inventory

@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Literal
 
 from lab.core.judge import ExerciseReport, judge
+from lab.core.outcome import RunOutcome
 from lab.core.plan import Options, build_plan
 from lab.core.report import to_junit
-from lab.core.runner import RunOutcome, run_plan
+from lab.core.runner import run_plan
 from lab.core.text import printable
 from lab.errors import ExitCode, LabError, UsageError
 from lab.grading.places import PlaceMaker

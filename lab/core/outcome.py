@@ -1,0 +1,195 @@
+"""What a run is and was, as data: each launch's and each rank's state, each exercise's reports, the outcome.
+
+The runner (lab.core.runner) fills these in as the run goes; the judge, the report and the doctor
+read them afterwards. Nothing here starts, reads or stops a process.
+
+Output is bounded, whatever a rank prints: its ``Output`` counts every line (lines, bytes),
+keeps it, cut at LINE_MAX bytes, among its last TAIL_LINES lines (the report's "last lines";
+past OUTPUT_MAX bytes of a rank's output its lines are counted, not kept), and only the first
+SHOWN_LINES of each rank are shown (lab.core.streams decides which lines reach ``on_line``).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from lab.core.plan import Launch, Plan, RankSpec, bind_macros
+from lab.rank.protocol import LINE_MAX
+from lab.transport import RankProcess
+
+TAIL_LINES = 200  # the last lines of each rank's output kept (for the report)
+SHOWN_LINES = 1000  # lines of each rank's output passed on to ``on_line``; the rest is counted, not shown
+# LINE_MAX (lab.rank.protocol): bytes kept of a line of output; the rest of a longer one is counted and dropped
+OUTPUT_MAX = 64 << 20  # bytes of a rank's output whose lines are kept; past it they are counted only
+
+
+@dataclass(eq=False)
+class Output:
+    """What one rank (or a host's launcher itself) printed, within bounds whatever it prints:
+    every line counted, the first SHOWN_LINES shown, the last TAIL_LINES kept (each cut at
+    LINE_MAX bytes), the rest dropped. Its stdout and stderr readers both add to it."""
+
+    lines: int = 0
+    size: int = 0  # its bytes as printed, line ends included
+    last: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, text: str, size: int) -> int:
+        """Count a line of ``size`` bytes and keep ``text``, its start (up to OUTPUT_MAX bytes
+        printed); how many lines so far."""
+        with self.lock:
+            self.lines += 1
+            self.size += size
+            if self.size <= OUTPUT_MAX:
+                self.last.append(text)
+            elif self.size - size <= OUTPUT_MAX:
+                self.last.append(_PAST_MAX)
+            return self.lines
+
+    def add_block(self, block: bytes, tag: bytes = b"") -> None:
+        """Count a block of whole lines (each ends with its newline and starts with ``tag``, which
+        is not the rank's) and keep its last ones (up to OUTPUT_MAX bytes printed)."""
+        lines = block.count(b"\n")
+        with self.lock:
+            before = self.size
+            self.lines += lines
+            self.size += len(block) - lines * len(tag)
+            if before > OUTPUT_MAX:
+                return
+        last = [kept_text(raw[len(tag):].rstrip(b"\r"), len(raw) + 1 - len(tag))
+                for raw in block[:-1].rsplit(b"\n", TAIL_LINES)[-TAIL_LINES:]]
+        with self.lock:
+            self.last.extend(last if self.size <= OUTPUT_MAX else [*last, _PAST_MAX])
+
+    @property
+    def shown(self) -> int:
+        return min(self.lines, SHOWN_LINES)
+
+    @property
+    def dropped(self) -> int:
+        """Lines counted but never shown (some of the last ones are still in ``tail``)."""
+        return self.lines - self.shown
+
+    def tail(self) -> list[str]:
+        with self.lock:
+            return list(self.last)
+
+
+_PAST_MAX = f"[lab: more than {OUTPUT_MAX >> 20} MiB printed: the rest was counted, not kept]"
+
+
+def kept_text(raw: bytes, size: int, whole: bool = True) -> str:
+    """A line of output as kept: at most LINE_MAX bytes of it, and a word where it was cut."""
+    if whole and len(raw) <= LINE_MAX:
+        return raw.decode("utf-8", "replace")
+    return raw[:LINE_MAX].decode("utf-8", "replace") + f" [cut: {size} bytes]"
+
+
+@dataclass
+class LaunchState:
+    """One started process: a rank, or a host's launcher and the ranks it started."""
+
+    launch: Launch
+    launcher: str
+    process: RankProcess | None = None
+    exit_code: int | None = None
+    exited_at: float | None = None
+    settled: bool = False  # its ranks were told it ended (once its last lines were read)
+    open_streams: int = 2
+    active_at: float = 0.0  # when a reader last read or queued one of its lines
+    closed_at: float | None = None  # when a reader last met the end of one of its streams
+    output: Output = field(default_factory=Output)  # a launcher's own lines (torchrun's)
+
+    @property
+    def label(self) -> str:
+        return f"{self.launch.host} {self.launcher}"
+
+    @property
+    def color(self) -> int:
+        return self.launch.ranks[0] if self.launch.ranks else 0
+
+    @property
+    def finished(self) -> bool:
+        return self.open_streams == 0 and self.exit_code is not None
+
+
+@dataclass
+class RankState:
+    """What the controller knows about one rank while and after it runs."""
+
+    spec: RankSpec
+    launch: LaunchState
+    step: str = "startup"
+    step_started: float = field(default_factory=time.monotonic)
+    done: bool = False  # the worker said it finished
+    exit_code: int | None = None  # its launch's, once that ended
+    fatal: str | None = None  # start-up or rendezvous failed outside any exercise
+    info: dict[str, Any] = field(default_factory=dict)  # hostname, pid, torch version
+    output: Output = field(default_factory=Output)
+    dump: list[str] = field(default_factory=list)  # stack dump after SIGUSR1
+    stopped_at: str | None = None  # where a hung rank was stopped
+    ended_at: float | None = None  # when it was seen to end by itself (not killed by the lab)
+    entered: dict[str, float] = field(default_factory=dict)  # exercise -> when the rank began it
+    steps: int = 0  # step events taken (at most a plan's steps count)
+    violations: list[str] = field(default_factory=list)  # events it sent that break the protocol
+
+    @property
+    def label(self) -> str:
+        return f"{self.spec.host} r{self.spec.rank}"
+
+    @property
+    def color(self) -> int:
+        return self.spec.rank
+
+    @property
+    def tail(self) -> list[str]:
+        """Its last lines of output (TAIL_LINES at most)."""
+        return self.output.tail()
+
+    @property
+    def died(self) -> bool:
+        """It ended by itself before saying it was done, whatever its exit status (0 too:
+        ``os._exit(0)`` in an exercise): a crash, an exit, a signal, or its host went away.
+        (A script says nothing: it is done when it exits with status 0.)"""
+        return self.ended_at is not None and not self.done
+
+
+@dataclass
+class ExerciseRun:
+    """Every rank's report for one exercise."""
+
+    name: str
+    results: dict[int, Any] = field(default_factory=dict)
+    errors: dict[int, dict[str, str]] = field(default_factory=dict)
+    seconds: dict[int, float] = field(default_factory=dict)
+    calls: dict[int, Any] = field(default_factory=dict)  # the calls each rank made (lab.rank.calls)
+    violations: dict[int, str] = field(default_factory=dict)  # rank -> the first event of its that broke the protocol
+
+    def reported(self, rank: int) -> bool:
+        return rank in self.results or rank in self.errors
+
+
+@dataclass
+class RunOutcome:
+    plan: Plan
+    ranks: list[RankState]
+    exercises: dict[str, ExerciseRun]
+    status: RunStatus
+    seconds: float
+    hung: list[int] = field(default_factory=list)  # ranks found past the timeout
+    ports: tuple[int, ...] = ()  # the ports held on rank 0's host (``${port0}``...)
+    wall: float | None = None  # the run was stopped at this limit on its whole time (not one step's)
+
+    @property
+    def master_port(self) -> int | None:
+        """The port rank 0's store (or torchrun's rendezvous) listened on."""
+        return int(bind_macros(self.plan.master_port, "", self.ports)) if self.plan.master_port and self.ports else None
+
+
+RunStatus = Literal["completed", "timeout", "interrupted", "crashed"]
+# (whose line, "out" | "err" | "lab" (the lab's own word about that output: the rest is not shown), line)
+OnLine = Callable[["RankState | LaunchState", str, str], None]

@@ -1,0 +1,55 @@
+"""Where a hung rank stopped, from the Python stacks it dumps (faulthandler, on SIGUSR1: lab.rank.worker)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from lab.core.plan import Plan
+from lab.transport import PACKAGE_DIR
+
+_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+_THREAD = ("Thread 0x", "Current thread 0x")  # how faulthandler starts each thread's stack
+
+
+def is_stack_line(line: str) -> bool:
+    """Whether a line of stderr is part of a stack dump: a thread's first line, or one of its frames."""
+    return line.startswith(_THREAD) or _FRAME.match(line) is not None
+
+
+def where_stopped(dump: list[str], programs: dict[str, Path]) -> str | None:
+    """Where a faulthandler dump shows the rank: the innermost frame inside an exercise
+    program, as ``file.py:LINE in FUNC: source``; else the innermost frame of the thread
+    that runs the exercises (the one with lab/rank/worker.py frames), e.g. inside torch."""
+    threads: list[list[re.Match[str]]] = [[]]
+    for text in dump:
+        if text.startswith(_THREAD):
+            threads.append([])
+        elif m := _FRAME.match(text):
+            threads[-1].append(m)
+    frames = [f for t in threads for f in t]
+    mine = [m for m in frames if Path(m["path"]).name in programs]
+    main = next((t for t in threads if any(f["path"].endswith("lab/rank/worker.py") and f["func"] != "watch"
+                                           for f in t)), None)
+    candidates = mine or main or frames
+    if not candidates:
+        return None
+    frame = candidates[0]
+    name, line = Path(frame["path"]).name, int(frame["line"])
+    source = ""
+    local = programs.get(name)
+    if local is not None and local.exists():
+        lines = local.read_text(encoding="utf-8", errors="replace").splitlines()
+        source = lines[line - 1].strip() if 0 < line <= len(lines) else ""
+    return f"{name}:{line} in {frame['func']}" + (f": {source}" if source else "")
+
+
+def program_files(plan: Plan) -> dict[str, Path]:
+    """File name -> local path of every program the plan runs."""
+    files = {Path(local).name: Path(local) for local in plan.uploads.values()}
+    for stage in plan.stages:
+        for exercise in stage.exercises:
+            program = exercise["program"]
+            if not program.endswith(".py"):
+                path = PACKAGE_DIR.joinpath(*program.split(".")[1:]).with_suffix(".py")
+                files[path.name] = path
+    return files
