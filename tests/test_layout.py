@@ -1,5 +1,5 @@
 """The package's seams hold: what travels to the hosts needs nothing of the controller's, the
-modules import each other one way only, and only the CLI prints or exits."""
+modules import each other one way only (down the floors), and only the CLI's views print."""
 from __future__ import annotations
 
 import ast
@@ -11,8 +11,32 @@ from pathlib import Path
 from lab.transport import PACKAGE_DIR, code_uploads
 
 CONTROLLER_SIDE = ("lab.cli", "lab.core", "lab.transport", "lab.doctor", "lab.containerlab", "lab.grading",
-                   "lab.errors")
+                   "lab.errors", "lab.inventory")
 THIRD_PARTY = ("yaml", "paramiko", "docker", "rich", "cryptography")
+# The floors, lowest first: a module imports only from its own floor and the ones below it.
+FLOORS = (
+    ("lab.suite",),
+    ("lab.rank",),
+    ("lab.errors", "lab.inventory"),
+    ("lab.transport",),
+    ("lab.core",),
+    ("lab.containerlab",),
+    ("lab.grading",),
+    ("lab.doctor",),
+    ("lab.cli", "lab.__main__"),
+)
+VIEWS = "lab.cli.views"  # the one part of the controller side that prints for a person (and imports rich)
+
+
+def within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def floor(name: str) -> int | None:
+    """The floor of a module (``lab`` itself, the package's docstring, is below them all)."""
+    if name == "lab":
+        return -1
+    return next((level for level, prefixes in enumerate(FLOORS) if any(within(name, p) for p in prefixes)), None)
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -108,21 +132,53 @@ def test_no_import_cycles() -> None:
     assert cycles == []
 
 
+def above(one: str, other: str) -> bool:
+    return (floor(one) or 0) > (floor(other) or 0)
+
+
+def test_every_module_is_on_a_floor() -> None:
+    assert [name for name in modules(PACKAGE_DIR) if floor(name) is None] == []
+
+
+def test_modules_import_only_from_their_floor_and_below() -> None:
+    known = modules(PACKAGE_DIR)
+    upward = sorted(f"{name} imports {imported}" for name, path in known.items()
+                    for imported in imports_of(path, name) if imported in known and above(imported, name))
+    assert upward == []
+
+
 def test_the_rank_side_and_the_suite_never_import_the_controller_side() -> None:
     for name, path in modules(PACKAGE_DIR).items():
         if name.startswith(("lab.rank", "lab.suite")):
             assert not {m for m in imports_of(path, name) if m.startswith(CONTROLLER_SIDE)}, name
 
 
-def test_only_the_cli_prints_or_exits() -> None:
-    """The controller side returns data and raises; ``lab.cli``'s views alone talk to the user."""
+PRINTING = ("print", "sys.stdout.write", "sys.stderr.write", "sys.stdout.buffer.write", "sys.stderr.buffer.write")
+EXITING = ("sys.exit", "exit", "os._exit")
+
+
+def test_only_the_cli_s_views_print_and_only_the_cli_exits() -> None:
+    """The controller side returns data and raises; ``lab.cli``'s views alone talk to the user (the
+    rank programs' own output is theirs), and only ``lab.cli`` ends the process."""
     offenders = []
     for name, path in modules(PACKAGE_DIR).items():
-        if not name.startswith(CONTROLLER_SIDE) or name.startswith("lab.cli.views"):
+        if not name.startswith(CONTROLLER_SIDE):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call):
                 called = ast.unparse(node.func)
-                if called in ("print", "sys.exit", "exit", "os._exit"):
+                prints, exits = called in PRINTING, called in EXITING
+                if (prints and not within(name, VIEWS)) or (exits and not within(name, "lab.cli")):
                     offenders.append(f"{name}:{node.lineno} {called}")
+    assert offenders == []
+
+
+def test_rich_is_imported_only_by_the_cli_s_views() -> None:
+    offenders = []
+    for name, path in modules(PACKAGE_DIR).items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(within(n, "rich") for n in names) and not within(name, VIEWS):
+                offenders.append(f"{name}:{node.lineno}")
     assert offenders == []
