@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lab.core.inventory import load_inventory
 from lab.doctor.run import diagnose
-from lab.rank.probe import DELAY_VAR, Listener, Target, check_link
+from lab.rank.netfacts import Target
+from lab.rank.probe import DELAY_VAR, Listener, check_link
 
 TIMEOUT = 5.0
 

@@ -26,7 +26,7 @@ from lab.doctor.rules import NO_NETWORK_CAUSE, SAME_NETWORK_FIX, analyse, hang_c
 from lab.doctor.run import diagnose, explain_hang, plan_targets
 from lab.errors import ExitCode
 from lab.inventory import Host, Inventory
-from lab.rank.probe import (
+from lab.rank.netfacts import (
     Advertised,
     Interface,
     Link,

@@ -10,7 +10,7 @@ from typing import Any, Literal, get_args
 
 from lab.errors import ExitCode
 from lab.inventory import Host
-from lab.rank.probe import (
+from lab.rank.netfacts import (
     Advertised,
     Interface,
     Link,

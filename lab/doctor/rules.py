@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 
 from lab.core.plan import data_address
 from lab.doctor.model import SEVERITIES, Diagnosis, Finding, HostReport, Master
-from lab.rank.probe import (
+from lab.rank.netfacts import (
     Link,
     family,
     is_loopback,

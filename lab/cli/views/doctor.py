@@ -12,7 +12,7 @@ from rich.text import Text
 from lab.core.text import printable
 from lab.doctor.model import SEVERITIES, Diagnosis
 from lab.doctor.rules import SLOW_LOOKUP
-from lab.rank.probe import (
+from lab.rank.netfacts import (
     Advertised,
     is_loopback,
 )
