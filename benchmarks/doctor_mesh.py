@@ -4,7 +4,7 @@ N local hosts (``ansible_connection: local``, over loopback), each connection he
 by an artificial delay (``LAB_PROBE_CONNECT_DELAY``, which only benchmarks set). The
 mesh phase of :func:`lab.doctor.diagnose` should take about one delay (the slowest
 pair), not the sum. In the same run, the same N*(N-1) connections are made one after
-the other with the probe's own :func:`lab.probe.check_link` against the probe's own
+the other with the probe's own :func:`lab.rank.probe.check_link` against the probe's own
 listeners: the sequential baseline, next to the computed N*(N-1)*delay. The mesh phase
 without any delay is measured too: the fixed cost (threads, handshakes, the controller's
 round trip).

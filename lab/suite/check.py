@@ -28,7 +28,7 @@ class World:
     backend: str
     hosts: tuple[str, ...]  # hosts[rank] is the host that rank ran on
     local_ranks: tuple[int, ...]
-    launcher: str = "lab"  # who started the ranks (lab.plan.LAUNCHERS)
+    launcher: str = "lab"  # who started the ranks (lab.core.plan.LAUNCHERS)
 
     @classmethod
     def local(cls, world_size: int, backend: str = "gloo") -> World:
