@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from docker.errors import NotFound
 
-from lab.containerlab import hosts, image
+from lab.containerlab import image, networks
 
 REPO = Path(__file__).resolve().parents[1]
 MACHINE_DIR = REPO / "images" / "lab-machine"
@@ -74,7 +74,7 @@ def start(client: docker.DockerClient, tag: str, prefix: str, count: int, workdi
                                           serialization.NoEncryption()))
     key.chmod(0o600)
     public = private.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-    subnet = hosts.free_subnets([SUBNET], hosts.engine_subnets(client) + hosts.host_routes())[0]
+    subnet = networks.free_subnets([SUBNET], networks.engine_subnets(client) + networks.host_routes())[0]
     ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=subnet)])
     network = client.networks.create(f"{prefix}-net", driver="bridge", ipam=ipam, labels={TEST_LABEL: prefix})
     names = tuple(f"m{i}" for i in range(1, count + 1))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.containerlab import hosts, topology
+from lab.containerlab import resources, topology
 
 from .conftest import Lab
 from .test_lab_docker import _client
@@ -36,7 +36,7 @@ def xvpc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lab, Path]]
     yield lab, inventory
     result = lab("down", timeout=300)
     assert result.code == 0, result.text
-    assert hosts.lab_containers(client, None) == []
+    assert resources.lab_containers(client, None) == []
     assert not any(b in raw_rules() for b in bridges)  # and gone again
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab.containerlab import engine, hosts, topology
+from lab.containerlab import containers, engine, resources, sshd, topology
 
 from .conftest import REPO, WRONG, Lab
 from .test_compose import compose_tools
@@ -50,7 +50,7 @@ def lab_up() -> Iterator[Lab]:
     yield lab
     result = lab("down", timeout=300)
     assert result.code == 0, result.text
-    assert hosts.lab_containers(client, None) == []
+    assert resources.lab_containers(client, None) == []
     assert client.networks.list(filters={"label": topology.LABEL}) == []
     assert client.volumes.list(filters={"label": topology.LABEL}) == []
 
@@ -136,7 +136,7 @@ def test_a_host_stopped_mid_run_is_named_and_nothing_is_left(lab_up: Lab) -> Non
     for i in TOPOLOGY.indices():
         if TOPOLOGY.container(i) != victim:
             assert workers_on(TOPOLOGY.container(i)) == []
-    hosts.wait_for_ssh({TOPOLOGY.name(i): (TOPOLOGY.address(i), 22) for i in TOPOLOGY.indices()})
+    sshd.wait_for_ssh({TOPOLOGY.name(i): (TOPOLOGY.address(i), 22) for i in TOPOLOGY.indices()})
 
 
 def test_sshd_not_answering_is_a_clear_error_within_the_connect_timeout(lab_up: Lab, tmp_path: Path) -> None:
@@ -195,12 +195,12 @@ def test_a_lab_started_by_compose_is_kept_by_lab_up(lab_up: Lab) -> None:
     done = subprocess.run([*tool, "-f", str(REPO / "compose" / "lab.yml"), "up", "-d"], capture_output=True,
                           text=True, timeout=300, env={**os.environ, "LAB_IMAGE": "lab-host:latest"})
     assert done.returncode == 0, done.stderr
-    started = {c.name: c.id for c in hosts.lab_containers(engine.client())}
+    started = {c.name: c.id for c in resources.lab_containers(engine.client())}
     assert sorted(started) == [TOPOLOGY.container(i) for i in TOPOLOGY.indices()]
     result = lab_up("up", "--no-smoke", timeout=600)
     assert result.code == 0, result.text
     assert "starting lab-node" not in result.out and "removing" not in result.out, result.out
-    assert {c.name: c.id for c in hosts.lab_containers(engine.client())} == started
+    assert {c.name: c.id for c in resources.lab_containers(engine.client())} == started
     assert lab_up("run", "p2p", "--hosts", str(INVENTORY)).code == 0
 
 
@@ -228,14 +228,14 @@ def test_a_named_cross_vpc_lab_stands_beside_the_default_one(lab_up: Lab, tmp_pa
     """`lab up --name` starts a second lab on subnets of its own; both run `run all` at once, and
     `lab down --name` of one leaves the other as it was."""
     client = engine.client()
-    default_lab = {c.name: c.id for c in hosts.lab_containers(client)}
+    default_lab = {c.name: c.id for c in resources.lab_containers(client)}
     inventory = tmp_path / "vpc.inventory.yaml"
     result = lab_up("up", "--name", "vpc", "--topology", "cross-vpc", "--hosts", "2", "--peering", "--no-smoke",
                     "--inventory", str(inventory), timeout=900)
     try:
         assert result.code == 0, result.text
         assert (tmp_path / ".lab" / "labs" / "vpc" / "ssh" / "id_ed25519").exists()  # its own key
-        labs = {lab.name: lab for lab in hosts.labs(client)}
+        labs = {lab.name: lab for lab in containers.labs(client)}
         assert (labs["lab"].kind, labs["vpc"].kind, labs["vpc"].hosts) == ("plain", "cross-vpc", 2)
         assert not set(labs["lab"].subnets) & set(labs["vpc"].subnets)
         assert "vpc" in lab_up("ls").out
@@ -248,8 +248,8 @@ def test_a_named_cross_vpc_lab_stands_beside_the_default_one(lab_up: Lab, tmp_pa
     finally:
         down = lab_up("down", "--name", "vpc", timeout=300)
     assert down.code == 0, down.text
-    assert hosts.lab_containers(client, "vpc") == [] and hosts.lab_networks(client, "vpc") == []
-    assert {c.name: c.id for c in hosts.lab_containers(client)} == default_lab
+    assert resources.lab_containers(client, "vpc") == [] and resources.lab_networks(client, "vpc") == []
+    assert {c.name: c.id for c in resources.lab_containers(client)} == default_lab
     assert lab_up("status").code == 0
 
 
@@ -451,7 +451,7 @@ def test_shaped_links_delay_lose_and_limit_then_clear_leaves_nothing(lab_up: Lab
     assert lab_up("net", "show").out.splitlines() == [f"node{i}: none" for i in TOPOLOGY.indices()]
     assert ping(1, 2)[1] < 5 and ping(1, 3)[0] == 0
     assert all("LAB-SHAPE" not in shape_rules(i) and "tbf" not in shape_rules(i) for i in TOPOLOGY.indices())
-    assert [c.name for c in hosts.lab_containers(engine.client()) if "shape" in c.name] == []
+    assert [c.name for c in resources.lab_containers(engine.client()) if "shape" in c.name] == []
 
 
 def test_bench_on_shaped_links_fits_their_delay_as_alpha(lab_up: Lab, tmp_path: Path) -> None:
@@ -580,7 +580,7 @@ def test_a_lab_up_that_fails_removes_what_it_started(lab_up: Lab) -> None:
         assert re.fullmatch(r"lab: error: host node2: cannot start lab-node2 at 10\.213\.0\.12 on lab-net: .*",
                             result.err.strip()), result.err
         assert "removed container lab-node1" in result.out and "removed volume lab-shared" in result.out
-        assert hosts.lab_containers(client) == []
+        assert resources.lab_containers(client) == []
         assert [n.id for n in client.networks.list(filters={"label": topology.LABEL})] == [network.id]
     finally:
         blocker.remove(force=True)

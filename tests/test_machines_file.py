@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from lab.containerlab.engine_lab import EngineLab
+from lab.containerlab.labs import find_lab
+from lab.containerlab.lifecycle import UpRequest
 from lab.containerlab.machines import Machine, load_machines
-from lab.containerlab.spread import Spread, place
+from lab.containerlab.machines_lab import MachinesLab, Spread, place
 from lab.core.plan import Options, without_unshared
 from lab.errors import InventoryError, UsageError
 from lab.inventory import Host
@@ -111,6 +114,21 @@ def test_overlay_addresses_and_labels_of_a_spread_lab() -> None:
     assert [spread.overlay_address(i) for i in spread.indices()] == ["10.215.3.11", "10.215.3.12", "10.215.3.13"]
     assert spread.labels(3)["lab.machine"] == "m2" and "lab.ssh_port" not in spread.labels(3)
     assert Spread("class", ("m1",), "host", ssh_port=2223).labels(1)["lab.ssh_port"] == "2223"
+
+
+def test_a_lab_is_across_the_machines_given_else_those_its_up_recorded_else_on_the_engine(tmp_path: Path) -> None:
+    inventory = str(tmp_path / "class.inventory.yaml")
+    assert find_lab("class", inventory) == EngineLab("class", Path(inventory))
+    assert find_lab("class", inventory, "m.yaml") == MachinesLab("class", Path(inventory), "m.yaml")
+    record = tmp_path / ".lab" / "labs" / "class" / "machines"
+    record.parent.mkdir(parents=True)
+    record.write_text("/site/machines.yaml\n")
+    found = find_lab("class", inventory)
+    assert found == MachinesLab("class", Path(inventory), "/site/machines.yaml", given=False)
+    assert found.across_machines and found.paths.machines_record == record
+    with pytest.raises(UsageError, match="lab class is across the machines of /site/machines.yaml: "):
+        found.up(UpRequest(), print, print)  # (`lab up` without --machines is for this machine's engine)
+    assert find_lab("class", inventory, "other.yaml") == MachinesLab("class", Path(inventory), "other.yaml")
 
 
 def test_run_all_leaves_out_the_file_rendezvous_where_hosts_share_no_directory() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.containerlab import hosts, slurm
+from lab.containerlab import resources, slurm
 from lab.containerlab.topology import Topology
 from lab.errors import UsageError
 
@@ -62,7 +62,7 @@ def slurm_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lab, P
     yield lab, inventory
     result = lab("down", "--name", NAME, timeout=300)
     assert result.code == 0, result.text
-    assert hosts.lab_containers(client, NAME) == []
+    assert resources.lab_containers(client, NAME) == []
 
 
 def in_host(node: int, *command: str, user: str = "root") -> subprocess.CompletedProcess[str]:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from lab.containerlab import hosts
+from lab.containerlab import networks, sshd
 from lab.containerlab.topology import LABEL, NAME_LABEL, LabPaths, Topology, default_inventory, inventory_text
 from lab.errors import UsageError
 
@@ -58,25 +58,25 @@ class FakeEngine:
 
 
 def test_subnets_are_chosen_free_on_the_engine_and_kept_once_made(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(hosts, "host_routes", list)  # (not this machine's routes: a lab up here has some)
+    monkeypatch.setattr(networks, "host_routes", list)  # (not this machine's routes: a lab up here has some)
     engine = FakeEngine(FakeNetwork("lab-net", "10.213.0.0/24", "lab"), FakeNetwork("site", "10.213.1.0/24"),
                         FakeNetwork("big", "10.10.0.0/16"))
-    second = hosts.with_free_subnets(engine, Topology(lab="b"))  # type: ignore[arg-type]
+    second = networks.with_free_subnets(engine, Topology(lab="b"))  # type: ignore[arg-type]
     assert second.subnets == ("10.213.2.0/24",)  # past the default lab's and the site's own network
-    default = hosts.with_free_subnets(engine, Topology())  # type: ignore[arg-type]
+    default = networks.with_free_subnets(engine, Topology())  # type: ignore[arg-type]
     assert default.subnets == ("10.213.0.0/24",)  # its own, kept
-    cross = hosts.with_free_subnets(engine, Topology(kind="cross-vpc", lab="x"))  # type: ignore[arg-type]
+    cross = networks.with_free_subnets(engine, Topology(kind="cross-vpc", lab="x"))  # type: ignore[arg-type]
     assert cross.subnets[1:] == ("10.20.0.0/24", "10.99.0.0/24") and cross.subnets[0] != "10.10.0.0/24"
     assert len(set(cross.subnets)) == 3
 
 
 def test_the_labs_key_is_private_even_when_an_old_copy_was_not(tmp_path: Path) -> None:
     key = tmp_path / "ssh" / "id_ed25519"
-    made = hosts.ensure_key(key, lambda _: None)
+    made = sshd.ensure_key(key, lambda _: None)
     assert stat.S_IMODE(made.stat().st_mode) == 0o600 and stat.S_IMODE(key.parent.stat().st_mode) == 0o700
     before = key.read_bytes()
     key.chmod(0o644)
     key.parent.chmod(0o755)
-    hosts.ensure_key(key, lambda _: None)  # kept, and made private again
+    sshd.ensure_key(key, lambda _: None)  # kept, and made private again
     assert key.read_bytes() == before
     assert stat.S_IMODE(key.stat().st_mode) == 0o600 and stat.S_IMODE(key.parent.stat().st_mode) == 0o700

@@ -3,40 +3,21 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from lab.cli.common import Commands, Parser, machines_option, name_option, ssh_settings
+from lab.cli.common import Commands, Parser, machines_option, name_option
 from lab.cli.running import run_and_report
 from lab.cli.views import labs as views
 from lab.cli.views import screen
-from lab.containerlab import crossvpc, engine, faults, hosts, shaping, slurm, spread
+from lab.containerlab import containers, crossvpc, engine, faults, shaping
 from lab.containerlab.image import DEFAULT_BASE, OFFLINE
-from lab.containerlab.topology import (
-    DEFAULT_LAB,
-    SCHEDULERS,
-    TOPOLOGIES,
-    HostLimits,
-    LabPaths,
-    Topology,
-    default_inventory,
-)
-from lab.containerlab.up import UpRequest, bring_up
+from lab.containerlab.labs import down_every_lab, find_lab, known_labs
+from lab.containerlab.lifecycle import NETWORK_MODES, UpRequest
+from lab.containerlab.topology import SCHEDULERS, TOPOLOGIES, HostLimits
 from lab.core.inventory import load_inventory
 from lab.core.plan import Options
-from lab.errors import ExitCode, UsageError
+from lab.errors import ExitCode
 from lab.suite import registry
 from lab.transport.ssh import SSHSettings
-
-
-def _lab_paths(args: argparse.Namespace) -> LabPaths:
-    return LabPaths(Path(args.inventory or default_inventory(args.name)).resolve(), args.name)
-
-
-def _machines_file(args: argparse.Namespace) -> str | None:
-    """--machines, else the machines file `lab up --machines` recorded for the lab (None: the lab
-    is on this machine's engine)."""
-    return args.machines or spread.recorded_machines(_lab_paths(args))
-
 
 # -- up ---------------------------------------------------------------------------------------
 
@@ -74,7 +55,7 @@ def add_up(commands: Commands) -> None:
     machines_options = up.add_argument_group("across Docker machines (README: Several machines)")
     machines_option(machines_options, "start the hosts across the Docker machines of FILE (an Ansible-style "
                     "inventory of machines), joined in a Swarm; the image goes to each by docker save | load")
-    machines_options.add_argument("--network", choices=spread.NETWORK_MODES, default="overlay",
+    machines_options.add_argument("--network", choices=NETWORK_MODES, default="overlay",
                                   help="overlay: the hosts on an attachable overlay network, each at its own address "
                                        "(default); host: one host per machine, on the machine's own address")
     machines_options.add_argument("--accept-new-host-keys", action="store_true",
@@ -83,46 +64,20 @@ def add_up(commands: Commands) -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    if args.peering and args.topology != "cross-vpc":
-        raise UsageError("--peering is for --topology cross-vpc")
-    if args.machines:
-        return _up_across_machines(args)
-    if args.network != "overlay" or args.accept_new_host_keys:
-        raise UsageError("--network and --accept-new-host-keys are for a lab across --machines")
-    if (recorded := _machines_file(args)) is not None:
-        raise UsageError(f"lab {args.name} is across the machines of {recorded}: `python -m lab down --name "
-                         f"{args.name}` first, or give this lab another --name")
-    topology = Topology(args.hosts or 4, args.slots, args.topology, args.name,  # checked before anything starts
-                        scheduler=args.scheduler)
+    request = UpRequest(args.hosts, args.slots, args.topology, args.scheduler, args.peering, args.network, args.base,
+                        args.gpus, HostLimits(args.memory, args.pids), args.accept_new_host_keys)
+    lab = find_lab(args.name, args.inventory, args.machines)
     console = screen.console()
     say = screen.sayer(console)
-    request = UpRequest(topology, Path(args.inventory or default_inventory(args.name)), args.base, args.gpus,
-                        args.peering, HostLimits(args.memory, args.pids))
-    with screen.working(console, "starting the lab") as progress:
-        inventory = bring_up(request, say, progress)
+    with screen.working(console, "starting the lab" + (" across machines" if lab.across_machines else "")) as progress:
+        inventory = lab.up(request, say, progress)
     if args.no_smoke:
         return ExitCode.OK
-    if topology.kind == "cross-vpc" and not args.peering:
+    if request.topology == "cross-vpc" and not request.peering:
         say("no smoke check: without peering the mesh cannot form (that is the point); "
             f"see `python -m lab run cross-vpc --hosts {inventory}`")
         return ExitCode.OK
     say("smoke check: p2p across the hosts")
-    return run_and_report(load_inventory(inventory), Options(tuple(registry.select(["p2p"]))), SSHSettings())
-
-
-def _up_across_machines(args: argparse.Namespace) -> int:
-    if args.topology != "plain" or args.scheduler != "none":
-        raise UsageError("--machines starts a plain lab: the machines' network is the topology, and Slurm "
-                         "across machines is not supported yet")
-    console = screen.console()
-    request = spread.SpreadRequest(args.machines, args.name, Path(args.inventory or default_inventory(args.name)),
-                                   args.hosts, args.slots, args.network, args.base, args.gpus,
-                                   HostLimits(args.memory, args.pids))
-    with screen.working(console, "starting the lab across machines") as progress:
-        inventory = spread.bring_up(request, ssh_settings(args), screen.sayer(console), progress)
-    if args.no_smoke:
-        return ExitCode.OK
-    screen.sayer(console)("smoke check: p2p across the hosts")
     return run_and_report(load_inventory(inventory), Options(tuple(registry.select(["p2p"]))), SSHSettings())
 
 
@@ -142,19 +97,10 @@ def add_down(commands: Commands) -> None:
 
 def cmd_down(args: argparse.Namespace) -> int:
     say = screen.sayer(screen.console())
-    machines = None if args.all and not args.machines else _machines_file(args)
-    if machines:
-        if args.all:
-            raise UsageError("--all is for the labs on this machine's engine; name the lab with --name")
-        removed = spread.bring_down(machines, args.name, SSHSettings(), say)
-        _lab_paths(args).machines_record.unlink(missing_ok=True)
-        say(f"lab {args.name} is down on every machine ({removed} removed)" if removed else
-            f"lab {args.name}: nothing to remove on the machines")
-        return ExitCode.OK
-    removed = hosts.down(engine.client(), say, None if args.all else args.name)
-    which = "every lab" if args.all else f"lab {args.name}"
-    say(f"{which} is down ({removed} removed)" if removed else f"{which}: nothing to remove on this machine's "
-        "engine" + ("" if args.all else f" ({views.ACROSS_MACHINES_HINT})"))
+    if args.all:
+        down_every_lab(say, args.machines)
+    else:
+        find_lab(args.name, args.inventory, args.machines).down(say)
     return ExitCode.OK
 
 
@@ -171,21 +117,20 @@ def add_status(commands: Commands) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     console = screen.console()
-    machines = _machines_file(args)
-    if machines:
-        across, lost = spread.status(machines, args.name, SSHSettings())
-        views.print_hosts_across_machines(console, args.name, across, lost)
-        return ExitCode.OK if across and all(h.ssh for h in across) and not lost else ExitCode.UNREACHABLE
-    found = hosts.status(engine.client(), args.name)
+    lab = find_lab(args.name, args.inventory, args.machines)
+    status = lab.status()
+    found = status.hosts
+    if lab.across_machines:
+        views.print_hosts_across_machines(console, args.name, found, status.unanswered)
+        return ExitCode.OK if found and all(h.ssh for h in found) and not status.unanswered else ExitCode.UNREACHABLE
     if not found:
         views.print_no_lab(console, args.name)
         return ExitCode.OK
     views.print_hosts(console, found)
     problems: tuple[str, ...] = ()
-    if found[0].scheduler == "slurm":  # the lab's Slurm cluster: a row per node, and its problems
-        health = slurm.health(hosts.running_topology(engine.client(), args.name), _lab_paths(args))
-        views.print_slurm(console, health)
-        problems = health.problems
+    if status.slurm is not None:  # the lab's Slurm cluster: a row per node, and its problems
+        views.print_slurm(console, status.slurm)
+        problems = status.slurm.problems
     views.print_problems(console, problems)
     return ExitCode.OK if all(h.ssh for h in found) and not problems else ExitCode.UNREACHABLE
 
@@ -196,17 +141,9 @@ def add_ls(commands: Commands) -> None:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    found = hosts.labs(engine.client())
-    across = {lab: record.read_text().strip() for lab in _recorded_labs()
-              if (record := LabPaths(Path(default_inventory(lab)).resolve(), lab).machines_record).is_file()}
-    views.print_labs(screen.console(), found, across)
+    known = known_labs()
+    views.print_labs(screen.console(), known.on_engine, known.across_machines)
     return ExitCode.OK
-
-
-def _recorded_labs() -> list[str]:
-    """The labs whose state is under this directory's .lab/ (see state_subdir)."""
-    labs = Path(".lab/labs")
-    return [DEFAULT_LAB, *sorted(d.name for d in labs.iterdir() if d.is_dir())] if labs.is_dir() else [DEFAULT_LAB]
 
 
 # -- net, break, fix --------------------------------------------------------------------------
@@ -240,7 +177,7 @@ def add_net(commands: Commands) -> None:
 def cmd_net(args: argparse.Namespace) -> int:
     wanted = shaping.parse_shape(args.delay, args.jitter, args.loss, args.rate) if args.net_command == "shape" else None
     client = engine.client()
-    topology = hosts.running_topology(client, args.name)
+    topology = containers.running_topology(client, args.name)
     say = screen.sayer(screen.console())
     if args.net_command == "peering":
         if args.state != "show":
@@ -272,7 +209,7 @@ def add_break(commands: Commands) -> None:
 
 def cmd_break(args: argparse.Namespace) -> int:
     client = engine.client()
-    topology = hosts.running_topology(client, args.name)
+    topology = containers.running_topology(client, args.name)
     fault = faults.FAULTS[args.kind]
     default = [name for name in fault.default_hosts if name in map(topology.name, topology.indices())] or ["all"]
     indices = shaping.host_indices(topology, args.hosts or default)
@@ -292,7 +229,7 @@ def add_fix(commands: Commands) -> None:
 
 def cmd_fix(args: argparse.Namespace) -> int:
     client = engine.client()
-    topology = hosts.running_topology(client, args.name)
+    topology = containers.running_topology(client, args.name)
     faults.fix(client, topology, [args.kind] if args.kind else faults.KINDS,
                shaping.host_indices(topology, args.hosts), screen.sayer(screen.console()))
     return ExitCode.OK

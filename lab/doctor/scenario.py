@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from lab.containerlab import crossvpc, engine, hosts
+from lab.containerlab import containers, crossvpc, engine
 from lab.containerlab.engine import EngineError
 from lab.core.judge import ExerciseReport, judge
 from lab.core.outcome import OnLine, RunOutcome
@@ -54,11 +54,11 @@ def run_scenario(inventory: Inventory, options: Options, ssh: SSHSettings, on_li
                  say: Callable[[str], None], show: Callable[[Diagnosis], None], keep: bool = False) -> ScenarioResult:
     """The three steps on the running cross-VPC lab; peering is left as it was found."""
     client = engine.client()
-    lab = hosts.lab_with_hosts(client, [h.address for h in inventory.hosts])
+    lab = containers.lab_with_hosts(client, [h.address for h in inventory.hosts])
     if lab is None:
         raise EngineError(f"{inventory.path}: its hosts are no running lab's: start the cross-VPC lab with "
                           "`python -m lab up --topology cross-vpc` and use the inventory it writes")
-    topology = hosts.running_topology(client, lab)
+    topology = containers.running_topology(client, lab)
     peered = crossvpc.peering(client, topology)  # also: is this the cross-VPC lab at all?
     try:
         say("1/3 peering off: the tutorial's job with MASTER_ADDR = the master's external address")

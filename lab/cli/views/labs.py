@@ -7,16 +7,13 @@ from rich.table import Table
 from rich.text import Text
 
 from lab.cli.views.screen import say_line
-from lab.containerlab.hosts import HostStatus, LabSummary
+from lab.containerlab.containers import LabSummary
+from lab.containerlab.lifecycle import ACROSS_MACHINES_HINT, HostStatus
 from lab.containerlab.shaping import Shape
 from lab.containerlab.slurm import Health
-from lab.containerlab.spread import SpreadHost
 from lab.containerlab.topology import DEFAULT_LAB, default_inventory
 from lab.core.slurm import WORKING
 from lab.errors import HostUnreachable
-
-ACROSS_MACHINES_HINT = ("a lab across machines is found beside its inventory: give its --inventory, or its "
-                        "--machines file")
 
 
 def print_no_lab(console: Console, lab: str) -> None:
@@ -32,7 +29,7 @@ def print_hosts(console: Console, found: list[HostStatus]) -> None:
     console.print(table)
 
 
-def print_hosts_across_machines(console: Console, lab: str, found: list[SpreadHost],
+def print_hosts_across_machines(console: Console, lab: str, found: list[HostStatus],
                                 lost: list[HostUnreachable]) -> None:
     table = Table("machine", "container", "state", "ssh at", "data address", "ssh")
     for h in found:

@@ -1,0 +1,129 @@
+"""The container lab's networks: subnets of their own (free on the engine and among the routes of
+its host), made, checked and removed on the engine."""
+from __future__ import annotations
+
+import ipaddress
+import itertools
+import json
+import subprocess
+from collections.abc import Collection, Iterator, Sequence
+from dataclasses import replace
+
+import docker
+from docker.errors import APIError, NotFound
+from docker.models.networks import Network
+
+from lab.containerlab.crossvpc import untrack_bridge
+from lab.containerlab.engine import EngineError, Say
+from lab.containerlab.resources import lab_containers, lab_networks
+from lab.containerlab.topology import DEFAULT_SUBNETS, LABEL, NAME_LABEL, Topology
+
+Subnet = ipaddress.IPv4Network | ipaddress.IPv6Network
+ROUTES_COMMAND = ["ip", "-j", "-4", "route"]
+
+
+def subnets_of(net: Network) -> list[str]:
+    return [c["Subnet"] for c in (net.attrs.get("IPAM") or {}).get("Config") or [] if c.get("Subnet")]
+
+
+def with_free_subnets(client: docker.DockerClient, topology: Topology) -> Topology:
+    """The topology on subnets of its own: those its networks have where they all exist already,
+    else /24s that no other network of the engine, and no route of the engine's host, overlaps
+    (the kind's defaults first)."""
+    own = {n.name: subnets_of(n) for n in lab_networks(client, topology.lab)}
+    wanted = [n.name for n in topology.networks()]
+    if all(own.get(name) for name in wanted):
+        return replace(topology, subnets=tuple(own[name][0] for name in wanted))
+    taken = engine_subnets(client, spare=own) + host_routes()
+    return replace(topology, subnets=free_subnets(DEFAULT_SUBNETS[topology.kind], taken))
+
+
+def engine_subnets(client: docker.DockerClient, spare: Collection[str] = ()) -> list[Subnet]:
+    """The subnets of the engine's networks, but those named in ``spare``."""
+    return [ipaddress.ip_network(s, strict=False) for n in client.networks.list()
+            if n.name not in spare for s in subnets_of(n)]
+
+
+def free_subnets(defaults: Sequence[str], taken: Sequence[Subnet]) -> tuple[str, ...]:
+    """A /24 for each of ``defaults``: itself where nothing in ``taken`` (nor one chosen before)
+    overlaps it, else the next free one of the pool."""
+    chosen: list[Subnet] = []
+    for default in defaults:
+        free = (n for n in map(ipaddress.ip_network, itertools.chain([default], _pool()))
+                if not any(n.overlaps(other) for other in (*taken, *chosen)))
+        found = next(free, None)
+        if found is None:
+            raise EngineError("no free /24 is left in 10.0.0.0/8 for the lab's networks")
+        chosen.append(found)
+    return tuple(str(n) for n in chosen)
+
+
+def _pool() -> Iterator[str]:
+    """The /24s a lab takes when its defaults are taken: 10.213.0.0/16 first, then the rest of 10/8."""
+    for second in (213, *range(214, 256), *range(1, 213)):
+        for third in range(256):
+            yield f"10.{second}.{third}.0/24"
+
+
+def host_routes() -> list[Subnet]:
+    """The networks the engine's host routes to (``ip -j route``), so a lab network shadows none."""
+    try:
+        done = subprocess.run(ROUTES_COMMAND, capture_output=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return routes_in(done.stdout)
+
+
+def routes_in(output: bytes | str) -> list[Subnet]:
+    """The destinations in ``ip -j route``'s output."""
+    try:
+        routes = [r.get("dst", "") for r in json.loads(output)]
+    except (ValueError, AttributeError):
+        return []
+    found = []
+    for dst in routes:
+        try:
+            found.append(ipaddress.ip_network(dst, strict=False))
+        except ValueError:  # "default"
+            continue
+    return found
+
+
+def ensure_networks(client: docker.DockerClient, topology: Topology, say: Say) -> None:
+    """The topology's networks, each with its subnet; the lab's other networks are removed."""
+    wanted = {n.name: n for n in topology.networks()}
+    for existing in lab_networks(client, topology.lab):
+        if existing.name not in wanted:
+            for c in lab_containers(client, topology.lab):
+                c.remove(force=True)
+            remove_network(existing, say)
+    for net in wanted.values():
+        try:
+            existing = client.networks.get(net.name)
+            subnets = [c.get("Subnet") for c in existing.attrs.get("IPAM", {}).get("Config", [])]
+            if net.subnet in subnets:
+                continue
+            say(f"network {net.name} has subnet {subnets}, not {net.subnet}: recreating it")
+            remove_network(existing, say)
+        except NotFound:
+            pass
+        ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=net.subnet, gateway=net.gateway)])
+        say(f"creating network {net.name} ({net.subnet})")
+        client.networks.create(net.name, driver="bridge", ipam=ipam, labels={LABEL: "1", NAME_LABEL: topology.lab})
+
+
+def remove_network(net: Network, say: Say) -> None:
+    """Remove a lab network and anything the lab added for it on the engine's host (this machine's:
+    a bridge; an overlay's are the swarm's)."""
+    if net.attrs.get("Driver") == "bridge":
+        untrack_bridge(net, remove=True)
+    for c in net.attrs.get("Containers") or {}:
+        try:
+            net.disconnect(c, force=True)
+        except (APIError, NotFound):
+            pass
+    try:
+        net.remove()
+    except (APIError, NotFound) as exc:
+        raise EngineError(f"cannot remove network {net.name}: {exc}") from None
+    say(f"removed network {net.name}")

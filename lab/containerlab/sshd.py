@@ -1,0 +1,98 @@
+"""Reaching the lab's hosts over SSH: the lab's key pair, each host's key recorded in known_hosts
+(read through the engine), and waiting until every host's sshd answers."""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from docker.models.containers import Container
+
+from lab.containerlab.engine import EngineError, Say, each
+
+SSH_WAIT = 60.0
+SSH_PROBE_TIMEOUT = 3.0
+START_POLL = 0.05  # seconds between looks at a starting host (its key, its sshd): sshd starts in a few tenths
+
+
+def ensure_key(path: Path, say: Say) -> Path:
+    """An ed25519 key pair for the lab (private key 0600, even one an older run or a copy left
+    readable); made once, never put in an image."""
+    if path.exists() and path.with_suffix(".pub").exists():
+        os.chmod(path.parent, 0o700)
+        os.chmod(path, 0o600)
+        return path
+    say(f"making the lab's SSH key {path}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                serialization.NoEncryption())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(private)
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    path.with_suffix(".pub").write_bytes(public + b" lab\n")
+    return path
+
+
+def collect_host_keys(known_hosts: Path, containers: Mapping[str, Container]) -> None:
+    """Record each host's key in the lab's known_hosts (``containers``: how SSH names each host ->
+    its container), read through the engine (a channel we already trust), so SSH can verify every
+    host from its first connection."""
+    keys = each(host_key, containers.values())
+    known_hosts.parent.mkdir(parents=True, exist_ok=True)
+    known_hosts.write_text("".join(f"{name} {key}\n" for name, key in zip(containers, keys)))
+
+
+def host_key(c: Container) -> str:
+    """The host's SSH key (``type base64``), once its entrypoint has made it (bounded)."""
+    deadline = time.monotonic() + SSH_WAIT
+    while True:
+        code, out = c.exec_run(["cat", "/etc/ssh/ssh_host_ed25519_key.pub"])
+        if code == 0 and out.strip():
+            return " ".join(out.decode().split()[:2])
+        c.reload()
+        if c.status != "running" or time.monotonic() > deadline:
+            logs = c.logs(tail=5).decode(errors="replace").strip().splitlines()
+            raise EngineError(f"host container {c.name} did not start sshd ({c.status}): "
+                              f"{logs[-1] if logs else 'no output'}")
+        time.sleep(START_POLL)
+
+
+def wait_for_ssh(targets: Mapping[str, tuple[str, int]], containers: Mapping[str, Container] | None = None) -> None:
+    """Until every host's sshd (name -> address, port) answers with its banner (bounded). With the
+    hosts' ``containers`` (by name), a host whose container has stopped (its sshd could not
+    listen, say) is an error at once, with the container's last line."""
+    deadline, looked = time.monotonic() + SSH_WAIT, time.monotonic()
+    pending = dict(targets)
+    while pending:
+        pending = {name: at for name, at in pending.items() if not ssh_answers(*at)}
+        if pending and containers and time.monotonic() - looked > 1:
+            looked = time.monotonic()
+            for name in sorted(pending):
+                c = containers[name]
+                c.reload()
+                if c.status != "running":
+                    logs = c.logs(tail=3).decode(errors="replace").strip().splitlines()
+                    raise EngineError(f"host {name}: its container {c.name} stopped ({c.status}): "
+                                      f"{logs[-1] if logs else 'no output'}")
+        if pending and time.monotonic() > deadline:
+            where = (f"{name} ({address}:{port})" for name, (address, port) in sorted(pending.items()))
+            raise EngineError(f"sshd did not answer on {', '.join(where)}")
+        if pending:
+            time.sleep(START_POLL)
+
+
+def ssh_answers(address: str, port: int = 22, timeout: float = SSH_PROBE_TIMEOUT) -> bool:
+    """True when an SSH server greets on address:port."""
+    try:
+        with socket.create_connection((address, port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            return s.recv(64).startswith(b"SSH-")
+    except OSError:
+        return False
