@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from lab.cli.views import screen
 from lab.core import bench
 from lab.core.text import printable
 
@@ -14,7 +15,7 @@ from lab.core.text import printable
 def console(stderr: bool) -> Console:
     """A console at least 100 columns wide: the table's numbers whole, never cut, on a narrow
     terminal too."""
-    made = Console(stderr=stderr, highlight=False)
+    made = screen.console(stderr)
     made.width = max(made.width, 100)
     return made
 

@@ -1,8 +1,9 @@
 """The consoles the CLI prints on, the lines it says as it goes, JSON for programs, and the one
 line of each error.
 
-A ``lab: ...`` line is printed whole however long it is: never wrapped, also when the output is no
-terminal (a log or a CI job keeps a path in one piece; rich would wrap at 80 columns there)."""
+A line of text is printed whole however long it is: never wrapped, also when the output is no
+terminal (a log or a CI job keeps a path in one piece; rich would wrap at 80 columns there). Only
+tables are laid out to the console's width."""
 from __future__ import annotations
 
 import contextlib
@@ -23,8 +24,9 @@ Say = Callable[[str], None]
 
 def console(stderr: bool = False) -> Console:
     """A console for a person, on stdout (stderr when stdout carries JSON); no highlighting: what it
-    shows is the lab's own words or untrusted text, never to be styled by guess."""
-    return Console(stderr=stderr, highlight=False)
+    shows is the lab's own words or untrusted text, never to be styled by guess; text never wrapped
+    (soft wrap: the terminal folds a long line, a log keeps it whole)."""
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
 
 
 def sayer(console: Console) -> Say:
