@@ -1,0 +1,313 @@
+"""Each rank as the analysis of lab.core.why sees it, and the words it says ranks and calls in.
+
+:class:`RankFacts` is what the controller knows of one rank (the runner builds it); :func:`build`
+turns it into a :class:`Rank`: its records checked (lab.core.flightrecords), the call it is blocked
+in now, the call its failure came from, and whether that failure was its own or a consequence of
+another rank's (a lost connection, a timeout: what every peer of a rank that died says).
+Pure: no I/O.
+"""
+from __future__ import annotations
+
+import math
+import re
+import signal
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Literal
+
+from lab.core.flightrecords import TEXT_MAX, Call, canonical, read_calls, read_counts, text
+
+Ended = Literal["running", "exited", "raised"]
+Stage = Literal["starting", "rendezvous", "joined"]
+Failure = Literal["own", "lost", "backend"]
+Kind = Literal["crash", "rendezvous", "collective-mismatch", "p2p-cycle", "p2p-unmatched", "missing-rank",
+               "uneven-counts", "straggler", "none", "unknown"]
+
+# What a rank says when a peer went away or went silent: the consequence of another rank's failure.
+LOST = re.compile(r"connection (?:closed|reset|refused)|closed by peer|broken pipe|read error|socket closed|"
+                  r"enforce fail[^\n]*\bread\b|timed out|timeout|got 0 bytes|communicator was aborted", re.I)
+# What the backend itself raises inside a call (gloo's size checks, NCCL's errors): a symptom of a
+# mismatch between ranks that the records show better, not a reason of the rank's own.
+BACKEND = re.compile(r"gloo|enforce fail|pair\.cc|DistBackendError|NCCL|c10d", re.I)
+_FRAME = re.compile(r'File "([^"\n]+)", line (\d+)')
+# Not the user's: Python's own and site-packages, torch, the lab's rank side, <frozen ...>
+_NOT_USERS = re.compile(r"/lib/python3[^/]*/|/torch/|/lab/rank/|^<")
+_GROUP = re.compile(r"g(\d{1,9}(?:,\d{1,9})*)#\d{1,9}")
+TRACEBACK_MAX = 65536  # characters of a traceback searched for the user's frame (its end)
+GROUP_SHOWN = 60  # characters of a group's name shown in a call
+
+
+@dataclass(frozen=True)
+class RankFacts:
+    """What the controller knows of one rank. ``records``, ``inflight`` and ``counts`` are its last
+    flight dump's fields as the rank sent them (untrusted: checked here; where only a progress event
+    came, ``inflight`` may be its one call in a list); the rest is the runner's. ``ended`` and
+    ``exit_code`` say how it ended by itself: a rank the lab stopped (a hang, the timeout) is running."""
+
+    rank: int
+    host: str
+    records: object = None  # None: no flight dump came (the rank is unseen, not guessed)
+    inflight: object = None
+    counts: object = None  # {group: {op: completed calls}}
+    ended: Ended = "running"  # raised: its program raised (error, traceback); exited: ended otherwise
+    exit_code: int | None = None  # as Popen gives it: negative, killed by that signal; 128+N, by signal N
+    error: str | None = None  # "ExceptionType: message"
+    traceback: str | None = None
+    stopped_at: str | None = None  # where its stack dump shows it ("file.py:LINE in f: ...")
+    stage: Stage = "joined"  # starting: not started yet; rendezvous: in init_process_group
+    failed_at: float | None = None  # time.time() its failure was seen at, for a failure no record dates
+    arrival: int | None = None  # the order in which the controller learnt of its failure (0 first)
+
+
+@dataclass(frozen=True)
+class Rank:
+    """One rank, its records checked."""
+
+    facts: RankFacts
+    calls: tuple[Call, ...]  # one per group and sequence number, oldest first
+    counts: dict[str, Counter[str]] | None
+    position: Call | None  # the call it is blocked in now (a running rank)
+    failed_in: Call | None  # the call its failure came from (a rank that ended)
+    failure: Failure | None
+
+    @property
+    def rank(self) -> int:
+        return self.facts.rank
+
+    @property
+    def host(self) -> str:
+        return self.facts.host
+
+    @property
+    def running(self) -> bool:
+        return self.facts.ended == "running"
+
+    @property
+    def seen(self) -> bool:
+        return self.facts.records is not None or self.facts.inflight is not None
+
+    @property
+    def absent(self) -> bool:
+        """Running, with no call seen, and not started or still in the rendezvous."""
+        return self.running and not self.calls and self.facts.stage != "joined"
+
+    @property
+    def outside(self) -> bool:
+        """Running, seen, and in no torch.distributed call: it computes, and may still call."""
+        return self.running and self.seen and self.position is None and not self.absent
+
+    @property
+    def stuck(self) -> Call | None:
+        """Where it waits, or where its wait ended in the backend's error (gloo turns many hangs into
+        crashes); not a call its own failure came from."""
+        if self.running:
+            return self.position
+        return self.failed_in if self.failure in ("lost", "backend") else None
+
+    def pending(self) -> list[Call]:
+        return [c for c in self.calls if c.pending]
+
+    def count(self, group: str, op: str) -> int | None:
+        """Its completed calls of ``op`` on ``group``, where its counts say."""
+        return None if self.counts is None or group not in self.counts else self.counts[group][canonical(op)]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What one rule of lab.core.why found: the cause, without the evidence (a line per rank) it adds."""
+
+    kind: Kind
+    headline: str
+    fix: str | None = None
+    shown: dict[int, Call] = field(default_factory=dict)  # rank -> the call its evidence shows (else where it is)
+
+
+def build(facts: RankFacts, notes: list[str]) -> Rank:
+    """A rank's facts, its records checked (what is skipped goes to ``notes``)."""
+    who = f"rank {facts.rank}"
+    calls = read_calls(facts.records, facts.inflight, who, notes)
+    counts = read_counts(facts.counts, who, notes)
+    blocking = [c for c in calls if c.blocking]
+    position = max(blocking, key=lambda c: c.t0) if blocking and facts.ended == "running" else None
+    raised = [c for c in calls if c.state == "raised"]
+    failed_in = None
+    if facts.ended != "running" and raised and not any(c.state == "done" and c.t0 > raised[-1].t0 for c in calls):
+        failed_in = raised[-1]  # its last call raised: its failure came from there
+    return Rank(facts, tuple(calls), counts, position, failed_in, _failure(facts, failed_in))
+
+
+def _failure(facts: RankFacts, failed_in: Call | None) -> Failure | None:
+    """Whether the rank failed, and for whose reason: an exit with status 0 is no failure; a lost
+    connection or a timeout is a consequence; the backend's own error inside a call is a symptom."""
+    if facts.ended == "running" or (facts.ended == "exited" and facts.exit_code == 0):
+        return None
+    said = facts.error or (failed_in.error if failed_in else None) or ""
+    if LOST.search(said[:TEXT_MAX * 8]):
+        return "lost"
+    if failed_in is not None and BACKEND.search(said[:TEXT_MAX * 8]):
+        return "backend"
+    return "own"
+
+
+def failure_time(rank: Rank) -> tuple[float, float, int]:
+    """When it failed, to order failures: the time its failing call ended (its host's clock), else
+    when the controller saw the failure, then the controller's order of arrival, then the rank."""
+    call = rank.failed_in
+    when = (call.t1 if call.t1 is not None else call.t0) if call is not None else rank.facts.failed_at
+    when = when if when is not None and math.isfinite(when) else math.inf
+    arrival = rank.facts.arrival
+    return when, math.inf if arrival is None else arrival, rank.rank
+
+
+def members(group: str, ranks: Iterable[Rank]) -> set[int]:
+    """The ranks of a group: every rank for "world", those its id names ("g0,2#0"), else those seen
+    calling on it."""
+    ranks = list(ranks)
+    if group == "world":
+        return {r.rank for r in ranks}
+    if match := _GROUP.fullmatch(group):
+        return {int(n) for n in match.group(1).split(",")}
+    return {r.rank for r in ranks if any(c.group == group for c in r.calls) or group in (r.counts or {})}
+
+
+def user_frame(traceback: str | None) -> str | None:
+    """The innermost frame of a traceback in the user's code (not Python's, torch's or the lab's),
+    as ``file.py:LINE``."""
+    frames = [(path, line) for path, line in _FRAME.findall((traceback or "")[-TRACEBACK_MAX:])
+              if not _NOT_USERS.search(path)]
+    return text(f"{PurePosixPath(frames[-1][0]).name}:{frames[-1][1]}") if frames else None
+
+
+# Words
+
+
+def ranks_named(ranks: Iterable[int]) -> str:
+    """``rank 3``, ``ranks 0, 2, 3``, ``ranks 0-2`` (three or more in a row), ``ranks 0-2, 5``."""
+    ordered = sorted(set(ranks))
+    if len(ordered) == 1:
+        return f"rank {ordered[0]}"
+    runs: list[list[int]] = []
+    for n in ordered:
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    parts = [f"{run[0]}-{run[-1]}" if len(run) >= 3 else ", ".join(map(str, run)) for run in runs]
+    return "ranks " + ", ".join(parts)
+
+
+def verb(ranks: Iterable[object], one: str, many: str) -> str:
+    return one if len(list(ranks)) == 1 else many
+
+
+def ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def on_group(group: str) -> str:
+    """How a call names its group: nothing for the world, else `` on group [1, 2]`` (``[0-63]``)."""
+    if group == "world":
+        return ""
+    match = _GROUP.fullmatch(group)
+    said = f"[{ranks_named(int(n) for n in match.group(1).split(',')).split(' ', 1)[1]}]" if match else group
+    return f" on group {text(said, GROUP_SHOWN)}"
+
+
+def size(call: Call) -> str | None:
+    """``4 floats``, ``4 float64 values``: a call's (first) tensor."""
+    if call.numel is None:
+        return None
+    if call.dtype == "float32":
+        return f"{call.numel} float{'' if call.numel == 1 else 's'}"
+    return f"{call.numel} {call.dtype + ' ' if call.dtype else ''}value{'' if call.numel == 1 else 's'}"
+
+
+_FROM_ROOT = frozenset({"broadcast", "scatter", "broadcast_object_list", "scatter_object_list"})
+
+
+def describe(call: Call) -> str:
+    """A call as a person reads it: ``recv from 0, tag 0, 4 floats``, ``all_reduce #5, SUM, 1024 floats``."""
+    direction = call.direction
+    if direction == "send":
+        parts = [f"{call.op} to {call.peer}"]
+    elif direction == "recv":
+        parts = [f"{call.op} from {'any rank' if call.peer is None else call.peer}"]
+    elif direction == "batch":
+        parts = [call.op]
+    else:
+        head = f"{call.op} #{call.seq}{on_group(call.group)}"
+        if call.root is not None:
+            head += f" {'from' if canonical(call.op) in _FROM_ROOT else 'to'} {call.root}"
+        parts = [head, *([call.reduce_op] if call.reduce_op else [])]
+    if direction in ("send", "recv") and call.tag is not None:
+        parts.append(f"tag {call.tag}")
+    parts += [s for s in (size(call),) if s]
+    if call.state == "waiting":
+        parts.append("in wait()")
+    return ", ".join(parts)
+
+
+def ended(code: int | None) -> str:
+    """How a process ended (as lab.core.judge says it): "exited with status 3", "was killed by SIGKILL"."""
+    if code is None or code == -1:
+        return "ended with no exit status"
+    number = -code if code < 0 else code - 128 if code > 128 else 0
+    try:
+        name = signal.Signals(number).name if number else ""
+    except ValueError:
+        name = ""
+    if code < 0:
+        return f"was killed by {name or f'signal {number}'}"
+    return f"was killed by {name} (exit status {code})" if name else f"exited with status {code}"
+
+
+def error_of(rank: Rank) -> str:
+    said = rank.facts.error or (rank.failed_in.error if rank.failed_in else None)
+    return text(said) if said else "an exception"
+
+
+def where_of(rank: Rank) -> str | None:
+    """Where the rank is or failed: its call's line, its traceback's, its stack dump's."""
+    for call in (rank.position, rank.failed_in):
+        if call is not None and call.where:
+            return call.where
+    found = user_frame(rank.facts.traceback) if rank.facts.ended == "raised" else None
+    return found or (text(rank.facts.stopped_at) if rank.facts.stopped_at else None)
+
+
+def at(where: str | None) -> str:
+    return f" at {where}" if where else ""
+
+
+def doing(rank: Rank, many: bool = False, where: bool = True) -> str:
+    """What a rank does, after its name ("rank 1 is in recv from 0, tag 0 at ring.py:12"), or after
+    several ranks' names (``many``: "ranks 0, 2 are in ...")."""
+    be, have, its = ("are", "have", "their") if many else ("is", "has", "its")
+    said = at(where_of(rank)) if where else ""
+    if rank.position is not None:
+        return f"{be} in {describe(rank.position)}{said}"
+    if not rank.running:
+        if rank.failure == "lost":
+            return f"lost {its} connection: {error_of(rank)}{said}"
+        if rank.facts.ended == "raised" or rank.failure == "backend":
+            return f"raised {error_of(rank)}{said}"
+        return ended(rank.facts.exit_code).replace("was ", "were ", 1) if many else ended(rank.facts.exit_code)
+    if rank.absent:
+        return f"{have} not started" if rank.facts.stage == "starting" else f"{be} still in init_process_group{said}"
+    if not rank.seen:
+        return f"{have} sent no flight records{said}"
+    return f"{be} not in a torch.distributed call{said}"
+
+
+def state(rank: Rank) -> str:
+    """What a rank does, as its line of evidence says it: ``recv from 0, tag 0, 4 floats``, ``exited
+    with status 0``, ``not in a torch.distributed call`` (its file:line apart)."""
+    if rank.position is not None:
+        return describe(rank.position)
+    said = doing(rank, where=False)
+    if rank.failed_in is not None:
+        return f"{describe(rank.failed_in)}: {said}"
+    return next((said.removeprefix(word) for word in ("is ", "has ", "was ") if said.startswith(word)), said)

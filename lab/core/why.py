@@ -1,0 +1,367 @@
+"""Why a run hangs or crashes, named across ranks from what each rank's flight recorder saw.
+
+:func:`explain` takes what the controller knows of each rank (:class:`RankFacts`: its flight records,
+untrusted, and how it ended) and returns one :class:`Cause`: a kind, a headline (the report's first
+line), evidence per rank, what usually fixes it. The first rule that holds names it, in this order:
+1. crash: the first rank to fail for a reason of its own (not a lost connection, not a timeout): what the
+   others did after it follows from it, never the reverse. 2. rendezvous: ranks with no call, not started
+   or still in init_process_group: every other rank waits on them. 3. collective mismatch: one group's call
+   #seq in different ops, sizes, dtypes, reduce ops or roots. 4. a send and its receive that differ in tag or
+   size, then a point-to-point cycle: these say why a rank is missing from a collective, so before 5. a
+   rank missing from a collective (elsewhere; ended after fewer calls: uneven counts). 6. a send or receive
+   whose peer ended. 7. a straggler (a wait, not a hang), nothing wrong, or unknown: what is known, never a
+   guess; a rank with no records is unseen. Records meet by (group, seq), as lab.rank.flight numbers them.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from lab.core import waitfor
+from lab.core.flightrecords import Call, canonical, text
+from lab.core.rankview import (
+    Finding,
+    Kind,
+    Rank,
+    RankFacts,
+    at,
+    build,
+    describe,
+    doing,
+    ended,
+    error_of,
+    failure_time,
+    members,
+    on_group,
+    ordinal,
+    ranks_named,
+    size,
+    state,
+    verb,
+    where_of,
+)
+
+__all__ = ["Cause", "Evidence", "Kind", "RankFacts", "explain"]
+
+HEADLINE_RANKS = 3  # ranks named one by one in a headline; the evidence names them all
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One rank's line of evidence: ``rank 1 (node2): recv from 0, tag 0, 4 floats at ring.py:12``."""
+
+    rank: int
+    host: str
+    call: str  # the call it is in (or the one the cause is about), or what it does instead
+    where: str | None  # file.py:LINE in the user's program
+
+    def line(self) -> str:
+        return f"rank {self.rank} ({self.host}): {self.call}{at(self.where)}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "host": self.host, "call": self.call, "where": self.where}
+
+
+@dataclass(frozen=True)
+class Cause:
+    """What happened across the ranks: ``headline`` is one sentence, the report's first line."""
+
+    kind: Kind
+    headline: str
+    evidence: tuple[Evidence, ...] = ()  # one line per rank, by rank
+    fix: str | None = None  # what usually fixes it
+    notes: tuple[str, ...] = ()  # what of the ranks' records was malformed and skipped
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "headline": self.headline, "evidence": [e.to_json() for e in self.evidence],
+                "fix": self.fix, "notes": list(self.notes)}
+
+
+def explain(facts: Sequence[RankFacts]) -> Cause:
+    """The cause across ranks, from every rank's facts (one per rank; a repeated or negative rank is
+    skipped, and said in ``notes``). Never raises on what the ranks sent."""
+    notes: list[str] = []
+    ranks: dict[int, Rank] = {}
+    for fact in facts:
+        if fact.rank < 0 or fact.rank in ranks:
+            notes.append(f"rank {fact.rank}: {'a negative rank' if fact.rank < 0 else 'given twice'}: skipped")
+            continue
+        ranks[fact.rank] = build(fact, notes)
+    # In the module's order. A send and a receive that differ only in tag wait for each other too:
+    # the tag is their cause, so it is asked before the cycle.
+    rules: tuple[Callable[[dict[int, Rank]], Finding | None], ...] = (
+        _crash, _rendezvous, _mismatch, waitfor.unmatched, waitfor.cycle, _missing, waitfor.peer_gone,
+        _straggler, _nothing)
+    found = next((f for f in (rule(ranks) for rule in rules) if f is not None), None) or _unknown(ranks)
+    evidence = tuple(_evidence(r, found.shown.get(k)) for k, r in sorted(ranks.items()))
+    return Cause(found.kind, _sentence(found.headline), evidence, found.fix, tuple(notes))
+
+
+def _sentence(headline: str) -> str:
+    return headline[:1].upper() + headline[1:] + ("" if headline.endswith(".") else ".")
+
+
+def _evidence(rank: Rank, call: Call | None) -> Evidence:
+    if call is not None:
+        return Evidence(rank.rank, text(rank.host), describe(call), call.where)
+    return Evidence(rank.rank, text(rank.host), state(rank), where_of(rank))
+
+
+def _some(ranks: list[Rank], say: Callable[[Rank], str]) -> str:
+    """``rank 1, which is in ...`` for each of the first HEADLINE_RANKS ranks, and how many more."""
+    parts = [f"rank {r.rank}, which {say(r)}" for r in ranks[:HEADLINE_RANKS]]
+    if len(ranks) > HEADLINE_RANKS:
+        parts.append(f"{len(ranks) - HEADLINE_RANKS} more (below)")
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + ", and " + parts[-1]
+
+
+# 1. A crash
+
+
+def _crash(ranks: dict[int, Rank]) -> Finding | None:
+    """The first rank to fail for a reason of its own, and the others' failures as its consequences."""
+    own = sorted((r for r in ranks.values() if r.failure == "own"), key=failure_time)
+    if not own:
+        return None
+    root = own[0]
+    if root.facts.ended == "raised" or root.facts.error:
+        what = f"raised {error_of(root)}{at(where_of(root))}"
+    else:
+        what = ended(root.facts.exit_code)
+    lost = [r.rank for r in ranks.values() if r.failure == "lost"]
+    waiting = [r for r in ranks.values() if r.position is not None]
+    also = [r.rank for r in own[1:]]
+    after = []
+    if lost:
+        after.append(f"{ranks_named(lost)} lost {verb(lost, 'its', 'their')} connection to rank {root.rank}")
+    if waiting:
+        ops = sorted({canonical(r.position.op) for r in waiting if r.position is not None})
+        after.append(f"{ranks_named(r.rank for r in waiting)} still {verb(waiting, 'waits', 'wait')} "
+                     f"in {' or '.join(ops)}")
+    if also:
+        after.append(f"{ranks_named(also)} also failed")
+    first = " first" if after or len(ranks) > 1 else ""
+    headline = f"rank {root.rank} ({text(root.host)}) failed{first}: it {what}"
+    return Finding("crash", headline + ("; " + "; ".join(after) if after else ""))
+
+
+# 2. The rendezvous
+
+
+def _rendezvous(ranks: dict[int, Rank]) -> Finding | None:
+    """Ranks that never joined: no call seen, not started or still in init_process_group."""
+    absent = [r for r in ranks.values() if r.absent]
+    if not absent:
+        return None
+    starting = [r for r in absent if r.facts.stage == "starting"]
+    if len(absent) == len(ranks) and not starting:
+        return Finding("rendezvous", f"no rank got past the rendezvous: {ranks_named(ranks)} "
+                       f"{verb(ranks, 'is', 'are')} still in init_process_group",
+                       "Every rank must reach MASTER_ADDR:MASTER_PORT and pass the same world size; "
+                       "'lab doctor' checks the network between the hosts.")
+    missing = starting or absent
+    named = sorted({text(r.host) for r in missing})
+    hosts = ", ".join(named)
+    gone = {r.rank for r in missing}
+    others = [r.rank for r in ranks.values() if r.rank not in gone and r.running]
+    if starting:
+        what, fix = "never started", "See the output of its host above, and run 'lab doctor' to check the hosts."
+    else:
+        what = "never joined the process group: still in init_process_group"
+        fix = (f"Check that {hosts} {verb(named, 'reaches', 'reach')} MASTER_ADDR:MASTER_PORT and the other hosts "
+               "('lab doctor' checks it), and that every rank passes the same world size.")
+    them = verb(missing, "it", "them")
+    wait = f"; {ranks_named(others)} {verb(others, 'waits', 'wait')} for {them}" if others else ""
+    return Finding("rendezvous", f"{ranks_named(r.rank for r in missing)} on {hosts} {what}{wait}", fix)
+
+
+# 3. A collective mismatch
+
+_SIZE_FREE = frozenset({"all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "broadcast_object_list",
+                        "all_gather_object", "gather_object", "scatter_object_list"})  # sizes may differ by rank
+_ROOTED = frozenset({"broadcast", "reduce", "gather", "scatter", "broadcast_object_list", "gather_object",
+                     "scatter_object_list"})
+_REDUCING = frozenset({"all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_reduce_coalesced"})
+# What ranks must agree on at one collective, in the order asked: (aspect, value of a call, fix).
+_ASPECTS: tuple[tuple[str, Callable[[Call], object], str], ...] = (
+    ("op", lambda c: canonical(c.op),
+     "Every rank of a group must make the same collectives in the same order: look for a collective in a branch "
+     "on the rank, or a loop that runs more times on some ranks (uneven data: DDP's join(), drop_last=True)."),
+    ("size", lambda c: None if canonical(c.op) in _SIZE_FREE else c.numel,
+     "Every rank must pass a tensor of the same size to a collective (pad to a common size, or gather the sizes "
+     "first)."),
+    ("dtype", lambda c: c.dtype, "Every rank must pass a tensor of the same dtype to a collective."),
+    ("reduce op", lambda c: c.reduce_op if canonical(c.op) in _REDUCING else None,
+     "Every rank must pass the same op= to a reduction."),
+    ("root", lambda c: c.root if canonical(c.op) in _ROOTED else None,
+     "Every rank must pass the same src or dst: compute it from what all ranks know, not from the rank itself."),
+)
+
+
+def _mismatch(ranks: dict[int, Rank]) -> Finding | None:
+    """The first call of a group (by when it began) that ranks made in different ops, or with different
+    sizes, dtypes, reduce ops or roots; gloo turns some of these into crashes, the records still show them."""
+    slots: dict[tuple[str, int], dict[int, Call]] = {}
+    for k, r in ranks.items():
+        for c in r.calls:
+            if c.direction == "collective":
+                slots.setdefault((c.group, c.seq), {})[k] = c
+    for (group, seq), calls in sorted(slots.items(), key=lambda kv: (min(c.t0 for c in kv[1].values()), kv[0])):
+        for aspect, value, fix in _ASPECTS:
+            values = {k: v for k, v in ((k, value(c)) for k, c in calls.items()) if v is not None}
+            if len(set(values.values())) > 1:
+                return Finding("collective-mismatch", _disagree(aspect, group, seq, calls, values), fix, calls)
+    return None
+
+
+def _disagree(aspect: str, group: str, seq: int, calls: dict[int, Call], values: dict[int, object]) -> str:
+    sides: dict[object, list[int]] = {}
+    for k, v in sorted(values.items()):
+        sides.setdefault(v, []).append(k)
+    ordered = sorted(sides.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
+    op = canonical(calls[ordered[0][1][0]].op)
+    if aspect == "op":
+        said = ", ".join(f"{ranks_named(ks)} in {v}" for v, ks in ordered)
+        return f"the ranks are in different collectives at the same call (#{seq}{on_group(group)}): {said}"
+    if aspect == "size":
+        said = ", ".join(f"{ranks_named(ks)} {verb(ks, 'passes', 'pass')} {size(calls[ks[0]])}" for _, ks in ordered)
+        return f"the ranks pass different sizes to {op} #{seq}{on_group(group)}: {said}"
+    if aspect == "root":
+        which = "source" if op in ("broadcast", "scatter", "broadcast_object_list", "scatter_object_list") else "root"
+        said = ", ".join(f"{ranks_named(ks)} {verb(ks, 'says', 'say')} rank {v}" for v, ks in ordered)
+        return f"the ranks disagree on the {which} of {op} #{seq}{on_group(group)}: {said}"
+    said = ", ".join(f"{ranks_named(ks)} {verb(ks, 'passes', 'pass')} {v}" for v, ks in ordered)
+    return f"the ranks pass different {aspect}s to {op} #{seq}{on_group(group)}: {said}"
+
+
+# 5. A rank missing from a collective
+
+
+@dataclass
+class _Slot:
+    """A collective some ranks wait in (or failed in, waiting), and the ranks of its group not there."""
+
+    group: str
+    seq: int
+    there: list[Rank] = field(default_factory=list)
+    missing: list[Rank] = field(default_factory=list)
+
+    @property
+    def waits(self) -> str:
+        """How the ranks there wait: gloo ends many waits in an error when a peer ends."""
+        return "failed waiting" if all(not r.running for r in self.there) else verb(self.there, "waits", "wait")
+
+    @property
+    def call(self) -> Call:
+        call = self.there[0].stuck
+        assert call is not None  # (a rank is there because it is stuck in it)
+        return call
+
+
+def _slots(ranks: dict[int, Rank]) -> list[_Slot]:
+    """Every collective ranks are stuck in, the one with the most ranks first."""
+    slots: dict[tuple[str, int], _Slot] = {}
+    for r in ranks.values():
+        call = r.stuck
+        if call is not None and call.direction == "collective":
+            slots.setdefault((call.group, call.seq), _Slot(call.group, call.seq)).there.append(r)
+    last: dict[tuple[int, str], int] = {}  # (rank, group) -> the highest number of its collectives there
+    for k, r in ranks.items():
+        for c in r.calls:
+            if c.direction == "collective":
+                last[k, c.group] = max(last.get((k, c.group), 0), c.seq)
+    for slot in slots.values():
+        # A rank with a record of this collective, or of a later one of the group, came there.
+        came = {k for k in ranks if last.get((k, slot.group), 0) >= slot.seq}
+        slot.missing = [ranks[k] for k in sorted(members(slot.group, ranks.values()) & ranks.keys() - came)]
+    return sorted(slots.values(), key=lambda s: (-len(s.there), s.group, s.seq))
+
+
+def _missing(ranks: dict[int, Rank]) -> Finding | None:
+    """Ranks wait in a collective that a rank of its group is not in: it is elsewhere, or ended (after
+    fewer such calls than the others: uneven counts). Ranks that only compute are stragglers (7)."""
+    for slot in _slots(ranks):
+        if not slot.missing or all(r.outside for r in slot.missing):
+            continue
+        if all(not r.running and r.failure is None for r in slot.missing):
+            return _uneven(slot)
+        call = slot.call
+        headline = (f"{ranks_named(r.rank for r in slot.there)} {slot.waits} in {canonical(call.op)} "
+                    f"#{call.seq}{on_group(call.group)} for {_some(slot.missing, doing)}")
+        elsewhere = any(r.position is not None for r in slot.missing)
+        fix = ("Every rank of a group must reach each of its collectives: look for one in a branch on the rank, "
+               "or a call only some ranks make before it." if elsewhere else
+               "Every rank must make the same collective calls before it ends." if
+               any(not r.running for r in slot.missing) else None)
+        return Finding("missing-rank", headline, fix, {r.rank: r.stuck for r in slot.there if r.stuck})
+    return None
+
+
+def _uneven(slot: _Slot) -> Finding:
+    """Ranks wait in their n-th call of an op that the ranks that ended made fewer times."""
+    call, op = slot.call, canonical(slot.call.op)
+    there, gone = [r.rank for r in slot.there], [r.rank for r in slot.missing]
+    made = {r.count(call.group, op) for r in slot.missing}
+    nth = {None if (n := r.count(call.group, op)) is None else n + 1 for r in slot.there}
+    (n, k) = (nth.pop(), made.pop()) if len(made) == 1 and len(nth) == 1 else (None, None)
+    if n is not None and k is not None:
+        finished = f"finished after {k}" if k else f"finished without calling {op}"
+        headline = (f"{ranks_named(there)} {slot.waits} in {verb(there, 'its', 'their')} "
+                    f"{ordinal(n)} {op}{on_group(call.group)}; {ranks_named(gone)} {finished}")
+    else:
+        headline = (f"{ranks_named(there)} {slot.waits} in {op} #{call.seq}{on_group(call.group)}; "
+                    f"{ranks_named(gone)} exited with status 0 before calling it")
+    return Finding("uneven-counts", headline,
+                   "Every rank must make the same number of collective calls: with uneven data per rank, use DDP's "
+                   "join() context manager, or drop_last=True in the DistributedSampler.",
+                   {r.rank: r.stuck for r in slot.there if r.stuck})
+
+
+# 7. A straggler, nothing wrong, or what is known
+
+
+def _straggler(ranks: dict[int, Rank]) -> Finding | None:
+    """Ranks that wait only on ranks computing outside torch.distributed: a wait, not a hang (yet)."""
+    waiting: set[int] = set()
+    on: set[int] = set()
+    for slot in _slots(ranks):
+        if slot.missing and any(r.running for r in slot.there):
+            waiting |= {r.rank for r in slot.there if r.running}
+            on |= {r.rank for r in slot.missing}
+    live = waitfor.blocked(ranks)
+    for k in live:
+        if ends := waitfor.endpoint(k, live, ranks):
+            waiting.add(k)
+            on |= set(ends)
+    if not on or not all(ranks[k].outside for k in on):
+        return None
+    outside = [ranks[k] for k in sorted(on)]
+    where = at(where_of(outside[0])) if len(outside) == 1 else ""
+    return Finding("straggler", f"{ranks_named(waiting)} {verb(waiting, 'is', 'are')} waiting on {ranks_named(on)}, "
+                   f"which {verb(on, 'is', 'are')} not in a torch.distributed call{where}; not a hang while "
+                   f"{verb(on, 'it computes', 'they compute')}")
+
+
+def _nothing(ranks: dict[int, Rank]) -> Finding | None:
+    """No rank waits and none failed."""
+    if not ranks or any(r.position is not None or r.failure is not None or r.absent for r in ranks.values()):
+        return None
+    if all(not r.running for r in ranks.values()):
+        return Finding("none", "every rank finished; none is left in a torch.distributed call")
+    return Finding("none", "no rank is waiting in a torch.distributed call")
+
+
+def _unknown(ranks: dict[int, Rank]) -> Finding:
+    """What the ranks do, grouped, where no rule names a cause: never a guess."""
+    if not ranks:
+        return Finding("unknown", "no rank to explain")
+    full = [s for s in _slots(ranks) if not s.missing and any(r.running for r in s.there)]
+    said: dict[str, list[int]] = {}
+    for k, r in sorted(ranks.items()):
+        said.setdefault(doing(r, many=True), []).append(k)
+    parts = [f"{ranks_named(ks)} {what if len(ks) > 1 else doing(ranks[ks[0]])}" for what, ks in said.items()]
+    known = "; ".join(parts[:HEADLINE_RANKS + 1]) + (f"; and {len(parts) - HEADLINE_RANKS - 1} more (below)"
+                                                     if len(parts) > HEADLINE_RANKS + 1 else "")
+    agree = " (every rank of its group is in it, and their calls agree)" if full else ""
+    return Finding("unknown", f"no cause found in the records: {known}{agree}")

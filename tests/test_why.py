@@ -1,0 +1,647 @@
+"""The cause across ranks (lab.core.why), from synthetic flight records: each kind of cause the
+issue names, the healthy cases that are none, and records no honest rank sends (never a crash)."""
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+
+from lab.core.flightrecords import RECORDS_MAX, read_record
+from lab.core.rankview import ordinal, ranks_named
+from lab.core.why import Cause, RankFacts, explain
+
+LOST = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:41234"
+SIZE_CHECK = ("RuntimeError: [enforce fail at ../third_party/gloo/gloo/transport/tcp/pair.cc:446] "
+              "op.preamble.length <= op.nbytes. 32 vs 16")
+
+
+def rec(seq: int, op: str, state: str = "done", **fields: Any) -> dict[str, Any]:
+    """One record in the design's format (4 floats on the world group at train.py:10, unless told)."""
+    record: dict[str, Any] = {
+        "seq": seq, "group": "world", "op": op, "numel": 4, "shape": [4], "dtype": "float32", "peer": None,
+        "root": None, "tag": None, "reduce_op": "SUM" if op in ("all_reduce", "reduce") else None, "async": False,
+        "where": "train.py:10", "state": state, "error": None, "t0": 1000.0 + seq, "t1": None}
+    if state in ("done", "raised"):
+        record["t1"] = record["t0"] + 0.5
+    record.update(fields)
+    return record
+
+
+def loop(n: int, op: str = "all_reduce", **fields: Any) -> list[dict[str, Any]]:
+    """``n`` done calls of ``op``, numbered 1..n."""
+    return [rec(seq, op, **fields) for seq in range(1, n + 1)]
+
+
+def rank(r: int, records: Any = (), inflight: Any = (), counts: Any = None, **facts: Any) -> RankFacts:
+    """A rank on host node<r+1>; records and inflight as lists (None: no dump came)."""
+    return RankFacts(r, f"node{r + 1}", records=None if records is None else list(records),
+                     inflight=None if inflight is None else list(inflight), counts=counts, **facts)
+
+
+def lines(cause: Cause) -> list[str]:
+    return [e.line() for e in cause.evidence]
+
+
+# Point to point
+
+
+def test_a_ring_where_every_rank_receives_first_is_named_as_its_cycle() -> None:
+    ranks = [rank(r, inflight=[rec(1, "recv", "in_flight", peer=(r - 1) % 4, tag=0, where="ring.py:12")])
+             for r in range(4)]
+    cause = explain(ranks)
+    assert cause.kind == "p2p-cycle"
+    assert cause.headline == "0 waits for 3, 3 for 2, 2 for 1, 1 for 0: every rank receives first."
+    assert lines(cause)[1] == "rank 1 (node2): recv from 0, tag 0, 4 floats at ring.py:12"
+    assert cause.fix is not None and "send first" in cause.fix
+
+
+def test_two_ranks_that_both_send_a_large_message_first_wait_for_each_other() -> None:
+    big = {"numel": 1 << 24, "shape": [1 << 24]}
+    ranks = [rank(0, inflight=[rec(1, "send", "in_flight", peer=1, tag=0, **big)]),
+             rank(1, inflight=[rec(1, "send", "in_flight", peer=0, tag=0, **big)])]
+    cause = explain(ranks)
+    assert cause.kind == "p2p-cycle"
+    assert cause.headline.startswith("0 waits for 1, 1 for 0: both send first")
+    assert "16777216 floats" in lines(cause)[0]
+
+
+def test_a_cycle_among_some_ranks_is_named_while_the_others_wait_in_a_collective() -> None:
+    ranks = [rank(0, inflight=[rec(1, "recv", "in_flight", peer=1, tag=0)]),
+             rank(1, inflight=[rec(1, "recv", "in_flight", peer=0, tag=0)]),
+             *(rank(r, inflight=[rec(1, "barrier", "in_flight", numel=None, dtype=None)]) for r in (2, 3))]
+    cause = explain(ranks)
+    assert (cause.kind, cause.headline) == ("p2p-cycle", "0 waits for 1, 1 for 0: both receive first.")
+
+
+def test_a_wait_on_irecv_waits_like_a_blocking_recv() -> None:
+    ranks = [rank(r, inflight=[rec(1, "irecv", "waiting", peer=1 - r, tag=0, **{"async": True})]) for r in (0, 1)]
+    cause = explain(ranks)
+    assert cause.kind == "p2p-cycle"
+    assert lines(cause)[0] == "rank 0 (node1): irecv from 1, tag 0, 4 floats, in wait() at train.py:10"
+
+
+def test_a_receive_whose_send_is_posted_is_under_way_not_a_cycle() -> None:
+    """Rank 1 posted its isend to 0 (not waited yet) and waits in recv from 0; rank 0 waits in recv
+    from 1: that recv meets the isend, so rank 0 waits for nobody, and nothing is a deadlock."""
+    ranks = [rank(0, inflight=[rec(1, "recv", "in_flight", peer=1, tag=0)]),
+             rank(1, inflight=[rec(1, "isend", "in_flight", peer=0, tag=0, **{"async": True}),
+                               rec(2, "recv", "in_flight", peer=0, tag=0)])]
+    cause = explain(ranks)
+    assert cause.kind == "unknown"
+    assert "rank 0 is in recv from 1" in cause.headline and "rank 1 is in recv from 0" in cause.headline
+
+
+def test_a_receive_from_any_source_waits_for_every_rank() -> None:
+    ranks = [rank(0, inflight=[rec(1, "recv", "in_flight", peer=None, tag=0)]),
+             rank(1, inflight=[rec(1, "recv", "in_flight", peer=0, tag=0)])]
+    assert explain(ranks).headline == "0 waits for 1, 1 for 0: both receive first."
+    # While a rank computes outside torch.distributed, it may still send: no deadlock, a wait.
+    ranks.append(rank(2, records=loop(1)))
+    cause = explain(ranks)
+    assert cause.kind == "straggler"
+    assert cause.headline.startswith("Ranks 0, 1 are waiting on rank 2, which is not in a torch.distributed call")
+
+
+def test_tags_that_do_not_match_are_named_when_both_ranks_are_blocked() -> None:
+    ranks = [rank(0, inflight=[rec(1, "send", "in_flight", peer=1, tag=0, where="p2p.py:8")]),
+             rank(1, inflight=[rec(1, "recv", "in_flight", peer=0, tag=1, where="p2p.py:11")])]
+    cause = explain(ranks)
+    assert cause.kind == "p2p-unmatched"
+    assert cause.headline == "Rank 1 receives from rank 0 with tag 1, but rank 0 sends to it with tag 0 at p2p.py:8."
+    assert cause.fix is not None and "same tag" in cause.fix
+
+
+def test_a_sent_message_the_receiver_waits_for_with_another_tag_is_named() -> None:
+    """Gloo buffers a small send: rank 0's send returned, and it went on to the final barrier,
+    where the others wait too; rank 1 still waits for a tag that never comes."""
+    sent = rec(1, "send", peer=1, tag=0, where="p2p.py:8")
+    ranks = [rank(0, records=[sent], inflight=[rec(2, "barrier", "in_flight", numel=None, dtype=None)]),
+             rank(1, inflight=[rec(1, "recv", "in_flight", peer=0, tag=1, where="p2p.py:11")]),
+             *(rank(r, inflight=[rec(1, "barrier", "in_flight", numel=None, dtype=None)]) for r in (2, 3))]
+    cause = explain(ranks)
+    assert (cause.kind, cause.headline) == (
+        "p2p-unmatched", "Rank 1 receives from rank 0 with tag 1, but rank 0 sends to it with tag 0 at p2p.py:8.")
+    assert lines(cause)[0] == "rank 0 (node1): send to 1, tag 0, 4 floats at p2p.py:8"
+
+
+def test_a_message_already_received_is_not_taken_for_the_missing_one() -> None:
+    """Rank 0 sent tag 0 once and rank 1 received it; rank 1 now waits for tag 1, which rank 0 never
+    sent: not a tag mismatch (its one send was matched), a rank missing from the barrier."""
+    ranks = [rank(0, records=[rec(1, "send", peer=1, tag=0)],
+                  inflight=[rec(2, "barrier", "in_flight", numel=None, dtype=None)]),
+             rank(1, records=[rec(1, "recv", peer=0, tag=0)],
+                  inflight=[rec(2, "recv", "in_flight", peer=0, tag=1, where="p2p.py:11")])]
+    cause = explain(ranks)
+    assert cause.kind == "missing-rank"
+    assert cause.headline == ("Rank 0 waits in barrier #2 for rank 1, which is in recv from 0, tag 1, "
+                              "4 floats at p2p.py:11.")
+
+
+def test_sizes_that_do_not_match_are_named_also_when_gloo_turned_them_into_a_crash() -> None:
+    ranks = [rank(0, records=[rec(1, "send", peer=1, tag=0, numel=8, shape=[8])], ended="exited", exit_code=0),
+             rank(1, records=[rec(1, "recv", "raised", peer=0, tag=0, error=SIZE_CHECK)], ended="raised",
+                  error=SIZE_CHECK, exit_code=1)]
+    cause = explain(ranks)
+    assert (cause.kind, cause.headline) == (
+        "p2p-unmatched", "Rank 1 receives 4 floats from rank 0, but rank 0 sends 8 floats at train.py:10.")
+
+
+def test_a_wait_that_ends_at_a_rank_that_exited() -> None:
+    ranks = [rank(0, records=loop(2), ended="exited", exit_code=0),
+             rank(1, inflight=[rec(1, "recv", "in_flight", peer=0, tag=0)]),
+             rank(2, inflight=[rec(1, "recv", "in_flight", peer=1, tag=0)])]
+    cause = explain(ranks)
+    assert (cause.kind, cause.headline) == (
+        "p2p-unmatched",
+        "Rank 1 waits in recv from 0, tag 0, 4 floats at train.py:10, but rank 0 exited with status 0.")
+    assert cause.fix is not None and "before either rank ends" in cause.fix
+
+
+def test_a_chain_of_waits_is_named_rank_by_rank() -> None:
+    ranks = [rank(0, records=loop(1), ended="raised", error=LOST),
+             rank(1, inflight=[rec(1, "send", "in_flight", peer=2, tag=0, numel=1 << 24)]),
+             rank(2, inflight=[rec(1, "recv", "in_flight", peer=0, tag=0)])]
+    cause = explain(ranks)
+    assert (cause.kind, cause.headline) == (
+        "p2p-unmatched", f"Rank 1 waits for 2, 2 for 0, but rank 0 lost its connection: {LOST}.")
+    assert set(lines(cause)[1:]) == {"rank 1 (node2): send to 2, tag 0, 16777216 floats at train.py:10",
+                                     "rank 2 (node3): recv from 0, tag 0, 4 floats at train.py:10"}
+
+
+def test_a_receive_from_a_rank_the_job_does_not_have() -> None:
+    ranks = [rank(0, inflight=[rec(1, "recv", "in_flight", peer=7, tag=0)]), rank(1, records=loop(1))]
+    cause = explain(ranks)
+    assert cause.kind == "p2p-unmatched"
+    assert cause.headline.endswith("but there is no rank 7: the job has ranks 0, 1.")
+
+
+def test_a_receive_from_any_source_after_every_other_rank_ended() -> None:
+    ranks = [rank(0, inflight=[rec(1, "recv", "in_flight", peer=None, tag=0)]),
+             *(rank(r, records=loop(1), ended="exited", exit_code=0) for r in (1, 2))]
+    cause = explain(ranks)
+    assert cause.kind == "p2p-unmatched"
+    assert cause.headline.endswith("but every other rank has ended.")
+
+
+# Collectives
+
+
+def test_a_broadcast_on_one_rank_against_all_reduce_on_the_others() -> None:
+    ranks = [rank(r, records=loop(4), inflight=[rec(5, "broadcast" if r == 1 else "all_reduce", "in_flight",
+                                                    root=0 if r == 1 else None, where="train.py:20")])
+             for r in range(4)]
+    cause = explain(ranks)
+    assert cause.kind == "collective-mismatch"
+    assert cause.headline == ("The ranks are in different collectives at the same call (#5): "
+                              "ranks 0, 2, 3 in all_reduce, rank 1 in broadcast.")
+    assert lines(cause)[1] == "rank 1 (node2): broadcast #5 from 0, 4 floats at train.py:20"
+    assert cause.fix is not None and "same collectives in the same order" in cause.fix
+
+
+@pytest.mark.parametrize(("field", "odd", "said"), [
+    ("numel", 8, "The ranks pass different sizes to all_reduce #3: ranks 0, 1, 3 pass 4 floats, "
+                 "rank 2 passes 8 floats."),
+    ("dtype", "float64", "The ranks pass different dtypes to all_reduce #3: ranks 0, 1, 3 pass float32, "
+                         "rank 2 passes float64."),
+    ("reduce_op", "MAX", "The ranks pass different reduce ops to all_reduce #3: ranks 0, 1, 3 pass SUM, "
+                         "rank 2 passes MAX."),
+])
+def test_the_same_collective_with_different_arguments(field: str, odd: object, said: str) -> None:
+    ranks = [rank(r, records=loop(2), inflight=[rec(3, "all_reduce", "in_flight", **({field: odd} if r == 2 else {}))])
+             for r in range(4)]
+    cause = explain(ranks)
+    assert (cause.kind, cause.headline) == ("collective-mismatch", said)
+
+
+def test_ranks_that_disagree_on_a_broadcasts_source() -> None:
+    ranks = [rank(r, inflight=[rec(1, "broadcast", "in_flight", root=1 if r == 1 else 0)]) for r in range(4)]
+    cause = explain(ranks)
+    assert cause.headline == ("The ranks disagree on the source of broadcast #1: ranks 0, 2, 3 say rank 0, "
+                              "rank 1 says rank 1.")
+
+
+def test_a_mismatch_gloo_turned_into_a_crash_is_still_the_cause() -> None:
+    """Different dtypes: gloo's size check fails on one rank, the other loses its connection;
+    neither failed for a reason of its own."""
+    ranks = [rank(0, records=[rec(1, "all_reduce", "raised", dtype="float64", error=SIZE_CHECK)], ended="raised",
+                  error=SIZE_CHECK, exit_code=1),
+             rank(1, records=[rec(1, "all_reduce", "raised", error=LOST)], ended="raised", error=LOST, exit_code=1)]
+    cause = explain(ranks)
+    assert cause.kind == "collective-mismatch"
+    assert "rank 0 passes float64" in cause.headline or "rank 0 pass float64" in cause.headline
+
+
+def test_the_first_mismatch_of_a_group_is_named_not_its_consequences() -> None:
+    ranks = [rank(0, records=[rec(1, "broadcast", root=0), rec(2, "all_reduce", t0=1010.0)]),
+             rank(1, records=[rec(1, "all_reduce"), rec(2, "broadcast", root=0, t0=1010.0)])]
+    assert "#1" in explain(ranks).headline
+
+
+def test_a_group_methods_name_meets_the_functions_name() -> None:
+    ranks = [rank(0, inflight=[rec(1, "ProcessGroup.allreduce", "in_flight")]),
+             rank(1, inflight=[rec(1, "all_reduce", "in_flight")])]
+    cause = explain(ranks)
+    assert cause.kind == "unknown"
+    assert "every rank of its group is in it, and their calls agree" in cause.headline
+
+
+def test_sizes_may_differ_where_the_collective_allows_it() -> None:
+    ranks = [rank(r, records=[rec(1, "all_to_all_single", numel=4 + r)], ended="exited", exit_code=0)
+             for r in range(2)]
+    assert explain(ranks).kind == "none"
+
+
+def test_a_rank_missing_from_a_collective_in_another_call() -> None:
+    ranks = [rank(r, records=loop(4), inflight=[rec(5, "all_reduce", "in_flight")]) for r in (0, 2, 3)]
+    ranks.insert(1, rank(1, records=loop(4), inflight=[rec(5, "recv", "in_flight", peer=0, tag=0, where="ring.py:12")]))
+    cause = explain(ranks)
+    assert cause.kind == "missing-rank"
+    assert cause.headline == ("Ranks 0, 2, 3 wait in all_reduce #5 for rank 1, which is in recv from 0, tag 0, "
+                              "4 floats at ring.py:12.")
+    assert lines(cause)[1] == "rank 1 (node2): recv from 0, tag 0, 4 floats at ring.py:12"
+
+
+def test_a_rank_missing_from_a_collective_on_another_group() -> None:
+    ranks = [rank(0, inflight=[rec(1, "all_reduce", "in_flight")]),
+             rank(1, inflight=[rec(1, "all_reduce", "in_flight", group="g1,2#0")])]
+    cause = explain(ranks)
+    assert cause.kind == "missing-rank"
+    assert cause.headline == ("Rank 0 waits in all_reduce #1 for rank 1, which is in all_reduce #1 on group [1, 2], "
+                              "SUM, 4 floats at train.py:10.")
+
+
+def test_a_subgroups_collective_waits_only_for_its_members() -> None:
+    """Ranks 2 and 3 are no members of group [0, 1]: they compute and are not waited for; rank 1 is."""
+    ranks = [rank(0, inflight=[rec(1, "all_reduce", "in_flight", group="g0,1#0")]),
+             rank(1, records=loop(3), inflight=[rec(4, "barrier", "in_flight", numel=None, dtype=None)]),
+             rank(2, records=loop(3)), rank(3, records=loop(3))]
+    cause = explain(ranks)
+    assert cause.kind == "missing-rank"
+    assert cause.headline.startswith("Rank 0 waits in all_reduce #1 on group [0, 1] for rank 1, which is in barrier #4")
+
+
+def test_a_barrier_one_rank_skips_and_then_exits() -> None:
+    ranks = [rank(r, records=loop(3), inflight=[rec(4, "barrier", "in_flight", numel=None, dtype=None)],
+                  counts={"world": {"all_reduce": 3}}) for r in (0, 1, 3)]
+    ranks.insert(2, rank(2, records=loop(3), counts={"world": {"all_reduce": 3}}, ended="exited", exit_code=0))
+    cause = explain(ranks)
+    assert (cause.kind, cause.headline) == (
+        "uneven-counts", "Ranks 0, 1, 3 wait in their 1st barrier; rank 2 finished without calling barrier.")
+
+
+def test_a_rank_with_an_extra_batch_waits_in_its_eleventh_all_reduce() -> None:
+    done = {"world": {"all_reduce": 10}}
+    ranks = [rank(r, records=loop(10), counts=done, ended="exited", exit_code=0) for r in range(3)]
+    ranks.append(rank(3, records=loop(10), inflight=[rec(11, "all_reduce", "in_flight")], counts=done))
+    cause = explain(ranks)
+    assert (cause.kind, cause.headline) == ("uneven-counts", "Rank 3 waits in its 11th all_reduce; ranks 0-2 finished "
+                                                             "after 10.")
+    assert cause.fix is not None and "join()" in cause.fix and "drop_last=True" in cause.fix
+
+
+def test_the_extra_call_gloo_ended_in_a_lost_connection_is_still_uneven_counts() -> None:
+    done = {"world": {"all_reduce": 10}}
+    ranks = [rank(r, records=loop(10), counts=done, ended="exited", exit_code=0) for r in range(3)]
+    ranks.append(rank(3, records=[*loop(10), rec(11, "all_reduce", "raised", error=LOST)], counts=done,
+                      ended="raised", error=LOST, exit_code=1))
+    cause = explain(ranks)
+    assert (cause.kind, cause.headline) == ("uneven-counts", "Rank 3 failed waiting in its 11th all_reduce; ranks 0-2 "
+                                                             "finished after 10.")
+
+
+def test_a_rank_that_exits_early_without_counts_is_named_by_sequence_number() -> None:
+    ranks = [rank(r, records=loop(3), inflight=[rec(4, "all_reduce", "in_flight")]) for r in (0, 1, 3)]
+    ranks.insert(2, rank(2, records=loop(3), ended="exited", exit_code=0))
+    cause = explain(ranks)
+    assert (cause.kind, cause.headline) == (
+        "uneven-counts", "Ranks 0, 1, 3 wait in all_reduce #4; rank 2 exited with status 0 before calling it.")
+
+
+def test_a_straggler_computing_outside_any_call_is_no_hang() -> None:
+    ranks = [rank(r, records=loop(4), inflight=[rec(5, "all_reduce", "in_flight")]) for r in range(3)]
+    ranks.append(rank(3, records=loop(4), stopped_at="train.py:40 in step: time.sleep(20)"))
+    cause = explain(ranks)
+    assert cause.kind == "straggler"
+    assert cause.headline == ("Ranks 0-2 are waiting on rank 3, which is not in a torch.distributed call at "
+                              "train.py:40 in step: time.sleep(20); not a hang while it computes.")
+    assert lines(cause)[3] == ("rank 3 (node4): not in a torch.distributed call at train.py:40 in step: "
+                               "time.sleep(20)")
+
+
+def test_a_rank_the_recorder_never_saw_is_unseen_not_guessed() -> None:
+    ranks = [rank(r, records=loop(4), inflight=[rec(5, "all_reduce", "in_flight")]) for r in range(3)]
+    ranks.append(rank(3, records=None, inflight=None))
+    cause = explain(ranks)
+    assert cause.kind == "missing-rank"
+    assert cause.headline == "Ranks 0-2 wait in all_reduce #5 for rank 3, which has sent no flight records."
+    assert lines(cause)[3] == "rank 3 (node4): sent no flight records"
+
+
+def test_a_barrier_one_rank_skips_on_its_way_to_the_next_collective() -> None:
+    ranks = [rank(r, records=loop(2), inflight=[rec(3, "all_reduce" if r == 2 else "barrier", "in_flight")])
+             for r in range(4)]
+    cause = explain(ranks)
+    assert (cause.kind, cause.headline) == (
+        "collective-mismatch",
+        "The ranks are in different collectives at the same call (#3): ranks 0, 1, 3 in barrier, rank 2 in all_reduce.")
+
+
+def test_many_missing_ranks_are_counted_in_the_headline_and_each_in_the_evidence() -> None:
+    ranks = [rank(0, inflight=[rec(1, "all_reduce", "in_flight")]),
+             *(rank(r, inflight=[rec(1, "recv", "in_flight", peer=0, tag=r)]) for r in range(1, 6))]
+    cause = explain(ranks)
+    assert cause.kind == "missing-rank" and len(cause.evidence) == 6
+    assert cause.headline.startswith("Rank 0 waits in all_reduce #1 for rank 1, which is in recv from 0, tag 1")
+    assert cause.headline.endswith(", and 2 more (below).")
+    assert lines(cause)[5] == "rank 5 (node6): recv from 0, tag 5, 4 floats at train.py:10"
+
+
+def test_a_rank_missing_from_a_collective_after_losing_its_connection() -> None:
+    ranks = [rank(0, inflight=[rec(2, "all_reduce", "in_flight")], records=loop(1)),
+             rank(1, records=[*loop(1), rec(2, "recv", "raised", peer=2, error=LOST)], ended="raised", error=LOST)]
+    cause = explain(ranks)
+    assert cause.kind == "missing-rank"
+    assert cause.headline == f"Rank 0 waits in all_reduce #2 for rank 1, which lost its connection: {LOST} at " \
+                             "train.py:10."
+
+
+def test_a_receive_from_a_rank_that_computes_is_a_wait() -> None:
+    ranks = [rank(0, records=loop(1), stopped_at="train.py:7 in step"),
+             rank(1, inflight=[rec(1, "recv", "in_flight", peer=0, tag=0)]),
+             rank(2, inflight=[rec(1, "recv", "in_flight", peer=1, tag=0)])]
+    cause = explain(ranks)
+    assert (cause.kind, cause.headline) == (
+        "straggler", "Ranks 1, 2 are waiting on rank 0, which is not in a torch.distributed call at train.py:7 in "
+                     "step; not a hang while it computes.")
+
+
+def test_a_wait_on_isend_against_a_blocking_send_is_a_cycle_of_sends() -> None:
+    ranks = [rank(0, inflight=[rec(1, "isend", "waiting", peer=1, tag=0, **{"async": True})]),
+             rank(1, inflight=[rec(1, "send", "in_flight", peer=0, tag=0)])]
+    cause = explain(ranks)
+    assert cause.kind == "p2p-cycle" and cause.headline.startswith("0 waits for 1, 1 for 0: both send first")
+
+
+def test_a_cycle_of_many_ranks_is_named_by_its_ends() -> None:
+    n = 512
+    ranks = [rank(r, inflight=[rec(1, "recv", "in_flight", peer=(r - 1) % n, tag=0)]) for r in range(n)]
+    cause = explain(ranks)
+    assert cause.headline == ("0 waits for 511, 511 for 510, 510 for 509, ... (507 more), 2 for 1, 1 for 0: "
+                              "every rank receives first.")
+    assert len(cause.evidence) == n
+
+
+def test_ranks_doing_the_same_are_said_once() -> None:
+    ranks = [rank(r, inflight=[rec(1, "all_reduce", "in_flight")]) for r in range(3)]
+    cause = explain(ranks)
+    assert cause.headline == ("No cause found in the records: ranks 0-2 are in all_reduce #1, SUM, 4 floats at "
+                              "train.py:10 (every rank of its group is in it, and their calls agree).")
+
+
+# Crashes
+
+
+def traceback(*frames: tuple[str, int]) -> str:
+    body = "".join(f'  File "{path}", line {n}, in f\n    x\n' for path, n in frames)
+    return f"Traceback (most recent call last):\n{body}ValueError: loss is nan at step 5\n"
+
+
+def test_the_rank_that_failed_first_for_its_own_reason_is_the_cause() -> None:
+    own = traceback(("/tmp/run/lab/rank/script.py", 30), ("<frozen runpy>", 88), ("/work/train.py", 30),
+                    ("/usr/lib/python3.11/json/decoder.py", 337))
+    ranks = [rank(r, records=[*loop(5), rec(6, "all_reduce", "raised", error=LOST)], ended="raised", error=LOST,
+                  exit_code=1) for r in (0, 2, 3)]
+    ranks.insert(1, rank(1, records=loop(5), ended="raised", error="ValueError: loss is nan at step 5",
+                         traceback=own, exit_code=1, failed_at=1006.0))
+    cause = explain(ranks)
+    assert cause.kind == "crash"
+    assert cause.headline == ("Rank 1 (node2) failed first: it raised ValueError: loss is nan at step 5 at "
+                              "train.py:30; ranks 0, 2, 3 lost their connection to rank 1.")
+    assert lines(cause)[1] == "rank 1 (node2): raised ValueError: loss is nan at step 5 at train.py:30"
+    assert lines(cause)[0] == f"rank 0 (node1): all_reduce #6, SUM, 4 floats: lost its connection: {LOST} at " \
+                              "train.py:10"
+
+
+def test_a_crash_names_the_ranks_still_waiting_and_other_failures() -> None:
+    ranks = [rank(0, inflight=[rec(1, "all_reduce", "in_flight")]),
+             rank(1, ended="raised", error="KeyError: 'w'", failed_at=20.0),
+             rank(2, ended="raised", error="ValueError: late", failed_at=30.0)]
+    cause = explain(ranks)
+    assert cause.headline == ("Rank 1 (node2) failed first: it raised KeyError: 'w'; rank 0 still waits in "
+                              "all_reduce; rank 2 also failed.")
+
+
+def test_failures_are_ordered_by_time_then_by_arrival() -> None:
+    ranks = [rank(0, ended="raised", error="ValueError: a", arrival=1),
+             rank(1, ended="raised", error="ValueError: b", arrival=0),
+             rank(2, ended="raised", error="ValueError: c")]
+    assert explain(ranks).headline.startswith("Rank 1 (node2) failed first")
+    ranks.append(rank(3, ended="raised", error="ValueError: d", failed_at=5.0))
+    assert explain(ranks).headline.startswith("Rank 3 (node4) failed first")
+    # A failure inside a call is dated by its record.
+    bad_root = rec(1, "broadcast", "raised", root=9, error="ValueError: bad root", t0=1.0, t1=1.5)
+    ranks.append(rank(4, records=[bad_root], ended="raised", error="ValueError: bad root"))
+    assert explain(ranks).headline.startswith("Rank 4 (node5) failed first: it raised ValueError: bad root at "
+                                              "train.py:10")
+
+
+def test_a_rank_killed_by_a_signal_or_exiting_with_a_status_is_a_failure_of_its_own() -> None:
+    ranks = [rank(0, records=[rec(1, "all_reduce", "raised", error=LOST)], ended="exited", exit_code=1),
+             rank(1, records=loop(0), ended="exited", exit_code=-9)]
+    cause = explain(ranks)
+    assert cause.headline == ("Rank 1 (node2) failed first: it was killed by SIGKILL; rank 0 lost its connection to "
+                              "rank 1.")
+    ranks[1] = rank(1, ended="exited", exit_code=3)
+    assert "it exited with status 3" in explain(ranks).headline
+    ranks[1] = rank(1, ended="exited", exit_code=137)
+    assert "it was killed by SIGKILL (exit status 137)" in explain(ranks).headline
+
+
+def test_a_timeout_is_a_consequence() -> None:
+    ranks = [rank(0, ended="raised", error="RuntimeError: [gloo] Timed out waiting 30000ms for recv operation"),
+             rank(1, ended="raised", error="ZeroDivisionError: division by zero", failed_at=50.0)]
+    assert explain(ranks).headline.startswith("Rank 1 (node2) failed first")
+
+
+def test_lost_connections_and_nothing_else_are_said_as_known() -> None:
+    ranks = [rank(r, records=[rec(1, "all_reduce", "raised", error=LOST)], ended="raised", error=LOST)
+             for r in range(2)]
+    cause = explain(ranks)
+    assert cause.kind == "unknown"
+    assert cause.headline.startswith("No cause found in the records: ranks 0, 1 lost their connection: RuntimeError")
+
+
+# The rendezvous
+
+
+def test_ranks_that_never_joined_are_named_with_their_host() -> None:
+    ranks = [rank(r, records=[], inflight=[rec(1, "all_reduce", "in_flight")]) for r in range(2)]
+    ranks += [rank(r, records=None, inflight=None, stage="rendezvous") for r in (2, 3)]
+    cause = explain(ranks)
+    assert (cause.kind, cause.headline) == (
+        "rendezvous", "Ranks 2, 3 on node3, node4 never joined the process group: still in init_process_group; "
+                      "ranks 0, 1 wait for them.")
+    assert cause.fix is not None and "node3, node4" in cause.fix and "lab doctor" in cause.fix
+
+
+def test_a_rank_that_never_started() -> None:
+    ranks = [rank(0, records=None, inflight=None, stage="rendezvous"), rank(1, records=None, inflight=None,
+                                                                           stage="starting")]
+    cause = explain(ranks)
+    assert cause.headline == "Rank 1 on node2 never started; rank 0 waits for it."
+    assert lines(cause) == ["rank 0 (node1): still in init_process_group", "rank 1 (node2): not started"]
+
+
+def test_no_rank_past_the_rendezvous() -> None:
+    ranks = [rank(r, records=None, inflight=None, stage="rendezvous") for r in range(3)]
+    cause = explain(ranks)
+    assert cause.headline == "No rank got past the rendezvous: ranks 0-2 are still in init_process_group."
+    assert cause.fix is not None and "MASTER_ADDR:MASTER_PORT" in cause.fix
+
+
+# Healthy: no cause
+
+
+def test_every_rank_finished() -> None:
+    ranks = [rank(r, records=loop(10), counts={"world": {"all_reduce": 10}}, ended="exited", exit_code=0)
+             for r in range(4)]
+    cause = explain(ranks)
+    assert (cause.kind, cause.fix, cause.notes) == ("none", None, ())
+    assert cause.headline == "Every rank finished; none is left in a torch.distributed call."
+    assert lines(cause)[0] == "rank 0 (node1): exited with status 0"
+
+
+def test_ranks_that_compute_wait_for_nobody() -> None:
+    ranks = [rank(r, records=loop(3)) for r in range(2)]
+    assert explain(ranks).headline == "No rank is waiting in a torch.distributed call."
+
+
+def test_no_ranks() -> None:
+    assert (explain([]).kind, explain([]).headline) == ("unknown", "No rank to explain.")
+
+
+# Untrusted records
+
+
+def test_every_malformed_field_skips_its_record() -> None:
+    good = rec(1, "all_reduce")
+    bad = [("seq", 0), ("seq", True), ("seq", "1"), ("group", ""), ("group", 3), ("op", None), ("state", "gone"),
+           ("state", ["done"]), ("t0", float("nan")), ("t0", "now"), ("numel", -1), ("numel", 2.5), ("peer", -3),
+           ("root", "0"), ("tag", 1 << 70), ("dtype", 32), ("where", ["a"]), ("shape", [2, -1]), ("shape", "4"),
+           ("shape", [1] * 100), ("async", "yes"), ("t1", float("inf")), ("error", {"a": 1})]
+    for name, value in bad:
+        assert read_record({**good, name: value}) == name, (name, value)
+    assert read_record("all_reduce") == "not an object"
+    assert read_record({**good, "extra": object()}) != "extra"  # unknown fields are left alone
+
+
+def test_malformed_records_are_skipped_and_said() -> None:
+    junk: list[Any] = [None, 7, "x", [], {"seq": -1}, {**rec(2, "recv"), "peer": -1}, {**rec(3, "x"), "numel": "4"}]
+    ranks = [rank(0, records=junk + loop(1), ended="exited", exit_code=0),
+             RankFacts(1, "node2", records=loop(1), inflight={"not": "a list"}, counts=["no"], ended="exited",
+                       exit_code=0),
+             rank(-1), rank(1)]
+    cause = explain(ranks)
+    assert cause.kind == "none"
+    assert cause.notes == (
+        "rank 0: 7 malformed flight records skipped (4 not an object, 1 with a bad numel, 1 with a bad peer, "
+        "1 with a bad seq)",
+        "rank 1: its flight inflight are not a list: skipped", "rank 1: its call counts are not an object: skipped",
+        "rank -1: a negative rank: skipped", "rank 1: given twice: skipped")
+
+
+def test_a_huge_list_is_read_up_to_its_newest_records() -> None:
+    ranks = [rank(0, records=[rec(1, "all_reduce")] * 200_000 + loop(3), ended="exited", exit_code=0)]
+    cause = explain(ranks)
+    assert cause.kind == "none"
+    assert cause.notes == (f"rank 0: {200_003} flight records: the oldest {200_003 - RECORDS_MAX} skipped",)
+
+
+def test_hostile_text_is_shown_escaped_and_cut() -> None:
+    evil = "ValueError: \x1b[2J\x1b[32mPASS\r" + "x" * 10_000
+    ranks = [rank(0, ended="raised", error=evil), rank(1, records=[rec(1, "recv", "in_flight", peer=0,
+                                                                       where="\u202eevil.py:1\n")])]
+    cause = explain(ranks)
+    assert "\x1b" not in cause.headline and "\\x1b[2J" in cause.headline and len(cause.headline) < 400
+    assert "\u202e" not in "".join(lines(cause)) and "\n" not in "".join(lines(cause))
+
+
+def test_a_group_whose_id_names_no_ranks_has_the_ranks_seen_calling_on_it() -> None:
+    """Rank 2 never called on the group: it is not waited for (nor is a number of thousands of digits
+    in a group's id read as a rank)."""
+    for group in ("g" + "9" * 4000 + "#0", "my-group"):
+        ranks = [rank(0, records=[rec(1, "all_reduce", group=group)],
+                      inflight=[rec(2, "all_reduce", "in_flight", group=group)]),
+                 rank(1, records=[rec(1, "all_reduce", group=group)]), rank(2, records=loop(1))]
+        cause = explain(ranks)
+        assert cause.kind == "straggler"
+        assert cause.headline.startswith("Rank 0 is waiting on rank 1, which is not in a torch.distributed call")
+
+
+def test_malformed_counts_are_skipped() -> None:
+    counts = {"world": {"all_reduce": -1, "broadcast": "2", 3: 1, "barrier": 2}, "g": "x", 5: {}}
+    ranks = [rank(0, records=loop(1), counts=counts, ended="exited", exit_code=0)]
+    assert explain(ranks).notes == ("rank 0: malformed or too many call counts skipped",)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_junk_never_raises(seed: int) -> None:
+    chance = random.Random(seed)
+    values: list[Any] = [None, True, -1, 0, 1, 2, 1 << 80, 1.5, float("nan"), "", "world", "send", "recv",
+                         "all_reduce", "done", "in_flight", "waiting", "raised", [], [1], {}, {"a": 1}]
+    keys = ["seq", "group", "op", "numel", "shape", "dtype", "peer", "root", "tag", "reduce_op", "async", "where",
+            "state", "error", "t0", "t1"]
+
+    def junk_record() -> Any:
+        if chance.random() < 0.1:
+            return chance.choice(values)
+        record = rec(chance.randint(1, 4), chance.choice(["send", "recv", "all_reduce", "broadcast", "isend"]),
+                     chance.choice(["done", "in_flight", "waiting", "raised"]), peer=chance.randint(0, 4),
+                     tag=chance.randint(0, 2))
+        for key in chance.sample(keys, chance.randint(0, 3)):
+            record[key] = chance.choice(values)
+        return record
+
+    facts = [RankFacts(r, f"n{r}", records=[junk_record() for _ in range(chance.randint(0, 12))],
+                       inflight=[junk_record() for _ in range(chance.randint(0, 3))],
+                       counts=chance.choice([None, {"world": {"all_reduce": chance.choice(values)}}, [1]]),
+                       ended=chance.choice(["running", "exited", "raised"]),
+                       exit_code=chance.choice([None, 0, 1, -9, 137]),
+                       error=chance.choice([None, "ValueError: x", LOST, SIZE_CHECK]),
+                       stage=chance.choice(["starting", "rendezvous", "joined"]),
+                       failed_at=chance.choice([None, 1.0, float("nan")]), arrival=chance.choice([None, 0, 1]))
+             for r in range(chance.randint(1, 5))]
+    cause = explain(facts)
+    assert cause.headline.endswith(".") and len(cause.evidence) == len(facts)
+    json.dumps(cause.to_json())
+
+
+# The data
+
+
+def test_the_cause_as_json() -> None:
+    ranks = [rank(r, inflight=[rec(1, "recv", "in_flight", peer=1 - r, tag=0)]) for r in (0, 1)]
+    data = json.loads(json.dumps(explain(ranks).to_json()))
+    assert data == {"kind": "p2p-cycle", "headline": "0 waits for 1, 1 for 0: both receive first.",
+                    "evidence": [{"rank": 0, "host": "node1", "call": "recv from 1, tag 0, 4 floats",
+                                  "where": "train.py:10"},
+                                 {"rank": 1, "host": "node2", "call": "recv from 0, tag 0, 4 floats",
+                                  "where": "train.py:10"}],
+                    "fix": data["fix"], "notes": []}
+    assert data["fix"].startswith("Let one side send first")
+
+
+def test_a_large_subgroup_is_named_short() -> None:
+    group = "g" + ",".join(map(str, range(200))) + "#0"
+    ranks = [rank(r, inflight=[rec(1, "all_reduce", "in_flight", group=group)]) for r in range(200)]
+    assert explain(ranks).headline.startswith("No cause found in the records: ranks 0-199 are in all_reduce #1 on "
+                                              "group [0-199], SUM")
+
+
+def test_words() -> None:
+    assert [ranks_named(r) for r in ([3], [0, 2, 3], [0, 1, 2], [0, 1, 2, 5], [1, 2])] == [
+        "rank 3", "ranks 0, 2, 3", "ranks 0-2", "ranks 0-2, 5", "ranks 1, 2"]
+    assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111)] == [
+        "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st", "111th"]
