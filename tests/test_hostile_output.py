@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.core.judge import ended
-from lab.core.outcome import SHOWN_LINES, TAIL_LINES, Output
+from lab.core.outcome import SHOWN_LINES, TAIL_LINES, Output, ended
 from lab.core.streams import read_lines
 from lab.errors import ExitCode
 from lab.rank.output import tagged

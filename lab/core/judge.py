@@ -1,11 +1,10 @@
 """Check: turn a run's raw outcome into one judged line per exercise, and an exit code."""
 from __future__ import annotations
 
-import signal
 from dataclasses import dataclass, field
 from typing import Literal
 
-from lab.core.outcome import ExerciseRun, RankState, RunOutcome
+from lab.core.outcome import ExerciseRun, RankState, RunOutcome, ended
 from lab.errors import ExitCode
 from lab.suite.check import Mismatch, Verdict, World, ranks_named
 from lab.suite.registry import EXERCISES
@@ -96,28 +95,6 @@ def _unfinished(run: ExerciseRun, outcome: RunOutcome, seconds: float | None) ->
 
 
 SYS_EXIT = "SystemExit: "  # how the worker reports an exercise that called sys.exit (lab.rank.worker)
-
-
-def ended(code: int | None) -> str:
-    """How a process ended, in words that follow its name: "exited with status 3", "was killed
-    by SIGKILL". A status of 128+N is read as a shell (or the lab's reaper) reports death by
-    signal N; -1 is what SSH reports when a process ended without a status."""
-    if code is None:
-        return "did not end by itself"
-    if code == -1:
-        return "was killed by a signal or lost its connection (no exit status)"
-    if code < 0:
-        return f"was killed by {_signal_name(-code)}"
-    if code > 128 and _signal_name(code - 128, ""):
-        return f"was killed by {_signal_name(code - 128)} (exit status {code})"
-    return f"exited with status {code}"
-
-
-def _signal_name(number: int, unknown: str | None = None) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}" if unknown is None else unknown
 
 
 def _named(state: RankState) -> str:

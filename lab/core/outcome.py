@@ -10,6 +10,7 @@ SHOWN_LINES of each rank are shown (lab.core.streams decides which lines reach `
 """
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections import deque
@@ -193,3 +194,25 @@ class RunOutcome:
 RunStatus = Literal["completed", "timeout", "interrupted", "crashed"]
 # (whose line, "out" | "err" | "lab" (the lab's own word about that output: the rest is not shown), line)
 OnLine = Callable[["RankState | LaunchState", str, str], None]
+
+
+def ended(code: int | None) -> str:
+    """How a process ended, in words that follow its name: "exited with status 3", "was killed
+    by SIGKILL". A status of 128+N is read as a shell (or the lab's reaper) reports death by
+    signal N; -1 is what SSH reports when a process ended without a status."""
+    if code is None:
+        return "did not end by itself"
+    if code == -1:
+        return "was killed by a signal or lost its connection (no exit status)"
+    if code < 0:
+        return f"was killed by {_signal_name(-code)}"
+    if code > 128 and _signal_name(code - 128, ""):
+        return f"was killed by {_signal_name(code - 128)} (exit status {code})"
+    return f"exited with status {code}"
+
+
+def _signal_name(number: int, unknown: str | None = None) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}" if unknown is None else unknown

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import re
-import signal
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from pathlib import PurePosixPath
 from typing import Literal
 
 from lab.core.flightrecords import TEXT_MAX, Call, canonical, read_calls, read_counts, text
+from lab.core.outcome import ended
 
 Ended = Literal["running", "exited", "raised"]
 Stage = Literal["starting", "rendezvous", "joined"]
@@ -248,20 +248,6 @@ def describe(call: Call) -> str:
     if call.state == "waiting":
         parts.append("in wait()")
     return ", ".join(parts)
-
-
-def ended(code: int | None) -> str:
-    """How a process ended (as lab.core.judge says it): "exited with status 3", "was killed by SIGKILL"."""
-    if code is None or code == -1:
-        return "ended with no exit status"
-    number = -code if code < 0 else code - 128 if code > 128 else 0
-    try:
-        name = signal.Signals(number).name if number else ""
-    except ValueError:
-        name = ""
-    if code < 0:
-        return f"was killed by {name or f'signal {number}'}"
-    return f"was killed by {name} (exit status {code})" if name else f"exited with status {code}"
 
 
 def error_of(rank: Rank) -> str:

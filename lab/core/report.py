@@ -8,8 +8,8 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from typing import Any
 
-from lab.core.judge import ExerciseReport, ended
-from lab.core.outcome import RunOutcome
+from lab.core.judge import ExerciseReport
+from lab.core.outcome import RunOutcome, ended
 from lab.core.text import printable
 
 TAIL_SHOWN = 12

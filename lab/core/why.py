@@ -20,6 +20,7 @@ from typing import Any
 
 from lab.core import waitfor
 from lab.core.flightrecords import Call, canonical, text
+from lab.core.outcome import ended
 from lab.core.rankview import (
     Finding,
     Kind,
@@ -29,7 +30,6 @@ from lab.core.rankview import (
     build,
     describe,
     doing,
-    ended,
     error_of,
     failure_time,
     members,

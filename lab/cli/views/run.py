@@ -13,8 +13,8 @@ import yaml
 from rich.console import Console
 from rich.text import Text
 
-from lab.core.judge import ExerciseReport, ended
-from lab.core.outcome import LaunchState, RankState, RunOutcome
+from lab.core.judge import ExerciseReport
+from lab.core.outcome import LaunchState, RankState, RunOutcome, ended
 from lab.core.report import TAIL_SHOWN, dropped_output, summary
 from lab.core.text import printable
 from lab.doctor.scenario import ScenarioResult
