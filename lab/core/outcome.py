@@ -137,6 +137,8 @@ class RankState:
     entered: dict[str, float] = field(default_factory=dict)  # exercise -> when the rank began it
     steps: int = 0  # step events taken (at most a plan's steps count)
     violations: list[str] = field(default_factory=list)  # events it sent that break the protocol
+    progress: dict[str, Any] | None = None  # its last "progress" event (lab.rank.flight): calls completed, in flight
+    flight: dict[str, Any] | None = None  # its last "flight" event: its flight recorder's records
 
     @property
     def label(self) -> str:

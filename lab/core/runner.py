@@ -368,6 +368,10 @@ class Run:
             self._violation(state, event["what"])
         elif kind == "done":
             state.done = True
+        elif kind == "progress":
+            state.progress = event
+        elif kind == "flight":
+            state.flight = event
 
     def _took_step(self, state: RankState, step: str) -> None:
         """The rank began ``step``. A step it is in already keeps its clock; so do steps past the

@@ -12,9 +12,12 @@ The worker installs it before it imports any exercise program, so a solution's
 ``from torch.distributed import all_reduce`` binds the wrapper. ``P2POp`` and
 ``batch_isend_irecv`` keep working: P2POp checks its ``op`` against the same (wrapped) names.
 
-The wrappers record only inside :meth:`Recorder.recording`, which the worker holds around one
-exercise (loading its program and its ``run()``): the lab's own calls (the rendezvous, the
-barrier between exercises, destroy) are never the student's. What is recorded:
+The same wrappers give every call the program makes, always, to the flight recorder
+(``lab.rank.flight``; ``new_group`` is wrapped for it alone, and so is ``Work.wait``, by the
+recorder itself once the program makes an async call). For the method check they record only
+inside :meth:`Recorder.recording`, which the worker holds around one exercise (loading its
+program and its ``run()``): the lab's own calls (the rendezvous, the barrier between exercises,
+destroy) are never the student's. What is recorded:
 
 * ``counts``: name -> how many times the program called it (``ProcessGroup.allreduce`` for a
   method of a group). A call that torch makes inside another (the sends inside
@@ -37,11 +40,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from lab.rank.callspec import Spec, method_spec, spec_for
+from lab.rank.flight import FLIGHT
 
 # The public communication functions of torch.distributed (those this torch has are wrapped).
 FUNCTIONS: tuple[str, ...] = (
@@ -84,6 +91,13 @@ class Tally:
         return data
 
 
+class _Local(threading.local):
+    """A thread's own: calls of ours under way (a call inside one is torch's), the function inside."""
+
+    depth = 0
+    scope: str | None = None
+
+
 class Recorder:
     """Records the calls made while :meth:`recording` (one per process: :data:`RECORDER`)."""
 
@@ -92,7 +106,7 @@ class Recorder:
         self.total = Tally()
         self.functions: dict[str, Tally] = {}
         self._lock = threading.Lock()
-        self._local = threading.local()  # .depth: calls of ours under way; .scope: function inside
+        self._local = _Local()
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[None]:
@@ -112,46 +126,69 @@ class Recorder:
                                      for name, tally in sorted(self.functions.items())}
             return data
 
-    def wrap(self, name: str, fn: Callable[..., Any], sends: bool = False) -> Callable[..., Any]:
+    def wrap(self, name: str, fn: Callable[..., Any], sends: bool = False,
+             spec: Spec | None = None) -> Callable[..., Any]:
         """``fn`` recorded as ``name``; with ``sends``, its tensor (first argument, or
-        ``tensor=``) counts as bytes sent to its ``dst`` (second argument, or ``dst=``/``group_dst=``)."""
+        ``tensor=``) counts as bytes sent to its ``dst`` (second argument, or ``dst=``/``group_dst=``).
+        With ``spec`` (torch's functions: :func:`install`), each call the program makes also goes to
+        the flight recorder, recording or not."""
+        local, flight, batch = self._local, FLIGHT, spec is not None and spec.batch
+        begin, ended, frame = flight.begin, flight.ended, sys._getframe  # (looked up once: every call counts)
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if not self.active:
-                return fn(*args, **kwargs)
-            depth = getattr(self._local, "depth", 0)
-            if depth == 0:
-                self._count(name)
-            if sends:
-                self._sent_by_function(args, kwargs)
-            self._local.depth = depth + 1
+            depth = local.depth
+            if self.active:
+                if depth == 0:
+                    self._count(name)
+                if sends:
+                    self._sent_by_function(args, kwargs)
+            if spec is None or (depth and (depth > 1 or flight.local.batch is None)):
+                return _inside(local, depth, fn, args, kwargs)  # torch's own call, inside one of ours
+            if batch:
+                return _batch(local, depth, fn, args, kwargs)
+            call = begin(spec, args, kwargs, frame(1))
+            local.depth = depth + 1
             try:
-                return fn(*args, **kwargs)
+                result = fn(*args, **kwargs)
+            except BaseException as exc:
+                flight.failed(call, exc)
+                raise
             finally:
-                self._local.depth = depth
+                local.depth = depth
+            if call is not None:
+                ended(call, result)
+            return result
 
         setattr(wrapper, WRAPPED, name)
         return wrapper
 
     def wrap_method(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
         """A ProcessGroup method recorded as ``ProcessGroup.<name>`` when the program calls it
-        itself (torch's own functions call these too: inside ours, they are not counted again)."""
-        label = f"ProcessGroup.{name}"
+        itself (torch's own functions call these too: inside ours, they are not counted again),
+        in the method check and the flight recorder."""
+        label, spec, local, flight = f"ProcessGroup.{name}", method_spec(name), self._local, FLIGHT
 
         @functools.wraps(method)
         def wrapper(group: Any, *args: Any, **kwargs: Any) -> Any:
-            depth: int = getattr(self._local, "depth", 0)
-            if not self.active or depth:
+            if local.depth:
                 return method(group, *args, **kwargs)
-            self._count(label)
-            if name == "send":  # send(tensors, dst_rank, tag): dst_rank is the group's rank
-                self._sent_by_group(group, args, kwargs)
-            self._local.depth = 1
+            if self.active:
+                self._count(label)
+                if name == "send":  # send(tensors, dst_rank, tag): dst_rank is the group's rank
+                    self._sent_by_group(group, args, kwargs)
+            call = flight.begin(spec, (group, *args), kwargs, sys._getframe(1))
+            local.depth = 1
             try:
-                return method(group, *args, **kwargs)
+                result = method(group, *args, **kwargs)
+            except BaseException as exc:
+                flight.failed(call, exc)
+                raise
             finally:
-                self._local.depth = 0
+                local.depth = 0
+            if call is not None:
+                flight.ended(call, result)
+            return result
 
         setattr(wrapper, WRAPPED, label)
         return wrapper
@@ -165,7 +202,7 @@ class Recorder:
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if not self.active or getattr(self._local, "scope", None) is not None:
+            if not self.active or self._local.scope is not None:
                 return fn(*args, **kwargs)
             with self._lock:
                 tally = self.functions.setdefault(name, Tally(reference=reference))
@@ -181,7 +218,7 @@ class Recorder:
         return wrapper
 
     def _tallies(self) -> list[Tally]:
-        scope = getattr(self._local, "scope", None)
+        scope = self._local.scope
         if scope is None:
             return [self.total]
         return [self.total, self.functions.setdefault(scope, Tally())]
@@ -223,6 +260,28 @@ class Recorder:
             pass
 
 
+def _inside(local: _Local, depth: int, fn: Callable[..., Any], args: tuple[Any, ...],
+            kwargs: dict[str, Any]) -> Any:
+    """``fn`` called one level deeper into our wrappers: the calls it makes are its own, not the program's."""
+    local.depth = depth + 1
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        local.depth = depth
+
+
+def _batch(local: _Local, depth: int, fn: Callable[..., Any], args: tuple[Any, ...],
+           kwargs: dict[str, Any]) -> Any:
+    """``batch_isend_irecv``: its isends and irecvs go to the flight recorder as the program's."""
+    FLIGHT.begin_batch()
+    works = None
+    try:
+        works = _inside(local, depth, fn, args, kwargs)
+    finally:
+        FLIGHT.end_batch(works)
+    return works
+
+
 def _is_tensor(value: Any) -> bool:
     return hasattr(value, "numel") and hasattr(value, "element_size")
 
@@ -244,24 +303,29 @@ _installed = False
 
 
 def install(recorder: Recorder = RECORDER) -> None:
-    """Wrap torch.distributed's communication functions and ProcessGroup's methods (once)."""
+    """Wrap torch.distributed's communication functions and ProcessGroup's methods (once), for the
+    method check and the flight recorder, and for the latter ``new_group`` (and ``Work.wait``, once
+    the program makes an async call: ``lab.rank.flight``)."""
     global _installed
     if _installed:
         return
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
+    FLIGHT.bind()
     modules = (dist, c10d)
-    for name in FUNCTIONS:
+    for name in (*FUNCTIONS, "new_group"):
         fn = getattr(c10d, name, None) or getattr(dist, name, None)
         if not callable(fn) or getattr(fn, WRAPPED, None) is not None:
             continue
-        wrapper = recorder.wrap(name, fn, sends=name in SENDS)
+        wrapper = FLIGHT.wrap_new_group(fn) if name == "new_group" else \
+            recorder.wrap(name, fn, sends=name in SENDS, spec=spec_for(name, fn))
+        setattr(wrapper, WRAPPED, name)
         for module in modules:
             if getattr(module, name, None) is fn:
                 setattr(module, name, wrapper)
-    group_class = getattr(c10d, "ProcessGroup", None)
-    for name in GROUP_METHODS if group_class is not None else ():
+    group_class = c10d.ProcessGroup
+    for name in GROUP_METHODS:
         method = getattr(group_class, name, None)
         if not callable(method) or getattr(method, WRAPPED, None) is not None:
             continue

@@ -59,6 +59,13 @@ error     rank, exercise, error, where, traceback,    an exercise raised
           [calls]
 fatal     rank, error, traceback                      start-up failed outside any exercise
 done      rank, failures                              the rank ran every stage
+progress  rank, completed, inflight                   the rank's torch.distributed calls completed so
+                                                      far and the one it blocks in (or null), when
+                                                      they changed, at most once a second
+                                                      (``lab.rank.flight``)
+flight    rank, records, inflight, counts, dropped    the rank's flight recorder: its last calls, those
+                                                      in flight, completed calls per group and op
+                                                      (a call blocked 2 s, and at its end)
 exit      rank, code                                  a host's launcher (``lab.rank.node``) says how
                                                       one of its ranks ended, before it ends itself
 bad       rank, what                                  the lab's launcher (``lab.rank.zygote``) says
@@ -98,10 +105,11 @@ EVENT_MAX: Final = 1 << 20  # bytes an event line may have (a result is tens of 
 LINE_MAX: Final = 4096  # bytes the controller keeps of a line of output; the rest of a longer one is counted
 EVENTS_MAX: Final = 64 << 20  # bytes of event lines taken from one rank (or one stream); past it they are dropped
 
-EventKind = Literal["hello", "step", "result", "error", "fatal", "done", "exit", "bad", "ports",
-                    "facts", "runtime", "links", "heard"]
+EventKind = Literal["hello", "step", "result", "error", "fatal", "done", "progress", "flight", "exit", "bad",
+                    "ports", "facts", "runtime", "links", "heard"]
 EVENT_KINDS: Final[frozenset[str]] = frozenset(get_args(EventKind))
-RANK_EVENTS: Final = frozenset({"hello", "step", "result", "error", "fatal", "done"})  # what a rank sends
+RANK_EVENTS: Final = frozenset({"hello", "step", "result", "error", "fatal", "done", "progress",
+                                "flight"})  # what a rank sends
 LAUNCHER_EVENTS: Final = frozenset({"exit", "bad"})  # what a host's launcher says of one of its ranks
 
 
@@ -112,7 +120,7 @@ class MalformedEvent(ValueError):
 
 # The fields of each kind of event: name -> type (besides "event"); a name in OPTIONAL may be left
 # out. The doctor's probe events (facts, runtime, links, heard) are checked by the doctor itself.
-Type = Literal["int", "str", "number", "json", "list", "dict?"]
+Type = Literal["int", "str", "number", "json", "list", "dict", "dict?"]
 FIELDS: Final[dict[str, dict[str, Type]]] = {
     "hello": {"rank": "int", "pid": "int", "hostname": "str", "local_rank": "int", "python": "str", "torch": "str"},
     "step": {"rank": "int", "step": "str"},
@@ -121,6 +129,9 @@ FIELDS: Final[dict[str, dict[str, Type]]] = {
               "calls": "dict?"},
     "fatal": {"rank": "int", "error": "str", "traceback": "str"},
     "done": {"rank": "int", "failures": "int"},
+    # (what the records in progress and flight hold is the controller's analysis to check: lab.rank.flight)
+    "progress": {"rank": "int", "completed": "int", "inflight": "dict?"},
+    "flight": {"rank": "int", "records": "list", "inflight": "list", "counts": "dict", "dropped": "int"},
     "exit": {"rank": "int", "code": "int"},
     "bad": {"rank": "int", "what": "str"},
     "ports": {"ports": "list"},
@@ -212,7 +223,8 @@ def check_event(event: Any) -> None:
 
 
 _TYPE_WORDS: Final[dict[str, str]] = {"int": "an integer", "str": "a string", "number": "a finite number",
-                                      "json": "a value", "list": "a list", "dict?": "an object or null"}
+                                      "json": "a value", "list": "a list", "dict": "an object",
+                                      "dict?": "an object or null"}
 
 
 def _is(kind: str, value: Any) -> bool:
@@ -224,6 +236,8 @@ def _is(kind: str, value: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if kind == "list":
         return isinstance(value, list)
+    if kind == "dict":
+        return isinstance(value, dict)
     if kind == "dict?":
         return value is None or isinstance(value, dict)
     return True

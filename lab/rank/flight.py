@@ -1,0 +1,576 @@
+"""The flight recorder: the torch.distributed calls this rank makes, kept within bounds, so that the
+controller can say why ranks hang or fail from what every rank was doing.
+
+Runs on every host: the standard library, and torch once :meth:`Flight.bind` is called by
+``lab.rank.calls.install``, whose wrappers (one set, for this and for the method check) call
+:meth:`Flight.begin` and :meth:`Flight.ended` around each call the program makes, with where its
+function takes what is recorded (``lab.rank.callspec``). A call torch makes
+inside another (the sends inside ``send_object_list``) is not recorded again; the isends and irecvs
+of ``batch_isend_irecv`` are, each on its own (their peers and waits matter), and it is not.
+``new_group`` is recorded on the group it makes, by its members (the group connects them). A call
+on a group this rank is not in does nothing and is not recorded. Unseen: what reaches the backend
+without these functions (the functional collectives, ``torch.ops.c10d``, DDP's reducer in C++).
+
+A record (:func:`to_json`)::
+
+    {"seq": 3, "group": "world", "op": "all_reduce", "numel": 256, "shape": [256], "dtype": "float32",
+     "peer": null, "root": null, "tag": null, "reduce_op": "SUM", "async": false, "where": "train.py:42",
+     "state": "done", "error": null, "t0": 1732530000.12, "t1": 1732530000.13}
+
+* ``seq`` counts from 1 this rank's calls on the group of one kind: collectives among collectives,
+  point-to-point calls among point-to-point ones, so that the n-th collective of a group is the same
+  call on every rank, whatever each sent to whom before it.
+* ``group``: "world", or ``g<its global ranks, sorted, joined by ,>#<n>``, n the groups of those
+  ranks this rank made before (every rank makes its groups in the same order); a group made
+  otherwise (``split_group``): ``g<ranks>@<its torch group name>``.
+* ``peer`` (dst or src; None: any source) and ``root`` are global ranks; ``tag`` is a p2p call's.
+* ``async``: the call returned a Work (isend, irecv, ``async_op=True``, a ProcessGroup method).
+* ``where``: the first frame outside torch and the lab (the user's); for a call the lab makes itself
+  (the worker's barrier), its first frame outside torch, as ``lab/...py:LINE``.
+* ``state``: "in_flight" (running, or async and not waited), "waiting" (in its Work's ``wait()``),
+  "done", "raised" (``error``: ``Type: message``). An async call whose Work completes without a
+  wait is "done" when the recorder sees it (``t1`` then).
+
+Bounded whatever the program does: the last RING_MAX records, the async calls not yet waited (at
+most ASYNC_MAX: the oldest are let go of, and counted), per group (at most GROUPS_MAX) the calls
+completed per op (``counts``: done, not raised). Per call only objects are kept (the shape, the
+dtype, the code and offset of the user's frame); they become text when a dump is sent.
+
+A daemon thread sends on the rank's channel (``lab.rank.protocol.CHANNEL``), every PROGRESS_EVERY
+seconds when it changed, ``progress`` {rank, completed, inflight}: the calls completed (or raised)
+so far and the blocking call the rank is in (the oldest, if several threads are). Once per blocking
+call in flight FLIGHT_AFTER seconds, and at the end (:meth:`Flight.finish`: the worker's "done",
+atexit), a ``flight`` dump {rank, records, inflight, counts, dropped} that fits an event line (the
+oldest records go first; ``dropped`` counts the calls left out). Dumps but the last stop after
+FLIGHT_BUDGET bytes, so that a program with many slow calls is not cut off for sending too much.
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import math
+import os
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from types import CodeType, FrameType
+from typing import Any, TypeAlias
+
+from lab.rank import protocol
+from lab.rank.callspec import NEW_GROUP, Spec, get
+from lab.rank.protocol import EVENT_MAX
+
+RING_MAX = 64  # records of the last calls kept
+ASYNC_MAX = 256  # async calls not yet waited kept; the oldest past it are dropped and counted
+GROUPS_MAX = 256  # groups whose counts are kept
+PROGRESS_EVERY = 1.0  # seconds between two looks of the progress thread
+FLIGHT_AFTER = 2.0  # seconds a blocking call is in flight before the rank dumps its records
+FLIGHT_BUDGET = 8 << 20  # bytes of dumps sent before the last one (the last is always sent)
+ERROR_MAX = 500  # characters of a call's error kept
+WALK_MAX = 64  # frames looked at to find the user's
+LAB_DIR = os.path.dirname(os.path.dirname(__file__)) + os.sep  # the lab package's, as its code names it
+
+_now = time.time
+
+
+class Group:
+    """One process group as this rank counts its calls."""
+
+    __slots__ = ("gid", "collectives", "p2p", "counts")
+
+    def __init__(self, gid: str) -> None:
+        self.gid, self.collectives, self.p2p = gid, 0, 0  # (the latter two: the last seq of each kind)
+        self.counts: dict[str, int] = {}  # op -> calls completed
+
+
+# A record as kept: a list (the cheapest thing to make, once per call), its fields at these places
+# (CODE and LASTI: the user's frame's; DUMPED: a dump was sent while the call blocked).
+(SEQ, GROUP, OP, SHAPE, DTYPE, PEER, ROOT, TAG, REDUCE_OP, ASYNC, CODE, LASTI, STATE, ERROR, T0, T1,
+ DUMPED) = range(17)
+Call: TypeAlias = "list[Any]"
+
+
+def to_json(call: list[Any]) -> dict[str, Any]:
+    """A record as the events carry it (see the module)."""
+    shape = _shape(call[SHAPE])
+    return {"seq": call[SEQ], "group": call[GROUP].gid, "op": call[OP],
+            "numel": None if shape is None else math.prod(shape), "shape": shape,
+            "dtype": None if call[DTYPE] is None else str(call[DTYPE]).removeprefix("torch."),
+            "peer": _rank(call[PEER]), "root": _rank(call[ROOT]), "tag": _rank(call[TAG]),
+            "reduce_op": _op_name(call[REDUCE_OP]), "async": call[ASYNC], "where": _where(call[CODE], call[LASTI]),
+            "state": call[STATE], "error": call[ERROR], "t0": call[T0], "t1": call[T1]}
+
+
+def _shape(shape: Any) -> list[int] | None:
+    try:
+        return None if shape is None else [int(n) for n in shape]
+    except (TypeError, ValueError):
+        return None
+
+
+def _rank(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _op_name(op: Any) -> str | None:
+    if op is None:
+        return None
+    name = getattr(op, "name", None)
+    return name if isinstance(name, str) else str(op).rsplit(".", 1)[-1][:40]
+
+
+def _where(code: CodeType | None, lasti: int) -> str:
+    """``file.py:LINE`` of the instruction at ``lasti`` (the lab's own files as ``lab/...``); "" when
+    no frame was found."""
+    if code is None:
+        return ""
+    line = next((n for start, end, n in code.co_lines() if start <= lasti < end and n is not None),
+                code.co_firstlineno)
+    path = code.co_filename
+    name = "lab/" + path[len(LAB_DIR):] if path.startswith(LAB_DIR) else os.path.basename(path)
+    return f"{name}:{line}"
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:ERROR_MAX]
+
+
+class _Batch(threading.local):
+    """A thread's own: the calls of the ``batch_isend_irecv`` it is in."""
+
+    batch: list[Call] | None = None
+
+
+class Flight:
+    """This process's flight recorder (one: :data:`FLIGHT`)."""
+
+    def __init__(self) -> None:
+        self.ring: deque[Call] = deque(maxlen=RING_MAX)
+        self.world = Group("world")
+        self.groups: dict[str, Group] = {"world": self.world}
+        self.by_group: dict[int, tuple[weakref.ref[Any], Group]] = {}  # id(ProcessGroup) -> its Group
+        self.made: dict[tuple[int, ...], int] = {}  # a new group's ranks -> groups of them made before
+        self.waiting: dict[int, tuple[Call, float]] = {}  # thread -> the call whose Work it waits on, since when
+        self.pending: dict[int, tuple[Any, list[Call]]] = {}  # id(Work) -> it, its calls (async, not waited)
+        self.pending_calls = 0
+        self.completed = 0  # by the threads that made the calls (blocking ones)
+        self.completed_async = 0  # async calls, seen done by a wait or the progress thread (under lock)
+        self.dropped = 0
+        self.lock = threading.Lock()
+        self.local = _Batch()
+        self.internal: tuple[str, ...] = (LAB_DIR, "<frozen ")  # frames that are not the user's
+        self.torch_dir = "\0"
+        self.user_code: CodeType | None = None  # the code of the last call's caller, if the user's
+        self.work_class: Any = type(None)
+        self.waits_seen = False  # Work.wait is wrapped
+        self.c10d: Any = None
+        self.rank = -1
+        self.pid = 0
+        self.thread: threading.Thread | None = None
+        self.stop = threading.Event()
+        self.said: tuple[int, int, str] | None = None  # (completed, id, state of its call) of the last progress
+        self.finished: tuple[Call, int] | None = None  # (the newest record, completed) at the last final dump
+        self.dump_bytes = 0
+
+    def bind(self) -> None:
+        """Take what the recording needs from torch (imported by now)."""
+        import torch
+        import torch.distributed.distributed_c10d as c10d
+
+        self.torch_dir = os.path.dirname(torch.__file__) + os.sep
+        self.internal = (self.torch_dir, LAB_DIR, "<frozen ")
+        self.work_class, self.c10d = c10d.Work, c10d
+
+    # -- recording (the program's threads) -----------------------------------------------------
+
+    def begin(self, spec: Spec, args: tuple[Any, ...], kwargs: dict[str, Any], frame: FrameType,
+              group: Group | None = None) -> Call | None:
+        """A call starts, on ``group`` or the one its arguments name (None: it is not recorded, being
+        on a group this rank is not in). Only what costs nothing is done here: the record keeps
+        objects (the shape, the dtype, the code and offset of the user's frame) that become text
+        when a dump is sent."""
+        if group is None:
+            slot = spec.group
+            pg = None if slot is None else args[slot[0]] if slot[0] < len(args) else kwargs.get(slot[1])
+            group = self.world if pg is None else self.group_of(pg)
+            if group is None:
+                return None
+        code: CodeType | None = frame.f_code
+        if code is self.user_code:  # (the caller of the last call: a loop's)
+            lasti = frame.f_lasti
+        elif frame.f_code.co_filename.startswith(self.internal):
+            code, lasti = self._user_frame(frame)
+        else:
+            self.user_code, lasti = code, frame.f_lasti
+        slot = spec.tensor
+        tensor = None if slot is None else args[slot[0]] if slot[0] < len(args) else kwargs.get(slot[1])
+        if tensor.__class__ is list or tensor.__class__ is tuple:
+            tensor = tensor[0] if tensor else None
+        slot = spec.reduce_op
+        reduce_op = None if slot is None else args[slot[0]] if slot[0] < len(args) else kwargs.get(slot[1], slot[2])
+        if spec.p2p:
+            group.p2p += 1
+            seq = group.p2p
+        else:
+            group.collectives += 1
+            seq = group.collectives
+        call = [seq, group, spec.op, getattr(tensor, "shape", None), getattr(tensor, "dtype", None), None, None,
+                None, reduce_op, False, code, lasti, "in_flight", None, _now(), None, False]
+        if spec.extra:
+            self._extra(call, spec, args, kwargs)
+        self.ring.append(call)
+        return call
+
+    def _extra(self, call: Call, spec: Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The call's tag, and peer or root as a global rank (given as a rank of its group: translated)."""
+        if spec.tag is not None:
+            call[TAG] = get(args, kwargs, spec.tag)
+        target = None if spec.target is None else get(args, kwargs, spec.target)
+        if target is None and spec.group_target is not None:
+            in_group = get(args, kwargs, spec.group_target)
+            group = get(args, kwargs, spec.group) if spec.group is not None else None
+            try:
+                target = in_group if group is None or in_group is None else self.c10d.get_global_rank(group, in_group)
+            except Exception:  # torch says what is wrong with the call; the record says what is known
+                target = None
+        call[PEER if spec.p2p else ROOT] = target
+
+    def _user_frame(self, frame: FrameType | None) -> tuple[CodeType | None, int]:
+        """The first frame outside torch and the lab (else the first outside torch: the lab's own call)."""
+        internal, first = self.internal, None
+        for _ in range(WALK_MAX):
+            if frame is None:
+                break
+            code = frame.f_code
+            if not code.co_filename.startswith(internal):
+                return code, frame.f_lasti
+            if first is None and not code.co_filename.startswith((self.torch_dir, "<frozen ")):
+                first = (code, frame.f_lasti)
+            frame = frame.f_back
+        return first or (None, 0)
+
+    def ended(self, call: Call, result: Any) -> None:
+        """The call returned ``result``: done, or (a Work) async and in flight until waited."""
+        if result is None or not isinstance(result, self.work_class):
+            call[T1] = time.time()
+            call[STATE] = "done"
+            self.completed += 1
+            counts = call[GROUP].counts
+            counts[call[OP]] = counts.get(call[OP], 0) + 1
+            return
+        call[ASYNC] = True
+        batch = self.local.batch
+        if batch is not None:  # (its Work is paired with it when the batch returns)
+            batch.append(call)
+        else:
+            self._pend(result, [call])
+
+    def failed(self, call: Call | None, exc: BaseException) -> None:
+        """The call raised ``exc``."""
+        if call is not None:
+            call[ERROR], call[T1], call[STATE] = _error(exc), time.time(), "raised"
+            self.completed += 1
+
+    def _pend(self, work: Any, calls: list[Call]) -> None:
+        if not self.waits_seen:
+            self._see_waits()
+        with self.lock:
+            self.pending[id(work)] = (work, calls)
+            self.pending_calls += len(calls)
+            while self.pending_calls > ASYNC_MAX:
+                self.dropped += len(self._unpend(next(iter(self.pending))))
+
+    def _unpend(self, key: int) -> list[Call]:
+        """Take Work ``key``'s calls out of the pending ones (under the lock)."""
+        calls = self.pending.pop(key)[1]
+        self.pending_calls -= len(calls)
+        return calls
+
+    def _settle(self, calls: list[Call], error: str | None) -> None:
+        """Async calls ended (under the lock)."""
+        t1 = time.time()
+        for call in calls:
+            call[ERROR], call[T1], call[STATE] = error, t1, "done" if error is None else "raised"
+            if error is None:
+                counts = call[GROUP].counts
+                counts[call[OP]] = counts.get(call[OP], 0) + 1
+        self.completed_async += len(calls)
+
+    # -- groups --------------------------------------------------------------------------------
+
+    def group_of(self, pg: Any) -> Group | None:
+        """The Group of process group ``pg`` (None: this rank is not in it)."""
+        if pg is None:
+            return self.world
+        entry = self.by_group.get(id(pg))
+        if entry is not None and entry[0]() is pg:
+            return entry[1]
+        if isinstance(pg, int):  # GroupMember.NON_GROUP_MEMBER: the call does nothing here
+            return None
+        if pg is self.c10d.GroupMember.WORLD:
+            group = self.world
+        else:
+            try:
+                ranks = self.c10d.get_process_group_ranks(pg)
+                group = self._group(f"g{','.join(map(str, sorted(ranks)))}@{pg.group_name}")
+            except Exception:  # no group torch knows: the call will say so
+                return self._group("g?")
+        self._remember(pg, group)
+        return group
+
+    def _group(self, gid: str) -> Group:
+        group = self.groups.get(gid)
+        if group is None:
+            group = self.groups[gid] = Group(gid)
+            if len(self.groups) > GROUPS_MAX:  # the oldest other than the world's go
+                del self.groups[next(g for g in self.groups if g != "world")]
+        return group
+
+    def _remember(self, pg: Any, group: Group) -> None:
+        key = id(pg)
+        try:  # (once pg is freed, another group may come at its address)
+            ref = weakref.ref(pg, lambda _: self.by_group.pop(key, None))
+        except TypeError:  # (not a ProcessGroup: the call will say so)
+            return
+        self.by_group[key] = (ref, group)
+
+    def wrap_new_group(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``new_group`` recorded on the group it makes, by its members (their group connects them),
+        and the group it returns known by its id."""
+
+        @functools.wraps(fn)
+        def new_group(*args: Any, **kwargs: Any) -> Any:
+            group, call = self._new_group(args, kwargs, sys._getframe(1))
+            try:
+                pg = fn(*args, **kwargs)
+            except BaseException as exc:
+                self.failed(call, exc)
+                raise
+            if call is not None:
+                self.ended(call, None)
+            if group is not None and not isinstance(pg, int):
+                self._remember(pg, group)
+            return pg
+
+        return new_group
+
+    def _new_group(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+                   frame: FrameType) -> tuple[Group | None, Call | None]:
+        """The group ``new_group(ranks, ...)`` makes (None: not known, the world not formed yet) and,
+        on its members, the call making it."""
+        try:
+            ranks = args[0] if args else kwargs.get("ranks")
+            ranks = tuple(sorted(ranks)) if ranks else tuple(range(self.c10d.get_world_size()))
+            member = self.c10d.get_rank() in ranks
+        except Exception:  # torch says what is wrong
+            return None, None
+        made = self.made.get(ranks, 0)
+        if len(self.made) < GROUPS_MAX * 16 or ranks in self.made:
+            self.made[ranks] = made + 1
+        group = self._group(f"g{','.join(map(str, ranks))}#{made}")
+        if not member:
+            return group, None
+        return group, self.begin(NEW_GROUP, (), {}, frame, group)
+
+    # -- waits and batches ---------------------------------------------------------------------
+
+    def _see_waits(self) -> None:
+        """Wrap ``Work.wait`` (on the class), once the program made an async call: until then, a
+        program pays nothing for the waits torch makes inside its blocking calls."""
+        self.waits_seen = True
+        try:
+            self.work_class.wait = self.wrap_wait(self.work_class.wait)
+        except (AttributeError, TypeError):  # a torch whose Work takes no new attributes: waits unseen
+            pass
+
+    def wrap_wait(self, wait: Callable[..., Any]) -> Callable[..., Any]:
+        """``Work.wait``: a Work's async calls are "waiting" while it waits."""
+
+        @functools.wraps(wait)
+        def wrapper(work: Any, *args: Any, **kwargs: Any) -> Any:
+            if not self.pending:  # (torch's own waits, inside the calls: the usual case)
+                return wait(work, *args, **kwargs)
+            with self.lock:
+                entry = self.pending.get(id(work))
+                calls = self._unpend(id(work)) if entry is not None and entry[0] is work else None
+            if calls is None:
+                return wait(work, *args, **kwargs)
+            return self._wait(wait, work, calls, args, kwargs)
+
+        return wrapper
+
+    def _wait(self, wait: Callable[..., Any], work: Any, calls: list[Call], args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> Any:
+        for call in calls:
+            call[STATE] = "waiting"
+        thread = threading.get_ident()
+        outer = self.waiting.get(thread)
+        self.waiting[thread] = (calls[0], time.time())
+        try:
+            result = wait(work, *args, **kwargs)
+        except BaseException as exc:
+            with self.lock:
+                self._settle(calls, _error(exc))
+            raise
+        finally:
+            if outer is None:
+                self.waiting.pop(thread, None)
+            else:
+                self.waiting[thread] = outer
+        if result is False:  # (a wait with a timeout that ran out: still in flight)
+            for call in calls:
+                call[STATE] = "in_flight"
+            self._pend(work, calls)
+        else:
+            with self.lock:
+                self._settle(calls, None)
+        return result
+
+    def begin_batch(self) -> None:
+        """A ``batch_isend_irecv`` starts: its isends and irecvs are recorded as the program's."""
+        self.local.batch = []
+
+    def end_batch(self, works: Any) -> None:
+        """It returned ``works`` (None: it raised): one per call, or (a backend that coalesces) one for all."""
+        calls, self.local.batch = self.local.batch, None
+        works = [w for w in works if isinstance(w, self.work_class)] if isinstance(works, list) else []
+        if not calls or not works:
+            return
+        if len(works) == len(calls):
+            for work, call in zip(works, calls):
+                self._pend(work, [call])
+        else:
+            self._pend(works[-1], calls)
+
+    # -- what the rank says (the progress thread, and at the end) -------------------------------
+
+    def watch(self, rank: int) -> None:
+        """Send ``progress`` and ``flight`` events as rank ``rank`` from now on (once; only with a
+        channel to send them on), and a last dump at exit."""
+        if self.thread is not None or protocol.CHANNEL is None:
+            return
+        self.rank, self.pid = rank, os.getpid()
+        self.thread = threading.Thread(target=self._run, name="lab-flight", daemon=True)
+        self.thread.start()
+        atexit.register(self.finish)
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.wait(PROGRESS_EVERY):
+                self._tick(time.time())
+        except OSError:  # the channel is gone, and the controller with it: nothing more to say
+            pass
+
+    def _tick(self, now: float) -> None:
+        self._poll()
+        blocking = self.blocking()
+        self._progress(blocking)
+        slow = [call for call, since in blocking if not call[DUMPED] and now - since >= FLIGHT_AFTER]
+        for call in slow:
+            call[DUMPED] = True
+        if slow:
+            self._dump(last=False)
+
+    def _progress(self, blocking: list[tuple[Call, float]]) -> None:
+        """Send ``progress`` if it changed since the last one."""
+        oldest = min(blocking, key=lambda entry: entry[1], default=None)
+        inflight = None if oldest is None else oldest[0]
+        completed = self.completed + self.completed_async
+        said = (completed, id(inflight), "" if inflight is None else inflight[STATE])
+        if said != self.said:
+            self.said = said
+            self._send("progress", completed=completed, inflight=None if inflight is None else to_json(inflight))
+
+    def _poll(self) -> None:
+        """Async calls whose Work completed without a wait are done (or raised)."""
+        with self.lock:
+            entries = list(self.pending.items())
+        for key, (work, calls) in entries:
+            try:
+                if not work.is_completed():
+                    continue
+                exc = work.exception()
+            except Exception:  # a Work that cannot say: it stays in flight until waited
+                continue
+            with self.lock:
+                if self.pending.get(key, (None,))[0] is work:
+                    self._unpend(key)
+                    self._settle(calls, None if exc is None else _error(exc))
+
+    def finish(self) -> None:
+        """The rank's last word (the worker's "done", and atexit): stop the progress thread, send the
+        last progress and a last dump, unless nothing was recorded or nothing changed since."""
+        if self.thread is None or os.getpid() != self.pid:  # (a forked child has no thread of ours)
+            return
+        self.stop.set()
+        if self.thread is not threading.current_thread():
+            self.thread.join(timeout=2 * PROGRESS_EVERY)
+        self._poll()
+        try:
+            self._progress(self.blocking())
+        except OSError:
+            return
+        last, completed = self.ring[-1] if self.ring else None, self.completed + self.completed_async
+        if last is None or (self.finished is not None and self.finished[0] is last and self.finished[1] == completed):
+            return
+        self.finished = (last, completed)
+        try:
+            self._dump(last=True)
+        except OSError:
+            pass
+
+    def snapshot(self) -> dict[str, Any]:
+        """The fields of a ``flight`` event: the ring (oldest first), the calls in flight, the counts."""
+        with self.lock:
+            ring = list(self.ring)
+            waiting = [call for _, calls in self.pending.values() for call in calls]
+            dropped = self.dropped
+        counts = {group.gid: dict(group.counts) for group in list(self.groups.values()) if group.counts}
+        blocking = [call for call, _ in self.blocking()]
+        inflight = sorted({id(call): call for call in (*blocking, *waiting)}.values(), key=lambda call: call[T0])
+        return {"rank": self.rank, "records": [to_json(call) for call in ring],
+                "inflight": [to_json(call) for call in inflight], "counts": counts, "dropped": dropped}
+
+    def blocking(self) -> list[tuple[Call, float]]:
+        """The calls the rank's threads block in, and since when: a call under way (the newest record of
+        its thread, in the ring) or a Work's wait."""
+        running = [(call, call[T0]) for call in list(self.ring) if call[STATE] == "in_flight" and not call[ASYNC]]
+        return running + list(self.waiting.values())
+
+    def _dump(self, last: bool) -> None:
+        channel = protocol.CHANNEL
+        if channel is None:
+            return
+        line = fit(channel.token, self.snapshot())
+        if not last and self.dump_bytes + len(line) > FLIGHT_BUDGET:
+            return
+        self.dump_bytes += len(line)
+        channel.write(line)
+
+    def _send(self, event: protocol.EventKind, **fields: Any) -> None:
+        channel = protocol.CHANNEL
+        if channel is not None:
+            channel.send(event, rank=self.rank, **fields)
+
+
+def fit(token: str, fields: dict[str, Any]) -> bytes:
+    """The ``flight`` event line of ``fields``, made to fit EVENT_MAX: the oldest records left out
+    first, then the oldest calls in flight, then the counts (``dropped`` counts the calls left out)."""
+    while True:
+        line = protocol.event_line(token, "flight", **fields).encode()
+        records, inflight = fields["records"], fields["inflight"]
+        if len(line) <= EVENT_MAX or not (records or inflight or fields["counts"]):
+            return line
+        if not (records or inflight):
+            fields["counts"] = {}
+            continue
+        cut = records if records else inflight
+        n = max(1, len(cut) // 4)
+        del cut[:n]
+        fields["dropped"] += n
+
+
+FLIGHT = Flight()

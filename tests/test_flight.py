@@ -1,0 +1,310 @@
+"""The flight recorder (lab.rank.flight): what a rank records of its torch.distributed calls and
+what it tells the controller, on real gloo ranks started as ``lab launch`` starts them
+(``python -m lab.rank.script``), and through the controller (lab.core.runner) for a real hang;
+the events' formats and bounds on synthetic data."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lab.core.inventory import local_inventory
+from lab.core.plan import build_launch_plan
+from lab.core.runner import run_plan
+from lab.rank.callspec import P2P
+from lab.rank.flight import RING_MAX, fit
+from lab.rank.protocol import EVENT_MAX, MalformedEvent, event_line, parse_event
+
+from .conftest import REPO
+
+TOKEN = "flighttoken"
+
+# --- the events, on synthetic data -------------------------------------------------------------
+
+
+def record(seq: int, **fields: Any) -> dict[str, Any]:
+    return {"seq": seq, "group": "world", "op": "all_reduce", "numel": 1, "shape": [1], "dtype": "float32",
+            "peer": None, "root": None, "tag": None, "reduce_op": "SUM", "async": False, "where": "a.py:1",
+            "state": "done", "error": None, "t0": 1.0, "t1": 2.0, **fields}
+
+
+def test_progress_and_flight_events_are_rank_events_with_their_fields_checked() -> None:
+    progress = event_line(TOKEN, "progress", rank=1, completed=3, inflight=record(4, state="in_flight"))
+    assert parse_event(progress.rstrip("\n"), TOKEN)["inflight"]["seq"] == 4  # type: ignore[index]
+    flight = event_line(TOKEN, "flight", rank=1, records=[record(1)], inflight=[], counts={"world": {"x": 1}},
+                        dropped=0)
+    assert parse_event(flight.rstrip("\n"), TOKEN)["counts"] == {"world": {"x": 1}}  # type: ignore[index]
+    for bad, says in ((event_line(TOKEN, "progress", rank=1, completed="3", inflight=None), "'completed'"),
+                      (event_line(TOKEN, "flight", rank=1, records={}, inflight=[], counts={}, dropped=0),
+                       "'records'"),
+                      (event_line(TOKEN, "flight", rank=1, records=[], inflight=[], counts=None, dropped=0),
+                       "'counts'")):
+        with pytest.raises(MalformedEvent, match=says):
+            parse_event(bad.rstrip("\n"), TOKEN)
+
+
+def test_a_dump_too_large_for_an_event_line_leaves_out_its_oldest_records_and_counts_them() -> None:
+    big = "x" * 20_000  # (errors are cut to 500 characters; a group's name is not)
+    fields = {"rank": 0, "records": [record(n, group=f"g{big}#{n}") for n in range(1, 65)],
+              "inflight": [record(65, state="in_flight")], "counts": {"world": {"all_reduce": 64}}, "dropped": 2}
+    line = fit(TOKEN, fields)
+    assert len(line) <= EVENT_MAX
+    event = parse_event(line.decode().rstrip("\n"), TOKEN)
+    assert event is not None
+    kept = [r["seq"] for r in event["records"]]
+    assert kept == list(range(65 - len(kept), 65)) and 0 < len(kept) < 64  # the newest kept, in order
+    assert event["dropped"] == 2 + 64 - len(kept)
+    assert event["inflight"][0]["seq"] == 65 and event["counts"] == {"world": {"all_reduce": 64}}
+    small = {"rank": 0, "records": [record(1)], "inflight": [], "counts": {}, "dropped": 0}
+    assert json.loads(fit(TOKEN, dict(small)).decode().split(" ", 1)[1])["records"] == [record(1)]
+
+
+# --- real ranks ----------------------------------------------------------------------------------
+
+def run_ranks(tmp_path: Path, program: str, n: int, timeout: float = 180) -> dict[int, list[dict[str, Any]]]:
+    """Run ``program`` (prog.py) on ``n`` local gloo ranks as ``lab launch`` starts each one; every
+    rank's events, in order. The program forms its group from STORE (a file:// rendezvous)."""
+    (tmp_path / "prog.py").write_text(program)
+    stdin, held_open = os.pipe()  # (a rank ends its group when its stdin closes: the controller is gone)
+    procs = []
+    try:
+        for rank in range(n):
+            env = {**os.environ, "PYTHONPATH": str(REPO), "LAB_TOKEN": TOKEN, "RANK": str(rank),
+                   "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1",
+                   "STORE": f"file://{tmp_path}/store?rank={rank}&world_size={n}"}
+            procs.append(subprocess.Popen([sys.executable, "-m", "lab.rank.script", "prog.py"], stdin=stdin,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path,
+                                          start_new_session=True))
+        outs = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+        os.close(stdin)
+        os.close(held_open)
+    events: dict[int, list[dict[str, Any]]] = {}
+    for rank, (out, err) in enumerate(outs):
+        assert procs[rank].returncode == 0, f"rank {rank}: {err.decode()[-3000:]}"
+        events[rank] = [e for line in out.decode().splitlines() if (e := parse_event(line, TOKEN)) is not None]
+        assert events[rank][0]["event"] == "hello"
+    return events
+
+
+def lines_of(program: str) -> dict[str, int]:
+    """The line of each ``# @name`` mark in ``program``."""
+    return {m: n for n, line in enumerate(program.splitlines(), 1) for m in re.findall(r"# @(\w+)", line)}
+
+
+def last_dump(events: list[dict[str, Any]]) -> dict[str, Any]:
+    dumps = [e for e in events if e["event"] == "flight"]
+    assert dumps, [e["event"] for e in events]
+    return dumps[-1]
+
+
+def calls(dump: dict[str, Any], group: str | None = None) -> list[tuple[int, str]]:
+    return [(r["seq"], r["op"]) for r in dump["records"] if group is None or r["group"] == group]
+
+
+CALLS = """\
+import os
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", init_method=os.environ["STORE"])
+rank = dist.get_rank()
+t = torch.ones(8)
+dist.all_reduce(t)  # @world1
+if rank == 0:
+    dist.send(torch.ones(3, dtype=torch.float64), dst=1, tag=7)  # @send
+elif rank == 1:
+    dist.recv(torch.zeros(3, dtype=torch.float64), src=0, tag=7)  # @recv
+dist.all_reduce(t, op=dist.ReduceOp.MAX)
+g = dist.new_group([1, 2])  # @newgroup
+again = dist.new_group([1, 2])
+if rank in (1, 2):
+    dist.all_reduce(t, group=g)
+    if rank == 1:
+        dist.send(t, group=g, group_dst=1)  # @subsend
+    else:
+        dist.recv(t, group=g, group_src=0)
+    dist.broadcast(t, src=2, group=g)
+    dist.barrier(group=again)
+dist.all_reduce(t, group=g)  # rank 0 is not in g: the call does nothing there, unrecorded
+reqs = []
+if rank == 0:
+    reqs = [dist.isend(t, dst=2, tag=3)]
+elif rank == 2:
+    reqs = [dist.irecv(t, src=0, tag=3)]
+for req in reqs:
+    req.wait()
+if rank < 2:
+    ops = [dist.P2POp(dist.isend, t, 1 - rank), dist.P2POp(dist.irecv, torch.zeros(8), 1 - rank)]
+    for req in dist.batch_isend_irecv(ops):  # @batch
+        req.wait()
+dist.all_gather_object([None] * 3, {"rank": rank})  # @object
+dist.group.WORLD.allreduce([t]).wait()
+dist.monitored_barrier()
+try:
+    dist.send(t, dst=rank)  # @raised
+except ValueError:
+    pass
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.local
+def test_every_call_is_recorded_per_group_with_global_peers_and_the_users_line(tmp_path: Path) -> None:
+    events = run_ranks(tmp_path, CALLS, 3)
+    at, dumps = lines_of(CALLS), {rank: last_dump(e) for rank, e in events.items()}
+    world = [(1, "all_reduce"), (2, "all_reduce"), (3, "all_gather_object"), (4, "ProcessGroup.allreduce"),
+             (5, "monitored_barrier")]
+    for rank, dump in dumps.items():  # the n-th collective is the same call on every rank, p2p or not
+        assert [(seq, op) for seq, op in calls(dump, "world") if op not in P2P] == world, (rank, calls(dump))
+        assert dump["inflight"] == [] and dump["dropped"] == 0
+    assert calls(dumps[0], "world") == [(1, "all_reduce"), (1, "send"), (2, "all_reduce"), (2, "isend"),
+                                        (3, "isend"), (4, "irecv"), *world[2:], (5, "send")]
+    assert {r["group"] for r in dumps[0]["records"]} == {"world"}  # not in g: nothing recorded on it
+    for rank in (1, 2):
+        p2p = "send" if rank == 1 else "recv"
+        assert calls(dumps[rank], "g1,2#0") == [(1, "new_group"), (2, "all_reduce"), (1, p2p), (3, "broadcast"),
+                                                (4, "all_reduce")]
+        assert calls(dumps[rank], "g1,2#1") == [(1, "new_group"), (2, "barrier")]
+    by_where = {(rank, r["where"]): r for rank, dump in dumps.items() for r in dump["records"]}
+    send, recv = by_where[(0, f"prog.py:{at['send']}")], by_where[(1, f"prog.py:{at['recv']}")]
+    assert (send["op"], send["peer"], send["tag"], send["dtype"], send["shape"], send["numel"]) == \
+        ("send", 1, 7, "float64", [3], 3)
+    assert (recv["op"], recv["peer"], recv["tag"], recv["state"], recv["async"]) == ("recv", 0, 7, "done", False)
+    subsend = by_where[(1, f"prog.py:{at['subsend']}")]
+    assert (subsend["group"], subsend["peer"]) == ("g1,2#0", 2)  # group rank 1 of [1, 2]: global rank 2
+    subrecv = next(r for r in dumps[2]["records"] if r["op"] == "recv")
+    assert subrecv["peer"] == 1
+    broadcast = next(r for r in dumps[2]["records"] if r["op"] == "broadcast")
+    assert broadcast["root"] == 2 and broadcast["peer"] is None
+    assert [r["reduce_op"] for r in dumps[2]["records"] if r["op"] == "all_reduce"][:2] == ["SUM", "MAX"]
+    batch = [r for r in dumps[1]["records"] if r["where"] == f"prog.py:{at['batch']}"]
+    assert [(r["op"], r["peer"], r["async"], r["state"]) for r in batch] == \
+        [("isend", 0, True, "done"), ("irecv", 0, True, "done")]
+    assert by_where[(2, f"prog.py:{at['object']}")]["op"] == "all_gather_object"  # once: not its inner calls
+    raised = by_where[(2, f"prog.py:{at['raised']}")]
+    assert raised["state"] == "raised" and raised["error"].startswith("ValueError: ") and raised["t1"] is not None
+    assert dumps[1]["counts"]["world"]["all_reduce"] == 2 and "send" not in dumps[2]["counts"]["world"]
+    assert dumps[1]["counts"]["g1,2#0"] == {"new_group": 1, "all_reduce": 2, "send": 1, "broadcast": 1}
+
+
+BLOCKED = """\
+import os, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", init_method=os.environ["STORE"])
+t = torch.ones(4)
+if dist.get_rank() == 0:
+    time.sleep(3.5)  # computing: rank 1 waits in its recv
+    dist.send(t, dst=1)
+    time.sleep(3.5)
+    dist.isend(t, dst=1).wait()
+else:
+    dist.recv(t, src=0)  # @recv
+    request = dist.irecv(t, src=0)  # @irecv
+    request.wait()
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.local
+def test_a_call_blocked_for_two_seconds_is_dumped_while_it_blocks_and_progress_names_it(tmp_path: Path) -> None:
+    events = run_ranks(tmp_path, BLOCKED, 2)
+    at = lines_of(BLOCKED)
+    dumps = [e for e in events[1] if e["event"] == "flight"]
+    blocked = [(d["inflight"][0]["op"], d["inflight"][0]["state"], d["inflight"][0]["where"]) for d in dumps[:-1]]
+    assert blocked == [("recv", "in_flight", f"prog.py:{at['recv']}"), ("irecv", "waiting", f"prog.py:{at['irecv']}")]
+    recv = dumps[0]["inflight"][0]
+    assert (recv["peer"], recv["async"], recv["t1"]) == (0, False, None)
+    assert dumps[0]["records"][-1] == recv  # the ring has it too, in flight
+    said = [(p["inflight"] or {}).get("op") for p in events[1] if p["event"] == "progress"]
+    assert "recv" in said and "irecv" in said
+    waiting = next(p["inflight"] for p in events[1] if p["event"] == "progress" and (p["inflight"] or {}).get(
+        "op") == "irecv")
+    assert (waiting["state"], waiting["async"], waiting["peer"]) == ("waiting", True, 0)
+    completed = [p["completed"] for p in events[1] if p["event"] == "progress"]
+    assert completed == sorted(completed) and completed[-1] >= 1
+    # rank 0 computed while rank 1 waited: no call of its in flight, nothing dumped before its end
+    assert [e["inflight"] for e in events[0] if e["event"] == "flight"] == [[]]
+    final = dumps[-1]
+    assert [(r["op"], r["state"]) for r in final["records"]] == [("recv", "done"), ("irecv", "done"),
+                                                                  ("barrier", "done")]
+
+
+BOUNDED = """\
+import os
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", init_method=os.environ["STORE"])
+rank = dist.get_rank()
+t = torch.ones(256)
+for _ in range(10_000):
+    dist.all_reduce(t)
+buffers = [torch.zeros(1) for _ in range(300)]
+if rank == 1:  # 300 receives posted, none can complete before the barrier
+    requests = [dist.irecv(b, src=0, tag=i) for i, b in enumerate(buffers)]
+dist.barrier()
+if rank == 0:
+    requests = [dist.isend(b, dst=1, tag=i) for i, b in enumerate(buffers)]
+for request in requests:
+    request.wait()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.local
+def test_memory_stays_bounded_the_ring_and_the_async_calls_in_flight(tmp_path: Path) -> None:
+    events = run_ranks(tmp_path, BOUNDED, 2)
+    for rank in (0, 1):
+        dump = last_dump(events[rank])
+        assert len(dump["records"]) == RING_MAX
+        assert dump["records"][-1]["op"] == ("isend" if rank == 0 else "barrier")
+        assert dump["counts"]["world"]["all_reduce"] == 10_000
+        assert dump["inflight"] == []
+    dump = last_dump(events[1])
+    assert dump["dropped"] == 300 - 256  # the oldest receives were let go of, and counted
+    assert dump["counts"]["world"]["irecv"] == 256
+    assert dump["records"][0]["seq"] == 300 - (RING_MAX - 2) and dump["records"][-2]["op"] == "irecv"
+
+
+HANG = """\
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+t = torch.ones(2)
+dist.all_reduce(t)
+if dist.get_rank() == 0:
+    dist.barrier()  # @barrier
+else:
+    dist.recv(t, src=0)  # @recv
+"""
+
+
+@pytest.mark.local
+def test_the_controller_keeps_each_ranks_progress_and_last_dump_of_a_hang(tmp_path: Path) -> None:
+    script = tmp_path / "hang.py"
+    script.write_text(HANG)
+    at = lines_of(HANG)
+    outcome = run_plan(build_launch_plan(local_inventory(2), str(script), [], timeout=12))
+    assert outcome.status == "timeout"
+    for state, (op, line) in zip(outcome.ranks, (("barrier", at["barrier"]), ("recv", at["recv"]))):
+        assert state.violations == []
+        assert state.progress is not None and state.flight is not None
+        inflight = state.progress["inflight"]
+        assert (inflight["op"], inflight["state"], inflight["where"]) == (op, "in_flight", f"hang.py:{line}")
+        assert state.progress["completed"] == 1  # the all_reduce
+        assert [(r["op"], r["where"]) for r in state.flight["inflight"]] == [(op, f"hang.py:{line}")]
+        assert state.flight["counts"] == {"world": {"all_reduce": 1}}
+    assert outcome.ranks[1].progress["inflight"]["peer"] == 0  # type: ignore[index]
