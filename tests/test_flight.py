@@ -204,9 +204,9 @@ import torch.distributed as dist
 dist.init_process_group("gloo", init_method=os.environ["STORE"])
 t = torch.ones(4)
 if dist.get_rank() == 0:
-    time.sleep(3.5)  # computing: rank 1 waits in its recv
+    time.sleep(4.5)  # computing: rank 1 waits in its recv
     dist.send(t, dst=1)
-    time.sleep(3.5)
+    time.sleep(4.5)
     dist.isend(t, dst=1).wait()
 else:
     dist.recv(t, src=0)  # @recv
@@ -297,7 +297,7 @@ def test_the_controller_keeps_each_ranks_progress_and_last_dump_of_a_hang(tmp_pa
     script = tmp_path / "hang.py"
     script.write_text(HANG)
     at = lines_of(HANG)
-    outcome = run_plan(build_launch_plan(local_inventory(2), str(script), [], timeout=12))
+    outcome = run_plan(build_launch_plan(local_inventory(2), str(script), [], timeout=15))
     assert outcome.status == "timeout"
     for state, (op, line) in zip(outcome.ranks, (("barrier", at["barrier"]), ("recv", at["recv"]))):
         assert state.violations == []
