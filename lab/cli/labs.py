@@ -84,12 +84,17 @@ def cmd_up(args: argparse.Namespace) -> int:
 # -- down, status, ls -------------------------------------------------------------------------
 
 
+def state_inventory_option(parser: argparse.ArgumentParser) -> None:
+    """Where a lab that is up keeps its state: beside its inventory."""
+    parser.add_argument("--inventory", metavar="PATH", help="the lab's inventory, beside which `lab up` keeps its "
+                        "state (default: as for up)")
+
+
 def add_down(commands: Commands) -> None:
     down = commands.add_parser("down", help="remove every container, network and volume of a lab")
     name_option(down)
     down.add_argument("--all", action="store_true", help="remove every lab on the engine")
-    down.add_argument("--inventory", metavar="PATH", help="the lab's inventory, beside which `lab up` keeps its "
-                      "state (default: as for up)")
+    state_inventory_option(down)
     machines_option(down, "the lab is across the Docker machines of FILE: clean every one, and leave each "
                           "Swarm as lab up found it (default: the file `lab up --machines` was given)")
     down.set_defaults(handler=cmd_down)
@@ -108,8 +113,7 @@ def add_status(commands: Commands) -> None:
     status = commands.add_parser("status", help="show each lab host, its addresses and whether sshd answers "
                                                 "(and, with Slurm, each node's state and munge key)")
     name_option(status)
-    status.add_argument("--inventory", metavar="PATH", help="the lab's inventory, beside which `lab up` keeps its "
-                        "state (default: as for up)")
+    state_inventory_option(status)
     machines_option(status, "the lab is across the Docker machines of FILE (default: the file `lab up "
                             "--machines` was given)")
     status.set_defaults(handler=cmd_status)
