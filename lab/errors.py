@@ -31,7 +31,7 @@ _MEANINGS = {
     ExitCode.CHECK_FAILED: "a check failed (a wrong result, or an exercise raised or crashed)",
     ExitCode.BAD_INPUT: "bad usage or bad input (command line, inventory)",
     ExitCode.UNREACHABLE: "a host could not be reached, or was lost (went silent) during the run",
-    ExitCode.TIMEOUT: "a rank did not finish a step within --timeout and was stopped",
+    ExitCode.TIMEOUT: "the ranks hung (no call completed in --hang-after seconds) or a step passed --timeout: stopped",
     ExitCode.RUN_ERROR: "the run itself broke (a rank could not start or died outside any exercise)",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C or SIGTERM); every rank was stopped",
 }

@@ -104,6 +104,35 @@ def test_a_receive_from_any_source_waits_for_every_rank() -> None:
     assert cause.headline.startswith("Ranks 0, 1 are waiting on rank 2, which is not in a torch.distributed call")
 
 
+def wrong_peer(third: RankFacts) -> list[RankFacts]:
+    """Pairs 0 -> 1 and 2 -> 3 meant, but rank 0 isends to 3 and waits; rank 1 waits to receive from 0."""
+    return [rank(0, inflight=[rec(1, "isend", "waiting", peer=3, where="pairs.py:17", **{"async": True})],
+                 stopped_at="pairs.py:20 in <module>: request.wait()"),
+            rank(1, inflight=[rec(1, "irecv", "waiting", peer=0, where="pairs.py:19", **{"async": True})]),
+            rank(2, records=[rec(1, "isend", peer=3, where="pairs.py:17", **{"async": True})],
+                 inflight=[rec(1, "barrier", "in_flight", numel=None, dtype=None, where="pairs.py:21")]),
+            third]
+
+
+def test_a_wait_on_a_peer_that_sends_to_a_third_rank_is_named() -> None:
+    ranks = wrong_peer(rank(3, records=[rec(1, "irecv", peer=2, **{"async": True})],
+                            inflight=[rec(1, "barrier", "in_flight", numel=None, dtype=None, where="pairs.py:21")]))
+    cause = explain(ranks)
+    assert (cause.kind, cause.headline) == (
+        "p2p-unmatched", "Rank 1 receives from rank 0 at pairs.py:19, but rank 0 sends to rank 3 at pairs.py:17, "
+                         "which is in barrier #1 at pairs.py:21.")
+    # where it waits is the wait()'s line, from its stack; the call's own line is where it was posted
+    assert lines(cause)[:2] == [
+        "rank 0 (node1): isend to 3, 4 floats, in wait() (posted at pairs.py:17) at pairs.py:20",
+        "rank 1 (node2): irecv from 0, 4 floats, in wait() at pairs.py:19"]
+
+
+def test_a_third_rank_that_computes_may_still_receive() -> None:
+    cause = explain(wrong_peer(rank(3, records=loop(0))))
+    assert cause.kind == "missing-rank"  # (rank 2 waits in the barrier for them all), not a wrong peer
+    assert "rank 3, which is not in a torch.distributed call" in cause.headline
+
+
 def test_tags_that_do_not_match_are_named_when_both_ranks_are_blocked() -> None:
     ranks = [rank(0, inflight=[rec(1, "send", "in_flight", peer=1, tag=0, where="p2p.py:8")]),
              rank(1, inflight=[rec(1, "recv", "in_flight", peer=0, tag=1, where="p2p.py:11")])]
@@ -213,6 +242,21 @@ def test_the_same_collective_with_different_arguments(field: str, odd: object, s
              for r in range(4)]
     cause = explain(ranks)
     assert (cause.kind, cause.headline) == ("collective-mismatch", said)
+
+
+def test_a_mismatch_before_a_rank_s_own_failure_is_its_cause() -> None:
+    """Rank 2 reduced with MAX where the others summed: gloo made a wrong sum on every rank, and
+    rank 0's own check of it raised after. A failure that began after the mismatch follows from it;
+    one that came first is the cause."""
+    def ranks(failed_at: float) -> list[RankFacts]:
+        return [rank(r, records=[*loop(2), rec(3, "all_reduce", reduce_op="MAX" if r == 2 else "SUM")],
+                     **({"ended": "raised", "error": "AssertionError: 140 samples, expected 160", "exit_code": 1,
+                         "failed_at": failed_at} if r == 0 else {})) for r in range(4)]
+    after = explain(ranks(failed_at=1010.0))
+    assert (after.kind, after.headline) == ("collective-mismatch", "The ranks pass different reduce ops to "
+                                            "all_reduce #3: ranks 0, 1, 3 pass SUM, rank 2 passes MAX.")
+    before = explain(ranks(failed_at=1002.0))  # (call #3 began at 1003)
+    assert before.kind == "crash" and before.headline.startswith("Rank 0 (node1) failed first: it raised")
 
 
 def test_ranks_that_disagree_on_a_broadcasts_source() -> None:
@@ -418,7 +462,7 @@ def test_the_rank_that_failed_first_for_its_own_reason_is_the_cause() -> None:
     cause = explain(ranks)
     assert cause.kind == "crash"
     assert cause.headline == ("Rank 1 (node2) failed first: it raised ValueError: loss is nan at step 5 at "
-                              "train.py:30; ranks 0, 2, 3 lost their connection to rank 1.")
+                              "train.py:30; ranks 0, 2, 3 lost their connection to rank 1 in all_reduce #6.")
     assert lines(cause)[1] == "rank 1 (node2): raised ValueError: loss is nan at step 5 at train.py:30"
     assert lines(cause)[0] == f"rank 0 (node1): all_reduce #6, SUM, 4 floats: lost its connection: {LOST} at " \
                               "train.py:10"
@@ -452,7 +496,7 @@ def test_a_rank_killed_by_a_signal_or_exiting_with_a_status_is_a_failure_of_its_
              rank(1, records=loop(0), ended="exited", exit_code=-9)]
     cause = explain(ranks)
     assert cause.headline == ("Rank 1 (node2) failed first: it was killed by SIGKILL; rank 0 lost its connection to "
-                              "rank 1.")
+                              "rank 1 in all_reduce #1.")
     ranks[1] = rank(1, ended="exited", exit_code=3)
     assert "it exited with status 3" in explain(ranks).headline
     ranks[1] = rank(1, ended="exited", exit_code=137)

@@ -1,22 +1,27 @@
 """The fixtures of issue 27 (tests/why/, described in its README.md): broken and healthy
 torch.distributed programs, each with the cause the lab's report must name, as a line of its
-docstring. Their expectations parse and cover every kind of cause, and ``report_misses`` tells a
-report that names the cause from one that does not (the test that runs each fixture through
-``lab launch --hang-after`` comes with the hang finder)."""
+docstring. Their expectations parse and cover every kind of cause (unit); each one run through
+``lab launch --hang-after`` gets the report its expectation says, in seconds for a hang (local)."""
 from __future__ import annotations
 
 import ast
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from .conftest import Lab
 
 WHY = Path(__file__).resolve().parent / "why"
 FIXTURES = sorted(WHY.glob("*.py"))
 KINDS = ("collective-mismatch", "missing-rank", "uneven-counts", "p2p-cycle", "p2p-unmatched", "crash",
          "rendezvous", "healthy")
 EXITS = (0, 1, 4)  # the lab's exit codes a fixture may expect: passed, crashed (a rank failed), stopped
+HANG_AFTER = 5
+TIMEOUT = 60  # the --timeout of a fixture that names none: its hang must be found long before
+FOUND_WITHIN = 30  # seconds to a found hang: start-up (2 s), --hang-after, the issue's 3 s, and room for load
 CLAUSE = re.compile(r'(?P<key>kind|nproc|exit|timeout)=(?P<value>\S+)'
                     r'|(?P<part>headline|report) contains "(?P<text>[^"]+)"')
 WHERE = re.compile(r"\b(?P<file>\w+\.py):(?P<line>\d+)\b")
@@ -117,11 +122,12 @@ def lines_named(expect: Expectation, source: str) -> list[str]:
 
 
 def report_misses(expect: Expectation, output: str) -> list[str]:
-    """The phrases the lab's report lacks: the headline's phrases must share one line, the others
-    may be anywhere; what the ranks printed themselves does not count."""
+    """The phrases the lab's report lacks: the headline's phrases must share one line (in any case:
+    the headline is a sentence, and "rank 3" may start it), the others may be anywhere, as written;
+    what the ranks printed themselves does not count."""
     report = [line for line in output.splitlines() if not RANK_LINE.match(line)]
     misses = [f"report contains {p!r}" for p in expect.report if not any(p in line for line in report)]
-    if expect.headline and not any(all(p in line for p in expect.headline) for line in report):
+    if expect.headline and not any(all(p.lower() in line.lower() for p in expect.headline) for line in report):
         misses.append(f"one line contains {' and '.join(map(repr, expect.headline))}")
     return misses
 
@@ -184,3 +190,21 @@ def test_the_headline_s_phrases_share_one_line_of_the_lab_s_own() -> None:
     assert report_misses(expect, split) == [
         "report contains 'ring.py:17'", "one line contains '0 waits for 3' and 'receives first'"]
 
+
+
+# -- local: each fixture through the lab -------------------------------------------------------
+
+@pytest.mark.local
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+def test_the_report_names_the_cause(lab: Lab, path: Path) -> None:
+    expect = expectation(path)
+    timeout = expect.timeout or TIMEOUT
+    started = time.monotonic()
+    result = lab("launch", "--nproc", str(expect.nproc), "--timeout", f"{timeout:g}", "--hang-after",
+                 str(HANG_AFTER), str(path), timeout=timeout + 120)
+    seconds = time.monotonic() - started
+    assert result.code == expect.exit, result.text
+    assert report_misses(expect, result.text) == [], result.text
+    if expect.exit == 4:  # found by the hang finder within seconds, or (a straggler) at the timeout
+        assert seconds >= timeout if expect.timeout else seconds < FOUND_WITHIN, (seconds, result.out)
+    assert lab.leftovers() == []

@@ -10,7 +10,7 @@ from typing import NoReturn, TypeAlias
 
 from lab.containerlab.topology import DEFAULT_LAB, check_lab_name
 from lab.core.inventory import load_inventory, local_inventory
-from lab.core.plan import LAUNCHERS, Launcher
+from lab.core.plan import DEFAULT_HANG_AFTER, LAUNCHERS, Launcher
 from lab.core.slurm import ALLOCATION, allocation_inventory
 from lab.errors import ExitCode, UsageError
 from lab.inventory import Inventory
@@ -117,3 +117,20 @@ def solution_file(text: str) -> str:
 def check_timeout(seconds: float) -> None:
     if seconds <= 0:
         raise UsageError(f"--timeout must be positive, got {seconds:g}")
+
+
+def hang_after_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--hang-after", type=_hang_after, default=DEFAULT_HANG_AFTER, metavar="SECONDS",
+                        help="stop the job as hung, and say why across its ranks, once every live rank has "
+                             "waited in a torch.distributed call and none has completed one for this long "
+                             f"(default {DEFAULT_HANG_AFTER:g}; 0: only --timeout stops it)")
+
+
+def _hang_after(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 (off) or a positive number of seconds, got {value}")
+    return seconds

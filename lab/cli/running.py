@@ -13,6 +13,7 @@ from lab.cli.common import (
     cluster,
     cluster_options,
     exercises,
+    hang_after_option,
     launcher,
     launcher_option,
     solution_file,
@@ -23,6 +24,7 @@ from lab.cli.views import screen
 from lab.cli.views.doctor import print_diagnosis
 from lab.core import slurm as slurm_jobs
 from lab.core.judge import exit_code, hung_at_start, judge
+from lab.core.outcome import RankState, RunOutcome
 from lab.core.plan import (
     BACKENDS,
     DEFAULT_TIMEOUT,
@@ -33,7 +35,7 @@ from lab.core.plan import (
     build_plan,
     without_unshared,
 )
-from lab.core.report import to_json, to_junit
+from lab.core.report import launch_json, to_json, to_junit
 from lab.core.runner import run_plan
 from lab.doctor.known import printed_causes, run_causes
 from lab.doctor.run import explain_hang
@@ -71,6 +73,7 @@ def add_run(commands: Commands) -> None:
     run.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                      help=f"the longest any rank may spend on one step: start-up, rendezvous or one "
                           f"exercise (default {DEFAULT_TIMEOUT:g})")
+    hang_after_option(run)
     run.add_argument("--solution", metavar="FILE.py", help="run this file in place of the exercise's "
                      "reference program (one exercise) and check it the same way; it runs as you, with "
                      "your environment and files: for other people's code use `grade`")
@@ -103,7 +106,7 @@ def _options(args: argparse.Namespace) -> Options:
     check_timeout(args.timeout)
     solution = solution_file(args.solution) if args.solution else None
     return Options(chosen, args.backend, args.init, args.timeout, solution, launcher(args),
-                   partition=args.partition)
+                   partition=args.partition, hang_after=args.hang_after)
 
 
 def run_and_report(inventory: Inventory, options: Options, settings: SSHSettings, json_out: bool = False,
@@ -156,6 +159,9 @@ def add_launch(commands: Commands) -> None:
     launcher_option(launch)
     launch.add_argument("--timeout", type=float, default=DEFAULT_LAUNCH_TIMEOUT, metavar="SECONDS",
                         help=f"stop the job when it runs longer (default {DEFAULT_LAUNCH_TIMEOUT:g}: an hour)")
+    hang_after_option(launch)
+    launch.add_argument("--json", action="store_true", help="print how the job ended, its cause and each rank "
+                        "as JSON on stdout (rank output goes to stderr)")
     launch.add_argument("--keep", action="store_true", help="keep the run directory on every host")
     launch.add_argument("script", metavar="SCRIPT.py", help="the script every rank runs")
     launch.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
@@ -169,16 +175,25 @@ def cmd_launch(args: argparse.Namespace) -> int:
     check_timeout(args.timeout)
     settings = ssh_settings(args)
     inventory = with_master_address(cluster(args), settings)
-    console = screen.console()
+    console = screen.console(stderr=args.json)
     plan = build_launch_plan(inventory, str(script.resolve()), args.args, args.timeout, launcher(args),
-                             partition=args.partition)
+                             partition=args.partition, hang_after=args.hang_after)
     outcome = run_plan(plan, on_line=views.LineStreamer(console), keep=args.keep, ssh=settings)
     failed = [s for s in outcome.ranks if not s.done]
-    views.print_launch(console, script.name, outcome, failed)
-    views.print_causes(console, "what the ranks printed means:", printed_causes(failed))
+    code = _launch_exit(outcome, failed)
+    printed = printed_causes(failed)
+    if args.json:
+        screen.print_json({**launch_json(outcome, script.name, code), "known_errors": printed})
+    else:
+        views.print_launch(console, script.name, outcome, failed)
+        views.print_causes(console, "what the ranks printed means:", printed)
+    return code
+
+
+def _launch_exit(outcome: RunOutcome, failed: list[RankState]) -> ExitCode:
     if outcome.status == "interrupted":
         return ExitCode.INTERRUPTED
-    if outcome.status == "timeout":
+    if outcome.stopped:
         return ExitCode.TIMEOUT
     return ExitCode.OK if not failed else ExitCode.CHECK_FAILED
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from lab.core.outcome import ExerciseRun, RankState, RunOutcome, ended
+from lab.core.outcome import SYS_EXIT, ExerciseRun, RankState, RunOutcome, ended
 from lab.errors import ExitCode
 from lab.suite.check import Mismatch, Verdict, World, ranks_named
 from lab.suite.registry import EXERCISES
@@ -72,7 +72,7 @@ def _unfinished(run: ExerciseRun, outcome: RunOutcome, seconds: float | None) ->
     """Some ranks never reported: say which, and why (hung, or never got there)."""
     here = [s for s in outcome.ranks if s.step == run.name and s.spec.rank not in run.results]
     between = [s for s in outcome.ranks if s.spec.rank in outcome.hung and s.step not in outcome.exercises]
-    if outcome.status == "timeout" and (here or (between and run.name == _first_unreported(outcome))):
+    if outcome.stopped and (here or (between and run.name == _first_unreported(outcome))):
         stuck = [s for s in here if s.spec.rank in outcome.hung] or here or between
         where: dict[str, list[RankState]] = {}  # ranks stuck at the same place are one phrase
         for s in stuck:
@@ -93,8 +93,6 @@ def _unfinished(run: ExerciseRun, outcome: RunOutcome, seconds: float | None) ->
         reason = f"not run: {who} {ended(first.exit_code)} during {describe_step(first.step)}"
     return ExerciseReport(run.name, "not run", seconds, reason, (first.spec.rank,))
 
-
-SYS_EXIT = "SystemExit: "  # how the worker reports an exercise that called sys.exit (lab.rank.worker)
 
 
 def _named(state: RankState) -> str:
@@ -140,6 +138,8 @@ def describe_step(step: str) -> str:
 
 def _stuck_at(state: RankState, outcome: RunOutcome) -> str:
     where = f" at {state.stopped_at}" if state.stopped_at else ""
+    if outcome.status == "hung":
+        return f"hung in {describe_step(state.step)}{where}"
     after = (f"at the run's limit of {outcome.wall:g}s" if outcome.wall is not None
              else f"after {outcome.plan.timeout:g}s")
     return f"stopped {after} in {describe_step(state.step)}{where}"
@@ -154,9 +154,9 @@ def _who(states: list[RankState]) -> str:
 
 
 def hung_at_start(outcome: RunOutcome) -> bool:
-    """The run timed out in a rendezvous or in the first exercise of its shared group: where
-    the network, not the program, is the usual cause (the doctor can tell)."""
-    if outcome.status != "timeout":
+    """The run hung or timed out in a rendezvous or in the first exercise of its shared group:
+    where the network, not the program, is the usual cause (the doctor can tell)."""
+    if not outcome.stopped:
         return False
     first_shared = next((s.exercises[0]["name"] for s in outcome.plan.stages if s.rendezvous == "shared"), None)
     return any(s.step.startswith("init:") or s.step == first_shared
@@ -166,7 +166,7 @@ def hung_at_start(outcome: RunOutcome) -> bool:
 def exit_code(outcome: RunOutcome, reports: list[ExerciseReport]) -> ExitCode:
     if outcome.status == "interrupted":
         return ExitCode.INTERRUPTED
-    if outcome.status == "timeout":
+    if outcome.stopped:
         return ExitCode.TIMEOUT
     if any(r.status == "fail" for r in reports):
         return ExitCode.CHECK_FAILED

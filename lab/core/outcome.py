@@ -26,6 +26,7 @@ TAIL_LINES = 200  # the last lines of each rank's output kept (for the report)
 SHOWN_LINES = 1000  # lines of each rank's output passed on to ``on_line``; the rest is counted, not shown
 # LINE_MAX (lab.rank.protocol): bytes kept of a line of output; the rest of a longer one is counted and dropped
 OUTPUT_MAX = 64 << 20  # bytes of a rank's output whose lines are kept; past it they are counted only
+SYS_EXIT = "SystemExit: "  # how the worker reports an exercise that called sys.exit (lab.rank.worker)
 
 
 @dataclass(eq=False)
@@ -138,7 +139,12 @@ class RankState:
     steps: int = 0  # step events taken (at most a plan's steps count)
     violations: list[str] = field(default_factory=list)  # events it sent that break the protocol
     progress: dict[str, Any] | None = None  # its last "progress" event (lab.rank.flight): calls completed, in flight
+    progress_at: float | None = None  # when that came
+    advanced_at: float | None = None  # when its count of completed calls last grew (or first came)
     flight: dict[str, Any] | None = None  # its last "flight" event: its flight recorder's records
+    flight_at: float | None = None  # when that came
+    end: dict[str, Any] | None = None  # its "end" event: how and where its program ended (raised, exited)
+    traceback: str | None = None  # a fatal error's
 
     @property
     def label(self) -> str:
@@ -176,6 +182,41 @@ class ExerciseRun:
         return rank in self.results or rank in self.errors
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """One rank's line of evidence: ``rank 1 (node2): recv from 0, tag 0, 4 floats at ring.py:12``."""
+
+    rank: int
+    host: str
+    call: str  # the call it is in (or the one the cause is about), or what it does instead
+    where: str | None  # file.py:LINE in the user's program
+
+    def line(self) -> str:
+        return f"rank {self.rank} ({self.host}): {self.call}" + (f" at {self.where}" if self.where else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "host": self.host, "call": self.call, "where": self.where}
+
+
+@dataclass(frozen=True)
+class Cause:
+    """What happened across the ranks: ``headline`` is one sentence, the report's first line."""
+
+    kind: CauseKind
+    headline: str
+    evidence: tuple[Evidence, ...] = ()  # one line per rank, by rank
+    fix: str | None = None  # what usually fixes it
+    notes: tuple[str, ...] = ()  # what of the ranks' records was malformed and skipped
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "headline": self.headline, "evidence": [e.to_json() for e in self.evidence],
+                "fix": self.fix, "notes": list(self.notes)}
+
+
+CauseKind = Literal["crash", "rendezvous", "collective-mismatch", "p2p-cycle", "p2p-unmatched", "missing-rank",
+                    "uneven-counts", "straggler", "none", "unknown"]
+
+
 @dataclass
 class RunOutcome:
     plan: Plan
@@ -186,6 +227,12 @@ class RunOutcome:
     hung: list[int] = field(default_factory=list)  # ranks found past the timeout
     ports: tuple[int, ...] = ()  # the ports held on rank 0's host (``${port0}``...)
     wall: float | None = None  # the run was stopped at this limit on its whole time (not one step's)
+    cause: Cause | None = None  # why it hung or failed, across ranks (lab.core.why); None when it completed
+
+    @property
+    def stopped(self) -> bool:
+        """The lab stopped it: a hang it found, or a timeout."""
+        return self.status in ("hung", "timeout")
 
     @property
     def master_port(self) -> int | None:
@@ -193,7 +240,7 @@ class RunOutcome:
         return int(bind_macros(self.plan.master_port, "", self.ports)) if self.plan.master_port and self.ports else None
 
 
-RunStatus = Literal["completed", "timeout", "interrupted", "crashed"]
+RunStatus = Literal["completed", "hung", "timeout", "interrupted", "crashed"]
 # (whose line, "out" | "err" | "lab" (the lab's own word about that output: the rest is not shown), line)
 OnLine = Callable[["RankState | LaunchState", str, str], None]
 

@@ -45,6 +45,7 @@ INIT_METHODS: tuple[InitMethod, ...] = get_args(InitMethod)
 LAUNCHERS: tuple[Launcher, ...] = get_args(Launcher)
 SRUN_LAUNCHERS: tuple[Launcher, ...] = ("srun", "srun-torchrun")  # the ranks are Slurm tasks of one job
 DEFAULT_TIMEOUT = 60.0
+DEFAULT_HANG_AFTER = 10.0  # seconds every live rank waits in a call, none completing one, before it is a hang
 RUN_DIR = "${run_dir}"
 _MACRO = re.compile(r"\$\{(run_dir|port(\d+))\}")
 
@@ -77,6 +78,7 @@ class Options:
     memory_mb: int | None = None  # each rank's data memory limit (RLIMIT_DATA), set before its program loads
     partition: str | None = None  # the Slurm partition (--launcher srun...); None: the cluster's default
     rank_env: dict[str, str] = field(default_factory=dict, hash=False)  # more settings for every rank (lab bench's)
+    hang_after: float = DEFAULT_HANG_AFTER  # see Plan
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,9 @@ class Plan:
     memory_mb: int | None = None  # see Options
     partition: str | None = None  # see Options
     rank_env: dict[str, str] = field(default_factory=dict, hash=False)  # see Options
+    # A hang, found by the runner: every live rank has waited in a torch.distributed call and none has
+    # completed one for this many seconds (0: never; the timeout still stops the run).
+    hang_after: float = DEFAULT_HANG_AFTER
 
     @property
     def run_name(self) -> str:
@@ -232,7 +237,8 @@ class Plan:
             "world_size": self.world_size, "backend": self.backend, "init": self.init,
             "launcher": self.launcher, "master_addr": self.master_addr, "master_port": self.master_port,
             **({"rdzv_endpoint": self.rdzv_endpoint} if self.rdzv_endpoint else {}),
-            "timeout": self.timeout, **({"memory_mb": self.memory_mb} if self.memory_mb else {}),
+            "timeout": self.timeout, "hang_after": self.hang_after,
+            **({"memory_mb": self.memory_mb} if self.memory_mb else {}),
             "run_dir": f"{RUN_DIR} = <each host's temp dir>/{self.run_name}",
             **({"ports": f"{', '.join(port_macro(i) for i in range(self.port_count))}: chosen free and "
                          f"held on {self.hosts[0].name} when the run starts"} if self.port_count else {}),
@@ -364,7 +370,7 @@ def build_plan(inventory: Inventory, options: Options, token: str | None = None)
                 token=token, hosts=hosts, ranks=tuple(ranks), stages=stages, uploads=uploads,
                 shared_run_dir=shared, launcher=options.launcher,
                 rdzv_endpoint=_endpoint(master, rdzv_port), port_count=ports.count, memory_mb=options.memory_mb,
-                partition=options.partition, rank_env=dict(options.rank_env))
+                partition=options.partition, rank_env=dict(options.rank_env), hang_after=options.hang_after)
 
 
 def uses_torchrun(launcher: str) -> bool:
@@ -424,7 +430,8 @@ def _lay_out_ranks(hosts: Sequence[Host], master: str, master_port: str | None, 
 
 
 def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], timeout: float,
-                      launcher: Launcher = "lab", token: str | None = None, partition: str | None = None) -> Plan:
+                      launcher: Launcher = "lab", token: str | None = None, partition: str | None = None,
+                      hang_after: float = DEFAULT_HANG_AFTER) -> Plan:
     """``lab launch``: the user's script on every rank, the rendezvous in its environment
     (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE), set by the launcher."""
     if not inventory.hosts:
@@ -441,7 +448,7 @@ def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], ti
                 ranks=_lay_out_ranks(hosts, master, port, backend, launcher),
                 stages=(), uploads={relative: script}, script=(f"{RUN_DIR}/{relative}", *args),
                 launcher=launcher, rdzv_endpoint=_endpoint(master, port) if uses_torchrun(launcher) else None,
-                port_count=1, partition=partition)
+                port_count=1, partition=partition, hang_after=hang_after)
 
 
 StageKind = Literal["none", "torchrun", "env", "tcp", "file"]  # who forms the stage's group, and how

@@ -12,18 +12,16 @@ import math
 import re
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 from typing import Literal
 
 from lab.core.flightrecords import TEXT_MAX, Call, canonical, read_calls, read_counts, text
-from lab.core.outcome import ended
+from lab.core.outcome import CauseKind, ended
 
 Ended = Literal["running", "exited", "raised"]
 Stage = Literal["starting", "rendezvous", "joined"]
 Failure = Literal["own", "lost", "backend"]
-Kind = Literal["crash", "rendezvous", "collective-mismatch", "p2p-cycle", "p2p-unmatched", "missing-rank",
-               "uneven-counts", "straggler", "none", "unknown"]
 
 # What a rank says when a peer went away or went silent: the consequence of another rank's failure.
 LOST = re.compile(r"connection (?:closed|reset|refused)|closed by peer|broken pipe|read error|socket closed|"
@@ -35,6 +33,7 @@ _FRAME = re.compile(r'File "([^"\n]+)", line (\d+)')
 # Not the user's: Python's own and site-packages, torch, the lab's rank side, <frozen ...>
 _NOT_USERS = re.compile(r"/lib/python3[^/]*/|/torch/|/lab/rank/|^<")
 _GROUP = re.compile(r"g(\d{1,9}(?:,\d{1,9})*)#\d{1,9}")
+JOIN = "init_process_group"  # how the recorder names the rendezvous (lab.rank.flight)
 TRACEBACK_MAX = 65536  # characters of a traceback searched for the user's frame (its end)
 GROUP_SHOWN = 60  # characters of a group's name shown in a call
 
@@ -59,6 +58,7 @@ class RankFacts:
     stage: Stage = "joined"  # starting: not started yet; rendezvous: in init_process_group
     failed_at: float | None = None  # time.time() its failure was seen at, for a failure no record dates
     arrival: int | None = None  # the order in which the controller learnt of its failure (0 first)
+    exit_call: str | None = None  # where its program called sys.exit or os._exit ("file.py:LINE"), if it did
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ class Rank:
 class Finding:
     """What one rule of lab.core.why found: the cause, without the evidence (a line per rank) it adds."""
 
-    kind: Kind
+    kind: CauseKind
     headline: str
     fix: str | None = None
     shown: dict[int, Call] = field(default_factory=dict)  # rank -> the call its evidence shows (else where it is)
@@ -129,6 +129,11 @@ def build(facts: RankFacts, notes: list[str]) -> Rank:
     who = f"rank {facts.rank}"
     calls = read_calls(facts.records, facts.inflight, who, notes)
     counts = read_counts(facts.counts, who, notes)
+    # init_process_group says where a rank is in the rendezvous, and is no call that ranks meet in
+    joining = next((c for c in calls if c.op == JOIN and c.blocking), None) if facts.ended == "running" else None
+    calls = [c for c in calls if c.op != JOIN]
+    if joining is not None:
+        facts = replace(facts, stage="rendezvous", stopped_at=facts.stopped_at or joining.where)
     blocking = [c for c in calls if c.blocking]
     position = max(blocking, key=lambda c: c.t0) if blocking and facts.ended == "running" else None
     raised = [c for c in calls if c.state == "raised"]
@@ -228,20 +233,25 @@ def size(call: Call) -> str | None:
 _FROM_ROOT = frozenset({"broadcast", "scatter", "broadcast_object_list", "scatter_object_list"})
 
 
+def named(call: Call) -> str:
+    """Which call it is: ``recv from 0``, ``all_reduce #5``, ``broadcast #2 on group [0, 1] from 0``."""
+    direction = call.direction
+    if direction == "send":
+        return f"{call.op} to {call.peer}"
+    if direction == "recv":
+        return f"{call.op} from {'any rank' if call.peer is None else call.peer}"
+    if direction == "batch":
+        return call.op
+    head = f"{call.op} #{call.seq}{on_group(call.group)}"
+    if call.root is not None:
+        head += f" {'from' if canonical(call.op) in _FROM_ROOT else 'to'} {call.root}"
+    return head
+
+
 def describe(call: Call) -> str:
     """A call as a person reads it: ``recv from 0, tag 0, 4 floats``, ``all_reduce #5, SUM, 1024 floats``."""
     direction = call.direction
-    if direction == "send":
-        parts = [f"{call.op} to {call.peer}"]
-    elif direction == "recv":
-        parts = [f"{call.op} from {'any rank' if call.peer is None else call.peer}"]
-    elif direction == "batch":
-        parts = [call.op]
-    else:
-        head = f"{call.op} #{call.seq}{on_group(call.group)}"
-        if call.root is not None:
-            head += f" {'from' if canonical(call.op) in _FROM_ROOT else 'to'} {call.root}"
-        parts = [head, *([call.reduce_op] if call.reduce_op else [])]
+    parts = [named(call), *([call.reduce_op] if call.reduce_op and direction == "collective" else [])]
     if direction in ("send", "recv") and call.tag is not None:
         parts.append(f"tag {call.tag}")
     parts += [s for s in (size(call),) if s]
@@ -260,8 +270,8 @@ def where_of(rank: Rank) -> str | None:
     for call in (rank.position, rank.failed_in):
         if call is not None and call.where:
             return call.where
-    found = user_frame(rank.facts.traceback) if rank.facts.ended == "raised" else None
-    return found or (text(rank.facts.stopped_at) if rank.facts.stopped_at else None)
+    found = user_frame(rank.facts.traceback) if rank.facts.ended == "raised" else rank.facts.exit_call
+    return text(found) if found else text(rank.facts.stopped_at) if rank.facts.stopped_at else None
 
 
 def at(where: str | None) -> str:

@@ -33,9 +33,16 @@ def summary(outcome: RunOutcome, reports: list[ExerciseReport]) -> str:
     parts = [f"{counts['pass']} passed", f"{counts['fail']} failed"]
     parts += [f"{counts[s]} {s}" for s in ("timeout", "not run") if counts[s]]
     plan = outcome.plan
-    extra = "" if outcome.status in ("completed", "timeout") else f", {outcome.status}"
+    extra = "" if outcome.status in ("completed", "timeout") else f", {status(outcome)}"
     return (f"{', '.join(parts)} in {outcome.seconds:.1f}s (world size {plan.world_size}, "
             f"{plan.backend}, init {plan.init}{extra})")
+
+
+def status(outcome: RunOutcome) -> str:
+    """How the run ended: ``completed``, ``crashed``, ``timeout``, ``hung: no call completed for 10s``."""
+    if outcome.status == "hung":
+        return f"hung: no call completed for {outcome.plan.hang_after:g}s"
+    return outcome.status
 
 
 def to_json(outcome: RunOutcome, reports: list[ExerciseReport], exit_code: int) -> dict[str, Any]:
@@ -44,6 +51,7 @@ def to_json(outcome: RunOutcome, reports: list[ExerciseReport], exit_code: int) 
         "exit_code": exit_code,
         "status": outcome.status,
         "seconds": round(outcome.seconds, 3),
+        "cause": outcome.cause.to_json() if outcome.cause else None,
         "ports": list(outcome.ports),  # held on rank 0's host for the run: ${port0}, ${port1}...
         "plan": {k: v for k, v in outcome.plan.to_dict().items() if k not in ("ranks", "launches", "run_dir")},
         "exercises": [{
@@ -52,14 +60,25 @@ def to_json(outcome: RunOutcome, reports: list[ExerciseReport], exit_code: int) 
             "mismatches": [{"rank": m.rank, "what": m.what, "expected": m.expected, "got": m.got}
                            for m in r.mismatches],
         } for r in reports],
-        "ranks": [{"rank": s.spec.rank, "host": s.spec.host, "hostname": s.info.get("hostname"),
-                   "pid": s.info.get("pid"), "exit_code": s.exit_code,
-                   "ended": ended(s.exit_code) if s.exit_code is not None else None,
-                   "output": {"lines": s.output.lines, "bytes": s.output.size, "shown": s.output.shown,
-                              "dropped": s.output.dropped},
-                   "step": s.step, "stopped_at": s.stopped_at, "fatal": s.fatal,
-                   "torch": s.info.get("torch")} for s in outcome.ranks],
+        "ranks": _ranks(outcome),
     }
+
+
+def launch_json(outcome: RunOutcome, script: str, exit_code: int) -> dict[str, Any]:
+    """``lab launch --json``: how the job ended, why (its cause across ranks), and each rank."""
+    return {"script": script, "exit_code": exit_code, "status": outcome.status, "seconds": round(outcome.seconds, 3),
+            "succeeded": sum(s.done for s in outcome.ranks), "world_size": outcome.plan.world_size,
+            "cause": outcome.cause.to_json() if outcome.cause else None, "ranks": _ranks(outcome)}
+
+
+def _ranks(outcome: RunOutcome) -> list[dict[str, Any]]:
+    return [{"rank": s.spec.rank, "host": s.spec.host, "hostname": s.info.get("hostname"),
+             "pid": s.info.get("pid"), "exit_code": s.exit_code, "done": s.done,
+             "ended": ended(s.exit_code) if s.exit_code is not None else None,
+             "output": {"lines": s.output.lines, "bytes": s.output.size, "shown": s.output.shown,
+                        "dropped": s.output.dropped},
+             "step": s.step, "stopped_at": s.stopped_at, "fatal": s.fatal,
+             "torch": s.info.get("torch")} for s in outcome.ranks]
 
 
 def to_junit(outcome: RunOutcome, reports: list[ExerciseReport], suite_name: str = "lab") -> bytes:
@@ -79,6 +98,11 @@ def to_junit(outcome: RunOutcome, reports: list[ExerciseReport], suite_name: str
     properties = ET.SubElement(suite, "properties")
     for key in ("world_size", "backend", "init"):
         ET.SubElement(properties, "property", name=key, value=str(getattr(plan, key)))
+    cause = outcome.cause
+    if cause is not None:  # why the run hung or failed: every case that did not pass says it too
+        ET.SubElement(properties, "property", name="cause", value=cause.kind)
+        ET.SubElement(properties, "property", name="cause_headline", value=printable(cause.headline))
+    why = [] if cause is None else [cause.headline, *(e.line() for e in cause.evidence)]
     for r in reports:
         case = ET.SubElement(suite, "testcase", classname=f"{suite_name}.{plan.backend}", name=r.name,
                              time=f"{r.seconds or 0.0:.3f}")
@@ -86,9 +110,10 @@ def to_junit(outcome: RunOutcome, reports: list[ExerciseReport], suite_name: str
         if r.status == "fail":
             ET.SubElement(case, "failure", message=reason, type="CheckFailed").text = \
                 "\n".join(printable(line) for line in [r.reason, *map(str, r.mismatches),
-                                                          *(f"note: {n}" for n in r.notes)])
+                                                          *(f"note: {n}" for n in r.notes), *why])
         elif r.status == "timeout":
-            ET.SubElement(case, "error", message=reason, type="Timeout").text = reason
+            ET.SubElement(case, "error", message=reason, type="Hang" if outcome.status == "hung" else "Timeout"
+                          ).text = "\n".join(printable(line) for line in [r.reason, *why])
         elif r.status == "not run":
             ET.SubElement(case, "skipped", message=reason)
         if not r.passed:

@@ -30,6 +30,15 @@ not restart its clock either). A rank past either is hung: the runner asks every
 its Python stacks (SIGUSR1, see lab.rank.worker), notes where each one stopped (lab.core.stacks),
 and kills them all.
 
+A hang is found long before that. Every rank's flight recorder (lab.rank.flight) says, at most once
+a second and only when it changed, how many torch.distributed calls it completed and which one it
+blocks in (``progress``), and sends its records when a call has blocked 2 s (``flight``). Once every
+live rank blocks in a call and no rank has completed one for ``plan.hang_after`` seconds (on the
+controller's clock), the ranks hang: the runner waits briefly for their records, locates them as
+above and stops them. A rank computing outside torch.distributed is no hang, whatever the others
+wait for. Whatever way the run ends short of every rank done, the outcome carries its cause across
+the ranks (lab.core.why), named from their records and how each ended.
+
 One run is a ``Run``, which holds everything the run is (its plan, transports, launches, ranks'
 states, exercises' reports, queue of lines and events) and whose methods start, watch and stop
 it. Output is bounded, whatever a rank prints: lab.core.streams reads each stream of each launch
@@ -53,6 +62,7 @@ from lab.core.outcome import ExerciseRun, LaunchState, OnLine, RankState, RunOut
 from lab.core.plan import SRUN_LAUNCHERS, Launch, Plan
 from lab.core.stacks import is_stack_line, program_files, where_stopped
 from lab.core.streams import QUEUE_MAX, Events, Item, StreamReader, claimed_rank
+from lab.core.why import explain_run
 from lab.errors import HostsUnreachable, HostUnreachable, LabError, RunError
 from lab.rank.protocol import EVENT_MAX, LAUNCHER_EVENTS, LINE_MAX, RANK_EVENTS, MalformedEvent, parse_event
 from lab.transport import RankProcess, Transport, code_uploads, for_each_host, release, transport_for
@@ -63,6 +73,7 @@ log = logging.getLogger(__name__)
 BATCH = 256  # queued items handled between two looks at the processes and the clock
 DUMP_MAX = 10_000  # lines of one rank's stack dump kept
 DUMP_WAIT = 1.5  # seconds to wait for stack dumps after SIGUSR1
+FLIGHT_WAIT = 3.0  # seconds to wait for hung ranks' flight dumps (each sends one 2 s into a blocked call)
 CRASH_GRACE = 5.0  # seconds peers get to report after a rank died
 STREAM_GRACE = 1.0  # seconds to wait for the last lines of a process that ended
 PORTS_WAIT = 30.0  # seconds for rank 0's host to report the ports it holds
@@ -228,6 +239,11 @@ class Run:
             if late:
                 self._locate_hangs()
                 return "timeout", late
+            hung = self._hung(now)
+            if hung:
+                self._await_flight(hung)
+                self._locate_hangs()
+                return "hung", hung
         return ("completed" if all(s.done for s in self.states) else "crashed"), []
 
     def _take(self, wait: float) -> list[Item]:
@@ -299,6 +315,26 @@ class Run:
         return any(now - began > self.plan.timeout and not self.runs[name].reported(state.spec.rank)
                    for name, began in state.entered.items())
 
+    def _hung(self, now: float) -> list[int]:
+        """The live ranks, when they hang: every one waits in a torch.distributed call (its last
+        progress event says so) and no rank has completed one for ``plan.hang_after`` seconds. A rank
+        computing outside torch.distributed is no hang: the others wait on it (a straggler)."""
+        live = [s for s in self.states if s.exit_code is None]
+        if not self.plan.hang_after or not live or any(
+                s.progress is None or s.progress["inflight"] is None for s in live):
+            return []
+        advanced = max(s.advanced_at or 0.0 for s in self.states)
+        return [s.spec.rank for s in live] if now - advanced >= self.plan.hang_after else []
+
+    def _await_flight(self, ranks: list[int]) -> None:
+        """Wait (FLIGHT_WAIT at most) until each of ``ranks`` sent a flight dump since its last
+        progress event: its records of the call it hangs in."""
+        deadline = time.monotonic() + FLIGHT_WAIT
+        while time.monotonic() < deadline and any(
+                (s := self.states[r]).flight_at is None or (s.progress_at or 0.0) > s.flight_at for r in ranks):
+            for item in self._take(0.1):
+                self._handle_item(item)
+
     # -- events -----------------------------------------------------------------------------
 
     def _on_event(self, launch: LaunchState, line: str) -> None:
@@ -360,7 +396,7 @@ class Run:
         elif kind == "error":
             self.runs[event["exercise"]].errors[rank] = {k: event[k] for k in ("error", "where", "traceback")}
         elif kind == "fatal":
-            state.fatal = event["error"]
+            state.fatal, state.traceback = event["error"], event["traceback"]
         elif kind == "exit":  # a host's launcher says how this rank ended, before it ends itself
             state.exit_code, state.ended_at = event["code"], time.monotonic()
             state.done |= bool(self.plan.script) and event["code"] == 0  # a script says nothing
@@ -369,9 +405,19 @@ class Run:
         elif kind == "done":
             state.done = True
         elif kind == "progress":
-            state.progress = event
+            self._progressed(state, event)
         elif kind == "flight":
-            state.flight = event
+            state.flight, state.flight_at = event, time.monotonic()
+        elif kind == "end":
+            state.end = event
+
+    @staticmethod
+    def _progressed(state: RankState, event: dict[str, Any]) -> None:
+        """A rank's progress event: when its count of completed calls grew is what tells a hang."""
+        now = time.monotonic()
+        if state.progress is None or event["completed"] != state.progress["completed"]:
+            state.advanced_at = now
+        state.progress, state.progress_at = event, now
 
     def _took_step(self, state: RankState, step: str) -> None:
         """The rank began ``step``. A step it is in already keeps its clock; so do steps past the
@@ -480,8 +526,10 @@ class Run:
         """What came of the run, which ended with ``status`` (``hung``: the ranks found hung)."""
         wall = self.wall
         walled = wall if status == "timeout" and wall and time.monotonic() - self.started >= wall else None
-        return RunOutcome(self.plan, self.states, self.runs, status, time.monotonic() - self.started, hung,
-                          self.ports, walled)
+        outcome = RunOutcome(self.plan, self.states, self.runs, status, time.monotonic() - self.started, hung,
+                             self.ports, walled)
+        outcome.cause = explain_run(outcome)
+        return outcome
 
 
 def _ports_in(event: dict[str, Any] | None) -> tuple[int, ...]:

@@ -5,7 +5,8 @@ message's send does not return before it is received); a wait() on an isend or i
 recv from any source waits for every other rank. A call that its peer's call matches now (blocked
 in it, or posted as an isend or irecv) waits for nobody: it is under way. Three findings: a cycle
 of waits (a deadlock), a send and its receive that differ in tag or size, and a wait whose chain
-ends at a rank that ended. Pure: no I/O.
+ends at a rank that ended, and a wait on a peer that sends to or receives from a third rank. Pure:
+no I/O.
 """
 from __future__ import annotations
 
@@ -126,6 +127,30 @@ def unmatched(ranks: dict[int, Rank]) -> Finding | None:
             return Finding("p2p-unmatched", f"Rank {receiver} receives {size(recv)} from rank {sender}, "
                            f"but rank {sender} sends {size(send)}{at(send.where)}",
                            "A receive's tensor must have the size and dtype of the tensor sent to it.", shown)
+    return None
+
+
+def crossed(ranks: dict[int, Rank]) -> Finding | None:
+    """A blocked send or receive whose peer is blocked in a send or receive with a third rank, which
+    waits in a call of its own that does not meet it: "rank 1 receives from rank 0, but rank 0 sends
+    to rank 3". (Where the third rank computes, it may still meet it: a wait, not yet a hang.)"""
+    live = blocked(ranks)
+    for k, r in live.items():
+        call = r.position
+        peer = ranks.get(call.peer) if call is not None and call.peer is not None else None
+        other = peer.position if peer is not None else None
+        if call is None or peer is None or other is None or other.direction not in P2P or other.peer in (k, None):
+            continue
+        third = ranks.get(other.peer) if other.peer is not None else None
+        if third is None or not third.running or third.position is None or any(
+                _meets(other, peer.rank, c) for c in third.pending()):
+            continue
+        verb = "receives from" if call.direction == "recv" else "sends to"
+        its = "sends to" if other.direction == "send" else "receives from"
+        return Finding("p2p-unmatched", f"Rank {k} {verb} rank {peer.rank}{at(call.where)}, but rank {peer.rank} "
+                       f"{its} rank {third.rank}{at(other.where)}, which {doing(third)}",
+                       "Make every send meet its receive: check the dst and src each rank passes (global ranks).",
+                       {k: call, peer.rank: other})
     return None
 
 

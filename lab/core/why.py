@@ -3,29 +3,33 @@
 :func:`explain` takes what the controller knows of each rank (:class:`RankFacts`: its flight records,
 untrusted, and how it ended) and returns one :class:`Cause`: a kind, a headline (the report's first
 line), evidence per rank, what usually fixes it. The first rule that holds names it, in this order:
-1. crash: the first rank to fail for a reason of its own (not a lost connection, not a timeout): what the
-   others did after it follows from it, never the reverse. 2. rendezvous: ranks with no call, not started
-   or still in init_process_group: every other rank waits on them. 3. collective mismatch: one group's call
-   #seq in different ops, sizes, dtypes, reduce ops or roots. 4. a send and its receive that differ in tag or
-   size, then a point-to-point cycle: these say why a rank is missing from a collective, so before 5. a
-   rank missing from a collective (elsewhere; ended after fewer calls: uneven counts). 6. a send or receive
-   whose peer ended. 7. a straggler (a wait, not a hang), nothing wrong, or unknown: what is known, never a
-   guess; a rank with no records is unseen. Records meet by (group, seq), as lab.rank.flight numbers them.
+0. a collective mismatch that began before any rank failed for a reason of its own (its failure follows
+   from it: a wrong sum its own check caught). 1. crash: the first rank to fail for a reason of its own
+   (not a lost connection, not a timeout): what the others did after it follows from it, never the
+   reverse. 2. rendezvous: ranks with no call, not started or still in init_process_group: every other
+   rank waits on them. 3. collective mismatch: one group's call #seq in different ops, sizes, dtypes,
+   reduce ops or roots. 4. a send and its receive that differ in tag or size, a point-to-point cycle, a
+   wait on a peer that sends to or receives from a third rank: these say why a rank is missing from a
+   collective, so before 5. a rank missing from a collective (elsewhere; exited early; ended after fewer
+   calls: uneven counts). 6. a send or receive whose peer ended. 7. a straggler (a wait, not a hang),
+   nothing wrong, or unknown: what is known, never a guess; a rank with no records is unseen. Records
+   meet by (group, seq), as lab.rank.flight numbers them.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from lab.core import waitfor
 from lab.core.flightrecords import Call, canonical, text
-from lab.core.outcome import ended
+from lab.core.outcome import SYS_EXIT, Cause, CauseKind, Evidence, ExerciseRun, RankState, RunOutcome, ended
 from lab.core.rankview import (
+    Ended,
     Finding,
-    Kind,
     Rank,
     RankFacts,
+    Stage,
     at,
     build,
     describe,
@@ -33,6 +37,7 @@ from lab.core.rankview import (
     error_of,
     failure_time,
     members,
+    named,
     on_group,
     ordinal,
     ranks_named,
@@ -42,40 +47,9 @@ from lab.core.rankview import (
     where_of,
 )
 
-__all__ = ["Cause", "Evidence", "Kind", "RankFacts", "explain"]
+__all__ = ["Cause", "CauseKind", "Evidence", "RankFacts", "explain"]
 
 HEADLINE_RANKS = 3  # ranks named one by one in a headline; the evidence names them all
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """One rank's line of evidence: ``rank 1 (node2): recv from 0, tag 0, 4 floats at ring.py:12``."""
-
-    rank: int
-    host: str
-    call: str  # the call it is in (or the one the cause is about), or what it does instead
-    where: str | None  # file.py:LINE in the user's program
-
-    def line(self) -> str:
-        return f"rank {self.rank} ({self.host}): {self.call}{at(self.where)}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"rank": self.rank, "host": self.host, "call": self.call, "where": self.where}
-
-
-@dataclass(frozen=True)
-class Cause:
-    """What happened across the ranks: ``headline`` is one sentence, the report's first line."""
-
-    kind: Kind
-    headline: str
-    evidence: tuple[Evidence, ...] = ()  # one line per rank, by rank
-    fix: str | None = None  # what usually fixes it
-    notes: tuple[str, ...] = ()  # what of the ranks' records was malformed and skipped
-
-    def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "headline": self.headline, "evidence": [e.to_json() for e in self.evidence],
-                "fix": self.fix, "notes": list(self.notes)}
 
 
 def explain(facts: Sequence[RankFacts]) -> Cause:
@@ -91,7 +65,8 @@ def explain(facts: Sequence[RankFacts]) -> Cause:
     # In the module's order. A send and a receive that differ only in tag wait for each other too:
     # the tag is their cause, so it is asked before the cycle.
     rules: tuple[Callable[[dict[int, Rank]], Finding | None], ...] = (
-        _crash, _rendezvous, _mismatch, waitfor.unmatched, waitfor.cycle, _missing, waitfor.peer_gone,
+        _mismatch_first, _crash, _rendezvous, _mismatch, waitfor.unmatched, waitfor.cycle, waitfor.crossed,
+        _missing, waitfor.peer_gone,
         _straggler, _nothing)
     found = next((f for f in (rule(ranks) for rule in rules) if f is not None), None) or _unknown(ranks)
     evidence = tuple(_evidence(r, found.shown.get(k)) for k, r in sorted(ranks.items()))
@@ -103,9 +78,14 @@ def _sentence(headline: str) -> str:
 
 
 def _evidence(rank: Rank, call: Call | None) -> Evidence:
-    if call is not None:
-        return Evidence(rank.rank, text(rank.host), describe(call), call.where)
-    return Evidence(rank.rank, text(rank.host), state(rank), where_of(rank))
+    """A rank's line: the call the cause is about, else what it does. An async call it waits on is
+    where it was posted; the wait is where the rank's stack shows it (its line, when it has one)."""
+    if call is None:
+        return Evidence(rank.rank, text(rank.host), state(rank), where_of(rank))
+    waited = rank.facts.stopped_at.split(" ", 1)[0] if rank.facts.stopped_at and call.state == "waiting" else None
+    if waited and call.where and waited != call.where:
+        return Evidence(rank.rank, text(rank.host), f"{describe(call)} (posted at {call.where})", text(waited))
+    return Evidence(rank.rank, text(rank.host), describe(call), call.where)
 
 
 def _some(ranks: list[Rank], say: Callable[[Rank], str]) -> str:
@@ -134,7 +114,9 @@ def _crash(ranks: dict[int, Rank]) -> Finding | None:
     also = [r.rank for r in own[1:]]
     after = []
     if lost:
-        after.append(f"{ranks_named(lost)} lost {verb(lost, 'its', 'their')} connection to rank {root.rank}")
+        calls = sorted({named(c) for r in ranks.values() if r.failure == "lost" and (c := r.failed_in)})
+        within = f" in {' or '.join(calls)}" if calls else ""
+        after.append(f"{ranks_named(lost)} lost {verb(lost, 'its', 'their')} connection to rank {root.rank}{within}")
     if waiting:
         ops = sorted({canonical(r.position.op) for r in waiting if r.position is not None})
         after.append(f"{ranks_named(r.rank for r in waiting)} still {verb(waiting, 'waits', 'wait')} "
@@ -144,6 +126,16 @@ def _crash(ranks: dict[int, Rank]) -> Finding | None:
     first = " first" if after or len(ranks) > 1 else ""
     headline = f"rank {root.rank} ({text(root.host)}) failed{first}: it {what}"
     return Finding("crash", headline + ("; " + "; ".join(after) if after else ""))
+
+
+def _mismatch_first(ranks: dict[int, Rank]) -> Finding | None:
+    """A collective mismatch that began before the first rank failed for a reason of its own: that
+    failure follows from it (a rank whose own check saw the wrong sum gloo made of different ops)."""
+    found = _mismatch(ranks)
+    if found is None:
+        return None
+    own = [failure_time(r)[0] for r in ranks.values() if r.failure == "own"]
+    return found if not own or min(c.t0 for c in found.shown.values()) <= min(own) else None
 
 
 # 2. The rendezvous
@@ -284,8 +276,8 @@ def _missing(ranks: dict[int, Rank]) -> Finding | None:
     for slot in _slots(ranks):
         if not slot.missing or all(r.outside for r in slot.missing):
             continue
-        if all(not r.running and r.failure is None for r in slot.missing):
-            return _uneven(slot)
+        if all(not r.running and r.failure is None and r.facts.exit_call is None for r in slot.missing):
+            return _uneven(slot)  # (they ran to their end: a rank that called exit left early)
         call = slot.call
         headline = (f"{ranks_named(r.rank for r in slot.there)} {slot.waits} in {canonical(call.op)} "
                     f"#{call.seq}{on_group(call.group)} for {_some(slot.missing, doing)}")
@@ -365,3 +357,70 @@ def _unknown(ranks: dict[int, Rank]) -> Finding:
                                                      if len(parts) > HEADLINE_RANKS + 1 else "")
     agree = " (every rank of its group is in it, and their calls agree)" if full else ""
     return Finding("unknown", f"no cause found in the records: {known}{agree}")
+
+
+# The facts of a run's ranks, from what the runner knows of each
+
+
+def explain_run(outcome: RunOutcome) -> Cause | None:
+    """Why a run hung or failed, across its ranks; None when it completed with every rank done."""
+    if outcome.status == "completed" and all(s.done for s in outcome.ranks):
+        return None
+    order = sorted((s.ended_at, s.spec.rank) for s in outcome.ranks if s.ended_at is not None)
+    arrival = {rank: i for i, (_, rank) in enumerate(order)}
+    return explain([facts_of(s, outcome.exercises, arrival.get(s.spec.rank)) for s in outcome.ranks])
+
+
+def facts_of(state: RankState, runs: Mapping[str, ExerciseRun], arrival: int | None = None) -> RankFacts:
+    """What the runner knows of one rank, as the analysis takes it: its last flight dump (and, where a
+    progress event came after it, the call that says it is in), and how it ended by itself, if it did."""
+    records, inflight = _flight_of(state)
+    ended_by_itself = state.ended_at is not None
+    error, traceback = _error_of(state, runs) if ended_by_itself else (None, None)
+    how: Ended = "running"
+    if ended_by_itself:
+        how = "raised" if error is not None else "exited"
+    exit_call = _exit_call(state, runs) if ended_by_itself and error is None else None
+    failed_at = None if state.ended_at is None else time.time() - (time.monotonic() - state.ended_at)
+    stage: Stage = "starting" if not state.info else "rendezvous" if state.step.startswith("init:") else "joined"
+    return RankFacts(state.spec.rank, state.spec.host, records, inflight, state.flight["counts"] if state.flight
+                     else None, how, state.exit_code if ended_by_itself else None, error, traceback,
+                     state.stopped_at, stage, failed_at, arrival, exit_call)
+
+
+def _flight_of(state: RankState) -> tuple[object, object]:
+    """A rank's records and calls in flight: its last dump's, the newer progress event's call in flight
+    in place of the dump's where the progress came after it; (None, None) where it sent neither."""
+    records: object = state.flight["records"] if state.flight else None
+    inflight: object = state.flight["inflight"] if state.flight else None
+    progress = state.progress
+    if progress is not None and (state.flight_at is None or (state.progress_at or 0.0) > state.flight_at):
+        inflight = [progress["inflight"]] if progress["inflight"] else []
+        records = [] if records is None else records
+    return records, inflight
+
+
+def _exit_call(state: RankState, runs: Mapping[str, ExerciseRun]) -> str | None:
+    """Where the program of a rank that exited called sys.exit or os._exit, where it says."""
+    end = state.end
+    if end is not None:
+        return end.get("where") or None if end.get("how") == "exited" else None
+    run = runs.get(state.step.removeprefix("wait:"))
+    error = run.errors.get(state.spec.rank) if run is not None else None
+    return error.get("where") or None if error is not None and error.get("error", "").startswith(SYS_EXIT) else None
+
+
+def _error_of(state: RankState, runs: Mapping[str, ExerciseRun]) -> tuple[str | None, str | None]:
+    """The exception a rank that ended raised, with its traceback: its program's (a script's end
+    event, a fatal error), else the one its exercise reported; (None, None): it did not raise."""
+    end = state.end
+    if end is not None:
+        return (end.get("error") or "an exception", end.get("traceback")) if end.get("how") == "raised" else (
+            None, None)
+    if state.fatal:
+        return state.fatal, state.traceback
+    run = runs.get(state.step.removeprefix("wait:"))
+    error = run.errors.get(state.spec.rank) if run is not None else None
+    if error is None or error.get("error", "").startswith(SYS_EXIT):
+        return None, None
+    return error.get("error"), error.get("traceback")

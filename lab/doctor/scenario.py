@@ -121,8 +121,8 @@ def judge_scenario(broken: RunOutcome, diagnosis: Diagnosis, fixed: list[Exercis
     world = broken.plan.world_size
     advertised = store_connections(broken)
     stuck_in_mesh = [s for s in broken.ranks if s.stopped_at and "process_group" in s.stopped_at]
-    hung = Step("without peering: the store connects, then the mesh hangs (stopped at the timeout)",
-                broken.status == "timeout" and len(advertised) == world and bool(stuck_in_mesh),
+    hung = Step("without peering: the store connects, then the mesh hangs (the lab stops it)",
+                broken.stopped and len(advertised) == world and bool(stuck_in_mesh),
                 f"run {broken.status}; {len(advertised)}/{world} ranks through the store; "
                 f"{len(stuck_in_mesh)} stopped in init_process_group")
     pairs = unreachable_pairs(diagnosis)

@@ -200,7 +200,7 @@ def _verdict(outcome: RunOutcome, reports: list[ExerciseReport]) -> tuple[GradeV
     failed = next((r for r in reports if not r.passed), None)
     if failed is None:
         return "pass", ""
-    if failed.status == "timeout" or outcome.status == "timeout":
+    if failed.status == "timeout" or outcome.stopped:
         return "timeout", failed.reason or f"stopped after {outcome.plan.timeout:g}s"
     if failed.status == "not run" or any(kind in failed.reason for kind in LOAD_ERRORS):
         return "error", failed.reason

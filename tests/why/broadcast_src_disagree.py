@@ -2,7 +2,7 @@
 its node" (2 nodes of 2) where the program meant rank 0, so ranks 0-1 broadcast from 0 and ranks
 2-3 from 2. The same call on every rank, two roots: all four wait in it.
 
-expect: kind=collective-mismatch; nproc=4; exit=4; headline contains "broadcast"; headline contains "root";
+expect: kind=collective-mismatch; nproc=4; exit=4; headline contains "broadcast"; headline contains "source";
         report contains "broadcast_src_disagree.py:16"
 """
 import torch

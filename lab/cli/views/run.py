@@ -14,8 +14,8 @@ from rich.console import Console
 from rich.text import Text
 
 from lab.core.judge import ExerciseReport
-from lab.core.outcome import LaunchState, RankState, RunOutcome, ended
-from lab.core.report import TAIL_SHOWN, dropped_output, summary
+from lab.core.outcome import Cause, LaunchState, RankState, RunOutcome, ended
+from lab.core.report import TAIL_SHOWN, dropped_output, status, summary
 from lab.core.text import printable
 from lab.doctor.scenario import ScenarioResult
 from lab.suite import registry
@@ -57,8 +57,22 @@ class LineStreamer:
         self.console.print(text, soft_wrap=True, highlight=False)
 
 
+def print_cause(console: Console, cause: Cause) -> None:
+    """Why the run hung or failed, across its ranks: the headline, a line of evidence per rank, the fix."""
+    console.print(Text(f"lab: {printable(cause.headline)}", style="bold red"), soft_wrap=True, highlight=False)
+    for evidence in cause.evidence:
+        console.print(Text(f"  {printable(evidence.line())}"), soft_wrap=True, highlight=False)
+    if cause.fix:
+        console.print(Text(f"  fix: {printable(cause.fix)}", style="yellow"), soft_wrap=True, highlight=False)
+    for note in cause.notes:
+        console.print(Text(f"  note: {printable(note)}", style="dim"), soft_wrap=True, highlight=False)
+
+
 def print_report(console: Console, outcome: RunOutcome, reports: list[ExerciseReport]) -> None:
     console.print()
+    if outcome.cause is not None:
+        print_cause(console, outcome.cause)
+        console.print()
     width = max(len(r.name) for r in reports) if reports else 0
     for r in reports:
         line = Text(f"{r.status.upper():8}", style=STATUS_STYLES[r.status])
@@ -118,12 +132,15 @@ def print_launch(console: Console, script: str, outcome: RunOutcome, failed: lis
     """``lab launch``'s end: each rank that failed, and why; how many succeeded."""
     plan = outcome.plan
     console.print()
-    for s in failed:
-        why = (f"stopped after {plan.timeout:g}s" + (f" at {s.stopped_at}" if s.stopped_at else "")
-               if s.spec.rank in outcome.hung else ended(s.exit_code))
-        console.print(Text(f"rank {s.spec.rank} ({s.spec.host}) {why}", style="red"), soft_wrap=True)
+    if outcome.cause is not None:
+        print_cause(console, outcome.cause)
+    else:
+        for s in failed:
+            why = (f"stopped after {plan.timeout:g}s" + (f" at {s.stopped_at}" if s.stopped_at else "")
+                   if s.spec.rank in outcome.hung else ended(s.exit_code))
+            console.print(Text(f"rank {s.spec.rank} ({s.spec.host}) {why}", style="red"), soft_wrap=True)
     console.print(Text(f"{script}: {plan.world_size - len(failed)} of {plan.world_size} ranks succeeded "
-                       f"in {outcome.seconds:.1f}s ({outcome.status})", style="bold"), highlight=False)
+                       f"in {outcome.seconds:.1f}s ({status(outcome)})", style="bold"), highlight=False)
 
 
 def print_job_output(output: str) -> None:
