@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.core.stacks import where_stopped
+from lab.core.stacks import users_traceback, where_stopped
 from lab.rank.protocol import RANK_TAG, rank_tag, untag
 from lab.rank.worker import SharedPathError, call_with_context, ensure_shared_path
 
@@ -37,6 +37,34 @@ def test_where_stopped_outside_any_program_names_the_exercise_threads_innermost_
     # e.g. a rank stuck in init_process_group: the lab's stdin watcher thread is not it.
     assert where_stopped(DUMP, {}) == "distributed_c10d.py:2601 in recv"
     assert where_stopped(["no frames here"], {}) is None
+
+
+TRACEBACK = """Traceback (most recent call last):
+  File "/tmp/lab-run-1/code/lab/rank/worker.py", line 330, in run_exercise
+    value = call_with_context(program.run, self.context(init_method))
+            ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+  File "<frozen runpy>", line 98, in _run_module_code
+  File "/home/me/mine.py", line 12, in run
+    dist.all_reduce(t)
+  File "/tmp/lab-run-1/code/lab/rank/calls.py", line 120, in wrapper
+    return fn(*args, **kwargs)
+  File "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 83, in wrapper
+    return func(*args, **kwargs)
+  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2501, in all_reduce
+    work.wait()
+RuntimeError: Connection closed by peer
+"""
+
+
+def test_a_traceback_keeps_the_users_frames_and_torchs_last() -> None:
+    assert users_traceback(TRACEBACK).splitlines() == [
+        "Traceback (most recent call last):",
+        '  File "/home/me/mine.py", line 12, in run',
+        "    dist.all_reduce(t)",
+        '  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2501, in all_reduce',
+        "    work.wait()",
+        "RuntimeError: Connection closed by peer"]
+    assert users_traceback("no traceback at all") == "no traceback at all"
 
 
 def test_shared_path_check_passes_when_every_rank_sees_every_marker(tmp_path: Path) -> None:

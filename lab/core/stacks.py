@@ -1,4 +1,5 @@
-"""Where a hung rank stopped, from the Python stacks it dumps (faulthandler, on SIGUSR1: lab.rank.worker)."""
+"""Where a hung rank stopped, from the Python stacks it dumps (faulthandler, on SIGUSR1: lab.rank.worker);
+a rank's traceback as a person reads it, without the lab's own frames."""
 from __future__ import annotations
 
 import re
@@ -9,6 +10,9 @@ from lab.transport import PACKAGE_DIR
 
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 _THREAD = ("Thread 0x", "Current thread 0x")  # how faulthandler starts each thread's stack
+_TRACEBACK_FRAME = re.compile(r'^  File "(?P<path>[^"]+)", line \d+')
+_LABS = re.compile(r"/lab/rank/|^<frozen runpy>$|/runpy\.py$")  # the lab's own frames: its rank side, runpy
+_TORCHS = re.compile(r"/torch/")
 
 
 def is_stack_line(line: str) -> bool:
@@ -53,3 +57,33 @@ def program_files(plan: Plan) -> dict[str, Path]:
                 path = PACKAGE_DIR.joinpath(*program.split(".")[1:]).with_suffix(".py")
                 files[path.name] = path
     return files
+
+
+def users_traceback(traceback: str) -> str:
+    """A Python traceback with the lab's own frames (its worker, script runner, runpy) left out, and
+    of torch's frames in a row only the last (where the user's call reached the backend)."""
+    frames: list[list[str]] = []  # the lines before the first frame, then each frame with its source lines
+    head: list[str] = []
+    tail: list[str] = []
+    for line in traceback.splitlines():
+        if _TRACEBACK_FRAME.match(line):
+            frames.append([line])
+        elif frames and line.startswith("    "):
+            frames[-1].append(line)
+        elif frames:
+            tail.append(line)
+        else:
+            head.append(line)
+    kept: list[list[str]] = []
+    for frame in frames:
+        if _LABS.search(_path(frame)):
+            continue
+        if kept and _TORCHS.search(_path(frame)) and _TORCHS.search(_path(kept[-1])):
+            kept.pop()
+        kept.append(frame)
+    return "\n".join([*head, *(line for frame in kept for line in frame), *tail])
+
+
+def _path(frame: list[str]) -> str:
+    found = _TRACEBACK_FRAME.match(frame[0])
+    return found["path"] if found else ""

@@ -16,6 +16,7 @@ from rich.text import Text
 from lab.core.judge import ExerciseReport
 from lab.core.outcome import Cause, LaunchState, RankState, RunOutcome, ended
 from lab.core.report import TAIL_SHOWN, dropped_output, status, summary
+from lab.core.stacks import users_traceback
 from lab.core.text import printable
 from lab.doctor.scenario import ScenarioResult
 from lab.suite import registry
@@ -103,7 +104,7 @@ def _print_failure(console: Console, outcome: RunOutcome, r: ExerciseReport) -> 
         state = outcome.ranks[rank]
         lines = list(state.tail)[-TAIL_SHOWN:]
         if rank in r.details and r.details[rank]:
-            lines = r.details[rank].rstrip().splitlines()[-TAIL_SHOWN:]
+            lines = users_traceback(r.details[rank]).rstrip().splitlines()[-TAIL_SHOWN:]
         if lines:
             console.print(Text(f"  last lines of rank {rank} ({state.spec.host}):", style="dim"))
             for line in lines:
