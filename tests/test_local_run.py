@@ -235,7 +235,7 @@ def test_launch_reports_the_failing_rank_and_stops_the_others(lab: Lab, tmp_path
                       "time.sleep(300)\n")
     result = lab("launch", "--nproc", "3", str(script))
     assert result.code == 1, result.text
-    assert "rank 1 (local) exited with status 7" in result.out
+    assert "lab: Rank 1 (local) failed first: it exited with status 7 at fails.py:3." in result.out  # the cause
     assert lab.leftovers() == []
 
 

@@ -108,7 +108,7 @@ def _crash(ranks: dict[int, Rank]) -> Finding | None:
     if root.facts.ended == "raised" or root.facts.error:
         what = f"raised {error_of(root)}{at(where_of(root))}"
     else:
-        what = ended(root.facts.exit_code)
+        what = f"{ended(root.facts.exit_code)}{at(where_of(root))}"
     lost = [r.rank for r in ranks.values() if r.failure == "lost"]
     waiting = [r for r in ranks.values() if r.position is not None]
     also = [r.rank for r in own[1:]]
