@@ -3,6 +3,7 @@ ranks on this machine as the lab starts each one, and read their events."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -66,6 +67,11 @@ def run_ranks_as_the_lab_does(cwd: Path, n: int, argv: list[str], token: str, en
         os.close(held_open)
     return [Ended(p.returncode, [e for line in out.decode().splitlines() if (e := parse_event(line, token))],
                   err.decode()) for p, (out, err) in zip(procs, outs)]
+
+
+def lines_of(program: str) -> dict[str, int]:
+    """The line of each ``# @name`` mark in ``program``."""
+    return {m: n for n, line in enumerate(program.splitlines(), 1) for m in re.findall(r"# @(\w+)", line)}
 
 
 class Lab:

@@ -5,7 +5,6 @@ what it tells the controller, on real gloo ranks started as ``lab launch`` start
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from lab.rank.callspec import P2P
 from lab.rank.flight import RING_MAX, fit
 from lab.rank.protocol import EVENT_MAX, MalformedEvent, event_line, parse_event
 
-from .conftest import REPO, run_ranks_as_the_lab_does
+from .conftest import REPO, lines_of, run_ranks_as_the_lab_does
 
 TOKEN = "flighttoken"
 
@@ -73,11 +72,6 @@ def run_ranks(tmp_path: Path, program: str, n: int) -> dict[int, list[dict[str, 
         assert rank_ended.code == 0, f"rank {rank}: {rank_ended.stderr[-3000:]}"
         assert rank_ended.events[0]["event"] == "hello"
     return {rank: rank_ended.events for rank, rank_ended in enumerate(ended)}
-
-
-def lines_of(program: str) -> dict[str, int]:
-    """The line of each ``# @name`` mark in ``program``."""
-    return {m: n for n, line in enumerate(program.splitlines(), 1) for m in re.findall(r"# @(\w+)", line)}
 
 
 def last_dump(events: list[dict[str, Any]]) -> dict[str, Any]:
