@@ -1,7 +1,9 @@
-"""Shared helpers: run the real CLI as a subprocess and look for processes it left behind."""
+"""Shared helpers: run the real CLI as a subprocess and look for processes it left behind; start
+ranks on this machine as the lab starts each one, and read their events."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,8 +13,11 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from lab.rank.protocol import parse_event
 
 from .sshd import SSHServer, require_sshd, start_sshd
 
@@ -29,6 +34,44 @@ class Result:
     @property
     def text(self) -> str:
         return self.out + self.err
+
+
+@dataclass
+class Ended:
+    """A rank process that ended: its exit status, its events (in order), its stderr."""
+
+    code: int
+    events: list[dict[str, Any]]
+    stderr: str
+
+
+def run_ranks_as_the_lab_does(cwd: Path, n: int, argv: list[str], token: str, env: dict[str, str] | None = None,
+                              timeout: float = 180) -> list[Ended]:
+    """Run ``python ARGV`` as ranks 0 to n-1 of a run with ``token`` on this machine, each with a
+    channel as the lab gives one (stdout) and the stdin the controller holds open; STORE in their
+    environment is a file:// rendezvous of their own (in ``cwd``)."""
+    stdin, held_open = os.pipe()  # (a rank ends its group when its stdin closes: the controller is gone)
+    procs = []
+    try:
+        for rank in range(n):
+            rank_env = {**os.environ, "PYTHONPATH": str(REPO), "LAB_TOKEN": token, "RANK": str(rank),
+                        "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1",
+                        "STORE": f"file://{cwd}/store?rank={rank}&world_size={n}", **(env or {})}
+            procs.append(subprocess.Popen([sys.executable, *argv], stdin=stdin, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, env=rank_env, cwd=cwd, start_new_session=True))
+        outs = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+        os.close(stdin)
+        os.close(held_open)
+    return [Ended(p.returncode, [e for line in out.decode().splitlines() if (e := parse_event(line, token))],
+                  err.decode()) for p, (out, err) in zip(procs, outs)]
+
+
+def lines_of(program: str) -> dict[str, int]:
+    """The line of each ``# @name`` mark in ``program``."""
+    return {m: n for n, line in enumerate(program.splitlines(), 1) for m in re.findall(r"# @(\w+)", line)}
 
 
 class Lab:

@@ -1,14 +1,10 @@
 """The flight recorder (lab.rank.flight): what a rank records of its torch.distributed calls and
 what it tells the controller, on real gloo ranks started as ``lab launch`` starts them
-(``python -m lab.rank.script``), and through the controller (lab.core.runner) for a real hang;
-the events' formats and bounds on synthetic data."""
+(``python -m lab.rank.script``) or as the lab's worker, and through the controller
+(lab.core.runner) for a real hang; the events' formats and bounds on synthetic data."""
 from __future__ import annotations
 
 import json
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +17,7 @@ from lab.rank.callspec import P2P
 from lab.rank.flight import RING_MAX, fit
 from lab.rank.protocol import EVENT_MAX, MalformedEvent, event_line, parse_event
 
-from .conftest import REPO
+from .conftest import REPO, lines_of, run_ranks_as_the_lab_does
 
 TOKEN = "flighttoken"
 
@@ -67,37 +63,15 @@ def test_a_dump_too_large_for_an_event_line_leaves_out_its_oldest_records_and_co
 
 # --- real ranks ----------------------------------------------------------------------------------
 
-def run_ranks(tmp_path: Path, program: str, n: int, timeout: float = 180) -> dict[int, list[dict[str, Any]]]:
+def run_ranks(tmp_path: Path, program: str, n: int) -> dict[int, list[dict[str, Any]]]:
     """Run ``program`` (prog.py) on ``n`` local gloo ranks as ``lab launch`` starts each one; every
     rank's events, in order. The program forms its group from STORE (a file:// rendezvous)."""
     (tmp_path / "prog.py").write_text(program)
-    stdin, held_open = os.pipe()  # (a rank ends its group when its stdin closes: the controller is gone)
-    procs = []
-    try:
-        for rank in range(n):
-            env = {**os.environ, "PYTHONPATH": str(REPO), "LAB_TOKEN": TOKEN, "RANK": str(rank),
-                   "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1",
-                   "STORE": f"file://{tmp_path}/store?rank={rank}&world_size={n}"}
-            procs.append(subprocess.Popen([sys.executable, "-m", "lab.rank.script", "prog.py"], stdin=stdin,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path,
-                                          start_new_session=True))
-        outs = [p.communicate(timeout=timeout) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-        os.close(stdin)
-        os.close(held_open)
-    events: dict[int, list[dict[str, Any]]] = {}
-    for rank, (out, err) in enumerate(outs):
-        assert procs[rank].returncode == 0, f"rank {rank}: {err.decode()[-3000:]}"
-        events[rank] = [e for line in out.decode().splitlines() if (e := parse_event(line, TOKEN)) is not None]
-        assert events[rank][0]["event"] == "hello"
-    return events
-
-
-def lines_of(program: str) -> dict[str, int]:
-    """The line of each ``# @name`` mark in ``program``."""
-    return {m: n for n, line in enumerate(program.splitlines(), 1) for m in re.findall(r"# @(\w+)", line)}
+    ended = run_ranks_as_the_lab_does(tmp_path, n, ["-m", "lab.rank.script", "prog.py"], TOKEN)
+    for rank, rank_ended in enumerate(ended):
+        assert rank_ended.code == 0, f"rank {rank}: {rank_ended.stderr[-3000:]}"
+        assert rank_ended.events[0]["event"] == "hello"
+    return {rank: rank_ended.events for rank, rank_ended in enumerate(ended)}
 
 
 def last_dump(events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -115,7 +89,7 @@ import os
 import torch
 import torch.distributed as dist
 
-dist.init_process_group("gloo", init_method=os.environ["STORE"])
+dist.init_process_group("gloo", init_method=os.environ["STORE"])  # @init
 rank = dist.get_rank()
 t = torch.ones(8)
 dist.all_reduce(t)  # @world1
@@ -161,13 +135,16 @@ dist.destroy_process_group()
 def test_every_call_is_recorded_per_group_with_global_peers_and_the_users_line(tmp_path: Path) -> None:
     events = run_ranks(tmp_path, CALLS, 3)
     at, dumps = lines_of(CALLS), {rank: last_dump(e) for rank, e in events.items()}
-    world = [(1, "all_reduce"), (2, "all_reduce"), (3, "all_gather_object"), (4, "ProcessGroup.allreduce"),
-             (5, "monitored_barrier")]
+    world = [(1, "init_process_group"), (2, "all_reduce"), (3, "all_reduce"), (4, "all_gather_object"),
+             (5, "ProcessGroup.allreduce"), (6, "monitored_barrier")]
     for rank, dump in dumps.items():  # the n-th collective is the same call on every rank, p2p or not
         assert [(seq, op) for seq, op in calls(dump, "world") if op not in P2P] == world, (rank, calls(dump))
         assert dump["inflight"] == [] and dump["dropped"] == 0
-    assert calls(dumps[0], "world") == [(1, "all_reduce"), (1, "send"), (2, "all_reduce"), (2, "isend"),
-                                        (3, "isend"), (4, "irecv"), *world[2:], (5, "send")]
+        init = dump["records"][0]  # the rendezvous: a collective of the world, with no tensor
+        assert (init["where"], init["state"], init["shape"], init["numel"], init["error"]) == \
+            (f"prog.py:{at['init']}", "done", None, None, None)
+    assert calls(dumps[0], "world") == [(1, "init_process_group"), (2, "all_reduce"), (1, "send"), (3, "all_reduce"),
+                                        (2, "isend"), (3, "isend"), (4, "irecv"), *world[3:], (5, "send")]
     assert {r["group"] for r in dumps[0]["records"]} == {"world"}  # not in g: nothing recorded on it
     for rank in (1, 2):
         p2p = "send" if rank == 1 else "recv"
@@ -221,7 +198,7 @@ dist.destroy_process_group()
 def test_a_call_blocked_for_two_seconds_is_dumped_while_it_blocks_and_progress_names_it(tmp_path: Path) -> None:
     events = run_ranks(tmp_path, BLOCKED, 2)
     at = lines_of(BLOCKED)
-    dumps = [e for e in events[1] if e["event"] == "flight"]
+    dumps = [e for e in events[1] if e["event"] == "flight" and not in_rendezvous(e)]  # (a rank may start late)
     blocked = [(d["inflight"][0]["op"], d["inflight"][0]["state"], d["inflight"][0]["where"]) for d in dumps[:-1]]
     assert blocked == [("recv", "in_flight", f"prog.py:{at['recv']}"), ("irecv", "waiting", f"prog.py:{at['irecv']}")]
     recv = dumps[0]["inflight"][0]
@@ -233,12 +210,86 @@ def test_a_call_blocked_for_two_seconds_is_dumped_while_it_blocks_and_progress_n
         "op") == "irecv")
     assert (waiting["state"], waiting["async"], waiting["peer"]) == ("waiting", True, 0)
     completed = [p["completed"] for p in events[1] if p["event"] == "progress"]
-    assert completed == sorted(completed) and completed[-1] >= 1
+    assert completed == sorted(completed) and completed[-1] >= 2  # the rendezvous and the recv at least
     # rank 0 computed while rank 1 waited: no call of its in flight, nothing dumped before its end
-    assert [e["inflight"] for e in events[0] if e["event"] == "flight"] == [[]]
+    assert [e["inflight"] for e in events[0] if e["event"] == "flight" and not in_rendezvous(e)] == [[]]
     final = dumps[-1]
-    assert [(r["op"], r["state"]) for r in final["records"]] == [("recv", "done"), ("irecv", "done"),
-                                                                  ("barrier", "done")]
+    assert [(r["op"], r["state"]) for r in final["records"]] == [("init_process_group", "done"), ("recv", "done"),
+                                                                  ("irecv", "done"), ("barrier", "done")]
+
+
+def in_rendezvous(dump: dict[str, Any]) -> bool:
+    """Whether a dump was sent while its rank waited in init_process_group (for a rank started later)."""
+    return [r["op"] for r in dump["inflight"]] == ["init_process_group"]
+
+
+RENDEZVOUS = """\
+import os, time
+import torch
+import torch.distributed as dist
+
+rank = int(os.environ["RANK"])
+if rank == 1:
+    time.sleep(4.5)  # loading its data: rank 0 waits in the rendezvous
+dist.init_process_group("gloo", init_method=os.environ["STORE"])  # @init
+t = torch.ones(2)
+dist.all_reduce(t)  # @first
+dist.destroy_process_group()
+dist.init_process_group("gloo", init_method=os.environ["STORE"].replace("/store?", "/again?"))  # @again
+dist.all_reduce(t)  # @second
+pair = dist.new_group([0, 1])
+dist.barrier(group=pair)
+dist.destroy_process_group()
+try:
+    dist.init_process_group("gloo", init_method="nowhere://at-all", rank=rank, world_size=2)  # @raised
+except (RuntimeError, ValueError):
+    pass
+"""
+
+
+@pytest.mark.local
+def test_init_process_group_is_the_worlds_first_collective_in_flight_while_a_rank_waits_for_the_others(
+        tmp_path: Path) -> None:
+    """A rank waiting in the rendezvous is in a call (progress and a dump say so); a new world after
+    destroy_process_group goes on counting, the same on every rank; an init that raised is recorded."""
+    events = run_ranks(tmp_path, RENDEZVOUS, 2)
+    at = lines_of(RENDEZVOUS)
+    waiting = next(e for e in events[0] if e["event"] == "flight")  # rank 0, while rank 1 loads its data
+    assert [(r["seq"], r["group"], r["op"], r["state"], r["where"], r["t1"]) for r in waiting["inflight"]] == \
+        [(1, "world", "init_process_group", "in_flight", f"prog.py:{at['init']}", None)]
+    said = [p["inflight"] for p in events[0] if p["event"] == "progress" and p["inflight"] is not None]
+    assert said and said[0]["op"] == "init_process_group" and said[0]["where"] == f"prog.py:{at['init']}"
+    for rank in (0, 1):
+        dump = last_dump(events[rank])
+        assert [(r["seq"], r["op"], r["state"], r["where"].removeprefix("prog.py:")) for r in dump["records"]
+                if r["group"] == "world"] == [
+            (1, "init_process_group", "done", str(at["init"])), (2, "all_reduce", "done", str(at["first"])),
+            (3, "init_process_group", "done", str(at["again"])), (4, "all_reduce", "done", str(at["second"])),
+            (5, "init_process_group", "raised", str(at["raised"]))]
+        assert calls(dump, "g0,1#0") == [(1, "new_group"), (2, "barrier")]
+        assert "nowhere" in dump["records"][-1]["error"] and dump["records"][-1]["t1"] is not None
+        assert dump["counts"]["world"] == {"init_process_group": 2, "all_reduce": 2}  # (the raised one is not done)
+
+
+@pytest.mark.local
+def test_the_workers_rendezvous_is_recorded_at_its_own_line_stage_after_stage(tmp_path: Path) -> None:
+    """The lab's worker forms a world per stage and destroys it: each init_process_group is recorded
+    at the worker's line, and the world's count goes on from one stage to the next on every rank."""
+    (tmp_path / "ex.py").write_text("def run(rank):\n    return {'rank': rank}\n")
+    stages = [{"init": "file", "path": str(tmp_path / f"rv{n}"), "init_method": f"file://{tmp_path}/rv{n}",
+               "rendezvous": "shared", "exercises": [{"name": f"ex{n}", "program": str(tmp_path / "ex.py")}]}
+              for n in (1, 2)]
+    plan = {"token": TOKEN, "backend": "gloo", "timeout": 60, "stages": stages}
+    ended = run_ranks_as_the_lab_does(tmp_path, 2, ["-m", "lab.rank.worker"], TOKEN,
+                                      env={"LAB_RANK_PLAN": json.dumps(plan)})
+    worker = (REPO / "lab" / "rank" / "worker.py").read_text().splitlines()
+    init, barrier = (f"lab/rank/worker.py:{next(n for n, line in enumerate(worker, 1) if call in line)}"
+                     for call in ("dist.init_process_group(", "dist.barrier()"))
+    for rank in (0, 1):
+        assert ended[rank].code == 0, ended[rank].stderr[-3000:]
+        assert [(r["seq"], r["group"], r["op"], r["where"], r["state"]) for r in last_dump(ended[rank].events)[
+            "records"]] == [(1, "world", "init_process_group", init, "done"), (2, "world", "barrier", barrier, "done"),
+                            (3, "world", "init_process_group", init, "done"), (4, "world", "barrier", barrier, "done")]
 
 
 BOUNDED = """\
@@ -304,7 +355,7 @@ def test_the_controller_keeps_each_ranks_progress_and_last_dump_of_a_hang(tmp_pa
         assert state.progress is not None and state.flight is not None
         inflight = state.progress["inflight"]
         assert (inflight["op"], inflight["state"], inflight["where"]) == (op, "in_flight", f"hang.py:{line}")
-        assert state.progress["completed"] == 1  # the all_reduce
+        assert state.progress["completed"] == 2  # the rendezvous and the all_reduce
         assert [(r["op"], r["where"]) for r in state.flight["inflight"]] == [(op, f"hang.py:{line}")]
-        assert state.flight["counts"] == {"world": {"all_reduce": 1}}
+        assert state.flight["counts"] == {"world": {"init_process_group": 1, "all_reduce": 1}}
     assert outcome.ranks[1].progress["inflight"]["peer"] == 0  # type: ignore[index]

@@ -1,19 +1,25 @@
-"""Pieces of the rank side and the hang locator, without starting a cluster."""
+"""Pieces of the rank side and the hang locator, without starting a cluster; how a script run as a
+rank (``python -m lab.rank.script``) ends, on real gloo ranks: its ``end`` event, its exit status,
+its traceback."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from lab.core.stacks import users_traceback, where_stopped
-from lab.rank.protocol import RANK_TAG, rank_tag, untag
+from lab.rank.protocol import RANK_TAG, MalformedEvent, event_line, parse_event, rank_tag, untag
+from lab.rank.script import EXIT_WAIT
 from lab.rank.worker import SharedPathError, call_with_context, ensure_shared_path
 
-from .conftest import REPO
+from .conftest import REPO, Ended, lines_of, run_ranks_as_the_lab_does
 
 DUMP = """\
 Thread 0x00007f0000000001 (most recent call first):
@@ -123,3 +129,156 @@ def test_a_relayed_rank_has_every_line_tagged_and_no_line_an_event(tmp_path: Pat
     assert untag(out[1 if out[1] != event else 2].encode()) == (3, b"hello from python", None)
     assert untag(b"an untagged line") == (None, b"an untagged line", None)
     assert untag(rank_tag(12, 5000) + b"zzz") == (12, b"zzz", 5000)  # the start of a line the zygote cut
+
+
+# --- how a script's program ends ----------------------------------------------------------------
+
+TOKEN = "endtoken"
+
+
+def run_script(tmp_path: Path, program: str, n: int = 2) -> list[Ended]:
+    """``program`` (prog.py) run on ``n`` local gloo ranks as ``lab launch`` starts each one."""
+    (tmp_path / "prog.py").write_text(program)
+    ended = run_ranks_as_the_lab_does(tmp_path, n, ["-m", "lab.rank.script", "prog.py"], TOKEN, timeout=120)
+    for rank_ended in ended:
+        assert rank_ended.events and rank_ended.events[0]["event"] == "hello", rank_ended.stderr[-3000:]
+    return ended
+
+
+def ends(ended: Ended) -> list[dict[str, Any]]:
+    return [e for e in ended.events if e["event"] == "end"]
+
+
+def said_after_end(ended: Ended) -> list[str]:
+    """The kinds of event the rank sent after its ``end``."""
+    kinds = [e["event"] for e in ended.events]
+    return kinds[kinds.index("end") + 1:]
+
+
+def test_an_end_event_is_a_rank_event_with_its_fields_checked() -> None:
+    line = event_line(TOKEN, "end", rank=1, how="exited", code=3, error="SystemExit: sys.exit(3)", where="a.py:4",
+                      traceback="")
+    assert parse_event(line.rstrip("\n"), TOKEN) == {"event": "end", "rank": 1, "how": "exited", "code": 3,
+                                                     "error": "SystemExit: sys.exit(3)", "where": "a.py:4",
+                                                     "traceback": ""}
+    with pytest.raises(MalformedEvent, match="'code'"):
+        parse_event(line.replace('"code": 3', '"code": "3"').rstrip("\n"), TOKEN)
+
+
+RAISES = """\
+import os
+import torch
+import torch.distributed as dist
+
+def step(t):
+    dist.send(t, dst=dist.get_rank())  # @send (to itself: torch raises)
+
+dist.init_process_group("gloo", init_method=os.environ["STORE"])
+t = torch.ones(4)
+dist.all_reduce(t)
+if dist.get_rank() == 1:
+    step(t)  # @step
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.local
+def test_a_script_that_raises_says_where_and_prints_its_traceback_without_the_labs_frames(tmp_path: Path) -> None:
+    at = lines_of(RAISES)
+    fine, failed = run_script(tmp_path, RAISES)
+    assert (fine.code, ends(fine)) == (0, [])  # a script that ends normally says nothing more
+    assert failed.code == 1, failed.stderr
+    [end] = ends(failed)
+    assert (end["how"], end["code"], end["where"]) == ("raised", 1, f"prog.py:{at['send']}")  # the user's, not torch's
+    assert end["error"].startswith("ValueError: Invalid destination rank")
+    text = end["traceback"]
+    assert text.startswith(f'Traceback (most recent call last):\n  File "prog.py", line {at["step"]}, in <module>\n')
+    assert f'File "prog.py", line {at["send"]}, in step' in text and "distributed_c10d.py" in text  # torch's kept
+    assert "lab/rank" not in text and "runpy" not in text
+    assert text.endswith(f"{end['error']}\n")
+    # on stderr as Python prints it (through torch's hook, which tags each line with the rank)
+    stderr = "\n".join(re.sub(r"^\[rank1\]: ", "", line) for line in failed.stderr.splitlines())
+    assert text.rstrip("\n") in stderr
+    assert "lab/rank" not in failed.stderr and "runpy" not in failed.stderr
+    assert "flight" in said_after_end(failed)  # the recorder's last dump still comes, at exit
+
+
+EXITS = """\
+import os, sys
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", init_method=os.environ["STORE"])
+rank = dist.get_rank()
+dist.all_reduce(torch.ones(4))
+dist.destroy_process_group()
+if rank == 1:
+    sys.exit(3)  # @exit
+exit()  # @quit
+"""
+
+
+@pytest.mark.local
+def test_a_script_that_calls_sys_exit_says_so_and_exits_as_python_does(tmp_path: Path) -> None:
+    at = lines_of(EXITS)
+    quits, exits = run_script(tmp_path, EXITS)
+    assert (exits.code, quits.code) == (3, 0)
+    assert ends(exits) == [{"event": "end", "rank": 1, "how": "exited", "code": 3, "error": "SystemExit: sys.exit(3)",
+                            "where": f"prog.py:{at['exit']}", "traceback": ""}]
+    assert ends(quits) == [{"event": "end", "rank": 0, "how": "exited", "code": 0, "error": "SystemExit: sys.exit()",
+                            "where": f"prog.py:{at['quit']}", "traceback": ""}]  # (the user's line, not site's)
+    assert "Traceback" not in exits.stderr + quits.stderr
+    assert "flight" in said_after_end(exits)
+
+
+HARD_EXIT = """\
+import os
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", init_method=os.environ["STORE"])
+t = torch.ones(4)
+for step in range(8):
+    if dist.get_rank() == 1 and step == 3:
+        os._exit(0)  # @exit
+    dist.all_reduce(t)  # @all_reduce
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.local
+def test_a_script_that_calls_os_exit_says_so_and_sends_its_last_dump_first(tmp_path: Path) -> None:
+    """os._exit runs no atexit: the rank's own os._exit sends ``end`` and the last dump before it exits.
+    The rank left waiting in the all_reduce fails there, and says so."""
+    at = lines_of(HARD_EXIT)
+    left, exited = run_script(tmp_path, HARD_EXIT)
+    assert exited.code == 0, exited.stderr
+    assert ends(exited) == [{"event": "end", "rank": 1, "how": "exited", "code": 0, "error": "os._exit(0)",
+                             "where": f"prog.py:{at['exit']}", "traceback": ""}]
+    assert said_after_end(exited)[-1] == "flight"
+    dump = exited.events[-1]
+    assert dump["counts"] == {"world": {"init_process_group": 1, "all_reduce": 3}} and dump["inflight"] == []
+    assert left.code == 1
+    [end] = ends(left)
+    assert (end["how"], end["code"], end["where"]) == ("raised", 1, f"prog.py:{at['all_reduce']}")
+    assert end["error"].startswith("RuntimeError: ") and "lab/rank" not in end["traceback"]
+
+
+STUCK = """\
+import os
+from lab.rank import protocol
+
+if os.environ["RANK"] == "0":
+    protocol.CHANNEL._mutex.acquire()  # as if one of its threads were stuck writing an event
+    os._exit(7)
+os.close(protocol.CHANNEL.fd)  # the controller is gone
+os._exit(5)
+"""
+
+
+def test_os_exit_exits_with_its_status_whatever_the_channel_does(tmp_path: Path) -> None:
+    started = time.monotonic()
+    held, closed = run_script(tmp_path, STUCK)
+    assert (held.code, closed.code) == (7, 5), held.stderr + closed.stderr
+    assert time.monotonic() - started < EXIT_WAIT + 20  # (the held lock costs EXIT_WAIT, no more)
+    assert ends(held) == ends(closed) == [] and held.stderr == closed.stderr == ""

@@ -41,6 +41,16 @@ def test_output_is_tagged_with_the_pipes_rank_and_its_own_events_pass_as_they_ca
                      rank_tag(1) + b"a last one"]
 
 
+@pytest.mark.parametrize("line", [
+    event("progress", rank=1, completed=2, inflight=None),
+    event("flight", rank=1, records=[], inflight=[], counts={}, dropped=0),
+    event("end", rank=1, how="raised", code=1, error="ValueError: x", where="a.py:3",
+          traceback='Traceback (most recent call last):\n  File "a.py", line 3, in <module>\nValueError: x\n'),
+])
+def test_the_flight_recorders_events_and_a_scripts_end_pass_as_they_came(line: bytes) -> None:
+    assert passed(line) == [line[:-1]]
+
+
 @pytest.mark.parametrize("line, what", [
     (event("done", rank=0, failures=0), "sent an event as rank 0 (a rank speaks for itself only)"),
     (event("exit", rank=1, code=0), "sent a 'exit' event, which no rank sends"),

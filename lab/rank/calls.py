@@ -13,8 +13,8 @@ The worker installs it before it imports any exercise program, so a solution's
 ``batch_isend_irecv`` keep working: P2POp checks its ``op`` against the same (wrapped) names.
 
 The same wrappers give every call the program makes, always, to the flight recorder
-(``lab.rank.flight``; ``new_group`` is wrapped for it alone, and so is ``Work.wait``, by the
-recorder itself once the program makes an async call). For the method check they record only
+(``lab.rank.flight``; ``new_group`` and ``init_process_group`` are wrapped for it alone, and so is
+``Work.wait``, by the recorder itself once the program makes an async call). For the method check they record only
 inside :meth:`Recorder.recording`, which the worker holds around one exercise (loading its
 program and its ``run()``): the lab's own calls (the rendezvous, the barrier between exercises,
 destroy) are never the student's. What is recorded:
@@ -304,8 +304,8 @@ _installed = False
 
 def install(recorder: Recorder = RECORDER) -> None:
     """Wrap torch.distributed's communication functions and ProcessGroup's methods (once), for the
-    method check and the flight recorder, and for the latter ``new_group`` (and ``Work.wait``, once
-    the program makes an async call: ``lab.rank.flight``)."""
+    method check and the flight recorder, and for the latter ``new_group`` and ``init_process_group``
+    (and ``Work.wait``, once the program makes an async call: ``lab.rank.flight``)."""
     global _installed
     if _installed:
         return
@@ -314,11 +314,12 @@ def install(recorder: Recorder = RECORDER) -> None:
 
     FLIGHT.bind()
     modules = (dist, c10d)
-    for name in (*FUNCTIONS, "new_group"):
+    flight_only = {"new_group": FLIGHT.wrap_new_group, "init_process_group": FLIGHT.wrap_init}
+    for name in (*FUNCTIONS, *flight_only):
         fn = getattr(c10d, name, None) or getattr(dist, name, None)
         if not callable(fn) or getattr(fn, WRAPPED, None) is not None:
             continue
-        wrapper = FLIGHT.wrap_new_group(fn) if name == "new_group" else \
+        wrapper = flight_only[name](fn) if name in flight_only else \
             recorder.wrap(name, fn, sends=name in SENDS, spec=spec_for(name, fn))
         setattr(wrapper, WRAPPED, name)
         for module in modules:

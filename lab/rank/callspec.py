@@ -51,6 +51,7 @@ def spec_for(name: str, fn: Callable[..., Any]) -> Spec:
 
 
 NEW_GROUP = Spec("new_group")
+INIT_PROCESS_GROUP = Spec("init_process_group")  # (its arguments record nothing: it is on the world)
 
 
 def method_spec(name: str) -> Spec:

@@ -7,8 +7,10 @@ Runs on every host: the standard library, and torch once :meth:`Flight.bind` is 
 function takes what is recorded (``lab.rank.callspec``). A call torch makes
 inside another (the sends inside ``send_object_list``) is not recorded again; the isends and irecvs
 of ``batch_isend_irecv`` are, each on its own (their peers and waits matter), and it is not.
-``new_group`` is recorded on the group it makes, by its members (the group connects them). A call
-on a group this rank is not in does nothing and is not recorded. Unseen: what reaches the backend
+``new_group`` is recorded on the group it makes, by its members (the group connects them), and
+``init_process_group`` on the world (:meth:`Flight.wrap_init`: a rank in the rendezvous is in a
+call); ``destroy_process_group`` is not recorded (nothing is exchanged). A call on a group this
+rank is not in does nothing and is not recorded. Unseen: what reaches the backend
 without these functions (the functional collectives, ``torch.ops.c10d``, DDP's reducer in C++).
 
 A record (:func:`to_json`)::
@@ -19,14 +21,17 @@ A record (:func:`to_json`)::
 
 * ``seq`` counts from 1 this rank's calls on the group of one kind: collectives among collectives,
   point-to-point calls among point-to-point ones, so that the n-th collective of a group is the same
-  call on every rank, whatever each sent to whom before it.
+  call on every rank, whatever each sent to whom before it. The world's collective 1 is
+  ``init_process_group`` (op "init_process_group", no tensor); the count goes on over a
+  ``destroy_process_group`` and the next ``init_process_group``, whose seq is then one past the
+  world's last call.
 * ``group``: "world", or ``g<its global ranks, sorted, joined by ,>#<n>``, n the groups of those
   ranks this rank made before (every rank makes its groups in the same order); a group made
   otherwise (``split_group``): ``g<ranks>@<its torch group name>``.
 * ``peer`` (dst or src; None: any source) and ``root`` are global ranks; ``tag`` is a p2p call's.
 * ``async``: the call returned a Work (isend, irecv, ``async_op=True``, a ProcessGroup method).
 * ``where``: the first frame outside torch and the lab (the user's); for a call the lab makes itself
-  (the worker's barrier), its first frame outside torch, as ``lab/...py:LINE``.
+  (the worker's rendezvous and barrier), its first frame outside torch, as ``lab/...py:LINE``.
 * ``state``: "in_flight" (running, or async and not waited), "waiting" (in its Work's ``wait()``),
   "done", "raised" (``error``: ``Type: message``). An async call whose Work completes without a
   wait is "done" when the recorder sees it (``t1`` then).
@@ -60,7 +65,7 @@ from types import CodeType, FrameType
 from typing import Any, TypeAlias
 
 from lab.rank import protocol
-from lab.rank.callspec import NEW_GROUP, Spec, get
+from lab.rank.callspec import INIT_PROCESS_GROUP, NEW_GROUP, Spec, get
 from lab.rank.protocol import EVENT_MAX
 
 RING_MAX = 64  # records of the last calls kept
@@ -344,18 +349,39 @@ class Flight:
         @functools.wraps(fn)
         def new_group(*args: Any, **kwargs: Any) -> Any:
             group, call = self._new_group(args, kwargs, sys._getframe(1))
-            try:
-                pg = fn(*args, **kwargs)
-            except BaseException as exc:
-                self.failed(call, exc)
-                raise
-            if call is not None:
-                self.ended(call, None)
+            pg = self._blocking(call, fn, args, kwargs)
             if group is not None and not isinstance(pg, int):
                 self._remember(pg, group)
             return pg
 
         return new_group
+
+    def wrap_init(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``init_process_group`` recorded as a collective of the world, so that a rank waiting in the
+        rendezvous is in a call, as one waiting in any other is. Torch has no world group before it
+        returns: the call is on the recorder's own world (:attr:`world`, not torch's). Every rank
+        makes it before any other call of the world, so it is the world's first collective on every
+        rank; after ``destroy_process_group`` the count goes on, and a new ``init_process_group``
+        is again the same call on every rank that tore the world down and formed it alike."""
+
+        @functools.wraps(fn)
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            call = self.begin(INIT_PROCESS_GROUP, (), {}, sys._getframe(1), self.world)
+            return self._blocking(call, fn, args, kwargs)
+
+        return init_process_group
+
+    def _blocking(self, call: Call | None, fn: Callable[..., Any], args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> Any:
+        """``fn(*args, **kwargs)``, a blocking call recorded as ``call`` (None: not recorded)."""
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            self.failed(call, exc)
+            raise
+        if call is not None:
+            self.ended(call, None)
+        return result
 
     def _new_group(self, args: tuple[Any, ...], kwargs: dict[str, Any],
                    frame: FrameType) -> tuple[Group | None, Call | None]:

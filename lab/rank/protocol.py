@@ -66,6 +66,15 @@ progress  rank, completed, inflight                   the rank's torch.distribut
 flight    rank, records, inflight, counts, dropped    the rank's flight recorder: its last calls, those
                                                       in flight, completed calls per group and op
                                                       (a call blocked 2 s, and at its end)
+end       rank, how, code, error, where, traceback    a script's program (``lab.rank.script``) ended
+                                                      other than by returning: ``how`` "raised" (an
+                                                      exception it did not catch: ``code`` 1, ``error``
+                                                      ``Type: message``, ``traceback`` without the
+                                                      lab's frames) or "exited" (``sys.exit``, exit(),
+                                                      ``os._exit``: ``code`` the status it exits with,
+                                                      ``error`` the call, ``traceback`` ""); ``where``
+                                                      the user's line (``file.py:LINE``) or ""; before
+                                                      its last ``flight``
 exit      rank, code                                  a host's launcher (``lab.rank.node``) says how
                                                       one of its ranks ended, before it ends itself
 bad       rank, what                                  the lab's launcher (``lab.rank.zygote``) says
@@ -105,11 +114,11 @@ EVENT_MAX: Final = 1 << 20  # bytes an event line may have (a result is tens of 
 LINE_MAX: Final = 4096  # bytes the controller keeps of a line of output; the rest of a longer one is counted
 EVENTS_MAX: Final = 64 << 20  # bytes of event lines taken from one rank (or one stream); past it they are dropped
 
-EventKind = Literal["hello", "step", "result", "error", "fatal", "done", "progress", "flight", "exit", "bad",
-                    "ports", "facts", "runtime", "links", "heard"]
+EventKind = Literal["hello", "step", "result", "error", "fatal", "done", "progress", "flight", "end", "exit",
+                    "bad", "ports", "facts", "runtime", "links", "heard"]
 EVENT_KINDS: Final[frozenset[str]] = frozenset(get_args(EventKind))
 RANK_EVENTS: Final = frozenset({"hello", "step", "result", "error", "fatal", "done", "progress",
-                                "flight"})  # what a rank sends
+                                "flight", "end"})  # what a rank sends
 LAUNCHER_EVENTS: Final = frozenset({"exit", "bad"})  # what a host's launcher says of one of its ranks
 
 
@@ -132,6 +141,7 @@ FIELDS: Final[dict[str, dict[str, Type]]] = {
     # (what the records in progress and flight hold is the controller's analysis to check: lab.rank.flight)
     "progress": {"rank": "int", "completed": "int", "inflight": "dict?"},
     "flight": {"rank": "int", "records": "list", "inflight": "list", "counts": "dict", "dropped": "int"},
+    "end": {"rank": "int", "how": "str", "code": "int", "error": "str", "where": "str", "traceback": "str"},
     "exit": {"rank": "int", "code": "int"},
     "bad": {"rank": "int", "what": "str"},
     "ports": {"ports": "list"},

@@ -11,9 +11,26 @@ torch is imported: at once if it is (the lab's launcher loaded it before it fork
 else when the script imports it, before the script's next line, so that its ``from
 torch.distributed import ...`` binds the recorded functions (a script that never imports torch
 pays nothing for it). The rendezvous settings are in the environment, set by the launcher.
+
+A program that does not simply return says how it ended in an ``end`` event
+(``lab.rank.protocol``), before the flight recorder's last dump:
+
+* an exception it did not catch: ``how`` "raised", ``code`` 1, then the traceback on stderr as
+  Python prints it, without the lab's frames (this module's, runpy's, the recorder's wrappers),
+  and exit status 1 (a KeyboardInterrupt too, where Python would end the process by SIGINT);
+* ``sys.exit`` (exit(), ``raise SystemExit``): ``how`` "exited", ``code`` the status the process
+  exits with; the SystemExit then goes on as it came (the same status and message as Python's);
+* ``os._exit``, which skips atexit and so the recorder's last dump: the rank wraps it before the
+  script runs (:func:`reported_exit`) to send ``end`` and that dump first, best effort (in a
+  thread given EXIT_WAIT seconds: a held lock or a full or closed channel cannot keep the process
+  from exiting with the status asked for).
+
+``where`` is the user's line, ``file.py:LINE`` (the innermost frame that is neither the lab's nor
+torch's nor the standard library's; "" when none is).
 """
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -21,11 +38,18 @@ import os
 import runpy
 import socket
 import sys
+import threading
+import traceback
 from collections.abc import Callable
-from types import ModuleType
+from types import FrameType, ModuleType, TracebackType
+from typing import NoReturn
 
 from lab.rank import protocol
-from lab.rank.worker import start_rank
+from lab.rank.flight import FLIGHT, LAB_DIR
+from lab.rank.worker import capped, error_text, start_rank
+
+EXIT_WAIT = 3.0  # seconds os._exit gives the rank's last words (its end, its last dump) before it exits
+WALK_MAX = 64  # frames looked at for the user's
 
 
 def main() -> None:
@@ -38,13 +62,168 @@ def main() -> None:
     script, *args = sys.argv[1:]
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    runpy.run_path(script, run_name="__main__")
+    os._exit = reported_exit(rank, os._exit)  # type: ignore[assignment]  # (the same call: one status)
+    run(script, rank)
 
+
+def run(script: str, rank: int) -> None:
+    """Run ``script`` as ``__main__``; if it raises (SystemExit too), say how it ended and end as
+    ``python SCRIPT`` would."""
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        shown = "" if exc.code is None else repr(exc.code)
+        say_end(rank, "exited", exit_status(exc.code), f"SystemExit: sys.exit({shown})",
+                raised_at(exc.__traceback__), "")
+        raise
+    except BaseException as exc:  # (KeyboardInterrupt too: the program did not catch it)
+        text = "".join(traceback.format_exception(without_lab(exc)))
+        where = raised_at(exc.__traceback__)
+        if isinstance(exc, SyntaxError) and exc.filename and not exc.filename.startswith("<") and exc.lineno:
+            where = f"{os.path.basename(exc.filename)}:{exc.lineno}"  # (the line that is wrong, in a file)
+        say_end(rank, "raised", 1, error_text(exc), where, text)
+        show_traceback(exc, text)
+        raise SystemExit(1) from None
+
+
+def exit_status(code: object) -> int:
+    """The status ``sys.exit(code)`` ends the process with."""
+    if code is None:
+        return 0
+    return code & 0xFF if isinstance(code, int) else 1
+
+
+def say_end(rank: int, how: str, code: int, error: str, where: str, text: str) -> None:
+    """Send ``end`` (see the module), if the rank has a channel that still takes it."""
+    channel = protocol.CHANNEL
+    if channel is None:
+        return
+    try:
+        channel.send("end", rank=rank, how=how, code=code, error=capped(error), where=capped(where),
+                     traceback=capped(text))
+    except OSError:  # the channel is gone, and the controller with it
+        pass
+
+
+def show_traceback(exc: BaseException, text: str) -> None:
+    """Print ``text`` (``exc``'s traceback) on stderr as Python would: through ``sys.excepthook``
+    where one was set (torch.distributed's tags each line with the rank)."""
+    try:
+        if sys.excepthook is not sys.__excepthook__:
+            sys.excepthook(type(exc), exc, exc.__traceback__)
+            return
+    except Exception:  # (Python too prints the exception itself when the hook fails)
+        pass
+    sys.stderr.write(text)
+    sys.stderr.flush()
+
+
+# -- where: the user's frames ------------------------------------------------------------------
+
+def is_users(frame: FrameType) -> bool:
+    """Whether ``frame`` runs the user's code: not the lab's (its files), nor torch's, nor the
+    standard library's (their modules)."""
+    if frame.f_code.co_filename.startswith(LAB_DIR):
+        return False
+    module = frame.f_globals.get("__name__")
+    top = module.partition(".")[0] if isinstance(module, str) else ""
+    return top != "torch" and top not in sys.stdlib_module_names
+
+
+def line_of(frame: FrameType, lineno: int | None) -> str:
+    return f"{os.path.basename(frame.f_code.co_filename)}:{lineno or frame.f_code.co_firstlineno}"
+
+
+def raised_at(tb: TracebackType | None) -> str:
+    """The user's line an exception came from: the innermost user's frame of its traceback."""
+    where = ""
+    while tb is not None:
+        if is_users(tb.tb_frame):
+            where = line_of(tb.tb_frame, tb.tb_lineno)
+        tb = tb.tb_next
+    return where
+
+
+def called_from(frame: FrameType | None) -> str:
+    """The user's line a call came from (its caller is ``frame``): the first user's frame outward,
+    else the caller's own line."""
+    caller = frame
+    for _ in range(WALK_MAX):
+        if frame is None:
+            break
+        if is_users(frame):
+            return line_of(frame, frame.f_lineno)
+        frame = frame.f_back
+    return "" if caller is None else line_of(caller, caller.f_lineno)
+
+
+def without_lab(exc: BaseException) -> BaseException:
+    """``exc``, with the frames of the lab and of runpy (which ran the script) taken out of its
+    traceback and out of those of the exceptions chained to it, as ``python SCRIPT`` shows them."""
+    pending, seen = [exc], set()
+    while pending:
+        one = pending.pop()
+        if id(one) in seen:
+            continue
+        seen.add(id(one))
+        one.__traceback__ = _kept(one.__traceback__)
+        linked = (one.__cause__, one.__context__, *getattr(one, "exceptions", ()))  # (an ExceptionGroup's)
+        pending += [e for e in linked if isinstance(e, BaseException)]
+    return exc
+
+
+def _kept(tb: TracebackType | None) -> TracebackType | None:
+    kept = []
+    while tb is not None:
+        frame = tb.tb_frame
+        if not frame.f_code.co_filename.startswith(LAB_DIR) and frame.f_globals.get("__name__") != "runpy":
+            kept.append(tb)
+        tb = tb.tb_next
+    rebuilt = None
+    for entry in reversed(kept):
+        rebuilt = TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return rebuilt
+
+
+# -- os._exit ----------------------------------------------------------------------------------
+
+def reported_exit(rank: int, real_exit: Callable[[int], NoReturn]) -> Callable[[int], NoReturn]:
+    """``os._exit`` for the user's program (see the module). The lab's own calls (the zygote ending
+    a rank that returned) and those of another process (a child the program forked) are the real
+    one alone."""
+    pid = os.getpid()
+
+    @functools.wraps(real_exit)
+    def _exit(status: int) -> NoReturn:
+        try:
+            caller = sys._getframe(1)
+            if os.getpid() == pid and isinstance(status, int) and -(1 << 31) <= status < 1 << 31 and \
+                    not caller.f_code.co_filename.startswith(LAB_DIR):  # (a status os._exit takes: a C int)
+                last_words = threading.Thread(target=_last_words, args=(rank, status, called_from(caller)),
+                                              name="lab-exit", daemon=True)
+                last_words.start()
+                last_words.join(EXIT_WAIT)
+        except BaseException:  # (no thread to be had, an interrupt: whatever it is, the process exits)
+            pass
+        real_exit(status)
+
+    return _exit
+
+
+def _last_words(rank: int, status: int, where: str) -> None:
+    """``end``, then the flight recorder's last dump (it has no atexit to send it)."""
+    try:
+        say_end(rank, "exited", status & 0xFF, f"os._exit({status})", where, "")
+        FLIGHT.finish()
+    except Exception:  # (best effort: nothing of the lab's on the stderr of a program that ends itself)
+        pass
+
+
+# -- torch, once imported ----------------------------------------------------------------------
 
 def record_calls(rank: int) -> None:
     """Wrap torch.distributed (``lab.rank.calls``) and start the flight recorder's reports."""
     from lab.rank.calls import install
-    from lab.rank.flight import FLIGHT
 
     try:
         install()

@@ -241,7 +241,7 @@ class Rank:
 
     def emit(self, event: EventKind, **fields: Any) -> None:
         if event in ("error", "fatal"):  # an exception's message may be as long as a program likes
-            fields = {k: _capped(v) if k in TEXT_FIELDS else v for k, v in fields.items()}
+            fields = {k: capped(v) if k in TEXT_FIELDS else v for k, v in fields.items()}
         emit(self.token, event, rank=self.rank, **fields)
 
     def report(self, name: str, value: Any, seconds: float, calls: Any) -> bool:
@@ -330,7 +330,7 @@ class Rank:
                 record_functions(program, writes, reference)
                 value = call_with_context(program.run, self.context(init_method))
         except Exception as exc:  # an exercise's failure is a result, not the worker's end
-            self.emit("error", exercise=name, error=_error(exc), where=_where(exc, exercise["program"]),
+            self.emit("error", exercise=name, error=error_text(exc), where=_where(exc, exercise["program"]),
                       traceback=traceback.format_exc(), calls=RECORDER.summary())
             return False
         except SystemExit as exc:  # the exercise ends this rank: say where, then end as it asked
@@ -401,7 +401,7 @@ TEXT_FIELDS = ("error", "where", "traceback")
 TEXT_MAX = 64 * 1024  # characters of each of an error's texts sent (an event line has at most EVENT_MAX bytes)
 
 
-def _capped(text: str) -> str:
+def capped(text: str) -> str:
     """``text``, its middle cut out if it is longer than TEXT_MAX."""
     if len(text) <= TEXT_MAX:
         return text
@@ -409,7 +409,7 @@ def _capped(text: str) -> str:
     return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
 
 
-def _error(exc: BaseException) -> str:
+def error_text(exc: BaseException) -> str:
     """``Type: message``; a SyntaxError's message without its ``(file, line N)``: where says it."""
     if isinstance(exc, SyntaxError) and exc.msg:
         return f"{type(exc).__name__}: {exc.msg}"
@@ -438,7 +438,7 @@ def main() -> int:
         return Rank(plan).run()
     except Exception as exc:  # start-up failed outside any exercise: report it, don't just die
         emit(plan["token"], "fatal", rank=int(os.environ.get("RANK", -1)),
-             error=_capped(f"{type(exc).__name__}: {exc}"), traceback=_capped(traceback.format_exc()))
+             error=capped(f"{type(exc).__name__}: {exc}"), traceback=capped(traceback.format_exc()))
     return 3
 
 
