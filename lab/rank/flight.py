@@ -4,8 +4,8 @@ controller can say why ranks hang or fail from what every rank was doing.
 Runs on every host: the standard library, and torch once :meth:`Flight.bind` is called by
 ``lab.rank.calls.install``, whose wrappers (one set, for this and for the method check) call
 :meth:`Flight.begin` and :meth:`Flight.ended` around each call the program makes, with where its
-function takes what is recorded (``lab.rank.callspec``). A call torch makes
-inside another (the sends inside ``send_object_list``) is not recorded again; the isends and irecvs
+function takes what is recorded (``lab.rank.callspec``). A call torch makes inside another
+(the sends inside ``send_object_list``) is not recorded again; the isends and irecvs
 of ``batch_isend_irecv`` are, each on its own (their peers and waits matter), and it is not.
 ``new_group`` is recorded on the group it makes, by its members (the group connects them), and
 ``init_process_group`` on the world (:meth:`Flight.wrap_init`: a rank in the rendezvous is in a
@@ -22,9 +22,8 @@ A record (:func:`to_json`)::
 * ``seq`` counts from 1 this rank's calls on the group of one kind: collectives among collectives,
   point-to-point calls among point-to-point ones, so that the n-th collective of a group is the same
   call on every rank, whatever each sent to whom before it. The world's collective 1 is
-  ``init_process_group`` (op "init_process_group", no tensor); the count goes on over a
-  ``destroy_process_group`` and the next ``init_process_group``, whose seq is then one past the
-  world's last call.
+  ``init_process_group`` (no tensor); the count goes on over ``destroy_process_group`` and the
+  next ``init_process_group``.
 * ``group``: "world", or ``g<its global ranks, sorted, joined by ,>#<n>``, n the groups of those
   ranks this rank made before (every rank makes its groups in the same order); a group made
   otherwise (``split_group``): ``g<ranks>@<its torch group name>``.
@@ -357,12 +356,10 @@ class Flight:
         return new_group
 
     def wrap_init(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``init_process_group`` recorded as a collective of the world, so that a rank waiting in the
-        rendezvous is in a call, as one waiting in any other is. Torch has no world group before it
-        returns: the call is on the recorder's own world (:attr:`world`, not torch's). Every rank
-        makes it before any other call of the world, so it is the world's first collective on every
-        rank; after ``destroy_process_group`` the count goes on, and a new ``init_process_group``
-        is again the same call on every rank that tore the world down and formed it alike."""
+        """``init_process_group`` recorded as a collective of the world (the recorder's own: torch has
+        none before it returns), so that a rank waiting in the rendezvous is in a call. Every rank
+        makes it first: the world's collective 1 on every rank, and after ``destroy_process_group``
+        a new one is again the same call on every rank that tore the world down alike."""
 
         @functools.wraps(fn)
         def init_process_group(*args: Any, **kwargs: Any) -> Any:
