@@ -5,6 +5,7 @@ what it tells the controller, on real gloo ranks started as ``lab launch`` start
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -348,8 +349,13 @@ def test_the_controller_keeps_each_ranks_progress_and_last_dump_of_a_hang(tmp_pa
     script = tmp_path / "hang.py"
     script.write_text(HANG)
     at = lines_of(HANG)
-    outcome = run_plan(build_launch_plan(local_inventory(2), str(script), [], timeout=15))
-    assert outcome.status == "timeout"
+    started = time.monotonic()
+    outcome = run_plan(build_launch_plan(local_inventory(2), str(script), [], timeout=60, hang_after=3))
+    assert outcome.status == "hung" and outcome.hung == [0, 1]  # found by the hang finder, long before the timeout
+    assert time.monotonic() - started < 30
+    assert outcome.cause is not None and outcome.cause.kind == "missing-rank", outcome.cause
+    assert outcome.cause.headline == ("Rank 0 waits in barrier #3 for rank 1, which is in recv from 0, tag 0, "
+                                      f"2 floats at hang.py:{at['recv']}.")
     for state, (op, line) in zip(outcome.ranks, (("barrier", at["barrier"]), ("recv", at["recv"]))):
         assert state.violations == []
         assert state.progress is not None and state.flight is not None
@@ -359,3 +365,13 @@ def test_the_controller_keeps_each_ranks_progress_and_last_dump_of_a_hang(tmp_pa
         assert [(r["op"], r["where"]) for r in state.flight["inflight"]] == [(op, f"hang.py:{line}")]
         assert state.flight["counts"] == {"world": {"init_process_group": 1, "all_reduce": 1}}
     assert outcome.ranks[1].progress["inflight"]["peer"] == 0  # type: ignore[index]
+
+
+@pytest.mark.local
+def test_a_hang_after_of_0_leaves_the_hang_to_the_timeout(tmp_path: Path) -> None:
+    script = tmp_path / "hang.py"
+    script.write_text(HANG)
+    outcome = run_plan(build_launch_plan(local_inventory(2), str(script), [], timeout=8, hang_after=0))
+    assert outcome.status == "timeout" and outcome.hung == [0, 1]
+    assert outcome.seconds >= 8
+    assert outcome.cause is not None and outcome.cause.kind == "missing-rank"  # named all the same

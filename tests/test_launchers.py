@@ -132,5 +132,4 @@ def test_launch_names_the_rank_that_failed_inside_a_host_launcher(lab: Lab, tmp_
     if launcher == "torchrun":  # torchrun's own table says who failed first and who it stopped
         assert "Root Cause (first observed failure)" in result.out
         assert "ChildFailedError" not in result.out  # the table, not the agent's stack around it
-        assert "rank 0 (local) was killed by SIGTERM" in result.out
     assert lab.leftovers() == []

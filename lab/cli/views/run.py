@@ -58,11 +58,11 @@ class LineStreamer:
         self.console.print(text, soft_wrap=True, highlight=False)
 
 
-def print_cause(console: Console, cause: Cause) -> None:
+def print_cause(console: Console, cause: Cause, evidence: bool = True) -> None:
     """Why the run hung or failed, across its ranks: the headline, a line of evidence per rank, the fix."""
     console.print(Text(f"lab: {printable(cause.headline)}", style="bold red"), soft_wrap=True, highlight=False)
-    for evidence in cause.evidence:
-        console.print(Text(f"  {printable(evidence.line())}"), soft_wrap=True, highlight=False)
+    for line in cause.evidence if evidence else ():
+        console.print(Text(f"  {printable(line.line())}"), soft_wrap=True, highlight=False)
     if cause.fix:
         console.print(Text(f"  fix: {printable(cause.fix)}", style="yellow"), soft_wrap=True, highlight=False)
     for note in cause.notes:
@@ -133,9 +133,9 @@ def print_launch(console: Console, script: str, outcome: RunOutcome, failed: lis
     """``lab launch``'s end: each rank that failed, and why; how many succeeded."""
     plan = outcome.plan
     console.print()
-    if outcome.cause is not None:
-        print_cause(console, outcome.cause)
-    else:
+    if outcome.cause is not None:  # (a timeout's ranks say where they were stopped, below)
+        print_cause(console, outcome.cause, evidence=outcome.status != "timeout")
+    if outcome.cause is None or outcome.status == "timeout":
         for s in failed:
             why = (f"stopped after {plan.timeout:g}s" + (f" at {s.stopped_at}" if s.stopped_at else "")
                    if s.spec.rank in outcome.hung else ended(s.exit_code))
