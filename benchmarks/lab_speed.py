@@ -8,11 +8,14 @@
     doctor        the doctor's all-pairs phase / the slowest pair, on 8 hosts
                   (benchmarks/doctor_mesh.py, 0.25 s per connection)                   goal <= 1.30
     launch-local  `lab launch --nproc 4` / `torchrun --nproc-per-node 4`               goal <  1.00
+    hang-verdict  the time each hanging program of tests/why/ takes to its verdict past a healthy
+                  run of as many ranks (start-up, one all_reduce, the end), the slowest of them
+                  / --hang-after + 3 s (issue 27: a verdict at most 3 s after the hang is due) goal <= 1.00
 
 Each pair is timed --repeat times, alternating, and compared by medians. The container
 benchmarks bring up labs of their own (named bench4 and bench8) and take them down again;
 `up` needs the default lab down (it starts and removes it). Needs the Docker engine and the
-lab image (`make lab-up` builds it), except doctor and launch-local.
+lab image (`make lab-up` builds it), except doctor, launch-local and hang-verdict.
 
     python benchmarks/lab_speed.py [NAME...] [--repeat 3]        (make bench: all of them)
 """
@@ -209,8 +212,38 @@ def launch_local(repeat: int, script: Path) -> Figure:
     return Figure("launch-local", "lab launch --nproc 4 / torchrun", ours, theirs, 1.0, True)
 
 
+HANG_AFTER = 5.0
+VERDICT_WITHIN = 3.0  # seconds past --hang-after
+
+
+def hang_verdict(repeat: int, script: Path) -> Figure:
+    """Each hanging fixture of tests/why/ (exit 4, found by the hang finder: no timeout= of its own)."""
+    from tests.test_why_fixtures import FIXTURES, expectation  # the fixtures' own reader
+
+    hangs = [(path, e.nproc) for path in FIXTURES if (e := expectation(path)).exit == 4 and e.timeout is None]
+    healthy: dict[int, list[float]] = {}
+    slowest = []
+    for _ in range(repeat):
+        for nproc in sorted({n for _, n in hangs}):
+            healthy.setdefault(nproc, []).append(
+                timed([*LAB, "launch", "--nproc", str(nproc), str(script)], f"lab launch --nproc {nproc}")[0])
+        excess = []
+        for path, nproc in hangs:
+            started = time.monotonic()
+            done = subprocess.run([*LAB, "launch", "--nproc", str(nproc), "--hang-after", f"{HANG_AFTER:g}",
+                                   "--timeout", "120", str(path)], cwd=REPO, capture_output=True, text=True,
+                                  timeout=TIMEOUT)
+            if done.returncode != 4 or "hung: no call completed" not in done.stdout:
+                sys.exit(f"{path.name}: not found hung (exit {done.returncode}):\n{done.stdout[-2000:]}")
+            excess.append(time.monotonic() - started - statistics.median(healthy[nproc]))
+        slowest.append(max(excess))
+    return Figure("hang-verdict", f"slowest of {len(hangs)} hangs past a healthy run / --hang-after "
+                  f"{HANG_AFTER:g} + {VERDICT_WITHIN:g} s", slowest, [HANG_AFTER + VERDICT_WITHIN] * repeat, 1.0,
+                  False)
+
+
 def main() -> int:
-    names = ("launch-ssh", "run-all", "up", "doctor", "launch-local")
+    names = ("launch-ssh", "run-all", "up", "doctor", "launch-local", "hang-verdict")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"of {', '.join(names)} (default all)")
     parser.add_argument("--repeat", type=int, default=3)
@@ -226,7 +259,8 @@ def main() -> int:
         script.chmod(0o644)
         runs = {"launch-ssh": lambda: launch_ssh(args.repeat, script), "run-all": lambda: run_all(args.repeat),
                 "up": lambda: up(args.repeat), "doctor": lambda: doctor(args.repeat),
-                "launch-local": lambda: launch_local(args.repeat, script)}
+                "launch-local": lambda: launch_local(args.repeat, script),
+                "hang-verdict": lambda: hang_verdict(args.repeat, script)}
         for name in args.names or names:
             figure = runs[name]()
             figures.append(figure)

@@ -534,8 +534,31 @@ def test_a_rank_that_never_started() -> None:
     ranks = [rank(0, records=None, inflight=None, stage="rendezvous"), rank(1, records=None, inflight=None,
                                                                            stage="starting")]
     cause = explain(ranks)
-    assert cause.headline == "Rank 1 on node2 never started; rank 0 waits for it."
+    assert cause.headline == "Rank 0 waits in init_process_group for rank 1 on node2, which has not started."
     assert lines(cause) == ["rank 0 (node1): still in init_process_group", "rank 1 (node2): not started"]
+
+
+def joining(r: int) -> RankFacts:
+    """A rank in init_process_group, as the recorder sees it (the world's first collective, in flight)."""
+    return rank(r, inflight=[rec(1, "init_process_group", "in_flight", numel=None, dtype=None, where="train.py:15")])
+
+
+def test_ranks_in_the_rendezvous_wait_for_a_rank_that_exited_before_it() -> None:
+    ranks = [joining(0), joining(1), rank(2, records=[], ended="exited", exit_code=0, exit_call="train.py:14")]
+    cause = explain(ranks)
+    assert (cause.kind, cause.headline) == (
+        "rendezvous", "Ranks 0, 1 wait in init_process_group for rank 2 on node3, which exited with status 0 at "
+                      "train.py:14.")
+    assert cause.fix is not None and "also one with nothing to do" in cause.fix
+    assert lines(cause)[0] == "rank 0 (node1): still in init_process_group at train.py:15"
+
+
+def test_a_rank_that_computes_before_the_rendezvous_is_waited_for() -> None:
+    ranks = [joining(0), joining(1), rank(2, records=[], stopped_at="train.py:13 in <module>: time.sleep(600)")]
+    cause = explain(ranks)
+    assert (cause.kind, cause.headline, cause.fix) == (
+        "rendezvous", "Ranks 0, 1 wait in init_process_group for rank 2 on node3, which is not in a "
+                      "torch.distributed call at train.py:13 in <module>: time.sleep(600).", None)
 
 
 def test_no_rank_past_the_rendezvous() -> None:

@@ -290,7 +290,8 @@ def doing(rank: Rank, many: bool = False, where: bool = True) -> str:
             return f"lost {its} connection: {error_of(rank)}{said}"
         if rank.facts.ended == "raised" or rank.failure == "backend":
             return f"raised {error_of(rank)}{said}"
-        return ended(rank.facts.exit_code).replace("was ", "were ", 1) if many else ended(rank.facts.exit_code)
+        how = ended(rank.facts.exit_code)
+        return (how.replace("was ", "were ", 1) if many else how) + said
     if rank.absent:
         return f"{have} not started" if rank.facts.stage == "starting" else f"{be} still in init_process_group{said}"
     if not rank.seen:

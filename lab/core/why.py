@@ -142,23 +142,28 @@ def _mismatch_first(ranks: dict[int, Rank]) -> Finding | None:
 
 
 def _rendezvous(ranks: dict[int, Rank]) -> Finding | None:
-    """Ranks that never joined: no call seen, not started or still in init_process_group."""
+    """Ranks that never joined: no call seen, not started or still in init_process_group; where some
+    wait in init_process_group, the ranks that are not there (exited before it, elsewhere, not started)."""
     absent = [r for r in ranks.values() if r.absent]
     if not absent:
         return None
-    starting = [r for r in absent if r.facts.stage == "starting"]
-    if len(absent) == len(ranks) and not starting:
+    joining = [r for r in absent if r.facts.stage == "rendezvous"]
+    if len(joining) == len(ranks):
         return Finding("rendezvous", f"no rank got past the rendezvous: {ranks_named(ranks)} "
                        f"{verb(ranks, 'is', 'are')} still in init_process_group",
                        "Every rank must reach MASTER_ADDR:MASTER_PORT and pass the same world size; "
                        "'lab doctor' checks the network between the hosts.")
+    away = [r for r in ranks.values() if not r.absent and not r.calls and (r.outside or not r.running)]
+    if joining and (away or len(joining) < len(absent)):
+        return _not_there(joining, [r for r in ranks.values() if r not in joining and (r.absent or r in away)])
+    starting = [r for r in absent if r.facts.stage == "starting"]
     missing = starting or absent
     named = sorted({text(r.host) for r in missing})
     hosts = ", ".join(named)
     gone = {r.rank for r in missing}
     others = [r.rank for r in ranks.values() if r.rank not in gone and r.running]
     if starting:
-        what, fix = "never started", "See the output of its host above, and run 'lab doctor' to check the hosts."
+        what, fix = "never started", _NOT_STARTED
     else:
         what = "never joined the process group: still in init_process_group"
         fix = (f"Check that {hosts} {verb(named, 'reaches', 'reach')} MASTER_ADDR:MASTER_PORT and the other hosts "
@@ -166,6 +171,27 @@ def _rendezvous(ranks: dict[int, Rank]) -> Finding | None:
     them = verb(missing, "it", "them")
     wait = f"; {ranks_named(others)} {verb(others, 'waits', 'wait')} for {them}" if others else ""
     return Finding("rendezvous", f"{ranks_named(r.rank for r in missing)} on {hosts} {what}{wait}", fix)
+
+
+_NOT_STARTED = "See the output of its host above, and run 'lab doctor' to check the hosts."
+
+
+def _not_there(joining: list[Rank], missing: list[Rank]) -> Finding:
+    """Ranks wait in init_process_group for ranks that are not in it: ended before it, not started,
+    or elsewhere (a rank that computes may still come: a wait, until --timeout)."""
+    said = [f"rank {r.rank} on {text(r.host)}, which {doing(r)}" for r in missing[:HEADLINE_RANKS]]
+    if len(missing) > HEADLINE_RANKS:
+        said.append(f"{len(missing) - HEADLINE_RANKS} more (below)")
+    headline = (f"{ranks_named(r.rank for r in joining)} {verb(joining, 'waits', 'wait')} in init_process_group "
+                f"for {said[0] if len(said) == 1 else ', '.join(said[:-1]) + ', and ' + said[-1]}")
+    if any(not r.running for r in missing):
+        fix = ("Every rank of the world must call init_process_group, also one with nothing to do (it can leave "
+               "with destroy_process_group).")
+    elif any(r.facts.stage == "starting" for r in missing):
+        fix = _NOT_STARTED
+    else:
+        fix = None
+    return Finding("rendezvous", headline, fix)
 
 
 # 3. A collective mismatch

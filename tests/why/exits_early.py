@@ -1,7 +1,7 @@
 """A rank that exits early: rank 2 runs out of data after 3 steps and calls sys.exit(0); the
 others wait for it in step 3's all_reduce until its connections close.
 
-expect: kind=missing-rank; nproc=4; exit=1; headline contains "rank 2"; headline contains "exited";
+expect: kind=missing-rank; nproc=4; exit=1; headline contains "rank 2, which exited with status 0 at exits_early.py:17";
         report contains "exits_early.py:19"
 """
 import sys

@@ -1,7 +1,7 @@
 """A rank that exits early without unwinding: rank 1 calls os._exit(0) after 3 steps (as a library
 that ends the process does), so no atexit handler and no finally block runs on it.
 
-expect: kind=missing-rank; nproc=3; exit=1; headline contains "rank 1"; headline contains "exited";
+expect: kind=missing-rank; nproc=3; exit=1; headline contains "rank 1, which exited with status 0 at exits_hard.py:16";
         report contains "exits_hard.py:18"
 """
 import os

@@ -2,7 +2,7 @@
 before init_process_group, so ranks 0 and 1 wait there for it. Rank 2 is in no torch.distributed
 call: this is a straggler, not a hang; the report comes at the timeout and names rank 2.
 
-expect: kind=rendezvous; nproc=3; exit=4; timeout=20; headline contains "rank 2";
+expect: kind=rendezvous; nproc=3; exit=4; timeout=20; headline contains "wait in init_process_group for rank 2";
         report contains "rendezvous_rank_sleeps.py:15"; report contains "rendezvous_rank_sleeps.py:16"
 """
 import os
