@@ -261,8 +261,13 @@ def describe(call: Call) -> str:
 
 
 def error_of(rank: Rank) -> str:
+    """The error a rank failed with, as shown: without the C++ source places gloo prefixes it with."""
     said = rank.facts.error or (rank.failed_in.error if rank.failed_in else None)
-    return text(said) if said else "an exception"
+    return text(_SOURCE_PLACE.sub("", said)) if said else "an exception"
+
+
+# "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] ", "[enforce fail at .../pair.cc:456] "
+_SOURCE_PLACE = re.compile(r"\[(?:enforce fail at )?[^\]\s]{0,300}\.(?:cc|cpp|h|hpp):\d{1,9}\] ?")
 
 
 def where_of(rank: Rank) -> str | None:

@@ -72,7 +72,8 @@ log = logging.getLogger(__name__)
 
 BATCH = 256  # queued items handled between two looks at the processes and the clock
 DUMP_MAX = 10_000  # lines of one rank's stack dump kept
-DUMP_WAIT = 1.5  # seconds to wait for stack dumps after SIGUSR1
+DUMP_WAIT = 1.5  # seconds to wait for stack dumps after SIGUSR1, at most
+DUMP_SETTLE = 0.3  # seconds with no line of a dump after every live rank's came: the dumps are whole
 FLIGHT_WAIT = 3.0  # seconds to wait for hung ranks' flight dumps (each sends one 2 s into a blocked call)
 CRASH_GRACE = 5.0  # seconds peers get to report after a rank died
 STREAM_GRACE = 1.0  # seconds to wait for the last lines of a process that ended
@@ -473,12 +474,17 @@ class Run:
         alive = [launch for launch in self.launches if launch.exit_code is None and launch.process is not None]
         for launch in alive:
             launch.process.signal(signal.SIGUSR1)  # type: ignore[union-attr]
+        live = [s for s in self.states if s.exit_code is None]
         deadline = time.monotonic() + DUMP_WAIT
-        while time.monotonic() < deadline:
-            for _, kind, whose, line in self._take(0.1):
+        last = time.monotonic()  # when the last line of a dump came
+        # Until every live rank's dump came and none went on for DUMP_SETTLE s, or DUMP_WAIT at most
+        while time.monotonic() < deadline and not (
+                all(s.dump for s in live) and time.monotonic() - last > DUMP_SETTLE):
+            for _, kind, whose, line in self._take(0.05):
                 if kind == "err" and isinstance(whose, RankState) and len(whose.dump) < DUMP_MAX and is_stack_line(
                         line):  # a rank that floods stderr floods no dump
                     whose.dump.append(line)
+                    last = time.monotonic()
         programs = program_files(self.plan)
         for s in self.states:
             if s.exit_code is None:

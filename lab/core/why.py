@@ -17,6 +17,8 @@ line), evidence per rank, what usually fixes it. The first rule that holds names
 """
 from __future__ import annotations
 
+import re
+import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -447,6 +449,21 @@ def _error_of(state: RankState, runs: Mapping[str, ExerciseRun]) -> tuple[str | 
         return state.fatal, state.traceback
     run = runs.get(state.step.removeprefix("wait:"))
     error = run.errors.get(state.spec.rank) if run is not None else None
-    if error is None or error.get("error", "").startswith(SYS_EXIT):
-        return None, None
-    return error.get("error"), error.get("traceback")
+    if error is not None and not error.get("error", "").startswith(SYS_EXIT):
+        return error.get("error"), error.get("traceback")
+    return (_aborted_with(state.tail), None) if state.exit_code in ABORTED else (None, None)
+
+
+ABORTED = (-signal.SIGABRT, 128 + signal.SIGABRT)  # a C++ exception nothing caught ends the process so
+_TERMINATE = re.compile(r"terminate called after throwing an instance of '([^']{1,200})'")
+_WHAT = re.compile(r"^\s*what\(\):\s*(.+)")
+
+
+def _aborted_with(tail: list[str]) -> str | None:
+    """The C++ exception a rank killed by SIGABRT printed as it ended (gloo's own checks end a rank
+    so: "gloo::EnforceNotMet: [enforce fail at pair.cc:446] ... Received data size doesn't match")."""
+    for i in range(len(tail) - 1, -1, -1):
+        if thrown := _TERMINATE.search(tail[i]):
+            what = next((m[1] for line in tail[i + 1:i + 3] if (m := _WHAT.match(line))), "")
+            return f"{thrown[1]}: {what}".rstrip(": ")
+    return None

@@ -4,7 +4,8 @@ size doesn't match expected size", 512 vs 500 bytes), so rank 3's own records di
 others lose their connection to it.
 
 expect: kind=collective-mismatch; nproc=4; exit=1; headline contains "all_reduce"; headline contains "rank 3";
-        report contains "size_mismatch.py:16"
+        headline contains "Received data size doesn't match expected size";
+        report contains "size_mismatch.py:17"
 """
 import torch
 import torch.distributed as dist
