@@ -22,6 +22,7 @@ from lab.containerlab import containers, engine, resources, sshd, topology
 
 from .conftest import REPO, WRONG, Lab
 from .test_compose import compose_tools
+from .test_why_fixtures import UNDER_OTHER_LAUNCHERS, WHY, assert_report_names_the_cause
 from .tutorials import assert_prints_as_shown, tutorial_scripts
 
 pytestmark = pytest.mark.docker
@@ -558,6 +559,12 @@ def test_a_host_partitioned_mid_run_is_named_within_the_timeout(lab_up: Lab, tmp
         assert lab_up("fix", "partition").code == 0
     assert doctor_findings(lab_up, inventory_variant(tmp_path, 2, 1))[0] == 0
     assert_no_workers_anywhere()
+
+
+@pytest.mark.parametrize("name", UNDER_OTHER_LAUNCHERS)
+def test_why_a_job_across_hosts_hangs_or_crashes_is_named(lab_up: Lab, name: str) -> None:
+    """Issue 27 across 4 hosts over SSH: a receive cycle, a crash and its consequences, a mismatch."""
+    assert_report_names_the_cause(lab_up, WHY / f"{name}.py", "--hosts", str(INVENTORY))
 
 
 def test_a_lab_up_that_fails_removes_what_it_started(lab_up: Lab) -> None:

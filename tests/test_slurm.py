@@ -23,6 +23,7 @@ from lab.errors import UsageError
 
 from .conftest import REPO, Lab
 from .test_lab_docker import _client, inventory_variant, workers_on
+from .test_why_fixtures import UNDER_OTHER_LAUNCHERS, WHY, assert_report_names_the_cause
 from .tutorials import assert_prints_as_shown, tutorial_scripts
 
 NAME = "slurmt"
@@ -196,6 +197,15 @@ def test_a_hung_job_is_stopped_at_the_timeout_and_cancelled(slurm_lab: tuple[Lab
     assert result.code == 4, result.text[-3000:]
     assert "rank 1 (node1) stopped after 20s at hangs.py:6 in <module>: time.sleep(3600)" in result.out
     assert "rank 3 (node2) stopped after 20s at hangs.py:7 in <module>: dist.barrier()" in result.out
+    assert_nothing_left()
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("name", UNDER_OTHER_LAUNCHERS)
+def test_why_a_job_of_slurm_tasks_hangs_or_crashes_is_named(slurm_lab: tuple[Lab, Path], name: str) -> None:
+    """Issue 27 with the ranks as the tasks of one Slurm job (2 nodes, 2 tasks each)."""
+    lab, inventory = slurm_lab
+    assert_report_names_the_cause(lab, WHY / f"{name}.py", "--hosts", str(inventory), "--launcher", "srun")
     assert_nothing_left()
 
 

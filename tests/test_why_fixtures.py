@@ -194,17 +194,37 @@ def test_the_headline_s_phrases_share_one_line_of_the_lab_s_own() -> None:
 
 # -- local: each fixture through the lab -------------------------------------------------------
 
-@pytest.mark.local
-@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
-def test_the_report_names_the_cause(lab: Lab, path: Path) -> None:
+def assert_report_names_the_cause(lab: Lab, path: Path, *cluster: str) -> None:
+    """Run a fixture through ``lab launch CLUSTER --hang-after HANG_AFTER`` (default ``--nproc N``) and
+    check what its expectation says: the exit code, the report's phrases, a hang stopped within
+    seconds (a straggler at its timeout), nothing left running."""
     expect = expectation(path)
     timeout = expect.timeout or TIMEOUT
     started = time.monotonic()
-    result = lab("launch", "--nproc", str(expect.nproc), "--timeout", f"{timeout:g}", "--hang-after",
-                 str(HANG_AFTER), str(path), timeout=timeout + 120)
+    result = lab("launch", *(cluster or ("--nproc", str(expect.nproc))), "--timeout", f"{timeout:g}",
+                 "--hang-after", str(HANG_AFTER), str(path), timeout=timeout + 120)
     seconds = time.monotonic() - started
     assert result.code == expect.exit, result.text
     assert report_misses(expect, result.text) == [], result.text
     if expect.exit == 4:  # found by the hang finder within seconds, or (a straggler) at the timeout
         assert seconds >= timeout if expect.timeout else seconds < FOUND_WITHIN, (seconds, result.out)
     assert lab.leftovers() == []
+
+
+@pytest.mark.local
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
+def test_the_report_names_the_cause(lab: Lab, path: Path) -> None:
+    assert_report_names_the_cause(lab, path)
+
+
+# The same under torchrun (its ranks import torch each, and it numbers them itself): a hang, a
+# crash, a mismatch; the other launchers and transports are in their tiers (test_lab_docker.py:
+# over SSH across the container lab; test_slurm.py: srun).
+UNDER_OTHER_LAUNCHERS = ("recv_cycle", "nan_at_step_5", "broadcast_vs_all_reduce")
+
+
+@pytest.mark.local
+@pytest.mark.parametrize("name", UNDER_OTHER_LAUNCHERS)
+def test_the_report_names_the_cause_under_torchrun(lab: Lab, name: str) -> None:
+    expect = expectation(WHY / f"{name}.py")
+    assert_report_names_the_cause(lab, WHY / f"{name}.py", "--nproc", str(expect.nproc), "--launcher", "torchrun")
