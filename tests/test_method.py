@@ -395,7 +395,7 @@ def test_a_solution_with_nothing_of_the_exercise_names_what_it_asks_for(lab: Lab
 
 
 def test_where_names_a_syntax_errors_line_and_a_runtime_errors_frame(tmp_path: Path) -> None:
-    from lab.rank.worker import _error, _where
+    from lab.rank.worker import _where, error_text
 
     bad = tmp_path / "bad.py"
     bad.write_text(textwrap.dedent("""\
@@ -406,4 +406,4 @@ def test_where_names_a_syntax_errors_line_and_a_runtime_errors_frame(tmp_path: P
     with pytest.raises(SyntaxError) as caught:
         compile(bad.read_text(), str(bad), "exec")
     assert _where(caught.value, str(bad)) == "bad.py:2: def f(:"
-    assert _error(caught.value) == "SyntaxError: invalid syntax"
+    assert error_text(caught.value) == "SyntaxError: invalid syntax"

@@ -433,9 +433,14 @@ def _exit_call(state: RankState, runs: Mapping[str, ExerciseRun]) -> str | None:
     end = state.end
     if end is not None:
         return end.get("where") or None if end.get("how") == "exited" else None
-    run = runs.get(state.step.removeprefix("wait:"))
-    error = run.errors.get(state.spec.rank) if run is not None else None
+    error = _exercise_error(state, runs)
     return error.get("where") or None if error is not None and error.get("error", "").startswith(SYS_EXIT) else None
+
+
+def _exercise_error(state: RankState, runs: Mapping[str, ExerciseRun]) -> dict[str, str] | None:
+    """The error the rank reported in the exercise it was in (or in the barrier after), if any."""
+    run = runs.get(state.step.removeprefix("wait:"))
+    return run.errors.get(state.spec.rank) if run is not None else None
 
 
 def _error_of(state: RankState, runs: Mapping[str, ExerciseRun]) -> tuple[str | None, str | None]:
@@ -447,8 +452,7 @@ def _error_of(state: RankState, runs: Mapping[str, ExerciseRun]) -> tuple[str | 
             None, None)
     if state.fatal:
         return state.fatal, state.traceback
-    run = runs.get(state.step.removeprefix("wait:"))
-    error = run.errors.get(state.spec.rank) if run is not None else None
+    error = _exercise_error(state, runs)
     if error is not None and not error.get("error", "").startswith(SYS_EXIT):
         return error.get("error"), error.get("traceback")
     return (_aborted_with(state.tail), None) if state.exit_code in ABORTED else (None, None)
