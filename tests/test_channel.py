@@ -14,7 +14,7 @@ import pytest
 from lab.core.outcome import OUTPUT_MAX, Output
 from lab.errors import ExitCode
 from lab.rank.output import tagged
-from lab.rank.protocol import NEUTRAL, MalformedEvent, parse_event
+from lab.rank.protocol import EVENTS_MAX, FLIGHT_RATE, NEUTRAL, EventBudget, MalformedEvent, parse_event
 
 from .conftest import WRONG, Lab
 
@@ -157,3 +157,26 @@ def test_a_ranks_output_past_its_limit_is_counted_not_kept(monkeypatch: pytest.M
     assert (output.lines, output.size) == (5, 22)
     assert output.tail() == ["12345", f"[lab: more than {OUTPUT_MAX >> 20} MiB printed: the rest was counted, "
                                       f"not kept]"]
+
+
+def test_the_flight_recorders_events_have_a_budget_of_their_own_that_grows_with_time() -> None:
+    """A job of days sends progress once a second: never failed for it; a flood of them is."""
+    progress, result = b'{"event": "progress", "rank": 0}', b'{"event": "result", "rank": 0}'
+    chunk = 1 << 20
+    days = EventBudget()
+    days.started -= 2 * 86400  # two days in: 64 MiB and 4 KiB a second more of them
+    assert all(days.take(progress, chunk) for _ in range(EVENTS_MAX // chunk + 100))
+    assert days.take(result, chunk)  # the other events have their own 64 MiB
+    flood = EventBudget()
+    taken = [flood.take(progress, chunk) for _ in range(EVENTS_MAX // chunk + 2)]
+    assert taken[:EVENTS_MAX // chunk] == [True] * (EVENTS_MAX // chunk) and taken[-2:] == [False, False]
+    assert flood.over == f"sent its flight recorder's events faster than {FLIGHT_RATE} bytes a second " \
+                         "(the rest were dropped)"
+    assert flood.take(result, 100)  # the flood of one kind does not stop the other
+
+
+def test_more_than_the_events_budget_is_the_senders_failure_said_once() -> None:
+    budget = EventBudget()
+    said = [(budget.take(b'{"event": "step"}', EVENTS_MAX // 2), budget.first_over) for _ in range(4)]
+    assert said == [(True, False), (True, False), (False, True), (False, False)]
+    assert budget.over == "sent more than 64 MiB of events (the rest were dropped)"

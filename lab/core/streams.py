@@ -5,7 +5,7 @@ read in pieces and dropped, never held) and sorts them itself:
 
 * an event line of this run (``lab.rank.protocol``) goes whole to the controller's queue, also
   when output without a newline ran into it (it then starts a line of its own); one longer than
-  EVENT_MAX, or past EVENTS_MAX bytes of a stream's events, is its sender's failure, not output;
+  EVENT_MAX, or past its budget (lab.rank.protocol.EventBudget), is its sender's failure, not output;
 * any other line is the output of a rank (or of a host's launcher itself): its ``Output``
   (lab.core.outcome) counts it and keeps its last lines, and only the first SHOWN_LINES of each
   rank go on to the queue and ``on_line``; then ``on_line`` is told once that the rest of that
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import IO, Literal
 
 from lab.core.outcome import SHOWN_LINES, LaunchState, RankState, kept_text
-from lab.rank.protocol import EVENT_MAX, EVENTS_MAX, LINE_MAX, MARK, rank_tag, untag
+from lab.rank.protocol import EVENT_MAX, LINE_MAX, MARK, EventBudget, rank_tag, untag
 
 QUEUE_MAX = 1024  # lines read and not yet handled; when full, the readers (and the ranks) wait
 TAG_MAX = 64  # bytes enough for any rank's tag
@@ -57,7 +57,7 @@ class StreamReader:
         """Queue each event line whole, count each other line for its rank and queue the first
         SHOWN_LINES of them (all of stderr while ranks dump their stacks); queue "end" at the end."""
         prefix = f"{MARK}{self.token} ".encode() if self.stream == "out" else b""
-        events = 0  # bytes of event lines read
+        budget = EventBudget()
         try:
             for raw, size, kind in read_lines(stream, prefix, self._in_blocks, self._block):
                 self.launch.active_at = time.monotonic()
@@ -66,15 +66,13 @@ class StreamReader:
                     assert rank is not None
                     self.states[rank].output.add_block(raw, rank_tag(rank))
                 elif prefix and raw.startswith(prefix):  # an event line: whole, or too long to be one
-                    events += size
                     if kind != "whole":
                         self._put("bad", self._sender(raw), f"sent an event line longer than {EVENT_MAX} bytes "
                                                             f"({size} bytes)")
-                    elif events <= EVENTS_MAX:
+                    elif budget.take(raw[len(prefix):], size, len(self.launch.launch.ranks)):
                         self._put("event", None, raw.decode("utf-8", "replace"))
-                    elif events - size <= EVENTS_MAX:
-                        self._put("bad", self._sender(raw), f"sent more than {EVENTS_MAX >> 20} MiB of events "
-                                                            f"(the rest were dropped)")
+                    elif budget.first_over:
+                        self._put("bad", self._sender(raw), budget.over)
                 else:
                     whose, body, size, whole = _whose_line(self.launch, self.states, raw, size, kind == "whole")
                     text = kept_text(body, size, whole)

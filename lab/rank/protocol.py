@@ -103,6 +103,7 @@ import os
 import re
 import sys
 import threading
+import time
 from typing import Any, Final, Literal, get_args
 
 MARK: Final = "\x1flab:"
@@ -113,6 +114,8 @@ NEUTRAL: Final = "\u241f".encode()  # what a relay writes in its place: ␟
 EVENT_MAX: Final = 1 << 20  # bytes an event line may have (a result is tens of KB); a longer one is no event
 LINE_MAX: Final = 4096  # bytes the controller keeps of a line of output; the rest of a longer one is counted
 EVENTS_MAX: Final = 64 << 20  # bytes of event lines taken from one rank (or one stream); past it they are dropped
+FLIGHT_EVENTS: Final = (b'{"event": "progress"', b'{"event": "flight"')  # how those lines' JSON starts
+FLIGHT_RATE: Final = 4096  # bytes a second of them, for each rank, allowed past EVENTS_MAX (see EventBudget)
 
 EventKind = Literal["hello", "step", "result", "error", "fatal", "done", "progress", "flight", "end", "exit",
                     "bad", "ports", "facts", "runtime", "links", "heard"]
@@ -154,6 +157,36 @@ OPTIONAL: Final[dict[str, frozenset[str]]] = {
 def event_line(token: str, event: EventKind, **fields: Any) -> str:
     """One event as the line that carries it (with its newline); tensors become lists."""
     return f"{MARK}{token} {json.dumps({'event': event, **fields}, default=_jsonable)}\n"
+
+
+class EventBudget:
+    """How many bytes of event lines a rank (or a launch's stream, for ``ranks`` ranks) may send: the
+    flight recorder's events (lab.rank.flight: progress at most once a second, dumps within their own
+    budget) go on for as long as a job runs, so they are counted apart, against EVENTS_MAX and
+    FLIGHT_RATE more bytes a second for each rank: an honest job of days never passes it. The others
+    against EVENTS_MAX. Past either, the rest of that kind is dropped: the sender's failure, said once."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.events = self.flight = 0
+        self.first_over = False  # the last event taken was the first past the budget
+        self.over = ""  # what was passed
+
+    def take(self, body: bytes, size: int, ranks: int = 1) -> bool:
+        """Whether an event line of ``size`` bytes (``body``: its JSON) is within the budget."""
+        if body.startswith(FLIGHT_EVENTS):
+            before, self.flight = self.flight, self.flight + size
+            allowed = EVENTS_MAX + FLIGHT_RATE * max(1, ranks) * (time.monotonic() - self.started)
+            what = f"sent its flight recorder's events faster than {FLIGHT_RATE} bytes a second"
+        else:
+            before, self.events = self.events, self.events + size
+            allowed, what = EVENTS_MAX, f"sent more than {EVENTS_MAX >> 20} MiB of events"
+        if before + size <= allowed:
+            self.first_over = False
+            return True
+        self.first_over = not self.over
+        self.over = self.over or f"{what} (the rest were dropped)"
+        return False
 
 
 class Channel:

@@ -44,11 +44,11 @@ from typing import NoReturn
 from lab.rank.output import HOLD
 from lab.rank.protocol import (
     EVENT_MAX,
-    EVENTS_MAX,
     LINE_MAX,
     NEUTRAL,
     RANK_EVENTS,
     UNIT_SEPARATOR,
+    EventBudget,
     MalformedEvent,
     event_line,
     parse_event,
@@ -80,7 +80,7 @@ class Passer:
     cut: int = 0  # in a line longer than HOLD: its size so far (``line`` holds its first LINE_MAX bytes)
     event: bytes = b""  # the start of an event line, not passed on yet
     skipping: bool = False  # in a marked line longer than an event may be: dropped to its end
-    event_bytes: int = 0
+    budget: EventBudget = field(default_factory=EventBudget)  # of its event lines
     tag: bytes = field(init=False)
 
     def __post_init__(self) -> None:
@@ -151,11 +151,8 @@ class Passer:
     def _event(self, line: bytes) -> bytes:
         """A marked line (without its newline): the event to pass on, a ``bad`` event in its place,
         or output, when it is marked as no event of this run is."""
-        self.event_bytes += len(line) + 1
-        if self.event_bytes > EVENTS_MAX:
-            if self.event_bytes - len(line) - 1 > EVENTS_MAX:  # (said once)
-                return b""
-            return self._bad(f"sent more than {EVENTS_MAX >> 20} MiB of events (the rest were dropped)")
+        if not self.budget.take(line.partition(b" ")[2], len(line) + 1):  # (its JSON: after the mark and token)
+            return self._bad(self.budget.over) if self.budget.first_over else b""
         try:
             event = parse_event(line.decode("utf-8", "replace"), self.token)
         except MalformedEvent as exc:
