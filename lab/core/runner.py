@@ -318,14 +318,20 @@ class Run:
 
     def _hung(self, now: float) -> list[int]:
         """The live ranks, when they hang: every one waits in a torch.distributed call (its last
-        progress event says so) and no rank has completed one for ``plan.hang_after`` seconds. A rank
-        computing outside torch.distributed is no hang: the others wait on it (a straggler)."""
+        progress event says so), no rank has completed one for ``plan.hang_after`` seconds, and every
+        host of theirs has answered since (its transport's keepalives). A rank computing outside
+        torch.distributed is no hang: the others wait on it (a straggler)."""
         live = [s for s in self.states if s.exit_code is None]
         if not self.plan.hang_after or not live or any(
                 s.progress is None or s.progress["inflight"] is None for s in live):
             return []
         advanced = max(s.advanced_at or 0.0 for s in self.states)
-        return [s.spec.rank for s in live] if now - advanced >= self.plan.hang_after else []
+        if now - advanced < self.plan.hang_after:
+            return []
+        # A host that has not answered since then may have gone silent, not its ranks: that is for
+        # its transport to tell (a lost host), not a hang.
+        hosts = {s.launch.launch.host for s in live}
+        return [s.spec.rank for s in live] if all(self.transports[h].heard_since(advanced) for h in hosts) else []
 
     def _await_flight(self, ranks: list[int]) -> None:
         """Wait (FLIGHT_WAIT at most) until each of ``ranks`` sent a flight dump since its last

@@ -148,6 +148,11 @@ class Transport(ABC):
         """The host's address as this transport reaches it, when it can tell (see ssh)."""
         return None
 
+    def heard_since(self, since: float) -> bool:
+        """Whether the host has answered since ``since`` (time.monotonic()): silence from its ranks is
+        theirs, not the network's. A host on this machine always has (see ssh: its keepalives)."""
+        return True
+
     def close(self) -> None:
         """Release the connection."""
 

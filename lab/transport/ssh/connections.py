@@ -75,6 +75,7 @@ class _Keepalive:
         self._transport = transport
         self._interval = interval
         self._asked_at: float | None = None  # when the keepalive still unanswered was sent
+        self.answered: float = time.monotonic()  # when the last keepalive answered was sent (at first: connected)
         self._stopped = threading.Event()
         threading.Thread(target=self._run, name=f"lab-ssh-keepalive-{name}", daemon=True).start()
 
@@ -86,7 +87,7 @@ class _Keepalive:
             except (paramiko.SSHException, OSError, EOFError):
                 return  # it cannot even be asked: the question stays unanswered
             if self._transport.is_active():
-                self._asked_at = None
+                self.answered, self._asked_at = self._asked_at, None
 
     def silent_for(self, now: float) -> float:
         """How long the host has left a keepalive unanswered on this connection (0 when none is
@@ -154,6 +155,10 @@ class Connections:
     def silent_for(self, now: float) -> float:
         """The longest a keepalive has gone unanswered on any of the connections, the jump hosts' too."""
         return max((k.silent_for(now) for k in list(self._keepalives)), default=0.0)
+
+    def answered_since(self, since: float) -> bool:
+        """Whether every connection answered a keepalive sent after ``since``, the jump hosts' too."""
+        return all(k.answered > since for k in list(self._keepalives))
 
     def all_up(self, settle: float = 0.0) -> bool:
         """Whether every connection to the host is up (see ``is_up``)."""

@@ -286,6 +286,10 @@ class SSHTransport(Transport):
     def is_lost(self) -> bool:
         return self._lost is not None
 
+    def heard_since(self, since: float) -> bool:
+        """Whether every connection to the host answered a keepalive sent after ``since``."""
+        return self._lost is None and self._connections.answered_since(since)
+
     def reaches(self) -> bool:
         """Whether the host's first connection is made and still up."""
         first = self._connections.first
