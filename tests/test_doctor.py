@@ -25,7 +25,7 @@ from lab.doctor.model import Diagnosis, Finding, HostFacts, HostReport, Master, 
 from lab.doctor.rules import NO_NETWORK_CAUSE, SAME_NETWORK_FIX, analyse, hang_causes
 from lab.doctor.run import diagnose, explain_hang, plan_targets
 from lab.errors import ExitCode
-from lab.inventory import Host, Inventory
+from lab.model.inventory import Host, Inventory
 from lab.rank.netfacts import (
     Advertised,
     Interface,

@@ -23,7 +23,7 @@ from lab.errors import UsageError
 from lab.grading.grade import Submission, find_submissions
 from lab.grading.places import one_user_hosts, split_inventory
 from lab.grading.sandbox import IMAGE, ROLE_NAME
-from lab.inventory import Host, Inventory
+from lab.model.inventory import Host, Inventory
 
 from .conftest import REPO, Lab
 

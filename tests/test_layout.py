@@ -11,13 +11,13 @@ from pathlib import Path
 from lab.transport import PACKAGE_DIR, code_uploads
 
 CONTROLLER_SIDE = ("lab.cli", "lab.core", "lab.transport", "lab.doctor", "lab.containerlab", "lab.grading",
-                   "lab.errors", "lab.inventory")
+                   "lab.errors", "lab.model")
 THIRD_PARTY = ("yaml", "paramiko", "docker", "rich", "cryptography")
 # The floors, lowest first: a module imports only from its own floor and the ones below it.
 FLOORS = (
     ("lab.suite",),
     ("lab.rank",),
-    ("lab.errors", "lab.inventory"),
+    ("lab.errors", "lab.model"),
     ("lab.transport",),
     ("lab.core",),
     ("lab.containerlab",),

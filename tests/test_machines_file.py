@@ -17,7 +17,7 @@ from lab.containerlab.machines import Machine, load_machines
 from lab.containerlab.machines_lab import MachinesLab, Spread, place
 from lab.core.plan import Options, without_unshared
 from lab.errors import InventoryError, UsageError
-from lab.inventory import Host
+from lab.model.inventory import Host
 from lab.suite import registry
 
 from .conftest import REPO

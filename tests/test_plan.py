@@ -18,7 +18,7 @@ from lab.core.plan import (
     port_macro,
 )
 from lab.errors import UsageError
-from lab.inventory import Host, Inventory
+from lab.model.inventory import Host, Inventory
 from lab.suite import registry
 
 TOKEN = "t0k3n"

@@ -12,7 +12,7 @@ from lab.core.slurm import allocation_inventory, expand_nodelist
 from lab.doctor import slurm as doctor_slurm
 from lab.doctor.slurm import SlurmAnswers
 from lab.errors import ExitCode, UsageError
-from lab.inventory import Host
+from lab.model.inventory import Host
 from lab.rank import srun
 from lab.rank.node import per_node_counts
 from lab.rank.output import HOLD

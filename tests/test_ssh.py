@@ -25,7 +25,7 @@ from lab.core.outcome import RunOutcome
 from lab.core.plan import Options, build_plan, data_address
 from lab.core.runner import run_plan
 from lab.errors import ExitCode, HostUnreachable, RunError
-from lab.inventory import Host, Inventory
+from lab.model.inventory import Host, Inventory
 from lab.suite import registry
 from lab.transport import RankProcess, code_uploads, transport_for, with_master_address
 from lab.transport.ssh import RANKS_PER_CONNECTION, SSHSettings, SSHTransport

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from lab.errors import RunError
-from lab.inventory import Host
+from lab.model.inventory import Host
 from lab.transport.ssh import SSHSettings, SSHTransport
 
 from .conftest import REPO

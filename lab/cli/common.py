@@ -13,7 +13,7 @@ from lab.core.inventory import load_inventory, local_inventory
 from lab.core.plan import DEFAULT_HANG_AFTER, LAUNCHERS, Launcher
 from lab.core.slurm import ALLOCATION, allocation_inventory
 from lab.errors import ExitCode, UsageError
-from lab.inventory import Inventory
+from lab.model.inventory import Inventory
 from lab.suite import registry
 from lab.transport.local import local_gpu_count
 from lab.transport.ssh import SSHSettings

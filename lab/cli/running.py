@@ -41,7 +41,7 @@ from lab.doctor.known import printed_causes, run_causes
 from lab.doctor.run import explain_hang
 from lab.doctor.scenario import run_scenario
 from lab.errors import ExitCode, UsageError
-from lab.inventory import Inventory
+from lab.model.inventory import Inventory
 from lab.transport import with_master_address
 from lab.transport.ssh import SSHSettings
 

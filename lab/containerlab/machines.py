@@ -39,7 +39,7 @@ from lab.containerlab.engine import API_TIMEOUT, EngineError, Say, each, reason
 from lab.core.ansible import Key, integer, invalid_value, read_ansible, read_text, text_value
 from lab.core.inventory import HOST_KEYS
 from lab.errors import HostsUnreachable, HostUnreachable, InventoryError
-from lab.inventory import Host
+from lab.model.inventory import Host
 from lab.transport.ssh import SSHSettings, SSHTransport
 
 API_VERSION = "1.41"  # Docker 20.10's API, which every later engine still speaks

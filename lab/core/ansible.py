@@ -22,7 +22,7 @@ under another group to make it a child there, and a host bare (``h1:``) to add i
 to one more group; defining the same host or group with content twice is an error.
 
 Variables the table does not name (an Ansible inventory's own: ``ntp_server``,
-``ansible_become_user``...) are ignored, and logged once at INFO on the "lab.inventory"
+``ansible_become_user``...) are ignored, and logged once at INFO on the "lab.model"
 logger (``-v``); a name one edit from one the table names (``slot``, ``ansible_hots``) is an
 error that says which was meant. Ansible's older names (``SYNONYMS``) are read as the new ones,
 and passwords are refused.
@@ -63,7 +63,7 @@ _MAX_GROUP_DEPTH = 50  # groups under groups
 _MAX_MERGE_DEPTH = 50  # mappings merged into mappings merged into...
 _MAX_MERGED = 10_000  # entries one mapping's merges bring in, counted as often as they are merged
 _MAX_MERGE_WORK = 1_000_000  # entries copied by every merge of the file
-_log = logging.getLogger("lab.inventory")  # (the machines file's ignored variables are logged there too)
+_log = logging.getLogger("lab.model")  # (the machines file's ignored variables are logged there too)
 
 # Values that reach a host's command line or environment match these before they go anywhere.
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")  # a host's or a group's name

@@ -1,6 +1,6 @@
 """Reading an inventory: which hosts the lab runs on, from an Ansible-style YAML file (read by
 ``lab.core.ansible``: layout, inheritance, bounds, ``file:line`` errors) into the model's
-``Host``s (``lab.inventory``), so an existing Ansible inventory works.
+``Host``s (``lab.model.inventory``), so an existing Ansible inventory works.
 
 ``HOST_KEYS`` is every variable a host or a group may set: the ``Host`` field it fills, how its
 value is read, and what it means (the reference's inventory section is made from it). The values
@@ -33,7 +33,7 @@ from lab.core.ansible import (
     text_value,
 )
 from lab.errors import UsageError
-from lab.inventory import CONNECTIONS, DEFAULT_PYTHON, Host, Inventory
+from lab.model.inventory import CONNECTIONS, DEFAULT_PYTHON, Host, Inventory
 
 _AUTO_PYTHON = ("auto", "auto_silent", "auto_legacy", "auto_legacy_silent")  # Ansible's discovery
 

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, get_args
 
 from lab.errors import UsageError
-from lab.inventory import Host, Inventory
+from lab.model.inventory import Host, Inventory
 from lab.suite.registry import Exercise, Rendezvous
 
 Backend = Literal["gloo", "nccl"]

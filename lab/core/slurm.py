@@ -23,7 +23,7 @@ from pathlib import Path
 from lab.core.ansible import HOST_NAME, PLAIN_PATH
 from lab.core.plan import check_partition
 from lab.errors import ExitCode, LabError, UsageError
-from lab.inventory import Host, Inventory
+from lab.model.inventory import Host, Inventory
 from lab.rank.node import per_node_counts
 from lab.transport import Transport
 

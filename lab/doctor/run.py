@@ -39,7 +39,7 @@ from lab.doctor.model import (
 )
 from lab.doctor.rules import analyse, hang_causes
 from lab.errors import HostUnreachable
-from lab.inventory import Host, Inventory
+from lab.model.inventory import Host, Inventory
 from lab.rank.netfacts import (
     Lookup,
     Target,

@@ -26,7 +26,7 @@ from lab.core.plan import Options, build_plan
 from lab.core.runner import run_plan
 from lab.doctor.model import Diagnosis
 from lab.doctor.run import diagnose
-from lab.inventory import Inventory
+from lab.model.inventory import Inventory
 from lab.transport.ssh import SSHSettings
 
 BROKEN_RUN_TIMEOUT = 20.0  # seconds: long enough for the store, short enough not to wait in vain

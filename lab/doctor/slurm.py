@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from lab.core.slurm import WORKING
 from lab.doctor.model import Finding
 from lab.errors import LabError
-from lab.inventory import Host
+from lab.model.inventory import Host
 from lab.transport import Transport, for_each_host
 
 MARK = "lab-slurm:"

@@ -25,7 +25,7 @@ from lab.core.plan import DEFAULT_TIMEOUT, Backend, Options
 from lab.errors import UsageError
 from lab.grading import sandbox
 from lab.grading.sandbox import Limits
-from lab.inventory import Host, Inventory
+from lab.model.inventory import Host, Inventory
 from lab.suite.registry import Exercise
 from lab.transport import with_master_address
 from lab.transport.ssh import SSHSettings

@@ -28,7 +28,7 @@ from lab.containerlab import image
 from lab.containerlab.engine import EngineError, Say
 from lab.containerlab.image import HOST_IMAGE, Progress
 from lab.containerlab.topology import DEFAULT_LAB, LABEL, NAME_LABEL, ROLE
-from lab.inventory import Host, Inventory
+from lab.model.inventory import Host, Inventory
 
 log = logging.getLogger(__name__)
 

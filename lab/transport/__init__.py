@@ -9,7 +9,7 @@ import ipaddress
 import logging
 from dataclasses import replace
 
-from lab.inventory import Host, Inventory
+from lab.model.inventory import Host, Inventory
 from lab.transport.base import (
     PACKAGE_DIR,
     RankProcess,

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, TypeVar
 
 from lab.errors import RunError
-from lab.inventory import Host
+from lab.model.inventory import Host
 from lab.rank.protocol import PID_MARK
 
 log = logging.getLogger(__name__)

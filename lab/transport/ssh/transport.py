@@ -49,7 +49,7 @@ from typing import IO, cast
 import paramiko
 
 from lab.errors import HostUnreachable, LabError, RunError
-from lab.inventory import Host
+from lab.model.inventory import Host
 from lab.rank.protocol import PID_MARK
 from lab.transport.base import (
     RankProcess,
