@@ -19,6 +19,7 @@ class ExitCode(IntEnum):
     UNREACHABLE = 3
     TIMEOUT = 4
     RUN_ERROR = 5
+    NETWORK = 6
     INTERRUPTED = 130
 
     @property
@@ -33,6 +34,8 @@ _MEANINGS = {
     ExitCode.UNREACHABLE: "a host could not be reached, or was lost (went silent) during the run",
     ExitCode.TIMEOUT: "the ranks hung (no call completed in --hang-after seconds) or a step passed --timeout: stopped",
     ExitCode.RUN_ERROR: "the run itself broke (a rank could not start or died outside any exercise)",
+    ExitCode.NETWORK: "the preflight found the network unfit for the job (a host that cannot reach a peer or "
+                      "MASTER_ADDR): no rank started",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C or SIGTERM); every rank was stopped",
 }
 

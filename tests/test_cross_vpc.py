@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from lab.containerlab import resources, topology
+from lab.errors import ExitCode
 
 from .conftest import Lab
 from .test_lab_docker import _client
@@ -86,3 +87,27 @@ def test_run_cross_vpc_shows_the_failure_diagnoses_it_and_passes_with_peering(xv
     assert report["passed"] and all(step["passed"] for step in report["steps"])
     assert "connected to the store" in result.err  # the ranks said so, as it happened
     assert lab("net", "peering", "show").out.strip().endswith("peering is off")  # left as it was
+
+
+def test_the_preflight_stops_the_unpeered_job_before_its_ranks_start_naming_nat_and_passes_it_peered(
+        xvpc: tuple[Lab, Path]) -> None:
+    lab, inventory = xvpc
+    result = lab("run", "p2p", "--hosts", str(inventory), "--json", timeout=300)
+    assert result.code == ExitCode.NETWORK, result.text[-4000:]
+    report = json.loads(result.out)
+    cause = report["cause"]
+    assert report["status"] == "preflight" and cause["kind"] == "network"
+    assert "the store (MASTER_ADDR) is reachable but ranks advertise private addresses" in cause["headline"]
+    evidence = [e["call"] for e in cause["evidence"]]
+    for a, b in (("node1, node2", "node3"), ("node1, node2", "node4"), ("node3, node4", "node1"),
+                 ("node3, node4", "node2")):
+        assert any(line.startswith(f"{a} cannot reach {b} at 10.") for line in evidence), evidence
+    assert sum("behind NAT" in line for line in evidence) == 4
+    assert "peer the VPCs" in cause["fix"]
+    assert [r["hostname"] for r in report["ranks"]] == [None] * 4  # no rank started
+    assert lab("net", "peering", "on").code == 0
+    try:
+        result = lab("run", "p2p", "--hosts", str(inventory), timeout=300)
+        assert result.code == ExitCode.OK, result.text[-4000:]
+    finally:
+        assert lab("net", "peering", "off").code == 0

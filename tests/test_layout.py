@@ -19,7 +19,7 @@ FLOORS = (
     ("lab.rank",),
     ("lab.errors", "lab.model"),
     ("lab.transport",),
-    ("lab.core",),
+    ("lab.core", "lab.doctor.model", "lab.doctor.rules"),  # (the doctor's pure half: the preflight judges with it)
     ("lab.containerlab",),
     ("lab.grading",),
     ("lab.doctor",),

@@ -10,11 +10,11 @@ from lab.cli.common import (
     check_timeout,
     cluster,
     cluster_options,
-    hang_after_option,
     launcher,
     launcher_option,
     solution_file,
     ssh_settings,
+    watch_options,
 )
 from lab.cli.views import bench as views
 from lab.cli.views import screen
@@ -49,7 +49,7 @@ def add_bench(commands: Commands) -> None:
     launcher_option(benching)
     benching.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT * 5, metavar="SECONDS",
                           help=f"the longest the measurement may take on any rank (default {DEFAULT_TIMEOUT * 5:g})")
-    hang_after_option(benching)
+    watch_options(benching)
     benching.add_argument("--json", action="store_true", help="print the rows as JSON")
     benching.add_argument("--csv", metavar="FILE", help="also write the rows to FILE as CSV")
     benching.add_argument("--plot", metavar="FILE.png", help="also draw busbw against size (one line per op, and "
@@ -70,7 +70,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         ops = bench.solution_ops(ops, bench.solution_rings(Path(solution)), args.ops is not None)
     env = bench.rank_env(ops, bench.parse_sizes(args.sizes), args.iters, args.warmup)
     options = Options((registry.EXERCISES["bench"],), args.backend, "env", args.timeout, solution,
-                      launcher=launcher(args), partition=args.partition, rank_env=env, hang_after=args.hang_after)
+                      launcher=launcher(args), partition=args.partition, rank_env=env, hang_after=args.hang_after,
+                      preflight=args.preflight)
     settings = ssh_settings(args)
     inventory = with_master_address(cluster(args), settings)
     console = views.console(stderr=args.json)

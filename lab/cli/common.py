@@ -119,7 +119,12 @@ def check_timeout(seconds: float) -> None:
         raise UsageError(f"--timeout must be positive, got {seconds:g}")
 
 
-def hang_after_option(parser: argparse.ArgumentParser) -> None:
+def watch_options(parser: argparse.ArgumentParser) -> None:
+    """How the lab watches a job: the network before it starts, hangs while it runs."""
+    parser.add_argument("--no-preflight", dest="preflight", action="store_false",
+                        help="start the ranks without checking the network first (by default each host's launcher "
+                             "checks, before any rank starts, that its peers and MASTER_ADDR:MASTER_PORT reach it "
+                             "and it them, and a failure stops the job with the cause, exit code 6)")
     parser.add_argument("--hang-after", type=_hang_after, default=DEFAULT_HANG_AFTER, metavar="SECONDS",
                         help="stop the job as hung, and say why across its ranks, once every live rank has "
                              "waited in a torch.distributed call and none has completed one for this long "

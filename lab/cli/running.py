@@ -13,11 +13,11 @@ from lab.cli.common import (
     cluster,
     cluster_options,
     exercises,
-    hang_after_option,
     launcher,
     launcher_option,
     solution_file,
     ssh_settings,
+    watch_options,
 )
 from lab.cli.views import run as views
 from lab.cli.views import screen
@@ -73,7 +73,7 @@ def add_run(commands: Commands) -> None:
     run.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                      help=f"the longest any rank may spend on one step: start-up, rendezvous or one "
                           f"exercise (default {DEFAULT_TIMEOUT:g})")
-    hang_after_option(run)
+    watch_options(run)
     run.add_argument("--solution", metavar="FILE.py", help="run this file in place of the exercise's "
                      "reference program (one exercise) and check it the same way; it runs as you, with "
                      "your environment and files: for other people's code use `grade`")
@@ -106,7 +106,8 @@ def _options(args: argparse.Namespace) -> Options:
     check_timeout(args.timeout)
     solution = solution_file(args.solution) if args.solution else None
     return Options(chosen, args.backend, args.init, args.timeout, solution, launcher(args),
-                   partition=args.partition, hang_after=args.hang_after)
+                   partition=args.partition, hang_after=args.hang_after,
+                   preflight=args.preflight)
 
 
 def run_and_report(inventory: Inventory, options: Options, settings: SSHSettings, json_out: bool = False,
@@ -159,7 +160,7 @@ def add_launch(commands: Commands) -> None:
     launcher_option(launch)
     launch.add_argument("--timeout", type=float, default=DEFAULT_LAUNCH_TIMEOUT, metavar="SECONDS",
                         help=f"stop the job when it runs longer (default {DEFAULT_LAUNCH_TIMEOUT:g}: an hour)")
-    hang_after_option(launch)
+    watch_options(launch)
     launch.add_argument("--json", action="store_true", help="print how the job ended, its cause and each rank "
                         "as JSON on stdout (rank output goes to stderr)")
     launch.add_argument("--keep", action="store_true", help="keep the run directory on every host")
@@ -177,7 +178,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     inventory = with_master_address(cluster(args), settings)
     console = screen.console(stderr=args.json)
     plan = build_launch_plan(inventory, str(script.resolve()), args.args, args.timeout, launcher(args),
-                             partition=args.partition, hang_after=args.hang_after)
+                             partition=args.partition, hang_after=args.hang_after, preflight=args.preflight)
     outcome = run_plan(plan, on_line=views.LineStreamer(console), keep=args.keep, ssh=settings)
     failed = [s for s in outcome.ranks if not s.done]
     code = _launch_exit(outcome, failed)
@@ -193,6 +194,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
 def _launch_exit(outcome: RunOutcome, failed: list[RankState]) -> ExitCode:
     if outcome.status == "interrupted":
         return ExitCode.INTERRUPTED
+    if outcome.status == "preflight":
+        return ExitCode.NETWORK
     if outcome.stopped:
         return ExitCode.TIMEOUT
     return ExitCode.OK if not failed else ExitCode.CHECK_FAILED

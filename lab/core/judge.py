@@ -82,6 +82,9 @@ def _unfinished(run: ExerciseRun, outcome: RunOutcome, seconds: float | None) ->
     # the first rank to go is the cause (its peers fail after it, at a rendezvous or a barrier)
     died = sorted((s for s in outcome.ranks if s.died), key=lambda s: s.ended_at or 0.0)
     first = next(iter(died), None) or next((s for s in outcome.ranks if s.fatal), None)
+    if outcome.status == "preflight":
+        return ExerciseReport(run.name, "not run", seconds, "not run: the preflight found the network unfit for "
+                              "the job, and no rank started")
     if first is None:
         return ExerciseReport(run.name, "not run", seconds, f"not run: the run ended ({outcome.status}) before it")
     who = f"rank {first.spec.rank} ({first.spec.host})"
@@ -166,6 +169,8 @@ def hung_at_start(outcome: RunOutcome) -> bool:
 def exit_code(outcome: RunOutcome, reports: list[ExerciseReport]) -> ExitCode:
     if outcome.status == "interrupted":
         return ExitCode.INTERRUPTED
+    if outcome.status == "preflight":
+        return ExitCode.NETWORK
     if outcome.stopped:
         return ExitCode.TIMEOUT
     if any(r.status == "fail" for r in reports):

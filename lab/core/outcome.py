@@ -184,14 +184,17 @@ class ExerciseRun:
 
 @dataclass(frozen=True)
 class Evidence:
-    """One rank's line of evidence: ``rank 1 (node2): recv from 0, tag 0, 4 floats at ring.py:12``."""
+    """One rank's line of evidence: ``rank 1 (node2): recv from 0, tag 0, 4 floats at ring.py:12``; or,
+    without a rank, a host's (the preflight's: ``call`` says what is wrong, naming the hosts)."""
 
-    rank: int
+    rank: int | None
     host: str
     call: str  # the call it is in (or the one the cause is about), or what it does instead
     where: str | None  # file.py:LINE in the user's program
 
     def line(self) -> str:
+        if self.rank is None:
+            return self.call
         return f"rank {self.rank} ({self.host}): {self.call}" + (f" at {self.where}" if self.where else "")
 
     def to_json(self) -> dict[str, Any]:
@@ -206,15 +209,15 @@ class Cause:
     headline: str
     evidence: tuple[Evidence, ...] = ()  # one line per rank, by rank
     fix: str | None = None  # what usually fixes it
-    notes: tuple[str, ...] = ()  # what of the ranks' records was malformed and skipped
+    notes: tuple[str, ...] = ()  # what else to know: the records that were malformed and skipped...
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "headline": self.headline, "evidence": [e.to_json() for e in self.evidence],
                 "fix": self.fix, "notes": list(self.notes)}
 
 
-CauseKind = Literal["crash", "rendezvous", "collective-mismatch", "p2p-cycle", "p2p-unmatched", "missing-rank",
-                    "uneven-counts", "straggler", "none", "unknown"]
+CauseKind = Literal["network", "crash", "rendezvous", "collective-mismatch", "p2p-cycle", "p2p-unmatched",
+                    "missing-rank", "uneven-counts", "straggler", "none", "unknown"]
 
 
 @dataclass
@@ -240,7 +243,8 @@ class RunOutcome:
         return int(bind_macros(self.plan.master_port, "", self.ports)) if self.plan.master_port and self.ports else None
 
 
-RunStatus = Literal["completed", "hung", "timeout", "interrupted", "crashed"]
+# preflight: the hosts' launchers found the network unfit for the job; no rank started (lab.core.preflight)
+RunStatus = Literal["completed", "hung", "timeout", "interrupted", "crashed", "preflight"]
 # (whose line, "out" | "err" | "lab" (the lab's own word about that output: the rest is not shown), line)
 OnLine = Callable[["RankState | LaunchState", str, str], None]
 

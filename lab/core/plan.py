@@ -35,6 +35,7 @@ from typing import Any, Literal, get_args
 
 from lab.errors import UsageError
 from lab.model.inventory import Host, Inventory
+from lab.rank.preflight import PREFLIGHT_VAR
 from lab.suite.registry import Exercise, Rendezvous
 
 Backend = Literal["gloo", "nccl"]
@@ -79,6 +80,7 @@ class Options:
     partition: str | None = None  # the Slurm partition (--launcher srun...); None: the cluster's default
     rank_env: dict[str, str] = field(default_factory=dict, hash=False)  # more settings for every rank (lab bench's)
     hang_after: float = DEFAULT_HANG_AFTER  # see Plan
+    preflight: bool = True  # see Plan
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,15 @@ class Plan:
     # A hang, found by the runner: every live rank has waited in a torch.distributed call and none has
     # completed one for this many seconds (0: never; the timeout still stops the run).
     hang_after: float = DEFAULT_HANG_AFTER
+    # Before the ranks start, each host's launcher checks the network the job will use (lab.rank.preflight):
+    # its advertised address reaches every peer, and MASTER_ADDR:MASTER_PORT is reachable. Not under srun,
+    # whose tasks Slurm starts.
+    preflight: bool = True
+
+    @property
+    def checks_network(self) -> bool:
+        """Whether the hosts' launchers run the preflight."""
+        return self.preflight and self.launcher not in SRUN_LAUNCHERS
 
     @property
     def run_name(self) -> str:
@@ -189,6 +200,9 @@ class Plan:
                 env.update(self._rendezvous_env(ranks[0]))
                 args = ("-m", "lab.rank.node", "fork" if self.launcher == "lab" else "spawn",
                         "--nprocs", str(host.slots), "--first-rank", str(ranks[0]))
+            if self.checks_network:
+                env[PREFLIGHT_VAR] = json.dumps({"name": host.name, "master_addr": self.master_addr,
+                                                 "master_port": self.master_port if node_rank == 0 else None})
             launches.append(Launch(host.name, ranks, (*args, *self.program), env))
         return tuple(launches)
 
@@ -237,7 +251,7 @@ class Plan:
             "world_size": self.world_size, "backend": self.backend, "init": self.init,
             "launcher": self.launcher, "master_addr": self.master_addr, "master_port": self.master_port,
             **({"rdzv_endpoint": self.rdzv_endpoint} if self.rdzv_endpoint else {}),
-            "timeout": self.timeout, "hang_after": self.hang_after,
+            "timeout": self.timeout, "hang_after": self.hang_after, "preflight": self.checks_network,
             **({"memory_mb": self.memory_mb} if self.memory_mb else {}),
             "run_dir": f"{RUN_DIR} = <each host's temp dir>/{self.run_name}",
             **({"ports": f"{', '.join(port_macro(i) for i in range(self.port_count))}: chosen free and "
@@ -370,7 +384,8 @@ def build_plan(inventory: Inventory, options: Options, token: str | None = None)
                 token=token, hosts=hosts, ranks=tuple(ranks), stages=stages, uploads=uploads,
                 shared_run_dir=shared, launcher=options.launcher,
                 rdzv_endpoint=_endpoint(master, rdzv_port), port_count=ports.count, memory_mb=options.memory_mb,
-                partition=options.partition, rank_env=dict(options.rank_env), hang_after=options.hang_after)
+                partition=options.partition, rank_env=dict(options.rank_env), hang_after=options.hang_after,
+                preflight=options.preflight)
 
 
 def uses_torchrun(launcher: str) -> bool:
@@ -431,7 +446,7 @@ def _lay_out_ranks(hosts: Sequence[Host], master: str, master_port: str | None, 
 
 def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], timeout: float,
                       launcher: Launcher = "lab", token: str | None = None, partition: str | None = None,
-                      hang_after: float = DEFAULT_HANG_AFTER) -> Plan:
+                      hang_after: float = DEFAULT_HANG_AFTER, preflight: bool = True) -> Plan:
     """``lab launch``: the user's script on every rank, the rendezvous in its environment
     (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE), set by the launcher."""
     if not inventory.hosts:
@@ -448,7 +463,7 @@ def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], ti
                 ranks=_lay_out_ranks(hosts, master, port, backend, launcher),
                 stages=(), uploads={relative: script}, script=(f"{RUN_DIR}/{relative}", *args),
                 launcher=launcher, rdzv_endpoint=_endpoint(master, port) if uses_torchrun(launcher) else None,
-                port_count=1, partition=partition, hang_after=hang_after)
+                port_count=1, partition=partition, hang_after=hang_after, preflight=preflight)
 
 
 StageKind = Literal["none", "torchrun", "env", "tcp", "file"]  # who forms the stage's group, and how

@@ -10,7 +10,9 @@ there and holds them until the run ends; each launch then starts with the plan's
 (``${run_dir}``, ``${portN}``) filled in for its host.
 
 A launch is one process per host, the host's launcher, which starts the host's ranks (the lab's
-zygote forks them, torchrun and mp.spawn start them). Every line of a rank's is tagged with it
+zygote forks them, torchrun and mp.spawn start them). Before it does, it checks the network the
+job will use with the others (the preflight, lab.core.preflight, whose lines the runner carries):
+a network that fails it stops the run, status ``preflight``, before any rank started. Every line of a rank's is tagged with it
 (by the zygote, else by the rank's relay: lab.rank.output) and every event names its rank, so
 each line reaches the right rank; torchrun numbers the ranks itself, so a rank's host is the one
 whose launch its hello event came through.
@@ -47,6 +49,7 @@ was as data.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import signal
@@ -60,11 +63,14 @@ from typing import Any
 from lab.core import slurm
 from lab.core.outcome import ExerciseRun, LaunchState, OnLine, RankState, RunOutcome, RunStatus
 from lab.core.plan import SRUN_LAUNCHERS, Launch, Plan
+from lab.core.portholder import hold_ports
+from lab.core.preflight import EVENTS as PREFLIGHT_EVENTS
+from lab.core.preflight import Preflight
 from lab.core.stacks import is_stack_line, program_files, where_stopped
 from lab.core.streams import QUEUE_MAX, Events, Item, StreamReader, claimed_rank
 from lab.core.why import explain_run
 from lab.errors import HostsUnreachable, HostUnreachable, LabError, RunError
-from lab.rank.protocol import EVENT_MAX, LAUNCHER_EVENTS, LINE_MAX, RANK_EVENTS, MalformedEvent, parse_event
+from lab.rank.protocol import LAUNCHER_EVENTS, RANK_EVENTS, MalformedEvent, parse_event
 from lab.transport import RankProcess, Transport, code_uploads, for_each_host, release, transport_for
 from lab.transport.ssh import SSHSettings
 
@@ -77,7 +83,6 @@ DUMP_SETTLE = 0.3  # seconds with no line of a dump after every live rank's came
 FLIGHT_WAIT = 3.0  # seconds to wait for hung ranks' flight dumps (each sends one 2 s into a blocked call)
 CRASH_GRACE = 5.0  # seconds peers get to report after a rank died
 STREAM_GRACE = 1.0  # seconds to wait for the last lines of a process that ended
-PORTS_WAIT = 30.0  # seconds for rank 0's host to report the ports it holds
 VIOLATIONS_KEPT = 10  # of one rank's
 
 
@@ -120,6 +125,7 @@ class Run:
         self.stopped = threading.Event()  # set when the run is over: readers stop waiting for room in the queue
         self.stop = stop  # set by another thread to interrupt the run
         self.holder: RankProcess | None = None  # the port holder on rank 0's host
+        self.preflight: Preflight | None = None  # the hosts' check of the network, before the ranks start
         self.ports: tuple[int, ...] = ()
         self.started = time.monotonic()
         self.wall = wall
@@ -133,7 +139,9 @@ class Run:
         if self.plan.launcher in SRUN_LAUNCHERS:
             self._check_same_run_dir(run_dirs)
         if self.plan.port_count:
-            self.holder, self.ports = self._hold_ports(self.transports[self.plan.hosts[0].name])
+            self.holder, self.ports = hold_ports(self.transports[self.plan.hosts[0].name], self.plan)
+        if self.plan.checks_network:
+            self.preflight = Preflight(self.plan, self.ports)
         self._start_launches(run_dirs)
         self._start_readers()
 
@@ -163,30 +171,6 @@ class Run:
             raise RunError(f"host {other[0]}: its run directory is {other[1]}, not {login} as on "
                            f"{self.plan.hosts[0].name}: srun runs the tasks in the same directory on every node "
                            f"(give the hosts the same TMPDIR)")
-
-    def _hold_ports(self, transport: Transport) -> tuple[RankProcess, tuple[int, ...]]:
-        """Start the port holder on rank 0's host: the process (kill it to free the ports) and the
-        ports it holds for the run."""
-        plan = self.plan
-        assert transport.run_dir is not None
-        env = {"PYTHONPATH": f"{transport.run_dir}/code", "LAB_TOKEN": plan.token, "PYTHONUNBUFFERED": "1"}
-        try:
-            holder = transport.start([*transport.module_argv("lab.rank.ports"), str(plan.port_count)], env,
-                                     transport.run_dir)
-        except OSError as exc:
-            raise RunError(f"host {transport.host.name}: cannot start the port holder: {exc}") from exc
-        try:
-            ports = _ports_in(_first_event(holder, plan.token, PORTS_WAIT))
-        except BaseException:
-            holder.kill()
-            raise
-        if len(ports) != plan.port_count:
-            ended = holder.poll() is not None
-            error = holder.stderr.read(LINE_MAX).decode("utf-8", "replace").strip().splitlines() if ended else []
-            holder.kill()
-            raise RunError(f"host {transport.host.name}: could not hold {plan.port_count} free port(s) for the "
-                           f"rendezvous: {error[-1] if error else f'no answer within {PORTS_WAIT:g}s'}")
-        return holder, ports
 
     def _start_launches(self, run_dirs: dict[str, str]) -> None:
         """Start every launch at once, each with its host's run directory and the run's ports."""
@@ -229,6 +213,8 @@ class Run:
                 return "interrupted", []
             for item in self._take(0.2):
                 self._handle_item(item)
+            if self.preflight is not None and not self.preflight.decided and self._preflight_failed():
+                return "preflight", []
             now = time.monotonic()
             ended = self._settle_ended(now)
             crashed_at = crashed_at or ended
@@ -342,6 +328,17 @@ class Run:
             for item in self._take(0.1):
                 self._handle_item(item)
 
+    def _preflight_failed(self) -> bool:
+        """Carry the preflight's lines to the hosts' launchers (lab.core.preflight); True when the
+        network failed it (the run stops: no rank started)."""
+        assert self.preflight is not None
+        lines = self.preflight.lines()
+        for launch in self.launches:
+            if launch.launch.host in lines and launch.process is not None:
+                with contextlib.suppress(OSError, EOFError):  # (a launcher that is gone is seen as such)
+                    launch.process.send(lines[launch.launch.host])
+        return self.preflight.cause is not None
+
     # -- events -----------------------------------------------------------------------------
 
     def _on_event(self, launch: LaunchState, line: str) -> None:
@@ -358,6 +355,9 @@ class Run:
         if event is None:
             return
         kind = event["event"]
+        if kind in PREFLIGHT_EVENTS and self.preflight is not None and not self.preflight.decided:
+            self.preflight.take(launch.launch.host, event)
+            return
         if kind not in RANK_EVENTS | LAUNCHER_EVENTS:
             self._violation(self._first_rank(launch), f"sent a {kind!r} event, which no rank sends")
             return
@@ -540,35 +540,5 @@ class Run:
         walled = wall if status == "timeout" and wall and time.monotonic() - self.started >= wall else None
         outcome = RunOutcome(self.plan, self.states, self.runs, status, time.monotonic() - self.started, hung,
                              self.ports, walled)
-        outcome.cause = explain_run(outcome)
+        outcome.cause = self.preflight.cause if status == "preflight" and self.preflight else explain_run(outcome)
         return outcome
-
-
-def _ports_in(event: dict[str, Any] | None) -> tuple[int, ...]:
-    """The ports a ``ports`` event names; none when it is not one, or not a list of ports."""
-    ports = event.get("ports") if event and event.get("event") == "ports" else None
-    if not isinstance(ports, list) or not all(isinstance(p, int) and 0 < p < 65536 for p in ports):
-        return ()
-    return tuple(ports)
-
-
-def _first_event(process: RankProcess, token: str, timeout: float) -> dict[str, Any] | None:
-    """The first event on ``process``'s stdout within ``timeout`` seconds (None: none came)."""
-    found: queue.Queue[dict[str, Any] | None] = queue.Queue()
-
-    def read() -> None:
-        try:
-            for raw in iter(lambda: process.stdout.readline(EVENT_MAX + 1), b""):  # (a longer line is no event)
-                event = parse_event(raw.decode("utf-8", "replace").rstrip("\r\n"), token)
-                if event is not None:
-                    found.put(event)
-                    return
-        except (OSError, ValueError):  # (MalformedEvent is a ValueError)
-            pass
-        found.put(None)
-
-    threading.Thread(target=read, name="lab-read-ports", daemon=True).start()
-    try:
-        return found.get(timeout=timeout)
-    except queue.Empty:
-        return None

@@ -11,6 +11,7 @@ from lab.core.plan import data_address
 from lab.doctor.model import SEVERITIES, Diagnosis, Finding, HostReport, Master
 from lab.rank.netfacts import (
     Link,
+    Target,
     family,
     is_loopback,
 )
@@ -40,6 +41,36 @@ def spans_machines(reports: Sequence[HostReport]) -> bool:
     """Whether the hosts are more than one network stack (a host not heard from counts as its own)."""
     machines = {r.facts.machine for r in reports if r.facts is not None}
     return len(machines) > 1 or any(r.facts is None and not r.host.is_local for r in reports)
+
+
+def master_endpoint(master: Master, report: HostReport) -> Master:
+    """The port every host tries for MASTER_ADDR: MASTER_PORT where rank 0's host could
+    listen on it, else its probe's own listener."""
+    if report.facts is None:
+        return master
+    return Master(master.host, master.address, report.facts.master_port or report.facts.port, master.requested_port)
+
+
+def plan_targets(reports: Sequence[HostReport], master: Master) -> dict[str, list[Target]]:
+    """What each host (with facts) connects to: MASTER_ADDR, every other host's advertised
+    address (its own too when it runs several ranks: they connect to each other through
+    it), and a peer's data_address where that differs from what it advertises."""
+    ready = [r for r in reports if r.facts is not None]
+    plans: dict[str, list[Target]] = {}
+    for source in ready:
+        targets = [Target("master", master.host, master.address, master.port)] if master.port else []
+        for peer in ready:
+            assert peer.facts is not None
+            if peer is source and peer.host.slots < 2:
+                continue
+            advertised = peer.facts.gloo.address
+            if advertised:
+                targets.append(Target("mesh", peer.name, advertised, peer.facts.port))
+            data = data_address(peer.host)
+            if data != advertised and peer is not source:
+                targets.append(Target("data", peer.name, data, peer.facts.port))
+        plans[source.name] = targets
+    return plans
 
 
 def _reach_findings(reports: Sequence[HostReport]) -> Iterable[Finding]:

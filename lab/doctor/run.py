@@ -22,7 +22,6 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -37,7 +36,7 @@ from lab.doctor.model import (
     facts_from,
     link_from,
 )
-from lab.doctor.rules import analyse, hang_causes
+from lab.doctor.rules import analyse, hang_causes, master_endpoint, plan_targets
 from lab.errors import HostUnreachable
 from lab.model.inventory import Host, Inventory
 from lab.rank.netfacts import (
@@ -171,7 +170,7 @@ def diagnose(inventory: Inventory, ssh: SSHSettings | None = None, master_port: 
         seconds["start"] = time.monotonic() - started
         _gather_facts(probes, reports, timeout)
         seconds["facts"] = time.monotonic() - started - seconds["start"]
-        master = _master_endpoint(master, reports[first.name])
+        master = master_endpoint(master, reports[first.name])
         mesh_started = time.monotonic()
         _connect_all(probes, reports, plan_targets(list(reports.values()), master), timeout)
         seconds["mesh"] = time.monotonic() - mesh_started
@@ -203,36 +202,6 @@ def _gather_facts(probes: dict[str, _ProbeRun], reports: dict[str, HostReport], 
             reports[name].facts = facts_from(data)
         except (KeyError, TypeError) as exc:
             reports[name].failure = f"the probe's facts are unreadable: {exc!r}"
-
-
-def _master_endpoint(master: Master, report: HostReport) -> Master:
-    """The port every host tries for MASTER_ADDR: MASTER_PORT where rank 0's host could
-    listen on it, else its probe's own listener."""
-    if report.facts is None:
-        return master
-    return Master(master.host, master.address, report.facts.master_port or report.facts.port, master.requested_port)
-
-
-def plan_targets(reports: Sequence[HostReport], master: Master) -> dict[str, list[Target]]:
-    """What each host (with facts) connects to: MASTER_ADDR, every other host's advertised
-    address (its own too when it runs several ranks: they connect to each other through
-    it), and a peer's data_address where that differs from what it advertises."""
-    ready = [r for r in reports if r.facts is not None]
-    plans: dict[str, list[Target]] = {}
-    for source in ready:
-        targets = [Target("master", master.host, master.address, master.port)] if master.port else []
-        for peer in ready:
-            assert peer.facts is not None
-            if peer is source and peer.host.slots < 2:
-                continue
-            advertised = peer.facts.gloo.address
-            if advertised:
-                targets.append(Target("mesh", peer.name, advertised, peer.facts.port))
-            data = data_address(peer.host)
-            if data != advertised and peer is not source:
-                targets.append(Target("data", peer.name, data, peer.facts.port))
-        plans[source.name] = targets
-    return plans
 
 
 def _connect_all(probes: dict[str, _ProbeRun], reports: dict[str, HostReport],

@@ -30,6 +30,7 @@ only, never set by the lab) delays each connection, to imitate a slow link.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -227,10 +228,25 @@ class Listener:
         self.heard: dict[str, set[str]] = {}  # source address -> the names that came from it
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        threading.Thread(target=self._serve, name=f"lab-probe-listen-{self.port}", daemon=True).start()
+        self._server = threading.Thread(target=self._serve, name=f"lab-probe-listen-{self.port}", daemon=True)
+        self._answers: list[threading.Thread] = []
+        self._open: set[socket.socket] = set()  # the connections being answered
+        self._server.start()
 
-    def close(self) -> None:
+    def close(self, wait: float = 0.0) -> None:
+        """Stop listening; with ``wait``, wait that long at most for every thread of it to end (a
+        process about to fork must have none left)."""
         self._stop.set()
+        with contextlib.suppress(OSError):
+            self._socket.shutdown(socket.SHUT_RDWR)  # wakes the accept at once (Linux)
+        deadline = time.monotonic() + wait
+        self._server.join(wait)
+        with self._lock:
+            for conn in self._open:  # (a connection that sends no handshake would hold its thread)
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+        for thread in self._answers:  # (once the server is done: it starts them)
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def snapshot(self) -> dict[str, set[str]]:
         """Source address -> the names of the probes that connected from it, so far."""
@@ -246,19 +262,32 @@ class Listener:
                     continue
                 except OSError:
                     return
-                threading.Thread(target=self._answer, args=(conn, source[0]), daemon=True).start()
+                answer = threading.Thread(target=self._answer, args=(conn, source[0]), daemon=True)
+                answer.start()
+                self._answers = [t for t in self._answers if t.is_alive()] + [answer]
 
     def _answer(self, conn: socket.socket, source: str) -> None:
-        seen = plain_address(source)
-        with conn:
-            try:
-                conn.settimeout(self.timeout)
-                hello = json.loads(_read_line(conn))
-                if not isinstance(hello, dict) or hello.get("token") != self.token:
-                    return
-                conn.sendall(json.dumps({"name": self.name, "seen": seen}).encode() + b"\n")
-            except (OSError, ValueError):
+        with self._lock:
+            if self._stop.is_set():
+                conn.close()
                 return
+            self._open.add(conn)
+        try:
+            with conn:
+                self._handshake(conn, plain_address(source))
+        finally:
+            with self._lock:
+                self._open.discard(conn)
+
+    def _handshake(self, conn: socket.socket, seen: str) -> None:
+        try:
+            conn.settimeout(self.timeout)
+            hello = json.loads(_read_line(conn))
+            if not isinstance(hello, dict) or hello.get("token") != self.token:
+                return
+            conn.sendall(json.dumps({"name": self.name, "seen": seen}).encode() + b"\n")
+        except (OSError, ValueError):
+            return
         with self._lock:
             self.heard.setdefault(seen, set()).add(str(hello.get("from")))
 
@@ -326,6 +355,33 @@ def runtime_facts() -> dict[str, Any]:
     return facts
 
 
+def survey(name: str, token: str, timeout: float, master_addr: str, master_port: int | None,
+           lookups: bool = True) -> tuple[dict[str, Any], list[Listener]]:
+    """This host's facts (the ``facts`` event's fields) and its listeners, started: the mesh's on a
+    free port, and MASTER_PORT's when ``master_port`` is given. ``lookups``: also time reverse
+    lookups of the advertised address and MASTER_ADDR (the doctor's; the preflight needs none)."""
+    hostname = socket.gethostname()
+    interfaces = read_interfaces()
+    resolved = resolve(hostname, timeout)
+    gloo = gloo_address(os.environ.get("GLOO_SOCKET_IFNAME"), hostname, resolved.answer, interfaces, can_bind)
+    nccl = nccl_address(os.environ.get("NCCL_SOCKET_IFNAME"), interfaces)
+    queries = dict.fromkeys(a for a in (gloo.address, master_addr) if a and family(a)) if lookups else {}
+    reverses = in_parallel(partial(reverse, a, timeout) for a in queries)
+    mesh = Listener(name, token, 0, timeout)
+    listeners, master_error = [mesh], None
+    if master_port is not None:
+        try:
+            listeners.append(Listener(name, token, master_port, timeout))
+        except OSError as exc:
+            master_port, master_error = None, describe(exc)[1]
+    facts = dict(hostname=hostname, python=sys.version.split()[0], executable=sys.executable, machine=machine_id(),
+                 interfaces=[asdict(i) for i in interfaces], resolved=asdict(resolved),
+                 reverse=[asdict(r) for r in reverses], gloo=asdict(gloo), nccl=asdict(nccl),
+                 env={k: os.environ[k] for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if k in os.environ},
+                 port=mesh.port, master_port=master_port, master_port_error=master_error)
+    return facts, listeners
+
+
 class Probe:
     """One host's probe, driven by its instructions and its stdin (see the module)."""
 
@@ -365,28 +421,9 @@ class Probe:
         return 0
 
     def _facts(self) -> list[Listener]:
-        """Report this host's facts and start its listeners (the mesh's; the master's when
-        this host has MASTER_PORT to try)."""
-        hostname = socket.gethostname()
-        interfaces = read_interfaces()
-        resolved = resolve(hostname, self.timeout)
-        gloo = gloo_address(os.environ.get("GLOO_SOCKET_IFNAME"), hostname, resolved.answer, interfaces, can_bind)
-        nccl = nccl_address(os.environ.get("NCCL_SOCKET_IFNAME"), interfaces)
-        queries = dict.fromkeys(a for a in (gloo.address, self.master_addr) if a and family(a))
-        lookups = in_parallel(partial(reverse, a, self.timeout) for a in queries)
-        mesh = Listener(self.name, self.token, 0, self.timeout)
-        listeners, master_port, master_error = [mesh], None, None
-        if self.master_port is not None:
-            try:
-                listeners.append(Listener(self.name, self.token, self.master_port, self.timeout))
-                master_port = self.master_port
-            except OSError as exc:
-                master_error = describe(exc)[1]
-        self.report("facts", hostname=hostname, python=sys.version.split()[0], executable=sys.executable,
-                    machine=machine_id(), interfaces=[asdict(i) for i in interfaces], resolved=asdict(resolved),
-                    reverse=[asdict(r) for r in lookups], gloo=asdict(gloo), nccl=asdict(nccl),
-                    env={k: os.environ[k] for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME") if k in os.environ},
-                    port=mesh.port, master_port=master_port, master_port_error=master_error)
+        """Report this host's facts and start its listeners."""
+        facts, listeners = survey(self.name, self.token, self.timeout, self.master_addr, self.master_port)
+        self.report("facts", **facts)
         return listeners
 
     def _runtime(self) -> None:

@@ -118,7 +118,7 @@ FLIGHT_EVENTS: Final = (b'{"event": "progress"', b'{"event": "flight"')  # how t
 FLIGHT_RATE: Final = 4096  # bytes a second of them, for each rank, allowed past EVENTS_MAX (see EventBudget)
 
 EventKind = Literal["hello", "step", "result", "error", "fatal", "done", "progress", "flight", "end", "exit",
-                    "bad", "ports", "facts", "runtime", "links", "heard"]
+                    "bad", "ports", "facts", "runtime", "links", "heard", "closed"]
 EVENT_KINDS: Final[frozenset[str]] = frozenset(get_args(EventKind))
 RANK_EVENTS: Final = frozenset({"hello", "step", "result", "error", "fatal", "done", "progress",
                                 "flight", "end"})  # what a rank sends

@@ -22,8 +22,9 @@ wrote what without taking any rank's word for it (:class:`Passer`):
 
 This process ends when every rank has (its status: 0 if every rank's was 0, else 1). The
 controller closing its stdin (going away) kills the whole process group at once. SIGUSR1 (the lab
-asking for stacks) is for the ranks, which are in this process's group: ignored here. It starts no
-thread, so that every rank is forked from a process with one.
+asking for stacks) is for the ranks, which are in this process's group: ignored here. Every rank
+is forked from a process with one thread: the preflight's (``lab.rank.preflight``) have ended by
+then, and this process starts no other.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import NoReturn
 
 from lab.rank.output import HOLD
+from lab.rank.preflight import Preflight
 from lab.rank.protocol import (
     EVENT_MAX,
     LINE_MAX,
@@ -181,16 +183,19 @@ class Rank:
     reported: bool = False
 
 
-def main(options: argparse.Namespace, first_local_rank: int = 0) -> NoReturn:
+def main(options: argparse.Namespace, first_local_rank: int = 0, checking: Preflight | None = None) -> NoReturn:
     """Fork ``options.nprocs`` ranks from ``options.first_rank`` on (``lab.rank.node.host_ranks``;
     their local ranks from ``first_local_rank`` on), each running ``options.module``'s main with
-    ``options.args``; pass their streams on until all end, then end at once: this process ran no
+    ``options.args`` (once torch is imported and, with ``checking``, the host's preflight passed);
+    pass their streams on until all end, then end at once: this process ran no
     program's code, so it skips the interpreter's teardown, which with torch loaded takes about
     a second that every run would wait for."""
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # (each rank installs its stack dump)
     for name in PRELOAD:
         with contextlib.suppress(Exception):
             importlib.import_module(name)
+    if checking is not None:  # (it ends every thread of its before it returns)
+        checking.end()
     os.environ[WATCHED_BY_PARENT] = "1"  # this process watches stdin for them all
     token = os.environ.get(TOKEN_VAR, "")
     ranks: list[Rank] = []

@@ -1,0 +1,68 @@
+"""The run's port holder: rank 0's host chooses the rendezvous ports and holds them for as long as
+the run lasts (``lab.rank.ports``), so runs from any number of controllers never pick the same port."""
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any
+
+from lab.core.plan import Plan
+from lab.errors import RunError
+from lab.rank.protocol import EVENT_MAX, LINE_MAX, parse_event
+from lab.transport import RankProcess, Transport
+
+PORTS_WAIT = 30.0  # seconds for rank 0's host to report the ports it holds
+
+
+def hold_ports(transport: Transport, plan: Plan) -> tuple[RankProcess, tuple[int, ...]]:
+    """Start the port holder on rank 0's host: the process (kill it to free the ports) and the
+    ports it holds for the run."""
+    assert transport.run_dir is not None
+    env = {"PYTHONPATH": f"{transport.run_dir}/code", "LAB_TOKEN": plan.token, "PYTHONUNBUFFERED": "1"}
+    try:
+        holder = transport.start([*transport.module_argv("lab.rank.ports"), str(plan.port_count)], env,
+                                 transport.run_dir)
+    except OSError as exc:
+        raise RunError(f"host {transport.host.name}: cannot start the port holder: {exc}") from exc
+    try:
+        ports = _ports_in(_first_event(holder, plan.token, PORTS_WAIT))
+    except BaseException:
+        holder.kill()
+        raise
+    if len(ports) != plan.port_count:
+        ended = holder.poll() is not None
+        error = holder.stderr.read(LINE_MAX).decode("utf-8", "replace").strip().splitlines() if ended else []
+        holder.kill()
+        raise RunError(f"host {transport.host.name}: could not hold {plan.port_count} free port(s) for the "
+                       f"rendezvous: {error[-1] if error else f'no answer within {PORTS_WAIT:g}s'}")
+    return holder, ports
+
+
+def _ports_in(event: dict[str, Any] | None) -> tuple[int, ...]:
+    """The ports a ``ports`` event names; none when it is not one, or not a list of ports."""
+    ports = event.get("ports") if event and event.get("event") == "ports" else None
+    if not isinstance(ports, list) or not all(isinstance(p, int) and 0 < p < 65536 for p in ports):
+        return ()
+    return tuple(ports)
+
+
+def _first_event(process: RankProcess, token: str, timeout: float) -> dict[str, Any] | None:
+    """The first event on ``process``'s stdout within ``timeout`` seconds (None: none came)."""
+    found: queue.Queue[dict[str, Any] | None] = queue.Queue()
+
+    def read() -> None:
+        try:
+            for raw in iter(lambda: process.stdout.readline(EVENT_MAX + 1), b""):  # (a longer line is no event)
+                event = parse_event(raw.decode("utf-8", "replace").rstrip("\r\n"), token)
+                if event is not None:
+                    found.put(event)
+                    return
+        except (OSError, ValueError):  # (MalformedEvent is a ValueError)
+            pass
+        found.put(None)
+
+    threading.Thread(target=read, name="lab-read-ports", daemon=True).start()
+    try:
+        return found.get(timeout=timeout)
+    except queue.Empty:
+        return None

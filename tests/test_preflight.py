@@ -1,0 +1,215 @@
+"""The preflight: before any rank starts, each host's launcher checks the network the job will use,
+and a failure stops the run with the doctor's cause (lab.rank.preflight, lab.core.preflight).
+
+The controller's half on synthetic reports; the hosts' half for real: real sockets, the lab's
+launchers (the zygote, torchrun, mp.spawn) on local hosts. The cross-VPC lab's unpeered and
+peered runs are in test_cross_vpc.py."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lab.core.plan import build_launch_plan
+from lab.core.preflight import Preflight
+from lab.doctor.rules import SAME_NETWORK_FIX
+from lab.errors import ExitCode
+from lab.model.inventory import Host, Inventory
+from lab.rank import ports
+from lab.rank.probe import Listener, survey
+
+from .conftest import Lab
+from .test_doctor import facts, link, local_hosts
+
+ADDRESSES = {"a": "10.0.0.1", "b": "10.0.0.2", "c": "10.0.1.3"}
+PORT = 40000
+
+
+def three_hosts() -> Preflight:
+    inventory = Inventory("inv.yaml", tuple(Host(name, address) for name, address in ADDRESSES.items()))
+    plan = build_launch_plan(inventory, "/tmp/job.py", [], 60.0)
+    return Preflight(plan, (PORT,))
+
+
+def facts_event(name: str, master_port: int | None = PORT) -> dict[str, Any]:
+    """What ``name``'s launcher reports: rank 0's host (a) listens on ``master_port`` too."""
+    reported = replace(facts(ADDRESSES[name], hostname=name), master_port=master_port if name == "a" else None)
+    return {"event": "facts", **asdict(reported)}
+
+
+def healthy_links(check: Preflight) -> None:
+    for name, address in ADDRESSES.items():
+        assert check.lines() == {}
+        check.take(name, links_event(link("master", "a", "10.0.0.1", seen=address),
+                                     *(link("mesh", p, a, seen=address) for p, a in ADDRESSES.items() if p != name)))
+
+
+def links_event(*links: object) -> dict[str, Any]:
+    return {"event": "links", "links": [asdict(each) for each in links]}  # type: ignore[call-overload]
+
+
+# -- the controller's half ----------------------------------------------------------------------
+
+
+def reported_facts(check: Preflight) -> dict[str, bytes]:
+    for name in ADDRESSES:
+        check.take(name, facts_event(name))
+    return check.lines()
+
+
+def test_targets_go_out_once_every_host_reported_its_facts_and_only_once() -> None:
+    check = three_hosts()
+    check.take("a", facts_event("a"))
+    check.take("b", facts_event("b"))
+    assert check.lines() == {}
+    check.take("c", facts_event("c"))
+    lines = check.lines()
+    assert set(lines) == {"a", "b", "c"}
+    targets = json.loads(lines["c"])["targets"]
+    assert {(t["kind"], t["peer"], t["address"], t["port"]) for t in targets} == {
+        ("master", "a", "10.0.0.1", PORT), ("mesh", "a", "10.0.0.1", 40000), ("mesh", "b", "10.0.0.2", 40000)}
+    assert check.lines() == {}  # said once; no links yet
+
+
+def test_a_network_that_passes_lets_rank_0s_host_go_first_then_the_others_once_it_closed() -> None:
+    check = three_hosts()
+    reported_facts(check)
+    healthy_links(check)
+    assert check.lines() == {"a": b"go\n"}
+    check.take("b", {"event": "closed"})  # (not rank 0's host: no matter)
+    assert check.lines() == {} and not check.decided
+    check.take("a", {"event": "closed"})  # it no longer listens on MASTER_PORT, where the others' ranks go
+    assert check.lines() == {"b": b"go\n", "c": b"go\n"}
+    assert check.decided and check.cause is None and check.lines() == {}
+
+
+def test_all_go_at_once_when_rank_0s_host_did_not_listen_on_the_master_port() -> None:
+    check = three_hosts()
+    for name in ADDRESSES:
+        check.take(name, facts_event(name, master_port=None))  # (file:// has no store port)
+    check.lines()
+    healthy_links(check)
+    assert check.lines() == {"a": b"go\n", "b": b"go\n", "c": b"go\n"} and check.decided
+
+
+def test_hosts_that_reach_the_store_but_not_each_other_are_stopped_with_the_doctors_cause() -> None:
+    check = three_hosts()
+    reported_facts(check)
+    vpc = {"a": "x", "b": "x", "c": "y"}
+    for name, address in ADDRESSES.items():
+        seen = "10.99.0.3" if name == "c" else address  # c reaches the store through NAT
+        check.take(name, links_event(link("master", "a", "10.0.0.1", seen=seen),
+                                     *(link("mesh", p, a, seen=address) if vpc[p] == vpc[name]
+                                       else link("mesh", p, a, failure="timeout")
+                                       for p, a in ADDRESSES.items() if p != name)))
+    assert check.lines() == {}  # no host is told to go
+    cause = check.cause
+    assert check.decided and cause is not None and cause.kind == "network"
+    assert cause.headline.startswith("The preflight stopped the run before any rank started: the store "
+                                     "(MASTER_ADDR) is reachable but ranks advertise")
+    lines = [e.line() for e in cause.evidence]
+    assert "c cannot reach a at 10.0.0.1:40000, the address gloo advertises there (no answer within 5s)" in lines
+    assert any(line.startswith("a, b cannot reach c at 10.0.1.3") for line in lines)
+    assert "c is seen as 10.99.0.3 but believes it is 10.0.1.3: behind NAT (10.99.0.3 by a)" in lines
+    assert cause.fix == SAME_NETWORK_FIX and cause.notes[-1].endswith("--no-preflight skips it")
+
+
+def test_unreadable_facts_count_as_reported_and_stop_the_run_naming_the_host() -> None:
+    check = three_hosts()
+    check.take("a", facts_event("a"))
+    check.take("b", {"event": "facts", "hostname": "b"})
+    check.take("c", facts_event("c"))
+    assert set(check.lines()) == {"a", "c"}  # b has nothing to connect from, nor a listener to reach
+    for name in ("a", "c"):
+        check.take(name, links_event())
+    assert check.lines() == {}
+    assert check.cause is not None and "its launcher's preflight facts are unreadable" in check.cause.headline
+
+
+# -- the hosts' half: real sockets ----------------------------------------------------------
+
+
+def test_rank_0s_host_listens_on_the_master_port_the_run_holds() -> None:
+    held = ports.hold(1)
+    port = held[0].getsockname()[1]
+    try:
+        found, listeners = survey("a", "token", 2.0, "127.0.0.1", port, lookups=False)
+        try:
+            assert (found["master_port"], found["master_port_error"]) == (port, None)
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as conn:  # it answers there
+                conn.sendall(b'{"token": "token", "from": "b"}\n')
+                assert json.loads(conn.makefile().readline())["name"] == "a"
+        finally:
+            for listener in listeners:
+                listener.close(1.0)
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_a_closed_listener_leaves_no_thread_behind() -> None:
+    before = threading.active_count()
+    listener = Listener("a", "token", 0, 2.0)
+    with socket.create_connection(("127.0.0.1", listener.port), timeout=2) as conn:
+        conn.sendall(b'{"token": "token", "from": "b"}\n')
+        conn.makefile().readline()
+    listener.close(1.0)
+    assert threading.active_count() == before  # (a launcher forks its ranks right after)
+
+
+# -- end to end, on local hosts ---------------------------------------------------------------
+
+CHECK_ENV = """import os, threading
+import torch.distributed as dist
+dist.init_process_group("gloo")
+print(f"rank {dist.get_rank()}: setting {os.environ.get('LAB_PREFLIGHT')!r}")
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.local
+@pytest.mark.parametrize("launcher", ["lab", "torchrun", "spawn"])
+def test_a_host_without_its_interface_stops_the_job_before_any_rank_starts(
+        lab: Lab, tmp_path: Path, launcher: str) -> None:
+    local_hosts(tmp_path, "    a: {}\n    b: {network_interface: nosuch0}\n")
+    script = tmp_path / "job.py"
+    script.write_text(CHECK_ENV)
+    result = lab("launch", "--hosts", str(tmp_path / "inventory.yaml"), "--launcher", launcher, "--json", str(script))
+    assert result.code == ExitCode.NETWORK, result.text[-3000:]
+    report = json.loads(result.out)
+    assert report["status"] == "preflight" and report["cause"]["kind"] == "network"
+    assert "there is no interface nosuch0 on b" in report["cause"]["headline"]
+    assert report["cause"]["fix"].startswith("set network_interface of b in the inventory")
+    assert "setting" not in result.err  # no rank ran
+    assert lab.leftovers() == []
+
+
+@pytest.mark.local
+@pytest.mark.parametrize("launcher", ["lab", "torchrun", "spawn"])
+def test_a_job_that_passes_the_preflight_runs_and_its_ranks_see_nothing_of_it(
+        lab: Lab, tmp_path: Path, launcher: str) -> None:
+    local_hosts(tmp_path, "    a: {}\n    b: {slots: 2}\n")
+    script = tmp_path / "job.py"
+    script.write_text(CHECK_ENV)
+    result = lab("launch", "--hosts", str(tmp_path / "inventory.yaml"), "--launcher", launcher, str(script))
+    assert result.code == ExitCode.OK, result.text[-3000:]
+    assert sorted(line.split("] ", 1)[-1] for line in result.out.splitlines() if "setting" in line) == [
+        f"rank {r}: setting None" for r in range(3)]
+    assert lab.leftovers() == []
+
+
+@pytest.mark.local
+def test_no_preflight_starts_the_ranks_whatever_the_network(lab: Lab, tmp_path: Path) -> None:
+    local_hosts(tmp_path, "    a: {}\n    b: {network_interface: nosuch0}\n")
+    script = tmp_path / "job.py"
+    script.write_text(CHECK_ENV)
+    result = lab("launch", "--hosts", str(tmp_path / "inventory.yaml"), "--no-preflight", "--json", str(script))
+    report = json.loads(result.out)
+    assert result.code != ExitCode.NETWORK and report["status"] != "preflight"
+    assert "nosuch0" in result.err  # gloo itself failed on b, as it does without the lab
+    assert lab.leftovers() == []
