@@ -496,10 +496,14 @@ def doctor_findings(lab: Lab, inventory: Path, *extra: str) -> tuple[int, list[d
 
 
 @pytest.mark.parametrize("kind, hosts, broken, shows, check, subject", [
-    ("loopback-hostname", 2, "node1, node2, node3, node4", r"node2 resolves to 127\.0\.1\.1", "resolve", "node2"),
-    # (gloo's higher rank connects to the lower: node3 to node2 is the pair the firewall stops)
-    ("blocked-port", 3, "node2", r"node1, node3 cannot reach node2 at 10\.213\.0\.12", "mesh", "-> node2"),
-    ("wrong-ifname", 2, "node2", r"rank 1 \(node2\) printed 'Unable to find address for: eth9'", "interface", "node2"),
+    # (the preflight names the three network faults before any rank starts)
+    ("loopback-hostname", 2, "node1, node2, node3, node4",
+     r"lab: The preflight stopped the run before any rank started: its hostname node1 resolves to 127\.0\.1\.1 "
+     r".* its hostname node2 resolves to 127\.0\.1\.1", "resolve", "node2"),
+    ("blocked-port", 3, "node2", r"lab: The preflight stopped the run before any rank started: .*"
+     r"node1, node3 cannot reach node2 at 10\.213\.0\.12", "mesh", "-> node2"),
+    ("wrong-ifname", 2, "node2", r"lab: The preflight stopped the run before any rank started: GLOO_SOCKET_IFNAME "
+     r"\(GLOO_SOCKET_IFNAME=eth9\): there is no interface eth9 on node2", "interface", "node2"),
     ("slow-dns", 3, "node1", r"1 passed, 0 failed in (1\d|[2-9]\d)\.\ds", "lookup", "node1"),  # 10 s late
     ("port-taken", 2, "node1", r"rank 0 \(node1\) printed 'EADDRINUSE': MASTER_PORT is already taken", "master",
      "node1"),
