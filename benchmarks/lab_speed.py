@@ -11,11 +11,17 @@
     hang-verdict  the time each hanging program of tests/why/ takes to its verdict past a healthy
                   run of as many ranks (start-up, one all_reduce, the end), the slowest of them
                   / --hang-after + 3 s (issue 27: a verdict at most 3 s after the hang is due) goal <= 1.00
+    preflight     what the preflight adds to `lab run p2p` on 4 container hosts (with it, less the
+                  median without it: --no-preflight) / 0.3 s                           goal <= 1.00
+    cross-vpc     `lab run p2p` on the cross-VPC lab without peering, to its verdict (the
+                  preflight stops it, exit 6) / 5 s                                    goal <= 1.00
 
 Each pair is timed --repeat times, alternating, and compared by medians. The container
 benchmarks bring up labs of their own (named bench4 and bench8) and take them down again;
 `up` needs the default lab down (it starts and removes it). Needs the Docker engine and the
-lab image (`make lab-up` builds it), except doctor, launch-local and hang-verdict.
+lab image (`make lab-up` builds it), except doctor, launch-local and hang-verdict; cross-vpc
+brings up the cross-VPC lab as benchx (its networks are the default cross-VPC lab's: that one
+must be down).
 
     python benchmarks/lab_speed.py [NAME...] [--repeat 3]        (make bench: all of them)
 """
@@ -242,8 +248,44 @@ def hang_verdict(repeat: int, script: Path) -> Figure:
                   False)
 
 
+PREFLIGHT_GOAL = 0.3  # seconds the preflight may add to a healthy run
+CROSS_VPC_GOAL = 5.0  # seconds to the verdict on the unpeered cross-VPC lab
+
+
+def preflight(repeat: int) -> Figure:
+    with ContainerLab("bench4", 4) as lab:
+        def run(*extra: str) -> Timing:
+            return lambda: timed([*LAB, "run", "p2p", "--hosts", str(lab.inventory), *extra], "lab run p2p")[0]
+
+        checked, unchecked = alternating(repeat, run(), run("--no-preflight"))
+    added = [t - statistics.median(unchecked) for t in checked]
+    return Figure("preflight", f"run p2p (4 hosts) with the preflight less without it / {PREFLIGHT_GOAL:g} s",
+                  added, [PREFLIGHT_GOAL] * repeat, 1.0, False)
+
+
+def cross_vpc(repeat: int) -> Figure:
+    inventory = REPO / "benchx.inventory.yaml"
+    timed([*LAB, "up", "--name", "benchx", "--topology", "cross-vpc", "--inventory", str(inventory), "--no-smoke"],
+          "lab up --topology cross-vpc")
+    verdicts = []
+    try:
+        for _ in range(repeat):
+            started = time.monotonic()
+            done = subprocess.run([*LAB, "run", "p2p", "--hosts", str(inventory)], cwd=REPO, capture_output=True,
+                                  text=True, timeout=TIMEOUT)
+            verdicts.append(time.monotonic() - started)
+            if done.returncode != 6 or "behind NAT" not in done.stdout:
+                sys.exit(f"run p2p on the unpeered cross-VPC lab: not stopped by the preflight "
+                         f"(exit {done.returncode}):\n{done.stdout[-3000:]}")
+    finally:
+        subprocess.run([*LAB, "down", "--name", "benchx"], cwd=REPO, capture_output=True, timeout=TIMEOUT)
+        inventory.unlink(missing_ok=True)
+    return Figure("cross-vpc", f"run p2p to its verdict, cross-VPC lab without peering / {CROSS_VPC_GOAL:g} s",
+                  verdicts, [CROSS_VPC_GOAL] * repeat, 1.0, False)
+
+
 def main() -> int:
-    names = ("launch-ssh", "run-all", "up", "doctor", "launch-local", "hang-verdict")
+    names = ("launch-ssh", "run-all", "up", "doctor", "launch-local", "hang-verdict", "preflight", "cross-vpc")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"of {', '.join(names)} (default all)")
     parser.add_argument("--repeat", type=int, default=3)
@@ -260,7 +302,8 @@ def main() -> int:
         runs = {"launch-ssh": lambda: launch_ssh(args.repeat, script), "run-all": lambda: run_all(args.repeat),
                 "up": lambda: up(args.repeat), "doctor": lambda: doctor(args.repeat),
                 "launch-local": lambda: launch_local(args.repeat, script),
-                "hang-verdict": lambda: hang_verdict(args.repeat, script)}
+                "hang-verdict": lambda: hang_verdict(args.repeat, script),
+                "preflight": lambda: preflight(args.repeat), "cross-vpc": lambda: cross_vpc(args.repeat)}
         for name in args.names or names:
             figure = runs[name]()
             figures.append(figure)
