@@ -385,12 +385,39 @@ def test_a_rank_the_recorder_never_saw_is_unseen_not_guessed() -> None:
 
 
 def test_a_barrier_one_rank_skips_on_its_way_to_the_next_collective() -> None:
-    ranks = [rank(r, records=loop(2), inflight=[rec(3, "all_reduce" if r == 2 else "barrier", "in_flight")])
+    before = [rec(1, "all_reduce"), rec(2, "barrier", where="train.py:14")]
+    ranks = [rank(r, records=before, inflight=[rec(3, "all_reduce", "in_flight") if r == 2 else
+                                               rec(3, "barrier", "in_flight", where="train.py:14")])
+             for r in range(4)]
+    cause = explain(ranks)
+    assert (cause.kind, cause.headline) == (
+        "missing-rank", "Rank 2 skipped barrier #3 at train.py:14, where ranks 0, 1, 3 wait for it: it went on to "
+                        "the next all_reduce at train.py:10.")
+    assert cause.fix is not None and "a branch on something only this rank knows" in cause.fix
+
+
+def test_a_rank_gloo_aborts_for_its_size_is_named_by_the_others_sizes_and_its_abort() -> None:
+    abort = ("gloo::EnforceNotMet: [enforce fail at ../third_party/gloo/gloo/transport/tcp/pair.cc:446] "
+             "op.preamble.length <= op.nbytes. 512 vs 500. Received data size doesn't match expected size.")
+    ranks = [rank(r, records=[rec(1, "all_reduce"), rec(2, "all_reduce", "raised", numel=1024, error=LOST)],
+                  ended="raised", error=LOST, exit_code=1, failed_at=2000.0) for r in range(3)]
+    ranks.append(rank(3, records=None, ended="exited", exit_code=-6, error=abort, failed_at=1999.0))
+    cause = explain(ranks)
+    assert (cause.kind, cause.headline) == (
+        "collective-mismatch", "The ranks pass different sizes to all_reduce #2: ranks 0-2 pass 1024 floats; gloo "
+        "aborted rank 3 (node4), whose size differs: Received data size doesn't match expected size (512 vs 500 "
+        "bytes).")
+    assert lines(cause)[0] == "rank 0 (node1): all_reduce #2, SUM, 1024 floats at train.py:10"
+
+
+def test_a_collective_the_others_never_made_there_is_a_mismatch_not_a_skip() -> None:
+    ranks = [rank(r, records=loop(2), inflight=[rec(3, "broadcast" if r == 2 else "barrier", "in_flight",
+                                                    where="train.py:12" if r == 2 else "train.py:14", root=0)])
              for r in range(4)]
     cause = explain(ranks)
     assert (cause.kind, cause.headline) == (
         "collective-mismatch",
-        "The ranks are in different collectives at the same call (#3): ranks 0, 1, 3 in barrier, rank 2 in all_reduce.")
+        "The ranks are in different collectives at the same call (#3): ranks 0, 1, 3 in barrier, rank 2 in broadcast.")
 
 
 def test_many_missing_ranks_are_counted_in_the_headline_and_each_in_the_evidence() -> None:

@@ -12,7 +12,8 @@ there and holds them until the run ends; each launch then starts with the plan's
 A launch is one process per host, the host's launcher, which starts the host's ranks (the lab's
 zygote forks them, torchrun and mp.spawn start them). Before it does, it checks the network the
 job will use with the others (the preflight, lab.core.preflight, whose lines the runner carries):
-a network that fails it stops the run, status ``preflight``, before any rank started. Every line of a rank's is tagged with it
+a network that fails it stops the run, status ``preflight``, before any rank started. Every line
+of a rank's is tagged with it
 (by the zygote, else by the rank's relay: lab.rank.output) and every event names its rank, so
 each line reaches the right rank; torchrun numbers the ranks itself, so a rank's host is the one
 whose launch its hello event came through.

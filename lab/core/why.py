@@ -107,6 +107,9 @@ def _crash(ranks: dict[int, Rank]) -> Finding | None:
     if not own:
         return None
     root = own[0]
+    sizes = _size_abort(root, ranks)
+    if sizes is not None:
+        return sizes
     if root.facts.ended == "raised" or root.facts.error:
         what = f"raised {error_of(root)}{at(where_of(root))}"
     else:
@@ -128,6 +131,27 @@ def _crash(ranks: dict[int, Rank]) -> Finding | None:
     first = " first" if after or len(ranks) > 1 else ""
     headline = f"rank {root.rank} ({text(root.host)}) failed{first}: it {what}"
     return Finding("crash", headline + ("; " + "; ".join(after) if after else ""))
+
+
+def _size_abort(root: Rank, ranks: dict[int, Rank]) -> Finding | None:
+    """gloo aborts a rank whose tensor's size differs from its peers' before any record leaves it: its
+    abort message says the sizes differ, and the others' records, lost in the same call, say theirs."""
+    found = _GLOO_SIZE.search(error_of(root))
+    lost = [r for r in ranks.values() if r.failure == "lost" and r.failed_in is not None
+            and r.failed_in.direction == "collective"]
+    if found is None or not lost:
+        return None
+    call = lost[0].failed_in
+    assert call is not None
+    same = {r.rank: c for r in lost if (c := r.failed_in) is not None and (c.group, c.seq) == (call.group, call.seq)}
+    theirs = f" {size(call)}" if size(call) else " theirs"
+    headline = (f"the ranks pass different sizes to {named(call)}: {ranks_named(same)} {verb(same, 'passes', 'pass')}"
+                f"{theirs}; gloo aborted rank {root.rank} ({text(root.host)}), whose size differs: Received data "
+                f"size doesn't match expected size" + (f" ({found[1]} vs {found[2]} bytes)" if found[1] else ""))
+    return Finding("collective-mismatch", headline, _ASPECTS[1][2], same)
+
+
+_GLOO_SIZE = re.compile(r"(?:(\d{1,18}) vs (\d{1,18})\. )?Received data size doesn't match expected size")
 
 
 def _mismatch_first(ranks: dict[int, Rank]) -> Finding | None:
@@ -204,6 +228,9 @@ _ROOTED = frozenset({"broadcast", "reduce", "gather", "scatter", "broadcast_obje
                      "scatter_object_list"})
 _REDUCING = frozenset({"all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_reduce_coalesced"})
 # What ranks must agree on at one collective, in the order asked: (aspect, value of a call, fix).
+_SKIP_FIX = ("Every rank of a group must make the same collectives: a collective inside a branch on something "
+             "only this rank knows (its own loss, its own batch) is skipped by the ranks where it is false; decide "
+             "on values every rank agrees on (all_reduce them first).")
 _ASPECTS: tuple[tuple[str, Callable[[Call], object], str], ...] = (
     ("op", lambda c: canonical(c.op),
      "Every rank of a group must make the same collectives in the same order: look for a collective in a branch "
@@ -231,8 +258,31 @@ def _mismatch(ranks: dict[int, Rank]) -> Finding | None:
         for aspect, value, fix in _ASPECTS:
             values = {k: v for k, v in ((k, value(c)) for k, c in calls.items()) if v is not None}
             if len(set(values.values())) > 1:
-                return Finding("collective-mismatch", _disagree(aspect, group, seq, calls, values), fix, calls)
+                return (aspect == "op" and _skipped(ranks, calls)) or Finding(
+                    "collective-mismatch", _disagree(aspect, group, seq, calls, values), fix, calls)
     return None
+
+
+def _skipped(ranks: dict[int, Rank], calls: dict[int, Call]) -> Finding | None:
+    """Ranks in different collectives at one call, where the fewer are already in a call the others
+    made before at the same line: those skipped the others' call (a collective in a branch on the
+    rank's own data), rather than making another one in its place."""
+    sides: dict[tuple[str, str | None], list[int]] = {}
+    for k, c in sorted(calls.items()):
+        sides.setdefault((canonical(c.op), c.where), []).append(k)
+    if len(sides) != 2:
+        return None
+    (op, where), most = max(sides.items(), key=lambda kv: len(kv[1]))
+    (ahead_op, ahead_where), ahead = min(sides.items(), key=lambda kv: len(kv[1]))
+    some = calls[most[0]]
+    made_before = any(canonical(c.op) == ahead_op and c.where == ahead_where and c.group == some.group
+                      and c.seq < some.seq for k in most for c in ranks[k].calls)
+    if len(ahead) >= len(most) or ahead_where is None or not made_before:
+        return None
+    headline = (f"{ranks_named(ahead)} skipped {op} #{some.seq}{on_group(some.group)}{at(where)}, where "
+                f"{ranks_named(most)} wait for {verb(ahead, 'it', 'them')}: {verb(ahead, 'it', 'they')} went on "
+                f"to the next {ahead_op}{at(ahead_where)}")
+    return Finding("missing-rank", headline, _SKIP_FIX, calls)
 
 
 def _disagree(aspect: str, group: str, seq: int, calls: dict[int, Call], values: dict[int, object]) -> str:
