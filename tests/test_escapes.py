@@ -70,8 +70,10 @@ def test_the_gradebook_table_and_csv_show_escapes_and_markup_as_text(tmp_path: P
     assert not CONTROL.search(text.replace("\n", "")), repr(text)
     assert "[bold green]PASS" in text and "[bold green]eve" in text and "mallory\\x1b[2J[red]" in text
     assert "\\x1b[2J\\x1b[H\\x1b[32mPASS" in text
-    book = Gradebook(tmp_path)
-    raw = book.write_csv(grades).read_text(encoding="utf-8")
+    book = Gradebook(tmp_path, [g.student for g in grades], {})
+    for grade in grades:
+        book.record(grade, "digest")
+    raw = book.csv_path.read_text(encoding="utf-8")
     assert not CONTROL.search(raw.replace("\r\n", "").replace("\n", "")), repr(raw)
     rows = {row["student"]: row for row in csv.DictReader(io.StringIO(raw))}
     assert rows["mallory\\x1b[2J[red]"]["reason"].endswith("\\x1b[32mPASS\\x1b[0m p2p [bold green]PASS")

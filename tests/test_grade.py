@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import os
 import subprocess
+import time
 from dataclasses import replace
 from pathlib import Path
 from xml.etree import ElementTree as ET
@@ -20,7 +21,7 @@ import pytest
 from lab.containerlab import engine
 from lab.containerlab.topology import ROLE
 from lab.errors import UsageError
-from lab.grading.grade import Submission, find_submissions
+from lab.grading.grade import Grade, Gradebook, Submission, find_submissions
 from lab.grading.places import one_user_hosts, split_inventory
 from lab.grading.sandbox import IMAGE, ROLE_NAME
 from lab.model.inventory import Host, Inventory
@@ -88,6 +89,63 @@ def test_submissions_are_files_or_folders_named_after_their_students(tmp_path: P
         find_submissions(tmp_path / "ann.py", "ring_allreduce")
 
 
+def test_links_and_files_outside_the_folder_are_refused_never_run_as_the_students(tmp_path: Path) -> None:
+    instructor = tmp_path / "instructor"
+    instructor.mkdir()
+    (instructor / "reference.py").write_text("SECRET = 'the reference'\n")
+    root = tmp_path / "class"
+    root.mkdir()
+    (root / "ann.py").symlink_to(instructor / "reference.py")
+    (root / "ben").mkdir()
+    (root / "ben" / "solution.py").symlink_to(instructor / "reference.py")
+    (root / "cat").symlink_to(instructor)
+    (root / "dan").mkdir()
+    (root / "dan" / "mine.py").symlink_to(root / "ann.py")
+    (root / "eve.py").write_text("")
+    found = {s.student: s for s in find_submissions(root, "ring_allreduce")}
+    assert found == {
+        "ann": Submission("ann", None, "refused: ann.py is a symbolic link (only files handed in are graded)"),
+        "ben": Submission("ben", None, "refused: ben/solution.py is a symbolic link (only files handed in are graded)"),
+        "cat": Submission("cat", None, "refused: cat is a symbolic link (only files handed in are graded)"),
+        "dan": Submission("dan", None, "refused: dan/mine.py is a symbolic link (only files handed in are graded)"),
+        "eve": Submission("eve", root / "eve.py"),
+    }
+    assert not any("reference" in s.problem for s in found.values())
+
+
+def test_the_gradebook_neutralises_formulas_and_never_shares_a_junit_file(tmp_path: Path) -> None:
+    students = ["=HYPERLINK(\"http://x\",\"y\")", "a b", "a_b", "a?b", "+1", "ok"]
+    book = Gradebook(tmp_path, students, {})
+    for student in students:
+        book.record(Grade(student, "p2p", "fail", "-rank 0 raised @home", 1.0), "digest")
+    rows = read_grades(tmp_path)
+    assert set(rows) == {"'=HYPERLINK(\"http://x\",\"y\")", "a b", "a_b", "a?b", "'+1", "ok"}
+    assert all(row["reason"] == "'-rank 0 raised @home" for row in rows.values())
+    files = [book.junit_path(s).name for s in students]
+    assert len(set(files)) == len(files) and book.junit_path("a_b").name == "a_b.xml"
+    assert book.junit_path("ok").name == "ok.xml" and all("/" not in f and not f.startswith(".") for f in files)
+
+
+def test_a_grader_started_again_keeps_the_rows_of_unchanged_files_under_the_same_settings(tmp_path: Path) -> None:
+    root, out = tmp_path / "class", tmp_path / "book"
+    root.mkdir()
+    for student in ("ann", "ben", "cat"):
+        (root / f"{student}.py").write_text(f"# {student}\n")
+    settings = {"exercise": "p2p", "timeout": 60.0}
+    submissions = find_submissions(root, "p2p")
+    first = Gradebook(out, [s.student for s in submissions], settings)
+    assert first.resume(submissions) == submissions
+    for submission in submissions[:2]:  # then the grader was killed
+        first.junit_path(submission.student).write_text("<testsuites/>")
+        first.record(Grade(submission.student, "p2p", "pass", "", 2.0), submission.digest())
+    (root / "ben.py").write_text("# ben, changed\n")
+    again = Gradebook(out, [s.student for s in submissions], settings)
+    assert [s.student for s in again.resume(submissions)] == ["ben", "cat"]
+    assert set(read_grades(out)) == {"ann"}  # (the rest come as they are graded)
+    other = Gradebook(out, [s.student for s in submissions], {**settings, "timeout": 30.0})
+    assert [s.student for s in other.resume(submissions)] == ["ann", "ben", "cat"]
+
+
 def test_parallel_shares_split_the_slots_in_host_order() -> None:
     hosts = tuple(Host(f"node{i}", f"10.0.0.{i}", slots=s) for i, s in ((1, 1), (2, 3), (3, 2)))
     shares = split_inventory(Inventory("inv.yaml", hosts), 3, 2)
@@ -142,6 +200,39 @@ def test_grading_without_a_sandbox_on_local_clusters_side_by_side(lab: Lab, tmp_
     assert "4 graded: 1 pass, 2 fail, 1 error" in result.out
     suite = ET.parse(out / "junit" / "bob.xml").getroot().find("testsuite")
     assert suite is not None and suite.get("name") == "bob" and suite.get("failures") == "1"
+    assert lab.leftovers() == []
+
+
+@pytest.mark.local
+def test_a_grader_killed_mid_class_and_run_again_grades_each_student_exactly_once(lab: Lab, tmp_path: Path) -> None:
+    students = ("alice", "bob", "erin", "frank", "heidi", "ivan")
+    submissions = tmp_path / "class"
+    submissions.mkdir()
+    for student in students:
+        (submissions / f"{student}.py").write_text((CLASS / f"{student}.py").read_text())
+    out = tmp_path / "book"
+    args = ("grade", str(submissions), "--exercise", "ring-allreduce", "--nproc", "3", "--sandbox", "none",
+            "--out", str(out))
+    grader = lab.popen(*args)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and len(read_grades(out) if (out / "grades.csv").exists() else {}) < 2:
+        time.sleep(0.1)
+    grader.kill()  # SIGKILL: nothing of the grader's own runs after this
+    grader.communicate(timeout=30)
+    before = read_grades(out)  # whole rows only
+    assert 2 <= len(before) < len(students), before
+    deadline = time.monotonic() + 30
+    while lab.leftovers() and time.monotonic() < deadline:  # (its ranks stop when their controller is gone)
+        time.sleep(0.2)
+    result = lab(*args, timeout=300)
+    assert result.code == 0, result.text
+    assert f"{len(before)} submission(s) already graded in {out}" in " ".join(result.out.split())
+    with (out / "grades.csv").open(newline="") as f:
+        rows = [row["student"] for row in csv.DictReader(f)]
+    assert sorted(rows) == sorted(students)  # each exactly once
+    after = read_grades(out)
+    assert all(after[student] == row for student, row in before.items())  # kept, not graded again
+    assert_graded_as_expected(after, {s: EXPECTED[s] for s in students})
     assert lab.leftovers() == []
 
 
@@ -208,6 +299,7 @@ def test_a_submission_cannot_reach_the_network_or_write_outside_its_scratch(lab:
 import os
 import socket
 import subprocess
+import time
 
 
 def run(rank, size):

@@ -53,17 +53,20 @@ def cmd_grade(args: argparse.Namespace) -> int:
     request.check()
     submissions = find_submissions(Path(args.submissions), request.exercise.program.rsplit(".", 1)[-1])
     settings = ssh_settings(args)
-    book = Gradebook(Path(args.out))
+    book = Gradebook(Path(args.out), [s.student for s in submissions], request.settings())
+    todo = book.resume(submissions)
     console = screen.console()
-    with places_for(request, settings, screen.sayer(console), partial(screen.working, console)) as places:
-        if places.one_user_hosts:
-            views.print_one_user_hosts(console, places.one_user_hosts)
-        with views.grading_progress(console, request.exercise.name, len(submissions)) as graded:
-            grades = grade_all(submissions, request.options(), places.makers, book, settings, request.wall,
-                               on_graded=graded)
-    csv_path = book.write_csv(grades)
+    if len(todo) < len(submissions):
+        views.print_resumed(console, book.out, len(submissions) - len(todo), len(todo))
+    if todo:
+        with places_for(request, settings, screen.sayer(console), partial(screen.working, console)) as places:
+            if places.one_user_hosts:
+                views.print_one_user_hosts(console, places.one_user_hosts)
+            with views.grading_progress(console, request.exercise.name, len(todo)) as graded:
+                grade_all(todo, request.options(), places.makers, book, settings, request.wall, on_graded=graded)
+    grades = list(book.grades.values())
     views.print_gradebook(console, grades)
-    views.print_written(console, csv_path, len(grades), book.out / "junit")
+    views.print_written(console, book.csv_path, len(grades), book.out / "junit")
     failed = [g for g in grades if not g.graded]
     return failed[0].exit_code if failed else ExitCode.OK
 

@@ -17,12 +17,16 @@ unreachable, a sandbox that did not start) the row says so and the grade is not 
 from __future__ import annotations
 
 import csv
+import hashlib
+import io
+import json
+import os
 import queue
 import re
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -48,6 +52,15 @@ class Submission:
     student: str
     path: Path | None  # the .py file to run; None when there is none to run
     problem: str = ""  # why there is none
+
+    def digest(self) -> str:
+        """What the submission is, for a grader started again: its file's SHA-256 (or its problem)."""
+        if self.path is None:
+            return f"none: {self.problem}"
+        try:
+            return hashlib.sha256(self.path.read_bytes()).hexdigest()
+        except OSError as exc:
+            return f"unreadable: {exc.strerror}"
 
 
 @dataclass(frozen=True)
@@ -75,71 +88,175 @@ class Grade:
 def find_submissions(root: Path, program: str) -> list[Submission]:
     """The submissions in ``root``: each ``NAME.py`` is student NAME's; each folder NAME holds
     student NAME's file: ``<program>.py`` (the exercise's own file name), else ``solution.py``,
-    else its only ``.py`` file. Hidden entries and caches are not submissions."""
+    else its only ``.py`` file. Hidden entries and caches are not submissions. A symbolic link, or
+    a path that resolves outside ``root``, is refused (its row says so): only what the students
+    handed in is run as theirs, never a file of someone else's it points to."""
     if not root.is_dir():
         raise UsageError(f"{root}: not a directory of submissions")
     found = []
     for entry in sorted(root.iterdir(), key=lambda p: p.name):
         if entry.name.startswith((".", "_")):
             continue
-        if entry.is_file() and entry.suffix == ".py":
-            found.append(Submission(entry.stem, entry))
+        student = entry.stem if entry.suffix == ".py" and not entry.is_dir() else entry.name
+        refused = _refused(entry, root)
+        if refused and (entry.suffix == ".py" or entry.is_dir()):
+            found.append(Submission(student, None, refused))
+        elif entry.is_file() and entry.suffix == ".py":
+            found.append(Submission(student, entry))
         elif entry.is_dir():
-            found.append(_in_folder(entry, program))
+            found.append(_in_folder(entry, program, root))
     if not found:
         raise UsageError(f"{root}: no submissions (a NAME.py file or a NAME/ folder per student)")
     return found
 
 
-def _in_folder(folder: Path, program: str) -> Submission:
-    files = sorted(p for p in folder.glob("*.py") if p.is_file())
-    for wanted in (f"{program}.py", "solution.py"):
-        if (folder / wanted).is_file():
-            return Submission(folder.name, folder / wanted)
-    if len(files) == 1:
-        return Submission(folder.name, files[0])
-    if not files:
-        return Submission(folder.name, None, f"no .py file in {folder.name}/")
-    return Submission(folder.name, None, f"{len(files)} .py files in {folder.name}/ and none is "
-                                         f"{program}.py or solution.py")
+def _refused(path: Path, root: Path) -> str | None:
+    """Why ``path`` is not taken as a student's: a symbolic link, or outside ``root``."""
+    shown = path.relative_to(root)
+    if path.is_symlink():
+        return f"refused: {shown} is a symbolic link (only files handed in are graded)"
+    try:
+        path.resolve(strict=True).relative_to(root.resolve(strict=True))
+    except (OSError, ValueError):
+        return f"refused: {shown} is outside the submissions folder"
+    return None
+
+
+def _in_folder(folder: Path, program: str, root: Path) -> Submission:
+    wanted = (folder / f"{program}.py", folder / "solution.py")
+    chosen = next((p for p in wanted if p.is_symlink() or p.is_file()), None)
+    if chosen is None:
+        files = sorted(p for p in folder.glob("*.py") if p.is_symlink() or p.is_file())
+        if not files:
+            return Submission(folder.name, None, f"no .py file in {folder.name}/")
+        if len(files) > 1:
+            return Submission(folder.name, None, f"{len(files)} .py files in {folder.name}/ and none is "
+                                                 f"{program}.py or solution.py")
+        chosen = files[0]
+    refused = _refused(chosen, root)
+    return Submission(folder.name, None, refused) if refused else Submission(folder.name, chosen)
 
 
 # -- grading ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+SPREADSHEET_FORMULA = ("=", "+", "-", "@", "\t", "\r")  # a cell starting so is a formula to a spreadsheet
+JOURNAL = ".gradebook.json"  # what a grader started again reads: the settings, each row and its file's digest
+
+
 class Gradebook:
-    """What ``lab grade`` writes: ``grades.csv`` and ``junit/<student>.xml`` in ``out``."""
+    """What ``lab grade`` writes in ``out``: ``grades.csv``, rewritten whole (a new file renamed over
+    the old) as each submission ends, so a reader never sees half a row and a grader killed mid-class
+    leaves every row it finished; ``junit/<file>.xml``, one per student and never shared (names a
+    file system cannot take are made safe, and kept apart); and ``.gradebook.json``, from which a
+    grader started again with the same ``settings`` keeps each row whose file did not change."""
 
-    out: Path
+    def __init__(self, out: Path, students: Sequence[str], settings: dict[str, object]) -> None:
+        self.out, self.settings = out, settings
+        (out / "junit").mkdir(parents=True, exist_ok=True)
+        self.files = junit_names(students)
+        self.grades: dict[str, Grade] = {}
+        self.digests: dict[str, str] = {}
+        self.earlier = self._read_journal()  # student -> (its file's digest, its grade) from a grader before
+        self._lock = threading.Lock()
 
-    def __post_init__(self) -> None:
-        (self.out / "junit").mkdir(parents=True, exist_ok=True)
+    @property
+    def csv_path(self) -> Path:
+        return self.out / "grades.csv"
 
     def junit_path(self, student: str) -> Path:
-        return self.out / "junit" / f"{_file_name(student)}.xml"
+        return self.out / "junit" / f"{self.files[student]}.xml"
 
-    def write_csv(self, grades: Sequence[Grade]) -> Path:
-        path = self.out / "grades.csv"
-        with path.open("w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-            writer.writeheader()
-            for grade in sorted(grades, key=lambda g: g.student):  # (a reason may quote a student's output)
-                writer.writerow({key: printable(value) for key, value in grade.row().items()})
-        return path
+    def resume(self, submissions: Sequence[Submission]) -> list[Submission]:
+        """Keep the rows a grader before left for the same files under the same settings (graded,
+        with their JUnit file); the submissions still to grade."""
+        todo = []
+        for submission in submissions:
+            digest = submission.digest()
+            digest_before, grade = self.earlier.get(submission.student, ("", None))
+            if grade is not None and grade.graded and digest_before == digest and \
+                    self.junit_path(submission.student).is_file():
+                self.grades[submission.student], self.digests[submission.student] = grade, digest
+            else:
+                todo.append(submission)
+        self._write()
+        return todo
+
+    def record(self, grade: Grade, digest: str) -> None:
+        """One more row, on disk at once."""
+        with self._lock:
+            self.grades[grade.student], self.digests[grade.student] = grade, digest
+            self._write()
+
+    def _write(self) -> None:
+        rows = [grade.row() for _, grade in sorted(self.grades.items())]
+        text = _csv_text([{key: _cell(value) for key, value in row.items()} for row in rows])
+        _replace(self.csv_path, text)
+        _replace(self.out / JOURNAL, json.dumps({"settings": self.settings, "grades": {
+            student: {"digest": self.digests[student], **asdict(grade)} for student, grade in self.grades.items()}}))
+
+    def _read_journal(self) -> dict[str, tuple[str, Grade]]:
+        try:
+            journal = json.loads((self.out / JOURNAL).read_text(encoding="utf-8"))
+            if journal.get("settings") != self.settings:
+                return {}
+            return {student: (str(row.pop("digest")), Grade(**row)) for student, row in journal["grades"].items()}
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):  # none, or not one of ours: start over
+            return {}
+
+
+def junit_names(students: Sequence[str]) -> dict[str, str]:
+    """Each student's JUnit file name: the name itself where it is safe in a path, else a safe form
+    of it that no other student's name or safe form takes (``-2``, ``-3``... in name order)."""
+    safe = {student: _file_name(student) for student in students}
+    taken = {name for student, name in safe.items() if name == student}
+    names = {}
+    for student in sorted(students):
+        name = safe[student]
+        if name != student:
+            base, n = name, 1
+            while name in taken:
+                n += 1
+                name = f"{base}-{n}"
+            taken.add(name)
+        names[student] = name
+    return names
+
+
+def _cell(value: str) -> str:
+    """A CSV cell as printed, that no spreadsheet reads as a formula (a leading ' makes it text)."""
+    shown = printable(value)
+    return f"'{shown}" if shown.startswith(SPREADSHEET_FORMULA) else shown
+
+
+def _csv_text(rows: list[dict[str, str]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS)
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write ``path`` whole: a new file, flushed to disk, renamed over the old one."""
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    with part.open("w", encoding="utf-8", newline="") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(part, path)
 
 
 def grade_all(submissions: Sequence[Submission], options: Options, places: Sequence[PlaceMaker],
               book: Gradebook, ssh: SSHSettings | None = None, wall: float | None = None,
-              on_graded: Callable[[Grade], None] = lambda _: None) -> list[Grade]:
-    """Grade every submission, one at a time on each place, all places at once; the grades in
-    the order they finished. Ctrl-C (KeyboardInterrupt in the calling thread) stops every run."""
+              on_graded: Callable[[Grade], None] = lambda _: None) -> None:
+    """Grade every submission, one at a time on each place, all places at once, each grade into
+    ``book`` as it ends. Ctrl-C (KeyboardInterrupt in the calling thread) stops every run; the
+    book keeps what was graded."""
     todo: queue.Queue[Submission] = queue.Queue()
     for submission in submissions:
         todo.put(submission)
-    grades: list[Grade] = []
     stop = threading.Event()
-    lock = threading.Lock()
 
     def work(make_place: PlaceMaker) -> None:
         while not stop.is_set():
@@ -147,11 +264,11 @@ def grade_all(submissions: Sequence[Submission], options: Options, places: Seque
                 submission = todo.get_nowait()
             except queue.Empty:
                 return
+            digest = submission.digest()  # (before the run: the file as it was graded)
             grade = grade_one(submission, options, make_place, book, ssh, wall, stop)
             if stop.is_set():
                 return
-            with lock:
-                grades.append(grade)
+            book.record(grade, digest)
             on_graded(grade)
 
     threads = [threading.Thread(target=work, args=(p,), name=f"lab-grade-{i}", daemon=True)
@@ -167,7 +284,6 @@ def grade_all(submissions: Sequence[Submission], options: Options, places: Seque
         for t in threads:
             t.join()
         raise
-    return grades
 
 
 def grade_one(submission: Submission, options: Options, make_place: PlaceMaker, book: Gradebook,

@@ -10,9 +10,10 @@ places, one maker for each submission graded at once.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -135,6 +136,19 @@ class GradeRequest:
             self.limits.check()
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+
+    def settings(self) -> dict[str, object]:
+        """What decides a grade, as plain data (how many submissions run at once does not): a grader
+        started again keeps the rows of one with the same settings (lab.grading.grade.Gradebook)."""
+        inventory = None
+        if self.hosts:
+            try:
+                inventory = hashlib.sha256(Path(self.hosts).read_bytes()).hexdigest()
+            except OSError:
+                inventory = "unreadable"
+        return {"exercise": self.exercise.name, "timeout": self.timeout, "wall": self.wall, "hosts": self.hosts,
+                "inventory": inventory, "nproc": self.nproc, "sandbox": self.sandbox, "limits": asdict(self.limits),
+                "backend": self.backend}
 
     def options(self) -> Options:
         """The run of one submission, as ``run EXERCISE --solution FILE`` would make it."""

@@ -63,3 +63,8 @@ def print_gradebook(console: Console, grades: list[Grade]) -> None:
 
 def print_written(console: Console, csv_path: Path, grades: int, junit: Path) -> None:
     console.print(Text(f"wrote {csv_path} and {grades} JUnit file(s) in {junit}"))
+
+
+def print_resumed(console: Console, out: Path, kept: int, todo: int) -> None:
+    console.print(Text(f"lab: {kept} submission(s) already graded in {out} (the same files, the same settings): "
+                       f"kept; grading the other {todo}"), soft_wrap=True, highlight=False)
