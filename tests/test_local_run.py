@@ -64,6 +64,8 @@ WRONG_PROGRAMS = [
     ("dsgd", "dsgd_never_averages.py", "rank 1: dsgd parameters after step 1 (epoch 0, batch 1) as on rank 0: "),
     ("dsgd", "dsgd_forgets_divide.py",
      "rank 0: dsgd's first step, in units of one process's step on the full batch: expected 1.0, got 4.0"),
+    ("ring-allreduce", "ring_computes_locally.py",
+     "rank 0 sent 0 bytes in allreduce(): it computed the result without communicating"),
 ]
 
 
@@ -76,6 +78,15 @@ def test_wrong_programs_fail_their_check_with_a_reason(lab: Lab, exercise: str, 
     assert code == 1, entry
     assert entry["status"] == "fail" and fragment in entry["reason"], entry
     assert entry["ranks"], "a failure names the rank(s)"
+    assert lab.leftovers() == []
+
+
+def test_a_solution_with_its_own_run_is_refused_where_the_exercise_asks_for_functions(lab: Lab) -> None:
+    code, report = run_json(lab, "ring-allreduce", "--nproc", "3", "--solution", str(WRONG / "ring_own_run.py"))
+    entry = by_name(report)["ring-allreduce"]
+    assert code != 0 and entry["status"] != "pass", entry
+    assert "ring_own_run.py defines run(): this exercise asks for allreduce(), ring_allreduce(), which its own " \
+           "run() drives and checks; remove run()" in entry["reason"], entry
     assert lab.leftovers() == []
 
 

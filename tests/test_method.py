@@ -26,7 +26,9 @@ RING_RULE = "ring-allreduce must be built from point-to-point calls (send/recv/i
 
 
 def summary(counts: dict[str, int], sent: dict[int, int] | None = None, **functions: dict[str, Any]) -> dict:
-    data: dict[str, Any] = {"counts": counts, "sent": {str(k): v for k, v in (sent or {}).items()}}
+    data: dict[str, Any] = {"counts": counts}
+    if sent is not None:  # (not said: not judged)
+        data["sent"] = {str(k): v for k, v in sent.items()}
     if functions:
         data["functions"] = functions
     return data
@@ -407,3 +409,16 @@ def test_where_names_a_syntax_errors_line_and_a_runtime_errors_frame(tmp_path: P
         compile(bad.read_text(), str(bad), "exec")
     assert _where(caught.value, str(bad)) == "bad.py:2: def f(:"
     assert error_text(caught.value) == "SyntaxError: invalid syntax"
+
+
+def test_a_rank_that_sent_nothing_computed_the_result_without_communicating() -> None:
+    calls = {0: summary({"send": 2, "recv": 1}, sent={1: 8}), 1: summary({"recv": 1}, sent={})}
+    v = method_of("p2p", calls, 2)
+    assert not v.passed and v.reason == "rank 1 sent 0 bytes: it computed the result without communicating"
+    ring = {r: summary({"isend": 4, "recv": 4}, sent={(r + 1) % 3: 64},
+                       allreduce=function(4, 64, {(r + 1) % 3: 64}),
+                       ring_allreduce=function(4, 64, {} if r == 2 else {(r + 1) % 3: 48})) for r in range(3)}
+    v = method_of("ring-allreduce", ring, 3)
+    assert not v.passed and v.reason.startswith(
+        "rank 2 sent 0 bytes in ring_allreduce(): it computed the result without communicating")
+    assert method_of("p2p", {0: summary({"barrier": 1}, sent={})}, 1).passed  # alone, there is nobody to send to

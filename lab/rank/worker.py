@@ -166,16 +166,21 @@ def load_solution(program: str, reference: str | None, writes: tuple[str, ...] =
 
     Such a solution must define every one of ``writes``, or the reference's own would be graded
     in place of the missing ones: ImportError names them. (Importing the reference's function
-    is defining it on purpose: the report then says it is the reference's.) With ``some`` (the
-    bench: it times the rings a solution writes) only ``writes`` are taken, any of them, and a
-    ``run`` of the solution's is not used."""
+    is defining it on purpose: the report then says it is the reference's.) Where the exercise
+    asks for functions, a ``run`` of the solution's is refused (ImportError): it could return
+    anything in place of what the functions compute. With ``some`` (the bench: it times the rings
+    a solution writes) only ``writes`` are taken, any of them, and a ``run`` is not used."""
     module = load_program(program)
+    file = os.path.basename(program)
+    if reference is not None and writes and not some and callable(getattr(module, "run", None)):
+        raise ImportError(f"{file} defines run(): this exercise asks for {_listed(writes)}, which its own run() "
+                          f"drives and checks; remove run()")
     if (hasattr(module, "run") and not some) or reference is None:
         return module
     base = load_program(reference)
     names = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
              and callable(getattr(base, n, None)) and (n in writes or not some)]
-    file, ref = os.path.basename(program), f"{reference.rsplit('.', 1)[-1]}.py"
+    ref = f"{reference.rsplit('.', 1)[-1]}.py"
     missing = [n for n in writes if n not in names]
     if not names:
         asked = f" (it asks for {_listed(writes)})" if writes else ""

@@ -50,17 +50,18 @@ class Method:
     allowed: frozenset[str] | None = None  # the only calls a rank may make (None: any)
     needs: frozenset[str] = frozenset()  # every rank makes at least one of these
     traffic: TrafficCheck | None = None  # more about the bytes sent (e.g. the ring's bandwidth)
+    sends: bool = False  # with more than one rank, every rank sends (in each function it writes)
 
 
 def point_to_point(traffic: TrafficCheck | None = None) -> Method:
     """Only point-to-point calls (and barriers, which move no data)."""
-    return Method(f"must be built from point-to-point calls ({P2P_NAMES})", P2P | SYNC, traffic=traffic)
+    return Method(f"must be built from point-to-point calls ({P2P_NAMES})", P2P | SYNC, traffic=traffic, sends=True)
 
 
 def nonblocking() -> Method:
     """Point-to-point, and every rank uses the non-blocking calls."""
     return Method("must use the non-blocking point-to-point calls (isend/irecv, or batch_isend_irecv)",
-                  P2P | SYNC, NONBLOCKING)
+                  P2P | SYNC, NONBLOCKING, sends=True)
 
 
 def uses(*names: str) -> Method:
@@ -103,11 +104,37 @@ def check_method(exercise: str, method: Method | None, calls: Calls, world: Worl
     reasons = [f"{ranks_named(ranks)} called {', '.join(names)}" for names, ranks in forbidden.items()]
     if absent:
         reasons.append(f"{ranks_named(absent)} made no {_names(method.needs, ' or ')} call")
-    verdict = Verdict(not mismatches, f"{'; '.join(reasons)}: {exercise} {method.rule}" if reasons else "",
-                      tuple(mismatches), notes)
+    said = [f"{'; '.join(reasons)}: {exercise} {method.rule}"] if reasons else []
+    if method.sends and world.world_size > 1:
+        outside = {rank for ranks in forbidden.values() for rank in ranks}
+        for rank, where in _silent(calls, [r for r in counts if r not in outside]):
+            said.append(f"rank {rank} sent 0 bytes{where}: it computed the result without communicating")
+            mismatches.append(Mismatch(rank, f"bytes sent{where}", "more than 0", "0"))
+    verdict = Verdict(not mismatches, "; ".join(said), tuple(mismatches), notes)
     if method.traffic is not None and counts and not forbidden:
         return combine(verdict, method.traffic(calls, world))
     return verdict
+
+
+def _silent(calls: Calls, ranks: list[int]) -> list[tuple[int, str]]:
+    """(rank, `` in NAME()``, or nothing for the whole rank) for each of ``ranks``, or function of the
+    student's, whose record says it sent no byte to any peer."""
+    found = []
+    for rank in ranks:
+        summary = calls[rank]
+        functions = summary.get("functions")
+        parts = ({f" in {name}()": f for name, f in functions.items() if isinstance(f, Mapping)}
+                 if isinstance(functions, Mapping) and functions else {"": summary})
+        found += [(rank, where) for where, part in parts.items() if _bytes_sent(part) == 0]
+    return found
+
+
+def _bytes_sent(summary: Mapping[str, Any]) -> int | None:
+    """The bytes a summary says were sent, to every peer; None when it does not say."""
+    sent = summary.get("sent")
+    if not isinstance(sent, Mapping):
+        return None
+    return sum(v for v in sent.values() if isinstance(v, int) and not isinstance(v, bool) and v > 0)
 
 
 def borrowed(calls: Calls, world: World) -> tuple[str, ...]:

@@ -9,14 +9,9 @@ but not divided by the world size".
 """
 import torch.distributed as dist
 
-from lab.suite.exercises.dsgd import train
-
 
 def average_gradients(model):
     for param in model.parameters():
         dist.all_reduce(param.grad.data, op=dist.ReduceOp.SUM)
         # the mistake: param.grad.data /= dist.get_world_size() is missing
 
-
-def run(rank, size, device):
-    return train(rank, size, device, average_gradients)

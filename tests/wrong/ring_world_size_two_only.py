@@ -12,8 +12,6 @@ ranks the check must give
 import torch
 import torch.distributed as dist
 
-from lab.suite.exercises.ring_allreduce import run_cases
-
 STEPS = 1  # the mistake: should be size - 1
 
 
@@ -47,6 +45,3 @@ def ring_allreduce(tensor):
         dist.recv(into, left)
         send_req.wait()
 
-
-def run(rank, size, device):
-    return run_cases(rank, size, device, allreduce, ring_allreduce)
