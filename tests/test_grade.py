@@ -27,6 +27,7 @@ from lab.grading.sandbox import IMAGE, ROLE_NAME
 from lab.model.inventory import Host, Inventory
 
 from .conftest import REPO, Lab
+from .tutorials import ring_allreduce_fragment
 
 CLASS = REPO / "tests" / "class" / "ring"
 
@@ -41,7 +42,7 @@ EXPECTED = {
     "grace": ("fail", "rank 1 (sandbox) exited with status 0 during ring-allreduce"),
     "heidi": ("error", "SyntaxError: expected ':' at heidi.py:7"),
     "ivan": ("fail", "called all_reduce: ring-allreduce must be built from point-to-point calls"),
-    "judy": ("error", "defines allreduce() but not ring_allreduce()"),
+    "judy": ("fail", "called all_reduce: ring-allreduce must be built from point-to-point calls"),  # (one part)
     "nobody": ("error", "no .py file in nobody/"),
 }
 
@@ -233,6 +234,32 @@ def test_a_grader_killed_mid_class_and_run_again_grades_each_student_exactly_onc
     after = read_grades(out)
     assert all(after[student] == row for student, row in before.items())  # kept, not graded again
     assert_graded_as_expected(after, {s: EXPECTED[s] for s in students})
+    assert lab.leftovers() == []
+
+
+@pytest.mark.local
+def test_the_tutorials_ring_earns_its_part_and_passes_graded_as_that_part_alone(lab: Lab, tmp_path: Path) -> None:
+    submissions = tmp_path / "class"
+    submissions.mkdir()
+    (submissions / "tutorial.py").write_text(ring_allreduce_fragment())
+    (submissions / "alice.py").write_text((CLASS / "alice.py").read_text())
+    args = ("grade", str(submissions), "--exercise", "ring-allreduce", "--nproc", "3", "--sandbox", "none")
+    result = lab(*args, "--out", str(tmp_path / "whole"), timeout=300)
+    assert result.code == 0, result.text
+    row = read_grades(tmp_path / "whole")["tutorial"]
+    assert (row["verdict"], row["score"]) == ("fail", "0.5"), row
+    assert row["reason"] == "ring_allreduce(): not written (the solution does not define it)", row
+    part = ET.parse(tmp_path / "whole" / "junit" / "tutorial.xml").getroot().find("testsuite/testcase/properties")
+    assert part is not None and {p.get("name"): p.get("value") for p in part} == {
+        "score": "0.5", "part allreduce": "pass",
+        "part ring_allreduce": "fail: ring_allreduce(): not written (the solution does not define it)"}
+    result = lab(*args, "--part", "allreduce", "--out", str(tmp_path / "part"), timeout=300)
+    assert result.code == 0, result.text
+    grades = read_grades(tmp_path / "part")
+    assert [(grades[s]["verdict"], grades[s]["score"]) for s in ("alice", "tutorial")] == [("pass", "1")] * 2
+    bad = lab(*args, "--part", "ring", "--out", str(tmp_path / "bad"))
+    assert bad.code == 2 and "--part ring: ring-allreduce has no such part (its parts are allreduce, " \
+                              "ring_allreduce)" in bad.err, bad.text
     assert lab.leftovers() == []
 
 

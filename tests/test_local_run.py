@@ -102,19 +102,22 @@ def test_ring_allreduce_dsgd_and_backends_pass(lab: Lab, nproc: int) -> None:
     assert lab.leftovers() == []
 
 
-def test_the_tutorials_own_ring_allreduce_passes_as_a_solution(lab: Lab, tmp_path) -> None:
+def test_the_tutorials_own_ring_allreduce_passes_as_its_part_and_earns_half_the_exercise(lab: Lab, tmp_path) -> None:
     """Tutorial 001's ``allreduce(send, recv)``, its text taken from the tutorial, graded as a
     student's solution: the lab's reference drives it on every case (3 ranks). The tutorial
-    leaves ``ring_allreduce`` as homework, and a solution without run() must define every
-    function the exercise grades (else the reference's would pass for it): the solution takes
-    the reference's by importing it, and the report says that one is not the student's."""
+    leaves ``ring_allreduce`` as homework: the exercise's other part, not written (the reference's
+    runs in its place, and is not the student's). ``--part allreduce`` checks the tutorial's ring
+    alone, and it passes."""
     solution = tmp_path / "tutorial_ring.py"
-    solution.write_text(ring_allreduce_fragment()
-                        + "\n\nfrom lab.suite.exercises.ring_allreduce import ring_allreduce\n")
+    solution.write_text(ring_allreduce_fragment())
     code, report = run_json(lab, "ring-allreduce", "--nproc", "3", "--solution", str(solution))
     entry = by_name(report)["ring-allreduce"]
-    assert (code, entry["status"]) == (0, "pass"), entry
-    assert any(n.startswith("ring_allreduce() is the reference program's own") for n in entry["notes"]), entry
+    assert (code, entry["status"], entry["score"]) == (1, "fail", 0.5), entry
+    assert entry["reason"] == "ring_allreduce(): not written (the solution does not define it)", entry
+    assert [(p["name"], p["passed"]) for p in entry["parts"]] == [("allreduce", True), ("ring_allreduce", False)]
+    code, report = run_json(lab, "ring-allreduce", "--nproc", "3", "--solution", str(solution), "--part", "allreduce")
+    entry = by_name(report)["ring-allreduce"]
+    assert (code, entry["status"], entry["score"]) == (0, "pass", 1.0), entry
     assert any(n.startswith("allreduce(send, recv): each rank sent 2.00x") for n in entry["notes"]), entry
 
 

@@ -171,14 +171,19 @@ def test_untrusted_function_summaries_are_skipped() -> None:
     assert check_ring_traffic(junk, World.local(3)) == Verdict(True)
 
 
-def test_a_function_the_solution_imports_from_the_reference_is_noted() -> None:
+def test_a_function_taken_from_the_reference_or_missing_fails_its_part_and_only_its_part() -> None:
+    ring = EXERCISES["ring-allreduce"]
     calls = ring_calls(3, 4 / 3)
     for r in calls:
         calls[r]["functions"]["allreduce"]["reference"] = True
-    v = EXERCISES["ring-allreduce"].judge(ring_ok(3), calls, World.local(3))
-    assert v.passed
-    assert "allreduce() is the reference program's own (the solution imports it): not graded as the student's" \
-        in v.notes
+    v = ring.judge(ring_ok(3), calls, World.local(3))
+    assert not v.passed and v.reason == "allreduce(): not written: it uses the reference's allreduce()"
+    assert [(p.name, p.passed) for p in v.parts] == [("allreduce", False), ("ring_allreduce", True)]
+    assert ring.judge(ring_ok(3), calls, World.local(3), part="ring_allreduce").passed  # that part alone
+    for r in calls:
+        calls[r]["functions"]["allreduce"]["missing"] = True
+    v = ring.judge(ring_ok(3), calls, World.local(3), part="allreduce")
+    assert not v.passed and v.reason == "allreduce(): not written (the solution does not define it)"
 
 
 # --- the recorder, with stand-ins for torch's functions ----------------------------------------
@@ -340,16 +345,16 @@ def test_a_ring_of_batch_isend_irecv_passes_with_its_bytes_counted(lab: Lab) -> 
 
 
 @pytest.mark.local
-@pytest.mark.parametrize("nproc, status", [(3, "fail"), (2, "pass")])
-def test_a_ring_allreduce_of_whole_tensors_is_not_the_homework(lab: Lab, nproc: int, status: str) -> None:
+@pytest.mark.parametrize("nproc, optimal", [(3, False), (2, True)])
+def test_a_ring_allreduce_of_whole_tensors_is_not_the_homework(lab: Lab, nproc: int, optimal: bool) -> None:
     code, entry = run_json(lab, "ring-allreduce", WRONG / "ring_whole_tensors.py", nproc)
-    assert entry["status"] == status, entry
-    if status == "fail":
-        assert code == 1
+    assert code == 1 and entry["status"] == "fail", entry  # (its allreduce is the reference's: that part fails)
+    assert entry["parts"][1]["passed"] is optimal, entry  # with 2 ranks both send one tensor
+    if not optimal:
         assert entry["reason"].startswith("ring_allreduce(tensor) is not bandwidth-optimal: ranks 0, 1, 2 sent up "
                                           "to 2.00x the tensor")
-    assert "allreduce() is the reference program's own (the solution imports it): not graded as the student's" \
-        in entry["notes"]
+    assert entry["parts"][0] == {"name": "allreduce", "passed": False,
+                                 "reason": "allreduce(): not written: it uses the reference's allreduce()"}
 
 
 @pytest.mark.local

@@ -44,12 +44,14 @@ def add_grade(commands: Commands) -> None:
     grading.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                          help=f"the longest any rank may spend on one step (default {DEFAULT_TIMEOUT:g})")
     grading.add_argument("--backend", choices=BACKENDS, help="default: as for run")
+    grading.add_argument("--part", metavar="NAME", help="grade only this part of the exercise: one of the "
+                         "functions it asks for (ring-allreduce: allreduce, the tutorial's ring, or ring_allreduce)")
     grading.set_defaults(handler=cmd_grade)
 
 
 def cmd_grade(args: argparse.Namespace) -> int:
     request = GradeRequest(_one_exercise(args.exercise), args.parallel, args.timeout, args.wall, args.hosts,
-                           args.nproc, args.sandbox, Limits(args.memory, args.pids), args.backend)
+                           args.nproc, args.sandbox, Limits(args.memory, args.pids), args.backend, args.part)
     request.check()
     submissions = find_submissions(Path(args.submissions), request.exercise.program.rsplit(".", 1)[-1])
     settings = ssh_settings(args)

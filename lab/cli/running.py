@@ -74,6 +74,8 @@ def add_run(commands: Commands) -> None:
                      help=f"the longest any rank may spend on one step: start-up, rendezvous or one "
                           f"exercise (default {DEFAULT_TIMEOUT:g})")
     watch_options(run)
+    run.add_argument("--part", metavar="NAME", help="check only this part of the (one) exercise: one of the "
+                     "functions it asks for (ring-allreduce: allreduce or ring_allreduce)")
     run.add_argument("--solution", metavar="FILE.py", help="run this file in place of the exercise's "
                      "reference program (one exercise) and check it the same way; it runs as you, with "
                      "your environment and files: for other people's code use `grade`")
@@ -107,7 +109,7 @@ def _options(args: argparse.Namespace) -> Options:
     solution = solution_file(args.solution) if args.solution else None
     return Options(chosen, args.backend, args.init, args.timeout, solution, launcher(args),
                    partition=args.partition, hang_after=args.hang_after,
-                   preflight=args.preflight)
+                   preflight=args.preflight, part=args.part)
 
 
 def run_and_report(inventory: Inventory, options: Options, settings: SSHSettings, json_out: bool = False,

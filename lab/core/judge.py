@@ -6,7 +6,7 @@ from typing import Literal
 
 from lab.core.outcome import SYS_EXIT, ExerciseRun, RankState, RunOutcome, ended
 from lab.errors import ExitCode
-from lab.suite.check import Mismatch, Verdict, World, ranks_named
+from lab.suite.check import Mismatch, PartVerdict, Verdict, World, ranks_named
 from lab.suite.registry import EXERCISES
 
 ExerciseStatus = Literal["pass", "fail", "timeout", "not run"]
@@ -22,10 +22,18 @@ class ExerciseReport:
     mismatches: tuple[Mismatch, ...] = ()
     notes: tuple[str, ...] = ()
     details: dict[int, str] = field(default_factory=dict)  # rank -> traceback, where useful
+    parts: tuple[PartVerdict, ...] = ()  # each function the student writes, judged on its own
 
     @property
     def passed(self) -> bool:
         return self.status == "pass"
+
+    @property
+    def score(self) -> float:
+        """The fraction of its parts passed (partial credit); without parts, 1 for a pass, else 0."""
+        if self.passed or not self.parts:
+            return 1.0 if self.passed else 0.0
+        return sum(p.passed for p in self.parts) / len(self.parts)
 
 
 def world_of(outcome: RunOutcome) -> World:
@@ -62,9 +70,9 @@ def _judge_one(run: ExerciseRun, outcome: RunOutcome, world: World) -> ExerciseR
         return ExerciseReport(run.name, "fail", seconds, causes[0] + more, ranks,
                               details={r: e.get("traceback", "") for r, e in run.errors.items()})
     if len(run.results) == world.world_size:
-        verdict: Verdict = EXERCISES[run.name].judge(run.results, run.calls, world)  # values and method
+        verdict: Verdict = EXERCISES[run.name].judge(run.results, run.calls, world, outcome.plan.part)
         return ExerciseReport(run.name, "pass" if verdict.passed else "fail", seconds, verdict.reason,
-                              verdict.failed_ranks, verdict.mismatches, verdict.notes)
+                              verdict.failed_ranks, verdict.mismatches, verdict.notes, parts=verdict.parts)
     return _unfinished(run, outcome, seconds)
 
 

@@ -81,6 +81,7 @@ class Options:
     rank_env: dict[str, str] = field(default_factory=dict, hash=False)  # more settings for every rank (lab bench's)
     hang_after: float = DEFAULT_HANG_AFTER  # see Plan
     preflight: bool = True  # see Plan
+    part: str | None = None  # the one part of the (single) exercise to check (lab.suite.registry); None: all
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,7 @@ class Plan:
     # its advertised address reaches every peer, and MASTER_ADDR:MASTER_PORT is reachable. Not under srun,
     # whose tasks Slurm starts.
     preflight: bool = True
+    part: str | None = None  # see Options
 
     @property
     def checks_network(self) -> bool:
@@ -252,6 +254,7 @@ class Plan:
             "launcher": self.launcher, "master_addr": self.master_addr, "master_port": self.master_port,
             **({"rdzv_endpoint": self.rdzv_endpoint} if self.rdzv_endpoint else {}),
             "timeout": self.timeout, "hang_after": self.hang_after, "preflight": self.checks_network,
+            **({"part": self.part} if self.part else {}),
             **({"memory_mb": self.memory_mb} if self.memory_mb else {}),
             "run_dir": f"{RUN_DIR} = <each host's temp dir>/{self.run_name}",
             **({"ports": f"{', '.join(port_macro(i) for i in range(self.port_count))}: chosen free and "
@@ -385,7 +388,20 @@ def build_plan(inventory: Inventory, options: Options, token: str | None = None)
                 shared_run_dir=shared, launcher=options.launcher,
                 rdzv_endpoint=_endpoint(master, rdzv_port), port_count=ports.count, memory_mb=options.memory_mb,
                 partition=options.partition, rank_env=dict(options.rank_env), hang_after=options.hang_after,
-                preflight=options.preflight)
+                preflight=options.preflight, part=checked_part(options))
+
+
+def checked_part(options: Options) -> str | None:
+    """``--part``: one part of the one exercise run, which has parts."""
+    if options.part is None:
+        return None
+    if len(options.exercises) != 1:
+        raise UsageError(f"--part {options.part} checks one part of one exercise: name one exercise")
+    exercise = options.exercises[0]
+    if options.part not in exercise.parts:
+        has = f"its parts are {', '.join(exercise.parts)}" if exercise.parts else "it has no parts"
+        raise UsageError(f"--part {options.part}: {exercise.name} has no such part ({has})")
+    return options.part
 
 
 def uses_torchrun(launcher: str) -> bool:

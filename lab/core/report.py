@@ -57,7 +57,8 @@ def to_json(outcome: RunOutcome, reports: list[ExerciseReport], exit_code: int) 
         "ports": list(outcome.ports),  # held on rank 0's host for the run: ${port0}, ${port1}...
         "plan": {k: v for k, v in outcome.plan.to_dict().items() if k not in ("ranks", "launches", "run_dir")},
         "exercises": [{
-            "name": r.name, "status": r.status, "seconds": r.seconds, "reason": r.reason,
+            "name": r.name, "status": r.status, "seconds": r.seconds, "reason": r.reason, "score": r.score,
+            "parts": [{"name": p.name, "passed": p.passed, "reason": p.reason} for p in r.parts],
             "ranks": list(r.ranks), "notes": list(r.notes),
             "mismatches": [{"rank": m.rank, "what": m.what, "expected": m.expected, "got": m.got}
                            for m in r.mismatches],
@@ -108,6 +109,12 @@ def to_junit(outcome: RunOutcome, reports: list[ExerciseReport], suite_name: str
     for r in reports:
         case = ET.SubElement(suite, "testcase", classname=f"{suite_name}.{plan.backend}", name=r.name,
                              time=f"{r.seconds or 0.0:.3f}")
+        if r.parts:  # partial credit: each function the student writes, and the score they make
+            scored = ET.SubElement(case, "properties")
+            ET.SubElement(scored, "property", name="score", value=f"{r.score:g}")
+            for part in r.parts:
+                ET.SubElement(scored, "property", name=f"part {part.name}",
+                              value="pass" if part.passed else printable(f"fail: {part.reason}"))
         reason = printable(r.reason)
         if r.status == "fail":
             ET.SubElement(case, "failure", message=reason, type="CheckFailed").text = \

@@ -72,10 +72,13 @@ class Grade:
     seconds: float
     graded: bool = True  # False: the lab failed here, not the student
     exit_code: int = ExitCode.OK  # when not graded: what the failure was (lab.errors.ExitCode)
+    partial: float | None = None  # the fraction of the exercise's parts passed, where it has parts
 
     @property
     def score(self) -> float:
-        return 1.0 if self.verdict == "pass" else 0.0
+        if self.verdict == "pass":
+            return 1.0
+        return self.partial if self.verdict == "fail" and self.partial is not None else 0.0
 
     def row(self) -> dict[str, str]:
         return {"student": self.student, "exercise": self.exercise, "verdict": self.verdict,
@@ -303,11 +306,12 @@ def grade_one(submission: Submission, options: Options, make_place: PlaceMaker, 
     reports = judge(outcome)
     book.junit_path(submission.student).write_bytes(to_junit(outcome, reports, suite_name=submission.student))
     verdict, reason = _verdict(outcome, reports)
+    partial = min((r.score for r in reports if r.parts), default=None)
     if kills and verdict != "pass":
         reason = f"out of memory: the kernel killed {kills} process(es) at the sandbox's limit; {reason}"
     elif options.memory_mb and verdict != "pass" and any(s in reason for s in OUT_OF_MEMORY):
         reason = f"out of memory (the limit is {options.memory_mb} MB per rank): {reason}"
-    return Grade(submission.student, exercise, verdict, reason, time.monotonic() - started)
+    return Grade(submission.student, exercise, verdict, reason, time.monotonic() - started, partial=partial)
 
 
 def _verdict(outcome: RunOutcome, reports: list[ExerciseReport]) -> tuple[GradeVerdict, str]:

@@ -22,7 +22,7 @@ from lab.containerlab.engine import Say
 from lab.containerlab.image import Progress
 from lab.containerlab.topology import DEFAULT_LAB, LabPaths, default_inventory
 from lab.core.inventory import load_inventory, local_inventory
-from lab.core.plan import DEFAULT_TIMEOUT, Backend, Options
+from lab.core.plan import DEFAULT_TIMEOUT, Backend, Options, checked_part
 from lab.errors import UsageError
 from lab.grading import sandbox
 from lab.grading.sandbox import Limits
@@ -121,6 +121,7 @@ class GradeRequest:
     sandbox: SandboxChoice | None = None  # None: a sandbox on the local cluster, none with hosts
     limits: Limits = field(default_factory=Limits)
     backend: Backend | None = None  # None: as for run
+    part: str | None = None  # grade this part of the exercise alone (lab.suite.registry)
 
     def check(self) -> None:
         """The options that cannot work together, or at all: a UsageError before anything starts."""
@@ -136,6 +137,7 @@ class GradeRequest:
             self.limits.check()
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+        checked_part(self.options())
 
     def settings(self) -> dict[str, object]:
         """What decides a grade, as plain data (how many submissions run at once does not): a grader
@@ -148,11 +150,12 @@ class GradeRequest:
                 inventory = "unreadable"
         return {"exercise": self.exercise.name, "timeout": self.timeout, "wall": self.wall, "hosts": self.hosts,
                 "inventory": inventory, "nproc": self.nproc, "sandbox": self.sandbox, "limits": asdict(self.limits),
-                "backend": self.backend}
+                "backend": self.backend, "part": self.part}
 
     def options(self) -> Options:
         """The run of one submission, as ``run EXERCISE --solution FILE`` would make it."""
-        return Options((self.exercise,), self.backend, "env", self.timeout, memory_mb=self.limits.memory_mb)
+        return Options((self.exercise,), self.backend, "env", self.timeout, memory_mb=self.limits.memory_mb,
+                       part=self.part)
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,7 @@ class Tally:
     calls: int = 0  # times the function was called (functions only)
     tensor_bytes: int = 0  # bytes of its first tensor argument, summed over the calls
     reference: bool = False  # the reference program's own function, not the student's
+    missing: bool = False  # ... because the solution does not define it
 
     def to_json(self, function: bool = False) -> dict[str, Any]:
         data: dict[str, Any] = {"counts": dict(sorted(self.counts.items())),
@@ -88,6 +89,8 @@ class Tally:
             data.update(calls=self.calls, tensor_bytes=self.tensor_bytes)
             if self.reference:
                 data["reference"] = True
+            if self.missing:
+                data["missing"] = True
         return data
 
 
@@ -193,7 +196,8 @@ class Recorder:
         setattr(wrapper, WRAPPED, label)
         return wrapper
 
-    def scoped(self, name: str, fn: Callable[..., Any], reference: bool = False) -> Callable[..., Any]:
+    def scoped(self, name: str, fn: Callable[..., Any], reference: bool = False,
+               missing: bool = False) -> Callable[..., Any]:
         """``fn`` (a function the student writes) with what the rank does inside it recorded
         apart, under ``name``, as well as in the totals. Inside another scoped function, the
         outer one keeps it (a ring_allreduce built on allreduce is ring_allreduce's)."""
@@ -205,7 +209,7 @@ class Recorder:
             if not self.active or self._local.scope is not None:
                 return fn(*args, **kwargs)
             with self._lock:
-                tally = self.functions.setdefault(name, Tally(reference=reference))
+                tally = self.functions.setdefault(name, Tally(reference=reference, missing=missing))
                 tally.calls += 1
                 tally.tensor_bytes += next((_nbytes(a) for a in (*args, *kwargs.values()) if _is_tensor(a)), 0)
             self._local.scope = name

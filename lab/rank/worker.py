@@ -158,44 +158,38 @@ def _module_name(path: str) -> str:
 
 
 def load_solution(program: str, reference: str | None, writes: tuple[str, ...] = (),
-                  some: bool = False) -> ModuleType:
-    """The program to run. A solution may be a whole program (it defines ``run``) or the
-    functions a student writes (``writes``, the exercise's: ``allreduce`` and ``ring_allreduce``,
-    ``average_gradients``...): those then replace the reference program's own (so do other
-    functions of the reference it defines), and the reference's ``run`` drives them.
+                  some: bool = False) -> tuple[ModuleType, tuple[str, ...]]:
+    """The program to run, and which of ``writes`` the solution did not define. A solution may be
+    a whole program (it defines ``run``) or the functions a student writes (``writes``, the
+    exercise's parts: ``allreduce`` and ``ring_allreduce``, ``average_gradients``...): those then
+    replace the reference program's own (so do other functions of the reference it defines), and
+    the reference's ``run`` drives them.
 
-    Such a solution must define every one of ``writes``, or the reference's own would be graded
-    in place of the missing ones: ImportError names them. (Importing the reference's function
-    is defining it on purpose: the report then says it is the reference's.) Where the exercise
-    asks for functions, a ``run`` of the solution's is refused (ImportError): it could return
-    anything in place of what the functions compute. With ``some`` (the bench: it times the rings
-    a solution writes) only ``writes`` are taken, any of them, and a ``run`` is not used."""
+    One of ``writes`` the solution lacks keeps the reference's own, so that the others are still
+    graded: it is named among the missing, and its part is "not written". (Importing the
+    reference's function is taking it on purpose: its part says it uses the reference's.) Where
+    the exercise asks for functions, a ``run`` of the solution's is refused (ImportError): it could
+    return anything in place of what the functions compute. With ``some`` (the bench: it times the
+    rings a solution writes) only ``writes`` are taken, any of them, and a ``run`` is not used."""
     module = load_program(program)
     file = os.path.basename(program)
     if reference is not None and writes and not some and callable(getattr(module, "run", None)):
         raise ImportError(f"{file} defines run(): this exercise asks for {_listed(writes)}, which its own run() "
                           f"drives and checks; remove run()")
     if (hasattr(module, "run") and not some) or reference is None:
-        return module
+        return module, ()
     base = load_program(reference)
     names = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
              and callable(getattr(base, n, None)) and (n in writes or not some)]
-    ref = f"{reference.rsplit('.', 1)[-1]}.py"
-    missing = [n for n in writes if n not in names]
     if not names:
+        ref = f"{reference.rsplit('.', 1)[-1]}.py"
         asked = f" (it asks for {_listed(writes)})" if writes else ""
         if some:
             raise ImportError(f"{file} defines none of {_listed(writes)}")
         raise ImportError(f"{file} defines neither run() nor any function of {ref} to replace{asked}")
-    if missing and not some:
-        have = [n for n in writes if n in names]
-        head = (f"{file} defines {_listed(have)} but not {_listed(missing)}" if have
-                else f"{file} defines neither run() nor {_listed(missing)}")
-        raise ImportError(f"{head}: a solution without run() writes every one of {_listed(writes)} "
-                          f"(to keep the reference's, import it: from {reference} import {', '.join(missing)})")
     for name in names:
         setattr(base, name, getattr(module, name))
-    return base
+    return base, tuple(n for n in writes if n not in names and not some)
 
 
 def _listed(names: list[str] | tuple[str, ...]) -> str:
@@ -211,16 +205,18 @@ def student_functions(name: str) -> tuple[tuple[str, ...], bool]:
     return (exercise.writes, exercise.writes_some) if exercise is not None else ((), False)
 
 
-def record_functions(program: ModuleType, writes: tuple[str, ...], reference: str | None) -> None:
+def record_functions(program: ModuleType, writes: tuple[str, ...], reference: str | None,
+                     missing: tuple[str, ...] = ()) -> None:
     """Wrap the student's functions in ``program`` so that what each one sends is recorded apart
-    (the reference's ``run`` looks them up there when it runs, and so does a whole program)."""
+    (the reference's ``run`` looks them up there when it runs, and so does a whole program); the
+    reference's own, where the solution took it or lacks it (``missing``), are recorded as such."""
     from lab.rank.calls import RECORDER
 
     for name in writes:
         fn = getattr(program, name, None)
         if callable(fn):
             borrowed = reference is not None and getattr(fn, "__module__", None) == reference
-            setattr(program, name, RECORDER.scoped(name, fn, reference=borrowed))
+            setattr(program, name, RECORDER.scoped(name, fn, reference=borrowed, missing=name in missing))
 
 
 def call_with_context(fn: Callable[..., Any], context: dict[str, Any]) -> Any:
@@ -331,8 +327,8 @@ class Rank:
         reference, (writes, some) = exercise.get("reference"), student_functions(name)
         try:
             with RECORDER.recording():  # only the exercise's own calls: not the lab's barrier after it
-                program = load_solution(exercise["program"], reference, writes, some)
-                record_functions(program, writes, reference)
+                program, missing = load_solution(exercise["program"], reference, writes, some)
+                record_functions(program, writes, reference, missing)
                 value = call_with_context(program.run, self.context(init_method))
         except Exception as exc:  # an exercise's failure is a result, not the worker's end
             self.emit("error", exercise=name, error=error_text(exc), where=_where(exc, exercise["program"]),

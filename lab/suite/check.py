@@ -50,6 +50,15 @@ class Mismatch:
 
 
 @dataclass(frozen=True)
+class PartVerdict:
+    """One function of a student's, judged on its own: ``reason`` says why it failed."""
+
+    name: str
+    passed: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class Verdict:
     """A checker's answer. ``reason`` is one line a student can act on."""
 
@@ -57,6 +66,7 @@ class Verdict:
     reason: str = ""
     mismatches: tuple[Mismatch, ...] = ()
     notes: tuple[str, ...] = ()  # e.g. "gloo lacks X; the tutorial's workaround was used"
+    parts: tuple[PartVerdict, ...] = ()  # an exercise of several functions: each one's (lab.suite.registry)
 
     @property
     def failed_ranks(self) -> tuple[int, ...]:

@@ -137,17 +137,32 @@ def _bytes_sent(summary: Mapping[str, Any]) -> int | None:
     return sum(v for v in sent.values() if isinstance(v, int) and not isinstance(v, bool) and v > 0)
 
 
-def borrowed(calls: Calls, world: World) -> tuple[str, ...]:
-    """A note for each function a solution took from the reference program (it imported it)
-    in place of writing it: what passed there is not the student's work."""
-    names = set()
+def scoped_calls(calls: Calls, function: str) -> dict[int, Any]:
+    """Each rank's calls inside ``function`` alone, as a rank's summary (where they were recorded)."""
+    scoped = {}
+    for rank, summary in calls.items():
+        functions = summary.get("functions") if isinstance(summary, Mapping) else None
+        inside = functions.get(function) if isinstance(functions, Mapping) else None
+        if isinstance(inside, Mapping):
+            scoped[rank] = {"counts": inside.get("counts"), "sent": inside.get("sent"), "functions": {function: inside}}
+    return scoped
+
+
+def unwritten(calls: Calls, world: World, function: str) -> str | None:
+    """Why ``function`` is not the student's work, if a rank's record says so: the solution lacks it,
+    or took the reference's (None: it is the student's, as far as the records tell)."""
+    said = set()
     for rank in range(world.world_size):
         summary = calls.get(rank)
         functions = summary.get("functions") if isinstance(summary, Mapping) else None
-        if isinstance(functions, Mapping):
-            names |= {str(n) for n, f in functions.items() if isinstance(f, Mapping) and f.get("reference") is True}
-    return tuple(f"{name}() is the reference program's own (the solution imports it): not graded as the "
-                 f"student's" for name in sorted(names))
+        inside = functions.get(function) if isinstance(functions, Mapping) else None
+        if isinstance(inside, Mapping):
+            said |= {key for key in ("missing", "reference") if inside.get(key) is True}
+    if "missing" in said:
+        return "not written (the solution does not define it)"
+    if "reference" in said:
+        return f"not written: it uses the reference's {function}()"
+    return None
 
 
 def combine(values: Verdict, method: Verdict) -> Verdict:

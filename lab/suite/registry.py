@@ -33,17 +33,28 @@ exercise is about the method and not only the values:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
-from lab.suite.check import Results, Verdict, World
+from lab.suite.check import PartVerdict, Results, Verdict, World
 from lab.suite.checks import backends, basics, bench, collectives, dsgd, p2p, ring
-from lab.suite.method import Calls, Method, borrowed, check_method, combine, nonblocking, point_to_point, uses
+from lab.suite.method import (
+    Calls,
+    Method,
+    check_method,
+    combine,
+    nonblocking,
+    point_to_point,
+    scoped_calls,
+    unwritten,
+    uses,
+)
 
 # Who forms the process group: nobody, the lab (one group every shared exercise reuses), or the
 # program itself with that init method.
 Rendezvous = Literal["none", "shared", "env", "tcp", "file"]
 Checker = Callable[[Results, World], Verdict]
+PartChecker = Callable[[Results, World, str], Verdict]
 
 @dataclass(frozen=True)
 class Exercise:
@@ -57,12 +68,36 @@ class Exercise:
     writes: tuple[str, ...] = ()  # the functions a student writes (a solution without run() defines all)
     writes_some: bool = False  # a solution is some of ``writes``, never a whole program (the bench's rings)
     method: Method | None = None  # the calls its ranks may and must make (None: any)
+    check_part: PartChecker | None = None  # one of several parts' values alone (see ``parts``)
 
-    def judge(self, results: Results, calls: Calls, world: World) -> Verdict:
-        """The values (``check``) and the method (the calls each rank made) together."""
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """The functions a student writes, each graded as a part of its own (partial credit)."""
+        return () if self.writes_some else self.writes
+
+    def judge(self, results: Results, calls: Calls, world: World, part: str | None = None) -> Verdict:
+        """The values (``check``) and the method (the calls each rank made) together, and each part's
+        verdict: a part passes when its own values and calls do and it is the student's (a function
+        the solution took from the reference, or lacks, is not). With ``part``, that part alone."""
+        if part is not None:
+            verdict = self._part(part, results, calls, world)
+            return replace(verdict, parts=(PartVerdict(part, verdict.passed, verdict.reason),))
         verdict = combine(self.check(results, world), check_method(self.name, self.method, calls, world))
-        notes = borrowed(calls, world)
-        return Verdict(verdict.passed, verdict.reason, verdict.mismatches, verdict.notes + notes) if notes else verdict
+        parts = tuple(PartVerdict(p, (v := self._part(p, results, calls, world)).passed, v.reason) for p in self.parts)
+        failed = [p for p in parts if not p.passed]
+        reason = verdict.reason if not verdict.passed else "; ".join(p.reason for p in failed)
+        return replace(verdict, passed=verdict.passed and not failed, reason=reason, parts=parts)
+
+    def _part(self, part: str, results: Results, calls: Calls, world: World) -> Verdict:
+        if part not in self.parts:
+            raise ValueError(f"{self.name} has no part {part!r}")
+        not_written = unwritten(calls, world, part)
+        if not_written:
+            return Verdict(False, f"{part}(): {not_written}")
+        values = self.check(results, world) if len(self.parts) == 1 or self.check_part is None else \
+            self.check_part(results, world, part)
+        verdict = combine(values, check_method(self.name, self.method, scoped_calls(calls, part), world))
+        return replace(verdict, reason=f"{part}(): {verdict.reason}" if verdict.reason else "")
 
 
 def _exercises() -> dict[str, Exercise]:
@@ -109,7 +144,7 @@ def _exercises() -> dict[str, Exercise]:
         Exercise("ring-allreduce", "ring all-reduce from isend/recv: the tutorial's, then chunked "
                  "(reduce-scatter + all-gather)", "lab.suite.exercises.ring_allreduce", ring.check_ring_allreduce,
                  min_ranks=2, writes=("allreduce", "ring_allreduce"),
-                 method=point_to_point(ring.check_ring_traffic)),
+                 method=point_to_point(ring.check_ring_traffic), check_part=ring.check_ring_part),
         Exercise("dsgd", "distributed synchronous SGD: average_gradients with all_reduce, vs one "
                  "process and DistributedDataParallel", "lab.suite.exercises.dsgd", dsgd.check_dsgd,
                  writes=("average_gradients",)),

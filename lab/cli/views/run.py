@@ -78,6 +78,9 @@ def print_report(console: Console, outcome: RunOutcome, reports: list[ExerciseRe
     for r in reports:
         line = Text(f"{r.status.upper():8}", style=STATUS_STYLES[r.status])
         line.append(f"{r.name:{width}}  {_seconds(r.seconds):>8}")
+        if r.parts and not r.passed:  # partial credit
+            said = ", ".join(f"{p.name} {'pass' if p.passed else 'fail'}" for p in r.parts)
+            line.append(f"  score {r.score:g} ({said})")
         if not r.passed and r.reason:
             line.append(f"  {printable(r.reason)}", style="dim" if r.status == "not run" else "")
         console.print(line, soft_wrap=True, highlight=False)
