@@ -23,7 +23,7 @@ from lab.containerlab.topology import ROLE
 from lab.errors import UsageError
 from lab.grading.grade import Grade, Gradebook, Submission, find_submissions
 from lab.grading.places import one_user_hosts, split_inventory
-from lab.grading.sandbox import IMAGE, ROLE_NAME
+from lab.grading.sandbox import IMAGE, LOG_MAX, ROLE_NAME, Limits, Sandbox
 from lab.model.inventory import Host, Inventory
 
 from .conftest import REPO, Lab
@@ -367,3 +367,25 @@ def run(rank, size):
 def _sleepers() -> list[str]:
     done = subprocess.run(["pgrep", "-af", "sleep 900"], capture_output=True, text=True)
     return [line for line in done.stdout.splitlines() if line.strip()]
+
+
+def test_sandboxes_that_could_take_more_memory_than_the_machine_are_refused_before_they_start() -> None:
+    limits = Limits(memory_mb=1024)
+    limits.check_room(2, 3, 8192)  # 2 x (3 x 1024 + 256) MB fit in 8 GB
+    with pytest.raises(ValueError, match=r"4 sandbox\(es\) of 3 rank\(s\) at 1024 MB each .* may take 13312 MB, "
+                       r"more than the 8192 MB of the engine's machine: lower --parallel or --memory"):
+        limits.check_room(4, 3, 8192)
+    assert Limits.cpus_for(1) == 1.0 and Limits.cpus_for(10_000) == float(os.cpu_count() or 1)
+
+
+@pytest.mark.docker
+def test_a_sandbox_keeps_a_bounded_log_and_a_cpu_a_rank(docker_client) -> None:  # type: ignore[no-untyped-def]
+    with Sandbox(docker_client, 2, Limits()) as box:
+        config = docker_client.api.inspect_container(box.name)["HostConfig"]
+        assert config["LogConfig"] == {"Type": "json-file", "Config": {"max-size": LOG_MAX, "max-file": "1"}}
+        assert config["NanoCpus"] == int(Limits.cpus_for(2) * 1e9)
+        flood = "head -c 5000000 /dev/zero | tr '\\0' x > /proc/1/fd/1"  # a rank writing to PID 1's output
+        docker_client.containers.get(box.name).exec_run(["/bin/sh", "-c", flood], user="65534:65534")
+        log = Path(docker_client.api.inspect_container(box.name)["LogPath"])
+        assert log.stat().st_size <= 2 << 20  # (1 MiB kept, in JSON lines)
+    assert sandboxes(docker_client) == []

@@ -182,5 +182,11 @@ def places_for(request: GradeRequest, ssh: SSHSettings, say: Say, working: Worki
         state = LabPaths(Path(default_inventory(DEFAULT_LAB)).resolve()).state  # (the wheelhouse `lab up` keeps)
         with working("the sandbox image") as progress:
             sandbox.ensure_sandbox_image(client, state, say, progress)
+        machine_mb = int(client.info().get("MemTotal") or 0) >> 20  # (0: the engine does not say)
+        try:
+            if machine_mb:
+                request.limits.check_room(request.parallel, request.nproc, machine_mb)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         with sandbox.sandboxes_of(client):
             yield Places([sandbox.maker(client, request.nproc, request.limits)] * request.parallel)

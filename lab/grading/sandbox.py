@@ -4,7 +4,8 @@ The container is made from the lab's host image (it has the pinned torch) and ca
 the grader trusts: no network but its own loopback (its ranks talk over 127.0.0.1), a read-only
 root with a small tmpfs scratch at /tmp (the run's files go there), user ``nobody``, every
 capability dropped, no new privileges, a clean environment (the image's own), and the limits of
-:class:`Limits`: memory and processes for its ranks together, scratch space. The grader starts
+:class:`Limits`: memory and processes for its ranks together, a CPU a rank (at most the
+machine's), scratch space, and what its PID 1 writes kept to LOG_MAX by the engine. The grader starts
 the ranks in it through the docker transport (one ``docker exec`` each) and removes it after:
 whatever the submission started, daemons included, goes with it. Sandboxes carry the lab's
 labels (role ``sandbox``), so one a killed grader left behind is removed by ``lab down``.
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.types import LogConfig
 
 from lab.containerlab import image
 from lab.containerlab.engine import EngineError, Say
@@ -37,6 +39,7 @@ ROLE_NAME = "sandbox"
 OWNER_LABEL = "lab.owner"  # "<hostname>:<pid>" of the grader that made it
 PYTHON = "/usr/bin/python3"  # the image's interpreter, with torch
 OVERHEAD_MB = 256  # the reapers, the port holder, docker-init
+LOG_MAX = "1m"  # of what the sandbox's PID 1 writes, kept by the engine (a rank can write there: /proc/1/fd/1)
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,23 @@ class Limits:
             if value < least:
                 raise ValueError(f"--{name} must be at least {least}, got {value}")
 
+    def memory_mb_for(self, ranks: int) -> int:
+        """The memory of a sandbox of ``ranks`` ranks."""
+        return self.memory_mb * ranks + OVERHEAD_MB
+
+    @staticmethod
+    def cpus_for(ranks: int) -> float:
+        """The CPUs a sandbox of ``ranks`` ranks may use: one a rank, at most the machine's."""
+        return float(min(ranks, os.cpu_count() or 1))
+
+    def check_room(self, sandboxes: int, ranks: int, machine_mb: int) -> None:
+        """ValueError when ``sandboxes`` sandboxes at once could take more memory than the machine has."""
+        need = sandboxes * self.memory_mb_for(ranks)
+        if need > machine_mb:
+            raise ValueError(f"{sandboxes} sandbox(es) of {ranks} rank(s) at {self.memory_mb} MB each (and "
+                             f"{OVERHEAD_MB} MB for the lab's own) may take {need} MB, more than the {machine_mb} MB "
+                             f"of the engine's machine: lower --parallel or --memory")
+
 
 class Sandbox:
     """One running sandbox for ``ranks`` ranks; a context manager that removes it."""
@@ -65,7 +85,7 @@ class Sandbox:
         self._container_id: str | None = None
 
     def __enter__(self) -> Sandbox:
-        memory = f"{self.limits.memory_mb * self.ranks + OVERHEAD_MB}m"
+        memory = f"{self.limits.memory_mb_for(self.ranks)}m"
         try:
             container = self.client.containers.run(
                 IMAGE, ["sleep", "infinity"], entrypoint=[], name=self.name, hostname=ROLE_NAME, detach=True,
@@ -74,6 +94,8 @@ class Sandbox:
                 network_mode="none", read_only=True, user="65534:65534", working_dir="/tmp",
                 tmpfs={"/tmp": f"rw,nosuid,nodev,size={self.limits.scratch_mb}m,mode=1777"},
                 mem_limit=memory, memswap_limit=memory, pids_limit=self.limits.pids * self.ranks,
+                nano_cpus=int(self.limits.cpus_for(self.ranks) * 1e9),
+                log_config=LogConfig(type="json-file", config={"max-size": LOG_MAX, "max-file": "1"}),
                 cap_drop=["ALL"], security_opt=["no-new-privileges"], init=True)
         except ImageNotFound:
             raise EngineError(f"no lab image {IMAGE} on the Docker engine (it was removed while grading)") from None
