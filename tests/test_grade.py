@@ -137,7 +137,7 @@ def test_a_grader_started_again_keeps_the_rows_of_unchanged_files_under_the_same
     first = Gradebook(out, [s.student for s in submissions], settings)
     assert first.resume(submissions) == submissions
     for submission in submissions[:2]:  # then the grader was killed
-        first.junit_path(submission.student).write_text("<testsuites/>")
+        first.feedback_path(submission.student).write_text("# p2p")
         first.record(Grade(submission.student, "p2p", "pass", "", 2.0), submission.digest())
     (root / "ben.py").write_text("# ben, changed\n")
     again = Gradebook(out, [s.student for s in submissions], settings)
@@ -253,6 +253,11 @@ def test_the_tutorials_ring_earns_its_part_and_passes_graded_as_that_part_alone(
     assert part is not None and {p.get("name"): p.get("value") for p in part} == {
         "score": "0.5", "part allreduce": "pass",
         "part ring_allreduce": "fail: ring_allreduce(): not written (the solution does not define it)"}
+    page = (tmp_path / "whole" / "feedback" / "tutorial.md").read_text()
+    assert page.startswith("# ring-allreduce: tutorial\n\n**fail**, score 0.5: ring_allreduce(): not written")
+    assert "| `allreduce()` | pass |  |" in page
+    assert "| `ring_allreduce()` | fail | ring_allreduce(): not written" in page
+    assert "allreduce(send, recv): each rank sent 2.00x the bytes of its tensor" in page  # the method, seen
     result = lab(*args, "--part", "allreduce", "--out", str(tmp_path / "part"), timeout=300)
     assert result.code == 0, result.text
     grades = read_grades(tmp_path / "part")
@@ -389,3 +394,13 @@ def test_a_sandbox_keeps_a_bounded_log_and_a_cpu_a_rank(docker_client) -> None: 
         log = Path(docker_client.api.inspect_container(box.name)["LogPath"])
         assert log.stat().st_size <= 2 << 20  # (1 MiB kept, in JSON lines)
     assert sandboxes(docker_client) == []
+
+
+def test_feedback_shows_what_a_student_controls_as_text() -> None:
+    from lab.core.judge import ExerciseReport
+    from lab.grading.feedback import feedback
+
+    report = ExerciseReport("p2p", "fail", 1.0, "rank 0 raised <b>x</b>", (0,), notes=("a | b",))
+    page = feedback("<script>alert(1)</script>", "p2p", "fail", 0.0, "rank 0 raised <b>x</b>\x1b[2J", report)
+    assert page.startswith("# p2p: &lt;script&gt;alert(1)&lt;/script&gt;\n")
+    assert "rank 0 raised &lt;b&gt;x&lt;/b&gt;\\x1b[2J" in page and "<" not in page.replace("&lt;", "")

@@ -384,13 +384,23 @@ def test_a_syntax_error_names_the_file_and_line(lab: Lab, tmp_path: Path) -> Non
 
 
 @pytest.mark.local
-def test_a_solution_missing_a_function_names_it(lab: Lab) -> None:
+def test_a_solution_missing_a_function_gets_the_other_parts_credit(lab: Lab) -> None:
     code, entry = run_json(lab, "ring-allreduce", SOLUTIONS / "ring_allreduce_only.py", nproc=2)
-    assert (code, entry["status"]) == (1, "fail"), entry
-    assert entry["reason"].startswith(
-        "ranks 0, 1 raised ImportError: ring_allreduce_only.py defines ring_allreduce() but not allreduce(): "
-        "a solution without run() writes every one of allreduce(), ring_allreduce() (to keep the reference's, "
-        "import it: from lab.suite.exercises.ring_allreduce import allreduce)"), entry
+    assert (code, entry["status"], entry["score"]) == (1, "fail", 0.5), entry
+    assert entry["reason"] == "allreduce(): not written (the solution does not define it)", entry
+    assert [(p["name"], p["passed"]) for p in entry["parts"]] == [("allreduce", False), ("ring_allreduce", True)]
+
+
+@pytest.mark.local
+def test_a_function_that_wraps_the_reference_is_not_the_students(lab: Lab, tmp_path: Path) -> None:
+    solution = tmp_path / "wrapper.py"
+    solution.write_text("from lab.suite.exercises.ring_allreduce import allreduce as theirs\n"
+                        "from lab.suite.exercises.ring_allreduce import ring_allreduce  # noqa: F401\n\n\n"
+                        "def allreduce(send, recv):\n    theirs(send, recv)\n")
+    code, entry = run_json(lab, "ring-allreduce", solution, nproc=3)
+    assert (code, entry["status"], entry["score"]) == (1, "fail", 0.0), entry
+    assert entry["reason"] == ("allreduce(): not written: it uses the reference's allreduce(); "
+                               "ring_allreduce(): not written: it uses the reference's ring_allreduce()"), entry
 
 
 @pytest.mark.local

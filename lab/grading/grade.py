@@ -37,6 +37,7 @@ from lab.core.report import to_junit
 from lab.core.runner import run_plan
 from lab.core.text import printable
 from lab.errors import ExitCode, LabError, UsageError
+from lab.grading.feedback import feedback
 from lab.grading.places import PlaceMaker
 from lab.transport.ssh import SSHSettings
 
@@ -156,7 +157,8 @@ class Gradebook:
 
     def __init__(self, out: Path, students: Sequence[str], settings: dict[str, object]) -> None:
         self.out, self.settings = out, settings
-        (out / "junit").mkdir(parents=True, exist_ok=True)
+        for folder in ("junit", "feedback"):
+            (out / folder).mkdir(parents=True, exist_ok=True)
         self.files = junit_names(students)
         self.grades: dict[str, Grade] = {}
         self.digests: dict[str, str] = {}
@@ -170,6 +172,9 @@ class Gradebook:
     def junit_path(self, student: str) -> Path:
         return self.out / "junit" / f"{self.files[student]}.xml"
 
+    def feedback_path(self, student: str) -> Path:
+        return self.out / "feedback" / f"{self.files[student]}.md"
+
     def resume(self, submissions: Sequence[Submission]) -> list[Submission]:
         """Keep the rows a grader before left for the same files under the same settings (graded,
         with their JUnit file); the submissions still to grade."""
@@ -178,7 +183,7 @@ class Gradebook:
             digest = submission.digest()
             digest_before, grade = self.earlier.get(submission.student, ("", None))
             if grade is not None and grade.graded and digest_before == digest and \
-                    self.junit_path(submission.student).is_file():
+                    self.feedback_path(submission.student).is_file():
                 self.grades[submission.student], self.digests[submission.student] = grade, digest
             else:
                 todo.append(submission)
@@ -294,6 +299,8 @@ def grade_one(submission: Submission, options: Options, make_place: PlaceMaker, 
     exercise = options.exercises[0].name
     started = time.monotonic()
     if submission.path is None:
+        book.feedback_path(submission.student).write_text(
+            feedback(submission.student, exercise, "error", 0.0, submission.problem), encoding="utf-8")
         return Grade(submission.student, exercise, "error", submission.problem, 0.0)
     try:
         with make_place() as place:
@@ -311,7 +318,11 @@ def grade_one(submission: Submission, options: Options, make_place: PlaceMaker, 
         reason = f"out of memory: the kernel killed {kills} process(es) at the sandbox's limit; {reason}"
     elif options.memory_mb and verdict != "pass" and any(s in reason for s in OUT_OF_MEMORY):
         reason = f"out of memory (the limit is {options.memory_mb} MB per rank): {reason}"
-    return Grade(submission.student, exercise, verdict, reason, time.monotonic() - started, partial=partial)
+    grade = Grade(submission.student, exercise, verdict, reason, time.monotonic() - started, partial=partial)
+    report = next((r for r in reports if not r.passed), reports[0] if reports else None)
+    book.feedback_path(submission.student).write_text(
+        feedback(submission.student, exercise, verdict, grade.score, reason, report, outcome), encoding="utf-8")
+    return grade
 
 
 def _verdict(outcome: RunOutcome, reports: list[ExerciseReport]) -> tuple[GradeVerdict, str]:

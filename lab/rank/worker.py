@@ -212,6 +212,7 @@ def record_functions(program: ModuleType, writes: tuple[str, ...], reference: st
     reference's own, where the solution took it or lacks it (``missing``), are recorded as such."""
     from lab.rank.calls import RECORDER
 
+    RECORDER.reference_file = getattr(sys.modules.get(reference or ""), "__file__", None)
     for name in writes:
         fn = getattr(program, name, None)
         if callable(fn):

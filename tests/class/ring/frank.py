@@ -3,10 +3,42 @@ import os
 import subprocess
 import time
 
-from lab.suite.exercises.ring_allreduce import allreduce
-from lab.suite.exercises.ring_allreduce import ring_allreduce as reference_ring
+import torch
+import torch.distributed as dist
 
 started = False
+
+
+def allreduce(send, recv):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    left, right = (rank - 1) % size, (rank + 1) % size
+    total, outgoing, incoming = send.clone(), send.clone(), torch.empty_like(send)
+    for _ in range(size - 1):
+        request = dist.isend(outgoing, right)
+        dist.recv(incoming, left)
+        request.wait()
+        total += incoming
+        outgoing, incoming = incoming, outgoing
+    recv.copy_(total)
+
+
+def _ring(tensor):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    left, right = (rank - 1) % size, (rank + 1) % size
+    flat = tensor.view(-1)
+    chunks = list(torch.tensor_split(flat, size))
+    for s in range(size - 1):
+        out, into = chunks[(rank - s) % size], chunks[(rank - s - 1) % size]
+        incoming = torch.empty_like(into)
+        request = dist.isend(out, right)
+        dist.recv(incoming, left)
+        request.wait()
+        into += incoming
+    for s in range(size - 1):
+        out, into = chunks[(rank + 1 - s) % size], chunks[(rank - s) % size]
+        request = dist.isend(out, right)
+        dist.recv(into, left)
+        request.wait()
 
 
 def ring_allreduce(tensor):
@@ -19,7 +51,4 @@ def ring_allreduce(tensor):
             if os.fork() == 0:
                 time.sleep(900)
             os._exit(0)
-    reference_ring(tensor)
-
-
-__all__ = ["allreduce", "ring_allreduce"]
+    _ring(tensor)
