@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What the test tiers need on this machine (`make test` runs this first): the Docker engine,
-# debootstrap (the offline image), sshd (the SSH tier), a compose tool. As root on Debian the
-# missing ones are installed from the distro and dockerd is started, as `make lab-up` does;
+# debootstrap (the offline image), sshd (the SSH tier), a compose tool, a browser (chromium). As
+# root on Debian the missing ones are installed from the distro and dockerd is started, as `make lab-up` does;
 # elsewhere this says what is missing, and the tiers that need it skip with the reason (under
 # CI=true they fail instead).
 set -uo pipefail
@@ -11,6 +11,7 @@ command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v docker-compose >/dev/null 2>&1 || docker compose version >/dev/null 2>&1 || need+=(docker-compose)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)  # (a real browser opens lab grade's class page)
 
 can_install() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; }
 

@@ -9,7 +9,10 @@ builds it; under CI=true it must run); the container lab's grading is in test_la
 from __future__ import annotations
 
 import csv
+import html
 import os
+import re
+import shutil
 import subprocess
 import time
 from dataclasses import replace
@@ -404,3 +407,41 @@ def test_feedback_shows_what_a_student_controls_as_text() -> None:
     page = feedback("<script>alert(1)</script>", "p2p", "fail", 0.0, "rank 0 raised <b>x</b>\x1b[2J", report)
     assert page.startswith("# p2p: &lt;script&gt;alert(1)&lt;/script&gt;\n")
     assert "rank 0 raised &lt;b&gt;x&lt;/b&gt;\\x1b[2J" in page and "<" not in page.replace("&lt;", "")
+
+
+def chromium() -> str:
+    """Debian's chromium (tests/setup-host.sh installs it as root); skips elsewhere, fails under CI."""
+    found = shutil.which("chromium")
+    if found is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("no chromium: tests/setup-host.sh installs it (Debian's package)")
+        pytest.skip("no chromium (Debian: apt-get install chromium)")
+    return found
+
+
+HOSTILE = '<img src=x onerror="document.title=1">'
+
+
+def test_the_class_page_renders_in_a_real_browser_sorts_and_shows_what_students_control_as_text(
+        tmp_path: Path) -> None:
+    students = {"alice": ("pass", ""), HOSTILE: ("fail", f"</td><script>document.title=2</script>{HOSTILE}"),
+                "bob": ("fail", "ring_allreduce(): not written"), "carol": ("timeout", "hung")}
+    book = Gradebook(tmp_path, list(students), {"exercise": "ring-allreduce"})
+    for i, (student, (verdict, reason)) in enumerate(students.items()):
+        book.feedback_path(student).write_text("# feedback")
+        partial = 0.5 if student == "bob" else None
+        book.record(Grade(student, "ring-allreduce", verdict, reason, float(i), partial=partial,
+                          parts=(("allreduce", True), ("ring_allreduce", student == "alice"))), "digest")
+    page = tmp_path / "index.html"
+    done = subprocess.run([chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
+                           "--v=0", "--dump-dom", f"{page.as_uri()}#sort=score"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    dom = done.stdout
+    assert "CONSOLE" not in done.stderr and "Uncaught" not in done.stderr, done.stderr[-3000:]  # nothing logged
+    assert '<table id="grades" data-sorted="score">' in dom  # the script ran, and sorted
+    order = re.findall(r'<tr><td data-value="([^"]*)">', dom)
+    assert order[:2] == ["alice", "bob"] and set(order[2:]) == {"carol", html.escape(HOSTILE)}, order
+    assert "<img" not in dom and "<script>document.title" not in dom  # a student's text stays text
+    assert "&lt;img src=x onerror=" in dom and '<a href="feedback/alice.md">alice</a>' in dom
+    assert 'id="histogram"' in dom and "<title>ring-allreduce: 4 submission(s)</title>" in dom

@@ -38,6 +38,7 @@ from lab.core.runner import run_plan
 from lab.core.text import printable
 from lab.errors import ExitCode, LabError, UsageError
 from lab.grading.feedback import feedback
+from lab.grading.page import Row, class_page
 from lab.grading.places import PlaceMaker
 from lab.transport.ssh import SSHSettings
 
@@ -74,6 +75,7 @@ class Grade:
     graded: bool = True  # False: the lab failed here, not the student
     exit_code: int = ExitCode.OK  # when not graded: what the failure was (lab.errors.ExitCode)
     partial: float | None = None  # the fraction of the exercise's parts passed, where it has parts
+    parts: tuple[tuple[str, bool], ...] = ()  # (part, passed) for each, where it has parts
 
     @property
     def score(self) -> float:
@@ -151,9 +153,10 @@ JOURNAL = ".gradebook.json"  # what a grader started again reads: the settings, 
 class Gradebook:
     """What ``lab grade`` writes in ``out``: ``grades.csv``, rewritten whole (a new file renamed over
     the old) as each submission ends, so a reader never sees half a row and a grader killed mid-class
-    leaves every row it finished; ``junit/<file>.xml``, one per student and never shared (names a
-    file system cannot take are made safe, and kept apart); and ``.gradebook.json``, from which a
-    grader started again with the same ``settings`` keeps each row whose file did not change."""
+    leaves every row it finished; ``junit/<file>.xml`` and ``feedback/<file>.md``, one per student
+    and never shared (names a file system cannot take are made safe, and kept apart); ``index.html``,
+    the class page (lab.grading.page); and ``.gradebook.json``, from which a grader started again
+    with the same ``settings`` keeps each row whose file did not change."""
 
     def __init__(self, out: Path, students: Sequence[str], settings: dict[str, object]) -> None:
         self.out, self.settings = out, settings
@@ -202,13 +205,19 @@ class Gradebook:
         _replace(self.csv_path, text)
         _replace(self.out / JOURNAL, json.dumps({"settings": self.settings, "grades": {
             student: {"digest": self.digests[student], **asdict(grade)} for student, grade in self.grades.items()}}))
+        exercise = next((g.exercise for g in self.grades.values()), str(self.settings.get("exercise", "")))
+        _replace(self.out / "index.html", class_page(exercise, [
+            Row(g.student, g.verdict, g.score, g.seconds, g.reason, g.parts,
+                f"feedback/{self.files[g.student]}.md" if self.feedback_path(g.student).is_file() else None)
+            for _, g in sorted(self.grades.items())]))
 
     def _read_journal(self) -> dict[str, tuple[str, Grade]]:
         try:
             journal = json.loads((self.out / JOURNAL).read_text(encoding="utf-8"))
             if journal.get("settings") != self.settings:
                 return {}
-            return {student: (str(row.pop("digest")), Grade(**row)) for student, row in journal["grades"].items()}
+            return {student: (str(row.pop("digest")), Grade(**{**row, "parts": tuple(map(tuple, row["parts"]))}))
+                    for student, row in journal["grades"].items()}
         except (OSError, ValueError, TypeError, KeyError, AttributeError):  # none, or not one of ours: start over
             return {}
 
@@ -318,8 +327,9 @@ def grade_one(submission: Submission, options: Options, make_place: PlaceMaker, 
         reason = f"out of memory: the kernel killed {kills} process(es) at the sandbox's limit; {reason}"
     elif options.memory_mb and verdict != "pass" and any(s in reason for s in OUT_OF_MEMORY):
         reason = f"out of memory (the limit is {options.memory_mb} MB per rank): {reason}"
-    grade = Grade(submission.student, exercise, verdict, reason, time.monotonic() - started, partial=partial)
     report = next((r for r in reports if not r.passed), reports[0] if reports else None)
+    grade = Grade(submission.student, exercise, verdict, reason, time.monotonic() - started, partial=partial,
+                  parts=tuple((p.name, p.passed) for p in report.parts) if report else ())
     book.feedback_path(submission.student).write_text(
         feedback(submission.student, exercise, verdict, grade.score, reason, report, outcome), encoding="utf-8")
     return grade
