@@ -283,6 +283,9 @@ def test_a_class_graded_across_the_lab_two_shares_at_once(lab_up: Lab, tmp_path:
                 "ivan": ("fail", "called all_reduce")}
     for student in expected:
         (submissions / f"{student}.py").write_text((CLASS / f"{student}.py").read_text())
+    # mallet kills the reaper above its sleeper: the sweep after its run finds the sleeper, and names it
+    (submissions / "mallet.py").write_text((CLASS.parent / "hosts" / "mallet.py").read_text())
+    expected["mallet"] = ("fail", "left running after its run, stopped: node")
     out = tmp_path / "book"
     result = lab_up("grade", str(submissions), "--exercise", "ring-allreduce", "--hosts", str(INVENTORY),
                     "--parallel", "2", "--timeout", "15", "--memory", "768", "--out", str(out), timeout=600)
@@ -291,9 +294,10 @@ def test_a_class_graded_across_the_lab_two_shares_at_once(lab_up: Lab, tmp_path:
     assert {s: grades[s]["verdict"] for s in expected} == {s: v for s, (v, _) in expected.items()}, grades
     for student, (_, words) in expected.items():
         assert words in grades[student]["reason"], grades[student]
+    assert "sleep (pid " in grades["mallet"]["reason"], grades["mallet"]
     assert_no_workers_anywhere()
     for i in TOPOLOGY.indices():
-        left = subprocess.run(["docker", "exec", TOPOLOGY.container(i), "pgrep", "-af", "sleep 900"],
+        left = subprocess.run(["docker", "exec", TOPOLOGY.container(i), "pgrep", "-af", "sleep 90[07]"],
                               capture_output=True, text=True, timeout=30).stdout
         assert left.strip() == "", f"{TOPOLOGY.container(i)}: {left}"
     # nor can a submission leave a file in the lab user's home for the next one (a .bashrc...)

@@ -315,7 +315,7 @@ def grade_one(submission: Submission, options: Options, make_place: PlaceMaker, 
         with make_place() as place:
             plan = build_plan(place.inventory, replace(options, solution=str(submission.path.resolve())))
             outcome = run_plan(plan, ssh=ssh, wall=wall, stop=stop)
-            kills = place.memory_kills()
+            kills, left = place.memory_kills(), place.leftovers()
     except LabError as exc:
         return Grade(submission.student, exercise, "error", f"not graded: {exc}".splitlines()[0],
                      time.monotonic() - started, graded=False, exit_code=exc.exit_code)
@@ -327,6 +327,8 @@ def grade_one(submission: Submission, options: Options, make_place: PlaceMaker, 
         reason = f"out of memory: the kernel killed {kills} process(es) at the sandbox's limit; {reason}"
     elif options.memory_mb and verdict != "pass" and any(s in reason for s in OUT_OF_MEMORY):
         reason = f"out of memory (the limit is {options.memory_mb} MB per rank): {reason}"
+    if left:  # (named, and stopped before the next submission of its share)
+        reason = "; ".join(filter(None, [reason, f"left running after its run, stopped: {', '.join(left)}"]))
     report = next((r for r in reports if not r.passed), reports[0] if reports else None)
     grade = Grade(submission.student, exercise, verdict, reason, time.monotonic() - started, partial=partial,
                   parts=tuple((p.name, p.passed) for p in report.parts) if report else ())

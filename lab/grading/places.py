@@ -28,7 +28,7 @@ from lab.grading import sandbox
 from lab.grading.sandbox import Limits
 from lab.model.inventory import Host, Inventory
 from lab.suite.registry import Exercise
-from lab.transport import with_master_address
+from lab.transport import for_each_host, transport_for, with_master_address
 from lab.transport.ssh import SSHSettings
 
 DEFAULT_WALL = 300.0  # seconds one submission may take in all
@@ -46,22 +46,73 @@ class Place(Protocol):
     def memory_kills(self) -> int:
         """Processes the kernel killed there for want of memory (0 where it cannot tell)."""
 
+    def leftovers(self) -> list[str]:
+        """What the submission left running after its run ended, stopped now: one line each."""
+
 
 @dataclass(frozen=True)
 class Hosts:
-    """A share of an inventory's hosts (or the local cluster), the same for every submission."""
+    """A share of an inventory's hosts (or the local cluster), the same for every submission. Where
+    the share logs in as a user of its own (``grade_users``), every process of that user is the
+    submission's once its run has ended: :meth:`leftovers` stops them all, and says which."""
 
     inventory: Inventory
+    ssh: SSHSettings | None = None
 
     def memory_kills(self) -> int:
         return 0
+
+    def leftovers(self) -> list[str]:
+        own = [h for h in self.inventory.hosts if h.connection == "ssh" and h.user and h.user in h.grade_users]
+        lines: list[str] = []
+        for name, found in sorted(for_each_host({h.name: h for h in own}, lambda h: _sweep(h, self.ssh)).items()):
+            lines += found if isinstance(found, list) else [f"{name}: could not look: {found}"]
+        return lines
+
+
+SWEEP_TIMEOUT = 20.0  # seconds for a host to stop a share user's processes and look again
+# As the share user: every process of its own but this command's ancestors (its SSH session) is
+# what a submission left; each is named and killed, then whatever is still there is named again.
+SWEEP = r"""
+keep=" "; p=$$
+while [ -n "$p" ] && [ "$p" -gt 1 ]; do
+  keep="$keep$p "; p=$(sed 's/^.*) //' /proc/$p/stat 2>/dev/null | cut -d' ' -f2)
+done
+for d in /proc/[0-9]*; do
+  pid=${d#/proc/}
+  case "$keep" in *" $pid "*) continue ;; esac
+  [ -O "$d" ] || continue
+  name=$(cat "$d/comm" 2>/dev/null) || continue
+  kill -9 "$pid" 2>/dev/null && echo "left: $name (pid $pid)"
+done
+sleep 0.3
+for d in /proc/[0-9]*; do
+  pid=${d#/proc/}
+  case "$keep" in *" $pid "*) continue ;; esac
+  [ -O "$d" ] && [ "$(sed 's/^.*) //' "$d/stat" 2>/dev/null | cut -c1)" != Z ] && echo "survived: pid $pid"
+done
+true
+"""
+
+
+def _sweep(host: Host, ssh: SSHSettings | None) -> list[str]:
+    transport = transport_for(host, ssh)
+    try:
+        status, output = transport.call(["/bin/sh", "-c", SWEEP], SWEEP_TIMEOUT)
+    finally:
+        transport.close()
+    if status is None:
+        return [f"{host.name}: could not look: no answer within {SWEEP_TIMEOUT:g}s"]
+    lines = [line for line in output.splitlines() if line.startswith(("left: ", "survived: "))]
+    return [f"{host.name}: {line.replace('left: ', '', 1)}" if line.startswith("left: ") else
+            f"{host.name}: {line.replace('survived: ', 'could not stop ', 1)}" for line in lines]
 
 
 PlaceMaker = Callable[[], AbstractContextManager[Place]]  # a fresh place for each submission
 
 
-def fixed(inventory: Inventory) -> PlaceMaker:
-    return lambda: contextlib.nullcontext(Hosts(inventory))
+def fixed(inventory: Inventory, ssh: SSHSettings | None = None) -> PlaceMaker:
+    return lambda: contextlib.nullcontext(Hosts(inventory, ssh))
 
 
 # -- sharing the cluster ----------------------------------------------------------------------
@@ -172,7 +223,7 @@ def places_for(request: GradeRequest, ssh: SSHSettings, say: Say, working: Worki
     if request.hosts:
         inventory = with_master_address(load_inventory(request.hosts), ssh)
         shares = split_inventory(inventory, request.parallel, request.exercise.min_ranks)
-        yield Places([fixed(share) for share in shares],
+        yield Places([fixed(share, ssh) for share in shares],
                      one_user_hosts(inventory) if request.parallel > 1 else [])
     elif request.sandbox == "none":
         yield Places([fixed(local_inventory(request.nproc))] * request.parallel)

@@ -117,6 +117,10 @@ class Sandbox:
                     python=PYTHON, slots=self.ranks, network_interface="lo", source=f"sandbox {self.name}")
         return Inventory(f"sandbox {self.name}", (host,))
 
+    def leftovers(self) -> list[str]:
+        """Nothing: whatever the submission started goes with the sandbox."""
+        return []
+
     def memory_kills(self) -> int:
         """How many processes the kernel killed in the sandbox for want of memory."""
         command = "cat /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null"
