@@ -22,8 +22,10 @@ def add_grade(commands: Commands) -> None:
         commands, "grade", help="grade a class: run one exercise with every student's file, write a gradebook",
         description="Run EXERCISE with each submission in SUBMISSIONS (a NAME.py file or a NAME/ folder "
                     "per student) exactly as `run EXERCISE --solution FILE` would, check it, and write "
-                    "OUT/grades.csv (student, exercise, verdict, score, reason, seconds) and a JUnit "
-                    "file per student. On the local cluster each submission runs in a throwaway "
+                    "OUT/grades.csv (student, exercise, verdict, score, reason, seconds) as each one ends, "
+                    "a JUnit file and a feedback page per student, and OUT/index.html (the class on one page); "
+                    "started again with the same arguments, it grades only what is missing. On the local "
+                    "cluster each submission runs in a throwaway "
                     "container (no network, read-only, user nobody, the limits below); the exit code "
                     "says whether grading worked, not whether the students passed.")
     grading.add_argument("submissions", metavar="SUBMISSIONS", help="a folder with one .py file or folder per student")
