@@ -137,13 +137,19 @@ def _bytes_sent(summary: Mapping[str, Any]) -> int | None:
     return sum(v for v in sent.values() if isinstance(v, int) and not isinstance(v, bool) and v > 0)
 
 
+def function_summary(summary: Any, function: str) -> Mapping[str, Any] | None:
+    """What a rank's calls summary (untrusted) says of one of the student's functions, if anything."""
+    functions = summary.get("functions") if isinstance(summary, Mapping) else None
+    inside = functions.get(function) if isinstance(functions, Mapping) else None
+    return inside if isinstance(inside, Mapping) else None
+
+
 def scoped_calls(calls: Calls, function: str) -> dict[int, Any]:
     """Each rank's calls inside ``function`` alone, as a rank's summary (where they were recorded)."""
     scoped = {}
     for rank, summary in calls.items():
-        functions = summary.get("functions") if isinstance(summary, Mapping) else None
-        inside = functions.get(function) if isinstance(functions, Mapping) else None
-        if isinstance(inside, Mapping):
+        inside = function_summary(summary, function)
+        if inside is not None:
             scoped[rank] = {"counts": inside.get("counts"), "sent": inside.get("sent"), "functions": {function: inside}}
     return scoped
 
@@ -153,10 +159,8 @@ def unwritten(calls: Calls, world: World, function: str) -> str | None:
     or took the reference's (None: it is the student's, as far as the records tell)."""
     said = set()
     for rank in range(world.world_size):
-        summary = calls.get(rank)
-        functions = summary.get("functions") if isinstance(summary, Mapping) else None
-        inside = functions.get(function) if isinstance(functions, Mapping) else None
-        if isinstance(inside, Mapping):
+        inside = function_summary(calls.get(rank), function)
+        if inside is not None:
             said |= {key for key in ("missing", "reference") if inside.get(key) is True}
     if "missing" in said:
         return "not written (the solution does not define it)"

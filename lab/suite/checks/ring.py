@@ -27,6 +27,7 @@ from lab.suite.checks.ring_cases import (
     expected_digest,
     expected_value,
 )
+from lab.suite.method import function_summary
 
 FUNCTIONS = {"allreduce": "allreduce(send, recv)", "ring_allreduce": "ring_allreduce(tensor)"}
 SHOW = 6  # wrong positions named in a reason
@@ -153,9 +154,8 @@ def check_ring_traffic(calls: Mapping[int, Any], world: World) -> Verdict:
 def _traffic(summary: Any, function: str) -> tuple[int, dict[int, int], int] | None:
     """(bytes of the tensors the function was given, bytes sent to each rank inside it, times it
     was called), from a rank's calls summary; None when it was not recorded (or sent nothing)."""
-    functions = summary.get("functions") if isinstance(summary, Mapping) else None
-    f = functions.get(function) if isinstance(functions, Mapping) else None
-    if not isinstance(f, Mapping):
+    f = function_summary(summary, function)
+    if f is None:
         return None
     size, sent = f.get("tensor_bytes"), f.get("sent")
     if not isinstance(size, int) or isinstance(size, bool) or size <= 0 or not isinstance(sent, Mapping):
