@@ -43,6 +43,7 @@ from lab.grading.places import PlaceMaker
 from lab.transport.ssh import SSHSettings
 
 GradeVerdict = Literal["pass", "fail", "timeout", "error"]
+LEFTOVERS_SHOWN = 10  # processes a submission left running, named in its row
 OUT_OF_MEMORY = ("MemoryError", "can't allocate memory", "Cannot allocate memory")
 CSV_FIELDS = ("student", "exercise", "verdict", "score", "reason", "seconds")
 # an error of these kinds means the file could not be loaded (a missing function is an ImportError)
@@ -327,8 +328,10 @@ def grade_one(submission: Submission, options: Options, make_place: PlaceMaker, 
         reason = f"out of memory: the kernel killed {kills} process(es) at the sandbox's limit; {reason}"
     elif options.memory_mb and verdict != "pass" and any(s in reason for s in OUT_OF_MEMORY):
         reason = f"out of memory (the limit is {options.memory_mb} MB per rank): {reason}"
-    if left:  # (named, and stopped before the next submission of its share)
-        reason = "; ".join(filter(None, [reason, f"left running after its run, stopped: {', '.join(left)}"]))
+    if left:  # (named, and stopped before the next submission of its share; a fork bomb's, not one by one)
+        more = f" and {len(left) - LEFTOVERS_SHOWN} more" if len(left) > LEFTOVERS_SHOWN else ""
+        shown = ", ".join(left[:LEFTOVERS_SHOWN]) + more
+        reason = "; ".join(filter(None, [reason, f"left running after its run, stopped: {shown}"]))
     report = next((r for r in reports if not r.passed), reports[0] if reports else None)
     grade = Grade(submission.student, exercise, verdict, reason, time.monotonic() - started, partial=partial,
                   parts=tuple((p.name, p.passed) for p in report.parts) if report else ())
