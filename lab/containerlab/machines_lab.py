@@ -57,6 +57,7 @@ from lab.transport.ssh import SSHSettings
 from lab.transport.ssh.config import known_hosts_name
 
 MACHINE_LABEL = "lab.machine"  # on a host container: the machine it runs on
+OVERLAY_WAIT = 30.0  # seconds for the overlay to carry traffic between every pair of new hosts
 SSH_PORT_LABEL = "lab.ssh_port"  # on a host container in --network host: the port its sshd listens on
 HOST_MODE_SSH_PORT = 2222
 DEFAULT_OVERLAY = "10.215.0.0/24"
@@ -238,6 +239,8 @@ class MachinesLab(Lab):
             sshd.collect_host_keys(self.paths.known_hosts, {known_hosts_name(*at[spread.name(i)]): c
                                                             for i, c in zip(spread.indices(), started)})
             sshd.wait_for_ssh(at, {spread.name(i): c for i, c in zip(spread.indices(), started)})
+            if spread.network == "overlay":
+                _wait_for_overlay(spread, started)
         except BaseException:
             removed = _remove(engines, spread.lab, say, spare=before, manager=manager)
             if joined and manager is not None:
@@ -394,6 +397,47 @@ def _host(engine: Engine, spread: Spread, i: int, tag: str, public_key: bytes, r
         network=spread.overlay if overlay else None, address=spread.overlay_address(i) if overlay else None,
         machine=engine.name, publish_ssh=overlay, ssh_port=None if overlay else spread.ssh_port,
         attach_wait=ATTACH_WAIT)
+
+
+# Run in a host: connect to each peer (argv: address:port...) until every one answers or the time is up;
+# prints the peers that never did. (A host moved to another machine keeps its overlay address, and
+# the Swarm takes a few seconds to tell the other machines where it went: until then its traffic
+# goes to the machine it left.)
+_REACH_PEERS = """
+import socket, sys, time
+pending, deadline = sys.argv[2:], time.monotonic() + float(sys.argv[1])
+while pending and time.monotonic() < deadline:
+    left = []
+    for peer in pending:
+        address, port = peer.rsplit(":", 1)
+        try:
+            socket.create_connection((address, int(port)), timeout=1).close()
+        except OSError:
+            left.append(peer)
+    pending = left
+    if pending:
+        time.sleep(0.2)
+print(" ".join(pending))
+"""
+
+
+def _wait_for_overlay(spread: Spread, started: Sequence[Container]) -> None:
+    """Until every host reaches every other's sshd at its overlay address (bounded: OVERLAY_WAIT),
+    so that the lab's first run finds the network its inventory describes."""
+    def unreached(i: int) -> list[str]:
+        peers = [f"{spread.overlay_address(j)}:22" for j in spread.indices() if j != i]
+        code, out = started[i - 1].exec_run(["python3", "-c", _REACH_PEERS, str(OVERLAY_WAIT), *peers])
+        if code != 0:
+            raise EngineError(f"host {spread.name(i)}: could not check its overlay network: "
+                              f"{out.decode(errors='replace').strip()[-300:]}")
+        return str(out.decode()).split()
+
+    missing = {spread.name(i): peers for i, peers in zip(spread.indices(), each(unreached, spread.indices()))
+               if peers}
+    if missing:
+        pairs = "; ".join(f"{name} reaches no sshd at {', '.join(peers)}" for name, peers in sorted(missing.items()))
+        raise EngineError(f"the overlay network {spread.subnet} did not carry traffic between the hosts within "
+                          f"{OVERLAY_WAIT:g}s: {pairs}")
 
 
 def _ssh_port(c: Container, spread: Spread) -> int:
