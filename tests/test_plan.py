@@ -16,6 +16,7 @@ from lab.core.plan import (
     build_plan,
     default_backend,
     port_macro,
+    public_id,
 )
 from lab.errors import UsageError
 from lab.model.inventory import Host, Inventory
@@ -143,7 +144,7 @@ def test_torchrun_starts_one_agent_per_host_that_numbers_the_ranks_itself() -> N
     assert [(launch.host, launch.ranks) for launch in launches] == [("b", (0,)), ("a", (1, 2))]
     assert launches[1].args == (
         "-m", "lab.rank.node", "torchrun", "--nnodes", "2", "--nproc-per-node", "2",
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"10.0.0.10:{P0}", "--rdzv-id", "t0k3n",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"10.0.0.10:{P0}", "--rdzv-id", public_id(TOKEN),
         "--max-restarts", "0", "--node-rank", "1", "--local-addr", "10.0.0.9", "-m", "lab.rank.worker")
     env = launches[1].env
     assert not {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT"} & env.keys()  # torchrun sets them
@@ -175,7 +176,8 @@ def test_srun_starts_one_job_from_the_first_host_whose_tasks_are_the_ranks() -> 
     (launch,) = plan.launches()
     assert (launch.host, launch.ranks) == ("node1", (0, 1, 2, 3))
     assert launch.args == ("-m", "lab.rank.node", "srun", "--nodes=2", "--ntasks=4", "--ntasks-per-node=2",
-                           "--distribution=block", "--nodelist=node1,node2", "--job-name=lab-t0k3n", "--immediate=60",
+                           "--distribution=block", "--nodelist=node1,node2", f"--job-name=lab-{public_id(TOKEN)}",
+                           "--immediate=60",
                            "--partition=gpu", "--", "task", "-m", "lab.rank.worker")
     assert (launch.env["MASTER_ADDR"], launch.env["MASTER_PORT"]) == ("10.0.0.9", P0)
     assert "RANK" not in launch.env and "LAB_TAG_OUTPUT" not in launch.env  # Slurm's numbers; the zygote tags
@@ -189,8 +191,9 @@ def test_srun_torchrun_starts_one_torchrun_per_node_as_the_tutorial_does() -> No
     assert launch.args == (
         "-m", "lab.rank.node", "srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--distribution=block",
         "--nodelist=node1,node2",
-        "--job-name=lab-t0k3n", "--immediate=30", "--", "torchrun", "--nnodes", "2", "--nproc-per-node", "2",
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"10.0.0.9:{P0}", "--rdzv-id", "t0k3n", "--max-restarts", "0",
+        f"--job-name=lab-{public_id(TOKEN)}", "--immediate=30", "--", "torchrun", "--nnodes", "2",
+        "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"10.0.0.9:{P0}",
+        "--rdzv-id", public_id(TOKEN), "--max-restarts", "0",
         "-m", "lab.rank.script", "${run_dir}/script/broadcast.py", "--n", "1")
     assert launch.env["LAB_TAG_OUTPUT"] == "1" and "MASTER_PORT" not in launch.env
 
@@ -226,8 +229,8 @@ def test_a_launch_is_bound_to_its_hosts_run_dir_and_the_held_ports() -> None:
     assert bind_macros("${run_dir}/code tcp://a:${port1} ${port10}", "/tmp/x", list(range(100, 111))) == \
         "/tmp/x/code tcp://a:101 110"
     plan = build_plan(local_inventory(2), opts("all"), TOKEN)
-    launch = plan.launches()[0].bound("/var/tmp/lab-run-t0k3n", (41000, 41001, 41002))
-    assert isinstance(launch, Launch) and launch.env["PYTHONPATH"] == "/var/tmp/lab-run-t0k3n/code"
+    launch = plan.launches()[0].bound(f"/var/tmp/lab-run-{public_id(TOKEN)}", (41000, 41001, 41002))
+    assert isinstance(launch, Launch) and launch.env["PYTHONPATH"] == f"/var/tmp/lab-run-{public_id(TOKEN)}/code"
     assert launch.env["MASTER_PORT"] == "41000" and "$" not in launch.env["LAB_RANK_PLAN"]
     stages = json.loads(launch.env["LAB_RANK_PLAN"])["stages"]
     assert [s["init_method"] for s in stages][2:4] == ["env://", "tcp://127.0.0.1:41002"]
@@ -242,8 +245,8 @@ def test_an_exercise_that_needs_more_ranks_than_the_cluster_has_is_refused() -> 
 def test_file_rendezvous_goes_to_the_directory_every_host_shares() -> None:
     a, b = Host("a", "10.0.0.1", shared_dir="/shared"), Host("b", "10.0.0.2", shared_dir="/shared")
     plan = build_plan(inv(a, b), opts("init-file"), TOKEN)
-    assert plan.shared_run_dir == "/shared/lab-run-t0k3n"
-    assert plan.stages[0].init_method == "file:///shared/lab-run-t0k3n/rendezvous-init-file"
+    assert plan.shared_run_dir == f"/shared/lab-run-{public_id(TOKEN)}"
+    assert plan.stages[0].init_method == f"file:///shared/lab-run-{public_id(TOKEN)}/rendezvous-init-file"
     # Hosts that share nothing: the path stays in the run directory and the rank-side
     # check reports that it is not shared.
     plan = build_plan(inv(a, Host("b", "10.0.0.2")), opts("init-file"), TOKEN)

@@ -113,6 +113,36 @@ def test_known_host_runs_a_command_with_env_streams_and_status(server: SSHServer
     assert pid == pgid == process.pgid and sid != pgid  # type: ignore[attr-defined]
 
 
+# Counts the processes of this machine whose command line holds the value of LAB_SECRET (which no
+# command line of this script's holds: it reads the value from its environment).
+_COUNT_SECRET_ON_COMMAND_LINES = '''
+import glob, os
+secret = os.environ["LAB_SECRET"].encode()
+found = 0
+for path in glob.glob("/proc/[0-9]*/cmdline"):
+    try:
+        with open(path, "rb") as f:
+            found += secret in f.read()
+    except OSError:
+        pass
+print(found)
+'''
+
+
+def test_a_commands_settings_are_on_no_command_line(server: SSHServer, tmp_path: Path) -> None:
+    """The settings a process starts with (a rank's token and plan) go on its stdin, never on a
+    command line, which every user of the host can read (ps): not on the shell's, the reaper's or the
+    program's, here where the host and the controller are one machine."""
+    t = transport(ssh_host(server, known_hosts(tmp_path / "kh", server.known_hosts_line)), tmp_path)
+    secret = f"s3cr3t-{secrets.token_hex(8)}"
+    try:
+        process = t.start([sys.executable, "-c", _COUNT_SECRET_ON_COMMAND_LINES], {"LAB_SECRET": secret}, "/tmp")
+        out, err, status = read_all(process)
+    finally:
+        t.close()
+    assert (out, status) == ([b"0\n"], 0), err
+
+
 def test_exit_status_and_a_missing_run_dir(server: SSHServer, tmp_path: Path) -> None:
     t = transport(ssh_host(server, known_hosts(tmp_path / "kh", server.known_hosts_line)), tmp_path)
     try:
@@ -279,7 +309,7 @@ def test_kill_leaves_no_process_of_the_group(server: SSHServer, tmp_path: Path) 
         process = t.start(["sh", "-c", "sleep 300 & sleep 300 & echo started; wait"],
                           {"LAB_TEST_MARKER": marker}, "/")
         assert process.stdout.readline() == b"started\n"
-        assert len(live_pids_with(marker)) == 4  # the reaper, the shell, two sleeps
+        assert len(live_pids_with(marker)) == 3  # the shell, two sleeps (the reaper read the settings on stdin)
         process.signal(signal.SIGCONT)  # harmless, and the group exists
         started = time.monotonic()
         process.kill()

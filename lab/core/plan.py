@@ -26,6 +26,7 @@ init-* exercises each form (and destroy) their own group in the same processes.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import secrets
@@ -62,8 +63,15 @@ def bind_macros(text: str, run_dir: str, ports: Sequence[int]) -> str:
 
 
 def new_token() -> str:
-    """A run's token: unique per run, it tags the run's event lines and names its directories."""
+    """A run's token: unique per run and known to its processes only, it tags the run's event lines
+    (the names others can read are :func:`public_id`'s)."""
     return secrets.token_hex(6)
+
+
+def public_id(token: str) -> str:
+    """The run's name where other users of a host can read it (its directory in /tmp, the Slurm job,
+    torchrun's rendezvous id): derived from the token, which it does not reveal."""
+    return hashlib.sha256(f"lab-run:{token}".encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
@@ -158,7 +166,7 @@ class Plan:
     @property
     def run_name(self) -> str:
         """The name of the run's directory, made in each host's own temp directory."""
-        return f"lab-run-{self.token}"
+        return f"lab-run-{public_id(self.token)}"
 
     @property
     def code_dir(self) -> str:
@@ -211,8 +219,8 @@ class Plan:
     def _torchrun_args(self, slots: int) -> tuple[str, ...]:
         """``torchrun`` and the arguments a host's agent shares with the others' (``slots``: its ranks)."""
         return ("torchrun", "--nnodes", str(len(self.hosts)), "--nproc-per-node", str(slots),
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", str(self.rdzv_endpoint), "--rdzv-id", self.token,
-                "--max-restarts", "0")
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", str(self.rdzv_endpoint),
+                "--rdzv-id", public_id(self.token), "--max-restarts", "0")
 
     def _rendezvous_env(self, rank: int) -> dict[str, str]:
         """What the lab tells a host's launcher of the rendezvous (its ranks get the rest)."""
@@ -245,7 +253,7 @@ class Plan:
     @property
     def job_name(self) -> str:
         """The Slurm job's name (``--launcher srun``): the run's, so the lab can cancel it by name."""
-        return f"lab-{self.token}"
+        return f"lab-{public_id(self.token)}"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for ``--dry-run`` (YAML) and ``--json``."""
@@ -367,7 +375,7 @@ def build_plan(inventory: Inventory, options: Options, token: str | None = None)
     hosts = placement_order(hosts, options.launcher)
     master = data_address(hosts[0])
     token = token or new_token()
-    run_name = f"lab-run-{token}"
+    run_name = f"lab-run-{public_id(token)}"
     ports = _PortMacros()
     rdzv_port = ports.take() if uses_torchrun(options.launcher) else None
     uploads = {}

@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import asdict
 from typing import Any
 
-from lab.core.plan import data_address, interface_env, new_token
+from lab.core.plan import data_address, interface_env, new_token, public_id
 from lab.doctor import slurm
 from lab.doctor.model import (
     SEVERITIES,
@@ -152,7 +152,7 @@ def diagnose(inventory: Inventory, ssh: SSHSettings | None = None, master_port: 
 
     def launch(host: Host) -> None:
         transport = transports[host.name]
-        run_dir = transport.prepare(f"lab-doctor-{token}", uploads)
+        run_dir = transport.prepare(f"lab-doctor-{public_id(token)}", uploads)
         spec = {"token": token, "name": host.name, "timeout": timeout, "lifetime": lifetime,
                 "master_addr": master.address, "master_port": master_port if host is first else None,
                 "lookup_peers": host is first}

@@ -13,12 +13,15 @@ passes on the last lines of a rank that ended itself, then ends.
 
 Standard library only and self-contained: the transports pass this file's code on the command
 line (``python -S -c CODE ARGV...``, see ``lab.transport.base.supervised``), so it runs on any
-host with a Python before anything is uploaded there.
+host with a Python before anything is uploaded there. With ``--env-on-stdin`` first, the settings
+to start ARGV with come on stdin, ahead of anything else (``LENGTH\nJSON``): what a command line
+would show every user of the host (``ps``) stays between the lab and the process.
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import signal
 import sys
@@ -28,6 +31,7 @@ PID_MARK = b"lab-pid:"  # = lab.rank.protocol.PID_MARK (this file imports nothin
 PR_SET_CHILD_SUBREAPER = 36
 SWEEP_LIMIT = 10.0  # seconds to spend killing what is left before giving up
 LINGER = 1.0  # seconds what is left below an ended child gets to end by itself before it is killed
+ENV_ON_STDIN = "--env-on-stdin"  # = lab.transport.base.ENV_ON_STDIN
 
 
 def become_subreaper() -> bool:
@@ -91,9 +95,37 @@ def sweep(me: int) -> None:
         time.sleep(0.01)
 
 
+def read_env() -> dict[str, str]:
+    """The settings sent on stdin, ``LENGTH\\nJSON`` (an object of strings), read to their last byte
+    and not one byte further: the rest of stdin is the program's."""
+    header = b""
+    while not header.endswith(b"\n"):
+        byte = os.read(0, 1)
+        if not byte or len(header) > 12:
+            raise ValueError("no settings on stdin")
+        header += byte
+    size, data = int(header), b""
+    while len(data) < size:
+        chunk = os.read(0, size - len(data))
+        if not chunk:
+            raise ValueError("the settings on stdin end early")
+        data += chunk
+    env = json.loads(data)
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise ValueError("the settings on stdin are not an object of strings")
+    return env
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == [ENV_ON_STDIN]:
+        try:
+            os.environ.update(read_env())
+        except ValueError as exc:
+            print(f"lab.rank.reaper: {exc}", file=sys.stderr)
+            return 2
+        argv = argv[1:]
     if not argv:
-        print("usage: python -S lab/rank/reaper.py PROGRAM [ARG...]", file=sys.stderr)
+        print("usage: python -S lab/rank/reaper.py [--env-on-stdin] PROGRAM [ARG...]", file=sys.stderr)
         return 2
     become_subreaper()
     marked, mark_written = os.pipe()  # the program starts once the pid mark is out, never before it

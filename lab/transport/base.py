@@ -9,6 +9,7 @@ started survives) and killed; and carry a run's files to the host (``prepare``) 
 from __future__ import annotations
 
 import ast
+import json
 import logging
 import posixpath
 import select
@@ -168,11 +169,18 @@ def _reaper_code() -> str:
     return ast.unparse(tree)
 
 
-def supervised(python: str, argv: Sequence[str]) -> list[str]:
+def supervised(python: str, argv: Sequence[str], env_on_stdin: bool = False) -> list[str]:
     """``argv`` under the lab's reaper, run by ``python`` (any Python 3.9+, standard library only):
     started in a process group of its own, whose id is its first line (``PID_MARK``), and nothing
-    it starts outlives it (lab.rank.reaper)."""
-    return [python, "-S", "-c", REAPER_CODE, *argv]
+    it starts outlives it (lab.rank.reaper). With ``env_on_stdin``, the reaper reads the settings
+    to start it with from stdin first (:func:`env_payload`)."""
+    return [python, "-S", "-c", REAPER_CODE, *([ENV_ON_STDIN] if env_on_stdin else []), *argv]
+
+
+def env_payload(env: Mapping[str, str]) -> bytes:
+    """What a process started by :func:`remote_command` reads on stdin first: its settings."""
+    data = json.dumps(dict(env)).encode()
+    return b"%d\n" % len(data) + data
 
 
 def kill_command(pgids: Sequence[int], signum: int) -> str:
@@ -183,12 +191,12 @@ def kill_command(pgids: Sequence[int], signum: int) -> str:
     return f"/bin/sh -c {shlex.quote(kill)}"
 
 
-def remote_command(python: str, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> str:
+def remote_command(python: str, argv: Sequence[str], cwd: str) -> str:
     """The command line for sshd or ``docker exec``: whatever the login shell, ``sh`` replaces it,
-    changes to ``cwd`` and replaces itself with ``argv`` under ``env`` and the reaper (which
-    prints the group to signal)."""
-    assignments = " ".join(shlex.quote(f"{key}={value}") for key, value in env.items())
-    script = f"cd {shlex.quote(cwd)} && exec env {assignments} {shlex.join(supervised(python, argv))}"
+    changes to ``cwd`` and replaces itself with ``argv`` under the reaper (which prints the group to
+    signal). The settings go on its stdin (:func:`env_payload`), never on a command line: every
+    user of the host can read a process's command line, the token and the plan among it."""
+    script = f"cd {shlex.quote(cwd)} && exec {shlex.join(supervised(python, argv, env_on_stdin=True))}"
     return f"exec /bin/sh -c {shlex.quote(script)}"
 
 
@@ -238,6 +246,7 @@ def removable(paths: Sequence[str | None]) -> list[str]:
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # lab/ (this file is lab/transport/base.py)
 UPLOADED = ("rank", "suite")  # the subpackages that run on the hosts
 REAPER_CODE = _reaper_code()
+ENV_ON_STDIN = "--env-on-stdin"  # the reaper's flag: its program's settings come on stdin
 
 
 def code_uploads() -> dict[str, Path]:

@@ -9,6 +9,7 @@ away, which killing the local process alone may not do. Files go in through ``ta
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import shlex
@@ -22,6 +23,7 @@ from lab.errors import RunError
 from lab.transport.base import (
     RankProcess,
     Transport,
+    env_payload,
     kill_command,
     made_run_dir,
     make_run_dir_command,
@@ -111,8 +113,12 @@ class PrefixedTransport(Transport):
 
     def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> RankProcess:
         prefix = self.prefix()  # fail early, and with one line, when it is not there
-        command = remote_command(self.python, argv, env, cwd)
+        command = remote_command(self.python, argv, cwd)
         popen = subprocess.Popen([*prefix, "/bin/sh", "-c", command],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert popen.stdin is not None
+        with contextlib.suppress(BrokenPipeError):  # (it ended at once: started_group says why)
+            popen.stdin.write(env_payload(env))
+            popen.stdin.flush()
         return PrefixedProcess(self, popen, started_group(popen, f"host {self.host.name}: cannot start a rank",
                                                           START_TIMEOUT))

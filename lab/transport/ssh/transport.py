@@ -54,6 +54,7 @@ from lab.rank.protocol import PID_MARK
 from lab.transport.base import (
     RankProcess,
     Transport,
+    env_payload,
     kill_command,
     made_run_dir,
     make_run_dir_command,
@@ -253,10 +254,11 @@ class SSHTransport(Transport):
     def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> RankProcess:
         """Start ``argv`` on its own channel and read its pid (= its process group)."""
         client = self._connections.for_rank()
-        command = remote_command(self.python, argv, env, cwd)
+        command = remote_command(self.python, argv, cwd)
         with self._talking("starting a rank"):
             channel = self._session(client)
             channel.exec_command(command)
+            channel.sendall(env_payload(env))
         stdout = cast(IO[bytes], _StdoutFile(channel, "rb"))  # paramiko's files read like binary files
         stderr = cast(IO[bytes], _StderrFile(channel, "rb"))
         try:
