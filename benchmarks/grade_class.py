@@ -10,8 +10,10 @@ student name), 3 ranks each, graded three ways in one run:
 
 It prints seconds per submission and the ratios: containment (grade --parallel 1 against the
 baseline; goal at most 1.2) and throughput (--parallel 2 against --parallel 1; goal at least
-1.6), and the bound the machine's cores put on any parallelism (the CPU seconds the baseline's
-processes used, over the cores). Needs the Docker engine and the lab image (``make lab-up`` builds it).
+1.6), the bound the machine's cores put on any parallelism (the CPU seconds the baseline's
+processes used, over the cores), and what the drawn inputs cost the controller per submission
+(drawing every rank's values, staging their files, summing them in the check) against a
+submission's run: every run above pays it too. Needs the Docker engine and the lab image (``make lab-up`` builds it).
 
     python benchmarks/grade_class.py [--students 40] [--nproc 3]
 """
@@ -26,9 +28,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from lab.core import draw  # noqa: E402  (this checkout's)
+from lab.suite.check import World  # noqa: E402
+from lab.suite.checks import ring  # noqa: E402
+from lab.suite.exercises import ring_cases  # noqa: E402
+
 CORRECT = REPO / "tests" / "class" / "ring" / "alice.py"
 LAB = [sys.executable, "-m", "lab"]
 
@@ -71,6 +82,39 @@ def grade(root: Path, nproc: int, parallel: int, out: Path) -> float:
     return seconds
 
 
+def inputs_cost(nproc: int, repeat: int = 20) -> float:
+    """Seconds the controller spends per submission on its drawn inputs: the draw (lab.core.draw), the
+    files the runner carries, and the check's sums, on a correct report of that draw."""
+    spent = 0.0
+    for _ in range(repeat):
+        started = time.perf_counter()
+        inputs = {rank: draw.draw(ring_cases.DRAWN) for rank in range(nproc)}
+        with draw.staged(inputs):
+            pass
+        world = replace(World.local(nproc), inputs={r: draw.values(d) for r, d in inputs.items()})
+        spent += time.perf_counter() - started
+        results = _correct(world)  # (the ranks' part: not the controller's)
+        started = time.perf_counter()
+        verdict = ring.check_ring_allreduce(results, world)
+        spent += time.perf_counter() - started
+        assert verdict.passed, verdict.reason
+    return spent / repeat
+
+
+def _correct(world: World) -> dict[int, dict[str, Any]]:
+    """Every rank's correct report of ``world``'s draw, as the rank program makes it."""
+    sums = ring.expected_sums(world)
+    assert sums is not None
+    cases = {}
+    for shape, start in ring_cases.starts().items():
+        values = sums[start:start + ring_cases.numel(shape)]
+        for dtype in ring_cases.DTYPES:
+            as_dtype = float if dtype.startswith("float") else int
+            reported = ring_cases.digest([as_dtype(v) for v in values], world.world_size)
+            cases[ring_cases.case_name(shape, dtype)] = {"shape": list(shape), "dtype": dtype, **reported}
+    return {r: {"allreduce": cases, "ring_allreduce": cases} for r in range(world.world_size)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--students", type=int, default=40)
@@ -82,6 +126,7 @@ def main() -> None:
         plain, cpu = baseline(root, args.nproc)
         one = grade(root, args.nproc, 1, Path(directory, "p1"))
         two = grade(root, args.nproc, 2, Path(directory, "p2"))
+    drawn = inputs_cost(args.nproc)
     n, cores = args.students, os.cpu_count() or 1
     bound = cpu / cores  # no schedule of these processes on this machine's cores can take less
     print(f"{n} ring-allreduce submissions, {args.nproc} ranks each, {cores} CPU(s)")
@@ -92,6 +137,8 @@ def main() -> None:
     print(f"throughput of -p2 over -p1:           {one / two:.2f}x  (goal >= 1.6)")
     print(f"CPU a submission's processes use:     {cpu / n:5.2f}s, so on {cores} core(s) no --parallel can take "
           f"less than {bound / n:.2f}s per submission: at best {one / bound:.2f}x over -p1")
+    print(f"drawn inputs (draw, files, the check's sums): {drawn * 1000:.0f} ms per submission, "
+          f"{drawn / (plain / n):.3f} of a submission's run")
 
 
 if __name__ == "__main__":

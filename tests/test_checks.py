@@ -7,14 +7,18 @@ what was expected and what came instead.
 from __future__ import annotations
 
 import copy
+import random
 from collections.abc import Callable
+from dataclasses import replace
 from functools import cache
 from typing import Any
 
 import pytest
 
+from lab.core import draw
 from lab.suite.check import Verdict, World
-from lab.suite.checks import backends, basics, collectives, dsgd, p2p, ring, ring_cases
+from lab.suite.checks import backends, basics, collectives, dsgd, p2p, ring
+from lab.suite.exercises import dsgd_settings, ring_cases
 
 Results = dict[int, Any]
 SIZES = [2, 3, 4]
@@ -106,11 +110,32 @@ def barrier_ok(n: int) -> Results:
 
 
 @cache
+def ring_inputs(n: int) -> dict[int, tuple[int, ...]]:
+    """A draw of every rank's inputs, as the controller makes one (lab.core.draw), fixed per world size."""
+    generator = random.Random(n)
+    return {r: tuple(generator.randint(-2 ** 15, 2 ** 15 - 1) for _ in range(ring_cases.DRAWN)) for r in range(n)}
+
+
+def ring_world(n: int) -> World:
+    return replace(World.local(n), inputs=ring_inputs(n))
+
+
+def ring_sum(n: int, shape: tuple[int, ...], position: int) -> int:
+    """The SUM over the ranks of their inputs at ``position`` of ``shape``'s case."""
+    at = ring_cases.starts()[shape] + position
+    return sum(values[at] for values in ring_inputs(n).values())
+
+
+def ring_input(n: int, rank: int, shape: tuple[int, ...], position: int) -> int:
+    return ring_inputs(n)[rank][ring_cases.starts()[shape] + position]
+
+
+@cache
 def _ring_cases(n: int) -> dict[str, dict]:
     """Every case's correct report, as the rank program makes it (floats for float dtypes)."""
     cases = {}
     for shape in ring_cases.SHAPES:
-        want = ring_cases.expected_digest(shape, n)
+        want = ring_cases.digest([ring_sum(n, shape, i) for i in range(ring_cases.numel(shape))], n)
         for dtype in ring_cases.DTYPES:
             as_dtype = float if dtype.startswith("float") else int
             case: dict[str, Any] = {"shape": list(shape), "dtype": dtype}
@@ -135,8 +160,8 @@ DSGD_SIZES = [32, 8, 16, 2]
 def dsgd_model(n: int, scale: float = 1.0) -> dict[str, Any]:
     """One model's report: digests that change every step, a first step of ``scale`` times
     one process's, the losses of the epochs."""
-    steps = dsgd.EPOCHS * dsgd.steps_per_epoch(n)
-    initial = [0.01 * i for i in range(dsgd.PARAMETERS)]
+    steps = dsgd_settings.EPOCHS * dsgd_settings.steps_per_epoch(n)
+    initial = [0.01 * i for i in range(dsgd_settings.PARAMETERS)]
     return {"losses": [0.7, 0.6, 0.5],
             "steps": [[0.1 * k + j for j in range(4)] + [1.0 + k] for k in range(steps)],
             "first": [x + 0.001 * scale * (1 + i % 3) for i, x in enumerate(initial)],
@@ -144,9 +169,10 @@ def dsgd_model(n: int, scale: float = 1.0) -> dict[str, Any]:
 
 
 def dsgd_ok(n: int) -> Results:
-    return {r: {"batch_per_rank": dsgd.GLOBAL_BATCH // n, "samples_per_rank": int(1.0 / n * dsgd.SAMPLES),
+    return {r: {"batch_per_rank": dsgd_settings.GLOBAL_BATCH // n,
+                "samples_per_rank": int(1.0 / n * dsgd_settings.SAMPLES),
                 "names": list(DSGD_NAMES), "sizes": list(DSGD_SIZES),
-                "initial": [0.01 * i for i in range(dsgd.PARAMETERS)],
+                "initial": [0.01 * i for i in range(dsgd_settings.PARAMETERS)],
                 "dsgd": dsgd_model(n), "reference": dsgd_model(n), "ddp": dsgd_model(n)} for r in range(n)}
 
 
@@ -180,7 +206,7 @@ CHECKS: dict[str, tuple[Callable[[dict[int, dict], World], Verdict], Callable[[i
 
 
 def verdict(name: str, results: Results, n: int) -> Verdict:
-    return CHECKS[name][0](results, World.local(n))
+    return CHECKS[name][0](results, ring_world(n) if name == "ring-allreduce" else World.local(n))
 
 
 def assert_fails(v: Verdict, rank: int, reason_start: str) -> None:
@@ -495,19 +521,23 @@ def test_barrier_times_must_be_numbers_and_hosts_are_noted() -> None:
 
 # --- ring all-reduce ---
 
-def test_ring_inputs_and_sums_are_exact_in_every_dtype() -> None:
-    """Every input and every sum is an integer below 2**24 (float32) and 2**31 (int32)."""
-    for n in range(1, 6):
-        for i in list(range(2 * ring_cases.PERIOD)) + [65536]:
-            assert all(abs(ring_cases.value(r, i)) < 2 ** 24 for r in range(n))
-            assert abs(ring_cases.expected_value(n, i)) < 2 ** 24
-    # With 4 ranks, position 0 sums (r + 1) * -500 + 10000 * r over the ranks.
-    assert ring_cases.expected_value(4, 0) == 55000
+def test_the_ring_s_inputs_are_drawn_afresh_and_the_check_expects_their_sum() -> None:
+    """Each run draws every rank's values anew (lab.core.draw); the checker sums the draw it was given,
+    so a result right for another draw fails, and a run that drew nothing is not checked at all."""
+    first, second = draw.draw(ring_cases.DRAWN), draw.draw(ring_cases.DRAWN)
+    assert first != second and len(draw.values(first)) == ring_cases.DRAWN
+    assert all(-2 ** 15 <= v < 2 ** 15 for v in draw.values(first))  # sums exact in float32 up to 512 ranks
+    assert verdict("ring-allreduce", ring_ok(3), 3).passed
+    other = replace(World.local(3), inputs={r: draw.values(draw.draw(ring_cases.DRAWN)) for r in range(3)})
+    v = ring.check_ring_allreduce(ring_ok(3), other)
+    assert not v.passed and v.failed_ranks == (0, 1, 2)
+    v = ring.check_ring_allreduce(ring_ok(3), World.local(3))
+    assert (v.passed, v.reason) == (False, "no inputs were drawn for the ranks: nothing to check the sums against")
 
 
 @pytest.mark.parametrize("count", [0, 1, 12, 13, 14, 65, 4099, 65537])
 def test_the_ring_digests_weighted_sum_weighs_every_position_and_tells_a_permutation(count: int) -> None:
-    values = [ring_cases.expected_value(5, i) for i in range(count)]
+    values = [ring_sum(5, (65537,), i) for i in range(count)]
     by_definition = sum(v * (i % 13 + 1) for i, v in enumerate(values))
     assert ring_cases.weighted_sum(values) == by_definition
     assert ring_cases.weighted_sum([float(v) for v in values]) == float(by_definition)  # (exact in float64)
@@ -535,10 +565,12 @@ def test_ring_lost_remainder_names_rank_case_positions_expected_and_got() -> Non
     case = results[2]["ring_allreduce"]["size 4099 int64"]
     for sample in case["samples"]:
         if sample[0] >= 4096:
-            sample[1] = ring_cases.value(2, sample[0])  # the rank's own input: never reduced
+            sample[1] = ring_input(4, 2, (4099,), sample[0])  # the rank's own input: never reduced
     v = verdict("ring-allreduce", results, 4)
-    assert_fails(v, 2, "rank 2: ring_allreduce(tensor), size 4099 int64: positions [4096, 4097, 4098]: "
-                 "expected [55600, 55610, 55620], got [18680, 18683, 18686]")
+    tail = (4096, 4097, 4098)
+    want, got = [ring_sum(4, (4099,), i) for i in tail], [ring_input(4, 2, (4099,), i) for i in tail]
+    assert_fails(v, 2, f"rank 2: ring_allreduce(tensor), size 4099 int64: positions [4096, 4097, 4098]: "
+                 f"expected {want}, got {got}")
     assert v.failed_ranks == (2,)
 
 
@@ -547,9 +579,10 @@ def test_ring_small_case_compares_every_value_and_shows_floats_as_floats() -> No
     results[0]["allreduce"]["size 5 float32"]["values"][4] = 0.0
     results[0]["allreduce"]["size 3x7 float64"]["values"][20] = 1.0
     v = verdict("ring-allreduce", results, 3)
-    assert_fails(v, 0, "rank 0: allreduce(send, recv), size 5 float32: positions [4]: expected [27024.0], got [0.0]")
-    assert ("rank 0: allreduce(send, recv), size 3x7 float64: positions (flattened) [20]: expected [27120.0], "
-            "got [1.0]") in map(str, v.mismatches)
+    assert_fails(v, 0, "rank 0: allreduce(send, recv), size 5 float32: positions [4]: "
+                       f"expected [{float(ring_sum(3, (5,), 4))}], got [0.0]")
+    assert ("rank 0: allreduce(send, recv), size 3x7 float64: positions (flattened) [20]: "
+            f"expected [{float(ring_sum(3, (3, 7), 20))}], got [1.0]") in map(str, v.mismatches)
 
 
 def test_ring_wrong_between_the_samples_shows_in_the_sums() -> None:
@@ -587,11 +620,13 @@ def test_ring_a_rank_counted_twice_fails_everywhere() -> None:
     for r in range(n):
         values = results[r]["allreduce"]["size 2 int64"]["values"]
         for i in range(2):
-            values[i] += ring_cases.value(r, i)
+            values[i] += ring_input(n, r, (2,), i)
     v = verdict("ring-allreduce", results, n)
     assert v.failed_ranks == (0, 1, 2)
-    assert v.reason.startswith("rank 0: allreduce(send, recv), size 2 int64: positions [0, 1]: "
-                               "expected [27000, 27006], got [26500, 26507]")
+    want = [ring_sum(n, (2,), i) for i in range(2)]
+    got = [w + ring_input(n, 0, (2,), i) for i, w in enumerate(want)]
+    assert v.reason.startswith(f"rank 0: allreduce(send, recv), size 2 int64: positions [0, 1]: "
+                               f"expected {want}, got {got}")
 
 
 # --- dsgd ---
@@ -602,8 +637,8 @@ def test_dsgd_passes_with_one_and_five_ranks(n: int) -> None:
 
 
 def test_dsgd_batches_the_tutorial_way() -> None:
-    assert [dsgd.batch_per_rank(n) for n in (1, 2, 3, 4, 5)] == [32, 16, 10, 8, 6]
-    assert [dsgd.samples_per_rank(n) for n in (1, 2, 3, 4, 5)] == [240, 120, 80, 60, 48]
+    assert [dsgd_settings.batch_per_rank(n) for n in (1, 2, 3, 4, 5)] == [32, 16, 10, 8, 6]
+    assert [dsgd_settings.samples_per_rank(n) for n in (1, 2, 3, 4, 5)] == [240, 120, 80, 60, 48]
     results = dsgd_ok(3)
     results[0]["batch_per_rank"] = 32 / 3
     assert_fails(verdict("dsgd", results, 3), 0,
@@ -674,7 +709,7 @@ def test_dsgd_malformed_reports_fail_without_crashing() -> None:
     v = verdict("dsgd", results, 3)
     strs = list(map(str, v.mismatches))
     assert "rank 1: one process: report: expected 'a dict', got None" in strs
-    steps = dsgd.EPOCHS * dsgd.steps_per_epoch(3)
+    steps = dsgd_settings.EPOCHS * dsgd_settings.steps_per_epoch(3)
     assert f"rank 2: DistributedDataParallel: number of steps (3 epochs): expected {steps}, got {steps - 1}" in strs
     results = dsgd_ok(2)
     results[0]["initial"] = results[0]["initial"][:10]

@@ -272,8 +272,9 @@ def test_the_docker_transport_runs_ranks_by_docker_exec(lab_up: Lab, tmp_path: P
 
 def test_a_class_graded_across_the_lab_two_shares_at_once(lab_up: Lab, tmp_path: Path) -> None:
     """`lab grade --hosts`: the 4 hosts split in two shares of 2 ranks, a submission on each at
-    once; the memory hog stopped by its rank's limit, the daemons gone from every host."""
-    from .test_grade import CLASS, read_grades
+    once; the memory hog stopped by its rank's limit, the fork bomb by its share user's, the
+    dishonest ones named for what they did, the daemons gone from every host."""
+    from .test_grade import CLASS, EXPECTED, read_grades
 
     submissions = tmp_path / "class"
     submissions.mkdir()
@@ -281,11 +282,15 @@ def test_a_class_graded_across_the_lab_two_shares_at_once(lab_up: Lab, tmp_path:
                 "dave": ("fail", "out of memory (the limit is 768 MB per rank)"), "frank": ("pass", ""),
                 "grace": ("fail", "exited with status 0 during ring-allreduce"),
                 "ivan": ("fail", "called all_reduce")}
+    expected.update({s: EXPECTED[s] for s in ("mallory", "olga", "peggy", "trent", "victor")})  # (section 1's)
     for student in expected:
         (submissions / f"{student}.py").write_text((CLASS / f"{student}.py").read_text())
     # mallet kills the reaper above its sleeper: the sweep after its run finds the sleeper, and names it
     (submissions / "mallet.py").write_text((CLASS.parent / "hosts" / "mallet.py").read_text())
     expected["mallet"] = ("fail", "left running after its run, stopped: node")
+    # oscar forks until its share user's process limit stops it; its children go with its rank
+    (submissions / "oscar.py").write_text((CLASS.parent / "hosts" / "oscar.py").read_text())
+    expected["oscar"] = ("fail", "raised BlockingIOError: [Errno 11] Resource temporarily unavailable at oscar.py")
     out = tmp_path / "book"
     result = lab_up("grade", str(submissions), "--exercise", "ring-allreduce", "--hosts", str(INVENTORY),
                     "--parallel", "2", "--timeout", "15", "--memory", "768", "--out", str(out), timeout=600)

@@ -64,10 +64,15 @@ def run_isolated(code: Path, script: str, *flags: str) -> subprocess.CompletedPr
                           timeout=120, env={"PYTHONPATH": str(code), "PATH": "/usr/bin:/bin"})
 
 
-def test_only_the_rank_side_and_the_suite_travel_to_the_hosts(tmp_path: Path) -> None:
-    _, names = uploaded_copy(tmp_path)
+def test_only_the_rank_side_and_the_exercise_programs_travel_to_the_hosts(tmp_path: Path) -> None:
+    """Nothing of a checker reaches a host: a rank that tries to import one (to read what it expects) fails."""
+    code, names = uploaded_copy(tmp_path)
     assert {n.split(".")[1] for n in names if n != "lab"} == {"rank", "suite"}
-    assert "lab.rank.protocol" in names and "lab.suite.registry" in names
+    assert "lab.rank.protocol" in names and "lab.suite.exercises.ring_cases" in names
+    assert not [n for n in names if n.startswith("lab.suite.") and not n.startswith("lab.suite.exercises")]
+    for checker in ("lab.suite.checks.ring", "lab.suite.registry", "lab.suite.check", "lab.suite.method"):
+        done = run_isolated(code, f"import {checker}")
+        assert "ModuleNotFoundError" in done.stderr, (checker, done.stderr)
 
 
 def test_what_travels_needs_only_the_standard_library(tmp_path: Path) -> None:

@@ -58,14 +58,18 @@ WRONG_PROGRAMS = [
     ("groups", "groups_wrong_subset.py", "rank"),
     ("p2p", "p2p_crashes.py", "rank 1"),
     ("ring-allreduce", "ring_world_size_two_only.py",
-     "rank 0: allreduce(send, recv), size 1 float32: positions [0]: expected [55000.0], got [27500.0]"),
+     "rank 0: allreduce(send, recv), size 1 float32: positions [0]: expected ["),
     ("ring-allreduce", "ring_drops_remainder.py",
-     "rank 0: ring_allreduce(tensor), size 1 float32: positions [0]: expected [55000.0], got [-500.0]"),
+     "rank 0: ring_allreduce(tensor), size 1 float32: positions [0]: expected ["),
     ("dsgd", "dsgd_never_averages.py", "rank 1: dsgd parameters after step 1 (epoch 0, batch 1) as on rank 0: "),
     ("dsgd", "dsgd_forgets_divide.py",
      "rank 0: dsgd's first step, in units of one process's step on the full batch: expected 1.0, got 4.0"),
     ("ring-allreduce", "ring_computes_locally.py",
      "rank 0 sent 0 bytes in allreduce(): it computed the result without communicating"),
+    ("ring-allreduce", "ring_reads_the_checker.py", "No module named 'lab.suite.checks'"),
+    ("ring-allreduce", "ring_calls_functional_collective.py",
+     "ranks 0, 1, 2, 3 called torch.ops._c10d_functional.all_reduce: ring-allreduce must be built from "
+     "point-to-point calls"),
 ]
 
 

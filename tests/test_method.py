@@ -19,7 +19,7 @@ from lab.suite.method import check_method, combine
 from lab.suite.registry import EXERCISES
 
 from .conftest import REPO, WRONG, Lab
-from .test_checks import all_reduce_ok, p2p_ok, ring_ok
+from .test_checks import all_reduce_ok, p2p_ok, ring_ok, ring_world
 
 SOLUTIONS = REPO / "tests" / "solutions"
 RING_RULE = "ring-allreduce must be built from point-to-point calls (send/recv/isend/irecv)"
@@ -111,9 +111,9 @@ def test_combine_keeps_the_values_reason_first_then_the_methods() -> None:
 def test_right_values_with_the_wrong_method_fail_the_exercise() -> None:
     """The registry's judge: ring results that are right, from ranks that called all_reduce."""
     n = 3
-    assert EXERCISES["ring-allreduce"].check(ring_ok(n), World.local(n)).passed
+    assert EXERCISES["ring-allreduce"].check(ring_ok(n), ring_world(n)).passed
     calls = {r: summary({"all_reduce": 96}) for r in range(n)}
-    v = EXERCISES["ring-allreduce"].judge(ring_ok(n), calls, World.local(n))
+    v = EXERCISES["ring-allreduce"].judge(ring_ok(n), calls, ring_world(n))
     assert not v.passed and v.reason == f"ranks 0, 1, 2 called all_reduce: {RING_RULE}"
     p2p_calls = {r: summary({"send": 2, "recv": 2}) for r in range(4)}
     assert EXERCISES["p2p"].judge(p2p_ok(4), p2p_calls, World.local(4)).passed
@@ -176,13 +176,13 @@ def test_a_function_taken_from_the_reference_or_missing_fails_its_part_and_only_
     calls = ring_calls(3, 4 / 3)
     for r in calls:
         calls[r]["functions"]["allreduce"]["reference"] = True
-    v = ring.judge(ring_ok(3), calls, World.local(3))
+    v = ring.judge(ring_ok(3), calls, ring_world(3))
     assert not v.passed and v.reason == "allreduce(): not written: it uses the reference's allreduce()"
     assert [(p.name, p.passed) for p in v.parts] == [("allreduce", False), ("ring_allreduce", True)]
-    assert ring.judge(ring_ok(3), calls, World.local(3), part="ring_allreduce").passed  # that part alone
+    assert ring.judge(ring_ok(3), calls, ring_world(3), part="ring_allreduce").passed  # that part alone
     for r in calls:
         calls[r]["functions"]["allreduce"]["missing"] = True
-    v = ring.judge(ring_ok(3), calls, World.local(3), part="allreduce")
+    v = ring.judge(ring_ok(3), calls, ring_world(3), part="allreduce")
     assert not v.passed and v.reason == "allreduce(): not written (the solution does not define it)"
 
 

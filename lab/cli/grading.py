@@ -40,7 +40,8 @@ def add_grade(commands: Commands) -> None:
     grading.add_argument("--memory", type=int, default=Limits.memory_mb, metavar="MB",
                          help=f"data memory per rank (RLIMIT_DATA, on every kind of host; default {Limits.memory_mb})")
     grading.add_argument("--pids", type=int, default=Limits.pids, metavar="N",
-                         help=f"processes (and threads) per rank in the sandbox (default {Limits.pids})")
+                         help=f"processes (and threads) per rank: the sandbox's, and on --hosts whose shares log in "
+                         f"as grade_users, each share user's (RLIMIT_NPROC; default {Limits.pids})")
     grading.add_argument("--wall", type=float, default=DEFAULT_WALL, metavar="SECONDS",
                          help=f"the longest one submission may run in all (default {DEFAULT_WALL:g})")
     grading.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",

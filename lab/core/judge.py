@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from lab.core.draw import values
 from lab.core.outcome import SYS_EXIT, ExerciseRun, RankState, RunOutcome, ended
 from lab.errors import ExitCode
 from lab.suite.check import Mismatch, PartVerdict, Verdict, World, ranks_named
@@ -40,7 +41,8 @@ def world_of(outcome: RunOutcome) -> World:
     """The run as it happened: each rank's host is where it ran (torchrun places ranks itself)."""
     plan = outcome.plan
     return World(plan.world_size, plan.backend, tuple(s.spec.host for s in outcome.ranks),
-                 tuple(s.spec.local_rank for s in outcome.ranks), plan.launcher)
+                 tuple(s.spec.local_rank for s in outcome.ranks), plan.launcher,
+                 {rank: values(data) for rank, data in plan.inputs.items()})
 
 
 def judge(outcome: RunOutcome) -> list[ExerciseReport]:

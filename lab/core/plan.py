@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, get_args
 
+from lab.core.draw import VALUE_BYTES, draw
 from lab.errors import UsageError
 from lab.model.inventory import Host, Inventory
 from lab.rank.preflight import PREFLIGHT_VAR
@@ -85,6 +86,9 @@ class Options:
     solution: str | None = None  # a .py file run in place of the (single) exercise's program
     launcher: Launcher = "lab"  # who starts the ranks
     memory_mb: int | None = None  # each rank's data memory limit (RLIMIT_DATA), set before its program loads
+    # Processes and threads per rank (lab grade: where each submission runs as a user of its own): the
+    # rank's user may have this many for each of its ranks on the host (RLIMIT_NPROC), set before its program loads.
+    pids: int | None = None
     partition: str | None = None  # the Slurm partition (--launcher srun...); None: the cluster's default
     rank_env: dict[str, str] = field(default_factory=dict, hash=False)  # more settings for every rank (lab bench's)
     hang_after: float = DEFAULT_HANG_AFTER  # see Plan
@@ -100,7 +104,7 @@ class Stage:
     addr: str | None
     port: str | None  # a port macro (``${portN}``)
     path: str | None
-    exercises: tuple[dict[str, str], ...]  # ({"name": ..., "program": ...}, ...)
+    exercises: tuple[dict[str, Any], ...]  # ({"name", "program"[, "reference", "writes", "writes_some"]}, ...)
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,7 @@ class Plan:
     rdzv_endpoint: str | None = None  # torchrun: ADDR:PORT of the c10d rendezvous
     port_count: int = 0  # ports to hold on rank 0's host (``${port0}``...)
     memory_mb: int | None = None  # see Options
+    pids: int | None = None  # see Options
     partition: str | None = None  # see Options
     rank_env: dict[str, str] = field(default_factory=dict, hash=False)  # see Options
     # A hang, found by the runner: every live rank has waited in a torch.distributed call and none has
@@ -157,11 +162,20 @@ class Plan:
     # whose tasks Slurm starts.
     preflight: bool = True
     part: str | None = None  # see Options
+    # Each rank's drawn inputs (lab.core.draw), where an exercise takes some: kept here for the checker.
+    inputs: dict[int, bytes] = field(default_factory=dict, hash=False, repr=False)
 
     @property
     def checks_network(self) -> bool:
         """Whether the hosts' launchers run the preflight."""
         return self.preflight and self.launcher not in SRUN_LAUNCHERS
+
+    def inputs_for(self, host: str) -> tuple[int, ...]:
+        """The ranks whose inputs go to ``host``: its own, where the lab places the ranks (torchrun and
+        srun place them themselves: every rank's then)."""
+        if self.launcher in ("lab", "spawn"):
+            return tuple(r.rank for r in self.ranks if r.host == host and r.rank in self.inputs)
+        return tuple(self.inputs)
 
     @property
     def run_name(self) -> str:
@@ -180,7 +194,7 @@ class Plan:
     def rank_plan(self) -> dict[str, Any]:
         """The instructions every worker reads from LAB_RANK_PLAN."""
         return {"token": self.token, "backend": self.backend, "timeout": self.timeout,
-                "memory_mb": self.memory_mb, "stages": [asdict(s) for s in self.stages]}
+                "memory_mb": self.memory_mb, "pids": self.pids, "stages": [asdict(s) for s in self.stages]}
 
     @property
     def program(self) -> tuple[str, ...]:
@@ -262,8 +276,11 @@ class Plan:
             "launcher": self.launcher, "master_addr": self.master_addr, "master_port": self.master_port,
             **({"rdzv_endpoint": self.rdzv_endpoint} if self.rdzv_endpoint else {}),
             "timeout": self.timeout, "hang_after": self.hang_after, "preflight": self.checks_network,
+            **({"inputs": f"{len(next(iter(self.inputs.values()))) // VALUE_BYTES} random values per rank, "
+                          "drawn for this run"} if self.inputs else {}),
             **({"part": self.part} if self.part else {}),
             **({"memory_mb": self.memory_mb} if self.memory_mb else {}),
+            **({"pids_per_rank": self.pids} if self.pids else {}),
             "run_dir": f"{RUN_DIR} = <each host's temp dir>/{self.run_name}",
             **({"ports": f"{', '.join(port_macro(i) for i in range(self.port_count))}: chosen free and "
                          f"held on {self.hosts[0].name} when the run starts"} if self.port_count else {}),
@@ -390,13 +407,16 @@ def build_plan(inventory: Inventory, options: Options, token: str | None = None)
     master_port = rdzv_port or next((s.port for s in stages if s.port is not None), None)
 
     ranks = _lay_out_ranks(hosts, master, master_port, backend, options.launcher)
+    drawn = max(e.drawn for e in options.exercises)
     return Plan(world_size=inventory.world_size, backend=backend, init=options.init,
                 master_addr=master, master_port=master_port, timeout=options.timeout,
                 token=token, hosts=hosts, ranks=tuple(ranks), stages=stages, uploads=uploads,
                 shared_run_dir=shared, launcher=options.launcher,
                 rdzv_endpoint=_endpoint(master, rdzv_port), port_count=ports.count, memory_mb=options.memory_mb,
+                pids=options.pids,
                 partition=options.partition, rank_env=dict(options.rank_env), hang_after=options.hang_after,
-                preflight=options.preflight, part=checked_part(options))
+                preflight=options.preflight, part=checked_part(options),
+                inputs={rank: draw(drawn) for rank in range(inventory.world_size)} if drawn else {})
 
 
 def checked_part(options: Options) -> str | None:
@@ -511,8 +531,9 @@ def _group_by_stage(options: Options) -> list[tuple[StageKind, list[Exercise]]]:
 def _stage(kind: StageKind, exercises: list[Exercise], master: str, ports: _PortMacros, files_dir: str,
            solution: str | None) -> Stage:
     shared = exercises[0].rendezvous == "shared"
-    refs = tuple({"name": e.name, "program": solution, "reference": e.program} if solution else
-                 {"name": e.name, "program": e.program} for e in exercises)
+    refs = tuple({"name": e.name, "program": solution or e.program, **({"reference": e.program} if solution else {}),
+                  **({"writes": list(e.writes), "writes_some": e.writes_some} if e.writes else {})}
+                 for e in exercises)
     if kind == "none":
         return Stage("none", "none", None, None, None, None, refs)
     if kind == "torchrun":  # MASTER_ADDR and MASTER_PORT are torchrun's: the stage names none

@@ -61,7 +61,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from lab.core import slurm
+from lab.core import draw, slurm
 from lab.core.outcome import ExerciseRun, LaunchState, OnLine, RankState, RunOutcome, RunStatus
 from lab.core.plan import SRUN_LAUNCHERS, Launch, Plan
 from lab.core.portholder import hold_ports
@@ -71,6 +71,7 @@ from lab.core.stacks import is_stack_line, program_files, where_stopped
 from lab.core.streams import QUEUE_MAX, Events, Item, StreamReader, claimed_rank
 from lab.core.why import explain_run
 from lab.errors import HostsUnreachable, HostUnreachable, LabError, RunError
+from lab.rank.inputs import file_of
 from lab.rank.protocol import LAUNCHER_EVENTS, RANK_EVENTS, MalformedEvent, parse_event
 from lab.transport import RankProcess, Transport, code_uploads, for_each_host, release, transport_for
 from lab.transport.ssh import SSHSettings
@@ -150,7 +151,9 @@ class Run:
         """Reach every host at once and carry the run's files there; each host's run directory. A
         group never stops at the first failure: every host is tried, and every one that failed is named."""
         uploads = {**code_uploads(), **{rel: Path(local) for rel, local in self.plan.uploads.items()}}
-        outcomes = for_each_host(self.transports, lambda t: t.prepare(self.plan.run_name, uploads))
+        with draw.staged(self.plan.inputs) as inputs:
+            outcomes = for_each_host(self.transports, lambda t: t.prepare(self.plan.run_name, {
+                **uploads, **{file_of(rank): inputs[rank] for rank in self.plan.inputs_for(t.host.name)}}))
         unreachable = [e for e in outcomes.values() if isinstance(e, HostUnreachable)]
         failed = [(name, e) for name, e in outcomes.items()
                   if isinstance(e, Exception) and not isinstance(e, HostUnreachable)]

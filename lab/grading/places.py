@@ -49,6 +49,11 @@ class Place(Protocol):
     def leftovers(self) -> list[str]:
         """What the submission left running after its run ended, stopped now: one line each."""
 
+    @property
+    def own_users(self) -> bool:
+        """Whether the submission runs as users it has to itself on every host (a share's grade users),
+        so that a limit per user (the processes it may have: ``Options.pids``) bounds it and it alone."""
+
 
 @dataclass(frozen=True)
 class Hosts:
@@ -62,8 +67,16 @@ class Hosts:
     def memory_kills(self) -> int:
         return 0
 
+    @property
+    def own_users(self) -> bool:
+        return bool(self._own_hosts) and len(self._own_hosts) == len(self.inventory.hosts)
+
+    @property
+    def _own_hosts(self) -> list[Host]:
+        return [h for h in self.inventory.hosts if h.connection == "ssh" and h.user and h.user in h.grade_users]
+
     def leftovers(self) -> list[str]:
-        own = [h for h in self.inventory.hosts if h.connection == "ssh" and h.user and h.user in h.grade_users]
+        own = self._own_hosts
         lines: list[str] = []
         for name, found in sorted(for_each_host({h.name: h for h in own}, lambda h: _sweep(h, self.ssh)).items()):
             lines += found if isinstance(found, list) else [f"{name}: could not look: {found}"]
@@ -206,7 +219,7 @@ class GradeRequest:
     def options(self) -> Options:
         """The run of one submission, as ``run EXERCISE --solution FILE`` would make it."""
         return Options((self.exercise,), self.backend, "env", self.timeout, memory_mb=self.limits.memory_mb,
-                       part=self.part)
+                       pids=self.limits.pids, part=self.part)
 
 
 @dataclass(frozen=True)

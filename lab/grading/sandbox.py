@@ -121,6 +121,11 @@ class Sandbox:
         """Nothing: whatever the submission started goes with the sandbox."""
         return []
 
+    @property
+    def own_users(self) -> bool:
+        """No: every sandbox runs as ``nobody`` (its processes are bounded by the container's pids limit)."""
+        return False
+
     def memory_kills(self) -> int:
         """How many processes the kernel killed in the sandbox for want of memory."""
         command = "cat /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null"

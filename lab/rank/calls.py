@@ -8,6 +8,10 @@ the ``*_object`` variants: :data:`FUNCTIONS`) and the same names in
 ``torch.distributed.distributed_c10d`` (which the former re-exports, and whose own functions
 call each other through) with wrappers, and wraps the communication methods of
 ``ProcessGroup`` (:data:`GROUP_METHODS`, so ``dist.group.WORLD.allreduce(...)`` is seen too).
+It also wraps the ops of ``torch.ops`` that reach the backends beside those functions (the
+namespaces of :data:`OP_NAMESPACES`: ``torch.ops.c10d.allreduce_``, and the functional
+collectives' ``torch.ops._c10d_functional.all_reduce``), recorded as ``torch.ops.<ns>.<op>``
+when a program calls them itself (torch's own functions call some inside ours: not counted).
 The worker installs it before it imports any exercise program, so a solution's
 ``from torch.distributed import all_reduce`` binds the wrapper. ``P2POp`` and
 ``batch_isend_irecv`` keep working: P2POp checks its ``op`` against the same (wrapped) names.
@@ -33,8 +37,9 @@ destroy) are never the student's. What is recorded:
   the reference program's own (a solution that imported it).
 
 :meth:`Recorder.summary` is that as JSON data: counts and byte totals, never a list of calls.
-It is evidence of what an honest program did, not a sandbox: a program can reach the backend
-without these functions (``torch.ops``, the functional collectives) or undo the wrappers.
+It is evidence of what an honest program did, not a sandbox: code in the rank's process can undo
+the wrappers, call an op's overload (``torch.ops.c10d.allreduce_.default``) or the C++ bindings
+directly (docs/classroom.md says what that leaves to the values check).
 """
 from __future__ import annotations
 
@@ -69,6 +74,10 @@ GROUP_METHODS: tuple[str, ...] = (
     "alltoall", "alltoall_base", "barrier", "monitored_barrier",
 )
 WRAPPED = "__lab_calls__"  # set on every wrapper: never wrapped twice
+# The namespaces of torch.ops whose ops communicate: c10d's (what ProcessGroup's methods dispatch to) and
+# the functional collectives'; their ops that move no data are not recorded.
+OP_NAMESPACES: tuple[str, ...] = ("c10d", "_c10d_functional", "_c10d_functional_autograd")
+NOT_COMMUNICATION: frozenset[str] = frozenset({"wait_tensor", "check_for_nan"})
 
 
 @dataclass
@@ -336,6 +345,7 @@ def install(recorder: Recorder = RECORDER) -> None:
         for module in modules:
             if getattr(module, name, None) is fn:
                 setattr(module, name, wrapper)
+    _wrap_ops(recorder)
     group_class = c10d.ProcessGroup
     for name in GROUP_METHODS:
         method = getattr(group_class, name, None)
@@ -346,3 +356,35 @@ def install(recorder: Recorder = RECORDER) -> None:
         except (AttributeError, TypeError):  # a torch whose ProcessGroup takes no new attributes
             pass
     _installed = True
+
+
+class _RecordedOp:
+    """An op of ``torch.ops``, recorded when called; everything else of it (its overloads, its schema)
+    is the op's own."""
+
+    def __init__(self, op: Any, call: Callable[..., Any]) -> None:
+        self._op, self._call = op, call
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._op, name)
+
+
+def _wrap_ops(recorder: Recorder) -> None:
+    """Put a recorded stand-in for every communicating op of :data:`OP_NAMESPACES` where ``torch.ops``
+    finds it (the namespace's attribute, which torch caches there itself)."""
+    import torch
+
+    for qualified in torch._C._dispatch_get_all_op_names():
+        namespace, _, op = qualified.partition("::")
+        if namespace not in OP_NAMESPACES or op in NOT_COMMUNICATION or "." in op:
+            continue
+        space = getattr(torch.ops, namespace)
+        try:
+            packet = getattr(space, op)
+        except (AttributeError, RuntimeError):
+            continue
+        if not isinstance(packet, _RecordedOp):
+            setattr(space, op, _RecordedOp(packet, recorder.wrap(f"torch.ops.{namespace}.{op}", packet)))

@@ -6,7 +6,9 @@ exercise programs, because it runs on every host (uploaded there by the lab).
 Its instructions come in the environment, as a launcher gives them (the lab itself,
 torchrun, or the host's ``mp.spawn``: see lab.rank.node): RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, and ``LAB_RANK_PLAN``: JSON with the backend,
-a timeout and the stages. The device is ``cuda:LOCAL_RANK`` with nccl, else the CPU.
+a timeout and the stages. The device is ``cuda:LOCAL_RANK`` with nccl, else the CPU. Where the run
+drew inputs, the rank takes its own (``lab.rank.inputs``) before any program loads: an exercise's
+``run`` gets them as ``inputs``.
 A stage is one rendezvous (or none) and the exercises that run under it, so
 exercises that can share a process group share one.
 
@@ -45,7 +47,7 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
-from lab.rank import protocol
+from lab.rank import inputs, protocol
 from lab.rank.protocol import EVENT_MAX, Channel, EventKind, emit, event_line
 
 GROUP_TIMEOUT_MARGIN = 30.0  # seconds
@@ -196,15 +198,6 @@ def _listed(names: list[str] | tuple[str, ...]) -> str:
     return ", ".join(f"{n}()" for n in names)
 
 
-def student_functions(name: str) -> tuple[tuple[str, ...], bool]:
-    """The functions a student writes for exercise ``name`` (lab.suite.registry), if any, and
-    whether a solution may write only some of them."""
-    from lab.suite.registry import EXERCISES  # pure Python: it travels with the rank side
-
-    exercise = EXERCISES.get(name)
-    return (exercise.writes, exercise.writes_some) if exercise is not None else ((), False)
-
-
 def record_functions(program: ModuleType, writes: tuple[str, ...], reference: str | None,
                      missing: tuple[str, ...] = ()) -> None:
     """Wrap the student's functions in ``program`` so that what each one sends is recorded apart
@@ -238,6 +231,8 @@ class Rank:
         self.backend: str = plan["backend"]
         self.timeout = float(plan["timeout"])
         self.device = torch.device(f"cuda:{self.local_rank}" if self.backend == "nccl" else "cpu")
+        inputs.not_dumpable()  # (before its inputs, before any program: lab.rank.inputs)
+        self.inputs = inputs.take(self.rank)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
 
@@ -267,6 +262,7 @@ class Rank:
 
         install()  # before any exercise program is imported: it binds the recorded functions
         limit_memory(self.plan.get("memory_mb"))
+        limit_processes(self.plan.get("pids"), int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
         self.emit("hello", pid=os.getpid(), hostname=socket.gethostname(), local_rank=self.local_rank,
                   python=sys.version.split()[0], torch=torch.__version__)
         FLIGHT.watch(self.rank)
@@ -280,7 +276,7 @@ class Rank:
     def context(self, init_method: str | None) -> dict[str, Any]:
         return {"rank": self.rank, "size": self.size, "world_size": self.size,
                 "local_rank": self.local_rank, "device": self.device,
-                "backend": self.backend, "init_method": init_method}
+                "backend": self.backend, "init_method": init_method, "inputs": self.inputs}
 
     def run_stage(self, stage: dict[str, Any]) -> int:
         """Form the stage's rendezvous (if the lab owns it), run its exercises, tear down."""
@@ -319,13 +315,14 @@ class Rank:
                 dist.destroy_process_group()
         return failures
 
-    def run_exercise(self, exercise: dict[str, str], init_method: str | None) -> bool:
+    def run_exercise(self, exercise: dict[str, Any], init_method: str | None) -> bool:
         from lab.rank.calls import RECORDER
 
         name = exercise["name"]
         self.emit("step", step=name)
         started = time.monotonic()
-        reference, (writes, some) = exercise.get("reference"), student_functions(name)
+        reference, writes, some = exercise.get("reference"), tuple(exercise.get("writes", ())), \
+            bool(exercise.get("writes_some"))
         try:
             with RECORDER.recording():  # only the exercise's own calls: not the lab's barrier after it
                 program, missing = load_solution(exercise["program"], reference, writes, some)
@@ -399,6 +396,20 @@ def limit_memory(megabytes: int | None) -> None:
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
 
+def limit_processes(per_rank: int | None, local_ranks: int) -> None:
+    """Cap the processes and threads of this rank's user on the host (RLIMIT_NPROC, counted over all
+    of the user's: the grader runs each submission as a user of its own) at ``per_rank`` for each of
+    its ``local_ranks``, and LAB_PROCESSES more for the lab's own (its session, launcher, relays), for
+    good. A fork past it fails in the exercise (BlockingIOError), as the student's error. Root has no
+    such limit."""
+    if per_rank:
+        import resource
+
+        limit = per_rank * local_ranks + LAB_PROCESSES
+        resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+
+
+LAB_PROCESSES = 16
 TEXT_FIELDS = ("error", "where", "traceback")
 TEXT_MAX = 64 * 1024  # characters of each of an error's texts sent (an event line has at most EVENT_MAX bytes)
 

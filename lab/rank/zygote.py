@@ -7,6 +7,9 @@ are the lab's, in this process's) and runs PROGRAM (``-m MODULE ARGS``: the lab'
 ``main()``, its ``atexit`` functions, its exit status. The ranks of a host so pay for one torch
 import between them (about 2 s of CPU each, most of what a small exercise costs) and share its
 memory until they write to it. Nothing of a student's runs in this process: only in the ranks.
+Where the run drew inputs, this process opens its ranks' files and unlinks them before it forks
+any rank, and hands each rank the descriptor of its own alone (``lab.rank.inputs``); it is not
+dumpable, so no rank can reach the others' through it.
 
 Each rank's fds 1 and 2 are pipes of its own to this process, which passes what comes through
 them on to the controller (this process's stdout and stderr), so the controller knows which rank
@@ -42,6 +45,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import NoReturn
 
+from lab.rank import inputs
 from lab.rank.output import HOLD
 from lab.rank.preflight import Preflight
 from lab.rank.protocol import (
@@ -191,6 +195,7 @@ def main(options: argparse.Namespace, first_local_rank: int = 0, checking: Prefl
     program's code, so it skips the interpreter's teardown, which with torch loaded takes about
     a second that every run would wait for."""
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # (each rank installs its stack dump)
+    inputs.not_dumpable()  # (its ranks' inputs pass through: lab.rank.inputs)
     for name in PRELOAD:
         with contextlib.suppress(Exception):
             importlib.import_module(name)
@@ -198,19 +203,23 @@ def main(options: argparse.Namespace, first_local_rank: int = 0, checking: Prefl
         checking.end()
     os.environ[WATCHED_BY_PARENT] = "1"  # this process watches stdin for them all
     token = os.environ.get(TOKEN_VAR, "")
+    held = inputs.hold(range(options.first_rank, options.first_rank + options.nprocs))
     ranks: list[Rank] = []
     for local_rank in range(options.nprocs):
         ranks.append(_fork(options.first_rank + local_rank, first_local_rank + local_rank, options.module, options.args,
-                           token,
-                           [fd for r in ranks for fd in r.pipes]))
+                           token, [fd for r in ranks for fd in r.pipes], held))
+    for fd in held.values():
+        os.close(fd)
     _pass_on(ranks, token)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0 if all(r.code == 0 for r in ranks) else 1)
 
 
-def _fork(rank: int, local_rank: int, module: str, args: list[str], token: str, others: list[int]) -> Rank:
-    """Start rank ``rank``: a child with pipes of its own for fds 1 and 2 and /dev/null for stdin."""
+def _fork(rank: int, local_rank: int, module: str, args: list[str], token: str, others: list[int],
+          held: dict[int, int]) -> Rank:
+    """Start rank ``rank``: a child with pipes of its own for fds 1 and 2, /dev/null for stdin, and
+    the descriptor of its own inputs of those ``held`` (rank -> fd; the others' it closes)."""
     sys.stdout.flush()
     sys.stderr.flush()
     out_r, out_w = os.pipe()
@@ -220,8 +229,10 @@ def _fork(rank: int, local_rank: int, module: str, args: list[str], token: str, 
         try:
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
-            for fd in (out_r, out_w, err_r, err_w, *others):
+            for fd in (out_r, out_w, err_r, err_w, *others, *(fd for r, fd in held.items() if r != rank)):
                 os.close(fd)
+            if rank in held:
+                os.environ[inputs.FD_VAR] = str(held[rank])
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, 0)
             os.close(devnull)

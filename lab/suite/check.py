@@ -4,7 +4,8 @@ A checker is a pure function ``check(results, world) -> Verdict``:
 
 * ``results`` maps each rank to the dict its rank program returned (JSON data:
   tensors arrive as nested lists). A rank that returned nothing is absent.
-* ``world`` describes the run (world size, backend, which host each rank ran on).
+* ``world`` describes the run (world size, backend, which host each rank ran on, the
+  inputs drawn for each rank where the exercise takes some).
 
 Checkers compute the expected values themselves in plain Python, never by calling
 the collective under test, so they are an independent oracle. They never import
@@ -13,7 +14,7 @@ torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,7 @@ class World:
     hosts: tuple[str, ...]  # hosts[rank] is the host that rank ran on
     local_ranks: tuple[int, ...]
     launcher: str = "lab"  # who started the ranks (lab.core.plan.LAUNCHERS)
+    inputs: Mapping[int, Sequence[int]] = field(default_factory=dict)  # each rank's drawn values (lab.core.draw)
 
     @classmethod
     def local(cls, world_size: int, backend: str = "gloo") -> World:

@@ -38,6 +38,7 @@ from typing import Literal
 
 from lab.suite.check import PartVerdict, Results, Verdict, World
 from lab.suite.checks import backends, basics, bench, collectives, dsgd, p2p, ring
+from lab.suite.exercises import ring_cases
 from lab.suite.method import (
     Calls,
     Method,
@@ -69,6 +70,7 @@ class Exercise:
     writes_some: bool = False  # a solution is some of ``writes``, never a whole program (the bench's rings)
     method: Method | None = None  # the calls its ranks may and must make (None: any)
     check_part: PartChecker | None = None  # one of several parts' values alone (see ``parts``)
+    drawn: int = 0  # random values the controller draws for each rank of a run (lab.core.draw): run()'s ``inputs``
 
     @property
     def parts(self) -> tuple[str, ...]:
@@ -144,7 +146,8 @@ def _exercises() -> dict[str, Exercise]:
         Exercise("ring-allreduce", "ring all-reduce from isend/recv: the tutorial's, then chunked "
                  "(reduce-scatter + all-gather)", "lab.suite.exercises.ring_allreduce", ring.check_ring_allreduce,
                  min_ranks=2, writes=("allreduce", "ring_allreduce"),
-                 method=point_to_point(ring.check_ring_traffic), check_part=ring.check_ring_part),
+                 method=point_to_point(ring.check_ring_traffic), check_part=ring.check_ring_part,
+                 drawn=ring_cases.DRAWN),
         Exercise("dsgd", "distributed synchronous SGD: average_gradients with all_reduce, vs one "
                  "process and DistributedDataParallel", "lab.suite.exercises.dsgd", dsgd.check_dsgd,
                  writes=("average_gradients",)),

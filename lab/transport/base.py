@@ -244,16 +244,19 @@ def removable(paths: Sequence[str | None]) -> list[str]:
 
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # lab/ (this file is lab/transport/base.py)
-UPLOADED = ("rank", "suite")  # the subpackages that run on the hosts
+# What runs on the hosts: the rank side and the exercise programs, never the checkers (lab.suite.checks,
+# the registry): a rank cannot import what the checker expects.
+UPLOADED = ("rank", "suite/exercises")
 REAPER_CODE = _reaper_code()
 ENV_ON_STDIN = "--env-on-stdin"  # the reaper's flag: its program's settings come on stdin
 
 
 def code_uploads() -> dict[str, Path]:
     """The lab's code that runs on the hosts, as every run carries it there (``code/lab/...``):
-    the rank side and the suite, nothing of the controller's."""
-    files = [PACKAGE_DIR / "__init__.py", *(p for sub in UPLOADED for p in sorted((PACKAGE_DIR / sub).rglob("*.py"))
-                                           if "__pycache__" not in p.parts)]
+    the rank side and the exercise programs, nothing of the controller's or the checkers'."""
+    files = [PACKAGE_DIR / "__init__.py", PACKAGE_DIR / "suite" / "__init__.py",
+             *(p for sub in UPLOADED for p in sorted((PACKAGE_DIR / sub).rglob("*.py"))
+               if "__pycache__" not in p.parts)]
     return {f"code/lab/{p.relative_to(PACKAGE_DIR).as_posix()}": p for p in files}
 
 

@@ -1,25 +1,18 @@
-"""WRONG ring all-reduce: no message at all. The inputs follow a formula anyone can read in the
-exercise's files, so each rank computes every rank's input and sums them itself: the values are
-right, and nothing was communicated.
+"""WRONG ring all-reduce: no message at all. Each rank takes its own input for everyone's (the
+tutorials' examples start every rank from the same tensor) and multiplies it by the world size.
+Before the inputs were drawn afresh for every rank of every run, they followed a formula anyone
+could read in the exercise's files, and a rank that summed the formula itself passed the values
+check; now no rank can know another's input without receiving it.
 
-The method check must fail it: "rank 0 sent 0 bytes in allreduce(): it computed the result
-without communicating".
+Both checks fail it: the values, and the method's "rank 0 sent 0 bytes in allreduce(): it
+computed the result without communicating".
 """
-import torch
 import torch.distributed as dist
-
-from lab.suite.checks.ring_cases import value
-
-
-def _everyones_sum(tensor):
-    positions = torch.arange(tensor.numel())
-    total = sum(value(rank, positions) for rank in range(dist.get_world_size()))
-    return total.to(tensor.dtype).reshape(tensor.shape)
 
 
 def allreduce(send, recv):
-    recv.copy_(_everyones_sum(send))
+    recv.copy_(send * dist.get_world_size())
 
 
 def ring_allreduce(tensor):
-    tensor.copy_(_everyones_sum(tensor))
+    tensor.mul_(dist.get_world_size())

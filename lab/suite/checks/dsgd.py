@@ -1,4 +1,4 @@
-"""Checker of distributed synchronous SGD, and the exercise's settings (shared with it).
+"""Checker of distributed synchronous SGD (its settings: lab.suite.exercises.dsgd_settings).
 
 Each rank trains three copies of the same seeded model and reports, after every step, a
 digest of the parameters (each tensor's sum, and the sum of squares of all of them):
@@ -21,37 +21,17 @@ from typing import Any
 
 from lab.suite.check import Expect, Results, Verdict, World
 from lab.suite.checks import is_number, reported
-
-# The exercise's settings: the rank program imports them from here.
-SEED = 1234
-SAMPLES = 240  # synthetic 2-class points
-FEATURES = 4
-HIDDEN = 8
-CLASSES = 2
-GLOBAL_BATCH = 32  # the tutorial's 128, smaller for a small data set
-EPOCHS = 3
-LR = 0.05
-MOMENTUM = 0.5
-PARAMETERS = FEATURES * HIDDEN + HIDDEN + HIDDEN * CLASSES + CLASSES  # fc1.weight, fc1.bias, fc2.weight, fc2.bias
+from lab.suite.exercises.dsgd_settings import (
+    EPOCHS,
+    PARAMETERS,
+    batch_per_rank,
+    samples_per_rank,
+    steps_per_epoch,
+)
 
 SAME_TOLERANCE = 1e-5  # across ranks: the same reduction everywhere gives the same bits; allow summation order
 REFERENCE_TOLERANCE = 1e-4  # against one process: float32 sums in another order, over a few dozen steps
 MODELS = {"dsgd": "dsgd", "ddp": "DistributedDataParallel", "reference": "one process"}
-
-
-def batch_per_rank(world_size: int) -> int:
-    """The tutorial's ``bsz = 128 / float(size)``, as the int DataLoader needs: global // n
-    (with 3 ranks and 32: 10 per rank, so a global batch of 30)."""
-    return GLOBAL_BATCH // world_size
-
-
-def samples_per_rank(world_size: int) -> int:
-    """The tutorial's DataPartitioner: ``int(frac * data_len)`` with ``frac = 1.0 / size``."""
-    return int(1.0 / world_size * SAMPLES)
-
-
-def steps_per_epoch(world_size: int) -> int:
-    return math.ceil(samples_per_rank(world_size) / batch_per_rank(world_size))
 
 
 def check_dsgd(results: Results, world: World) -> Verdict:

@@ -1,8 +1,9 @@
 """Checker of the ring all-reduce: the tutorial's ``allreduce(send, recv)`` and the chunked
-``ring_allreduce(tensor)``, on every case of :mod:`lab.checks.ring_cases`.
+``ring_allreduce(tensor)``, on every case of :mod:`lab.suite.exercises.ring_cases`.
 
-The expected SUM at each position comes from the input formula, summed over the ranks in
-plain Python. Every value is an integer exact in every dtype, so results compare exactly.
+The expected SUM at each position is the sum of the values drawn for every rank of the run
+(``World.inputs``), in plain Python. Every value is an integer exact in every dtype, so results
+compare exactly.
 
 :func:`check_ring_traffic` judges the bytes each rank sent inside each function (recorded by
 the rank, see :mod:`lab.suite.method`), per byte of the tensor it was given: the tutorial's
@@ -15,18 +16,11 @@ ranks; with 2 ranks both send one tensor, so they cannot be told apart). Between
 from __future__ import annotations
 
 from collections.abc import Mapping
-from functools import cache
 from typing import Any
 
 from lab.suite.check import Expect, Mismatch, Results, Verdict, World, ranks_named
 from lab.suite.checks import reported
-from lab.suite.checks.ring_cases import (
-    DTYPES,
-    SHAPES,
-    case_name,
-    expected_digest,
-    expected_value,
-)
+from lab.suite.exercises.ring_cases import DRAWN, DTYPES, case_name, digest, numel, starts
 from lab.suite.method import function_summary
 
 FUNCTIONS = {"allreduce": "allreduce(send, recv)", "ring_allreduce": "ring_allreduce(tensor)"}
@@ -35,15 +29,24 @@ OPTIMAL_SLACK = 1.05  # up to this times 2(n-1)/n is bandwidth-optimal (chunks o
 NOT_OPTIMAL = 1.25  # ring_allreduce fails above this times 2(n-1)/n
 
 
-@cache
-def _expected(shape: tuple[int, ...], world_size: int) -> dict[str, Any]:
-    return expected_digest(shape, world_size)
+def expected_sums(world: World) -> list[int] | None:
+    """The SUM over the ranks of the values drawn for them, position by position; None when the run
+    did not draw each rank's (a run that was not the lab's)."""
+    draws = [world.inputs.get(rank) for rank in range(world.world_size)]
+    if any(d is None or len(d) != DRAWN for d in draws):
+        return None
+    return [sum(column) for column in zip(*draws)]
 
 
 def check_ring_allreduce(results: Results, world: World, functions: tuple[str, ...] = tuple(FUNCTIONS)) -> Verdict:
     """Every rank holds, for each case and each of ``functions``, the SUM over the ranks' inputs."""
+    sums = expected_sums(world)
+    if sums is None:
+        return Verdict(False, "no inputs were drawn for the ranks: nothing to check the sums against")
     e = Expect()
     n = world.world_size
+    expected = {shape: sums[start:start + numel(shape)] for shape, start in starts().items()}
+    digests = {shape: digest(values, n) for shape, values in expected.items()}
     for rank, result in reported(e, results, world).items():
         for function, label in FUNCTIONS.items():
             if function not in functions:
@@ -52,20 +55,22 @@ def check_ring_allreduce(results: Results, world: World, functions: tuple[str, .
             if not e.true(rank, f"{label} results", isinstance(cases, Mapping),
                           expected="a dict of case -> result", got=cases):
                 continue
-            for shape in SHAPES:
+            for shape, values in expected.items():
                 for dtype in DTYPES:
                     name = case_name(shape, dtype)
-                    _check_case(e, rank, f"{label}, {name}", shape, dtype, n, cases.get(name))
+                    _check_case(e, rank, f"{label}, {name}", shape, dtype, (values, digests[shape]), cases.get(name))
     return e.verdict()
 
 
-def _check_case(e: Expect, rank: int, what: str, shape: tuple[int, ...], dtype: str, n: int, got: Any) -> None:
+def _check_case(e: Expect, rank: int, what: str, shape: tuple[int, ...], dtype: str,
+                expected: tuple[list[int], dict[str, Any]], got: Any) -> None:
+    """One case's result against the expected sums (``expected``: the values and their digest)."""
     if not e.true(rank, what, isinstance(got, Mapping), expected="a result", got=got):
         return
     if not (e.equal(rank, f"{what}: shape", list(shape), got.get("shape"))
             & e.equal(rank, f"{what}: dtype", dtype, got.get("dtype"))):
         return
-    want = _expected(shape, n)
+    sums, want = expected
     as_dtype = float if dtype.startswith("float") else int  # show 55000.0 for a float tensor
     if "values" in want:
         values = got.get("values")
@@ -79,7 +84,7 @@ def _check_case(e: Expect, rank: int, what: str, shape: tuple[int, ...], dtype: 
     if not e.true(rank, f"{what}: samples", _are_samples(samples, want["samples"]),
                   expected=f"[position, value] at {[p for p, _ in want['samples']][:8]}...", got=samples):
         return
-    wrong = _positions(e, rank, what, [(p, as_dtype(expected_value(n, p)), v) for p, v in samples], len(shape) > 1)
+    wrong = _positions(e, rank, what, [(p, as_dtype(sums[p]), v) for p, v in samples], len(shape) > 1)
     if not wrong:  # the samples were right: the sums tell whether something between them was not
         e.equal(rank, f"{what}: sum of all {want['numel']} values", as_dtype(want["sum"]), got.get("sum"), tol=0)
         e.equal(rank, f"{what}: weighted sum (position i weighs i % 13 + 1)", as_dtype(want["weighted"]),

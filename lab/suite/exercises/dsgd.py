@@ -42,7 +42,7 @@ import torch.optim as optim
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
-from lab.suite.checks.dsgd import (
+from lab.suite.exercises.dsgd_settings import (
     CLASSES,
     EPOCHS,
     FEATURES,

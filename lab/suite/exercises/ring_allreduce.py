@@ -12,14 +12,15 @@ the tensor however many ranks there are. That is ``ring_allreduce(tensor)`` belo
 
 To grade your own: copy this file, rewrite ``allreduce`` and/or ``ring_allreduce``, and run
 ``python -m lab run ring-allreduce --solution mine.py --nproc 5``. Both are tried on every
-case of ``lab/suite/checks/ring_cases.py``: sizes 0 and 1, sizes no world size divides, a 2-D
-tensor and a few large ones, in float32, float64, int64 and int32. The inputs depend on the
-rank and the position, so a chunk in the wrong place or a lost remainder shows.
+case of ``lab/suite/exercises/ring_cases.py``: sizes 0 and 1, sizes no world size divides, a 2-D
+tensor and a few large ones, in float32, float64, int64 and int32. The inputs are random values
+drawn afresh for every rank of every run, so a chunk in the wrong place or a lost remainder
+shows, and no rank knows another's values without receiving them.
 """
 import torch
 import torch.distributed as dist
 
-from lab.suite.checks.ring_cases import DTYPES, SHAPES, case_name, digest, numel, value
+from lab.suite.exercises.ring_cases import DTYPES, case_name, digest, numel, starts
 
 
 def allreduce(send, recv):
@@ -78,14 +79,18 @@ def ring_allreduce(tensor):
         send_req.wait()
 
 
-def run_cases(rank, size, device, allreduce, ring_allreduce):
-    """Every case through both functions; a digest of each result for the checker."""
+def run_cases(rank, size, device, inputs, allreduce, ring_allreduce):
+    """Every case through both functions, from this rank's drawn ``inputs`` (int16 values, the
+    cases' one after another); a digest of each result for the checker."""
+    if inputs is None:
+        raise RuntimeError("no inputs were drawn for this rank: run the exercise with python -m lab run")
+    drawn = torch.frombuffer(bytearray(inputs), dtype=torch.int16).to(torch.int64)
     reports = {"allreduce": {}, "ring_allreduce": {}}
-    for shape in SHAPES:
-        inputs = value(rank, torch.arange(numel(shape)))  # the formula the checker sums, at every position
+    for shape, start in starts().items():
+        values = drawn[start:start + numel(shape)]
         for dtype_name in DTYPES:
             name = case_name(shape, dtype_name)
-            send = inputs.to(dtype=getattr(torch, dtype_name), device=device).reshape(shape)
+            send = values.to(dtype=getattr(torch, dtype_name), device=device).reshape(shape)
 
             recv = torch.zeros_like(send)
             allreduce(send, recv)
@@ -104,5 +109,5 @@ def _report(tensor, size):
             **digest(tensor.reshape(-1).tolist(), size)}
 
 
-def run(rank, size, device):
-    return run_cases(rank, size, device, allreduce, ring_allreduce)
+def run(rank, size, device, inputs):
+    return run_cases(rank, size, device, inputs, allreduce, ring_allreduce)

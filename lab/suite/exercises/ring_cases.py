@@ -1,14 +1,15 @@
-"""The ring all-reduce's test cases: shapes, dtypes, the input formula and the digest.
+"""The ring all-reduce's test cases: shapes, dtypes, where each case's inputs lie among a rank's
+drawn values, and the digest a rank reports of each result.
 
-Shared by the rank program (``lab/suite/exercises/ring_allreduce.py``, which builds its inputs
-from :func:`value` and reports :func:`digest` of each result) and the checker
-(``lab/suite/checks/ring.py``, which computes the expected sums from the same formula in plain
-Python). Pure Python, no torch: lab/ is on every host, so both sides import it.
+Shared by the rank program (``lab/suite/exercises/ring_allreduce.py``) and the checker
+(``lab/suite/checks/ring.py``). Pure Python, no torch: the ranks import it.
 
-The input of rank ``r`` at flat position ``i`` is an integer that depends on both, so a
-piece sent to the wrong place, a missing remainder or a rank counted twice or not at all
-changes the sum there. Every value and every sum is an integer small enough to be exact in
-float32 (< 2**24) and in int32, so the checker compares exactly.
+A rank's inputs are fresh random values the controller draws for that rank and that run
+(``lab.core.draw``; the rank takes its own: ``lab.rank.inputs``): :data:`DRAWN` integers in
+[-32768, 32767], the cases' inputs one after another in :data:`SHAPES` order (every dtype of a
+shape starts from the same values). So no rank can know another's input without receiving it,
+and the sum at each position is an integer exact in float32 (below 2**24 up to 512 ranks) and
+int32: the checker compares exactly.
 """
 from __future__ import annotations
 
@@ -22,22 +23,22 @@ SHAPES: tuple[tuple[int, ...], ...] = ((0,), (1,), (2,), (3,), (5,), (7,), (3, 7
 DTYPES: tuple[str, ...] = ("float32", "float64", "int64", "int32")
 LIST_LIMIT = 64  # a result of at most this many elements is reported whole
 WEIGHTS = 13  # the digest's weights are 1..13, by position
-PERIOD = 1009  # the formula repeats after this many positions (a prime: no world size divides it)
-
-
-def value(rank: int, i: Any) -> Any:
-    """Rank ``rank``'s input at flat position ``i`` (an int; or a tensor of positions, the inputs at
-    each: the rank program builds its tensors so)."""
-    return (rank + 1) * ((i % PERIOD) - 500) + 10000 * rank
-
-
-def expected_value(world_size: int, i: int) -> int:
-    """The SUM over every rank's input at flat position ``i``."""
-    return sum(value(r, i) for r in range(world_size))
 
 
 def numel(shape: tuple[int, ...] | list[int]) -> int:
     return math.prod(shape)
+
+
+def starts() -> dict[tuple[int, ...], int]:
+    """Where each shape's inputs start among a rank's drawn values."""
+    offsets, at = {}, 0
+    for shape in SHAPES:
+        offsets[shape] = at
+        at += numel(shape)
+    return offsets
+
+
+DRAWN = sum(numel(shape) for shape in SHAPES)  # values drawn for each rank
 
 
 def case_name(shape: tuple[int, ...] | list[int], dtype: str) -> str:
@@ -74,8 +75,3 @@ def weighted_sum(values: list[Any]) -> Any:
     """The sum of ``values[i] * (i % WEIGHTS + 1)`` (so a permutation shows), a slice per weight
     (exact in any order: every value and sum is an integer well below 2**53)."""
     return sum((k + 1) * sum(values[k::WEIGHTS]) for k in range(WEIGHTS))
-
-
-def expected_digest(shape: tuple[int, ...] | list[int], world_size: int) -> dict[str, Any]:
-    """The digest of the correct SUM, from the formula alone."""
-    return digest([expected_value(world_size, i) for i in range(numel(shape))], world_size)

@@ -1,0 +1,44 @@
+"""The inputs a run draws for its ranks: where an exercise computes from inputs (``Exercise.drawn``),
+fresh random values for every rank, drawn here for every run, so that no submission can predict
+them; the checker expects what the drawn values give (``World.inputs``).
+
+Each rank's values are little-endian int16 (:data:`VALUE_BYTES` each): a file per rank,
+``inputs/rank-R`` in the run directory (``lab.rank.inputs``), carried only to the host the plan
+puts the rank on. Under torchrun and srun, which place the ranks themselves, every host gets
+every rank's file (docs/classroom.md says what that leaves open).
+"""
+from __future__ import annotations
+
+import contextlib
+import secrets
+import struct
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from lab.rank.inputs import file_of
+
+VALUE_BYTES = 2
+
+
+def draw(count: int) -> bytes:
+    """``count`` random values (from the operating system's random source)."""
+    return secrets.token_bytes(VALUE_BYTES * count)
+
+
+def values(data: bytes) -> tuple[int, ...]:
+    """The values of one rank's draw."""
+    return struct.unpack(f"<{len(data) // VALUE_BYTES}h", data[:len(data) - len(data) % VALUE_BYTES])
+
+
+@contextlib.contextmanager
+def staged(inputs: Mapping[int, bytes]) -> Iterator[dict[int, Path]]:
+    """Each rank's draw in a file of a private temporary directory, for the transports to carry
+    (rank -> file); the directory goes when the block ends."""
+    with tempfile.TemporaryDirectory(prefix="lab-inputs-") as directory:
+        files = {}
+        for rank, data in inputs.items():
+            files[rank] = Path(directory) / file_of(rank)
+            files[rank].parent.mkdir(exist_ok=True)
+            files[rank].write_bytes(data)
+        yield files
