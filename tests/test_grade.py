@@ -51,7 +51,7 @@ EXPECTED = {
     "olga": ("error", "olga.py defines run(): this exercise asks for allreduce(), ring_allreduce()"),
     "peggy": ("fail", "allreduce(): not written: it uses the reference's allreduce(); "
                       "ring_allreduce(): not written: it uses the reference's ring_allreduce()"),
-    "trent": ("fail", "rank 0 sent 0 bytes in allreduce(): it computed the result without communicating"),
+    "trent": ("fail", "rank 0's call recorder was tampered with during the exercise (switched off 96 time(s))"),
     "victor": ("fail", "also rank 0 sent 0 bytes in allreduce(): it computed the result without communicating"),
     "nobody": ("error", "no .py file in nobody/"),
 }

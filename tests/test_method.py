@@ -301,6 +301,40 @@ def test_the_recorder_sees_every_way_to_reach_torch_distributed(tmp_path: Path) 
                                    "barrier": 1, "broadcast": 1}, "sent": {}}
 
 
+TAMPERER = """
+import torch
+import torch.distributed as dist
+from lab.rank.calls import RECORDER
+
+
+def run():
+    t = torch.ones(4)
+    RECORDER.active = False  # its all_reduce unseen...
+    dist.all_reduce(t)
+    RECORDER.active = True
+    dist.broadcast = dist.broadcast.__wrapped__  # (the group's method below it still sees broadcasts)
+    dist.broadcast(t, src=0)
+"""
+
+
+@pytest.mark.local
+def test_a_recorder_switched_off_or_unwrapped_says_so_and_fails_the_method(tmp_path: Path) -> None:
+    """The all_reduce is not recorded, but what the program did to the recorder is, and the method
+    check fails the rank with it, before anything its records say."""
+    (tmp_path / "student.py").write_text(TAMPERER)
+    done = subprocess.run([sys.executable, "-c", RECORDER_IN_TORCH, str(tmp_path)], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    recorded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert recorded == {"counts": {"ProcessGroup.broadcast": 1}, "sent": {}, "tampered": [
+        "switched off 1 time(s)", "its wrappers replaced (torch.distributed.broadcast)"]}
+    v = check_method("ring-allreduce", EXERCISES["ring-allreduce"].method, {0: recorded, 1: {"counts": {}}},
+                     World.local(2))
+    assert not v.passed and v.failed_ranks == (0,)
+    assert v.reason == ("rank 0's call recorder was tampered with during the exercise (switched off 1 time(s); its "
+                        "wrappers replaced (torch.distributed.broadcast)): its records are no evidence of the method")
+
+
 # --- real runs through the CLI ----------------------------------------------------------------
 
 def run_json(lab: Lab, exercise: str, solution: Path | None, nproc: int = 3) -> tuple[int, dict[str, Any]]:

@@ -36,7 +36,9 @@ destroy) are never the student's. What is recorded:
   ``sent`` (what the rank did while inside it), and ``reference: true`` when the function is
   the reference program's own (a solution that imported it).
 
-:meth:`Recorder.summary` is that as JSON data: counts and byte totals, never a list of calls.
+:meth:`Recorder.summary` is that as JSON data: counts and byte totals, never a list of calls; and
+``tampered``, when the program switched the recorder off while it recorded or put something else
+where its wrappers were (:meth:`Recorder.tampering`): the method check then fails the rank.
 It is evidence of what an honest program did, not a sandbox: code in the rank's process can undo
 the wrappers, call an op's overload (``torch.ops.c10d.allreduce_.default``) or the C++ bindings
 directly (docs/classroom.md says what that leaves to the values check).
@@ -114,26 +116,55 @@ class Recorder:
     """Records the calls made while :meth:`recording` (one per process: :data:`RECORDER`)."""
 
     def __init__(self) -> None:
-        self.active = False
+        self._active = False  # recording now (the wrappers read it: no property on their path)
+        self._recording = False  # inside :meth:`recording`
+        self.switched_off = 0  # times a program switched :attr:`active` off while recording
+        self.installed: list[tuple[Any, str, Any, str]] = []  # (owner, attribute, our stand-in, label): install()
         self.total = Tally()
         self.functions: dict[str, Tally] = {}
         self.reference_file: str | None = None  # the reference program's: its code inside a student's function
         self._lock = threading.Lock()
         self._local = _Local()
 
+    @property
+    def active(self) -> bool:
+        """Whether calls are recorded now. The lab switches it through :meth:`recording` alone; a program
+        that switches it off while an exercise runs is counted (:meth:`tampering`)."""
+        return self._active
+
+    @active.setter
+    def active(self, value: bool) -> None:
+        if self._recording and self._active and not value:
+            self.switched_off += 1
+        self._active = bool(value)
+
     @contextlib.contextmanager
     def recording(self) -> Iterator[None]:
         """Record from a clean slate until the block ends; :meth:`summary` then says what it saw."""
-        self.total, self.functions = Tally(), {}
-        self.active = True
+        self.total, self.functions, self.switched_off = Tally(), {}, 0
+        self._recording = self._active = True
         try:
             yield
         finally:
-            self.active = False
+            self._recording = self._active = False
+
+    def tampering(self) -> list[str]:
+        """What a program did to the recorder while recording: switched it off, or put something else where
+        its wrappers were (what is still there when this is asked: after the exercise)."""
+        found = [f"switched off {self.switched_off} time(s)"] if self.switched_off else []
+        replaced = sorted({label for owner, name, ours, label in self.installed
+                           if getattr(owner, name, None) is not ours})
+        if replaced:
+            more = f" and {len(replaced) - 3} more" if len(replaced) > 3 else ""
+            found.append(f"its wrappers replaced ({', '.join(replaced[:3])}{more})")
+        return found
 
     def summary(self) -> dict[str, Any]:
+        tampered = self.tampering()
         with self._lock:
             data = self.total.to_json()
+            if tampered:
+                data["tampered"] = tampered
             if self.functions:
                 data["functions"] = {name: tally.to_json(function=True)
                                      for name, tally in sorted(self.functions.items())}
@@ -151,7 +182,7 @@ class Recorder:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             depth = local.depth
-            if self.active:
+            if self._active:
                 if depth == 0:
                     self._count(name)
                 if sends:
@@ -186,7 +217,7 @@ class Recorder:
         def wrapper(group: Any, *args: Any, **kwargs: Any) -> Any:
             if local.depth:
                 return method(group, *args, **kwargs)
-            if self.active:
+            if self._active:
                 self._count(label)
                 if name == "send":  # send(tensors, dst_rank, tag): dst_rank is the group's rank
                     self._sent_by_group(group, args, kwargs)
@@ -216,7 +247,7 @@ class Recorder:
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if not self.active or self._local.scope is not None:
+            if not self._active or self._local.scope is not None:
                 return fn(*args, **kwargs)
             with self._lock:
                 tally = self.functions.setdefault(name, Tally(reference=reference, missing=missing))
@@ -345,6 +376,8 @@ def install(recorder: Recorder = RECORDER) -> None:
         for module in modules:
             if getattr(module, name, None) is fn:
                 setattr(module, name, wrapper)
+                if name not in flight_only:
+                    recorder.installed.append((module, name, wrapper, f"{module.__name__}.{name}"))
     _wrap_ops(recorder)
     group_class = c10d.ProcessGroup
     for name in GROUP_METHODS:
@@ -352,9 +385,10 @@ def install(recorder: Recorder = RECORDER) -> None:
         if not callable(method) or getattr(method, WRAPPED, None) is not None:
             continue
         try:
-            setattr(group_class, name, recorder.wrap_method(name, method))
+            setattr(group_class, name, wrapper := recorder.wrap_method(name, method))
         except (AttributeError, TypeError):  # a torch whose ProcessGroup takes no new attributes
-            pass
+            continue
+        recorder.installed.append((group_class, name, wrapper, f"ProcessGroup.{name}"))
     _installed = True
 
 
@@ -387,4 +421,6 @@ def _wrap_ops(recorder: Recorder) -> None:
         except (AttributeError, RuntimeError):
             continue
         if not isinstance(packet, _RecordedOp):
-            setattr(space, op, _RecordedOp(packet, recorder.wrap(f"torch.ops.{namespace}.{op}", packet)))
+            label = f"torch.ops.{namespace}.{op}"
+            setattr(space, op, stand_in := _RecordedOp(packet, recorder.wrap(label, packet)))
+            recorder.installed.append((space, op, stand_in, label))

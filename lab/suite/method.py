@@ -78,12 +78,27 @@ def counts_of(summary: Any) -> dict[str, int] | None:
     return {str(k): v for k, v in counts.items() if isinstance(v, int) and not isinstance(v, bool) and v > 0}
 
 
+def tampering_of(summary: Any) -> str:
+    """What a rank's summary says its program did to the call recorder (lab.rank.calls), as one text;
+    "" when nothing."""
+    found = summary.get("tampered") if isinstance(summary, Mapping) else None
+    if not isinstance(found, list):
+        return ""
+    return "; ".join(str(f) for f in found if isinstance(f, str))[:300]
+
+
 def check_method(exercise: str, method: Method | None, calls: Calls, world: World) -> Verdict:
     """Whether every rank's calls keep to ``method``: a failing verdict names the forbidden (or
     missing) calls and the ranks, e.g. "rank 0 called all_reduce: ring-allreduce must be built
     from point-to-point calls (send/recv/isend/irecv)"."""
     if method is None:
         return Verdict(True)
+    tampered = {rank: t for rank in range(world.world_size) if (t := tampering_of(calls.get(rank)))}
+    if tampered:
+        tampering = [f"rank {rank}'s call recorder was tampered with during the exercise ({what}): its records "
+                     f"are no evidence of the method" for rank, what in tampered.items()]
+        return Verdict(False, "; ".join(tampering), tuple(Mismatch(rank, "the call recorder", "left as the lab set it",
+                                                                   what) for rank, what in tampered.items()))
     counts = {rank: c for rank in range(world.world_size) if (c := counts_of(calls.get(rank))) is not None}
     unrecorded = [r for r in range(world.world_size) if r not in counts]
     notes = ((f"the calls of {ranks_named(unrecorded)} were not recorded: their method is not checked",)

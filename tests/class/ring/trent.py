@@ -1,7 +1,8 @@
 """Dishonest: switches the lab's call recorder off around the collective the exercise forbids, so
-that no all_reduce is recorded. The values are right; but with the recorder off nothing it sent
-was recorded either, and a rank of a point-to-point exercise that sent nothing fails ("sent 0
-bytes"): hiding a call hides the communication with it."""
+that no all_reduce is recorded. The values are right; but the recorder counts being switched off
+while an exercise runs, and the method check fails the rank for it ("rank 0's call recorder was
+tampered with during the exercise (switched off 96 time(s))": once per call, 48 cases of 2
+functions)."""
 import torch.distributed as dist
 
 from lab.rank.calls import RECORDER
