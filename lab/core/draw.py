@@ -28,7 +28,7 @@ def draw(count: int) -> bytes:
 
 def values(data: bytes) -> tuple[int, ...]:
     """The values of one rank's draw."""
-    return struct.unpack(f"<{len(data) // VALUE_BYTES}h", data[:len(data) - len(data) % VALUE_BYTES])
+    return struct.unpack(f"<{len(data) // VALUE_BYTES}h", data)
 
 
 @contextlib.contextmanager

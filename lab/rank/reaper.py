@@ -31,7 +31,7 @@ PID_MARK = b"lab-pid:"  # = lab.rank.protocol.PID_MARK (this file imports nothin
 PR_SET_CHILD_SUBREAPER = 36
 SWEEP_LIMIT = 10.0  # seconds to spend killing what is left before giving up
 LINGER = 1.0  # seconds what is left below an ended child gets to end by itself before it is killed
-ENV_ON_STDIN = "--env-on-stdin"  # = lab.transport.base.ENV_ON_STDIN
+ENV_ON_STDIN = "--env-on-stdin"  # the flag before PROGRAM: its settings come on stdin (read_env)
 
 
 def become_subreaper() -> bool:

@@ -27,6 +27,7 @@ from typing import IO, TypeVar
 from lab.errors import RunError
 from lab.model.inventory import Host
 from lab.rank.protocol import PID_MARK
+from lab.rank.reaper import ENV_ON_STDIN
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +249,6 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]  # lab/ (this file is lab/tran
 # the registry): a rank cannot import what the checker expects.
 UPLOADED = ("rank", "suite/exercises")
 REAPER_CODE = _reaper_code()
-ENV_ON_STDIN = "--env-on-stdin"  # the reaper's flag: its program's settings come on stdin
 
 
 def code_uploads() -> dict[str, Path]:

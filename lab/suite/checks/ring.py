@@ -16,6 +16,7 @@ ranks; with 2 ranks both send one tensor, so they cannot be told apart). Between
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any
 
 from lab.suite.check import Expect, Mismatch, Results, Verdict, World, ranks_named
@@ -29,24 +30,43 @@ OPTIMAL_SLACK = 1.05  # up to this times 2(n-1)/n is bandwidth-optimal (chunks o
 NOT_OPTIMAL = 1.25  # ring_allreduce fails above this times 2(n-1)/n
 
 
+Draws = tuple[tuple[int, ...], ...]  # each rank's drawn values, by rank
+Cases = dict[tuple[int, ...], tuple[list[int], dict[str, Any]]]  # shape -> its expected sums and their digest
+
+
 def expected_sums(world: World) -> list[int] | None:
     """The SUM over the ranks of the values drawn for them, position by position; None when the run
     did not draw each rank's (a run that was not the lab's)."""
-    draws = [world.inputs.get(rank) for rank in range(world.world_size)]
-    if any(d is None or len(d) != DRAWN for d in draws):
+    return _summed(_draws(world))
+
+
+def _draws(world: World) -> Draws:
+    return tuple(tuple(world.inputs.get(rank, ())) for rank in range(world.world_size))
+
+
+def _summed(draws: Draws) -> list[int] | None:
+    if any(len(d) != DRAWN for d in draws):
         return None
     return [sum(column) for column in zip(*draws)]
 
 
+@lru_cache(maxsize=2)
+def _expected(draws: Draws) -> Cases | None:
+    """Each case's expected sums and their digest, for one draw: the judge checks the whole exercise,
+    then each part, against the same draw, which is summed once."""
+    sums = _summed(draws)
+    if sums is None:
+        return None
+    cases = {shape: sums[start:start + numel(shape)] for shape, start in starts().items()}
+    return {shape: (values, digest(values, len(draws))) for shape, values in cases.items()}
+
+
 def check_ring_allreduce(results: Results, world: World, functions: tuple[str, ...] = tuple(FUNCTIONS)) -> Verdict:
     """Every rank holds, for each case and each of ``functions``, the SUM over the ranks' inputs."""
-    sums = expected_sums(world)
-    if sums is None:
+    expected = _expected(_draws(world))
+    if expected is None:
         return Verdict(False, "no inputs were drawn for the ranks: nothing to check the sums against")
     e = Expect()
-    n = world.world_size
-    expected = {shape: sums[start:start + numel(shape)] for shape, start in starts().items()}
-    digests = {shape: digest(values, n) for shape, values in expected.items()}
     for rank, result in reported(e, results, world).items():
         for function, label in FUNCTIONS.items():
             if function not in functions:
@@ -55,10 +75,10 @@ def check_ring_allreduce(results: Results, world: World, functions: tuple[str, .
             if not e.true(rank, f"{label} results", isinstance(cases, Mapping),
                           expected="a dict of case -> result", got=cases):
                 continue
-            for shape, values in expected.items():
+            for shape, want in expected.items():
                 for dtype in DTYPES:
                     name = case_name(shape, dtype)
-                    _check_case(e, rank, f"{label}, {name}", shape, dtype, (values, digests[shape]), cases.get(name))
+                    _check_case(e, rank, f"{label}, {name}", shape, dtype, want, cases.get(name))
     return e.verdict()
 
 
