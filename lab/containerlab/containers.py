@@ -26,6 +26,7 @@ from lab.containerlab.topology import (
     ROLE,
     SCHEDULER_LABEL,
     SHAPED_LABEL,
+    SIDECAR_ROLES,
     SLOTS_LABEL,
     TOPOLOGY_LABEL,
     HostLimits,
@@ -205,8 +206,8 @@ def down(client: docker.DockerClient, say: Say, lab: str | None = DEFAULT_LAB, s
 
 
 def status(client: docker.DockerClient, lab: str = DEFAULT_LAB) -> list[HostStatus]:
-    """The lab's hosts on the engine (not the helpers of `lab net`), each with its addresses."""
-    containers = [c for c in lab_containers(client, lab) if c.labels.get(ROLE) != "shaper"]
+    """The lab's hosts on the engine (not the sidecars of `lab net`), each with its addresses."""
+    containers = [c for c in lab_containers(client, lab) if c.labels.get(ROLE) not in SIDECAR_ROLES]
 
     def one(c: Container) -> HostStatus:
         nets = c.attrs["NetworkSettings"]["Networks"]

@@ -10,14 +10,13 @@ each fault from what it sees.
 """
 from __future__ import annotations
 
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import docker
 
 from lab.containerlab import helper
-from lab.containerlab.engine import EngineError, Say
+from lab.containerlab.engine import Say
 from lab.containerlab.topology import Topology
 
 SAVED_HOSTS = "/etc/hosts.lab-fault"  # the host's /etc/hosts before a fault changed it
@@ -101,10 +100,10 @@ def break_hosts(client: docker.DockerClient, topology: Topology, kind: str, indi
         if fault.in_namespace[0]:
             helper.in_namespace(client, topology, i, fault.in_namespace[0])
         if fault.in_host[0]:
-            _in_host(client, topology, i, fault.in_host[0])
+            helper.in_host(client, topology, i, fault.in_host[0])
         if kind == "port-taken":
             helper.running_host(client, topology, i).exec_run(_hold_port(port), user="root", detach=True)
-            _in_host(client, topology, i, f"for _ in $(seq 50); do ss -Hltn 'sport = :{port}' | grep -q . && "
+            helper.in_host(client, topology, i, f"for _ in $(seq 50); do ss -Hltn 'sport = :{port}' | grep -q . && "
                                           f"exit 0; sleep 0.1; done; echo 'port {port} could not be held'; exit 1")
 
 
@@ -115,14 +114,7 @@ def fix(client: docker.DockerClient, topology: Topology, kinds: Sequence[str], i
         in_host = "; ".join(FAULTS[k].in_host[1] for k in kinds if FAULTS[k].in_host[1])
         in_namespace = "; ".join(FAULTS[k].in_namespace[1] for k in kinds if FAULTS[k].in_namespace[1])
         if in_host:
-            _in_host(client, topology, i, in_host)
+            helper.in_host(client, topology, i, in_host)
         if in_namespace:
             helper.in_namespace(client, topology, i, in_namespace)
         say(f"{topology.name(i)}: fixed {', '.join(kinds) if len(kinds) < len(KINDS) else 'every fault'}")
-
-
-def _in_host(client: docker.DockerClient, topology: Topology, i: int, script: str) -> None:
-    code, out = helper.running_host(client, topology, i).exec_run(["sh", "-c", script], user="root")
-    if code != 0:
-        lines = bytes(out).decode("utf-8", "replace").strip().splitlines()
-        raise EngineError(f"host {topology.name(i)}: {lines[-1] if lines else shlex.quote(script)} (exit {code})")

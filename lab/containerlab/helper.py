@@ -1,7 +1,9 @@
 """Short-lived helpers: a container with NET_ADMIN that joins one lab host's network namespace,
 runs one shell script there and goes, so the host itself never needs the capability (its
-routes in the cross-VPC lab, the faults of ``lab break``)."""
+routes in the cross-VPC lab, the faults of ``lab break``); and root's shell inside a host."""
 from __future__ import annotations
+
+import shlex
 
 import docker
 from docker.errors import APIError, ContainerError, NotFound
@@ -23,6 +25,15 @@ def running_host(client: docker.DockerClient, topology: Topology, i: int) -> Con
     if host.status != "running":
         raise EngineError(f"host {topology.name(i)}: {host.name} is {host.status}, not running")
     return host
+
+
+def in_host(client: docker.DockerClient, topology: Topology, i: int, script: str) -> None:
+    """Run ``script`` (sh) as root inside host i (its files: /etc/hosts, sshd's config); one line
+    naming the host when it fails."""
+    code, out = running_host(client, topology, i).exec_run(["sh", "-c", script], user="root")
+    if code != 0:
+        lines = bytes(out).decode("utf-8", "replace").strip().splitlines()
+        raise EngineError(f"host {topology.name(i)}: {lines[-1] if lines else shlex.quote(script)} (exit {code})")
 
 
 def in_namespace(client: docker.DockerClient, topology: Topology, i: int, script: str,

@@ -46,7 +46,8 @@ DEFAULT_BASE = f"pytorch/pytorch:{TORCH_VERSION}-cuda12.8-cudnn9-runtime"  # the
 OFFLINE = "offline"  # --base offline: skip the pull, build the debootstrap base
 WHEEL_PYTHON = "3.11"  # Debian bookworm's python3, the offline base's interpreter
 DEBOOTSTRAP_PACKAGES = ("python3", "python3-pip", "openssh-server", "iproute2", "iptables",
-                        "ca-certificates", "procps", "iputils-ping", "netcat-openbsd", "slurm-wlm", "munge")
+                        "ca-certificates", "procps", "iputils-ping", "netcat-openbsd", "slurm-wlm", "munge",
+                        "wireguard-go", "wireguard-tools")
 HOST_IMAGE = "lab-host"
 BASE_IMAGE = "lab-base"
 

@@ -7,13 +7,13 @@ key pair, known_hosts, the wheelhouse) lives in ``.lab/`` beside the inventory `
 from __future__ import annotations
 
 import ipaddress
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
 import yaml
 
+from lab.core.inventory import LAB_NAME
 from lab.errors import UsageError
 
 LABEL = "lab.managed"
@@ -22,7 +22,8 @@ ROLE = "lab.role"
 TOPOLOGY_LABEL = "lab.topology"
 SCHEDULER_LABEL = "lab.scheduler"
 SLOTS_LABEL = "lab.slots"
-SHAPED_LABEL = "lab.shapes"  # a shaper's: the host container whose links it shapes
+SHAPED_LABEL = "lab.shapes"  # a sidecar's (a shaper's, an overlay's): the host container it serves
+SIDECAR_ROLES = ("shaper", "overlay")  # containers in a host's network namespace (`lab net`), not hosts
 SHAPE_LABEL = "lab.shape"  # a shaper's: the shape it set (JSON)
 DEFAULT_LAB = "lab"
 FIRST_HOST = 11  # node1 is .11, node2 .12, ...
@@ -41,12 +42,11 @@ SCHEDULERS: tuple[Scheduler, ...] = get_args(Scheduler)
 # plain, one network; cross-vpc, VPC a, VPC b and the "internet" of the external addresses.
 DEFAULT_SUBNETS: dict[TopologyKind, tuple[str, ...]] = {
     "plain": ("10.213.0.0/24",), "cross-vpc": ("10.10.0.0/24", "10.20.0.0/24", "10.99.0.0/24")}
-_LAB_NAME = re.compile(r"[a-z][a-z0-9-]{0,23}\Z")
 
 
 def check_lab_name(name: str) -> str:
     """A lab's name names its containers, networks and volume: lowercase letters, digits, '-'."""
-    if not _LAB_NAME.match(name):
+    if not LAB_NAME.match(name):
         raise UsageError(f"--name {name!r}: a lab's name is a lowercase letter, then up to 23 lowercase "
                          "letters, digits or '-'")
     return name

@@ -10,6 +10,7 @@ private key file must not be open to others.
 from __future__ import annotations
 
 import os
+import re
 import stat
 
 from yaml.nodes import Node, SequenceNode
@@ -87,6 +88,7 @@ def _connection(key: str, node: Node, base_dir: str) -> str:
     return value
 
 
+LAB_NAME = re.compile(r"[a-z][a-z0-9-]{0,23}\Z")  # a container lab's name (lab up --name)
 _interface = matching(INTERFACE, "a network interface name: 1 to 15 of letters, digits, '_', '.', ':' and '-', "
                                  "not starting with '-'")
 _login = matching(USER_NAME, "a user name: up to 32 of letters, digits, '_', '.' and '-', not starting with '-', "
@@ -172,6 +174,10 @@ HOST_KEYS: dict[str, Key] = {
     "grade_users": Key("grade_users", _user_names, "users `lab grade --parallel K` logs in as, share N as the Nth, "
                                                    "so the submissions graded at once on a host are different users "
                                                    "(a list, or names split by commas)"),
+    "overlay": Key("overlay", matching(LAB_NAME, "a lab's name: a lowercase letter, then up to 23 lowercase letters, "
+                                                 "digits or '-'"),
+                   "the container lab whose WireGuard overlay carries the host's data plane (`lab net overlay up` "
+                   "writes it): `lab doctor` reports the overlay's state"),
     "machine": Key("machine", matching(NAME, "a machine's name in machines.yaml"),
                    "the Docker machine of machines.yaml the host's container runs on (`lab up --machines` writes it)"),
 }

@@ -2,6 +2,9 @@
 the labs on the engine and across machines, the hosts' link shapes."""
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -9,10 +12,12 @@ from rich.text import Text
 from lab.cli.views.screen import say_line
 from lab.containerlab.containers import LabSummary
 from lab.containerlab.lifecycle import ACROSS_MACHINES_HINT, HostStatus
+from lab.containerlab.overlay import HostOverlay
 from lab.containerlab.shaping import Shape
 from lab.containerlab.slurm import Health
 from lab.containerlab.topology import DEFAULT_LAB, default_inventory
 from lab.core.slurm import WORKING
+from lab.core.wireguard import INTERFACE, STALE
 from lab.errors import HostUnreachable
 
 
@@ -77,6 +82,37 @@ def print_labs(console: Console, found: list[LabSummary], across: dict[str, str]
 def print_shapes(shapes: dict[str, Shape | None]) -> None:
     for host, shape in shapes.items():
         print(f"{host}: {shape or 'none'}")
+
+
+def print_overlay(console: Console, ends: Sequence[HostOverlay]) -> None:
+    """A row per host and peer: the host's overlay address and MTU, the peer's endpoint, the age
+    of their last handshake and the bytes each way."""
+    if not ends:
+        return
+    table = Table(box=None, pad_edge=False)
+    for column in ("host", INTERFACE, "mtu", "peer", "endpoint", "handshake", "received", "sent"):
+        table.add_column(column, justify="right" if column in ("mtu", "received", "sent") else "left")
+    now = time.time()
+    for end in ends:
+        first = True
+        for name, peer in end.peers or (("", None),):
+            row = [end.host, end.address, str(end.mtu)] if first else ["", "", ""]
+            first = False
+            if peer is None:
+                table.add_row(*row, Text("no peers", style="red"), "", "", "", "")
+                continue
+            age = peer.age(now)
+            handshake = (Text("never", style="red") if age is None else
+                         Text(f"{age:.0f}s ago", style="red" if age > STALE else "green"))
+            table.add_row(*row, name, peer.endpoint, handshake, _bytes(peer.received), _bytes(peer.sent))
+    console.print(table)
+
+
+def _bytes(count: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count} B"
 
 
 def _answers(ssh: bool) -> Text:
