@@ -40,6 +40,11 @@ _SSHD_ENV = "SetEnv GLOO_SOCKET_IFNAME=eth9"
 _RELOAD_SSHD = "pkill -HUP -o -x sshd; sleep 1"  # (new sessions see the change; the lab's own are new)
 _PARTITION = _chain("filter", "INPUT", "LAB-FAULT-PART-IN", "! -i lo -j DROP")
 _PARTITION_OUT = _chain("filter", "OUTPUT", "LAB-FAULT-PART-OUT", "! -o lo -j DROP")
+PATH_MTU = 1200  # bytes: what `break mtu` lets through (the interfaces think 1500)
+_LARGE = f"-m length --length {PATH_MTU + 1}:65535 -j DROP"
+# (sshd's port stays whole, as for blocked-port: the lab reaches the host that way, not its data)
+_MTU_IN = _chain("filter", "INPUT", "LAB-FAULT-MTU-IN", "-i eth+ -p tcp --dport 22 -j RETURN", f"-i eth+ {_LARGE}")
+_MTU_OUT = _chain("filter", "OUTPUT", "LAB-FAULT-MTU-OUT", "-o eth+ -p tcp --sport 22 -j RETURN", f"-o eth+ {_LARGE}")
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,11 @@ FAULTS = {fault.kind: fault for fault in (
           # (its answers are dropped, not its questions: a question dropped on its way out fails at once)
           in_namespace=_chain("filter", "INPUT", "LAB-FAULT-DNS", "-p udp --sport 53 -j DROP",
                               "-p tcp --sport 53 -j DROP")),
+    Fault("mtu", f"its path carries packets of {PATH_MTU} bytes at most while its interfaces think 1500, and no "
+                 "'fragmentation needed' comes back (sshd's port 22 is spared)",
+          "the rendezvous completes and small messages pass, then the first large tensor hangs (an overlay's "
+          "classic)", ("node2",),
+          in_namespace=(f"{_MTU_IN[0]}; {_MTU_OUT[0]}", f"{_MTU_IN[1]}; {_MTU_OUT[1]}")),
     Fault("port-taken", f"a process holds MASTER_PORT ({DEFAULT_PORT}, or --port) on it",
           "rank 0 cannot start the store: EADDRINUSE, address already in use", ("node1",),
           in_host=("", f"pkill -f '{PORT_HOLDER[:-1]}[{PORT_HOLDER[-1]}]'; true")),

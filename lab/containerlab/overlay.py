@@ -15,6 +15,7 @@ and the overlay's subnet (so that another lab's overlay takes another).
 from __future__ import annotations
 
 import ipaddress
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ KEY_FILE = "/run/lab-wg/private.key"  # in the sidecar's own filesystem
 START_WAIT = 15.0  # seconds for wireguard-go to make its interface
 HANDSHAKE_WAIT = 20.0  # seconds for every pair of hosts to complete a handshake
 POLL = 0.3
+_LOG_PREFIX = re.compile(r"^ERROR: \(\S+\) \S+ \S+ ")  # wireguard-go's: ERROR: (labwg0) 2026/11/26 00:21:48
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,8 @@ def show(client: docker.DockerClient, topology: Topology) -> list[HostOverlay]:
     ends = each(lambda i: _read_end(client, topology, i), indices)
     names = {end.public_key: end.host for end in ends}
     return [HostOverlay(end.host, end.address, end.mtu, end.public_key,
-                        tuple((names.get(peer.public_key, peer.public_key[:8] + "..."), peer) for _, peer in end.peers))
+                        tuple(sorted((names.get(peer.public_key, peer.public_key[:8] + "..."), peer)
+                                     for _, peer in end.peers)))
             for end in ends]
 
 
@@ -174,7 +177,9 @@ def _start(client: docker.DockerClient, topology: Topology, i: int, subnet: str)
     while True:
         sidecar.reload()
         if sidecar.status != "running":
-            raise EngineError(f"host {topology.name(i)}: wireguard-go cannot start: {_last_line(sidecar)}")
+            there = helper.in_namespace(client, topology, i, f"ip -d -o link show {INTERFACE} 2>/dev/null || true")
+            known = f" (an interface {INTERFACE} is there already, not WireGuard's)" if there.strip() else ""
+            raise EngineError(f"host {topology.name(i)}: wireguard-go cannot start: {_last_line(sidecar)}{known}")
         code, _ = sidecar.exec_run(["wg", "show", INTERFACE, "listen-port"])
         if code == 0:
             break
@@ -216,9 +221,13 @@ def _sidecar_sh(client: docker.DockerClient, topology: Topology, i: int, script:
 
 
 def _last_line(sidecar: Container) -> str:
-    lines = [line for line in bytes(sidecar.logs()).decode("utf-8", "replace").splitlines()
-             if line.strip() and "kernel has first class support" not in line and "─" not in line]
-    return lines[-1].strip() if lines else f"it exited ({sidecar.attrs['State'].get('ExitCode')})"
+    """What wireguard-go last said (its error, where it gave one), without its banner's box."""
+    lines = [line.strip() for line in bytes(sidecar.logs()).decode("utf-8", "replace").splitlines()
+             if line.strip() and not any("\u2500" <= c <= "\u257f" for c in line)]
+    errors = [_LOG_PREFIX.sub("", line) for line in lines if line.startswith("ERROR:")]
+    if errors or lines:
+        return (errors or lines)[-1]
+    return f"it exited ({sidecar.attrs['State'].get('ExitCode')})"
 
 
 # -- every pair's handshake -------------------------------------------------------------------
@@ -248,8 +257,9 @@ def _no_handshake(missing: Sequence[tuple[str, ...]], members: Sequence[Member])
     alone = [m.name for m in members if sum(m.name in pair for pair in missing) == len(members) - 1]
     if len(members) > 2 and len(alone) == 1:
         name = alone[0]
-        return HostUnreachable(name, f"no WireGuard handshake with any peer within {HANDSHAKE_WAIT:g}s: the others "
-                                     f"do not reach it at its endpoint {at[name]} (UDP), or it does not reach them")
+        return HostUnreachable(name, f"host {name}: no WireGuard handshake with any peer within {HANDSHAKE_WAIT:g}s: "
+                                     f"the others do not reach it at its endpoint {at[name]} (UDP), or it does not "
+                                     f"reach them")
     pairs = "; ".join(f"{a} ({at[a]}) and {b} ({at[b]})" for a, b in missing)
     return EngineError(f"no WireGuard handshake within {HANDSHAKE_WAIT:g}s between {pairs}: UDP between them is "
                        f"blocked, or an endpoint is not where the other reaches it")

@@ -19,8 +19,11 @@ from lab.rank.netfacts import (
 SLOW_LOOKUP = 1.0  # seconds: a name lookup slower than this stalls init noticeably
 
 SAME_NETWORK_FIX = ("put the hosts on one network or peer the VPCs (a route between the private ranges); "
-                    "or join them with an overlay/VPN (WireGuard, Tailscale) and set network_interface "
-                    "(GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME) to it (wg0, tailscale0)")
+                    "or join them with an overlay: on a lab `python -m lab net overlay up` (a WireGuard mesh) and "
+                    "run on the inventory it writes, elsewhere WireGuard or Tailscale with each host's data_address "
+                    "and network_interface (GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME) the overlay's (wg0, tailscale0). "
+                    "MASTER_ADDR at the external address alone is not enough: each rank still advertises its "
+                    "private one")
 PORTS_FIX = ("open TCP between the hosts for MASTER_PORT (the store) and gloo's ports (ephemeral: "
              "net.ipv4.ip_local_port_range, usually 32768-60999) on the interface gloo uses, or set "
              "network_interface to an interface every host reaches")
@@ -33,7 +36,8 @@ def analyse(reports: Sequence[HostReport], master: Master) -> list[Finding]:
     """Every finding, errors first; pure."""
     findings = [*_reach_findings(reports), *_version_findings(reports), *_gpu_findings(reports),
                 *_resolution_findings(reports), *_interface_findings(reports), *_family_findings(reports, master),
-                *_master_findings(reports, master), *_mesh_findings(reports), *_nat_findings(reports)]
+                *_master_findings(reports, master), *_mesh_findings(reports), *_nat_findings(reports),
+                *_large_message_findings(reports)]
     return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
 
 
@@ -332,6 +336,37 @@ def _nat_findings(reports: Sequence[HostReport]) -> Iterable[Finding]:
                       "its peers see another address than the one it has; gloo and NCCL advertise the address a "
                       "host has, which peers outside its network cannot reach",
                       SAME_NETWORK_FIX)
+
+
+MTU_FIX = ("set the MTU of the interface the data goes over to what the path carries (find it with `ping -M do -s "
+           "SIZE PEER`; `ip link set dev IF mtu N`; on a lab overlay `lab net overlay up --mtu N`), or let ICMP "
+           "'fragmentation needed' through so TCP finds it itself")
+
+
+def _large_message_findings(reports: Sequence[HostReport]) -> Iterable[Finding]:
+    """Connections whose handshake passed while a large message did not. With none of it
+    acknowledged, packets above some size are lost on the way (the MTU black hole): one error,
+    naming the host every such pair has in common where there is one; with part of it, a slow link."""
+    lost = [(r.name, link) for r in reports for link in r.links if link.ok and link.large_error]
+    black_hole = [(name, link) for name, link in lost if link.large_acked == 0]
+    if black_hole:
+        pairs = sorted({(name, link.target.peer) for name, link in black_hole})
+        common = set.intersection(*({a, b} for a, b in pairs))
+        subject = min(common) if len(common) == 1 else "cluster"
+        shown = "; ".join(f"{a} -> {b}" for a, b in pairs)
+        yield Finding("error", "mtu", subject,
+                      f"small messages pass but large ones do not: {black_hole[0][1].large_error}, none of its "
+                      f"bytes acknowledged ({shown})" + (f": every such pair has {subject}" if common else ""),
+                      "packets above some size are lost on the way while the small ones pass: the path carries "
+                      "less than the interfaces' MTU and no 'fragmentation needed' comes back (a tunnel or overlay "
+                      "under them); init completes, then the first large tensor hangs", MTU_FIX)
+    for name, link in lost:
+        if link.large_acked != 0:
+            acked = "" if link.large_acked is None else f" ({link.large_acked} of its bytes acknowledged)"
+            yield Finding("warning", "mtu", f"{name} -> {link.target.peer}",
+                          f"the handshake passes, but {link.large_error}{acked}",
+                          "the link is slow or loses packets: large tensors will take long",
+                          "check the link's rate and loss (`lab net show` on a lab)")
 
 
 def hang_causes(diagnosis: Diagnosis) -> list[str]:

@@ -36,6 +36,7 @@ from lab.doctor.model import (
     facts_from,
     link_from,
 )
+from lab.doctor.overlay import overlay_findings
 from lab.doctor.rules import analyse, hang_causes, master_endpoint, plan_targets
 from lab.errors import HostUnreachable
 from lab.model.inventory import Host, Inventory
@@ -144,7 +145,7 @@ def diagnose(inventory: Inventory, ssh: SSHSettings | None = None, master_port: 
     master = Master(first.name, data_address(first), None, master_port)
     token = new_token()
     uploads = {rel: path for rel, path in code_uploads().items() if rel in PROBE_FILES}
-    lifetime = 4 * timeout + FACTS_GRACE + RUNTIME_WAIT + LINKS_GRACE
+    lifetime = 5 * timeout + FACTS_GRACE + RUNTIME_WAIT + LINKS_GRACE
     transports = {name: transport_for(h, ssh) for name, h in hosts.items()}
     reports = {name: HostReport(h) for name, h in hosts.items()}
     probes: dict[str, _ProbeRun] = {}
@@ -187,7 +188,8 @@ def diagnose(inventory: Inventory, ssh: SSHSettings | None = None, master_port: 
         for_each_host(transports, release)
     seconds["total"] = time.monotonic() - started
     ordered = tuple(reports[name] for name in hosts)
-    found = analyse(ordered, master) + (slurm.findings(scheduler, inventory.hosts) if scheduler else [])
+    found = (analyse(ordered, master) + (slurm.findings(scheduler, inventory.hosts) if scheduler else [])
+             + overlay_findings(inventory.hosts))
     return Diagnosis(ordered, master, tuple(sorted(found, key=lambda f: SEVERITIES.index(f.severity))), seconds)
 
 
@@ -213,7 +215,7 @@ def _connect_all(probes: dict[str, _ProbeRun], reports: dict[str, HostReport],
             sent[name] = time.monotonic()
         except (OSError, EOFError) as exc:
             reports[name].failure = f"the probe stopped before phase 2: {exc}"
-    waited = 2 * timeout + LINKS_GRACE
+    waited = 3 * timeout + LINKS_GRACE  # connect, answer, large message
     for name, at in sent.items():
         data = probes[name].wait("links", at + waited)
         if data is None:

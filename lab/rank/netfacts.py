@@ -70,6 +70,8 @@ class Link:
     seen: str | None = None  # this host's address as the listener saw it
     answered_by: str | None = None
     peer_ip: str | None = None  # the address actually connected to (MASTER_ADDR may be a name)
+    large_error: str | None = None  # connected, but a large message did not get through: what happened
+    large_acked: int | None = None  # of that message, the bytes the peer acknowledged (None: unknown)
 
 
 # -- what the backends will do --------------------------------------------------------

@@ -65,6 +65,8 @@ from lab.rank.protocol import EventKind, emit
 PROBE_VAR = "LAB_PROBE"
 DELAY_VAR = "LAB_PROBE_CONNECT_DELAY"
 HANDSHAKE_LIMIT = 4096  # bytes of one handshake line
+LARGE = 64 * 1024  # bytes of the message after each handshake: dozens of full-size packets
+RECEIVED = b"received"  # the listener's receipt for it
 ACCEPT_POLL = 0.2  # seconds between checks that the listener should stop
 IP_TIMEOUT = 5.0  # seconds for `ip -j addr`
 SIOCGIFADDR = 0x8915
@@ -290,25 +292,76 @@ class Listener:
             return
         with self._lock:
             self.heard.setdefault(seen, set()).add(str(hello.get("from")))
+        if hello.get("large") == LARGE:
+            with contextlib.suppress(OSError):
+                conn.settimeout(2 * self.timeout)  # (the sender gives up first, and says how it went)
+                _receive_large(conn)
+
+
+
+
+def _receive_large(conn: socket.socket) -> None:
+    """Read the LARGE bytes after a handshake (within the connection's timeout), then give the receipt."""
+    left = LARGE
+    while left:
+        chunk = conn.recv(min(left, 65536))
+        if not chunk:
+            return
+        left -= len(chunk)
+    conn.sendall(RECEIVED + b"\n")
+
+
+def send_large(conn: socket.socket, timeout: float) -> tuple[str | None, int | None]:
+    """Send LARGE bytes and wait for the receipt, within ``timeout`` in all: (None, None) when it came;
+    else what happened, and how many of its bytes the peer acknowledged (None: unknown). Small
+    messages passing where this does not is how a path MTU lower than the interfaces' shows."""
+    deadline = time.monotonic() + timeout
+    before = _bytes_acked(conn)
+    try:
+        conn.settimeout(timeout)
+        conn.sendall(bytes(LARGE))
+        conn.settimeout(max(0.01, deadline - time.monotonic()))
+        if _read_line(conn) == RECEIVED:
+            return None, None
+        error = f"a {LARGE // 1024} KiB message was not received: the listener closed the connection"
+    except TimeoutError:
+        error = f"a {LARGE // 1024} KiB message did not arrive within {timeout:g}s"
+    except OSError as exc:
+        error = f"a {LARGE // 1024} KiB message failed: {describe(exc)[1]}"
+    after = _bytes_acked(conn)
+    return error, None if after is None or before is None else max(0, after - before)
+
+
+def _bytes_acked(conn: socket.socket) -> int | None:
+    """The bytes the peer has acknowledged on ``conn`` (Linux's TCP_INFO tcpi_bytes_acked); None elsewhere."""
+    try:
+        info = conn.getsockopt(socket.IPPROTO_TCP, getattr(socket, "TCP_INFO", 11), 256)
+    except OSError:
+        return None
+    return struct.unpack_from("Q", info, 120)[0] if len(info) >= 128 else None
 
 
 def check_link(target: Target, name: str, token: str, timeout: float, delay: float = 0.0) -> Link:
-    """Connect to ``target`` and handshake (each step bounded by ``timeout``; ``delay``
-    seconds first, for benchmarks): who answered, and as what address it saw us."""
+    """Connect to ``target``, handshake and send a large message (each step bounded by ``timeout``;
+    ``delay`` seconds first, for benchmarks): who answered, as what address it saw us, and
+    whether a large message got through where the small ones did."""
     started = time.monotonic()
     time.sleep(delay)
     peer_ip = None
+    large: tuple[str | None, int | None] = (None, None)
     try:
         with socket.create_connection((target.address, target.port), timeout=timeout) as conn:
             peer_ip = plain_address(str(conn.getpeername()[0]))
-            conn.sendall(json.dumps({"token": token, "from": name}).encode() + b"\n")
+            conn.sendall(json.dumps({"token": token, "from": name, "large": LARGE}).encode() + b"\n")
             line = _read_line(conn)
+            seconds = time.monotonic() - started
+            if line.startswith(b"{") and target.peer.encode() in line:
+                large = send_large(conn, timeout)
     except OSError as exc:
         failure, error = describe(exc)
         if failure == "timeout":
             error = f"no answer within {timeout:g}s"
         return Link(target, False, time.monotonic() - started, failure, error, peer_ip=peer_ip)
-    seconds = time.monotonic() - started
     try:
         reply = json.loads(line)
         answered, seen = str(reply["name"]), str(reply["seen"])
@@ -318,13 +371,14 @@ def check_link(target: Target, name: str, token: str, timeout: float, delay: flo
     if answered != target.peer:
         return Link(target, False, seconds, "wrong-host", f"{answered} answered, not {target.peer}",
                     seen=seen, answered_by=answered, peer_ip=peer_ip)
-    return Link(target, True, seconds, seen=seen, answered_by=answered, peer_ip=peer_ip)
+    return Link(target, True, seconds, seen=seen, answered_by=answered, peer_ip=peer_ip, large_error=large[0],
+                large_acked=large[1])
 
 
 def check_links(targets: Sequence[Target], name: str, token: str, timeout: float, delay: float = 0.0) -> list[Link]:
     """Every target at once, one thread each; a connection still hanging after the timeout
     (a stalled name lookup) is reported as such."""
-    limit = delay + 2 * timeout + 1.0  # connect, then the answer, each bounded by timeout
+    limit = delay + 3 * timeout + 1.0  # connect, the answer, the large message: each bounded by timeout
 
     def one(target: Target) -> Callable[[], Link]:
         def call() -> Link:
