@@ -30,6 +30,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from docker.errors import NotFound
 
 from lab.containerlab import image, networks
+from lab.core.subnets import free_subnets
 
 REPO = Path(__file__).resolve().parents[1]
 MACHINE_DIR = REPO / "images" / "lab-machine"
@@ -74,7 +75,7 @@ def start(client: docker.DockerClient, tag: str, prefix: str, count: int, workdi
                                           serialization.NoEncryption()))
     key.chmod(0o600)
     public = private.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-    subnet = networks.free_subnets([SUBNET], networks.engine_subnets(client) + networks.host_routes())[0]
+    subnet = free_subnets([SUBNET], networks.engine_subnets(client) + networks.host_routes())[0]
     ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=subnet)])
     network = client.networks.create(f"{prefix}-net", driver="bridge", ipam=ipam, labels={TEST_LABEL: prefix})
     names = tuple(f"m{i}" for i in range(1, count + 1))

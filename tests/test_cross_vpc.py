@@ -111,3 +111,143 @@ def test_the_preflight_stops_the_unpeered_job_before_its_ranks_start_naming_nat_
         assert result.code == ExitCode.OK, result.text[-4000:]
     finally:
         assert lab("net", "peering", "off").code == 0
+
+
+# -- the third way across: a WireGuard overlay (lab net overlay) -----------------------------------
+
+OVERLAY = "lab.overlay.inventory.yaml"
+
+
+def in_host(i: int, *argv: str, user: str = "lab") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["docker", "exec", "-u", user, TOPOLOGY.container(i), *argv], capture_output=True,
+                          text=True, timeout=60)
+
+
+def overlay_sidecars() -> list[str]:
+    return [c.name for c in resources.lab_containers(_client(), None) if c.labels.get(topology.ROLE) == "overlay"]
+
+
+def assert_no_overlay_left() -> None:
+    """No sidecar (and so no wireguard-go, no key), no interface and no /etc/hosts line on any host."""
+    assert overlay_sidecars() == []
+    for i in TOPOLOGY.indices():
+        assert "labwg0" not in in_host(i, "ip", "-o", "link").stdout
+        assert "lab-overlay" not in in_host(i, "cat", "/etc/hosts").stdout
+
+
+def test_the_overlay_lesson_end_to_end(xvpc: tuple[Lab, Path]) -> None:
+    """Without peering the run fails naming the NAT; on the overlay every exercise passes and the
+    doctor is clean and reports it; once it is down the failure is back."""
+    lab, inventory = xvpc
+    failed = lab("run", "all", "--hosts", str(inventory), "--json", timeout=300)
+    assert failed.code == ExitCode.NETWORK, failed.text[-4000:]
+    cause = json.loads(failed.out)["cause"]
+    assert sum("behind NAT" in e["call"] for e in cause["evidence"]) == 4
+    assert "peer the VPCs" in cause["fix"] and "lab net overlay up" in cause["fix"]
+
+    overlaid = inventory.parent / OVERLAY
+    up = lab("net", "overlay", "up", "--inventory", str(overlaid), timeout=300)
+    assert up.code == 0, up.text[-4000:]
+    written = overlaid.read_text()
+    assert [f"data_address: 10.77.0.1{i}" in written for i in TOPOLOGY.indices()] == [True] * 4
+    assert written.count("network_interface: labwg0") == 4
+    try:
+        result = lab("run", "all", "--hosts", str(overlaid), "--json", timeout=600)
+        assert result.code == 0, result.text[-6000:]
+        report = json.loads(result.out)
+        assert report["passed"] and len(report["exercises"]) == 19, [e["name"] for e in report["exercises"]]
+        code, diagnosis = doctor(lab, overlaid)
+        assert code == 0, [f for f in diagnosis["findings"] if f["severity"] == "error"]
+        reported = {f["subject"]: f["message"] for f in diagnosis["findings"] if f["check"] == "overlay"}
+        assert sorted(reported) == [TOPOLOGY.name(i) for i in TOPOLOGY.indices()]
+        for i in TOPOLOGY.indices():
+            assert reported[f"node{i}"].startswith(f"labwg0 10.77.0.1{i}/24 MTU 1420 (lab lab's WireGuard overlay)")
+            peers = [f"node{j} " for j in TOPOLOGY.indices() if j != i]
+            assert all(p in reported[f"node{i}"] for p in peers) and "never" not in reported[f"node{i}"]
+        shown = lab("net", "overlay", "show")
+        assert shown.code == 0 and shown.out.count("10.99.0.1") == 12 and "never" not in shown.out, shown.text
+    finally:
+        down = lab("net", "overlay", "down", timeout=120)
+    assert down.code == 0, down.text
+    assert_no_overlay_left()
+    again = lab("run", "p2p", "--hosts", str(inventory), "--json", timeout=300)
+    assert again.code == ExitCode.NETWORK, again.text[-4000:]
+    code, diagnosis = doctor(lab, overlaid)  # its data addresses lead nowhere now, and it says why
+    assert code != 0 and any(f["check"] == "overlay" and "has no labwg0" in f["message"]
+                             for f in diagnosis["findings"])
+
+
+def test_the_hosts_stay_unprivileged_and_never_see_a_key(xvpc: tuple[Lab, Path]) -> None:
+    lab, inventory = xvpc
+    assert lab("net", "overlay", "up", "--inventory", str(inventory.parent / OVERLAY), timeout=300).code == 0
+    try:
+        sidecar = json.loads(subprocess.run(["docker", "inspect", "lab-wg-node1"], capture_output=True, text=True,
+                                            timeout=30).stdout)[0]["HostConfig"]
+        assert sidecar["CapDrop"] == ["ALL"] and sidecar["CapAdd"] == ["NET_ADMIN"] and not sidecar["Privileged"]
+        assert [d["PathOnHost"] for d in sidecar["Devices"]] == ["/dev/net/tun"]
+        changed = in_host(1, "ip", "link", "set", "labwg0", "mtu", "1300", user="root")
+        assert changed.returncode != 0 and "Operation not permitted" in changed.stderr
+        assert in_host(1, "wg", "show", "labwg0", user="root").returncode != 0  # its peers: root in the sidecar only
+        key = subprocess.run(["docker", "exec", "lab-wg-node1", "stat", "-c", "%a %U", "/run/lab-wg/private.key"],
+                             capture_output=True, text=True, timeout=30).stdout.split()
+        assert key == ["600", "root"]
+        assert in_host(1, "ls", "/run/lab-wg", user="root").returncode != 0  # not in the host's filesystem
+    finally:
+        assert lab("net", "overlay", "down", timeout=120).code == 0
+    assert_no_overlay_left()
+
+
+def test_a_host_wireguard_cannot_start_on_and_one_nobody_reaches_are_named_and_leave_nothing(
+        xvpc: tuple[Lab, Path]) -> None:
+    lab, inventory = xvpc
+    made = subprocess.run(["docker", "run", "--rm", "--network", f"container:{TOPOLOGY.container(3)}", "--cap-drop",
+                           "ALL", "--cap-add", "NET_ADMIN", "--entrypoint", "ip", "lab-host:latest", "link", "add",
+                           "labwg0", "type", "vxlan", "id", "42", "dev", "eth0", "dstport", "4789"],
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr  # an interface of that name, not WireGuard's: wireguard-go fails
+    try:
+        result = lab("net", "overlay", "up", "--inventory", str(inventory.parent / OVERLAY), timeout=300)
+    finally:
+        subprocess.run(["docker", "run", "--rm", "--network", f"container:{TOPOLOGY.container(3)}", "--cap-drop",
+                        "ALL", "--cap-add", "NET_ADMIN", "--entrypoint", "ip", "lab-host:latest", "link", "del",
+                        "labwg0"], capture_output=True, timeout=60)
+    assert result.code == ExitCode.RUN_ERROR, result.text
+    assert result.err.splitlines() == ["lab: error: host node3: wireguard-go cannot start: Failed to create TUN "
+                                       "device: invalid argument (an interface labwg0 is there already, not "
+                                       "WireGuard's)"]
+    assert_no_overlay_left()
+
+    assert lab("break", "partition", "node2").code == 0
+    try:
+        result = lab("net", "overlay", "up", "--inventory", str(inventory.parent / OVERLAY), timeout=300)
+    finally:
+        assert lab("fix", "partition").code == 0
+    assert result.code == ExitCode.UNREACHABLE, result.text
+    assert result.err.splitlines() == ["lab: error: host node2: no WireGuard handshake with any peer within 20s: the "
+                                       "others do not reach it at its endpoint 10.99.0.12:51820 (UDP), or it does "
+                                       "not reach them"]
+    assert_no_overlay_left()
+
+
+def test_the_overlays_mtu_fault_is_named_by_the_doctor_and_undone_by_fix(xvpc: tuple[Lab, Path]) -> None:
+    """Small messages pass and large ones vanish: the doctor's large message names the host; lab fix
+    mends it. (The overlay stays up: the module's `lab down` must take it, and checks nothing is left.)"""
+    lab, inventory = xvpc
+    overlaid = inventory.parent / OVERLAY
+    assert lab("net", "overlay", "up", "--inventory", str(overlaid), timeout=300).code == 0
+    assert lab("break", "mtu", "node2").code == 0
+    try:
+        code, diagnosis = doctor(lab, overlaid)
+        stopped = lab("run", "p2p", "--hosts", str(overlaid), "--json", timeout=300)
+    finally:
+        assert lab("fix").code == 0
+    assert stopped.code == ExitCode.NETWORK, stopped.text[-4000:]  # the preflight: before any rank starts
+    cause = json.loads(stopped.out)["cause"]
+    assert "small messages pass but large ones do not" in json.dumps(cause) and "node2" in cause["headline"], cause
+    assert code == ExitCode.CHECK_FAILED
+    errors = [f for f in diagnosis["findings"] if f["severity"] == "error"]
+    assert [(f["check"], f["subject"]) for f in errors] == [("mtu", "node2")], errors
+    assert "none of its bytes acknowledged" in errors[0]["message"] and "--mtu" in errors[0]["fix"]
+    assert all(link["ok"] for link in diagnosis["links"])  # every connection and handshake passed
+    code, diagnosis = doctor(lab, overlaid)
+    assert code == 0, [f for f in diagnosis["findings"] if f["severity"] == "error"]

@@ -17,7 +17,7 @@ def test_every_fault_undoes_what_it_does_and_is_in_the_docs_table() -> None:
             assert bool(undone) >= bool(done), fault.kind
         assert fault.in_host[1] or fault.in_namespace[1], fault.kind
         assert f"| `{fault.kind}` |" in doc, fault.kind
-    assert KINDS == ("loopback-hostname", "blocked-port", "wrong-ifname", "partition", "slow-dns", "port-taken")
+    assert KINDS == ("loopback-hostname", "blocked-port", "wrong-ifname", "partition", "slow-dns", "mtu", "port-taken")
 
 
 @pytest.mark.parametrize("line, kind", [

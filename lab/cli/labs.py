@@ -238,16 +238,16 @@ def cmd_net(args: argparse.Namespace) -> int:
 
 
 def cmd_overlay(args: argparse.Namespace) -> int:
+    if args.overlay_command == "up" and args.mtu is not None and not wireguard.MIN_MTU <= args.mtu <= 9000:
+        raise UsageError(f"--mtu {args.mtu}: from {wireguard.MIN_MTU} to 9000")
     client = engine.client()
     topology = containers.running_topology(client, args.name)
     console = screen.console()
     say = screen.sayer(console)
     if args.overlay_command == "up":
-        if args.mtu is not None and not wireguard.MIN_MTU <= args.mtu <= 9000:
-            raise UsageError(f"--mtu {args.mtu}: from {wireguard.MIN_MTU} to 9000")
-        ends = overlay.up(client, topology, say, args.subnet, args.mtu, args.port)
         written = Path(args.inventory or f"{args.name}.overlay.inventory.yaml")
-        lab_paths = LabPaths(Path(default_inventory(args.name)).resolve(), args.name)
+        lab_paths = _lab_state(args.name, written)
+        ends = overlay.up(client, topology, say, args.subnet, args.mtu, args.port)
         written.write_text(overlay.inventory_text(topology, ends, written, lab_paths))
         views.print_overlay(console, ends)
         say(f"wrote {written}: run on the overlay with `python -m lab run all --hosts {written}`")
@@ -260,6 +260,16 @@ def cmd_overlay(args: argparse.Namespace) -> int:
             say(f"lab {args.name} has no overlay (`python -m lab net overlay up --name {args.name}` makes one)")
         views.print_overlay(console, ends)
     return ExitCode.OK
+
+
+def _lab_state(lab: str, written: Path) -> LabPaths:
+    """Where the lab's key and known_hosts are, for the overlay's inventory at ``written``: beside it,
+    else beside the lab's default inventory."""
+    for paths in (LabPaths(written.resolve(), lab), LabPaths(Path(default_inventory(lab)).resolve(), lab)):
+        if paths.key.exists():
+            return paths
+    raise UsageError(f"lab {lab}'s key is neither beside {written} nor beside {default_inventory(lab)}: write the "
+                     f"overlay's inventory beside the lab's (--inventory DIR/{lab}.overlay.inventory.yaml)")
 
 
 def add_break(commands: Commands) -> None:

@@ -52,6 +52,7 @@ from lab.containerlab.topology import (
     check_lab_name,
     lab_inventory,
 )
+from lab.core.subnets import Subnet, free_subnets, routes_in
 from lab.errors import HostsUnreachable, LabError, UsageError
 from lab.transport.ssh import SSHSettings
 from lab.transport.ssh.config import known_hosts_name
@@ -333,7 +334,7 @@ def _with_overlay(manager: Engine, engines: Sequence[Engine], spread: Spread, sa
         if subnets:
             return replace(spread, subnet=subnets[0])
     taken = [s for e in engines for s in networks.engine_subnets(e.client) + _routes(e)]
-    subnet = networks.free_subnets([DEFAULT_OVERLAY], taken)[0]
+    subnet = free_subnets([DEFAULT_OVERLAY], taken)[0]
     ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=subnet)])
     say(f"creating overlay network {spread.overlay} ({subnet}) on the swarm of {manager.name}")
     try:
@@ -345,12 +346,12 @@ def _with_overlay(manager: Engine, engines: Sequence[Engine], spread: Spread, sa
     return replace(spread, subnet=subnet)
 
 
-def _routes(engine: Engine) -> list[networks.Subnet]:
+def _routes(engine: Engine) -> list[Subnet]:
     """The networks the machine routes to, where SSH can ask it."""
     if engine.ssh is None:
         return []
     status, out = engine.ssh.run(engine.ssh.connection(), " ".join(networks.ROUTES_COMMAND))
-    return networks.routes_in(out) if status == 0 else []
+    return routes_in(out) if status == 0 else []
 
 
 def send_image(local: docker.DockerClient, engine: Engine, tag: str, say: Say, progress: Progress) -> None:

@@ -3,10 +3,8 @@ its host), made, checked and removed on the engine."""
 from __future__ import annotations
 
 import ipaddress
-import itertools
-import json
 import subprocess
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection
 from dataclasses import replace
 
 import docker
@@ -17,8 +15,8 @@ from lab.containerlab.crossvpc import untrack_bridge
 from lab.containerlab.engine import EngineError, Say
 from lab.containerlab.resources import lab_containers, lab_networks
 from lab.containerlab.topology import DEFAULT_SUBNETS, LABEL, NAME_LABEL, Topology
+from lab.core.subnets import Subnet, free_subnets, routes_in
 
-Subnet = ipaddress.IPv4Network | ipaddress.IPv6Network
 ROUTES_COMMAND = ["ip", "-j", "-4", "route"]
 
 
@@ -44,27 +42,6 @@ def engine_subnets(client: docker.DockerClient, spare: Collection[str] = ()) -> 
             if n.name not in spare for s in subnets_of(n)]
 
 
-def free_subnets(defaults: Sequence[str], taken: Sequence[Subnet]) -> tuple[str, ...]:
-    """A /24 for each of ``defaults``: itself where nothing in ``taken`` (nor one chosen before)
-    overlaps it, else the next free one of the pool."""
-    chosen: list[Subnet] = []
-    for default in defaults:
-        free = (n for n in map(ipaddress.ip_network, itertools.chain([default], _pool()))
-                if not any(n.overlaps(other) for other in (*taken, *chosen)))
-        found = next(free, None)
-        if found is None:
-            raise EngineError("no free /24 is left in 10.0.0.0/8 for the lab's networks")
-        chosen.append(found)
-    return tuple(str(n) for n in chosen)
-
-
-def _pool() -> Iterator[str]:
-    """The /24s a lab takes when its defaults are taken: 10.213.0.0/16 first, then the rest of 10/8."""
-    for second in (213, *range(214, 256), *range(1, 213)):
-        for third in range(256):
-            yield f"10.{second}.{third}.0/24"
-
-
 def host_routes() -> list[Subnet]:
     """The networks the engine's host routes to (``ip -j route``), so a lab network shadows none."""
     try:
@@ -72,21 +49,6 @@ def host_routes() -> list[Subnet]:
     except (OSError, subprocess.SubprocessError):
         return []
     return routes_in(done.stdout)
-
-
-def routes_in(output: bytes | str) -> list[Subnet]:
-    """The destinations in ``ip -j route``'s output."""
-    try:
-        routes = [r.get("dst", "") for r in json.loads(output)]
-    except (ValueError, AttributeError):
-        return []
-    found = []
-    for dst in routes:
-        try:
-            found.append(ipaddress.ip_network(dst, strict=False))
-        except ValueError:  # "default"
-            continue
-    return found
 
 
 def ensure_networks(client: docker.DockerClient, topology: Topology, say: Say) -> None:

@@ -29,6 +29,8 @@ DEFAULT_SUBNET = "10.77.0.0/24"
 FIRST_HOST = 11  # the first member is .11, as node1 is in the lab's own networks
 STALE = 180.0  # seconds: WireGuard renews a session's handshake every 2 minutes while it is used
 USERSPACE_ENV = "WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD=1"  # wireguard-go runs although the kernel has one
+KEY_DIR = "/run/lab-wg"  # root's only: the private key, and wireguard-go's log on a host
+KEY_FILE = f"{KEY_DIR}/private.key"
 
 
 @dataclass(frozen=True)
@@ -105,18 +107,56 @@ def configure_script(me: Member, peers: Sequence[Member], prefix: int, mtu: int,
 HOSTS_MARK = "# lab-overlay"  # ends each /etc/hosts line the overlay adds
 
 
-def hosts_script(members: Sequence[Member], interface: str = INTERFACE) -> str:
+def hosts_script(members: Sequence[Member], interface: str = INTERFACE, hosts: str = "/etc/hosts") -> str:
     """Name every member's overlay address in /etc/hosts (``node1-labwg0``), in place of the names
     an earlier overlay gave; with no members, only take them away. Without them every reverse lookup
     of an overlay address waits for DNS, and init stalls: the store looks up each peer's address, and
     torch's store client its own socket's, in the IPv4-mapped IPv6 form (::ffff:A), so both forms
     are named. The file
     is rewritten in place, never replaced (a container's /etc/hosts is a bind mount)."""
-    keep = f"grep -v ' {HOSTS_MARK}$' /etc/hosts > /etc/hosts.lab-overlay"
+    kept = shlex.quote(f"{hosts}.lab-overlay")
     lines = [f"{form} {m.name}-{interface} {HOSTS_MARK}"
              for m in members for form in (m.address, f"::ffff:{m.address}")]
     add = f"; printf '%s\\n' {' '.join(map(shlex.quote, lines))}" if lines else ""
-    return f"{keep}; {{ cat /etc/hosts.lab-overlay{add}; }} > /etc/hosts && rm -f /etc/hosts.lab-overlay"
+    return (f"grep -v ' {HOSTS_MARK}$' {shlex.quote(hosts)} > {kept}; {{ cat {kept}{add}; }} > {shlex.quote(hosts)} "
+            f"&& rm -f {kept}")
+
+
+def host_start_script(interface: str = INTERFACE) -> str:
+    """Make the interface on a host (a VM): the kernel's WireGuard where it has it, else wireguard-go,
+    started in a session of its own (it daemonizes once its interface is up). What is missing is
+    installed where apt-get can; else one line says what it is."""
+    log = f"{KEY_DIR}/wireguard-go.log"
+    install = ("DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -q --no-install-recommends "
+               "\"$1\" >/dev/null 2>&1")
+    return "\n".join([
+        f"install() {{ command -v apt-get >/dev/null 2>&1 && {install}; }}",
+        "missing() { echo \"$1 is not installed and apt-get could not install it (Debian: apt-get install $1)\" >&2; "
+        "exit 1; }",
+        "command -v wg >/dev/null 2>&1 || install wireguard-tools || missing wireguard-tools",
+        f"mkdir -p -m 700 {KEY_DIR}",
+        f"if ip link add {interface} type wireguard 2>/dev/null; then exit 0; fi",
+        "command -v wireguard-go >/dev/null 2>&1 || install wireguard-go || missing wireguard-go",
+        f"{USERSPACE_ENV} setsid -w wireguard-go {interface} </dev/null >{log} 2>&1 && exit 0",
+        f"sed -e 's/^ERROR: ([^)]*) [^ ]* [^ ]* //' {log} | grep -v '^[^a-zA-Z]' | tail -n 1 >&2; exit 1"])
+
+
+def host_remove_script(interface: str = INTERFACE) -> str:
+    """Take the interface away from a host (its wireguard-go ends with it), its key and log, and the
+    /etc/hosts lines; print 1 when there was an interface, else 0."""
+    name = shlex.quote(interface)
+    return (f"if ip link show {name} >/dev/null 2>&1; then ip link del {name} && had=1; else had=0; fi; "
+            f"pkill -f 'wireguard-g[o] {interface}$' 2>/dev/null; rm -rf {KEY_DIR} /var/run/wireguard/{name}.sock; "
+            f"{hosts_script([], interface)} && echo $had")
+
+
+def state_script(interface: str = INTERFACE) -> str:
+    """Print the interface's public key, address and MTU (``key K``, ``address A/P``, ``mtu M``), then
+    its peers (see show_script)."""
+    name = shlex.quote(interface)
+    return (f"echo key $(wg show {name} public-key) && "
+            f"echo address $(ip -o -4 address show dev {name} | awk '{{print $4}}') && "
+            f"echo mtu $(cat /sys/class/net/{name}/mtu) && {show_script(interface)}")
 
 
 def show_script(interface: str = INTERFACE) -> str:

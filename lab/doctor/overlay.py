@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from lab.containerlab import containers, engine, overlay
 from lab.containerlab.engine import EngineError
+from lab.core.overlay import HostOverlay
 from lab.core.wireguard import INTERFACE, STALE
 from lab.doctor.model import Finding
 from lab.model.inventory import Host
@@ -34,7 +35,7 @@ def overlay_findings(hosts: Sequence[Host]) -> list[Finding]:
     return found
 
 
-def _host_findings(hosts: Sequence[Host], lab: str, ends: dict[str, overlay.HostOverlay]) -> list[Finding]:
+def _host_findings(hosts: Sequence[Host], lab: str, ends: dict[str, HostOverlay]) -> list[Finding]:
     found = []
     now = time.time()
     for host in hosts:

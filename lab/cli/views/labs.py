@@ -12,10 +12,10 @@ from rich.text import Text
 from lab.cli.views.screen import say_line
 from lab.containerlab.containers import LabSummary
 from lab.containerlab.lifecycle import ACROSS_MACHINES_HINT, HostStatus
-from lab.containerlab.overlay import HostOverlay
 from lab.containerlab.shaping import Shape
 from lab.containerlab.slurm import Health
 from lab.containerlab.topology import DEFAULT_LAB, default_inventory
+from lab.core.overlay import HostOverlay
 from lab.core.slurm import WORKING
 from lab.core.wireguard import INTERFACE, STALE
 from lab.errors import HostUnreachable
@@ -91,7 +91,8 @@ def print_overlay(console: Console, ends: Sequence[HostOverlay]) -> None:
         return
     table = Table(box=None, pad_edge=False)
     for column in ("host", INTERFACE, "mtu", "peer", "endpoint", "handshake", "received", "sent"):
-        table.add_column(column, justify="right" if column in ("mtu", "received", "sent") else "left")
+        table.add_column(column, justify="right" if column in ("mtu", "received", "sent") else "left",
+                         overflow="fold")
     now = time.time()
     for end in ends:
         first = True
