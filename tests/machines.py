@@ -34,7 +34,8 @@ from lab.core.subnets import free_subnets
 
 REPO = Path(__file__).resolve().parents[1]
 MACHINE_DIR = REPO / "images" / "lab-machine"
-PACKAGES = ("docker.io", "openssh-server", "iptables", "iproute2", "procps", "ca-certificates")
+PACKAGES = ("docker.io", "openssh-server", "iptables", "iproute2", "procps", "ca-certificates",
+            "wireguard-go", "wireguard-tools", "sudo", "iputils-ping")  # (the last four: `lab net overlay --hosts`)
 TEST_LABEL = "lab.test-machines"  # on what this module makes
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 ENGINE_WAIT = 90.0
@@ -85,6 +86,7 @@ def start(client: docker.DockerClient, tag: str, prefix: str, count: int, workdi
         volume = client.volumes.create(f"{prefix}-{name}-docker", labels={TEST_LABEL: prefix})
         host_config = client.api.create_host_config(
             cap_add=["ALL"], cap_drop=["SYS_RESOURCE"], security_opt=["seccomp=unconfined", "apparmor=unconfined"],
+            devices=["/dev/net/tun:/dev/net/tun:rwm"],  # (as a VM has it)
             binds={"/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"},
                    volume.name: {"bind": "/var/lib/docker", "mode": "rw"}})
         host_config.update(MaskedPaths=[], ReadonlyPaths=[])  # (the CLI's --security-opt systempaths=unconfined)

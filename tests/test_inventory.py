@@ -287,7 +287,7 @@ def test_common_ansible_keys_are_tolerated() -> None:
           hosts:
             h1: {ansible_ssh_extra_args: [-v]}
         """).hosts
-    assert host == Host("h1", "h1", source="inv.yaml:6")
+    assert host == Host("h1", "h1", become=True, source="inv.yaml:6")  # (become: lab net overlay --hosts)
 
 
 def test_numbers_as_names_and_strings() -> None:
@@ -889,14 +889,14 @@ def test_variables_the_lab_does_not_use_are_ignored_and_named_once_in_the_log(
                 h1: {ansible_host: 10.0.0.1, ntp_server: ntp2.example.com, rack: 3}
               children:
                 web:
-                  vars: {http_port: 80, packages: [nginx, {name: certbot}], ansible_become: true}
+                  vars: {http_port: 80, packages: [nginx, {name: certbot}], ansible_become_method: su}
                   hosts: {h2: {slots: 2}}
             """))
     assert (inventory["h1"].address, inventory["h2"].slots) == ("10.0.0.1", 2)
     records = [r for r in caplog.records if r.name == "lab.model"]
     assert [(r.levelno, r.getMessage()) for r in records] == [
         (logging.INFO, "inv.yaml: ignored variables the lab does not use: ntp_server, ansible_become_user, "
-                       "ansible_ssh_common_args, rack, http_port, packages, ansible_become")]
+                       "ansible_ssh_common_args, rack, http_port, packages, ansible_become_method")]
 
 
 def test_an_inventory_with_nothing_to_ignore_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:

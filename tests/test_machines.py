@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ import yaml
 
 from lab.containerlab import engine, topology
 from lab.containerlab.swarm import JOINED_LABEL
+from lab.errors import ExitCode
 
 from . import machines
 from .conftest import REPO, Lab, Result
@@ -363,3 +365,51 @@ def test_a_swarm_the_machines_were_in_is_used_and_left_as_found(spread: Spread, 
         assert spread.containers("m1", None) == spread.containers("m2", None) == []
     finally:
         m.docker("m1", "swarm", "leave", "--force")
+
+
+def test_an_overlay_over_ssh_on_the_machines_as_a_sudo_user_and_nothing_left_after_down(
+        two: machines.Machines, tmp_path: Path) -> None:
+    """`lab net overlay --hosts`: the machines as VMs, reached as a user who becomes root with sudo -n;
+    no kernel WireGuard here, so wireguard-go, daemonized; down takes every trace away."""
+    for name in two.names:
+        made = subprocess.run(["docker", "exec", two.container(name), "sh", "-c",
+                               "id ops >/dev/null 2>&1 || useradd -m ops && usermod -p '*' ops && "
+                               "echo 'ops ALL=(root) NOPASSWD: ALL' > /etc/sudoers.d/ops && "
+                               "chmod 644 /etc/lab-machine/authorized_keys"],  # (read as the user logging in)
+                              capture_output=True, text=True, timeout=60)
+        assert made.returncode == 0, made.stderr
+    vms = yaml.safe_load(two.file.read_text())
+    vms["all"]["vars"]["ansible_user"] = "ops"
+    inventory = tmp_path / "vms.yaml"
+    inventory.write_text(yaml.safe_dump(vms))
+    cli = Lab()
+    refused = cli("net", "overlay", "up", "--hosts", str(inventory))
+    assert refused.code == ExitCode.RUN_ERROR and refused.err.splitlines() == [
+        "lab: error: host m1: WireGuard needs root there: log in as root, or set ansible_become: true "
+        "(passwordless sudo)"], refused.err
+    vms["all"]["vars"]["ansible_become"] = True
+    inventory.write_text(yaml.safe_dump(vms))
+    try:
+        up = cli("net", "overlay", "up", "--hosts", str(inventory), timeout=300)
+        assert up.code == 0, up.text[-3000:]
+        written = yaml.safe_load((tmp_path / "vms.overlay.yaml").read_text())["all"]["hosts"]
+        assert {n: (h["data_address"], h["network_interface"], h["ansible_user"], h["ansible_become"])
+                for n, h in written.items()} == {"m1": ("10.77.0.11", "labwg0", "ops", True),
+                                                 "m2": ("10.77.0.12", "labwg0", "ops", True)}
+        on_m1 = subprocess.run(["docker", "exec", two.container("m1"), "sh", "-c",
+                                "stat -c '%a %U' /run/lab-wg/private.key && pgrep -x wireguard-go && "
+                                "ping -c 1 -W 5 10.77.0.12 >/dev/null && getent hosts 10.77.0.12"],
+                               capture_output=True, text=True, timeout=60)
+        assert on_m1.returncode == 0, on_m1.stderr
+        lines = on_m1.stdout.splitlines()
+        assert lines[0] == "600 root" and lines[-1].split() == ["10.77.0.12", "m2-labwg0"]
+        shown = cli("net", "overlay", "show", "--hosts", str(inventory))
+        assert shown.code == 0 and shown.out.count(":51820") == 2 and "never" not in shown.out, shown.text
+    finally:
+        down = cli("net", "overlay", "down", "--hosts", str(inventory), timeout=300)
+    assert down.code == 0 and down.out.count("removed labwg0") == 2, down.text
+    for name in two.names:
+        left = subprocess.run(["docker", "exec", two.container(name), "sh", "-c", "ip link show labwg0; "
+                               "pgrep -x wireguard-go; ls /run/lab-wg; grep lab-overlay /etc/hosts"],
+                              capture_output=True, text=True, timeout=60)
+        assert left.stdout == "" and "does not exist" in left.stderr, (left.stdout, left.stderr)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lab.core import wireguard
-from lab.core.inventory import load_inventory
+from lab.core.inventory import inventory_text, load_inventory
 from lab.core.wireguard import Member, PeerState
 from lab.doctor.model import Master
 from lab.doctor.rules import analyse
@@ -158,3 +158,50 @@ def test_an_inventory_names_its_overlay_and_a_bad_one_is_refused_at_its_line(tmp
 def test_bad_overlay_options_are_one_line(lab: Lab, args: tuple[str, ...], message: str) -> None:
     result = lab("net", "overlay", "up", *args)
     assert result.code == 2 and message in result.err and result.err.count("\n") <= 2, result.err
+
+
+def test_a_host_without_wireguard_and_without_apt_get_is_told_what_to_install(tmp_path: Path) -> None:
+    """The kernel has no WireGuard (``ip link add`` fails) and nothing can install wireguard-go."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool, body in (("wg", "exit 0"), ("ip", "echo 'Error: Unknown device type.' >&2; exit 2")):
+        (bin_dir / tool).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / tool).chmod(0o755)
+    for tool in ("mkdir", "sed", "grep", "tail"):
+        (bin_dir / tool).symlink_to(f"/bin/{tool}" if Path(f"/bin/{tool}").exists() else f"/usr/bin/{tool}")
+    done = subprocess.run(["/bin/sh", "-c", wireguard.host_start_script(key_dir=str(tmp_path / "keys"))],
+                          env={"PATH": str(bin_dir)}, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == ["wireguard-go is not installed and apt-get could not install it (Debian: "
+                                        "apt-get install wireguard-go)"]
+    assert stat.S_IMODE((tmp_path / "keys").stat().st_mode) == 0o700
+
+
+def test_become_is_read_as_ansible_writes_it(tmp_path: Path) -> None:
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("all:\n  vars: {ansible_become: 'yes'}\n  hosts:\n    a: {}\n    b: {ansible_become: false}\n")
+    assert [h.become for h in load_inventory(str(inventory)).hosts] == [True, False]
+    inventory.write_text("all:\n  hosts:\n    a:\n      ansible_become: maybe\n")
+    with pytest.raises(InventoryError, match=r"inventory.yaml:4: .*ansible_become must be true or false, got 'maybe'"):
+        load_inventory(str(inventory))
+
+
+def test_the_overlays_inventory_is_the_hosts_as_read_with_their_overlay_addresses(tmp_path: Path) -> None:
+    key = tmp_path / "id"
+    key.write_text("key")
+    key.chmod(0o600)
+    source = tmp_path / "vms.yaml"
+    source.write_text("all:\n  vars: {ansible_user: ops, ansible_become: true, ansible_ssh_private_key_file: id}\n"
+                      "  hosts:\n    a: {ansible_host: 192.0.2.1, slots: 2}\n    b: {ansible_host: 192.0.2.2, "
+                      "ansible_port: 2222}\ngpu:\n  hosts:\n    b:\n")
+    read = load_inventory(str(source))
+    written = tmp_path / "elsewhere" / "vms.overlay.yaml"
+    written.parent.mkdir()
+    written.write_text(inventory_text(read.hosts, "about", {"a": {"data_address": "10.77.0.11"},
+                                                             "b": {"data_address": "10.77.0.12"}}))
+    again = load_inventory(str(written))
+    strip = ("source", "data_address")
+    assert [{k: v for k, v in vars(h).items() if k not in strip} for h in again.hosts] == [
+        {k: v for k, v in vars(h).items() if k not in strip} for h in read.hosts]
+    assert [h.data_address for h in again.hosts] == ["10.77.0.11", "10.77.0.12"]
+    assert again.hosts[1].groups == ("gpu",) and again.hosts[0].key_file == str(key)

@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
-from pathlib import Path
 
 from lab.cli.common import Commands, Parser, machines_option, name_option
+from lab.cli.overlay import add_overlay, cmd_overlay
 from lab.cli.running import run_and_report
 from lab.cli.views import labs as views
 from lab.cli.views import screen
-from lab.containerlab import containers, crossvpc, engine, faults, overlay, shaping
+from lab.containerlab import containers, crossvpc, engine, faults, shaping
 from lab.containerlab.image import DEFAULT_BASE, OFFLINE
 from lab.containerlab.labs import down_every_lab, find_lab, known_labs
 from lab.containerlab.lifecycle import NETWORK_MODES, UpRequest
-from lab.containerlab.topology import SCHEDULERS, TOPOLOGIES, HostLimits, LabPaths, default_inventory
-from lab.core import wireguard
+from lab.containerlab.topology import SCHEDULERS, TOPOLOGIES, HostLimits
 from lab.core.inventory import load_inventory
 from lab.core.plan import Options
-from lab.errors import ExitCode, UsageError
+from lab.errors import ExitCode
 from lab.suite import registry
 from lab.transport.ssh import SSHSettings
 
@@ -183,40 +181,6 @@ def add_net(commands: Commands) -> None:
     net.set_defaults(handler=cmd_net)
 
 
-def add_overlay(net_commands: Commands) -> None:
-    overlay = net_commands.add_parser(
-        "overlay", help="join the hosts with an encrypted WireGuard mesh and write an inventory that runs on it",
-        description="The third way across two VPCs, beside peering them: every host gets a WireGuard interface "
-                    f"({wireguard.INTERFACE}) with an address on an overlay /24 of its own, a key made on the host, "
-                    "each peer's endpoint the address the others reach it at (across VPCs: its NAT'd one), a "
-                    "persistent keepalive for the NAT, and an MTU under the path's. The container lab's hosts stay "
-                    "unprivileged: a sidecar with NET_ADMIN beside each runs wireguard-go.")
-    what = overlay.add_subparsers(dest="overlay_command", required=True, metavar="WHAT", parser_class=Parser)
-    up = what.add_parser("up", help="make the overlay (in place of the one there was), wait for every pair's "
-                                    "handshake, write its inventory")
-    up.add_argument("--inventory", metavar="FILE", help="where to write the overlay's inventory, whose hosts' "
-                    "data_address and network_interface are the overlay's (default: NAME.overlay.inventory.yaml "
-                    "beside the lab's own)")
-    up.add_argument("--subnet", metavar="CIDR", type=_overlay_subnet, help="the overlay's /24 (default: a free one, "
-                    f"{wireguard.DEFAULT_SUBNET} first)")
-    up.add_argument("--mtu", type=int, metavar="BYTES", help=f"the interfaces' MTU (default: the path's less "
-                    f"{wireguard.OVERHEAD}, WireGuard's overhead)")
-    up.add_argument("--port", type=int, default=wireguard.PORT, metavar="PORT",
-                    help=f"the UDP port every host listens on (default {wireguard.PORT})")
-    what.add_parser("down", help="remove every interface, key and process the overlay made")
-    what.add_parser("show", help="each host's interface, and per peer its endpoint, last handshake and bytes moved")
-
-
-def _overlay_subnet(text: str) -> str:
-    try:
-        network = ipaddress.ip_network(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a network (10.77.0.0/24)") from None
-    if network.version != 4 or network.prefixlen > 24 or not network.is_private:
-        raise argparse.ArgumentTypeError(f"{text}: the overlay needs a private IPv4 network of a /24 or more")
-    return str(network)
-
-
 def cmd_net(args: argparse.Namespace) -> int:
     if args.net_command == "overlay":
         return cmd_overlay(args)
@@ -235,41 +199,6 @@ def cmd_net(args: argparse.Namespace) -> int:
     else:
         views.print_shapes(shaping.shapes(client, topology))
     return ExitCode.OK
-
-
-def cmd_overlay(args: argparse.Namespace) -> int:
-    if args.overlay_command == "up" and args.mtu is not None and not wireguard.MIN_MTU <= args.mtu <= 9000:
-        raise UsageError(f"--mtu {args.mtu}: from {wireguard.MIN_MTU} to 9000")
-    client = engine.client()
-    topology = containers.running_topology(client, args.name)
-    console = screen.console()
-    say = screen.sayer(console)
-    if args.overlay_command == "up":
-        written = Path(args.inventory or f"{args.name}.overlay.inventory.yaml")
-        lab_paths = _lab_state(args.name, written)
-        ends = overlay.up(client, topology, say, args.subnet, args.mtu, args.port)
-        written.write_text(overlay.inventory_text(topology, ends, written, lab_paths))
-        views.print_overlay(console, ends)
-        say(f"wrote {written}: run on the overlay with `python -m lab run all --hosts {written}`")
-    elif args.overlay_command == "down":
-        if not overlay.down(client, topology, say):
-            say(f"lab {args.name} has no overlay")
-    else:
-        ends = overlay.show(client, topology)
-        if not ends:
-            say(f"lab {args.name} has no overlay (`python -m lab net overlay up --name {args.name}` makes one)")
-        views.print_overlay(console, ends)
-    return ExitCode.OK
-
-
-def _lab_state(lab: str, written: Path) -> LabPaths:
-    """Where the lab's key and known_hosts are, for the overlay's inventory at ``written``: beside it,
-    else beside the lab's default inventory."""
-    for paths in (LabPaths(written.resolve(), lab), LabPaths(Path(default_inventory(lab)).resolve(), lab)):
-        if paths.key.exists():
-            return paths
-    raise UsageError(f"lab {lab}'s key is neither beside {written} nor beside {default_inventory(lab)}: write the "
-                     f"overlay's inventory beside the lab's (--inventory DIR/{lab}.overlay.inventory.yaml)")
 
 
 def add_break(commands: Commands) -> None:

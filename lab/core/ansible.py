@@ -236,6 +236,17 @@ def integer(minimum: int, maximum: int | None = None) -> Reader:
     return read
 
 
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def boolean(key: str, node: Node, base_dir: str) -> bool:
+    """A YAML boolean, or one of Ansible's words for one (yes/no, on/off, 1/0, in any case)."""
+    value = node.value.strip().lower() if isinstance(node, ScalarNode) and node.tag in (_BOOL, _STR, _INT) else ""
+    if value in _TRUE or value in _FALSE:
+        return value in _TRUE
+    raise InvalidValue(f"{key} must be true or false, got {shown(node)}")
+
+
 def matching(pattern: re.Pattern[str], allowed: str) -> Reader:
     """A reader of a string that must match ``pattern`` (``allowed`` says what that is)."""
 

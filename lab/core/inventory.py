@@ -12,7 +12,9 @@ from __future__ import annotations
 import os
 import re
 import stat
+from collections.abc import Mapping, Sequence
 
+import yaml
 from yaml.nodes import Node, SequenceNode
 
 from lab.core.ansible import (
@@ -25,6 +27,7 @@ from lab.core.ansible import (
     InvalidValue,
     Key,
     address,
+    boolean,
     integer,
     invalid_value,
     matching,
@@ -174,6 +177,8 @@ HOST_KEYS: dict[str, Key] = {
     "grade_users": Key("grade_users", _user_names, "users `lab grade --parallel K` logs in as, share N as the Nth, "
                                                    "so the submissions graded at once on a host are different users "
                                                    "(a list, or names split by commas)"),
+    "ansible_become": Key("become", boolean, "become root with `sudo -n` (passwordless) where the lab needs root on "
+                                             "the host: `lab net overlay --hosts` (default false)"),
     "overlay": Key("overlay", matching(LAB_NAME, "a lab's name: a lowercase letter, then up to 23 lowercase letters, "
                                                  "digits or '-'"),
                    "the container lab whose WireGuard overlay carries the host's data plane (`lab net overlay up` "
@@ -181,3 +186,24 @@ HOST_KEYS: dict[str, Key] = {
     "machine": Key("machine", matching(NAME, "a machine's name in machines.yaml"),
                    "the Docker machine of machines.yaml the host's container runs on (`lab up --machines` writes it)"),
 }
+
+
+def inventory_text(hosts: Sequence[Host], about: str, changes: Mapping[str, Mapping[str, object]]) -> str:
+    """An inventory of ``hosts`` as they were read (every variable that differs from its default, on
+    the host itself; paths absolute; each group a group of its own), each host's ``changes`` (its
+    variables by key) applied: what ``lab net overlay up --hosts`` writes."""
+    defaults = Host("", "")
+    entries: dict[str, dict[str, object]] = {}
+    for host in hosts:
+        values: dict[str, object] = {"ansible_host": host.address}
+        for key, spec in HOST_KEYS.items():
+            value = getattr(host, spec.attribute)
+            if key != "ansible_host" and value != getattr(defaults, spec.attribute):
+                values[key] = list(value) if isinstance(value, tuple) else value
+        if host.connection != "docker":
+            values.pop("docker_container", None)
+        entries[host.name] = {**values, **changes.get(host.name, {})}
+    document: dict[str, object] = {"all": {"hosts": entries}}
+    for group in dict.fromkeys(g for host in hosts for g in host.groups):
+        document[group] = {"hosts": {host.name: None for host in hosts if group in host.groups}}
+    return f"# {about}\n" + yaml.safe_dump(document, sort_keys=False, default_flow_style=False)

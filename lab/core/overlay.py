@@ -57,6 +57,9 @@ class End(ABC):
         return wireguard.KEY_FILE
 
 
+EndT = TypeVar("EndT", bound=End)
+
+
 @dataclass(frozen=True)
 class HostOverlay:
     """One host's end of the overlay as its interface says: its address (with the prefix), MTU,
@@ -69,7 +72,7 @@ class HostOverlay:
     peers: tuple[tuple[str, PeerState], ...]  # (the peer's host name, or its key's start), its state
 
 
-def on_each(ends: Sequence[End], action: Callable[[End], Result]) -> list[Result]:
+def on_each(ends: Sequence[EndT], action: Callable[[EndT], Result]) -> list[Result]:
     """``action`` on every end at once; the results in order, or the first failure once all ended."""
     outcomes = for_each_host({end.name: end for end in ends}, action)
     failed = next((o for o in outcomes.values() if isinstance(o, Exception)), None)
@@ -118,8 +121,9 @@ def down(ends: Sequence[End], say: Say) -> int:
 
 
 def show(ends: Sequence[End]) -> list[HostOverlay]:
-    """Each host's end of the overlay, as its interface says; every peer named by its host."""
-    read = on_each(ends, _read_end)
+    """Each host's end of the overlay, as its interface says (a host without one is left out); every
+    peer named by its host."""
+    read = [found for found in on_each(ends, _read_end) if found.public_key]
     names = {found.public_key: found.host for found in read}
     return [HostOverlay(found.host, found.address, found.mtu, found.public_key,
                         tuple(sorted((names.get(peer.public_key, peer.public_key[:8] + "..."), peer)

@@ -33,10 +33,10 @@ def _pool() -> Iterator[str]:
             yield f"10.{second}.{third}.0/24"
 
 
-def routes_in(output: bytes | str) -> list[Subnet]:
-    """The destinations in ``ip -j route``'s output."""
+def routes_in(output: bytes | str, but_dev: str = "") -> list[Subnet]:
+    """The destinations in ``ip -j route``'s output (but those through the interface ``but_dev``)."""
     try:
-        routes = [r.get("dst", "") for r in json.loads(output)]
+        routes = [r.get("dst", "") for r in json.loads(output) if not but_dev or r.get("dev") != but_dev]
     except (ValueError, AttributeError):
         return []
     found = []

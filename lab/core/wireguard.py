@@ -122,11 +122,11 @@ def hosts_script(members: Sequence[Member], interface: str = INTERFACE, hosts: s
             f"&& rm -f {kept}")
 
 
-def host_start_script(interface: str = INTERFACE) -> str:
+def host_start_script(interface: str = INTERFACE, key_dir: str = KEY_DIR) -> str:
     """Make the interface on a host (a VM): the kernel's WireGuard where it has it, else wireguard-go,
     started in a session of its own (it daemonizes once its interface is up). What is missing is
     installed where apt-get can; else one line says what it is."""
-    log = f"{KEY_DIR}/wireguard-go.log"
+    log = shlex.quote(f"{key_dir}/wireguard-go.log")
     install = ("DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -q --no-install-recommends "
                "\"$1\" >/dev/null 2>&1")
     return "\n".join([
@@ -134,7 +134,7 @@ def host_start_script(interface: str = INTERFACE) -> str:
         "missing() { echo \"$1 is not installed and apt-get could not install it (Debian: apt-get install $1)\" >&2; "
         "exit 1; }",
         "command -v wg >/dev/null 2>&1 || install wireguard-tools || missing wireguard-tools",
-        f"mkdir -p -m 700 {KEY_DIR}",
+        f"mkdir -p -m 700 {shlex.quote(key_dir)}",
         f"if ip link add {interface} type wireguard 2>/dev/null; then exit 0; fi",
         "command -v wireguard-go >/dev/null 2>&1 || install wireguard-go || missing wireguard-go",
         f"{USERSPACE_ENV} setsid -w wireguard-go {interface} </dev/null >{log} 2>&1 && exit 0",

@@ -33,6 +33,7 @@ class Host:
     container: str | None = None  # the container name, for connection docker
     machine: str | None = None  # the Docker machine the host's container runs on (lab up --machines)
     overlay: str | None = None  # the container lab whose WireGuard overlay carries its data plane
+    become: bool = False  # root by `sudo -n` where the lab needs root there (ansible_become)
     grade_users: tuple[str, ...] = ()  # lab grade's share N logs in as the Nth (else as `user`)
     groups: tuple[str, ...] = ()  # every group the host is in, `all` left out, in file order
     source: str = ""  # "inventory.yaml:12": where the host is defined
