@@ -23,7 +23,8 @@ from lab.doctor.rules import analyse, master_endpoint, plan_targets
 from lab.rank.preflight import GO
 
 EVENTS = frozenset({"facts", "links", "closed"})  # what a host's launcher sends in its preflight
-NETWORK_CHECKS = frozenset({"resolve", "interface", "master", "mesh", "nat", "family"})  # the doctor's that apply
+# the doctor's checks that apply before a job
+NETWORK_CHECKS = frozenset({"resolve", "interface", "master", "mesh", "nat", "family", "mtu"})
 NOTE = ("the preflight checks what `lab doctor` checks of the network, from each host's launcher; "
         "--no-preflight skips it")
 
