@@ -17,10 +17,8 @@ afterwards. Needs the Docker engine and the lab image (`make lab-up` builds it).
 from __future__ import annotations
 
 import argparse
-import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -30,6 +28,7 @@ import docker
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.labcli import lab, lab_down, measure  # noqa: E402
 from tests import machines  # noqa: E402
 
 PREFIX = "lab-bench-machine"
@@ -55,25 +54,6 @@ for _ in range(200):
 if rank == 0:
     print(f"BENCH {2 * big.numel() * 4 / min(times) / 1e9:.4f} GB/s {statistics.median(pings) * 1e6:.1f} us")
 """
-RESULT = re.compile(r"BENCH ([\d.]+) GB/s ([\d.]+) us")
-
-
-def lab(*args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "lab", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=1800)
-    if done.returncode != 0:
-        raise SystemExit(f"lab {' '.join(args)} failed ({done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
-    return done.stdout
-
-
-def measure(inventory: Path, script: Path, mib: int) -> tuple[float, float]:
-    out = lab("launch", "--hosts", str(inventory), "--timeout", "300", str(script), str(mib))
-    found = RESULT.search(out)
-    if found is None:
-        raise SystemExit(f"no result in:\n{out[-2000:]}")
-    return float(found.group(1)), float(found.group(2))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--machines", help="machines.yaml of two machines (default: two stand-ins on this one)")
@@ -112,8 +92,7 @@ def main() -> None:
               f"latency {latency['overlay'] / latency['host']:.2f}x")
     finally:
         for name in LABS.values():
-            subprocess.run([sys.executable, "-m", "lab", "down", "--name", name, "--inventory",
-                            str(work / f"{name}.inventory.yaml")], cwd=REPO, capture_output=True, timeout=600)
+            lab_down(name, work / f"{name}.inventory.yaml")
         if stand_ins:
             machines.remove(client, PREFIX)
         shutil.rmtree(work, ignore_errors=True)

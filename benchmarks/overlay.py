@@ -15,15 +15,16 @@ Needs the Docker engine; builds the lab image when it is missing (`make lab-up` 
 from __future__ import annotations
 
 import argparse
-import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.labcli import lab, lab_down, measure
+
 LAB = "bench-xvpc"
 SCRIPT = """\
 import statistics, sys, time, torch, torch.distributed as dist
@@ -47,25 +48,6 @@ if rank == 0:
     busbw = big.numel() * 4 / min(times) * 2 * (size - 1) / size / 1e9
     print(f"BENCH {busbw:.4f} GB/s {statistics.median(pings) * 1e6:.1f} us")
 """
-RESULT = re.compile(r"BENCH ([\d.]+) GB/s ([\d.]+) us")
-
-
-def lab(*args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "lab", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=1800)
-    if done.returncode != 0:
-        raise SystemExit(f"lab {' '.join(args)} failed ({done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
-    return done.stdout
-
-
-def measure(inventory: Path, script: Path, mib: int) -> tuple[float, float]:
-    out = lab("launch", "--hosts", str(inventory), "--timeout", "300", str(script), str(mib))
-    found = RESULT.search(out)
-    if found is None:
-        raise SystemExit(f"no result in:\n{out[-2000:]}")
-    return float(found.group(1)), float(found.group(2))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5)
@@ -95,8 +77,7 @@ def main() -> None:
         print(f"  overlay / peered: busbw {bandwidth['overlay'] / bandwidth['peered']:.2f}x, "
               f"round trip {latency['overlay'] / latency['peered']:.2f}x")
     finally:
-        subprocess.run([sys.executable, "-m", "lab", "down", "--name", LAB, "--inventory", str(paths["peered"])],
-                       cwd=REPO, capture_output=True, timeout=600)
+        lab_down(LAB, paths["peered"])
         shutil.rmtree(work, ignore_errors=True)
 
 
