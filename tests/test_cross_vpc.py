@@ -184,6 +184,7 @@ def test_the_hosts_stay_unprivileged_and_never_see_a_key(xvpc: tuple[Lab, Path])
         sidecar = json.loads(subprocess.run(["docker", "inspect", "lab-wg-node1"], capture_output=True, text=True,
                                             timeout=30).stdout)[0]["HostConfig"]
         assert sidecar["CapDrop"] == ["ALL"] and sidecar["CapAdd"] == ["NET_ADMIN"] and not sidecar["Privileged"]
+        assert sidecar["SecurityOpt"] == ["no-new-privileges"] and sidecar["PidsLimit"] == 128
         assert [d["PathOnHost"] for d in sidecar["Devices"]] == ["/dev/net/tun"]
         changed = in_host(1, "ip", "link", "set", "labwg0", "mtu", "1300", user="root")
         assert changed.returncode != 0 and "Operation not permitted" in changed.stderr

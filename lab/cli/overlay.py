@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from lab.cli.common import Commands, Parser
@@ -14,6 +16,7 @@ from lab.containerlab import overlay as lab_overlay
 from lab.containerlab.topology import LabPaths, default_inventory
 from lab.core import overlay_hosts, wireguard
 from lab.core.inventory import load_inventory
+from lab.core.overlay import HostOverlay, Say
 from lab.errors import ExitCode, UsageError
 from lab.transport.ssh import SSHSettings
 
@@ -60,45 +63,63 @@ def _overlay_subnet(text: str) -> str:
     return str(network)
 
 
+@dataclass(frozen=True)
+class _Place:
+    """Where the overlay is made: a container lab's hosts or an inventory's, and what each step is there."""
+
+    where: str
+    up: Callable[[Say], tuple[list[HostOverlay], Path]]  # the hosts' ends, and the inventory written
+    down: Callable[[Say], int]
+    show: Callable[[], list[HostOverlay]]
+
+
+def _on_hosts(args: argparse.Namespace) -> _Place:
+    inventory = load_inventory(args.hosts)
+    settings = SSHSettings(accept_new_host_keys=args.accept_new_host_keys)
+
+    def up(say: Say) -> tuple[list[HostOverlay], Path]:
+        source = Path(args.hosts)
+        written = Path(args.inventory or source.with_name(f"{source.stem}.overlay{source.suffix or '.yaml'}"))
+        return overlay_hosts.up(inventory, settings, written, say, args.subnet, args.mtu, args.port), written
+
+    return _Place(f"the hosts of {args.hosts}", up, lambda say: overlay_hosts.down(inventory, settings, say),
+                  lambda: overlay_hosts.show(inventory, settings))
+
+
+def _on_lab(args: argparse.Namespace) -> _Place:
+    client = engine.client()
+    topology = containers.running_topology(client, args.name)
+
+    def up(say: Say) -> tuple[list[HostOverlay], Path]:
+        written = Path(args.inventory or f"{args.name}.overlay.inventory.yaml")
+        lab_paths = _lab_state(args.name, written)
+        ends = lab_overlay.up(client, topology, say, args.subnet, args.mtu, args.port)
+        written.write_text(lab_overlay.inventory_text(topology, ends, written, lab_paths))
+        return ends, written
+
+    return _Place(f"lab {args.name}", up, lambda say: lab_overlay.down(client, topology, say),
+                  lambda: lab_overlay.show(client, topology))
+
+
 def cmd_overlay(args: argparse.Namespace) -> int:
     if args.overlay_command == "up" and args.mtu is not None and not wireguard.MIN_MTU <= args.mtu <= 9000:
         raise UsageError(f"--mtu {args.mtu}: from {wireguard.MIN_MTU} to 9000")
     console = screen.console()
     say = screen.sayer(console)
-    if args.hosts:
-        inventory = load_inventory(args.hosts)
-        settings = SSHSettings(accept_new_host_keys=args.accept_new_host_keys)
-        where = f"the hosts of {args.hosts}"
-        if args.overlay_command == "up":
-            source = Path(args.hosts)
-            written = Path(args.inventory or source.with_name(f"{source.stem}.overlay{source.suffix or '.yaml'}"))
-            ends = overlay_hosts.up(inventory, settings, written, say, args.subnet, args.mtu, args.port)
-        elif args.overlay_command == "down":
-            gone = overlay_hosts.down(inventory, settings, say)
-        else:
-            ends = overlay_hosts.show(inventory, settings)
-    else:
-        client = engine.client()
-        topology = containers.running_topology(client, args.name)
-        where = f"lab {args.name}"
-        if args.overlay_command == "up":
-            written = Path(args.inventory or f"{args.name}.overlay.inventory.yaml")
-            lab_paths = _lab_state(args.name, written)
-            ends = lab_overlay.up(client, topology, say, args.subnet, args.mtu, args.port)
-            written.write_text(lab_overlay.inventory_text(topology, ends, written, lab_paths))
-        elif args.overlay_command == "down":
-            gone = lab_overlay.down(client, topology, say)
-        else:
-            ends = lab_overlay.show(client, topology)
+    place = _on_hosts(args) if args.hosts else _on_lab(args)
     if args.overlay_command == "down":
-        if not gone:
-            say(f"{where}: no overlay to take down")
+        if not place.down(say):
+            say(f"{place.where}: no overlay to take down")
         return ExitCode.OK
-    if not ends:
-        say(f"{where}: no overlay (`python -m lab net overlay up` makes one)")
-    views.print_overlay(console, ends)
     if args.overlay_command == "up":
+        ends, written = place.up(say)
+        views.print_overlay(console, ends)
         say(f"wrote {written}: run on the overlay with `python -m lab run all --hosts {written}`")
+        return ExitCode.OK
+    ends = place.show()
+    if not ends:
+        say(f"{place.where}: no overlay (`python -m lab net overlay up` makes one)")
+    views.print_overlay(console, ends)
     return ExitCode.OK
 
 

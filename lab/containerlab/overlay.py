@@ -45,6 +45,8 @@ from lab.core.wireguard import INTERFACE
 ROLE_NAME = "overlay"
 SUBNET_LABEL = "lab.overlay.subnet"
 START_WAIT = 15.0  # seconds for wireguard-go to make its interface
+SIDECAR_MEMORY = "256m"  # wireguard-go's buffers, with room
+SIDECAR_PIDS = 128  # its threads, and the execs of wg and ip
 POLL = 0.3
 _LOG_PREFIX = re.compile(r"^ERROR: \(\S+\) \S+ \S+ ")  # wireguard-go's: ERROR: (labwg0) 2026/11/26 00:21:48
 
@@ -69,8 +71,8 @@ class Sidecar(End):
             sidecar = self.client.containers.run(
                 host.image.id, ["sh", "-c", f"{wireguard.USERSPACE_ENV} exec wireguard-go -f {INTERFACE}"],
                 entrypoint=[], name=self.container, network_mode=f"container:{host.id}", cap_drop=["ALL"],
-                cap_add=["NET_ADMIN"], devices=["/dev/net/tun:/dev/net/tun:rwm"], init=True, detach=True,
-                labels=labels)
+                cap_add=["NET_ADMIN"], devices=["/dev/net/tun:/dev/net/tun:rwm"], security_opt=["no-new-privileges"],
+                mem_limit=SIDECAR_MEMORY, pids_limit=SIDECAR_PIDS, init=True, detach=True, labels=labels)
         except APIError as exc:
             raise EngineError(f"host {self.name}: cannot start its WireGuard sidecar: {reason(exc)}") from None
         deadline = time.monotonic() + START_WAIT
