@@ -205,3 +205,11 @@ def test_the_overlays_inventory_is_the_hosts_as_read_with_their_overlay_addresse
         {k: v for k, v in vars(h).items() if k not in strip} for h in read.hosts]
     assert [h.data_address for h in again.hosts] == ["10.77.0.11", "10.77.0.12"]
     assert again.hosts[1].groups == ("gpu",) and again.hosts[0].key_file == str(key)
+
+
+def test_what_wireguard_go_said_is_its_error_without_its_banner() -> None:
+    log = ("┌──────┐\n│   Running wireguard-go is not required   │\n└──────┘\n"
+           "ERROR: (labwg0) 2026/11/26 00:21:48 Failed to create TUN device: invalid argument\n")
+    assert wireguard.wireguard_go_said(log) == "Failed to create TUN device: invalid argument"
+    assert wireguard.wireguard_go_said("INFO: (labwg0) starting\n") == "INFO: (labwg0) starting"
+    assert wireguard.wireguard_go_said("") == ""

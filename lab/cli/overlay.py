@@ -104,6 +104,8 @@ def _on_lab(args: argparse.Namespace) -> _Place:
 def cmd_overlay(args: argparse.Namespace) -> int:
     if args.overlay_command == "up" and args.mtu is not None and not wireguard.MIN_MTU <= args.mtu <= 9000:
         raise UsageError(f"--mtu {args.mtu}: from {wireguard.MIN_MTU} to 9000")
+    if args.overlay_command == "up" and not 1 <= args.port <= 65535:
+        raise UsageError(f"--port {args.port}: a UDP port, from 1 to 65535")
     console = screen.console()
     say = screen.sayer(console)
     place = _on_hosts(args) if args.hosts else _on_lab(args)

@@ -15,7 +15,6 @@ and the overlay's subnet (so that another lab's overlay takes another).
 from __future__ import annotations
 
 import ipaddress
-import re
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,7 +34,6 @@ from lab.containerlab.topology import (
     LabPaths,
     Topology,
     lab_inventory,
-    state_subdir,
 )
 from lab.core import overlay, wireguard
 from lab.core.overlay import End, HostOverlay
@@ -48,7 +46,6 @@ START_WAIT = 15.0  # seconds for wireguard-go to make its interface
 SIDECAR_MEMORY = "256m"  # wireguard-go's buffers, with room
 SIDECAR_PIDS = 128  # its threads, and the execs of wg and ip
 POLL = 0.3
-_LOG_PREFIX = re.compile(r"^ERROR: \(\S+\) \S+ \S+ ")  # wireguard-go's: ERROR: (labwg0) 2026/11/26 00:21:48
 
 
 class Sidecar(End):
@@ -160,20 +157,13 @@ def inventory_text(topology: Topology, ends: Sequence[HostOverlay], written_at: 
         end = by_host[topology.name(i)]
         hosts[topology.name(i)] = {"ansible_host": topology.address(i), "data_address": end.address.split("/")[0],
                                    "network_interface": INTERFACE, "overlay": topology.lab}
-    text = lab_inventory(topology.lab, topology.slots, hosts, f"The container lab {topology.lab}'s hosts on its "
+    beside = written_at.resolve().parent == lab_paths.inventory.parent  # (the key paths are relative to the file)
+    return lab_inventory(topology.lab, topology.slots, hosts, f"The container lab {topology.lab}'s hosts on its "
                          f"WireGuard overlay, written by `python -m lab net overlay up --name {topology.lab}`.",
-                         shared=True)
-    own = state_subdir(topology.lab)
-    if written_at.resolve().parent != lab_paths.inventory.parent:  # the key paths are relative to the file
-        text = text.replace(f": {own}/", f": {lab_paths.own}/")
-    return text
+                         shared=True, state=None if beside else str(lab_paths.own))
 
 
 def _last_line(sidecar: Container) -> str:
-    """What wireguard-go last said (its error, where it gave one), without its banner's box."""
-    lines = [line.strip() for line in bytes(sidecar.logs()).decode("utf-8", "replace").splitlines()
-             if line.strip() and not any("\u2500" <= c <= "\u257f" for c in line)]
-    errors = [_LOG_PREFIX.sub("", line) for line in lines if line.startswith("ERROR:")]
-    if errors or lines:
-        return (errors or lines)[-1]
-    return f"it exited ({sidecar.attrs['State'].get('ExitCode')})"
+    """What wireguard-go last said (its error, where it gave one)."""
+    return wireguard.wireguard_go_said(bytes(sidecar.logs()).decode("utf-8", "replace")) or \
+        f"it exited ({sidecar.attrs['State'].get('ExitCode')})"

@@ -262,10 +262,12 @@ def inventory_text(topology: Topology) -> str:
                          f"by `python -m lab up{named}` (make lab-up).", shared=True)
 
 
-def lab_inventory(lab: str, slots: int, hosts: dict[str, dict[str, object]], about: str, shared: bool) -> str:
+def lab_inventory(lab: str, slots: int, hosts: dict[str, dict[str, object]], about: str, shared: bool,
+                  state: str | None = None) -> str:
     """An inventory of lab hosts (``hosts``: name -> its variables), with the variables every lab
-    host has in common; ``shared``: they all mount the lab's SHARED_DIR."""
-    own = state_subdir(lab)
+    host has in common; ``shared``: they all mount the lab's SHARED_DIR. ``state``: where the lab's
+    key and known_hosts are (default: its state_subdir, relative to the inventory's directory)."""
+    own = state or state_subdir(lab)
     common: dict[str, object] = {
         "ansible_user": USER, "ansible_ssh_private_key_file": f"{own}/ssh/id_ed25519",
         "ssh_known_hosts_file": f"{own}/known_hosts", "ansible_python_interpreter": PYTHON}

@@ -95,14 +95,12 @@ def up(ends: Sequence[End], subnet: str, say: Say, mtu: int | None = None,
         keys = on_each(ends, lambda end: end.sh(wireguard.keygen_script(end.key_file)).strip())
         members = [Member(end.name, end.endpoint, address, key, port) for end, address, key in zip(ends, addresses,
                                                                                                    keys)]
-        if mtu is None:
-            mtu = wireguard.overlay_mtu([found for mtus in on_each(ends, lambda end: _path_mtus(end, members))
-                                         for found in mtus])
-        chosen = mtu
+        chosen = mtu if mtu is not None else wireguard.overlay_mtu(
+            [found for mtus in on_each(ends, lambda end: _path_mtus(end, members)) for found in mtus])
         on_each(ends, lambda end: end.sh(wireguard.configure_script(
             _member(members, end), [m for m in members if m.name != end.name], network.prefixlen, chosen,
             end.key_file)))
-        say(f"{INTERFACE} on {subnet}, MTU {mtu}, UDP port {port}; waiting for every pair's handshake")
+        say(f"{INTERFACE} on {subnet}, MTU {chosen}, UDP port {port}; waiting for every pair's handshake")
         _wait_for_handshakes(ends, members)
         on_each(ends, lambda end: end.set_hosts(wireguard.hosts_script(members)))
         return show(ends)

@@ -35,22 +35,32 @@ class SSHHost(End):
         return self.ssh.run(self.ssh.connection(), command)
 
     def sh(self, script: str) -> str:
+        status, out = self._as_root(script)
+        if status != 0:
+            raise self._failed(status, out)
+        return out
+
+    def start(self) -> None:
+        status, out = self._as_root(wireguard.host_start_script())
+        if status == wireguard.WIREGUARD_GO_FAILED:
+            raise LabError(f"host {self.name}: wireguard-go cannot start: {wireguard.wireguard_go_said(out)}")
+        if status != 0:
+            raise self._failed(status, out)
+
+    def _failed(self, status: int, out: str) -> LabError:
+        lines = out.strip().splitlines()
+        last = lines[-1] if lines else f"exit {status}"
+        hint = " (ansible_become needs passwordless sudo)" if "sudo:" in last and "password" in last else ""
+        return LabError(f"host {self.name}: {last}{hint}")
+
+    def _as_root(self, script: str) -> tuple[int, str]:
         command = f"sh -c {shlex.quote(script)}"
         if self.host.user != "root":
             if not self.host.become:
                 raise LabError(f"host {self.name}: WireGuard needs root there: log in as root, or set "
                                f"ansible_become: true (passwordless sudo)")
             command = f"sudo -n {command}"
-        status, out = self.run(command)
-        if status != 0:
-            lines = out.strip().splitlines()
-            last = lines[-1] if lines else f"exit {status}"
-            hint = " (ansible_become needs passwordless sudo)" if "sudo:" in last and "password" in last else ""
-            raise LabError(f"host {self.name}: {last}{hint}")
-        return out
-
-    def start(self) -> None:
-        self.sh(wireguard.host_start_script())
+        return self.run(command)
 
     def set_hosts(self, script: str) -> None:
         self.sh(script)

@@ -15,6 +15,7 @@ anything is printed.
 from __future__ import annotations
 
 import ipaddress
+import re
 import shlex
 import time
 from collections.abc import Sequence
@@ -138,7 +139,20 @@ def host_start_script(interface: str = INTERFACE, key_dir: str = KEY_DIR) -> str
         f"if ip link add {interface} type wireguard 2>/dev/null; then exit 0; fi",
         "command -v wireguard-go >/dev/null 2>&1 || install wireguard-go || missing wireguard-go",
         f"{USERSPACE_ENV} setsid -w wireguard-go {interface} </dev/null >{log} 2>&1 && exit 0",
-        f"sed -e 's/^ERROR: ([^)]*) [^ ]* [^ ]* //' {log} | grep -v '^[^a-zA-Z]' | tail -n 1 >&2; exit 1"])
+        f"cat {log}; exit {WIREGUARD_GO_FAILED}"])
+
+
+WIREGUARD_GO_FAILED = 3  # host_start_script's status when wireguard-go failed: its log is the output
+_LOG_PREFIX = re.compile(r"^ERROR: \(\S+\) \S+ \S+ ")  # wireguard-go's: ERROR: (labwg0) 2026/11/26 00:21:48
+
+
+def wireguard_go_said(log: str) -> str:
+    """The line of wireguard-go's output that says why it stopped: its last error, else its last line
+    (its banner's box left out); "" when it said nothing."""
+    lines = [line.strip() for line in log.splitlines()
+             if line.strip() and not any("\u2500" <= c <= "\u257f" for c in line)]
+    errors = [_LOG_PREFIX.sub("", line) for line in lines if line.startswith("ERROR:")]
+    return (errors or lines or [""])[-1]
 
 
 def host_remove_script(interface: str = INTERFACE) -> str:

@@ -348,31 +348,39 @@ def check_link(target: Target, name: str, token: str, timeout: float, delay: flo
     started = time.monotonic()
     time.sleep(delay)
     peer_ip = None
+    reply: tuple[str, str] | None = None  # who answered, and as what address it saw us
     large: tuple[str | None, int | None] = (None, None)
     try:
         with socket.create_connection((target.address, target.port), timeout=timeout) as conn:
             peer_ip = plain_address(str(conn.getpeername()[0]))
             conn.sendall(json.dumps({"token": token, "from": name, "large": LARGE}).encode() + b"\n")
-            line = _read_line(conn)
+            reply = _reply(_read_line(conn))
             seconds = time.monotonic() - started
-            if line.startswith(b"{") and target.peer.encode() in line:
+            if reply is not None and reply[0] == target.peer:
                 large = send_large(conn, timeout)
     except OSError as exc:
         failure, error = describe(exc)
         if failure == "timeout":
             error = f"no answer within {timeout:g}s"
         return Link(target, False, time.monotonic() - started, failure, error, peer_ip=peer_ip)
-    try:
-        reply = json.loads(line)
-        answered, seen = str(reply["name"]), str(reply["seen"])
-    except (ValueError, KeyError, TypeError):
+    if reply is None:
         return Link(target, False, seconds, "no-probe", "connected, but no probe answered: another program "
                     "holds that port", peer_ip=peer_ip)
+    answered, seen = reply
     if answered != target.peer:
         return Link(target, False, seconds, "wrong-host", f"{answered} answered, not {target.peer}",
                     seen=seen, answered_by=answered, peer_ip=peer_ip)
     return Link(target, True, seconds, seen=seen, answered_by=answered, peer_ip=peer_ip, large_error=large[0],
                 large_acked=large[1])
+
+
+def _reply(line: bytes) -> tuple[str, str] | None:
+    """A listener's answer to the handshake: (its name, the address it saw); None: not a probe's."""
+    try:
+        reply = json.loads(line)
+        return str(reply["name"]), str(reply["seen"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def check_links(targets: Sequence[Target], name: str, token: str, timeout: float, delay: float = 0.0) -> list[Link]:
