@@ -11,9 +11,10 @@ student name), 3 ranks each, graded three ways in one run:
 It prints seconds per submission and the ratios: containment (grade --parallel 1 against the
 baseline; goal at most 1.2) and throughput (--parallel 2 against --parallel 1; goal at least
 1.6), the bound the machine's cores put on any parallelism (the CPU seconds the baseline's
-processes used, over the cores), and what the drawn inputs cost the controller per submission
+processes used, over the cores), what the drawn inputs cost the controller per submission
 (drawing every rank's values, staging their files, summing them in the check) against a
-submission's run: every run above pays it too. Needs the Docker engine and the lab image (``make lab-up`` builds it).
+submission's run: every run above pays it too, and what the measure of each sandbox's connections
+(lab.rank.wire, which only `lab grade` takes) costs against the CPU a submission uses. Needs the Docker engine and the lab image (``make lab-up`` builds it).
 
     python benchmarks/grade_class.py [--students 40] [--nproc 3]
 """
@@ -36,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from lab.core import draw  # noqa: E402  (this checkout's)
+from lab.rank import wire  # noqa: E402
 from lab.suite.check import World  # noqa: E402
 from lab.suite.checks import ring  # noqa: E402
 from lab.suite.exercises import ring_cases  # noqa: E402
@@ -101,6 +103,30 @@ def inputs_cost(nproc: int, repeat: int = 20) -> float:
     return spent / repeat
 
 
+def wire_cost(sockets: int = 24, repeat: int = 200) -> float:
+    """Seconds one sample of the host's connections takes (lab.rank.wire: each host's launcher takes
+    one every POLL seconds while its ranks run), with ``sockets`` TCP sockets open on loopback (a
+    3-rank run's gloo mesh, store and listeners are about that many)."""
+    import socket
+
+    held = []
+    for _ in range(sockets // 3):
+        listener = socket.create_server(("127.0.0.1", 0))
+        client = socket.create_connection(listener.getsockname())
+        held += [listener, client, listener.accept()[0]]
+    try:
+        measure = wire.Wire.start("netns")
+        started = time.perf_counter()
+        for _ in range(repeat):
+            measure.poll(force=True)
+        spent = (time.perf_counter() - started) / repeat
+        measure.close()
+    finally:
+        for s in held:
+            s.close()
+    return spent
+
+
 def _correct(world: World) -> dict[int, dict[str, Any]]:
     """Every rank's correct report of ``world``'s draw, as the rank program makes it."""
     sums = ring.expected_sums(world)
@@ -127,6 +153,7 @@ def main() -> None:
         one = grade(root, args.nproc, 1, Path(directory, "p1"))
         two = grade(root, args.nproc, 2, Path(directory, "p2"))
     drawn = inputs_cost(args.nproc)
+    sample = wire_cost()
     n, cores = args.students, os.cpu_count() or 1
     bound = cpu / cores  # no schedule of these processes on this machine's cores can take less
     print(f"{n} ring-allreduce submissions, {args.nproc} ranks each, {cores} CPU(s)")
@@ -139,6 +166,9 @@ def main() -> None:
           f"less than {bound / n:.2f}s per submission: at best {one / bound:.2f}x over -p1")
     print(f"drawn inputs (draw, files, the check's sums): {drawn * 1000:.0f} ms per submission, "
           f"{drawn / (plain / n):.3f} of a submission's run")
+    sampled = sample * (one / n) / wire.POLL  # CPU seconds one submission's samples take in its sandbox
+    print(f"the measure of the connections: {sample * 1e6:.0f} us a sample, one every {wire.POLL:g}s: "
+          f"{sampled * 1000:.0f} ms of CPU per submission, {sampled / (cpu / n):.3f} of its processes' CPU")
 
 
 if __name__ == "__main__":

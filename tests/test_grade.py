@@ -53,6 +53,8 @@ EXPECTED = {
                       "ring_allreduce(): not written: it uses the reference's ring_allreduce()"),
     "trent": ("fail", "rank 0's call recorder was tampered with during the exercise (switched off 96 time(s))"),
     "victor": ("fail", "also rank 0 sent 0 bytes in allreduce(): it computed the result without communicating"),
+    # its records look like a ring's; what its connections carried, measured outside the ranks, does not
+    "walter": ("fail", "went by calls the call recorder did not see (measured outside the ranks"),
     "nobody": ("error", "no .py file in nobody/"),
 }
 

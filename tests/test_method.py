@@ -211,10 +211,10 @@ def test_the_recorder_counts_only_while_recording_and_not_calls_inside_calls() -
         send(tensor=FakeTensor(5, 8), dst=2)
         send_object(1)
     barrier()  # the lab's own, after it
-    assert r.summary() == {"counts": {"send": 2, "send_object_list": 1}, "sent": {"1": 43, "2": 40}}
+    assert r.summary() == {"counts": {"send": 2, "send_object_list": 1}, "sent": {"1": 43, "2": 40}, "messages": 3}
     with r.recording():  # each exercise starts from nothing
         barrier()
-    assert r.summary() == {"counts": {"barrier": 1}, "sent": {}}
+    assert r.summary() == {"counts": {"barrier": 1}, "sent": {}, "messages": 0}
 
 
 def test_what_a_students_function_sends_is_recorded_apart_and_the_outer_function_keeps_it() -> None:
@@ -237,7 +237,7 @@ def test_what_a_students_function_sends_is_recorded_apart_and_the_outer_function
         scoped_ring(FakeTensor(100))
         isend(FakeTensor(2), 3)  # outside both
     assert r.summary() == {
-        "counts": {"isend": 4}, "sent": {"1": 440, "2": 4, "3": 8},
+        "counts": {"isend": 4}, "sent": {"1": 440, "2": 4, "3": 8}, "messages": 4,
         "functions": {
             "allreduce": {"counts": {"isend": 1}, "sent": {"1": 40}, "calls": 1, "tensor_bytes": 40},
             "ring_allreduce": {"counts": {"isend": 2}, "sent": {"1": 400, "2": 4}, "calls": 1,
@@ -298,7 +298,7 @@ def test_the_recorder_sees_every_way_to_reach_torch_distributed(tmp_path: Path) 
     assert done.returncode == 0, done.stderr
     recorded = json.loads(done.stdout.strip().splitlines()[-1])
     assert recorded == {"counts": {"ProcessGroup.allreduce": 1, "all_gather_object": 1, "all_reduce": 2,
-                                   "barrier": 1, "broadcast": 1}, "sent": {}}
+                                   "barrier": 1, "broadcast": 1}, "sent": {}, "messages": 0}
 
 
 TAMPERER = """
@@ -326,7 +326,7 @@ def test_a_recorder_switched_off_or_unwrapped_says_so_and_fails_the_method(tmp_p
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     recorded = json.loads(done.stdout.strip().splitlines()[-1])
-    assert recorded == {"counts": {"ProcessGroup.broadcast": 1}, "sent": {}, "tampered": [
+    assert recorded == {"counts": {"ProcessGroup.broadcast": 1}, "sent": {}, "messages": 0, "tampered": [
         "switched off 1 time(s)", "its wrappers replaced (torch.distributed.broadcast)"]}
     v = check_method("ring-allreduce", EXERCISES["ring-allreduce"].method, {0: recorded, 1: {"counts": {}}},
                      World.local(2))

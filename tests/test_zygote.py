@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from lab.rank.protocol import EVENT_MAX, LINE_MAX, NEUTRAL, event_line, parse_event, rank_tag, untag
+from lab.rank.wire import WIRE_VAR
 from lab.rank.zygote import Passer
 
 from .conftest import REPO
@@ -55,6 +56,7 @@ def test_the_flight_recorders_events_and_a_scripts_end_pass_as_they_came(line: b
     (event("done", rank=0, failures=0), "sent an event as rank 0 (a rank speaks for itself only)"),
     (event("exit", rank=1, code=0), "sent a 'exit' event, which no rank sends"),
     (event("bad", rank=0, what="framed"), "sent a 'bad' event, which no rank sends"),
+    (event("wire", rank=0, carried=0, lost=0), "sent a 'wire' event, which no rank sends"),
     (b"\x1flab:tok [1]\n", "sent a malformed event: not an object but a list"),
     (b'\x1flab:tok {"event": "step", "rank": 1}\n', "sent a malformed event: a 'step' event without its 'step'"),
 ])
@@ -121,7 +123,8 @@ def main():
 
 def test_the_zygote_forks_its_ranks_and_reports_each_ones_end(tmp_path: Path) -> None:
     (tmp_path / "child.py").write_text(CHILD)
-    env = {**os.environ, "PYTHONPATH": f"{REPO}:{tmp_path}", "LAB_TOKEN": TOKEN, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{tmp_path}", "LAB_TOKEN": TOKEN, "OMP_NUM_THREADS": "1",
+           WIRE_VAR: "uid"}
     stdin, held_open = os.pipe()  # (the zygote ends its group when its stdin closes: the controller is gone)
     try:
         zygote = subprocess.run([sys.executable, "-c", FORKED], stdin=stdin, capture_output=True, env=env,
@@ -136,6 +139,8 @@ def test_the_zygote_forks_its_ranks_and_reports_each_ones_end(tmp_path: Path) ->
     assert exits == {4: 0, 5: 3, 6: -9}, events
     assert {"event": "bad", "rank": 5, "what": "sent an event as rank 4 (a rank speaks for itself only)"} in events
     assert sorted(e["rank"] for e in events if e and e["event"] == "done") == [4, 5, 6]
+    # asked to, it measured the host's connections while its ranks ran, and said so last, as the host's first rank
+    assert events[-1] == {"event": "wire", "rank": 4, "carried": events[-1]["carried"], "lost": 0}, events[-1]
     output = {untag(line)[:2] for line in lines if not line.startswith(b"\x1flab:")}
     assert {(r, f"rank {r} local {r - 4} torch True".encode()) for r in (4, 5, 6)} <= output, output
     assert {(4, b"atexit of 4"), (5, b"atexit of 5")} <= output  # the program ended as the interpreter would

@@ -38,11 +38,14 @@ class ExerciseReport:
 
 
 def world_of(outcome: RunOutcome) -> World:
-    """The run as it happened: each rank's host is where it ran (torchrun places ranks itself)."""
+    """The run as it happened: each rank's host is where it ran (torchrun places ranks itself), and what
+    its hosts' connections carried where the run measured them (one exercise: the measure spans the run)."""
     plan = outcome.plan
+    measured = plan.wire is not None and len(plan.exercise_names) == 1  # (the measure spans the whole run)
     return World(plan.world_size, plan.backend, tuple(s.spec.host for s in outcome.ranks),
                  tuple(s.spec.local_rank for s in outcome.ranks), plan.launcher,
-                 {rank: values(data) for rank, data in plan.inputs.items()})
+                 {rank: values(data) for rank, data in plan.inputs.items()},
+                 {s.spec.host: s.launch.carried for s in outcome.ranks if s.launch.carried} if measured else None)
 
 
 def judge(outcome: RunOutcome) -> list[ExerciseReport]:

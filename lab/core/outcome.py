@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from lab.core.plan import Launch, Plan, RankSpec, bind_macros
 from lab.rank.protocol import LINE_MAX
+from lab.suite.check import Carried
 from lab.transport import RankProcess
 
 TAIL_LINES = 200  # the last lines of each rank's output kept (for the report)
@@ -105,6 +106,7 @@ class LaunchState:
     active_at: float = 0.0  # when a reader last read or queued one of its lines
     closed_at: float | None = None  # when a reader last met the end of one of its streams
     output: Output = field(default_factory=Output)  # a launcher's own lines (torchrun's)
+    carried: Carried | None = None  # where the plan measures the connections (Plan.wire): the launcher's word
 
     @property
     def label(self) -> str:

@@ -38,6 +38,8 @@ from lab.core.draw import VALUE_BYTES, draw
 from lab.errors import UsageError
 from lab.model.inventory import Host, Inventory
 from lab.rank.preflight import PREFLIGHT_VAR
+from lab.rank.wire import WIRE_VAR
+from lab.rank.wire import Mode as WireMode
 from lab.suite.registry import Exercise, Rendezvous
 
 Backend = Literal["gloo", "nccl"]
@@ -94,6 +96,9 @@ class Options:
     hang_after: float = DEFAULT_HANG_AFTER  # see Plan
     preflight: bool = True  # see Plan
     part: str | None = None  # the one part of the (single) exercise to check (lab.suite.registry); None: all
+    # lab grade: measure what each host's connections carry, outside the ranks (lab.rank.wire), where only
+    # the submission's sockets are in that mode's reach: a sandbox's netns, or a user of its own ("uid").
+    wire: WireMode | None = None
 
 
 @dataclass(frozen=True)
@@ -162,6 +167,9 @@ class Plan:
     # whose tasks Slurm starts.
     preflight: bool = True
     part: str | None = None  # see Options
+    # What each host's connections carried is measured by its launcher (Options.wire): only the lab's
+    # launcher (the zygote, which no rank can reach) and gloo (whose every byte goes over TCP).
+    wire: WireMode | None = None
     # Each rank's drawn inputs (lab.core.draw), where an exercise takes some: kept here for the checker.
     inputs: dict[int, bytes] = field(default_factory=dict, hash=False, repr=False)
 
@@ -224,6 +232,8 @@ class Plan:
                 env.update(self._rendezvous_env(ranks[0]))
                 args = ("-m", "lab.rank.node", "fork" if self.launcher == "lab" else "spawn",
                         "--nprocs", str(host.slots), "--first-rank", str(ranks[0]))
+            if self.wire is not None:
+                env[WIRE_VAR] = self.wire
             if self.checks_network:
                 env[PREFLIGHT_VAR] = json.dumps({"name": host.name, "master_addr": self.master_addr,
                                                  "master_port": self.master_port if node_rank == 0 else None})
@@ -416,6 +426,7 @@ def build_plan(inventory: Inventory, options: Options, token: str | None = None)
                 pids=options.pids,
                 partition=options.partition, rank_env=dict(options.rank_env), hang_after=options.hang_after,
                 preflight=options.preflight, part=checked_part(options),
+                wire=options.wire if options.launcher == "lab" and backend == "gloo" else None,
                 inputs={rank: draw(drawn) for rank in range(inventory.world_size)} if drawn else {})
 
 

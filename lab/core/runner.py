@@ -72,7 +72,8 @@ from lab.core.streams import QUEUE_MAX, Events, Item, StreamReader, claimed_rank
 from lab.core.why import explain_run
 from lab.errors import HostsUnreachable, HostUnreachable, LabError, RunError
 from lab.rank.inputs import file_of
-from lab.rank.protocol import LAUNCHER_EVENTS, RANK_EVENTS, MalformedEvent, parse_event
+from lab.rank.protocol import LAUNCHER_EVENTS, RANK_EVENTS, WIRE_EVENT, MalformedEvent, parse_event
+from lab.suite.check import Carried
 from lab.transport import RankProcess, Transport, code_uploads, for_each_host, release, transport_for
 from lab.transport.ssh import SSHSettings
 
@@ -361,6 +362,9 @@ class Run:
         kind = event["event"]
         if kind in PREFLIGHT_EVENTS and self.preflight is not None and not self.preflight.decided:
             self.preflight.take(launch.launch.host, event)
+            return
+        if kind == WIRE_EVENT and self.plan.wire is not None and launch.launcher == "lab":
+            launch.carried = Carried(event["carried"], event["lost"], event.get("error", ""))
             return
         if kind not in RANK_EVENTS | LAUNCHER_EVENTS:
             self._violation(self._first_rank(launch), f"sent a {kind!r} event, which no rank sends")

@@ -315,7 +315,8 @@ def grade_one(submission: Submission, options: Options, make_place: PlaceMaker, 
     try:
         with make_place() as place:
             plan = build_plan(place.inventory, replace(options, solution=str(submission.path.resolve()),
-                                                       pids=options.pids if place.own_users else None))
+                                                       pids=options.pids if place.own_users else None,
+                                                       wire=place.wire))
             outcome = run_plan(plan, ssh=ssh, wall=wall, stop=stop)
             kills, left = place.memory_kills(), place.leftovers()
     except LabError as exc:

@@ -27,6 +27,7 @@ from lab.errors import UsageError
 from lab.grading import sandbox
 from lab.grading.sandbox import Limits
 from lab.model.inventory import Host, Inventory
+from lab.rank.wire import Mode as WireMode
 from lab.suite.registry import Exercise
 from lab.transport import for_each_host, transport_for, with_master_address
 from lab.transport.ssh import SSHSettings
@@ -54,6 +55,11 @@ class Place(Protocol):
         """Whether the submission runs as users it has to itself on every host (a share's grade users),
         so that a limit per user (the processes it may have: ``Options.pids``) bounds it and it alone."""
 
+    @property
+    def wire(self) -> WireMode | None:
+        """Which of a host's TCP sockets are the submission's (lab.rank.wire), for each host's launcher to
+        measure what they carried; None where others' are among them (a user every share shares)."""
+
 
 @dataclass(frozen=True)
 class Hosts:
@@ -70,6 +76,11 @@ class Hosts:
     @property
     def own_users(self) -> bool:
         return bool(self._own_hosts) and len(self._own_hosts) == len(self.inventory.hosts)
+
+    @property
+    def wire(self) -> WireMode | None:
+        """Those its user owns, where that user is the share's alone."""
+        return "uid" if self.own_users else None
 
     @property
     def _own_hosts(self) -> list[Host]:

@@ -31,6 +31,7 @@ from lab.containerlab.engine import EngineError, Say
 from lab.containerlab.image import HOST_IMAGE, Progress
 from lab.containerlab.topology import DEFAULT_LAB, LABEL, NAME_LABEL, ROLE
 from lab.model.inventory import Host, Inventory
+from lab.rank.wire import Mode as WireMode
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +126,11 @@ class Sandbox:
     def own_users(self) -> bool:
         """No: every sandbox runs as ``nobody`` (its processes are bounded by the container's pids limit)."""
         return False
+
+    @property
+    def wire(self) -> WireMode:
+        """Every TCP socket in the sandbox's network namespace is the submission's."""
+        return "netns"
 
     def memory_kills(self) -> int:
         """How many processes the kernel killed in the sandbox for want of memory."""

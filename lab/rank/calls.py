@@ -29,7 +29,7 @@ destroy) are never the student's. What is recorded:
   that raised was made, and counts.
 * ``sent``: destination rank -> bytes this rank sent point to point (``numel() *
   element_size()`` of every tensor given to send or isend, the ones inside
-  ``batch_isend_irecv`` and ``send_object_list`` included).
+  ``batch_isend_irecv`` and ``send_object_list`` included); ``messages``: how many tensors that was.
 * ``functions``: for each function a student writes (``Exercise.writes``) that the worker
   wrapped with :meth:`Recorder.scoped`: ``calls`` (times it was called), ``tensor_bytes``
   (the bytes of its first tensor argument, summed over the calls), its own ``counts`` and
@@ -88,6 +88,7 @@ class Tally:
 
     counts: Counter[str] = field(default_factory=Counter)
     sent: Counter[int] = field(default_factory=Counter)
+    messages: int = 0  # tensors sent point to point (each costs its connection a few headers: lab.suite.method)
     calls: int = 0  # times the function was called (functions only)
     tensor_bytes: int = 0  # bytes of its first tensor argument, summed over the calls
     reference: bool = False  # the reference program's own function, not the student's
@@ -96,12 +97,14 @@ class Tally:
     def to_json(self, function: bool = False) -> dict[str, Any]:
         data: dict[str, Any] = {"counts": dict(sorted(self.counts.items())),
                                 "sent": {str(dst): n for dst, n in sorted(self.sent.items())}}
-        if function:
-            data.update(calls=self.calls, tensor_bytes=self.tensor_bytes)
-            if self.reference:
-                data["reference"] = True
-            if self.missing:
-                data["missing"] = True
+        if not function:
+            data["messages"] = self.messages
+            return data
+        data.update(calls=self.calls, tensor_bytes=self.tensor_bytes)
+        if self.reference:
+            data["reference"] = True
+        if self.missing:
+            data["missing"] = True
         return data
 
 
@@ -285,6 +288,7 @@ class Recorder:
         with self._lock:
             for tally in self._tallies():
                 tally.sent[dst] += nbytes
+                tally.messages += 1
 
     def _sent_by_function(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """send/isend(tensor, dst=None, group=None, tag=0, group_dst=None)."""

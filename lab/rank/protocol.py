@@ -118,11 +118,14 @@ FLIGHT_EVENTS: Final = (b'{"event": "progress"', b'{"event": "flight"')  # how t
 FLIGHT_RATE: Final = 4096  # bytes a second of them, for each rank, allowed past EVENTS_MAX (see EventBudget)
 
 EventKind = Literal["hello", "step", "result", "error", "fatal", "done", "progress", "flight", "end", "exit",
-                    "bad", "ports", "facts", "runtime", "links", "heard", "closed"]
+                    "bad", "ports", "facts", "runtime", "links", "heard", "closed", "wire"]
 EVENT_KINDS: Final[frozenset[str]] = frozenset(get_args(EventKind))
 RANK_EVENTS: Final = frozenset({"hello", "step", "result", "error", "fatal", "done", "progress",
                                 "flight", "end"})  # what a rank sends
 LAUNCHER_EVENTS: Final = frozenset({"exit", "bad"})  # what a host's launcher says of one of its ranks
+# What the lab's launcher (lab.rank.zygote) says of its host's connections (lab.rank.wire), its ``rank`` the
+# host's first: no rank can send it (the launcher drops it), so it is taken from that launcher alone.
+WIRE_EVENT: Final = "wire"
 
 
 class MalformedEvent(ValueError):
@@ -148,9 +151,11 @@ FIELDS: Final[dict[str, dict[str, Type]]] = {
     "exit": {"rank": "int", "code": "int"},
     "bad": {"rank": "int", "what": "str"},
     "ports": {"ports": "list"},
+    "wire": {"rank": "int", "carried": "int", "lost": "int", "error": "str"},
 }
 OPTIONAL: Final[dict[str, frozenset[str]]] = {
     "hello": frozenset({"python", "torch"}), "result": frozenset({"calls"}), "error": frozenset({"calls"}),
+    "wire": frozenset({"error"}),
 }
 
 

@@ -21,7 +21,10 @@ wrote what without taking any rank's word for it (:class:`Passer`):
 * an event line goes on as it came if it is a valid event of this run (``parse_event``), of a
   kind a rank sends, in the rank's own name; any other is dropped, and a ``bad`` event says which
   rank sent what ("sent an event as rank 0 (a rank speaks for itself only)"): its failure;
-* when a rank has ended and its streams have (or RELAY_WAIT later), an ``exit`` event says how.
+* when a rank has ended and its streams have (or RELAY_WAIT later), an ``exit`` event says how;
+* where the controller asks (``lab grade``: ``LAB_WIRE``), what the host's connections carried
+  while its ranks ran, measured from here (:class:`Measure`, ``lab.rank.wire``), in a ``wire``
+  event once they have all ended.
 
 This process ends when every rank has (its status: 0 if every rank's was 0, else 1). The
 controller closing its stdin (going away) kills the whole process group at once. SIGUSR1 (the lab
@@ -61,6 +64,7 @@ from lab.rank.protocol import (
     rank_tag,
     write_all,
 )
+from lab.rank.wire import MODES, WIRE_VAR, Wire
 from lab.rank.worker import RELAY_WAIT, TOKEN_VAR, WATCHED_BY_PARENT
 
 # What every rank imports, imported here once before the ranks are forked. A module that fails to
@@ -176,6 +180,60 @@ class Passer:
 
 
 @dataclass
+class Measure:
+    """What the host's connections carry while its ranks run, where the controller asked (``WIRE_VAR``
+    names the mode: ``lab.rank.wire``): said in a ``wire`` event when they have all ended, which no
+    rank can send (:class:`Passer` drops it), nor alter."""
+
+    asked: bool = False
+    wire: Wire | None = None
+    error: str = ""  # why it cannot measure
+
+    @classmethod
+    def begin(cls, mode: str | None) -> Measure:
+        if not mode:
+            return cls()
+        if mode not in MODES:
+            return cls(True, error=f"no such mode of measure: {mode[:40]!r}")
+        try:
+            return cls(True, Wire.start(mode))
+        except OSError as exc:
+            return cls(True, error=f"the kernel's socket diagnostics: {exc.strerror or exc}")
+
+    @property
+    def fds(self) -> list[int]:
+        """Its descriptor (every rank closes it): readable when sockets have closed."""
+        return [self.wire.fileno()] if self.wire is not None else []
+
+    def look(self, closed: bool) -> None:
+        if self.wire is None:
+            return
+        try:
+            if closed:
+                self.wire.take_closed()
+            self.wire.poll()
+        except OSError as exc:
+            self._failed(exc)
+
+    def end(self) -> dict[str, object]:
+        """The ``wire`` event's fields: the bytes carried, the destroy messages lost, why not measured."""
+        carried = 0
+        if self.wire is not None:
+            try:
+                carried = self.wire.carried()
+            except OSError as exc:
+                self._failed(exc)
+        return {"carried": carried, "lost": self.wire.lost if self.wire else 0,
+                **({"error": self.error} if self.error else {})}
+
+    def _failed(self, exc: OSError) -> None:
+        self.error = f"the kernel's socket diagnostics failed: {exc.strerror or exc}"
+        if self.wire is not None:
+            self.wire.close()
+            self.wire = None
+
+
+@dataclass
 class Rank:
     """A forked rank, as this process sees it."""
 
@@ -204,13 +262,16 @@ def main(options: argparse.Namespace, first_local_rank: int = 0, checking: Prefl
     os.environ[WATCHED_BY_PARENT] = "1"  # this process watches stdin for them all
     token = os.environ.get(TOKEN_VAR, "")
     held = inputs.hold(range(options.first_rank, options.first_rank + options.nprocs))
+    measure = Measure.begin(os.environ.get(WIRE_VAR))
     ranks: list[Rank] = []
     for local_rank in range(options.nprocs):
         ranks.append(_fork(options.first_rank + local_rank, first_local_rank + local_rank, options.module, options.args,
-                           token, [fd for r in ranks for fd in r.pipes], held))
+                           token, [fd for r in ranks for fd in r.pipes] + measure.fds, held))
     for fd in held.values():
         os.close(fd)
-    _pass_on(ranks, token)
+    _pass_on(ranks, token, measure)
+    if measure.asked:
+        _write(1, event_line(token, "wire", rank=options.first_rank, **measure.end()).encode())
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0 if all(r.code == 0 for r in ranks) else 1)
@@ -280,16 +341,20 @@ def _status(code: object) -> int:
     return 1
 
 
-def _pass_on(ranks: list[Rank], token: str) -> None:
-    """Pass the ranks' streams on, reap them and report each one's end, until all have ended.
-    Stdin closing (the controller is gone) or the controller's streams breaking kills the group."""
+def _pass_on(ranks: list[Rank], token: str, measure: Measure) -> None:
+    """Pass the ranks' streams on, reap them and report each one's end, until all have ended,
+    measuring the host's connections all the while (where asked). Stdin closing (the controller is
+    gone) or the controller's streams breaking kills the group."""
     stdin_open = True
     while not all(r.reported for r in ranks):
-        fds = [fd for r in ranks for fd in r.pipes] + ([0] if stdin_open else [])
+        fds = [fd for r in ranks for fd in r.pipes] + ([0] if stdin_open else []) + measure.fds
         ready = select.select(fds, [], [], 0.1)[0]
+        measure.look(closed=bool(set(measure.fds) & set(ready)))
         for fd in ready:
             if fd == 0:
                 stdin_open = _stdin_is_open()
+                continue
+            if fd in measure.fds:
                 continue
             rank = next(r for r in ranks if fd in r.pipes)
             passer, target = rank.pipes[fd]

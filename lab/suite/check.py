@@ -22,6 +22,16 @@ Results = Mapping[int, Any]  # rank -> what its program returned (JSON data, unt
 
 
 @dataclass(frozen=True)
+class Carried:
+    """What a host's connections carried while its ranks ran, in the lab's launcher's word, measured
+    outside the ranks (lab.rank.wire)."""
+
+    carried: int  # bytes its ranks' TCP connections carried (each byte once, at its sender)
+    lost: int = 0  # the kernel's messages of closed connections it lost: it may fall short
+    error: str = ""  # why it could not measure (then ``carried`` says nothing)
+
+
+@dataclass(frozen=True)
 class World:
     """The facts of a run a checker may rely on."""
 
@@ -31,6 +41,9 @@ class World:
     local_ranks: tuple[int, ...]
     launcher: str = "lab"  # who started the ranks (lab.core.plan.LAUNCHERS)
     inputs: Mapping[int, Sequence[int]] = field(default_factory=dict)  # each rank's drawn values (lab.core.draw)
+    # Where the run measured its hosts' connections (lab grade: Plan.wire): host -> what they carried; a
+    # host missing said nothing (its launcher was stopped first). None: not measured.
+    carried: Mapping[str, Carried] | None = None
 
     @classmethod
     def local(cls, world_size: int, backend: str = "gloo") -> World:

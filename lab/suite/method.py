@@ -131,6 +131,70 @@ def check_method(exercise: str, method: Method | None, calls: Calls, world: Worl
     return verdict
 
 
+# What a run's connections carry beyond the tensors its ranks sent point to point (lab.rank.wire measures it):
+# gloo's three headers a message (the sender's two, the receiver's one: 48 bytes each), a barrier's small
+# messages, and the lab's own traffic (the rendezvous store, the group's connections, its barriers), which
+# grows with the ranks that meet. Measured at 144 bytes a message and 2.5 KB a rank for 3 ranks; allowed with
+# room to spare, and a fraction of the bytes besides.
+CARRIED_PER_MESSAGE = 160
+CARRIED_PER_BARRIER = 1024  # per rank of the run, for each barrier a rank called (its messages go to every rank)
+CARRIED_FIXED = 16 * 1024
+CARRIED_PER_RANK_PAIR = 512  # for each (rank, peer) pair: the rendezvous's addresses, the connections' greetings
+CARRIED_SLACK = 0.01
+
+
+def check_carried(exercise: str, method: Method | None, calls: Calls, world: World) -> Verdict:
+    """Whether the bytes every rank's records say it sent account for what the run's connections carried,
+    as each host's launcher measured them outside the ranks (``world.carried``): where more went, calls
+    the recorder did not see carried it (switched off however it was, torch's C++ bindings called
+    directly, a socket or the store of the program's own). Only for a method of point-to-point calls,
+    whose every byte a rank's record counts."""
+    if world.carried is None or method is None or not method.sends or world.world_size < 2:
+        return Verdict(True)
+    hosts = sorted(set(world.hosts))
+    silent = [h for h in hosts if h not in world.carried]
+    if silent:
+        return Verdict(False, f"the launcher of {', '.join(silent)} ended before it said what the connections "
+                              f"carried: {exercise}'s method is not shown",
+                       (Mismatch(None, "bytes the connections carried", "measured on every host", "not said"),))
+    unmeasured = [f"{h}: {world.carried[h].error}" for h in hosts if world.carried[h].error]
+    if unmeasured:
+        return Verdict(True, notes=(f"the connections were not measured ({'; '.join(unmeasured)})",))
+    carried = sum(world.carried[h].carried for h in hosts)
+    summaries = [s for r in range(world.world_size) if isinstance(s := calls.get(r), Mapping)]
+    recorded = sum(_bytes_sent(s) or 0 for s in summaries)
+    messages = sum(_whole(s.get("messages")) for s in summaries)
+    barriers = sum(n for s in summaries for name, n in (counts_of(s) or {}).items() if name in SYNC)
+    allowed = (recorded + CARRIED_FIXED + CARRIED_PER_RANK_PAIR * world.world_size ** 2 + CARRIED_PER_MESSAGE * messages
+               + CARRIED_PER_BARRIER * world.world_size * barriers + int(CARRIED_SLACK * recorded))
+    notes = (f"the connections carried {_size(carried)}; the ranks' records account for {_size(recorded)} in "
+             f"{messages} message(s)",)
+    lost = [h for h in hosts if world.carried[h].lost]
+    if lost:  # (an honest run closes a few connections: these closed more than the kernel could report)
+        return Verdict(False, f"the launcher of {', '.join(lost)} lost count of the connections the ranks closed "
+                              f"(more at once than the kernel could report): {exercise}'s method is not shown",
+                       (Mismatch(None, "closed connections counted", "all", "not all"),), notes)
+    if carried <= allowed:
+        return Verdict(True, notes=notes)
+    unseen = carried - recorded
+    return Verdict(False, f"the ranks' connections carried {_size(carried)} but their records account for "
+                          f"{_size(recorded)}: {_size(unseen)} went by calls the call recorder did not see "
+                          f"(measured outside the ranks, by each host's launcher)",
+                   (Mismatch(None, "bytes the connections carried", f"at most {_size(allowed)} (the records' "
+                             f"{_size(recorded)}, headers and the lab's own)", _size(carried)),), notes)
+
+
+def _whole(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _size(count: int) -> str:
+    for unit, size in (("MB", 10 ** 6), ("KB", 10 ** 3)):
+        if count >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{count} bytes"
+
+
 def _silent(calls: Calls, ranks: list[int]) -> list[tuple[int, str]]:
     """(rank, `` in NAME()``, or nothing for the whole rank) for each of ``ranks``, or function of the
     student's, whose record says it sent no byte to any peer."""

@@ -42,6 +42,7 @@ from lab.suite.exercises import ring_cases
 from lab.suite.method import (
     Calls,
     Method,
+    check_carried,
     check_method,
     combine,
     nonblocking,
@@ -80,12 +81,16 @@ class Exercise:
     def judge(self, results: Results, calls: Calls, world: World, part: str | None = None) -> Verdict:
         """The values (``check``) and the method (the calls each rank made) together, and each part's
         verdict: a part passes when its own values and calls do and it is the student's (a function
-        the solution took from the reference, or lacks, is not). With ``part``, that part alone."""
+        the solution took from the reference, or lacks, is not). With ``part``, that part alone. Where the run
+        measured its connections, more bytes carried than the records account for fails every part."""
+        carried = check_carried(self.name, self.method, calls, world)  # (the whole run's: every part's evidence)
         if part is not None:
-            verdict = self._part(part, results, calls, world)
+            verdict = combine(self._part(part, results, calls, world), carried)
             return replace(verdict, parts=(PartVerdict(part, verdict.passed, verdict.reason),))
-        verdict = combine(self.check(results, world), check_method(self.name, self.method, calls, world))
-        parts = tuple(PartVerdict(p, (v := self._part(p, results, calls, world)).passed, v.reason) for p in self.parts)
+        verdict = combine(combine(self.check(results, world), check_method(self.name, self.method, calls, world)),
+                          carried)
+        parts = tuple(PartVerdict(p, (v := combine(self._part(p, results, calls, world), carried)).passed, v.reason)
+                      for p in self.parts)
         failed = [p for p in parts if not p.passed]
         reason = verdict.reason if not verdict.passed else "; ".join(p.reason for p in failed)
         return replace(verdict, passed=verdict.passed and not failed, reason=reason, parts=parts)
