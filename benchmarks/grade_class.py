@@ -14,7 +14,8 @@ baseline; goal at most 1.2) and throughput (--parallel 2 against --parallel 1; g
 processes used, over the cores), what the drawn inputs cost the controller per submission
 (drawing every rank's values, staging their files, summing them in the check) against a
 submission's run: every run above pays it too, and what the measure of each sandbox's connections
-(lab.rank.wire, which only `lab grade` takes) costs against the CPU a submission uses. Needs the Docker engine and the lab image (``make lab-up`` builds it).
+(lab.rank.wire, which only `lab grade` takes) costs against the CPU a submission uses. Needs the
+Docker engine and the lab image (``make lab-up`` builds it).
 
     python benchmarks/grade_class.py [--students 40] [--nproc 3]
 """
