@@ -66,7 +66,7 @@ def cmd_grade(args: argparse.Namespace) -> int:
     if todo:
         with places_for(request, settings, screen.sayer(console), partial(screen.working, console)) as places:
             if places.one_user_hosts:
-                views.print_one_user_hosts(console, places.one_user_hosts)
+                views.print_one_user_hosts(console, places.one_user_hosts, places.at_once)
             with views.grading_progress(console, request.exercise.name, len(todo)) as graded:
                 grade_all(todo, request.options(), places.makers, book, settings, request.wall, on_graded=graded)
     grades = list(book.grades.values())

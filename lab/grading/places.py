@@ -173,8 +173,9 @@ def _share_user(host: Host, share: int) -> str | None:
 
 
 def one_user_hosts(inventory: Inventory) -> list[str]:
-    """The SSH hosts where every share runs as one user (no ``grade_users``): there the
-    submissions graded at once can read each other's run files and signal each other."""
+    """The SSH hosts where every share runs as one user (no ``grade_users``): there what the ranks'
+    connections carried is not measured (others' would count: ``Hosts.wire``), and the submissions
+    graded at once can read each other's run files and signal each other."""
     return [h.name for h in inventory.hosts if h.connection == "ssh" and not h.grade_users]
 
 
@@ -236,7 +237,8 @@ class GradeRequest:
 @dataclass(frozen=True)
 class Places:
     makers: list[PlaceMaker]  # one for each submission graded at once
-    one_user_hosts: list[str] = field(default_factory=list)  # see one_user_hosts (only when graded at once)
+    one_user_hosts: list[str] = field(default_factory=list)  # see one_user_hosts
+    at_once: bool = False  # more than one submission graded at a time
 
 
 @contextlib.contextmanager
@@ -247,8 +249,7 @@ def places_for(request: GradeRequest, ssh: SSHSettings, say: Say, working: Worki
     if request.hosts:
         inventory = with_master_address(load_inventory(request.hosts), ssh)
         shares = split_inventory(inventory, request.parallel, request.exercise.min_ranks)
-        yield Places([fixed(share, ssh) for share in shares],
-                     one_user_hosts(inventory) if request.parallel > 1 else [])
+        yield Places([fixed(share, ssh) for share in shares], one_user_hosts(inventory), request.parallel > 1)
     elif request.sandbox == "none":
         yield Places([fixed(local_inventory(request.nproc))] * request.parallel)
     else:

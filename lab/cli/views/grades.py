@@ -20,9 +20,11 @@ from lab.grading.grade import Grade
 GRADE_STYLES = {"pass": "bold green", "fail": "bold red", "timeout": "bold red", "error": "yellow"}
 
 
-def print_one_user_hosts(console: Console, hosts: list[str]) -> None:
-    console.print(f"note: {', '.join(hosts)} name no grade_users: the submissions graded at once "
-                  "there run as one user and can read each other's run files", style="yellow")
+def print_one_user_hosts(console: Console, hosts: list[str], at_once: bool) -> None:
+    also = "; graded at once, they can read each other's run files" if at_once else ""
+    console.print(f"note: {', '.join(hosts)} name no grade_users: the submissions run there as one user, whose "
+                  f"connections are not measured (a collective hidden from the call recorder is not caught){also}",
+                  style="yellow")
 
 
 @contextlib.contextmanager
