@@ -205,13 +205,17 @@ def test_the_recorder_counts_only_while_recording_and_not_calls_inside_calls() -
     inner_send = send
     send_object = r.wrap("send_object_list", lambda dst: inner_send(FakeTensor(3, 1), dst))
     barrier = r.wrap("barrier", lambda: None)
+    new_group = r.wrap_group_maker(lambda ranks: tuple(ranks))
     barrier()  # the lab's own, before the exercise
+    new_group([0, 1])
     with r.recording():
         send(FakeTensor(10), 1)
         send(tensor=FakeTensor(5, 8), dst=2)
         send_object(1)
+        assert new_group([1, 2]) == (1, 2)  # (counted apart: making a group is no call of the method)
     barrier()  # the lab's own, after it
-    assert r.summary() == {"counts": {"send": 2, "send_object_list": 1}, "sent": {"1": 43, "2": 40}, "messages": 3}
+    assert r.summary() == {"counts": {"send": 2, "send_object_list": 1}, "sent": {"1": 43, "2": 40}, "messages": 3,
+                           "groups": 1}
     with r.recording():  # each exercise starts from nothing
         barrier()
     assert r.summary() == {"counts": {"barrier": 1}, "sent": {}, "messages": 0}

@@ -132,6 +132,11 @@ def test_more_carried_than_recorded_fails_every_rank_and_says_how_much_went_unse
     # each host's measure adds up: two hosts carried it between them
     split = world({"a": Carried(6_000_000), "b": Carried(7_878_848)}, ("a", "b", "b"))
     assert "carried 13.9 MB" in check_carried("p2p", nonblocking(), calls, split).reason
+    # a program that makes groups is allowed their members' connecting anew (20 groups of 3, as measured)
+    made = {r: {"counts": {}, "sent": {}, "messages": 0, "groups": 20} for r in range(3)}
+    assert check_carried("p2p", point_to_point(), made, world({"sandbox": Carried(76_516)})).passed
+    assert not check_carried("p2p", point_to_point(), {r: {**c, "groups": 0} for r, c in made.items()},
+                             world({"sandbox": Carried(76_516)})).passed
     # barriers are allowed their small messages to every rank
     calls = {r: ring_calls(0, 0, barriers=20) for r in range(3)}
     assert check_carried("p2p", point_to_point(), calls, world({"sandbox": Carried(100_000)})).passed

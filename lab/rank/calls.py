@@ -29,7 +29,8 @@ destroy) are never the student's. What is recorded:
   that raised was made, and counts.
 * ``sent``: destination rank -> bytes this rank sent point to point (``numel() *
   element_size()`` of every tensor given to send or isend, the ones inside
-  ``batch_isend_irecv`` and ``send_object_list`` included); ``messages``: how many tensors that was.
+  ``batch_isend_irecv`` and ``send_object_list`` included); ``messages``: how many tensors that was;
+  ``groups``: the process groups it made (``new_group``), where it made any.
 * ``functions``: for each function a student writes (``Exercise.writes``) that the worker
   wrapped with :meth:`Recorder.scoped`: ``calls`` (times it was called), ``tensor_bytes``
   (the bytes of its first tensor argument, summed over the calls), its own ``counts`` and
@@ -122,6 +123,7 @@ class Recorder:
         self._active = False  # recording now (the wrappers read it: no property on their path)
         self._recording = False  # inside :meth:`recording`
         self.switched_off = 0  # times a program switched :attr:`active` off while recording
+        self.groups = 0  # process groups the program made while recording (each connects its members anew)
         self.installed: list[tuple[Any, str, Any, str]] = []  # (owner, attribute, our stand-in, label): install()
         self.total = Tally()
         self.functions: dict[str, Tally] = {}
@@ -144,7 +146,7 @@ class Recorder:
     @contextlib.contextmanager
     def recording(self) -> Iterator[None]:
         """Record from a clean slate until the block ends; :meth:`summary` then says what it saw."""
-        self.total, self.functions, self.switched_off = Tally(), {}, 0
+        self.total, self.functions, self.switched_off, self.groups = Tally(), {}, 0, 0
         self._recording = self._active = True
         try:
             yield
@@ -166,6 +168,8 @@ class Recorder:
         tampered = self.tampering()
         with self._lock:
             data = self.total.to_json()
+            if self.groups:
+                data["groups"] = self.groups
             if tampered:
                 data["tampered"] = tampered
             if self.functions:
@@ -209,6 +213,19 @@ class Recorder:
 
         setattr(wrapper, WRAPPED, name)
         return wrapper
+
+    def wrap_group_maker(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``new_group``, each call counted while recording (not as a call of the method: making a group
+        moves no data of the program's, but its members connect anew: lab.suite.method.check_carried)."""
+
+        @functools.wraps(fn)
+        def new_group(*args: Any, **kwargs: Any) -> Any:
+            if self._active:
+                with self._lock:
+                    self.groups += 1
+            return fn(*args, **kwargs)
+
+        return new_group
 
     def wrap_method(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
         """A ProcessGroup method recorded as ``ProcessGroup.<name>`` when the program calls it
@@ -369,7 +386,9 @@ def install(recorder: Recorder = RECORDER) -> None:
 
     FLIGHT.bind()
     modules = (dist, c10d)
-    flight_only = {"new_group": FLIGHT.wrap_new_group, "init_process_group": FLIGHT.wrap_init}
+    # (the flight recorder's wrapper outermost: it takes the program's frame as its caller's)
+    flight_only = {"new_group": lambda fn: FLIGHT.wrap_new_group(recorder.wrap_group_maker(fn)),
+                   "init_process_group": FLIGHT.wrap_init}
     for name in (*FUNCTIONS, *flight_only):
         fn = getattr(c10d, name, None) or getattr(dist, name, None)
         if not callable(fn) or getattr(fn, WRAPPED, None) is not None:

@@ -133,13 +133,15 @@ def check_method(exercise: str, method: Method | None, calls: Calls, world: Worl
 
 # What a run's connections carry beyond the tensors its ranks sent point to point (lab.rank.wire measures it):
 # gloo's three headers a message (the sender's two, the receiver's one: 48 bytes each), a barrier's small
-# messages, and the lab's own traffic (the rendezvous store, the group's connections, its barriers), which
-# grows with the ranks that meet. Measured at 144 bytes a message and 2.5 KB a rank for 3 ranks; allowed with
-# room to spare, and a fraction of the bytes besides.
+# messages, the groups a program makes (their members connect anew), and the lab's own traffic (the
+# rendezvous store, the group's connections, its barriers), which grows with the ranks that meet. Measured:
+# 144 bytes a message, 2.5 KB a rank for 3 ranks, 3.5 KB a group of 3; allowed with room to spare, and a
+# fraction of the bytes besides.
 CARRIED_PER_MESSAGE = 160
 CARRIED_PER_BARRIER = 1024  # per rank of the run, for each barrier a rank called (its messages go to every rank)
 CARRIED_FIXED = 16 * 1024
 CARRIED_PER_RANK_PAIR = 512  # for each (rank, peer) pair: the rendezvous's addresses, the connections' greetings
+CARRIED_PER_GROUP = 1024  # for each (rank, peer) pair, for each group made (measured: 3.5 KB a group of 3 ranks)
 CARRIED_SLACK = 0.01
 
 
@@ -164,8 +166,10 @@ def check_carried(exercise: str, method: Method | None, calls: Calls, world: Wor
     summaries = [s for r in range(world.world_size) if isinstance(s := calls.get(r), Mapping)]
     recorded = sum(_bytes_sent(s) or 0 for s in summaries)
     messages = sum(_whole(s.get("messages")) for s in summaries)
+    groups = max((_whole(s.get("groups")) for s in summaries), default=0)  # (every rank makes every group)
     barriers = sum(n for s in summaries for name, n in (counts_of(s) or {}).items() if name in SYNC)
-    allowed = (recorded + CARRIED_FIXED + CARRIED_PER_RANK_PAIR * world.world_size ** 2 + CARRIED_PER_MESSAGE * messages
+    allowed = (recorded + CARRIED_FIXED + (CARRIED_PER_RANK_PAIR + CARRIED_PER_GROUP * groups) * world.world_size ** 2
+               + CARRIED_PER_MESSAGE * messages
                + CARRIED_PER_BARRIER * world.world_size * barriers + int(CARRIED_SLACK * recorded))
     notes = (f"the connections carried {_size(carried)}; the ranks' records account for {_size(recorded)} in "
              f"{messages} message(s)",)
