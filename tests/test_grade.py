@@ -333,6 +333,36 @@ def test_a_class_graded_in_sandboxes_two_at_a_time(lab: Lab, tmp_path: Path, doc
 
 
 @pytest.mark.docker
+def test_a_sandboxed_grader_killed_mid_class_leaves_a_sandbox_the_next_one_removes_first(
+        lab: Lab, tmp_path: Path, docker_client) -> None:  # type: ignore[no-untyped-def]
+    students = ("alice", "bob", "erin", "heidi", "ivan", "walter")
+    submissions = tmp_path / "class"
+    submissions.mkdir()
+    for student in students:
+        (submissions / f"{student}.py").write_text((CLASS / f"{student}.py").read_text())
+    out = tmp_path / "book"
+    args = ("grade", str(submissions), "--exercise", "ring-allreduce", "--nproc", "3", "--timeout", "15",
+            "--out", str(out))
+    grader = lab.popen(*args)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not (
+            len(read_grades(out) if (out / "grades.csv").exists() else {}) >= 2 and sandboxes(docker_client)):
+        time.sleep(0.1)
+    grader.kill()  # SIGKILL: its sandbox stays, with nobody to remove it
+    grader.communicate(timeout=30)
+    before = read_grades(out)
+    assert 2 <= len(before) < len(students), before
+    assert sandboxes(docker_client), "the killed grader's sandbox is gone already: nothing was tested"
+    result = lab(*args, timeout=300)
+    assert result.code == 0, result.text
+    with (out / "grades.csv").open(newline="") as f:
+        assert sorted(row["student"] for row in csv.DictReader(f)) == sorted(students)  # each exactly once
+    assert_graded_as_expected(read_grades(out), {s: EXPECTED[s] for s in students})
+    assert sandboxes(docker_client) == []  # the killed one's too
+    assert lab.leftovers() == []
+
+
+@pytest.mark.docker
 def test_a_submission_cannot_reach_the_network_or_write_outside_its_scratch(lab: Lab, tmp_path: Path,
                                                                              docker_client) -> None:  # type: ignore[no-untyped-def]
     """What the sandbox lets a submission see: user nobody, no route out, a read-only root, no
