@@ -93,11 +93,18 @@ def test_every_byte_is_counted_once_at_its_sender_closed_connections_and_other_u
     assert measured["uid"][1] == measured["netns"][1] == 0
 
 
-def test_a_launcher_asked_for_a_measure_it_cannot_take_says_why() -> None:
+def test_a_launcher_asked_for_a_measure_it_cannot_take_or_keep_says_why() -> None:
     assert Measure.begin(None).asked is False and Measure.begin("").fds == []
     bogus = Measure.begin("everything")
     assert bogus.asked and bogus.fds == []
     assert bogus.end() == {"carried": 0, "lost": 0, "error": "no such mode of measure: 'everything'"}
+    # one that stops measuring while the ranks run says so: what it had counted is no measure
+    broken = Measure.begin("uid")
+    assert broken.wire is not None and broken.fds == [broken.wire.fileno()]
+    broken.wire.close()
+    broken.look(closed=True)
+    assert broken.fds == [] and broken.end() == {"carried": 0, "lost": 0, "failed": "the kernel's socket diagnostics "
+                                                 "failed: Bad file descriptor"}
 
 
 # -- the check ----------------------------------------------------------------------------------
@@ -142,7 +149,7 @@ def test_more_carried_than_recorded_fails_every_rank_and_says_how_much_went_unse
     assert check_carried("p2p", point_to_point(), calls, world({"sandbox": Carried(100_000)})).passed
 
 
-def test_a_host_that_said_nothing_or_lost_count_fails_one_that_could_not_measure_is_a_note() -> None:
+def test_a_host_that_said_nothing_lost_count_or_stopped_measuring_fails_one_that_could_not_begin_is_a_note() -> None:
     calls = {r: ring_calls(1000, 10) for r in range(3)}
     hosts = ("a", "b", "b")
     silent = check_carried("p2p", point_to_point(), calls, world({"a": Carried(3000)}, hosts))
@@ -150,6 +157,10 @@ def test_a_host_that_said_nothing_or_lost_count_fails_one_that_could_not_measure
                                                           "connections carried")
     unable = check_carried("p2p", point_to_point(), calls, world({"a": Carried(3000), "b": Carried(0, 0, "no")}, hosts))
     assert unable.passed and unable.notes == ("the connections were not measured (b: no)",)
+    stopped = world({"a": Carried(3000), "b": Carried(0, 0, failed="x")}, hosts)
+    broke = check_carried("p2p", point_to_point(), calls, stopped)
+    assert not broke.passed and broke.reason == ("the measure of the connections failed while the ranks ran on b (x): "
+                                                 "p2p's method is not shown")
     lost = check_carried("p2p", point_to_point(), calls, world({"a": Carried(3000, 2), "b": Carried(1000)}, hosts))
     assert not lost.passed and lost.reason == ("the launcher of a lost count of the connections the ranks closed (more "
                                                "at once than the kernel could report): p2p's method is not shown")

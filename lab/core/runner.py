@@ -364,7 +364,7 @@ class Run:
             self.preflight.take(launch.launch.host, event)
             return
         if kind == WIRE_EVENT and self.plan.wire is not None and launch.launcher == "lab":
-            launch.carried = Carried(event["carried"], event["lost"], event.get("error", ""))
+            launch.carried = Carried(event["carried"], event["lost"], event.get("error", ""), event.get("failed", ""))
             return
         if kind not in RANK_EVENTS | LAUNCHER_EVENTS:
             self._violation(self._first_rank(launch), f"sent a {kind!r} event, which no rank sends")

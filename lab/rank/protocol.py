@@ -151,11 +151,11 @@ FIELDS: Final[dict[str, dict[str, Type]]] = {
     "exit": {"rank": "int", "code": "int"},
     "bad": {"rank": "int", "what": "str"},
     "ports": {"ports": "list"},
-    "wire": {"rank": "int", "carried": "int", "lost": "int", "error": "str"},
+    "wire": {"rank": "int", "carried": "int", "lost": "int", "error": "str", "failed": "str"},
 }
 OPTIONAL: Final[dict[str, frozenset[str]]] = {
     "hello": frozenset({"python", "torch"}), "result": frozenset({"calls"}), "error": frozenset({"calls"}),
-    "wire": frozenset({"error"}),
+    "wire": frozenset({"error", "failed"}),
 }
 
 

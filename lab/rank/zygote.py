@@ -187,7 +187,8 @@ class Measure:
 
     asked: bool = False
     wire: Wire | None = None
-    error: str = ""  # why it cannot measure
+    error: str = ""  # why it could not begin (the kernel has no socket diagnostics)
+    failed: str = ""  # why it stopped while the ranks ran: what it counted is no measure
 
     @classmethod
     def begin(cls, mode: str | None) -> Measure:
@@ -217,17 +218,17 @@ class Measure:
 
     def end(self) -> dict[str, object]:
         """The ``wire`` event's fields: the bytes carried, the destroy messages lost, why not measured."""
-        carried = 0
+        carried, lost = 0, 0
         if self.wire is not None:
             try:
-                carried = self.wire.carried()
+                carried, lost = self.wire.carried(), self.wire.lost
             except OSError as exc:
                 self._failed(exc)
-        return {"carried": carried, "lost": self.wire.lost if self.wire else 0,
-                **({"error": self.error} if self.error else {})}
+        return {"carried": carried, "lost": lost, **({"error": self.error} if self.error else {}),
+                **({"failed": self.failed} if self.failed else {})}
 
     def _failed(self, exc: OSError) -> None:
-        self.error = f"the kernel's socket diagnostics failed: {exc.strerror or exc}"
+        self.failed = f"the kernel's socket diagnostics failed: {exc.strerror or exc}"
         if self.wire is not None:
             self.wire.close()
             self.wire = None

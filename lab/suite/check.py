@@ -29,6 +29,7 @@ class Carried:
     carried: int  # bytes its ranks' TCP connections carried (each byte once, at its sender)
     lost: int = 0  # the kernel's messages of closed connections it lost: it may fall short
     error: str = ""  # why it could not measure (then ``carried`` says nothing)
+    failed: str = ""  # why it stopped measuring while the ranks ran (then ``carried`` says nothing)
 
 
 @dataclass(frozen=True)

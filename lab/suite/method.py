@@ -159,6 +159,11 @@ def check_carried(exercise: str, method: Method | None, calls: Calls, world: Wor
         return Verdict(False, f"the launcher of {', '.join(silent)} ended before it said what the connections "
                               f"carried: {exercise}'s method is not shown",
                        (Mismatch(None, "bytes the connections carried", "measured on every host", "not said"),))
+    failed = [f"{h} ({world.carried[h].failed})" for h in hosts if world.carried[h].failed]
+    if failed:  # (it began, so the kernel can: what stopped it happened while the program ran)
+        return Verdict(False, f"the measure of the connections failed while the ranks ran on {', '.join(failed)}: "
+                              f"{exercise}'s method is not shown",
+                       (Mismatch(None, "bytes the connections carried", "measured on every host", "not measured"),))
     unmeasured = [f"{h}: {world.carried[h].error}" for h in hosts if world.carried[h].error]
     if unmeasured:
         return Verdict(True, notes=(f"the connections were not measured ({'; '.join(unmeasured)})",))
