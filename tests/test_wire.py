@@ -138,7 +138,11 @@ def test_more_carried_than_recorded_fails_every_rank_and_says_how_much_went_unse
     assert verdict.mismatches[0].what == "bytes the connections carried" and verdict.mismatches[0].got == "13.9 MB"
     # each host's measure adds up: two hosts carried it between them
     split = world({"a": Carried(6_000_000), "b": Carried(7_878_848)}, ("a", "b", "b"))
-    assert "carried 13.9 MB" in check_carried("p2p", nonblocking(), calls, split).reason
+    verdict = check_carried("p2p", nonblocking(), calls, split)
+    assert "carried 13.9 MB" in verdict.reason
+    assert [(m.what, m.expected, m.got) for m in verdict.mismatches[1:]] == [
+        ("bytes a's connections carried (rank 0)", "its records' 528 bytes, and headers", "6.0 MB"),
+        ("bytes b's connections carried (ranks 1, 2)", "its records' 1.1 KB, and headers", "7.9 MB")]
     # a program that makes groups is allowed their members' connecting anew (20 groups of 3, as measured)
     made = {r: {"counts": {}, "sent": {}, "messages": 0, "groups": 20} for r in range(3)}
     assert check_carried("p2p", point_to_point(), made, world({"sandbox": Carried(76_516)})).passed

@@ -190,7 +190,22 @@ def check_carried(exercise: str, method: Method | None, calls: Calls, world: Wor
                           f"{_size(recorded)}: {_size(unseen)} went by calls the call recorder did not see "
                           f"(measured outside the ranks, by each host's launcher)",
                    (Mismatch(None, "bytes the connections carried", f"at most {_size(allowed)} (the records' "
-                             f"{_size(recorded)}, headers and the lab's own)", _size(carried)),), notes)
+                             f"{_size(recorded)}, headers and the lab's own)", _size(carried)),
+                    *_by_host(calls, world, hosts)), notes)
+
+
+def _by_host(calls: Calls, world: World, hosts: list[str]) -> tuple[Mismatch, ...]:
+    """Where the run had several hosts, what each one's connections carried against its ranks' records."""
+    if len(hosts) < 2:
+        return ()
+    assert world.carried is not None
+    rows = []
+    for host in hosts:
+        ranks = [r for r in range(world.world_size) if world.hosts[r] == host]
+        recorded = sum(_bytes_sent(s) or 0 for r in ranks if isinstance(s := calls.get(r), Mapping))
+        rows.append(Mismatch(None, f"bytes {host}'s connections carried ({ranks_named(ranks)})",
+                             f"its records' {_size(recorded)}, and headers", _size(world.carried[host].carried)))
+    return tuple(rows)
 
 
 def _whole(value: Any) -> int:
