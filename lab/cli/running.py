@@ -23,7 +23,7 @@ from lab.cli.views import run as views
 from lab.cli.views import screen
 from lab.cli.views.doctor import print_diagnosis
 from lab.core import slurm as slurm_jobs
-from lab.core.judge import exit_code, hung_at_start, judge
+from lab.core.judge import exit_code, hung_at_start, judge, stopped_exit
 from lab.core.outcome import RankState, RunOutcome
 from lab.core.plan import (
     BACKENDS,
@@ -194,12 +194,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def _launch_exit(outcome: RunOutcome, failed: list[RankState]) -> ExitCode:
-    if outcome.status == "interrupted":
-        return ExitCode.INTERRUPTED
-    if outcome.status == "preflight":
-        return ExitCode.NETWORK
-    if outcome.stopped:
-        return ExitCode.TIMEOUT
+    stopped = stopped_exit(outcome)
+    if stopped is not None:
+        return stopped
     return ExitCode.OK if not failed else ExitCode.CHECK_FAILED
 
 

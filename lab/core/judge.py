@@ -179,13 +179,22 @@ def hung_at_start(outcome: RunOutcome) -> bool:
                for s in outcome.ranks if s.spec.rank in outcome.hung)
 
 
-def exit_code(outcome: RunOutcome, reports: list[ExerciseReport]) -> ExitCode:
+def stopped_exit(outcome: RunOutcome) -> ExitCode | None:
+    """The exit code of a run that did not run to its end (interrupted, stopped by the preflight, hung or
+    timed out); None for one that did, whose verdicts say the rest."""
     if outcome.status == "interrupted":
         return ExitCode.INTERRUPTED
     if outcome.status == "preflight":
         return ExitCode.NETWORK
     if outcome.stopped:
         return ExitCode.TIMEOUT
+    return None
+
+
+def exit_code(outcome: RunOutcome, reports: list[ExerciseReport]) -> ExitCode:
+    stopped = stopped_exit(outcome)
+    if stopped is not None:
+        return stopped
     if any(r.status == "fail" for r in reports):
         return ExitCode.CHECK_FAILED
     if outcome.status == "crashed" or any(not r.passed for r in reports):
