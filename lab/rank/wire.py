@@ -75,21 +75,21 @@ class Wire:
     uid: int = field(default_factory=os.getuid)
     before: set[int] = field(default_factory=set)  # the cookies of the sockets there when the measure began
     counted: dict[int, int] = field(default_factory=dict)  # cookie -> most bytes acked seen, of the run's
-    lost: int = 0  # destroy messages the kernel dropped (its queue was full): the measure may fall short
+    lost: int = 0  # times the kernel dropped destroy messages (their queue was full): the measure falls short
     polled_at: float = 0.0
     events: socket.socket | None = None
 
     @classmethod
     def start(cls, mode: Mode) -> Wire:
-        """Subscribe to the destroyed sockets, then note what every socket has carried so far. Raises
-        OSError where the kernel has no socket diagnostics."""
-        wire = cls(mode)
+        """Note the sockets there already (none of them will count), then subscribe to the closing ones'
+        last counts (in that order: one that closes in between is none of the ranks', which start after).
+        Raises OSError where the kernel has no socket diagnostics."""
+        wire = cls(mode, before={s.cookie for s in sockets()})
         wire.events = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK,
                                     NETLINK_SOCK_DIAG)
         with contextlib.suppress(OSError):
             wire.events.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
         wire.events.bind((0, sum(1 << (group - 1) for group in TCP_DESTROY_GROUPS)))
-        wire.before = {s.cookie for s in sockets()}
         wire.polled_at = time.monotonic()
         return wire
 
