@@ -57,6 +57,7 @@ from lab.rank.protocol import (
     NEUTRAL,
     RANK_EVENTS,
     UNIT_SEPARATOR,
+    WIRE_EVENT,
     EventBudget,
     MalformedEvent,
     event_line,
@@ -272,7 +273,7 @@ def main(options: argparse.Namespace, first_local_rank: int = 0, checking: Prefl
         os.close(fd)
     _pass_on(ranks, token, measure)
     if measure.asked:
-        _write(1, event_line(token, "wire", rank=options.first_rank, **measure.end()).encode())
+        _write(1, event_line(token, WIRE_EVENT, rank=options.first_rank, **measure.end()).encode())
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0 if all(r.code == 0 for r in ranks) else 1)
@@ -348,14 +349,15 @@ def _pass_on(ranks: list[Rank], token: str, measure: Measure) -> None:
     gone) or the controller's streams breaking kills the group."""
     stdin_open = True
     while not all(r.reported for r in ranks):
-        fds = [fd for r in ranks for fd in r.pipes] + ([0] if stdin_open else []) + measure.fds
+        measured = measure.fds  # (taken once: a measure that fails in look() has none after it)
+        fds = [fd for r in ranks for fd in r.pipes] + ([0] if stdin_open else []) + measured
         ready = select.select(fds, [], [], 0.1)[0]
-        measure.look(closed=bool(set(measure.fds) & set(ready)))
+        measure.look(closed=any(fd in measured for fd in ready))
         for fd in ready:
             if fd == 0:
                 stdin_open = _stdin_is_open()
                 continue
-            if fd in measure.fds:
+            if fd in measured:
                 continue
             rank = next(r for r in ranks if fd in r.pipes)
             passer, target = rank.pipes[fd]
