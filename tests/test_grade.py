@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from xml.etree import ElementTree as ET
@@ -65,6 +66,35 @@ EXPECTED = {
 def read_grades(out: Path) -> dict[str, dict[str, str]]:
     with (out / "grades.csv").open(newline="") as f:
         return {row["student"]: row for row in csv.DictReader(f)}
+
+
+def class_of(tmp_path: Path, *students: str) -> Path:
+    """A submissions folder of these students of the class (tests/class/ring)."""
+    submissions = tmp_path / "class"
+    submissions.mkdir()
+    for student in students:
+        (submissions / f"{student}.py").write_text((CLASS / f"{student}.py").read_text())
+    return submissions
+
+
+def graded_then_killed(lab: Lab, args: tuple[str, ...], out: Path,
+                       ready: Callable[[], bool] = lambda: True) -> dict[str, dict[str, str]]:
+    """Start ``lab grade``, SIGKILL it once two rows are written (and ``ready``): the rows it left,
+    whole rows only (nothing of the grader's own runs after a SIGKILL)."""
+    grader = lab.popen(*args)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not (
+            len(read_grades(out) if (out / "grades.csv").exists() else {}) >= 2 and ready()):
+        time.sleep(0.1)
+    grader.kill()
+    grader.communicate(timeout=30)
+    return read_grades(out)
+
+
+def students_in(out: Path) -> list[str]:
+    """The students of grades.csv, a row each, as many times as they have rows."""
+    with (out / "grades.csv").open(newline="") as f:
+        return [row["student"] for row in csv.DictReader(f)]
 
 
 def assert_graded_as_expected(grades: dict[str, dict[str, str]], expected: dict[str, tuple[str, str]],
@@ -204,10 +234,7 @@ def test_bad_grading_input_is_one_line_and_exit_2(lab: Lab, tmp_path: Path) -> N
 @pytest.mark.local
 def test_grading_without_a_sandbox_on_local_clusters_side_by_side(lab: Lab, tmp_path: Path) -> None:
     """Two local clusters at once, each submission its own run: the rows, the JUnit files."""
-    submissions = tmp_path / "class"
-    submissions.mkdir()
-    for student in ("alice", "bob", "heidi", "ivan"):
-        (submissions / f"{student}.py").write_text((CLASS / f"{student}.py").read_text())
+    submissions = class_of(tmp_path, "alice", "bob", "heidi", "ivan")
     out = tmp_path / "book"
     result = lab("grade", str(submissions), "--exercise", "ring-allreduce", "--nproc", "3", "--sandbox", "none",
                  "--parallel", "2", "--out", str(out), timeout=300)
@@ -222,20 +249,10 @@ def test_grading_without_a_sandbox_on_local_clusters_side_by_side(lab: Lab, tmp_
 @pytest.mark.local
 def test_a_grader_killed_mid_class_and_run_again_grades_each_student_exactly_once(lab: Lab, tmp_path: Path) -> None:
     students = ("alice", "bob", "erin", "frank", "heidi", "ivan")
-    submissions = tmp_path / "class"
-    submissions.mkdir()
-    for student in students:
-        (submissions / f"{student}.py").write_text((CLASS / f"{student}.py").read_text())
     out = tmp_path / "book"
-    args = ("grade", str(submissions), "--exercise", "ring-allreduce", "--nproc", "3", "--sandbox", "none",
-            "--out", str(out))
-    grader = lab.popen(*args)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and len(read_grades(out) if (out / "grades.csv").exists() else {}) < 2:
-        time.sleep(0.1)
-    grader.kill()  # SIGKILL: nothing of the grader's own runs after this
-    grader.communicate(timeout=30)
-    before = read_grades(out)  # whole rows only
+    args = ("grade", str(class_of(tmp_path, *students)), "--exercise", "ring-allreduce", "--nproc", "3",
+            "--sandbox", "none", "--out", str(out))
+    before = graded_then_killed(lab, args, out)
     assert 2 <= len(before) < len(students), before
     deadline = time.monotonic() + 30
     while lab.leftovers() and time.monotonic() < deadline:  # (its ranks stop when their controller is gone)
@@ -243,9 +260,7 @@ def test_a_grader_killed_mid_class_and_run_again_grades_each_student_exactly_onc
     result = lab(*args, timeout=300)
     assert result.code == 0, result.text
     assert f"{len(before)} submission(s) already graded in {out}" in " ".join(result.out.split())
-    with (out / "grades.csv").open(newline="") as f:
-        rows = [row["student"] for row in csv.DictReader(f)]
-    assert sorted(rows) == sorted(students)  # each exactly once
+    assert sorted(students_in(out)) == sorted(students)  # each exactly once
     after = read_grades(out)
     assert all(after[student] == row for student, row in before.items())  # kept, not graded again
     assert_graded_as_expected(after, {s: EXPECTED[s] for s in students})
@@ -339,27 +354,15 @@ def test_a_class_graded_in_sandboxes_two_at_a_time(lab: Lab, tmp_path: Path, doc
 def test_a_sandboxed_grader_killed_mid_class_leaves_a_sandbox_the_next_one_removes_first(
         lab: Lab, tmp_path: Path, docker_client) -> None:  # type: ignore[no-untyped-def]
     students = ("alice", "bob", "erin", "heidi", "ivan", "walter")
-    submissions = tmp_path / "class"
-    submissions.mkdir()
-    for student in students:
-        (submissions / f"{student}.py").write_text((CLASS / f"{student}.py").read_text())
     out = tmp_path / "book"
-    args = ("grade", str(submissions), "--exercise", "ring-allreduce", "--nproc", "3", "--timeout", "15",
-            "--out", str(out))
-    grader = lab.popen(*args)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and not (
-            len(read_grades(out) if (out / "grades.csv").exists() else {}) >= 2 and sandboxes(docker_client)):
-        time.sleep(0.1)
-    grader.kill()  # SIGKILL: its sandbox stays, with nobody to remove it
-    grader.communicate(timeout=30)
-    before = read_grades(out)
+    args = ("grade", str(class_of(tmp_path, *students)), "--exercise", "ring-allreduce", "--nproc", "3",
+            "--timeout", "15", "--out", str(out))
+    before = graded_then_killed(lab, args, out, ready=lambda: bool(sandboxes(docker_client)))  # (it stays)
     assert 2 <= len(before) < len(students), before
     assert sandboxes(docker_client), "the killed grader's sandbox is gone already: nothing was tested"
     result = lab(*args, timeout=300)
     assert result.code == 0, result.text
-    with (out / "grades.csv").open(newline="") as f:
-        assert sorted(row["student"] for row in csv.DictReader(f)) == sorted(students)  # each exactly once
+    assert sorted(students_in(out)) == sorted(students)  # each exactly once
     assert_graded_as_expected(read_grades(out), {s: EXPECTED[s] for s in students})
     assert sandboxes(docker_client) == []  # the killed one's too
     assert lab.leftovers() == []
