@@ -80,8 +80,11 @@ class Sidecar(End):
                                             f"ip -d -o link show {INTERFACE} 2>/dev/null || true")
                 known = f" (an interface {INTERFACE} is there already, not WireGuard's)" if there.strip() else ""
                 raise EngineError(f"host {self.name}: wireguard-go cannot start: {_last_line(sidecar)}{known}")
-            if sidecar.exec_run(["wg", "show", INTERFACE, "listen-port"])[0] == 0:
-                return
+            try:
+                if sidecar.exec_run(["wg", "show", INTERFACE, "listen-port"])[0] == 0:
+                    return
+            except APIError:  # stopped since the reload, most likely: the next pass says why
+                pass
             if time.monotonic() > deadline:
                 raise EngineError(f"host {self.name}: wireguard-go made no {INTERFACE} within {START_WAIT:g}s: "
                                   f"{_last_line(sidecar)}")
