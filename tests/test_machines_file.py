@@ -109,9 +109,8 @@ def test_a_placement_that_cannot_be_is_refused(fixed: tuple[int | None, ...], wa
         place([machine(f"m{i + 1}", n) for i, n in enumerate(fixed)], wanted, network)  # type: ignore[arg-type]
 
 
-def test_overlay_addresses_and_labels_of_a_spread_lab() -> None:
+def test_the_labels_of_a_spread_lab() -> None:
     spread = Spread("class", ("m1", "m1", "m2"), "overlay", subnet="10.215.3.0/24")
-    assert [spread.overlay_address(i) for i in spread.indices()] == ["10.215.3.11", "10.215.3.12", "10.215.3.13"]
     assert spread.labels(3)["lab.machine"] == "m2" and "lab.ssh_port" not in spread.labels(3)
     assert Spread("class", ("m1",), "host", ssh_port=2223).labels(1)["lab.ssh_port"] == "2223"
 

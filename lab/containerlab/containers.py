@@ -76,7 +76,8 @@ class HostContainer:
         if self.machine is None:
             return f"{self.name} ({self.node}, {self.address})"
         return f"{self.name} ({self.node}){self.on_machine}" + (
-            f" at {self.address}" if self.network else ", in its network namespace")
+            f" at {self.address}" if self.address else f" on {self.network}" if self.network
+            else ", in its network namespace")
 
     @property
     def place(self) -> str:
@@ -97,15 +98,17 @@ def host_config(client: docker.DockerClient, limits: HostLimits, gpus: bool, **m
 
 def keeps(c: Container, host: HostContainer) -> bool:
     """Whether a host's running container is as ``lab up`` would make it now (image, labels,
-    limits, no capability but sshd's, and on its network at its address) and logs in the lab's
-    current key (a key made anew is a new file the running container does not see)."""
+    limits, no capability but sshd's, on its network, at its address where it has a fixed one)
+    and logs in the lab's current key (a key made anew is a new file the running container does
+    not see)."""
     config = c.attrs["HostConfig"]
     endpoint = c.attrs["NetworkSettings"]["Networks"].get(host.network) or {} if host.network else {}
     if not (c.status == "running" and host.image in c.image.tags
             and all(c.labels.get(k) == v for k, v in host.labels.items())
             and config.get("Memory") == host.limits.memory_mb << 20 and config.get("PidsLimit") == host.limits.pids
             and config.get("CapDrop") == ["ALL"]
-            and (host.network is None or (endpoint.get("IPAMConfig") or {}).get("IPv4Address") == host.address)):
+            and (host.network is None or endpoint and host.address is None
+                 or (endpoint.get("IPAMConfig") or {}).get("IPv4Address") == host.address)):
         return False
     code, out = c.exec_run(["cat", KEY_IN_HOST])
     return code == 0 and bytes(out).strip() == host.public_key.strip()

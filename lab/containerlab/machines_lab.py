@@ -4,9 +4,12 @@ The machines' engines join one Swarm (lab.containerlab.swarm); the lab's hosts a
 placed across them, in blocks in the file's order (``--hosts N`` spread evenly, or
 ``lab_hosts`` per machine). Two ways to wire them:
 
-* ``overlay`` (default): an attachable overlay network of the lab's own, each host at its own
-  address there (node i at .10+i), by name in the Swarm's DNS; its sshd is published on a port
-  of its machine that the engine picks, which the inventory names.
+* ``overlay`` (default): an attachable overlay network of the lab's own, each host at the
+  address the Swarm gives it there, by name in the Swarm's DNS; its sshd is published on a port
+  of its machine that the engine picks. The inventory names both. (A host made anew gets a new
+  address: the Swarm hands out addresses in turn, never one just freed, for Docker's overlay
+  can keep sending an address that moved to the machine that had it, or refuse to attach it
+  there, for a while after: moby/moby#35401.)
 * ``host``: one host per machine in the machine's own network namespace, on the machine's
   address (no VXLAN on the data path, as real multi-node training runs); its sshd listens on a
   port beside the machine's own: HOST_MODE_SSH_PORT, or the next one no other lab's host holds.
@@ -19,7 +22,6 @@ A ``lab up`` that fails removes what it made on every machine and leaves each Sw
 """
 from __future__ import annotations
 
-import ipaddress
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -41,7 +43,6 @@ from lab.containerlab.machines import Engine, Machine, check_engines, connect_al
 from lab.containerlab.networks import remove_network
 from lab.containerlab.resources import lab_containers, lab_networks, lab_resources
 from lab.containerlab.topology import (
-    FIRST_HOST,
     LABEL,
     NAME_LABEL,
     ROLE,
@@ -89,9 +90,6 @@ class Spread:
     @property
     def overlay(self) -> str:
         return f"{self.lab}-overlay"
-
-    def overlay_address(self, i: int) -> str:
-        return str(ipaddress.ip_network(self.subnet)[FIRST_HOST - 1 + i])
 
     def labels(self, i: int) -> dict[str, str]:
         return {LABEL: "1", NAME_LABEL: self.lab, ROLE: "host", TOPOLOGY_LABEL: f"machines-{self.network}",
@@ -235,20 +233,21 @@ class MachinesLab(Lab):
                                                _host(by_name[spread.on[i - 1]], spread, i, tag, public_key, request))
                                               for i in spread.indices()], say)
             ports = [_ssh_port(c, spread) for c in started]
+            overlay_addresses = [_overlay_address(c, spread) for c in started] if spread.network == "overlay" else []
             machine = {m.name: m for m in (e.machine for e in engines)}
             at = {spread.name(i): (machine[spread.on[i - 1]].address, ports[i - 1]) for i in spread.indices()}
             sshd.collect_host_keys(self.paths.known_hosts, {known_hosts_name(*at[spread.name(i)]): c
                                                             for i, c in zip(spread.indices(), started)})
             sshd.wait_for_ssh(at, {spread.name(i): c for i, c in zip(spread.indices(), started)})
             if spread.network == "overlay":
-                _wait_for_overlay(spread, started)
+                _wait_for_overlay(spread, started, overlay_addresses)
         except BaseException:
             removed = _remove(engines, spread.lab, say, spare=before, manager=manager)
             if joined and manager is not None:
                 swarm.leave_if_unused(joined, manager, spread.lab, say)
             say(f"lab up did not finish: removed the {removed} container(s) and network(s) it created")
             raise
-        data = {spread.name(i): spread.overlay_address(i) if spread.network == "overlay" else
+        data = {spread.name(i): overlay_addresses[i - 1] if spread.network == "overlay" else
                 by_name[spread.on[i - 1]].address for i in spread.indices()}
         self._write_inventory(spread, at, data, say)
 
@@ -389,21 +388,21 @@ def _counted(chunks: Iterator[bytes], machine: str, size: int, progress: Progres
 
 
 def _host(engine: Engine, spread: Spread, i: int, tag: str, public_key: bytes, request: UpRequest) -> HostContainer:
-    """Host i's container on its machine: on the overlay at its address, its sshd published; or in
-    the machine's network namespace, its sshd on the lab's port. The key is copied in."""
+    """Host i's container on its machine: on the overlay (at the address the Swarm gives it), its
+    sshd published; or in the machine's network namespace, its sshd on the lab's port. The key is
+    copied in."""
     overlay = spread.network == "overlay"
     return HostContainer(
         spread.container(i), spread.name(i), spread.labels(i), tag, request.limits,
         request.gpus == "all" or (request.gpus == "auto" and engine.facts.gpus), public_key,
-        network=spread.overlay if overlay else None, address=spread.overlay_address(i) if overlay else None,
+        network=spread.overlay if overlay else None,
         machine=engine.name, publish_ssh=overlay, ssh_port=None if overlay else spread.ssh_port,
         attach_wait=ATTACH_WAIT)
 
 
 # Run in a host: connect to each peer (argv: address:port...) until every one answers or the time is up;
-# prints the peers that never did. (A host moved to another machine keeps its overlay address, and
-# the Swarm takes a few seconds to tell the other machines where it went: until then its traffic
-# goes to the machine it left.)
+# prints the peers that never did. (The Swarm takes a few seconds to tell the other machines of a
+# new host.)
 _REACH_PEERS = """
 import socket, sys, time
 pending, deadline = sys.argv[2:], time.monotonic() + float(sys.argv[1])
@@ -422,11 +421,11 @@ print(" ".join(pending))
 """
 
 
-def _wait_for_overlay(spread: Spread, started: Sequence[Container]) -> None:
+def _wait_for_overlay(spread: Spread, started: Sequence[Container], addresses: Sequence[str]) -> None:
     """Until every host reaches every other's sshd at its overlay address (bounded: OVERLAY_WAIT),
     so that the lab's first run finds the network its inventory describes."""
     def unreached(i: int) -> list[str]:
-        peers = [f"{spread.overlay_address(j)}:22" for j in spread.indices() if j != i]
+        peers = [f"{addresses[j - 1]}:22" for j in spread.indices() if j != i]
         code, out = started[i - 1].exec_run(["python3", "-c", _REACH_PEERS, str(OVERLAY_WAIT), *peers])
         if code != 0:
             raise EngineError(f"host {spread.name(i)}: could not check its overlay network: "
@@ -439,6 +438,14 @@ def _wait_for_overlay(spread: Spread, started: Sequence[Container]) -> None:
         pairs = "; ".join(f"{name} reaches no sshd at {', '.join(peers)}" for name, peers in sorted(missing.items()))
         raise EngineError(f"the overlay network {spread.subnet} did not carry traffic between the hosts within "
                           f"{OVERLAY_WAIT:g}s: {pairs}")
+
+
+def _overlay_address(c: Container, spread: Spread) -> str:
+    """The host's address on the lab's overlay (the container as _ssh_port reloaded it)."""
+    address = ((c.attrs["NetworkSettings"].get("Networks") or {}).get(spread.overlay) or {}).get("IPAddress")
+    if not address:
+        raise EngineError(f"{c.name}: it has no address on {spread.overlay}")
+    return str(address)
 
 
 def _ssh_port(c: Container, spread: Spread) -> int:
