@@ -107,8 +107,8 @@ def keeps(c: Container, host: HostContainer) -> bool:
             and all(c.labels.get(k) == v for k, v in host.labels.items())
             and config.get("Memory") == host.limits.memory_mb << 20 and config.get("PidsLimit") == host.limits.pids
             and config.get("CapDrop") == ["ALL"]
-            and (host.network is None or endpoint and host.address is None
-                 or (endpoint.get("IPAMConfig") or {}).get("IPv4Address") == host.address)):
+            and (host.network is None or bool(endpoint) and (
+                host.address is None or (endpoint.get("IPAMConfig") or {}).get("IPv4Address") == host.address))):
         return False
     code, out = c.exec_run(["cat", KEY_IN_HOST])
     return code == 0 and bytes(out).strip() == host.public_key.strip()
