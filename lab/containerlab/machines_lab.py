@@ -233,22 +233,21 @@ class MachinesLab(Lab):
                                                _host(by_name[spread.on[i - 1]], spread, i, tag, public_key, request))
                                               for i in spread.indices()], say)
             ports = [_ssh_port(c, spread) for c in started]
-            overlay_addresses = [_overlay_address(c, spread) for c in started] if spread.network == "overlay" else []
+            data = {spread.name(i): _overlay_address(c, spread) if spread.network == "overlay" else
+                    by_name[spread.on[i - 1]].address for i, c in zip(spread.indices(), started)}
             machine = {m.name: m for m in (e.machine for e in engines)}
             at = {spread.name(i): (machine[spread.on[i - 1]].address, ports[i - 1]) for i in spread.indices()}
             sshd.collect_host_keys(self.paths.known_hosts, {known_hosts_name(*at[spread.name(i)]): c
                                                             for i, c in zip(spread.indices(), started)})
             sshd.wait_for_ssh(at, {spread.name(i): c for i, c in zip(spread.indices(), started)})
             if spread.network == "overlay":
-                _wait_for_overlay(spread, started, overlay_addresses)
+                _wait_for_overlay(spread, started, data)
         except BaseException:
             removed = _remove(engines, spread.lab, say, spare=before, manager=manager)
             if joined and manager is not None:
                 swarm.leave_if_unused(joined, manager, spread.lab, say)
             say(f"lab up did not finish: removed the {removed} container(s) and network(s) it created")
             raise
-        data = {spread.name(i): overlay_addresses[i - 1] if spread.network == "overlay" else
-                by_name[spread.on[i - 1]].address for i in spread.indices()}
         self._write_inventory(spread, at, data, say)
 
     def _write_inventory(self, spread: Spread, at: dict[str, tuple[str, int]], data: dict[str, str],
@@ -421,11 +420,11 @@ print(" ".join(pending))
 """
 
 
-def _wait_for_overlay(spread: Spread, started: Sequence[Container], addresses: Sequence[str]) -> None:
-    """Until every host reaches every other's sshd at its overlay address (bounded: OVERLAY_WAIT),
-    so that the lab's first run finds the network its inventory describes."""
+def _wait_for_overlay(spread: Spread, started: Sequence[Container], addresses: dict[str, str]) -> None:
+    """Until every host reaches every other's sshd at its overlay address (``addresses``: by host
+    name; bounded: OVERLAY_WAIT), so that the lab's first run finds the network its inventory describes."""
     def unreached(i: int) -> list[str]:
-        peers = [f"{addresses[j - 1]}:22" for j in spread.indices() if j != i]
+        peers = [f"{addresses[spread.name(j)]}:22" for j in spread.indices() if j != i]
         code, out = started[i - 1].exec_run(["python3", "-c", _REACH_PEERS, str(OVERLAY_WAIT), *peers])
         if code != 0:
             raise EngineError(f"host {spread.name(i)}: could not check its overlay network: "
