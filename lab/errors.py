@@ -32,7 +32,8 @@ _MEANINGS = {
     ExitCode.CHECK_FAILED: "a check failed (a wrong result, or an exercise raised or crashed)",
     ExitCode.BAD_INPUT: "bad usage or bad input (command line, inventory)",
     ExitCode.UNREACHABLE: "a host could not be reached, or was lost (went silent) during the run",
-    ExitCode.TIMEOUT: "the ranks hung (no call completed in --hang-after seconds) or a step passed --timeout: stopped",
+    ExitCode.TIMEOUT: "the ranks hung (nothing moved on their connections for --hang-after seconds) or a step "
+                      "passed --timeout: stopped",
     ExitCode.RUN_ERROR: "the run itself broke (a rank could not start or died outside any exercise)",
     ExitCode.NETWORK: "the preflight found the network unfit for the job (a host that cannot reach a peer or "
                       "MASTER_ADDR): no rank started",

@@ -14,6 +14,7 @@ from lab.containerlab import resources, topology
 from lab.errors import ExitCode
 
 from .conftest import Lab
+from .load import cpu_hog
 from .test_lab_docker import _client
 
 pytestmark = pytest.mark.docker
@@ -252,3 +253,40 @@ def test_the_overlays_mtu_fault_is_named_by_the_doctor_and_undone_by_fix(xvpc: t
     assert all(link["ok"] for link in diagnosis["links"])  # every connection and handshake passed
     code, diagnosis = doctor(lab, overlaid)
     assert code == 0, [f for f in diagnosis["findings"] if f["severity"] == "error"]
+
+
+# -- a busy machine: the real faults are still named, and only they ------------------------------
+
+@pytest.mark.load
+def test_on_a_busy_machine_the_unpeered_vpcs_are_named_and_the_peered_ones_pass(xvpc: tuple[Lab, Path]) -> None:
+    lab, inventory = xvpc
+    with cpu_hog():
+        stopped = lab("run", "p2p", "--hosts", str(inventory), "--json", timeout=600)
+        assert lab("net", "peering", "on").code == 0
+        try:
+            passed = [lab("run", "p2p", "--hosts", str(inventory), timeout=600) for _ in range(3)]
+        finally:
+            assert lab("net", "peering", "off").code == 0
+    assert stopped.code == ExitCode.NETWORK, stopped.text[-4000:]
+    cause = json.loads(stopped.out)["cause"]
+    assert "the store (MASTER_ADDR) is reachable but ranks advertise private addresses" in cause["headline"]
+    assert sum("behind NAT" in e["call"] for e in cause["evidence"]) == 4
+    assert [r.code for r in passed] == [ExitCode.OK] * 3, [r.text[-2000:] for r in passed if r.code]
+
+
+@pytest.mark.load
+def test_on_a_busy_machine_the_mtu_black_hole_is_named(xvpc: tuple[Lab, Path]) -> None:
+    lab, inventory = xvpc
+    overlaid = inventory.parent / OVERLAY
+    assert lab("net", "overlay", "up", "--inventory", str(overlaid), timeout=300).code == 0
+    with cpu_hog():
+        healthy = lab("run", "p2p", "--hosts", str(overlaid), timeout=600)
+        assert lab("break", "mtu", "node2").code == 0
+        try:
+            stopped = lab("run", "p2p", "--hosts", str(overlaid), "--json", timeout=600)
+        finally:
+            assert lab("fix").code == 0
+    assert healthy.code == ExitCode.OK, healthy.text[-4000:]  # the overlay's userspace crypto, loaded: slow, fine
+    assert stopped.code == ExitCode.NETWORK, stopped.text[-4000:]
+    cause = json.loads(stopped.out)["cause"]
+    assert "small messages pass but large ones do not" in cause["headline"] and "node2" in cause["headline"], cause

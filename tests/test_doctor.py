@@ -73,7 +73,8 @@ def report(name: str, address: str, *, data: str | None = None, torch: str | Non
 def link(kind: str, peer: str, address: str, *, seen: str | None = None, failure: str | None = None) -> Link:
     target = Target(kind, peer, address, 40000)
     if failure:
-        error = {"timeout": "no answer within 5s", "refused": "connection refused"}[failure]
+        error = {"timeout": "no answer within 5s", "refused": "connection refused",
+                 "slow": "connected, but no reply within 5s: the host is busy"}[failure]
         return Link(target, False, 5.0, failure, error)
     return Link(target, True, 0.002, seen=seen, answered_by=peer, peer_ip=address)
 

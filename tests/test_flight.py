@@ -32,12 +32,14 @@ def record(seq: int, **fields: Any) -> dict[str, Any]:
 
 
 def test_progress_and_flight_events_are_rank_events_with_their_fields_checked() -> None:
-    progress = event_line(TOKEN, "progress", rank=1, completed=3, inflight=record(4, state="in_flight"))
+    progress = event_line(TOKEN, "progress", rank=1, completed=3, inflight=record(4, state="in_flight"),
+                          moved=4096, quiet=1.5)
     assert parse_event(progress.rstrip("\n"), TOKEN)["inflight"]["seq"] == 4  # type: ignore[index]
     flight = event_line(TOKEN, "flight", rank=1, records=[record(1)], inflight=[], counts={"world": {"x": 1}},
                         dropped=0)
     assert parse_event(flight.rstrip("\n"), TOKEN)["counts"] == {"world": {"x": 1}}  # type: ignore[index]
-    for bad, says in ((event_line(TOKEN, "progress", rank=1, completed="3", inflight=None), "'completed'"),
+    for bad, says in ((event_line(TOKEN, "progress", rank=1, completed="3", inflight=None, moved=0,
+                                  quiet=0), "'completed'"),
                       (event_line(TOKEN, "flight", rank=1, records={}, inflight=[], counts={}, dropped=0),
                        "'records'"),
                       (event_line(TOKEN, "flight", rank=1, records=[], inflight=[], counts=None, dropped=0),

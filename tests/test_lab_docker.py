@@ -21,6 +21,7 @@ import yaml
 from lab.containerlab import containers, engine, resources, sshd, topology
 
 from .conftest import REPO, WRONG, Lab
+from .load import cpu_hog
 from .test_compose import compose_tools
 from .test_why_fixtures import UNDER_OTHER_LAUNCHERS, WHY, assert_report_names_the_cause
 from .tutorials import assert_prints_as_shown, tutorial_scripts
@@ -581,6 +582,65 @@ def test_a_host_partitioned_mid_run_is_named_within_the_timeout(lab_up: Lab, tmp
 def test_why_a_job_across_hosts_hangs_or_crashes_is_named(lab_up: Lab, name: str) -> None:
     """Issue 27 across 4 hosts over SSH: a receive cycle, a crash and its consequences, a mismatch."""
     assert_report_names_the_cause(lab_up, WHY / f"{name}.py", "--hosts", str(INVENTORY))
+
+
+# -- a busy machine: no verdict by a stopwatch that load can stop ---------------------------------
+
+LOAD_ROUNDS = 10  # runs of each healthy job under load: not one may end in a verdict
+HEALTHY_JOBS = {
+    "run p2p": ("run", "p2p", "--hosts", str(INVENTORY)),
+    "launch (lab)": ("launch", "--hosts", str(INVENTORY), str(WHY / "healthy_loop.py")),
+    "launch (torchrun)": ("launch", "--hosts", str(INVENTORY), "--launcher", "torchrun",
+                          str(WHY / "healthy_loop.py")),
+}
+
+
+@pytest.mark.load
+def test_on_a_busy_machine_healthy_jobs_get_no_false_verdict(lab_up: Lab) -> None:
+    """Twice as many busy processes as cores while the 4 hosts import torch, check the network and run:
+    every run of every healthy job passes (a peer slow to answer, a rank slow to start, a collective
+    slow to finish: none is a fault). And `lab up`'s smoke check passes under the same load."""
+    verdicts: list[str] = []
+    with cpu_hog():
+        for _ in range(LOAD_ROUNDS):
+            for name, argv in HEALTHY_JOBS.items():
+                result = lab_up(*argv, timeout=600)
+                if result.code != 0:
+                    verdicts.append(f"{name}: exit {result.code}: {result.text[-1500:]}")
+        smoke = lab_up("up", timeout=900)
+    assert verdicts == [], "\n\n".join(verdicts)
+    assert smoke.code == 0 and "1 passed, 0 failed" in smoke.out, smoke.text[-3000:]
+    assert_no_workers_anywhere()
+
+
+@pytest.mark.load
+@pytest.mark.parametrize("kind, hosts, shows", [
+    ("loopback-hostname", 2, r"The preflight stopped the run before any rank started: its hostname node1 resolves "
+                             r"to 127\.0\.1\.1"),
+    ("blocked-port", 3, r"The preflight stopped the run before any rank started: .*node1, node3 cannot reach node2 "
+                        r"at 10\.213\.0\.12:\d+, the address gloo advertises there \(no answer to \d+ connection "
+                        r"attempts \(SYN\)"),
+    ("wrong-ifname", 2, r"The preflight stopped the run before any rank started: GLOO_SOCKET_IFNAME "
+                        r"\(GLOO_SOCKET_IFNAME=eth9\): there is no interface eth9 on node2"),
+])
+def test_on_a_busy_machine_the_real_faults_are_still_named(
+        lab_up: Lab, tmp_path: Path, kind: str, hosts: int, shows: str) -> None:
+    inventory = inventory_variant(tmp_path, hosts, 1)
+    assert lab_up("break", kind).code == 0
+    try:
+        with cpu_hog():
+            job = lab_up("run", "p2p", "--hosts", str(inventory), timeout=600)
+    finally:
+        assert lab_up("fix").code == 0
+    assert job.code == 6 and re.search(shows, " ".join(job.text.split())), job.text[-4000:]
+    assert_no_workers_anywhere()
+
+
+@pytest.mark.load
+def test_on_a_busy_machine_a_real_deadlock_is_found_within_hang_after(lab_up: Lab) -> None:
+    with cpu_hog():
+        # (start-up under load takes longer; the hang itself is found --hang-after after nothing moves)
+        assert_report_names_the_cause(lab_up, WHY / "recv_cycle.py", "--hosts", str(INVENTORY), found_within=120)
 
 
 def test_a_lab_up_that_fails_removes_what_it_started(lab_up: Lab) -> None:

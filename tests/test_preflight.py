@@ -7,7 +7,11 @@ peered runs are in test_cross_vpc.py."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import socket
+import subprocess
+import sys
 import threading
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -20,10 +24,13 @@ from lab.core.preflight import Preflight
 from lab.doctor.rules import SAME_NETWORK_FIX
 from lab.errors import ExitCode
 from lab.model.inventory import Host, Inventory
-from lab.rank import ports
-from lab.rank.probe import Listener, survey
+from lab.rank import ports, probe
+from lab.rank.netfacts import Target
+from lab.rank.probe import Listener, check_link, survey
+from lab.rank.protocol import parse_event
+from lab.rank.worker import TOKEN_VAR
 
-from .conftest import Lab
+from .conftest import REPO, Lab
 from .test_doctor import facts, link, local_hosts
 
 ADDRESSES = {"a": "10.0.0.1", "b": "10.0.0.2", "c": "10.0.1.3"}
@@ -213,3 +220,91 @@ def test_no_preflight_starts_the_ranks_whatever_the_network(lab: Lab, tmp_path: 
     assert result.code != ExitCode.NETWORK and report["status"] != "preflight"
     assert "nosuch0" in result.err  # gloo itself failed on b, as it does without the lab
     assert lab.leftovers() == []
+
+
+def test_peers_too_busy_to_answer_are_a_warning_that_says_so_never_a_stop() -> None:
+    check = three_hosts()
+    reported_facts(check)
+    for name, address in ADDRESSES.items():
+        # every connection to c was made, but c's launcher did not answer the handshake in time
+        check.take(name, links_event(link("master", "a", "10.0.0.1", seen=address),
+                                     *(link("mesh", p, a, failure="slow") if p == "c" else
+                                       link("mesh", p, a, seen=address) for p, a in ADDRESSES.items() if p != name)))
+    assert check.lines() == {"a": b"go\n"} and check.cause is None
+    busy = [f for f in check.findings() if f.check == "busy"]
+    assert [(f.severity, f.subject) for f in busy] == [("warning", "a -> c"), ("warning", "b -> c")]
+    assert busy[0].message == "10.0.1.3:40000 took the connection (connected, but no reply within 5s: the host is busy)"
+
+
+# -- the hosts' half: judged by what the network says ------------------------------------------
+
+
+def test_refused_is_said_at_once_and_unanswered_syns_only_after_the_window_with_their_count() -> None:
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]  # bound, not listening: a connection to it is refused (a reset)
+        refused = check_link(Target("mesh", "b", "127.0.0.1", port), "a", "token", 2.5)
+    assert (refused.ok, refused.failure, refused.error) == (False, "refused", "connection refused")
+    # A listener whose queue is full: Linux drops the SYNs it cannot queue, as a firewall that drops
+    # them would (nothing answers, nothing refuses).
+    with socket.create_server(("127.0.0.1", 0), backlog=0) as full, \
+            socket.create_connection(full.getsockname(), timeout=2):  # (the one its queue holds)
+        unanswered = check_link(Target("mesh", "b", *full.getsockname()), "a", "token", 2.0)
+    assert (unanswered.ok, unanswered.failure) == (False, "timeout")
+    syns = int(re.fullmatch(r"no answer to (\d+) connection attempts \(SYN\) in 2\.\ds", unanswered.error or "")[1])
+    assert syns >= 3  # the attempts started within the window, and the kernel's retries of the first
+
+
+def test_a_peer_that_took_the_connection_and_does_not_answer_is_slow_not_unreachable(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(probe, "REPLY_WAIT", 0.5)
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts (the kernel does), never answers
+        link_ = check_link(Target("mesh", "b", *silent.getsockname()), "a", "token", 0.5)
+    assert (link_.ok, link_.reached, link_.failure) == (False, True, "slow")
+    assert link_.error == "connected, but no reply within 0.5s: the host is busy"
+
+
+HOGGED_LAUNCHER = """
+import json, os, sys
+from lab.rank import preflight
+os.environ[preflight.PREFLIGHT_VAR] = json.dumps({"name": "b", "master_addr": "127.0.0.1", "master_port": None})
+checking = preflight.begin()
+print("hogging", flush=True)
+hog = 7 ** 4_000_000  # one C call that holds the interpreter for seconds, as loading libtorch does
+checking.end()
+print("ranks started", flush=True)
+"""
+
+
+def test_the_launchers_listener_answers_while_the_launcher_holds_its_interpreter(tmp_path: Path) -> None:
+    token = "t0ken"
+    launcher = subprocess.Popen([sys.executable, "-c", HOGGED_LAUNCHER], cwd=REPO, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO), TOKEN_VAR: token})
+    try:
+        assert launcher.stdin is not None and launcher.stdout is not None
+        first = [launcher.stdout.readline().decode().rstrip("\n") for _ in range(2)]  # (in either order)
+        assert "hogging" in first
+        facts_ = parse_event(next(line for line in first if line != "hogging"), token) or {}
+        assert facts_.get("event") == "facts"
+        answered = check_link(Target("mesh", "b", "127.0.0.1", int(facts_["port"])), "a", token, 2.5)
+        assert answered.ok and answered.answered_by == "b", answered  # while the launcher is held, not after
+        assert launcher.poll() is None  # (still hogging: the answer came from its helper)
+        launcher.stdin.write(b'{"targets": []}\n')
+        launcher.stdin.flush()
+        links = parse_event(launcher.stdout.readline().decode().rstrip("\n"), token) or {}
+        assert links.get("event") == "links"
+        launcher.stdin.write(b"go\n")
+        launcher.stdin.flush()
+        assert launcher.stdout.readline() == b"ranks started\n"
+        assert launcher.wait(timeout=60) == 0
+    finally:
+        launcher.kill()
+        launcher.wait()
+
+
+def test_a_launcher_whose_controller_goes_away_in_the_preflight_starts_no_rank() -> None:
+    launcher = subprocess.Popen([sys.executable, "-c", HOGGED_LAUNCHER.replace("7 ** 4_000_000", "0")], cwd=REPO,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                env={**os.environ, "PYTHONPATH": str(REPO), TOKEN_VAR: "t"})
+    out, _ = launcher.communicate(b"", timeout=60)  # (end-of-file at once: no targets, no verdict)
+    assert launcher.returncode == 1 and b"ranks started" not in out

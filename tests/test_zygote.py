@@ -43,7 +43,7 @@ def test_output_is_tagged_with_the_pipes_rank_and_its_own_events_pass_as_they_ca
 
 
 @pytest.mark.parametrize("line", [
-    event("progress", rank=1, completed=2, inflight=None),
+    event("progress", rank=1, completed=2, inflight=None, moved=0, quiet=0),
     event("flight", rank=1, records=[], inflight=[], counts={}, dropped=0),
     event("end", rank=1, how="raised", code=1, error="ValueError: x", where="a.py:3",
           traceback='Traceback (most recent call last):\n  File "a.py", line 3, in <module>\nValueError: x\n'),

@@ -127,7 +127,8 @@ def watch_options(parser: argparse.ArgumentParser) -> None:
                              "and it them, and a failure stops the job with the cause, exit code 6)")
     parser.add_argument("--hang-after", type=_hang_after, default=DEFAULT_HANG_AFTER, metavar="SECONDS",
                         help="stop the job as hung, and say why across its ranks, once every live rank has "
-                             "waited in a torch.distributed call and none has completed one for this long "
+                             "waited in a torch.distributed call while nothing moved on its connections (no byte "
+                             "sent or received, no call completed) for this long "
                              f"(default {DEFAULT_HANG_AFTER:g}; 0: only --timeout stops it)")
 
 

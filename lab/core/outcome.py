@@ -142,7 +142,6 @@ class RankState:
     violations: list[str] = field(default_factory=list)  # events it sent that break the protocol
     progress: dict[str, Any] | None = None  # its last "progress" event (lab.rank.flight): calls completed, in flight
     progress_at: float | None = None  # when that came
-    advanced_at: float | None = None  # when its count of completed calls last grew (or first came)
     flight: dict[str, Any] | None = None  # its last "flight" event: its flight recorder's records
     flight_at: float | None = None  # when that came
     end: dict[str, Any] | None = None  # its "end" event: how and where its program ended (raised, exited)

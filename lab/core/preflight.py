@@ -24,7 +24,7 @@ from lab.rank.preflight import GO
 
 EVENTS = frozenset({"facts", "links", "closed"})  # what a host's launcher sends in its preflight
 # the doctor's checks that apply before a job
-NETWORK_CHECKS = frozenset({"resolve", "interface", "master", "mesh", "nat", "family", "mtu"})
+NETWORK_CHECKS = frozenset({"resolve", "interface", "master", "mesh", "nat", "family", "mtu", "busy"})
 NOTE = ("the preflight checks what `lab doctor` checks of the network, from each host's launcher; "
         "--no-preflight skips it")
 
@@ -104,7 +104,7 @@ def network_cause(findings: Sequence[Finding]) -> Cause | None:
         return None
     first = errors[0]
     evidence = tuple(Evidence(None, f.subject, f.message, None) for f in findings
-                     if f is not first and (f.severity == "error" or f.check in ("nat", "family")))
+                     if f is not first and (f.severity == "error" or f.check in ("nat", "family", "busy")))
     notes = ((first.cause,) if first.cause else ()) + (NOTE,)
     return Cause("network", f"The preflight stopped the run before any rank started: {first.message}.",
                  evidence, first.fix or None, notes)

@@ -39,9 +39,10 @@ def summary(outcome: RunOutcome, reports: list[ExerciseReport]) -> str:
 
 
 def status(outcome: RunOutcome) -> str:
-    """How the run ended: ``completed``, ``crashed``, ``timeout``, ``hung: no call completed for 10s``..."""
+    """How the run ended: ``completed``, ``crashed``, ``timeout``, ``hung: nothing moved on any rank's
+    connections for 10s``..."""
     if outcome.status == "hung":
-        return f"hung: no call completed for {outcome.plan.hang_after:g}s"
+        return f"hung: nothing moved on any rank's connections for {outcome.plan.hang_after:g}s"
     if outcome.status == "preflight":
         return "stopped by the preflight: no rank started"
     return outcome.status

@@ -33,14 +33,15 @@ not restart its clock either). A rank past either is hung: the runner asks every
 its Python stacks (SIGUSR1, see lab.rank.worker), notes where each one stopped (lab.core.stacks),
 and kills them all.
 
-A hang is found long before that. Every rank's flight recorder (lab.rank.flight) says, at most once
-a second and only when it changed, how many torch.distributed calls it completed and which one it
-blocks in (``progress``), and sends its records when a call has blocked 2 s (``flight``). Once every
-live rank blocks in a call and no rank has completed one for ``plan.hang_after`` seconds (on the
-controller's clock), the ranks hang: the runner waits briefly for their records, locates them as
-above and stops them. A rank computing outside torch.distributed is no hang, whatever the others
-wait for. Whatever way the run ends short of every rank done, the outcome carries its cause across
-the ranks (lab.core.why), named from their records and how each ended.
+A hang is found long before that. Every rank's flight recorder (lab.rank.flight) says, once a second
+when it changed or while a call blocks, how many torch.distributed calls it completed, which one it
+blocks in, and for how long nothing moved on its connections (``progress``: the kernel's counters,
+looked at on the rank's own clock), and sends its records when a call has blocked 2 s (``flight``).
+Once every live rank blocks in a call and says nothing moved for ``plan.hang_after`` seconds, the
+ranks hang (a slow collective, whose bytes move, never does): the runner waits briefly for their
+records, locates them as above and stops them. A rank computing outside torch.distributed is no
+hang, whatever the others wait for. Whatever way the run ends short of every rank done, the outcome
+carries its cause across the ranks (lab.core.why), named from their records and how each ended.
 
 One run is a ``Run``, which holds everything the run is (its plan, transports, launches, ranks'
 states, exercises' reports, queue of lines and events) and whose methods start, watch and stop
@@ -308,21 +309,22 @@ class Run:
                    for name, began in state.entered.items())
 
     def _hung(self, now: float) -> list[int]:
-        """The live ranks, when they hang: every one waits in a torch.distributed call (its last
-        progress event says so), no rank has completed one for ``plan.hang_after`` seconds, and every
-        host of theirs has answered since (its transport's keepalives). A rank computing outside
-        torch.distributed is no hang: the others wait on it (a straggler)."""
+        """The live ranks, when they hang: every one waits in a torch.distributed call and says that
+        nothing moved on its connections, nor did it complete a call, for ``plan.hang_after`` seconds
+        (its progress events: two looks of the kernel's counters, on the rank's own clock, not this
+        one's, which a busy machine can stall), and every host of theirs has answered since (its
+        transport's keepalives). A rank computing outside torch.distributed is no hang: the others wait
+        on it (a straggler); neither is a slow collective, whose bytes move."""
         live = [s for s in self.states if s.exit_code is None]
         if not self.plan.hang_after or not live or any(
-                s.progress is None or s.progress["inflight"] is None for s in live):
-            return []
-        advanced = max(s.advanced_at or 0.0 for s in self.states)
-        if now - advanced < self.plan.hang_after:
+                s.progress is None or s.progress["inflight"] is None or s.progress["quiet"] < self.plan.hang_after
+                for s in live):
             return []
         # A host that has not answered since then may have gone silent, not its ranks: that is for
         # its transport to tell (a lost host), not a hang.
+        still_since = max((s.progress_at or now) - float(s.progress["quiet"] if s.progress else 0) for s in live)
         hosts = {s.launch.launch.host for s in live}
-        return [s.spec.rank for s in live] if all(self.transports[h].heard_since(advanced) for h in hosts) else []
+        return [s.spec.rank for s in live] if all(self.transports[h].heard_since(still_since) for h in hosts) else []
 
     def _await_flight(self, ranks: list[int]) -> None:
         """Wait (FLIGHT_WAIT at most) until each of ``ranks`` sent a flight dump since its last
@@ -428,11 +430,8 @@ class Run:
 
     @staticmethod
     def _progressed(state: RankState, event: dict[str, Any]) -> None:
-        """A rank's progress event: when its count of completed calls grew is what tells a hang."""
-        now = time.monotonic()
-        if state.progress is None or event["completed"] != state.progress["completed"]:
-            state.advanced_at = now
-        state.progress, state.progress_at = event, now
+        """A rank's progress event: whether it blocks, and how long nothing moved, is what tells a hang."""
+        state.progress, state.progress_at = event, time.monotonic()
 
     def _took_step(self, state: RankState, step: str) -> None:
         """The rank began ``step``. A step it is in already keeps its clock; so do steps past the

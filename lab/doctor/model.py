@@ -21,7 +21,7 @@ from lab.rank.netfacts import (
 Severity = Literal["error", "warning", "info"]
 SEVERITIES: tuple[Severity, ...] = get_args(Severity)
 Check = Literal["reach", "probe", "versions", "gpus", "resolve", "lookup", "interface", "master", "mesh", "nat",
-                "family", "slurm", "mtu", "overlay"]
+                "family", "slurm", "mtu", "overlay", "busy"]
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ def analyse(reports: Sequence[HostReport], master: Master) -> list[Finding]:
     findings = [*_reach_findings(reports), *_version_findings(reports), *_gpu_findings(reports),
                 *_resolution_findings(reports), *_interface_findings(reports), *_family_findings(reports, master),
                 *_master_findings(reports, master), *_mesh_findings(reports), *_nat_findings(reports),
-                *_large_message_findings(reports)]
+                *_large_message_findings(reports), *_busy_findings(reports)]
     return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
 
 
@@ -254,7 +254,7 @@ def _master_findings(reports: Sequence[HostReport], master: Master) -> Iterable[
                       f"choose another port, or stop what holds it (ss -ltnp 'sport = :{master.requested_port}')")
     fix = (f"set data_address of {master.host} to an address every host reaches (same network, VPC peering, or an "
            f"overlay such as WireGuard/Tailscale) and open TCP port {master.port} (the store) on {master.host}")
-    failed = [(r.name, link) for r in reports for link in r.links if link.target.kind == "master" and not link.ok]
+    failed = [(r.name, link) for r in reports for link in r.links if link.target.kind == "master" and not link.reached]
     tried = [r for r in reports if any(link.target.kind == "master" for link in r.links)]
     if failed and len(failed) == len(tried) > 1:
         yield Finding("error", "master", "cluster",
@@ -281,7 +281,7 @@ def _mesh_findings(reports: Sequence[HostReport]) -> Iterable[Finding]:
     other_way: dict[str, set[str]] = {}  # peer -> addresses of it that someone reached (data_address, MASTER_ADDR)
     for r in reports:
         for link in r.links:
-            if link.target.kind == "mesh" and not link.ok:
+            if link.target.kind == "mesh" and not link.reached:
                 failed.setdefault(link.target.peer, []).append((r.name, link))
             elif link.target.kind != "mesh" and link.ok:
                 other_way.setdefault(link.target.peer, set()).add(link.target.address)
@@ -307,7 +307,7 @@ def _mesh_findings(reports: Sequence[HostReport]) -> Iterable[Finding]:
             cause, fix = _why(link, links[0][0]), PORTS_FIX
         findings.append(Finding("error", "mesh", f"-> {peer}", message, cause, fix))
     tried = [link for r in reports for link in r.links if link.target.kind == "master"]
-    if failed and tried and all(link.ok for link in tried):
+    if failed and tried and all(link.reached for link in tried):
         private = "private" in kinds or any(True for _ in _nat_findings(reports))
         fix = (SAME_NETWORK_FIX if private else PORTS_FIX if "blocked" in kinds
                else "make each host advertise a routable address (see each host's finding)")
@@ -348,7 +348,9 @@ def _large_message_findings(reports: Sequence[HostReport]) -> Iterable[Finding]:
     acknowledged, packets above some size are lost on the way (the MTU black hole): one error,
     naming the host every such pair has in common where there is one; with part of it, a slow link."""
     lost = [(r.name, link) for r in reports for link in r.links if link.ok and link.large_error]
-    black_hole = [(name, link) for name, link in lost if link.large_acked == 0]
+    # (none acknowledged while the kernel sent it again: the network's own word; a peer too busy to read
+    # still has its kernel acknowledge what arrives)
+    black_hole = [(name, link) for name, link in lost if link.large_acked == 0 and link.large_resent]
     if black_hole:
         pairs = sorted({(name, link.target.peer) for name, link in black_hole})
         common = set.intersection(*({a, b} for a, b in pairs))
@@ -361,12 +363,25 @@ def _large_message_findings(reports: Sequence[HostReport]) -> Iterable[Finding]:
                       "less than the interfaces' MTU and no 'fragmentation needed' comes back (a tunnel or overlay "
                       "under them); init completes, then the first large tensor hangs", MTU_FIX)
     for name, link in lost:
-        if link.large_acked != 0:
+        if (name, link) not in black_hole:
             acked = "" if link.large_acked is None else f" ({link.large_acked} of its bytes acknowledged)"
             yield Finding("warning", "mtu", f"{name} -> {link.target.peer}",
                           f"the handshake passes, but {link.large_error}{acked}",
                           "the link is slow or loses packets: large tensors will take long",
                           "check the link's rate and loss (`lab net show` on a lab)")
+
+
+def _busy_findings(reports: Sequence[HostReport]) -> Iterable[Finding]:
+    """Connections the network carried to a peer too busy to answer them in time: a warning, never a
+    stop (the network is fine; the check of who answered could not be made)."""
+    for r in reports:
+        for link in r.links:
+            if link.failure == "slow":
+                yield Finding("warning", "busy", f"{r.name} -> {link.target.peer}",
+                              f"{link.target.address}:{link.target.port} took the connection ({link.error})",
+                              f"{link.target.peer}'s launcher is busy (a loaded machine, torch being imported): "
+                              f"the network carried the connection, but who answered was not checked",
+                              "nothing to fix in the network; `lab doctor` on a quieter moment checks who answers")
 
 
 def hang_causes(diagnosis: Diagnosis) -> list[str]:

@@ -41,8 +41,12 @@ completed per op (``counts``: done, not raised). Per call only objects are kept 
 dtype, the code and offset of the user's frame); they become text when a dump is sent.
 
 A daemon thread sends on the rank's channel (``lab.rank.protocol.CHANNEL``), every PROGRESS_EVERY
-seconds when it changed, ``progress`` {rank, completed, inflight}: the calls completed (or raised)
-so far and the blocking call the rank is in (the oldest, if several threads are). Once per blocking
+seconds when it changed, and every time while a call blocks, ``progress`` {rank, completed,
+inflight, moved, quiet}: the calls completed (or raised) so far, the blocking call the rank is in
+(the oldest, if several threads are) and, while one is, the bytes the process's TCP connections
+carried (``lab.rank.tcpinfo.traffic``) and for how many seconds (on the rank's own clock) none of
+that changed: two looks that found the same counts are the kernel's word that nothing moved in
+between, which a busy machine delaying the looks cannot fake. Once per blocking
 call in flight FLIGHT_AFTER seconds, and at the end (:meth:`Flight.finish`: the worker's "done",
 atexit), a ``flight`` dump {rank, records, inflight, counts, dropped} that fits an event line (the
 oldest records go first; ``dropped`` counts the calls left out). Dumps but the last stop after
@@ -63,7 +67,7 @@ from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any, TypeAlias
 
-from lab.rank import protocol
+from lab.rank import protocol, tcpinfo
 from lab.rank.callspec import INIT_PROCESS_GROUP, NEW_GROUP, Spec, get
 from lab.rank.protocol import EVENT_MAX
 
@@ -176,6 +180,8 @@ class Flight:
         self.thread: threading.Thread | None = None
         self.stop = threading.Event()
         self.said: tuple[int, int, str] | None = None  # (completed, id, state of its call) of the last progress
+        self.seen: tuple[Any, ...] | None = None  # the same and the connections' mark, at the last look
+        self.still_since = 0.0  # when (time.monotonic) the last look first found what it found
         self.finished: tuple[Call, int] | None = None  # (the newest record, completed) at the last final dump
         self.dump_bytes = 0
 
@@ -498,14 +504,20 @@ class Flight:
             self._dump(last=False)
 
     def _progress(self, blocking: list[tuple[Call, float]]) -> None:
-        """Send ``progress`` if it changed since the last one."""
+        """Send ``progress`` if it changed since the last one, or a call blocks (with how long nothing
+        moved: see the module)."""
         oldest = min(blocking, key=lambda entry: entry[1], default=None)
         inflight = None if oldest is None else oldest[0]
         completed = self.completed + self.completed_async
         said = (completed, id(inflight), "" if inflight is None else inflight[STATE])
-        if said != self.said:
+        moved, mark = tcpinfo.traffic() if inflight is not None else (0, ())  # (looked at only while one blocks)
+        now = time.monotonic()
+        if (*said, mark) != self.seen:
+            self.seen, self.still_since = (*said, mark), now
+        if said != self.said or inflight is not None:
             self.said = said
-            self._send("progress", completed=completed, inflight=None if inflight is None else to_json(inflight))
+            self._send("progress", completed=completed, inflight=None if inflight is None else to_json(inflight),
+                       moved=moved, quiet=round(now - self.still_since, 2))
 
     def _poll(self) -> None:
         """Async calls whose Work completed without a wait are done (or raised)."""

@@ -55,7 +55,8 @@ class Target:
     port: int
 
 
-LinkFailure = Literal["refused", "timeout", "unreachable", "resolve", "wrong-host", "no-probe", "error"]
+# "slow": the connection was made, but the peer did not answer it in time (a busy host, not a network fault)
+LinkFailure = Literal["refused", "timeout", "unreachable", "resolve", "wrong-host", "no-probe", "slow", "error"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,13 @@ class Link:
     peer_ip: str | None = None  # the address actually connected to (MASTER_ADDR may be a name)
     large_error: str | None = None  # connected, but a large message did not get through: what happened
     large_acked: int | None = None  # of that message, the bytes the peer acknowledged (None: unknown)
+    large_resent: int | None = None  # the segments of it the kernel sent again, unacknowledged (None: unknown)
+
+    @property
+    def reached(self) -> bool:
+        """Whether the network carried the connection: it was answered, or made to a peer too busy to
+        answer in time (which the network is not to blame for)."""
+        return self.ok or self.failure == "slow"
 
 
 # -- what the backends will do --------------------------------------------------------

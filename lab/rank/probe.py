@@ -35,6 +35,7 @@ import errno
 import fcntl
 import json
 import os
+import select
 import socket
 import struct
 import subprocess
@@ -46,6 +47,7 @@ from dataclasses import asdict
 from functools import partial
 from typing import Any, TypeVar
 
+from lab.rank import tcpinfo
 from lab.rank.netfacts import (
     Interface,
     Link,
@@ -67,6 +69,7 @@ DELAY_VAR = "LAB_PROBE_CONNECT_DELAY"
 HANDSHAKE_LIMIT = 4096  # bytes of one handshake line
 LARGE = 64 * 1024  # bytes of the message after each handshake: dozens of full-size packets
 RECEIVED = b"received"  # the listener's receipt for it
+REPLY_WAIT = 5.0  # seconds a connected peer has to answer the handshake before it is said to be busy
 ACCEPT_POLL = 0.2  # seconds between checks that the listener should stop
 IP_TIMEOUT = 5.0  # seconds for `ip -j addr`
 SIOCGIFADDR = 0x8915
@@ -184,6 +187,8 @@ def describe(exc: BaseException) -> tuple[LinkFailure, str]:
     """(failure kind, one line) for a failed connection or lookup."""
     if isinstance(exc, socket.gaierror):
         return "resolve", f"cannot resolve: {exc.strerror or exc}"
+    if isinstance(exc, Unanswered):
+        return "timeout", exc.strerror or "no answer"
     if isinstance(exc, TimeoutError):  # socket.timeout too
         return "timeout", "no answer"
     if isinstance(exc, ConnectionRefusedError):
@@ -311,57 +316,112 @@ def _receive_large(conn: socket.socket) -> None:
     conn.sendall(RECEIVED + b"\n")
 
 
-def send_large(conn: socket.socket, timeout: float) -> tuple[str | None, int | None]:
-    """Send LARGE bytes and wait for the receipt, within ``timeout`` in all: (None, None) when it came;
-    else what happened, and how many of its bytes the peer acknowledged (None: unknown). Small
-    messages passing where this does not is how a path MTU lower than the interfaces' shows."""
+def send_large(conn: socket.socket, timeout: float) -> tuple[str | None, int | None, int | None]:
+    """Send LARGE bytes and wait for the receipt, within ``timeout`` in all: (None, None, None) when it
+    came; else what happened, how many of its bytes the peer acknowledged and how many segments the
+    kernel sent again for want of an acknowledgement (None: unknown). Small messages passing where this
+    does not is how a path MTU lower than the interfaces' shows; a peer too busy to read it still has
+    its kernel acknowledge it."""
     deadline = time.monotonic() + timeout
-    before = _bytes_acked(conn)
+    before = tcpinfo.counters(conn)
     try:
         conn.settimeout(timeout)
         conn.sendall(bytes(LARGE))
         conn.settimeout(max(0.01, deadline - time.monotonic()))
         if _read_line(conn) == RECEIVED:
-            return None, None
+            return None, None, None
         error = f"a {LARGE // 1024} KiB message was not received: the listener closed the connection"
     except TimeoutError:
         error = f"a {LARGE // 1024} KiB message did not arrive within {timeout:g}s"
     except OSError as exc:
         error = f"a {LARGE // 1024} KiB message failed: {describe(exc)[1]}"
-    after = _bytes_acked(conn)
-    return error, None if after is None or before is None else max(0, after - before)
+    after = tcpinfo.counters(conn)
+    if after is None or before is None:
+        return error, None, None
+    return error, max(0, after.acked - before.acked), max(0, after.resent - before.resent)
 
 
-def _bytes_acked(conn: socket.socket) -> int | None:
-    """The bytes the peer has acknowledged on ``conn`` (Linux's TCP_INFO tcpi_bytes_acked); None elsewhere."""
+CONNECT_ATTEMPTS = (0.0, 0.5, 1.5)  # seconds into the window at which a fresh connection is tried too
+
+
+class Unanswered(OSError):
+    """No SYN-ACK came for any connection attempt within the window: the network's own evidence that
+    nothing answers there (filtered, NAT, no route), whatever the load."""
+
+
+def connect(address: str, port: int, window: float) -> socket.socket:
+    """A connected socket to ``address:port``, judged by what the network answers, not by a clock a busy
+    machine can stop: refused (a reset) and no route (ICMP) fail at once; otherwise fresh attempts start
+    at CONNECT_ATTEMPTS (with the kernel's own SYN retries, every one with backoff) and only when none
+    is answered within ``window`` seconds (``Unanswered``, with how many SYNs went out) has the address
+    none. Each attempt is looked at once more after the window: a thread scheduled late still sees a
+    connection the kernel made in time."""
+    family_, kind, proto, _, sockaddr = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0]
+    started = time.monotonic()
+    starts = [at for at in CONNECT_ATTEMPTS if at < window]
+    attempts: dict[int, socket.socket] = {}
+    poller = select.poll()
+    won: socket.socket | None = None
     try:
-        info = conn.getsockopt(socket.IPPROTO_TCP, getattr(socket, "TCP_INFO", 11), 256)
-    except OSError:
-        return None
-    return struct.unpack_from("Q", info, 120)[0] if len(info) >= 128 else None
+        while won is None:
+            elapsed = time.monotonic() - started
+            while starts and starts[0] <= elapsed:
+                starts.pop(0)
+                attempt = socket.socket(family_, kind, proto)
+                attempt.setblocking(False)
+                error = attempt.connect_ex(sockaddr)
+                if error not in (0, errno.EINPROGRESS):
+                    attempt.close()
+                    raise OSError(error, os.strerror(error))
+                attempts[attempt.fileno()] = attempt
+                poller.register(attempt, select.POLLOUT)
+            last_look = elapsed >= window
+            wait = 0.0 if last_look else min([window, *starts]) - elapsed
+            for fd, _ in poller.poll(max(0, int(wait * 1000) + 1) if not last_look else 0):
+                error = attempts[fd].getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if error == 0:
+                    won = attempts.pop(fd)
+                    break
+                poller.unregister(fd)
+                attempts.pop(fd).close()
+                raise OSError(error, os.strerror(error))
+            if won is None and last_look:
+                syns = sum(1 + (c.syn_resent if (c := tcpinfo.counters(a)) else 0) for a in attempts.values())
+                raise Unanswered(errno.ETIMEDOUT, f"no answer to {syns} connection attempts (SYN) in "
+                                                  f"{time.monotonic() - started:.1f}s")
+    finally:
+        for attempt in attempts.values():
+            attempt.close()
+    won.setblocking(True)
+    return won
 
 
 def check_link(target: Target, name: str, token: str, timeout: float, delay: float = 0.0) -> Link:
-    """Connect to ``target``, handshake and send a large message (each step bounded by ``timeout``;
-    ``delay`` seconds first, for benchmarks): who answered, as what address it saw us, and
-    whether a large message got through where the small ones did."""
+    """Connect to ``target`` (:func:`connect`: ``timeout`` is its window), handshake and send a large
+    message: who answered, as what address it saw us, and whether a large message got through where the
+    small ones did (``delay`` seconds first, for benchmarks). A peer that took the connection and does
+    not answer within REPLY_WAIT (at least ``timeout``) is slow (its host is busy), not unreachable."""
     started = time.monotonic()
     time.sleep(delay)
     peer_ip = None
     reply: tuple[str, str] | None = None  # who answered, and as what address it saw us
-    large: tuple[str | None, int | None] = (None, None)
+    large: tuple[str | None, int | None, int | None] = (None, None, None)
+    reply_wait = max(timeout, REPLY_WAIT)
     try:
-        with socket.create_connection((target.address, target.port), timeout=timeout) as conn:
+        with connect(target.address, target.port, timeout) as conn:
             peer_ip = plain_address(str(conn.getpeername()[0]))
+            conn.settimeout(reply_wait)
             conn.sendall(json.dumps({"token": token, "from": name, "large": LARGE}).encode() + b"\n")
-            reply = _reply(_read_line(conn))
+            try:
+                reply = _reply(_read_line(conn))
+            except TimeoutError:
+                return Link(target, False, time.monotonic() - started, "slow",
+                            f"connected, but no reply within {reply_wait:g}s: the host is busy", peer_ip=peer_ip)
             seconds = time.monotonic() - started
             if reply is not None and reply[0] == target.peer:
                 large = send_large(conn, timeout)
     except OSError as exc:
         failure, error = describe(exc)
-        if failure == "timeout":
-            error = f"no answer within {timeout:g}s"
         return Link(target, False, time.monotonic() - started, failure, error, peer_ip=peer_ip)
     if reply is None:
         return Link(target, False, seconds, "no-probe", "connected, but no probe answered: another program "
@@ -371,7 +431,7 @@ def check_link(target: Target, name: str, token: str, timeout: float, delay: flo
         return Link(target, False, seconds, "wrong-host", f"{answered} answered, not {target.peer}",
                     seen=seen, answered_by=answered, peer_ip=peer_ip)
     return Link(target, True, seconds, seen=seen, answered_by=answered, peer_ip=peer_ip, large_error=large[0],
-                large_acked=large[1])
+                large_acked=large[1], large_resent=large[2])
 
 
 def _reply(line: bytes) -> tuple[str, str] | None:
@@ -386,7 +446,7 @@ def _reply(line: bytes) -> tuple[str, str] | None:
 def check_links(targets: Sequence[Target], name: str, token: str, timeout: float, delay: float = 0.0) -> list[Link]:
     """Every target at once, one thread each; a connection still hanging after the timeout
     (a stalled name lookup) is reported as such."""
-    limit = delay + 3 * timeout + 1.0  # connect, the answer, the large message: each bounded by timeout
+    limit = delay + 2 * timeout + max(timeout, REPLY_WAIT) + 1.0  # connect, the answer, the large message
 
     def one(target: Target) -> Callable[[], Link]:
         def call() -> Link:

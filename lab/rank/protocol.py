@@ -59,10 +59,11 @@ error     rank, exercise, error, where, traceback,    an exercise raised
           [calls]
 fatal     rank, error, traceback                      start-up failed outside any exercise
 done      rank, failures                              the rank ran every stage
-progress  rank, completed, inflight                   the rank's torch.distributed calls completed so
+progress  rank, completed, inflight, moved, quiet     the rank's torch.distributed calls completed so
                                                       far and the one it blocks in (or null), when
-                                                      they changed, at most once a second
-                                                      (``lab.rank.flight``)
+                                                      they changed and each second one blocks, with
+                                                      the bytes its connections carried and the
+                                                      seconds none moved (``lab.rank.flight``)
 flight    rank, records, inflight, counts, dropped    the rank's flight recorder: its last calls, those
                                                       in flight, completed calls per group and op
                                                       (a call blocked 2 s, and at its end)
@@ -145,7 +146,7 @@ FIELDS: Final[dict[str, dict[str, Type]]] = {
     "fatal": {"rank": "int", "error": "str", "traceback": "str"},
     "done": {"rank": "int", "failures": "int"},
     # (what the records in progress and flight hold is the controller's analysis to check: lab.rank.flight)
-    "progress": {"rank": "int", "completed": "int", "inflight": "dict?"},
+    "progress": {"rank": "int", "completed": "int", "inflight": "dict?", "moved": "int", "quiet": "number"},
     "flight": {"rank": "int", "records": "list", "inflight": "list", "counts": "dict", "dropped": "int"},
     "end": {"rank": "int", "how": "str", "code": "int", "error": "str", "where": "str", "traceback": "str"},
     "exit": {"rank": "int", "code": "int"},

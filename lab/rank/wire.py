@@ -38,6 +38,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
+from lab.rank.tcpinfo import BYTES_ACKED_AT
+
 WIRE_VAR: Final = "LAB_WIRE"  # set to a mode in a launcher's environment: measure its host's connections
 Mode = Literal["netns", "uid"]
 MODES: Final[tuple[Mode, ...]] = ("netns", "uid")
@@ -54,7 +56,6 @@ NLMSG = struct.Struct("=IHHII")  # struct nlmsghdr
 REQUEST = struct.Struct("=BBBBI48x")  # struct inet_diag_req_v2: family, protocol, extensions, pad, states, id
 MESSAGE_SIZE: Final = 72  # struct inet_diag_msg
 COOKIE_AT, UID_AT = 44, 64  # its id.idiag_cookie, idiag_uid
-BYTES_ACKED_AT: Final = 120  # tcp_info.tcpi_bytes_acked (Linux 4.1 and later)
 RECEIVE_BUFFER: Final = 1 << 20  # bytes asked for the destroy messages' queue (the kernel may give less)
 
 

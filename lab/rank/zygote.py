@@ -29,8 +29,8 @@ wrote what without taking any rank's word for it (:class:`Passer`):
 This process ends when every rank has (its status: 0 if every rank's was 0, else 1). The
 controller closing its stdin (going away) kills the whole process group at once. SIGUSR1 (the lab
 asking for stacks) is for the ranks, which are in this process's group: ignored here. Every rank
-is forked from a process with one thread: the preflight's (``lab.rank.preflight``) have ended by
-then, and this process starts no other.
+is forked from a process with one thread: the preflight runs in a helper process of its own
+(``lab.rank.preflight``), and this process starts no thread.
 """
 from __future__ import annotations
 
@@ -259,7 +259,7 @@ def main(options: argparse.Namespace, first_local_rank: int = 0, checking: Prefl
     for name in PRELOAD:
         with contextlib.suppress(Exception):
             importlib.import_module(name)
-    if checking is not None:  # (it ends every thread of its before it returns)
+    if checking is not None:  # (its helper has ended when it returns)
         checking.end()
     os.environ[WATCHED_BY_PARENT] = "1"  # this process watches stdin for them all
     token = os.environ.get(TOKEN_VAR, "")
