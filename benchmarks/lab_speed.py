@@ -15,6 +15,12 @@
                   median without it: --no-preflight) / 0.3 s                           goal <= 1.00
     cross-vpc     `lab run p2p` on the cross-VPC lab without peering, to its verdict (the
                   preflight stops it, exit 6) / 5 s                                    goal <= 1.00
+    cross-vpc-busy  the same with twice as many busy processes as cores / 10 s          goal <= 1.00
+    busy          false verdicts / runs of healthy jobs on 4 container hosts with twice as many
+                  busy processes as cores (`run p2p`, `launch` under the lab's launcher and
+                  torchrun: 10 runs of each, at least)                                  goal  = 0
+    p2p-8         false verdicts / runs of `run p2p` on 8 container hosts on 2 cores (10 runs at
+                  least: the hosts importing torch at once are load enough)             goal  = 0
 
 Each pair is timed --repeat times, alternating, and compared by medians. The container
 benchmarks bring up labs of their own (named bench4 and bench8) and take them down again;
@@ -48,6 +54,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.doctor_mesh import parallel_mesh  # noqa: E402
 from lab.containerlab.topology import PYTHON, Topology  # noqa: E402
+from tests.load import cpu_hog  # noqa: E402
 
 LAB = [sys.executable, "-m", "lab"]
 TIMEOUT = 600
@@ -239,7 +246,7 @@ def hang_verdict(repeat: int, script: Path) -> Figure:
             done = subprocess.run([*LAB, "launch", "--nproc", str(nproc), "--hang-after", f"{HANG_AFTER:g}",
                                    "--timeout", "120", str(path)], cwd=REPO, capture_output=True, text=True,
                                   timeout=TIMEOUT)
-            if done.returncode != 4 or "hung: no call completed" not in done.stdout:
+            if done.returncode != 4 or "hung: nothing moved" not in done.stdout:
                 sys.exit(f"{path.name}: not found hung (exit {done.returncode}):\n{done.stdout[-2000:]}")
             excess.append(time.monotonic() - started - statistics.median(healthy[nproc]))
         slowest.append(max(excess))
@@ -263,29 +270,73 @@ def preflight(repeat: int) -> Figure:
                   added, [PREFLIGHT_GOAL] * repeat, 1.0, False)
 
 
-def cross_vpc(repeat: int) -> Figure:
+CROSS_VPC_BUSY_GOAL = 10.0  # seconds to that verdict with the CPU hog
+FALSE_VERDICT_RUNS = 10  # runs of each healthy job, at least
+
+
+def cross_vpc(repeat: int) -> list[Figure]:
+    """The unpeered cross-VPC lab's verdict, on a quiet machine and with the CPU hog."""
     inventory = REPO / "benchx.inventory.yaml"
     timed([*LAB, "up", "--name", "benchx", "--topology", "cross-vpc", "--inventory", str(inventory), "--no-smoke"],
           "lab up --topology cross-vpc")
-    verdicts = []
+
+    def verdict() -> float:
+        started = time.monotonic()
+        done = subprocess.run([*LAB, "run", "p2p", "--hosts", str(inventory)], cwd=REPO, capture_output=True,
+                              text=True, timeout=TIMEOUT)
+        if done.returncode != 6 or "behind NAT" not in done.stdout:
+            sys.exit(f"run p2p on the unpeered cross-VPC lab: not stopped by the preflight "
+                     f"(exit {done.returncode}):\n{done.stdout[-3000:]}")
+        return time.monotonic() - started
+
     try:
-        for _ in range(repeat):
-            started = time.monotonic()
-            done = subprocess.run([*LAB, "run", "p2p", "--hosts", str(inventory)], cwd=REPO, capture_output=True,
-                                  text=True, timeout=TIMEOUT)
-            verdicts.append(time.monotonic() - started)
-            if done.returncode != 6 or "behind NAT" not in done.stdout:
-                sys.exit(f"run p2p on the unpeered cross-VPC lab: not stopped by the preflight "
-                         f"(exit {done.returncode}):\n{done.stdout[-3000:]}")
+        quiet = [verdict() for _ in range(repeat)]
+        with cpu_hog():
+            busy = [verdict() for _ in range(repeat)]
     finally:
         subprocess.run([*LAB, "down", "--name", "benchx"], cwd=REPO, capture_output=True, timeout=TIMEOUT)
         inventory.unlink(missing_ok=True)
-    return Figure("cross-vpc", f"run p2p to its verdict, cross-VPC lab without peering / {CROSS_VPC_GOAL:g} s",
-                  verdicts, [CROSS_VPC_GOAL] * repeat, 1.0, False)
+    return [Figure("cross-vpc", f"run p2p to its verdict, cross-VPC lab without peering / {CROSS_VPC_GOAL:g} s",
+                   quiet, [CROSS_VPC_GOAL] * repeat, 1.0, False),
+            Figure("cross-vpc-busy", f"the same, with the CPU hog / {CROSS_VPC_BUSY_GOAL:g} s", busy,
+                   [CROSS_VPC_BUSY_GOAL] * repeat, 1.0, False)]
+
+
+def false_verdicts(jobs: dict[str, list[str]], runs: int) -> tuple[int, int]:
+    """(verdicts, runs): each healthy job run ``runs`` times in turn; any exit but 0 is a false verdict."""
+    verdicts = 0
+    for _ in range(runs):
+        for name, argv in jobs.items():
+            done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT)
+            if done.returncode != 0:
+                verdicts += 1
+                print(f"  {name}: exit {done.returncode}: {(done.stdout + done.stderr).strip().splitlines()[-1:]}",
+                      flush=True)
+    return verdicts, runs * len(jobs)
+
+
+def busy(repeat: int, script: Path) -> Figure:
+    with ContainerLab("bench4", 4) as lab, cpu_hog() as hogs:
+        hosts = str(lab.inventory)
+        verdicts, runs = false_verdicts({
+            "run p2p": [*LAB, "run", "p2p", "--hosts", hosts],
+            "launch": [*LAB, "launch", "--hosts", hosts, str(script)],
+            "launch torchrun": [*LAB, "launch", "--hosts", hosts, "--launcher", "torchrun", str(script)]},
+            max(repeat, FALSE_VERDICT_RUNS))
+    return Figure("busy", f"false verdicts / runs, 4 hosts, {len(hogs)} busy processes on {os.cpu_count()} cores",
+                  [verdicts], [runs], 0.0, False)
+
+
+def p2p_eight(repeat: int) -> Figure:
+    with ContainerLab("bench8", 8) as lab:
+        verdicts, runs = false_verdicts({"run p2p": [*LAB, "run", "p2p", "--hosts", str(lab.inventory)]},
+                                        max(repeat, FALSE_VERDICT_RUNS))
+    return Figure("p2p-8", "false verdicts / runs of run p2p on 8 hosts", [verdicts], [runs], 0.0, False)
 
 
 def main() -> int:
-    names = ("launch-ssh", "run-all", "up", "doctor", "launch-local", "hang-verdict", "preflight", "cross-vpc")
+    names = ("launch-ssh", "run-all", "up", "doctor", "launch-local", "hang-verdict", "preflight", "cross-vpc",
+             "busy", "p2p-8")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"of {', '.join(names)} (default all)")
     parser.add_argument("--repeat", type=int, default=3)
@@ -303,14 +354,16 @@ def main() -> int:
                 "up": lambda: up(args.repeat), "doctor": lambda: doctor(args.repeat),
                 "launch-local": lambda: launch_local(args.repeat, script),
                 "hang-verdict": lambda: hang_verdict(args.repeat, script),
-                "preflight": lambda: preflight(args.repeat), "cross-vpc": lambda: cross_vpc(args.repeat)}
+                "preflight": lambda: preflight(args.repeat), "cross-vpc": lambda: cross_vpc(args.repeat),
+                "busy": lambda: busy(args.repeat, script), "p2p-8": lambda: p2p_eight(args.repeat)}
         for name in args.names or names:
-            figure = runs[name]()
-            figures.append(figure)
-            print(f"{figure.name:13} {figure.ratio:5.2f}  ({figure.what}: "
-                  f"{', '.join(f'{t:.2f}' for t in figure.lab)} s / {', '.join(f'{t:.2f}' for t in figure.baseline)} s)"
-                  f"  goal {'<' if figure.strict else '<='} {figure.goal:g}: {'met' if figure.met else 'NOT met'}",
-                  flush=True)
+            made = runs[name]()
+            for figure in made if isinstance(made, list) else [made]:
+                figures.append(figure)
+                print(f"{figure.name:13} {figure.ratio:5.2f}  ({figure.what}: "
+                      f"{', '.join(f'{t:.2f}' for t in figure.lab)} / {', '.join(f'{t:.2f}' for t in figure.baseline)})"
+                      f"  goal {'<' if figure.strict else '<='} {figure.goal:g}: {'met' if figure.met else 'NOT met'}",
+                      flush=True)
     return 0 if all(f.met for f in figures) else 1
 
 

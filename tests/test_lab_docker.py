@@ -483,6 +483,54 @@ def test_bench_on_shaped_links_fits_their_delay_as_alpha(lab_up: Lab, tmp_path: 
     assert 30_000 <= report["fit"]["alpha_us"] <= 60_000, report["fit"]
 
 
+SLOW_COLLECTIVE = """
+import time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+tensor = torch.full((16 << 18,), float(rank + 1))  # 16 MiB of float32
+dist.barrier()
+started = time.monotonic()
+dist.all_reduce(tensor)  # each rank sends 24 MiB: about 10 s at 20 Mbit/s
+assert bool((tensor == world * (world + 1) / 2).all()), tensor
+print(f"rank {rank}: the 16 MiB all_reduce is right after {time.monotonic() - started:.1f}s", flush=True)
+"""
+ENTERS_A_CYCLE = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+dist.barrier()
+print(f"rank {rank}: receives first", flush=True)
+dist.recv(torch.zeros(1024), src=(rank - 1) % world)
+"""
+
+
+def test_a_slow_collective_is_no_hang_and_a_real_one_on_the_same_links_is_found(lab_up: Lab, tmp_path: Path) -> None:
+    """Every host's links shaped to 20 Mbit/s: one all_reduce that takes several times --hang-after
+    passes (its bytes move), and a receive cycle on the same links is stopped --hang-after seconds
+    after the last rank entered it, plus the seconds to say so."""
+    slow, cycle = tmp_path / "slow.py", tmp_path / "cycle.py"
+    slow.write_text(SLOW_COLLECTIVE)
+    cycle.write_text(ENTERS_A_CYCLE)
+    assert lab_up("net", "shape", "all", "--rate", "20mbit").code == 0
+    try:
+        passed = lab_up("launch", "--hosts", str(INVENTORY), "--hang-after", "3", str(slow), timeout=600)
+        job = lab_up.popen("launch", "--hosts", str(INVENTORY), "--hang-after", "3", str(cycle))
+        assert job.stdout is not None
+        entered: list[float] = []
+        for line in job.stdout:
+            if "receives first" in line:
+                entered.append(time.monotonic())
+        job.wait(timeout=120)
+        stopped = time.monotonic()
+    finally:
+        assert lab_up("net", "clear").code == 0
+    took = [float(seconds) for seconds in re.findall(r"all_reduce is right after (\d+\.\d)s", passed.out)]
+    assert passed.code == 0 and len(took) == 4, passed.text[-3000:]
+    assert min(took) > 2 * 3, took  # one call, blocked for more than twice --hang-after
+    assert job.returncode == 4 and len(entered) == 4
+    assert stopped - max(entered) < 3 + 3 + 3, stopped - max(entered)  # --hang-after, the issue's 3 s, stopping
+
+
 @pytest.mark.parametrize("args, message", [
     (("--delay", "20"), "lab: error: --delay: '20' is not a time (a number with us, ms or s: 20ms)"),
     (("node9", "--delay", "1ms"), "lab: error: lab lab has no host node9: its hosts are node1, node2, node3, "
@@ -596,6 +644,7 @@ HEALTHY_JOBS = {
 
 
 @pytest.mark.load
+@pytest.mark.timeout(1800)
 def test_on_a_busy_machine_healthy_jobs_get_no_false_verdict(lab_up: Lab) -> None:
     """Twice as many busy processes as cores while the 4 hosts import torch, check the network and run:
     every run of every healthy job passes (a peer slow to answer, a rank slow to start, a collective
@@ -604,13 +653,22 @@ def test_on_a_busy_machine_healthy_jobs_get_no_false_verdict(lab_up: Lab) -> Non
     with cpu_hog():
         for _ in range(LOAD_ROUNDS):
             for name, argv in HEALTHY_JOBS.items():
+                started = time.monotonic()
                 result = lab_up(*argv, timeout=600)
+                print(f"{name}: exit {result.code} in {time.monotonic() - started:.1f}s", flush=True)
                 if result.code != 0:
                     verdicts.append(f"{name}: exit {result.code}: {result.text[-1500:]}")
         smoke = lab_up("up", timeout=900)
     assert verdicts == [], "\n\n".join(verdicts)
     assert smoke.code == 0 and "1 passed, 0 failed" in smoke.out, smoke.text[-3000:]
     assert_no_workers_anywhere()
+
+
+@pytest.mark.load
+def test_on_a_busy_machine_the_doctor_finds_a_healthy_lab_healthy(lab_up: Lab) -> None:
+    with cpu_hog():
+        code, findings = doctor_findings(lab_up, INVENTORY)
+    assert code == 0 and [f for f in findings if f["severity"] == "error"] == [], findings
 
 
 @pytest.mark.load

@@ -280,9 +280,21 @@ def test_the_launchers_listener_answers_while_the_launcher_holds_its_interpreter
     token = "t0ken"
     launcher = subprocess.Popen([sys.executable, "-c", HOGGED_LAUNCHER], cwd=REPO, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO), TOKEN_VAR: token})
+    pulses: list[float] = []
+
+    def next_line() -> str:
+        """The launcher's next line that is not its helper's pulse (those are kept)."""
+        assert launcher.stdout is not None
+        while True:
+            line = launcher.stdout.readline().decode().rstrip("\n")
+            event = parse_event(line, token)
+            if event is None or event["event"] != "pulse":
+                return line
+            pulses.append(float(event["cpu"]))
+
     try:
-        assert launcher.stdin is not None and launcher.stdout is not None
-        first = [launcher.stdout.readline().decode().rstrip("\n") for _ in range(2)]  # (in either order)
+        assert launcher.stdin is not None
+        first = [next_line() for _ in range(2)]  # (in either order)
         assert "hogging" in first
         facts_ = parse_event(next(line for line in first if line != "hogging"), token) or {}
         assert facts_.get("event") == "facts"
@@ -291,15 +303,17 @@ def test_the_launchers_listener_answers_while_the_launcher_holds_its_interpreter
         assert launcher.poll() is None  # (still hogging: the answer came from its helper)
         launcher.stdin.write(b'{"targets": []}\n')
         launcher.stdin.flush()
-        links = parse_event(launcher.stdout.readline().decode().rstrip("\n"), token) or {}
+        links = parse_event(next_line(), token) or {}
         assert links.get("event") == "links"
         launcher.stdin.write(b"go\n")
         launcher.stdin.flush()
-        assert launcher.stdout.readline() == b"ranks started\n"
+        assert next_line() == "ranks started"
         assert launcher.wait(timeout=60) == 0
     finally:
         launcher.kill()
         launcher.wait()
+    # the helper said, each second of the hog, how much CPU the launcher had used: more each time
+    assert len(pulses) >= 1 and pulses == sorted(pulses) and pulses[-1] > 0, pulses
 
 
 def test_a_launcher_whose_controller_goes_away_in_the_preflight_starts_no_rank() -> None:

@@ -129,6 +129,7 @@ class RankState:
     launch: LaunchState
     step: str = "startup"
     step_started: float = field(default_factory=time.monotonic)
+    startup_cpu: float = 0.0  # the CPU seconds its process had used in start-up, as it last said (alive)
     done: bool = False  # the worker said it finished
     exit_code: int | None = None  # its launch's, once that ended
     fatal: str | None = None  # start-up or rendezvous failed outside any exercise

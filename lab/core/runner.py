@@ -134,6 +134,11 @@ class Run:
         self.started = time.monotonic()
         self.wall = wall
         self.deadline = self.started + wall if wall else None  # when the whole run's time is up
+        # The last time something of the run moved (an event that is news, a start-up's CPU seconds
+        # grown), and each start-up's CPU seconds so far (rank, or -1 - launch for its launcher's):
+        # what the deadline of the lab's own steps counts from (_step_late).
+        self.moved_at = self.started
+        self.cpu_seen: dict[int, float] = {}
 
     # -- starting ---------------------------------------------------------------------------
 
@@ -300,7 +305,19 @@ class Run:
         if self.deadline is not None and now > self.deadline:
             return [s.spec.rank for s in self.states if s.exit_code is None]
         return [s.spec.rank for s in self.states if s.exit_code is None and (
-            now - s.step_started > self.plan.timeout or self._past_deadline(s, now))]
+            self._step_late(s, now) or self._past_deadline(s, now))]
+
+    def _step_late(self, state: RankState, now: float) -> bool:
+        """Whether the rank is past its step's timeout. A step of the program's (an exercise, a script)
+        has ``plan.timeout`` seconds of the wall clock: the user's bound. The lab's own steps of a
+        ``run`` (start-up and the rendezvous) take as long as a busy machine makes them: their
+        timeout counts only time in which nothing of the run moved (no event that is news, no
+        start-up's CPU seconds grown: a rank starting slowly holds the others' rendezvous up, not
+        back), and a start-up that used more CPU seconds than the timeout is late too."""
+        timeout = self.plan.timeout
+        if self.plan.script or not (state.step == "startup" or state.step.startswith("init:")):
+            return now - state.step_started > timeout
+        return now - max(state.step_started, self.moved_at) > timeout or state.startup_cpu > timeout
 
     def _past_deadline(self, state: RankState, now: float) -> bool:
         """Whether the rank is past an exercise's deadline: ``plan.timeout`` seconds from when it
@@ -362,6 +379,9 @@ class Run:
         if event is None:
             return
         kind = event["event"]
+        if kind == "pulse":  # (a host's launcher, in its preflight: its start-up's CPU seconds)
+            self._cpu_seen(-1 - self.launches.index(launch), float(event["cpu"]))
+            return
         if kind in PREFLIGHT_EVENTS and self.preflight is not None and not self.preflight.decided:
             self.preflight.take(launch.launch.host, event)
             return
@@ -398,10 +418,22 @@ class Run:
         runs = self.runs
         return step in runs or step.removeprefix("wait:") in runs or (step.startswith("init:") and len(step) < 100)
 
+    def _cpu_seen(self, whose: int, cpu: float) -> None:
+        """A start-up's CPU seconds (a rank's, or ``-1 - i`` for launch i's launcher): grown, the run moved."""
+        if cpu > self.cpu_seen.get(whose, -1.0):
+            self.cpu_seen[whose] = cpu
+            self.moved_at = time.monotonic()
+
     def _handle_event(self, launch: LaunchState, state: RankState, event: dict[str, Any]) -> None:
         """Apply a valid event (``lab.rank.protocol.check_event``) of ``state``'s rank."""
         rank, kind = state.spec.rank, event["event"]
-        if kind == "step":
+        if kind not in ("progress", "flight", "alive") or kind == "progress" and state.progress is not None and \
+                event["quiet"] < state.progress["quiet"]:  # (news: not a rank saying it still waits)
+            self.moved_at = time.monotonic()
+        if kind == "alive":
+            state.startup_cpu = float(event["cpu"])
+            self._cpu_seen(rank, state.startup_cpu)
+        elif kind == "step":
             self._took_step(state, event["step"])
         elif kind == "hello":
             self._said_hello(launch, state, event)

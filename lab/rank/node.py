@@ -23,8 +23,9 @@ host's ranks itself.
 
 PROGRAM is ``-m MODULE ARGS`` (the lab's worker or launcher), as torchrun takes it.
 
-``fork``, ``torchrun`` and ``spawn`` check the network the job will use before they start any
-rank, while they import torch, when the lab asks them to (``lab.rank.preflight``).
+``fork``, ``torchrun`` and ``spawn`` fork a helper while they import torch, which says how their
+start-up goes and checks the network the job will use before they start any rank, when the lab
+asks them to (``lab.rank.preflight``).
 
 SIGUSR1 (the lab asks a hung run for its stacks) must not end this process: it is passed on to
 torchrun's ranks, whose sessions the lab's signal to this group does not reach; spawned ranks
@@ -67,11 +68,11 @@ def _forward_to_children(signum: int, frame: object) -> None:
             pass
 
 
-def torchrun(args: list[str], checking: preflight.Preflight | None = None) -> int:
+def torchrun(args: list[str], helper: preflight.StartupHelper | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
-    ready(checking)
+    ready(helper)
     signal.signal(signal.SIGUSR1, _forward_to_children)
     try:
         torchrun_main(args)
@@ -95,11 +96,11 @@ def host_ranks(kind: str, args: list[str], counted: bool = True) -> argparse.Nam
     return parser.parse_args(args)
 
 
-def spawn(args: list[str], checking: preflight.Preflight | None = None) -> int:
+def spawn(args: list[str], helper: preflight.StartupHelper | None = None) -> int:
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessException
 
-    ready(checking)
+    ready(helper)
     options = host_ranks("spawn", args)
     # The ranks in this group dump their stacks on SIGUSR1; this process and the start of each
     # rank (the disposition is inherited until the program installs its dump) ignore it.
@@ -150,26 +151,28 @@ def _rank(local_rank: int, first_rank: int, module: str, args: list[str]) -> Non
 
 def main() -> int:
     kind, *args = sys.argv[1:]
-    checking = preflight.begin()  # (the lab asks for one of fork, torchrun and spawn: before they import torch)
-    if kind == "fork":  # (it watches stdin itself: it forks, so it leaves no thread running)
-        from lab.rank import zygote
-
-        return zygote.main(host_ranks(kind, args), checking=checking)
     if kind == "task":  # (the zygote watches stdin itself)
         return task(args)
-    if checking is None:
-        stop_when_orphaned()
     if kind == "srun":
         from lab.rank import srun
 
+        stop_when_orphaned()
         return srun.main(args)
-    return {"torchrun": torchrun, "spawn": spawn}[kind](args, checking)
+    helper = preflight.begin()  # (fork, torchrun and spawn: before they import torch)
+    if kind == "fork":  # (it watches stdin itself: it forks, so it leaves no thread running)
+        from lab.rank import zygote
+
+        return zygote.main(host_ranks(kind, args), helper=helper)
+    if helper is None:
+        stop_when_orphaned()
+    return {"torchrun": torchrun, "spawn": spawn}[kind](args, helper)
 
 
-def ready(checking: preflight.Preflight | None) -> None:
-    """torch is imported: the preflight's verdict, then stop when the controller goes away."""
-    if checking is not None:
-        checking.end()
+def ready(helper: preflight.StartupHelper | None) -> None:
+    """torch is imported: the helper stopped (with the preflight's verdict), then stop when the
+    controller goes away."""
+    if helper is not None:
+        helper.end()
         stop_when_orphaned()
 
 

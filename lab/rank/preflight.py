@@ -2,11 +2,13 @@
 will use, from the process that will start them (``lab.rank.node``: the zygote, torchrun's agent,
 mp.spawn's parent), while that process imports torch.
 
-Asked for by ``LAB_PREFLIGHT`` (JSON: the host's name, master_addr, master_port on rank 0's host),
-:func:`begin` forks a helper from the launcher before it imports torch. The helper does the whole
-preflight, through the launcher's own streams, and imports nothing more: loading libtorch holds the
-launcher's interpreter for seconds at a time, and on a busy machine longer, so a listener in the
-launcher would answer its peers late, and be taken for absent.
+:func:`begin` forks a helper from the launcher before it imports torch, which says each second how
+much CPU the launcher has used (``pulse``: the kernel's word that its start-up is under way, however
+slowly a busy machine lets it go; the controller's deadline for start-up counts only time when nothing
+moved) and, asked for by ``LAB_PREFLIGHT`` (JSON: the host's name, master_addr, master_port on rank 0's
+host), does the whole preflight, through the launcher's own streams. It imports nothing more: loading
+libtorch holds the launcher's interpreter for seconds at a time, and on a busy machine longer, so a
+listener in the launcher would answer its peers late, and be taken for absent.
 
 1. The helper reports this host's ``facts`` (the address gloo will advertise, from its hostname or
    GLOO_SOCKET_IFNAME, its interfaces, the port its listener took; rank 0's host listens on
@@ -14,13 +16,15 @@ launcher would answer its peers late, and be taken for absent.
    of targets (``{"targets": [...]}``: MASTER_ADDR:MASTER_PORT and every peer's advertised address),
    connects to them all at once (``lab.rank.probe.check_links``: judged by what the network answers)
    and reports the ``links``.
-2. It then waits for the controller's verdict: ``go`` (every host's links are in and nothing is
-   wrong), on which it stops listening (rank 0's host says so: ``closed``) and exits 0. The controller
+2. It pulses while it waits for the controller.
+3. It then waits for the controller's verdict: ``go`` (every host's links are in and nothing is
+   wrong), on which it stops listening (rank 0's host says so: ``closed``), pulses until the launcher
+   has imported torch, and exits 0. The controller
    tells rank 0's host first and the others once it has closed: their ranks would otherwise reach
    its listener on MASTER_PORT in place of the store. A job that failed its preflight gets no verdict:
    the controller ends its launchers; end-of-file on stdin (the controller is gone) ends the helper
    with 1.
-3. :meth:`Preflight.end`, once torch is imported, waits for the helper: on 0 the launcher starts its
+4. :meth:`StartupHelper.end`, once torch is imported, waits for the helper: on 0 the launcher starts its
    ranks, on anything else it ends.
 
 Nothing here runs after the ranks start, and nothing of it is left for them: the launcher started
@@ -30,8 +34,10 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -44,18 +50,24 @@ PREFLIGHT_VAR = "LAB_PREFLIGHT"
 GO = b"go"  # the controller's verdict line when the network is fit for the job
 TIMEOUT = 2.5  # seconds in which no connection attempt to an address is answered: nothing answers there
 CLOSE_WAIT = 1.0  # seconds for the listeners' threads to end once told to
+PULSE_EVERY = 1.0  # seconds between two ``pulse`` events while the helper waits for the controller
 
 
 class _Stdin:
     """Lines from fd 0, read unbuffered (the controller sends nothing after its verdict, and the
-    launcher watches the same descriptor for end-of-file later)."""
+    launcher watches the same descriptor for end-of-file later); while none comes, ``idle`` is
+    called each PULSE_EVERY seconds."""
 
-    def __init__(self) -> None:
+    def __init__(self, idle: Callable[[], None]) -> None:
         self._data = b""
+        self._idle = idle
 
     def line(self) -> bytes | None:
         """The next line without its newline; None at end-of-file."""
         while b"\n" not in self._data:
+            if not select.select([0], [], [], PULSE_EVERY)[0]:
+                self._idle()
+                continue
             try:
                 chunk = os.read(0, 65536)
             except OSError:
@@ -67,37 +79,62 @@ class _Stdin:
         return line
 
 
-class Preflight:
-    """One host's preflight (see the module), run by a helper process; :func:`begin` starts it."""
+def launcher_cpu() -> float:
+    """The CPU seconds the launcher (this helper's parent) has used: utime and stime of its
+    /proc/PID/stat, which the kernel shows whatever the process is doing."""
+    try:
+        with open(f"/proc/{os.getppid()}/stat", encoding="ascii") as file:
+            fields = file.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
-    def __init__(self, spec: dict[str, Any], token: str) -> None:
+
+class StartupHelper:
+    """A host's launcher's helper while it imports torch (see the module): the preflight when the lab
+    asked for one (``spec``), and the ``pulse`` either way; :func:`begin` starts it."""
+
+    def __init__(self, spec: dict[str, Any] | None, token: str) -> None:
+        self.checks = spec is not None
         sys.stdout.flush()  # (what the launcher has not written yet must not be written twice)
         sys.stderr.flush()
+        done, self._done = os.pipe()  # (closed by end(), or by the launcher's death: the helper stops)
         self.helper = os.fork()
         if self.helper == 0:
             code = 1
             try:
-                code = 0 if _check(spec, token) else 1
+                os.close(self._done)
+                code = 0 if (spec is None or _check(spec, token)) and _pulse(token, done) else 1
             except BaseException:
                 traceback.print_exc()
             finally:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(code)
+        os.close(done)
 
     def end(self) -> None:
-        """Wait for the helper's verdict: return on ``go``; end the process otherwise (the controller
-        went away, or stops the job)."""
+        """torch is imported: stop the helper, and with a preflight wait for its verdict: return on
+        ``go``; end the process otherwise (the controller went away, or stops the job)."""
+        os.close(self._done)
         _, status = os.waitpid(self.helper, 0)
-        if os.waitstatus_to_exitcode(status) != 0:
+        if self.checks and os.waitstatus_to_exitcode(status) != 0:
             os._exit(1)  # (nothing of ours ran: nothing to tear down)
+
+
+def _pulse(token: str, done: int) -> bool:
+    """Say each PULSE_EVERY seconds how much CPU the launcher has used, until it is done importing
+    torch (or gone)."""
+    while not select.select([done], [], [], PULSE_EVERY)[0]:
+        emit(token, "pulse", cpu=round(launcher_cpu(), 2))
+    return True
 
 
 def _check(spec: dict[str, Any], token: str) -> bool:
     """The helper's preflight: report the facts, connect to the targets and report the links, then
     wait for the verdict; on ``go`` stop listening and say so (the controller tells the other hosts
     to go only once rank 0's host has). Whether the verdict was ``go``."""
-    name, stdin = str(spec["name"]), _Stdin()
+    name, stdin = str(spec["name"]), _Stdin(lambda: emit(token, "pulse", cpu=round(launcher_cpu(), 2)))
     port = spec.get("master_port")
     facts, listeners = survey(name, token, TIMEOUT, str(spec["master_addr"]),
                               int(port) if port is not None else None, lookups=False)
@@ -126,10 +163,11 @@ def _check(spec: dict[str, Any], token: str) -> bool:
             listener.close()
 
 
-def begin() -> Preflight | None:
-    """The host's preflight, started, when the lab asked for one (its setting is taken out of the
-    environment: the ranks do not see it)."""
+def begin() -> StartupHelper | None:
+    """The launcher's helper, started when the lab started the launcher (with the preflight when the
+    lab asked for one: its setting is taken out of the environment, the ranks do not see it)."""
     spec = os.environ.pop(PREFLIGHT_VAR, None)
-    if not spec:
+    token = os.environ.get(TOKEN_VAR)
+    if not spec and not token:
         return None
-    return Preflight(json.loads(spec), os.environ.get(TOKEN_VAR, ""))
+    return StartupHelper(json.loads(spec) if spec else None, token or "")

@@ -87,6 +87,12 @@ facts     see ``lab.rank.probe``                      the doctor's probe: the ho
 runtime   torch, cuda_devices, nccl, ...              the probe: what torch says on the host
 links     links                                       the probe: its connections to its targets
 heard     sources, lookups                            the probe: who connected to its listeners
+alive     rank, cpu                                   a rank in start-up (``lab.rank.worker``), each
+                                                      second until its first step: the CPU seconds
+                                                      its process has used
+pulse     cpu                                         a host's launcher in its preflight
+                                                      (``lab.rank.preflight``), each second: the CPU
+                                                      seconds it has used (importing torch)
 ========  ==========================================  ==============================================
 
 An event line has at most EVENT_MAX bytes: a longer one is no event (a rank whose result is
@@ -119,10 +125,10 @@ FLIGHT_EVENTS: Final = (b'{"event": "progress"', b'{"event": "flight"')  # how t
 FLIGHT_RATE: Final = 4096  # bytes a second of them, for each rank, allowed past EVENTS_MAX (see EventBudget)
 
 EventKind = Literal["hello", "step", "result", "error", "fatal", "done", "progress", "flight", "end", "exit",
-                    "bad", "ports", "facts", "runtime", "links", "heard", "closed", "wire"]
+                    "bad", "ports", "facts", "runtime", "links", "heard", "closed", "wire", "alive", "pulse"]
 EVENT_KINDS: Final[frozenset[str]] = frozenset(get_args(EventKind))
 RANK_EVENTS: Final = frozenset({"hello", "step", "result", "error", "fatal", "done", "progress",
-                                "flight", "end"})  # what a rank sends
+                                "flight", "end", "alive"})  # what a rank sends
 LAUNCHER_EVENTS: Final = frozenset({"exit", "bad"})  # what a host's launcher says of one of its ranks
 # What the lab's launcher (lab.rank.zygote) says of its host's connections (lab.rank.wire), its ``rank`` the
 # host's first: no rank can send it (the launcher drops it), so it is taken from that launcher alone.
@@ -153,6 +159,8 @@ FIELDS: Final[dict[str, dict[str, Type]]] = {
     "bad": {"rank": "int", "what": "str"},
     "ports": {"ports": "list"},
     "wire": {"rank": "int", "carried": "int", "lost": "int", "error": "str", "failed": "str"},
+    "alive": {"rank": "int", "cpu": "number"},
+    "pulse": {"cpu": "number"},
 }
 OPTIONAL: Final[dict[str, frozenset[str]]] = {
     "hello": frozenset({"python", "torch"}), "result": frozenset({"calls"}), "error": frozenset({"calls"}),

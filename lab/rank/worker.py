@@ -54,6 +54,7 @@ GROUP_TIMEOUT_MARGIN = 30.0  # seconds
 PLAN_VAR = "LAB_RANK_PLAN"
 TOKEN_VAR = "LAB_TOKEN"
 RELAY_WAIT = 2.0  # seconds a rank that ends waits for its relay to pass its last lines on
+PULSE_EVERY = 1.0  # seconds between two ``alive`` events of a rank in start-up
 WATCHED_BY_PARENT = "LAB_WATCHED_BY_PARENT"  # set for ranks whose parent stops them with its group
 
 
@@ -220,9 +221,10 @@ def call_with_context(fn: Callable[..., Any], context: dict[str, Any]) -> Any:
 
 
 class Rank:
-    def __init__(self, plan: dict[str, Any]) -> None:
+    def __init__(self, plan: dict[str, Any], started: threading.Event | None = None) -> None:
         import torch
 
+        self.started = started or threading.Event()  # set at its first step: start-up is over
         self.plan = plan
         self.token: str = plan["token"]
         self.rank = int(os.environ["RANK"])
@@ -237,6 +239,8 @@ class Rank:
             torch.cuda.set_device(self.device)
 
     def emit(self, event: EventKind, **fields: Any) -> None:
+        if event in ("step", "fatal", "done"):
+            self.started.set()
         if event in ("error", "fatal"):  # an exception's message may be as long as a program likes
             fields = {k: capped(v) if k in TEXT_FIELDS else v for k, v in fields.items()}
         emit(self.token, event, rank=self.rank, **fields)
@@ -444,11 +448,31 @@ def _where(exc: BaseException, program: str) -> str:
     return f"{os.path.basename(f.filename)}:{f.lineno}: {(f.line or '').strip()}"
 
 
+class StartupPulse:
+    """Each PULSE_EVERY seconds until the rank begins its first step, an ``alive`` event with the CPU
+    seconds the process has used: the kernel's word that its start-up (importing torch, above all)
+    is under way, however slowly a busy machine lets it go. The controller's deadline for start-up
+    counts only time in which nothing of the run moved (``lab.core.runner``)."""
+
+    def __init__(self, rank: int, token: str) -> None:
+        self.rank, self.token = rank, token
+        self.started = threading.Event()
+        threading.Thread(target=self._run, name="lab-startup-pulse", daemon=True).start()
+
+    def _run(self) -> None:
+        while not self.started.wait(PULSE_EVERY):
+            try:
+                emit(self.token, "alive", rank=self.rank, cpu=round(sum(os.times()[:2]), 2))
+            except OSError:  # (the channel is gone, and the controller with it)
+                return
+
+
 def main() -> int:
     start_rank()
     plan = json.loads(os.environ.pop(PLAN_VAR))  # (it holds the token: no program reads it there)
+    pulse = StartupPulse(int(os.environ.get("RANK", -1)), plan["token"])
     try:
-        return Rank(plan).run()
+        return Rank(plan, pulse.started).run()
     except Exception as exc:  # start-up failed outside any exercise: report it, don't just die
         emit(plan["token"], "fatal", rank=int(os.environ.get("RANK", -1)),
              error=capped(f"{type(exc).__name__}: {exc}"), traceback=capped(traceback.format_exc()))

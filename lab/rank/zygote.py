@@ -29,8 +29,8 @@ wrote what without taking any rank's word for it (:class:`Passer`):
 This process ends when every rank has (its status: 0 if every rank's was 0, else 1). The
 controller closing its stdin (going away) kills the whole process group at once. SIGUSR1 (the lab
 asking for stacks) is for the ranks, which are in this process's group: ignored here. Every rank
-is forked from a process with one thread: the preflight runs in a helper process of its own
-(``lab.rank.preflight``), and this process starts no thread.
+is forked from a process with one thread: its start-up helper (the pulse, the preflight) is a
+process of its own (``lab.rank.preflight``), and this process starts no thread.
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ from typing import NoReturn
 
 from lab.rank import inputs
 from lab.rank.output import HOLD
-from lab.rank.preflight import Preflight
+from lab.rank.preflight import StartupHelper
 from lab.rank.protocol import (
     EVENT_MAX,
     LINE_MAX,
@@ -247,10 +247,12 @@ class Rank:
     reported: bool = False
 
 
-def main(options: argparse.Namespace, first_local_rank: int = 0, checking: Preflight | None = None) -> NoReturn:
+def main(options: argparse.Namespace, first_local_rank: int = 0,
+         helper: StartupHelper | None = None) -> NoReturn:
     """Fork ``options.nprocs`` ranks from ``options.first_rank`` on (``lab.rank.node.host_ranks``;
     their local ranks from ``first_local_rank`` on), each running ``options.module``'s main with
-    ``options.args`` (once torch is imported and, with ``checking``, the host's preflight passed);
+    ``options.args`` (once torch is imported and its start-up ``helper`` has ended: with a preflight,
+    passed);
     pass their streams on until all end, then end at once: this process ran no
     program's code, so it skips the interpreter's teardown, which with torch loaded takes about
     a second that every run would wait for."""
@@ -259,8 +261,8 @@ def main(options: argparse.Namespace, first_local_rank: int = 0, checking: Prefl
     for name in PRELOAD:
         with contextlib.suppress(Exception):
             importlib.import_module(name)
-    if checking is not None:  # (its helper has ended when it returns)
-        checking.end()
+    if helper is not None:  # (it has ended when this returns)
+        helper.end()
     os.environ[WATCHED_BY_PARENT] = "1"  # this process watches stdin for them all
     token = os.environ.get(TOKEN_VAR, "")
     held = inputs.hold(range(options.first_rank, options.first_rank + options.nprocs))
