@@ -518,7 +518,7 @@ def test_a_slow_collective_is_no_hang_and_a_real_one_on_the_same_links_is_found(
         assert job.stdout is not None
         entered: list[float] = []
         for line in job.stdout:
-            if "receives first" in line:
+            if re.match(r"\[\S+ r\d\] rank \d: receives first", line):  # (a rank's own line, not the report's)
                 entered.append(time.monotonic())
         job.wait(timeout=120)
         stopped = time.monotonic()
@@ -634,7 +634,7 @@ def test_why_a_job_across_hosts_hangs_or_crashes_is_named(lab_up: Lab, name: str
 
 # -- a busy machine: no verdict by a stopwatch that load can stop ---------------------------------
 
-LOAD_ROUNDS = 10  # runs of each healthy job under load: not one may end in a verdict
+LOAD_ROUNDS = 3  # runs of each healthy job under load: not one may end in a verdict
 HEALTHY_JOBS = {
     "run p2p": ("run", "p2p", "--hosts", str(INVENTORY)),
     "launch (lab)": ("launch", "--hosts", str(INVENTORY), str(WHY / "healthy_loop.py")),

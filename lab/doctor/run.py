@@ -63,7 +63,7 @@ LINKS_GRACE = 5.0  # seconds, on top of the connections' timeouts, for a probe t
 READERS_WAIT = 2.0  # seconds for a stopped probe's readers to meet the end of its streams
 STDERR_KEPT = 20  # lines of a probe's stderr kept for the reason it failed
 PROBE_FILES = ("code/lab/__init__.py", "code/lab/rank/__init__.py", "code/lab/rank/probe.py",
-               "code/lab/rank/netfacts.py", "code/lab/rank/protocol.py")
+               "code/lab/rank/netfacts.py", "code/lab/rank/protocol.py", "code/lab/rank/tcpinfo.py")
 
 
 class _ProbeRun:
