@@ -161,6 +161,18 @@ def test_on_a_busy_machine_a_start_up_longer_than_the_timeout_is_no_timeout_whil
     assert lab.leftovers() == []
 
 
+def test_no_hang_is_said_while_a_connection_of_the_ranks_still_moves(lab: Lab) -> None:
+    """Both ranks receive first, while each moves bytes on a connection of its own for 8 s: no verdict
+    then (each rank's line that its traffic stopped comes out, which a stopped rank could not print),
+    the cycle after."""
+    result = lab("launch", "--nproc", "2", "--hang-after", "3", str(REPO / "tests/why/recv_cycle_while_bytes_move.py"),
+                 timeout=120)
+    assert result.code == 4 and "0 waits for 1, 1 for 0" in result.out, result.text[-3000:]
+    assert {"[local r0] rank 0: its side traffic stopped", "[local r1] rank 1: its side traffic stopped"} <= set(
+        result.out.splitlines()), result.out
+    assert lab.leftovers() == []
+
+
 def test_sigint_stops_every_rank(lab: Lab) -> None:
     proc = lab.popen("run", "p2p", "--nproc", "3", "--timeout", "120",
                      "--solution", str(WRONG / "p2p_never_sends.py"))

@@ -37,6 +37,7 @@ from typing import Any, Literal, get_args
 from lab.core.draw import VALUE_BYTES, draw
 from lab.errors import UsageError
 from lab.model.inventory import Host, Inventory
+from lab.rank.flight import HANG_AFTER_VAR
 from lab.rank.preflight import PREFLIGHT_VAR
 from lab.rank.wire import WIRE_VAR
 from lab.rank.wire import Mode as WireMode
@@ -213,7 +214,7 @@ class Plan:
         """The processes to start: one per host, which starts the host's ranks (``lab.rank.node``),
         or under Slurm one ``srun`` on the first host, whose tasks are the ranks."""
         common = {**self.rank_env, "PYTHONPATH": self.code_dir, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
-                  "LAB_TOKEN": self.token}
+                  "LAB_TOKEN": self.token, HANG_AFTER_VAR: f"{self.hang_after:g}"}
         if not self.script:
             common["LAB_RANK_PLAN"] = json.dumps(self.rank_plan())
         if self.launcher in SRUN_LAUNCHERS:

@@ -41,12 +41,13 @@ completed per op (``counts``: done, not raised). Per call only objects are kept 
 dtype, the code and offset of the user's frame); they become text when a dump is sent.
 
 A daemon thread sends on the rank's channel (``lab.rank.protocol.CHANNEL``), every PROGRESS_EVERY
-seconds when it changed, and every time while a call blocks, ``progress`` {rank, completed,
-inflight, moved, quiet}: the calls completed (or raised) so far, the blocking call the rank is in
-(the oldest, if several threads are) and, while one is, the bytes the process's TCP connections
-carried (``lab.rank.tcpinfo.traffic``) and for how many seconds (on the rank's own clock) none of
-that changed: two looks that found the same counts are the kernel's word that nothing moved in
-between, which a busy machine delaying the looks cannot fake. Once per blocking
+seconds when it changed, and while a call blocks each time until it has been quiet for the run's
+--hang-after, ``progress`` {rank, completed, inflight, moved, quiet}: the calls completed (or
+raised) so far, the blocking call the rank is in (the oldest, if several threads are) and, while
+one is, the bytes the process's TCP connections carried (``lab.rank.tcpinfo.traffic``; the
+rendezvous stores' connections left out: polling them is no progress) and for how many seconds (on
+the rank's own clock) none of that changed: two looks that found the same counts are the kernel's
+word that nothing moved in between, which a busy machine delaying the looks cannot fake. Once per blocking
 call in flight FLIGHT_AFTER seconds, and at the end (:meth:`Flight.finish`: the worker's "done",
 atexit), a ``flight`` dump {rank, records, inflight, counts, dropped} that fits an event line (the
 oldest records go first; ``dropped`` counts the calls left out). Dumps but the last stop after
@@ -55,12 +56,14 @@ FLIGHT_BUDGET bytes, so that a program with many slow calls is not cut off for s
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import math
 import os
 import sys
 import threading
 import time
+import urllib.parse
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -75,6 +78,7 @@ RING_MAX = 64  # records of the last calls kept
 ASYNC_MAX = 256  # async calls not yet waited kept; the oldest past it are dropped and counted
 GROUPS_MAX = 256  # groups whose counts are kept
 PROGRESS_EVERY = 1.0  # seconds between two looks of the progress thread
+HANG_AFTER_VAR = "LAB_HANG_AFTER"  # the run's --hang-after, in every rank's environment
 FLIGHT_AFTER = 2.0  # seconds a blocking call is in flight before the rank dumps its records
 FLIGHT_BUDGET = 8 << 20  # bytes of dumps sent before the last one (the last is always sent)
 ERROR_MAX = 500  # characters of a call's error kept
@@ -180,8 +184,11 @@ class Flight:
         self.thread: threading.Thread | None = None
         self.stop = threading.Event()
         self.said: tuple[int, int, str] | None = None  # (completed, id, state of its call) of the last progress
+        self.told_quiet = False  # the last progress said the blocking call has been quiet for hang_after
         self.seen: tuple[Any, ...] | None = None  # the same and the connections' mark, at the last look
         self.still_since = 0.0  # when (time.monotonic) the last look first found what it found
+        self.hang_after = 0.0  # the run's --hang-after (HANG_AFTER_VAR): how long a call blocks before it is news
+        self.store_ports: set[int] = set()  # a tcp:// rendezvous' port (MASTER_PORT's is read as it is)
         self.finished: tuple[Call, int] | None = None  # (the newest record, completed) at the last final dump
         self.dump_bytes = 0
 
@@ -369,6 +376,10 @@ class Flight:
 
         @functools.wraps(fn)
         def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            init_method = kwargs.get("init_method", args[1] if len(args) > 1 else None)
+            if isinstance(init_method, str) and init_method.startswith("tcp://"):
+                with contextlib.suppress(ValueError):
+                    self.store_ports.add(urllib.parse.urlsplit(init_method).port or 0)
             call = self.begin(INIT_PROCESS_GROUP, (), {}, sys._getframe(1), self.world)
             return self._blocking(call, fn, args, kwargs)
 
@@ -482,6 +493,8 @@ class Flight:
         if self.thread is not None or protocol.CHANNEL is None:
             return
         self.rank, self.pid = rank, os.getpid()
+        with contextlib.suppress(ValueError):
+            self.hang_after = float(os.environ.get(HANG_AFTER_VAR) or 0)
         self.thread = threading.Thread(target=self._run, name="lab-flight", daemon=True)
         self.thread.start()
         atexit.register(self.finish)
@@ -510,14 +523,26 @@ class Flight:
         inflight = None if oldest is None else oldest[0]
         completed = self.completed + self.completed_async
         said = (completed, id(inflight), "" if inflight is None else inflight[STATE])
-        moved, mark = tcpinfo.traffic() if inflight is not None else (0, ())  # (looked at only while one blocks)
+        moved, mark = tcpinfo.traffic(self._stores()) if inflight is not None else (0, ())  # (only while one blocks)
         now = time.monotonic()
         if (*said, mark) != self.seen:
-            self.seen, self.still_since = (*said, mark), now
-        if said != self.said or inflight is not None:
-            self.said = said
+            self.seen, self.still_since, self.told_quiet = (*said, mark), now, False
+        quiet = now - self.still_since
+        # While a call blocks, a look each second until the quiet is long enough to be a hang, then
+        # silence until something changes (output every second would keep a partitioned host's sshd
+        # from ever finding its client gone, and the ranks with it).
+        if said != self.said or inflight is not None and self.hang_after and not self.told_quiet:
+            self.said, self.told_quiet = said, quiet >= self.hang_after
             self._send("progress", completed=completed, inflight=None if inflight is None else to_json(inflight),
-                       moved=moved, quiet=round(now - self.still_since, 2))
+                       moved=moved, quiet=round(quiet, 2))
+
+    def _stores(self) -> frozenset[int]:
+        """The ports of the rendezvous stores: their traffic is the ranks polling them (init's
+        barrier, a store's wait), not the job's data moving."""
+        ports = set(self.store_ports)
+        with contextlib.suppress(ValueError):
+            ports.add(int(os.environ.get("MASTER_PORT") or 0))
+        return frozenset(ports - {0})
 
     def _poll(self) -> None:
         """Async calls whose Work completed without a wait are done (or raised)."""

@@ -45,11 +45,12 @@ def counters(conn: socket.socket) -> TcpCounters | None:
     return TcpCounters(info[RETRANSMITS_AT], resent, acked, received)
 
 
-def traffic() -> tuple[int, tuple[tuple[int, int], ...]]:
+def traffic(leave_out: frozenset[int] = frozenset()) -> tuple[int, tuple[tuple[int, int], ...]]:
     """The bytes this process's TCP connections carried (acknowledged to it, or received), and a mark
-    of each: (socket inode, its bytes), sorted. Equal marks at two times mean nothing moved on any of
-    them in between (the counters only grow while a connection lives; one opened or closed changes the
-    mark). Read from /proc/self/fd: no descriptor of the process is kept or changed."""
+    of each: (socket inode, its bytes), sorted; a connection from or to a port of ``leave_out`` is not
+    counted. Equal marks at two times mean nothing moved on any of them in between (the counters only
+    grow while a connection lives; one opened or closed changes the mark). Read from /proc/self/fd: no
+    descriptor of the process is kept or changed."""
     marks = []
     try:
         names = os.listdir("/proc/self/fd")
@@ -66,6 +67,8 @@ def traffic() -> tuple[int, tuple[tuple[int, int], ...]]:
             with socket.socket(fileno=os.dup(int(name))) as conn:
                 if conn.type != socket.SOCK_STREAM or conn.family not in (socket.AF_INET, socket.AF_INET6):
                     continue
+                if leave_out and ({conn.getsockname()[1], _peer_port(conn)} & leave_out):
+                    continue
                 seen = counters(conn)
         except (OSError, ValueError):
             continue
@@ -73,3 +76,10 @@ def traffic() -> tuple[int, tuple[tuple[int, int], ...]]:
             marks.append((int(link[8:-1]), seen.acked + seen.received))
     marks.sort()
     return sum(moved for _, moved in marks), tuple(marks)
+
+
+def _peer_port(conn: socket.socket) -> int | None:
+    try:
+        return int(conn.getpeername()[1])
+    except OSError:  # (listening, or not connected)
+        return None
