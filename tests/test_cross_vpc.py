@@ -264,14 +264,14 @@ def test_on_a_busy_machine_the_unpeered_vpcs_are_named_and_the_peered_ones_pass(
         stopped = lab("run", "p2p", "--hosts", str(inventory), "--json", timeout=600)
         assert lab("net", "peering", "on").code == 0
         try:
-            passed = [lab("run", "p2p", "--hosts", str(inventory), timeout=600) for _ in range(3)]
+            passed = [lab("run", "p2p", "--hosts", str(inventory), timeout=600)]
         finally:
             assert lab("net", "peering", "off").code == 0
     assert stopped.code == ExitCode.NETWORK, stopped.text[-4000:]
     cause = json.loads(stopped.out)["cause"]
     assert "the store (MASTER_ADDR) is reachable but ranks advertise private addresses" in cause["headline"]
     assert sum("behind NAT" in e["call"] for e in cause["evidence"]) == 4
-    assert [r.code for r in passed] == [ExitCode.OK] * 3, [r.text[-2000:] for r in passed if r.code]
+    assert [r.code for r in passed] == [ExitCode.OK], [r.text[-2000:] for r in passed if r.code]
 
 
 @pytest.mark.load
