@@ -45,10 +45,9 @@ seconds when it changed, and while a call blocks each time until it has been qui
 --hang-after, ``progress`` {rank, completed, inflight, moved, quiet}: the calls completed (or
 raised) so far, the blocking call the rank is in (the oldest, if several threads are) and, while
 one is, the bytes the process's TCP connections carried (``lab.rank.tcpinfo.traffic``; the
-rendezvous stores' connections left out: polling them is no progress) and for how many seconds
-nothing moved: since the call began, no count changed, no connection opened or closed, and the
-kernel says no data went out or came in on any of them (its own timestamps, which a busy machine
-delaying the looks cannot move). Once per blocking
+rendezvous stores' connections left out: polling them is no progress) and for how many seconds (on
+the rank's own clock) none of that changed: two looks that found the same counts are the kernel's
+word that nothing moved in between, which a busy machine delaying the looks cannot fake. Once per blocking
 call in flight FLIGHT_AFTER seconds, and at the end (:meth:`Flight.finish`: the worker's "done",
 atexit), a ``flight`` dump {rank, records, inflight, counts, dropped} that fits an event line (the
 oldest records go first; ``dropped`` counts the calls left out). Dumps but the last stop after
@@ -186,10 +185,8 @@ class Flight:
         self.stop = threading.Event()
         self.said: tuple[int, int, str] | None = None  # (completed, id, state of its call) of the last progress
         self.told_quiet = False  # the last progress said the blocking call has been quiet for hang_after
-        self.seen: tuple[Any, ...] = (None, None, None, None)  # the same and the connections, at the last look
-        self.changed_at = 0.0  # when (time.monotonic) the last change the looks saw happened, or was seen
-        self.quiet = 0.0  # at the last look: seconds nothing moved
-        self.next_look = PROGRESS_EVERY
+        self.seen: tuple[Any, ...] | None = None  # the same and the connections' mark, at the last look
+        self.still_since = 0.0  # when (time.monotonic) the last look first found what it found
         self.hang_after = 0.0  # the run's --hang-after (HANG_AFTER_VAR): how long a call blocks before it is news
         self.store_ports: set[int] = set()  # a tcp:// rendezvous' port (MASTER_PORT's is read as it is)
         self.finished: tuple[Call, int] | None = None  # (the newest record, completed) at the last final dump
@@ -504,7 +501,7 @@ class Flight:
 
     def _run(self) -> None:
         try:
-            while not self.stop.wait(self.next_look):
+            while not self.stop.wait(PROGRESS_EVERY):
                 self._tick(time.time())
         except OSError:  # the channel is gone, and the controller with it: nothing more to say
             pass
@@ -526,27 +523,18 @@ class Flight:
         inflight = None if oldest is None else oldest[0]
         completed = self.completed + self.completed_async
         said = (completed, id(inflight), "" if inflight is None else inflight[STATE])
+        moved, mark = tcpinfo.traffic(self._stores()) if inflight is not None else (0, ())  # (only while one blocks)
         now = time.monotonic()
-        moved, sockets, idle = tcpinfo.traffic(self._stores()) if oldest is not None else (0, (), math.inf)
-        if oldest is not None and said != self.seen[:3] and id(inflight) != self.seen[1]:
-            self.changed_at = now - max(0.0, _now() - oldest[1])  # a call began: everything before it did too
-        elif (*said, sockets) != self.seen:  # (a count, a state, a connection opened or closed: when, unknown)
-            self.changed_at = now
-        self.seen = (*said, sockets)
-        # Nothing moved since the last change seen and the kernel's last data on any connection.
-        quiet = max(0.0, now - max(self.changed_at, now - idle))
-        self.told_quiet &= quiet >= self.quiet
-        self.quiet = quiet
-        # While a call blocks, a look each second until it has been quiet long enough to be a hang (the
-        # look timed to say so at once), then silence until something moves: output every second would
-        # keep a partitioned host's sshd from ever finding its client gone, and the ranks with it.
-        self.next_look = PROGRESS_EVERY
-        if said != self.said or oldest is not None and self.hang_after and not self.told_quiet:
+        if (*said, mark) != self.seen:
+            self.seen, self.still_since, self.told_quiet = (*said, mark), now, False
+        quiet = now - self.still_since
+        # While a call blocks, a look each second until the quiet is long enough to be a hang, then
+        # silence until something changes (output every second would keep a partitioned host's sshd
+        # from ever finding its client gone, and the ranks with it).
+        if said != self.said or inflight is not None and self.hang_after and not self.told_quiet:
             self.said, self.told_quiet = said, quiet >= self.hang_after
             self._send("progress", completed=completed, inflight=None if inflight is None else to_json(inflight),
                        moved=moved, quiet=round(quiet, 2))
-            if oldest is not None and not self.told_quiet and 0 < self.hang_after - quiet < PROGRESS_EVERY:
-                self.next_look = self.hang_after - quiet + 0.01
 
     def _stores(self) -> frozenset[int]:
         """The ports of the rendezvous stores: their traffic is the ranks polling them (init's

@@ -8,7 +8,6 @@ whether or not a program read it yet. Standard library only: it runs on every ho
 """
 from __future__ import annotations
 
-import math
 import os
 import socket
 import struct
@@ -16,10 +15,6 @@ from dataclasses import dataclass
 from typing import Final
 
 TCP_INFO: Final = getattr(socket, "TCP_INFO", 11)
-STATE_AT: Final = 0  # tcpi_state (u8)
-TCP_LISTEN: Final = 10
-LAST_DATA_SENT_AT: Final = 44  # tcpi_last_data_sent (u32, ms ago)
-LAST_DATA_RECV_AT: Final = 52  # tcpi_last_data_recv (u32, ms ago)
 RETRANSMITS_AT: Final = 2  # tcpi_retransmits (u8): unanswered sends since the last answer (SYNs while connecting)
 TOTAL_RETRANS_AT: Final = 100  # tcpi_total_retrans (u32)
 BYTES_ACKED_AT: Final = 120  # tcpi_bytes_acked (u64; Linux 4.1 and later)
@@ -35,7 +30,6 @@ class TcpCounters:
     resent: int
     acked: int
     received: int
-    idle: float  # seconds since data last went out or came in on it (the kernel's clock)
 
 
 def counters(conn: socket.socket) -> TcpCounters | None:
@@ -48,23 +42,20 @@ def counters(conn: socket.socket) -> TcpCounters | None:
         return None
     (resent,) = struct.unpack_from("=I", info, TOTAL_RETRANS_AT)
     acked, received = struct.unpack_from("=QQ", info, BYTES_ACKED_AT)
-    (sent_ago,), (received_ago,) = struct.unpack_from("=I", info, LAST_DATA_SENT_AT), struct.unpack_from(
-        "=I", info, LAST_DATA_RECV_AT)
-    idle = math.inf if info[STATE_AT] == TCP_LISTEN else min(sent_ago, received_ago) / 1000  # (no data listens)
-    return TcpCounters(info[RETRANSMITS_AT], resent, acked, received, idle)
+    return TcpCounters(info[RETRANSMITS_AT], resent, acked, received)
 
 
-def traffic(leave_out: frozenset[int] = frozenset()) -> tuple[int, tuple[int, ...], float]:
-    """This process's TCP connections (a connection from or to a port of ``leave_out`` left out): the
-    bytes they carried (acknowledged to it, or received), their sockets' inodes (sorted: one opened or
-    closed changes them), and the seconds since data last went out or came in on any of them (the
-    kernel's word; inf with none). Read from /proc/self/fd: no descriptor of the process is kept or
-    changed."""
+def traffic(leave_out: frozenset[int] = frozenset()) -> tuple[int, tuple[tuple[int, int], ...]]:
+    """The bytes this process's TCP connections carried (acknowledged to it, or received), and a mark
+    of each: (socket inode, its bytes), sorted; a connection from or to a port of ``leave_out`` is not
+    counted. Equal marks at two times mean nothing moved on any of them in between (the counters only
+    grow while a connection lives; one opened or closed changes the mark). Read from /proc/self/fd: no
+    descriptor of the process is kept or changed."""
     marks = []
     try:
         names = os.listdir("/proc/self/fd")
     except OSError:
-        return 0, (), math.inf
+        return 0, ()
     for name in names:
         try:
             link = os.readlink(f"/proc/self/fd/{name}")
@@ -82,10 +73,9 @@ def traffic(leave_out: frozenset[int] = frozenset()) -> tuple[int, tuple[int, ..
         except (OSError, ValueError):
             continue
         if seen is not None:
-            marks.append((int(link[8:-1]), seen.acked + seen.received, seen.idle))
+            marks.append((int(link[8:-1]), seen.acked + seen.received))
     marks.sort()
-    return (sum(moved for _, moved, _ in marks), tuple(inode for inode, _, _ in marks),
-            min((idle for _, _, idle in marks), default=math.inf))
+    return sum(moved for _, moved in marks), tuple(marks)
 
 
 def _peer_port(conn: socket.socket) -> int | None:
