@@ -333,13 +333,13 @@ class Run:
         transport's keepalives). A rank computing outside torch.distributed is no hang: the others wait
         on it (a straggler); neither is a slow collective, whose bytes move."""
         live = [s for s in self.states if s.exit_code is None]
+        said = [(s.progress, s.progress_at or now) for s in live]
         if not self.plan.hang_after or not live or any(
-                s.progress is None or s.progress["inflight"] is None or s.progress["quiet"] < self.plan.hang_after
-                for s in live):
+                p is None or p["inflight"] is None or p["quiet"] < self.plan.hang_after for p, _ in said):
             return []
         # A host that has not answered since then may have gone silent, not its ranks: that is for
         # its transport to tell (a lost host), not a hang.
-        still_since = max((s.progress_at or now) - float(s.progress["quiet"] if s.progress else 0) for s in live)
+        still_since = max(at - float(p["quiet"]) for p, at in said if p is not None)
         hosts = {s.launch.launch.host for s in live}
         return [s.spec.rank for s in live] if all(self.transports[h].heard_since(still_since) for h in hosts) else []
 
