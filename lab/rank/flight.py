@@ -47,10 +47,13 @@ raised) so far, the blocking call the rank is in (the oldest, if several threads
 one is, the bytes the process's TCP connections carried (``lab.rank.tcpinfo.traffic``; the
 rendezvous stores' connections left out: polling them is no progress) and for how many seconds (on
 the rank's own clock) none of that changed: two looks that found the same counts are the kernel's
-word that nothing moved in between, which a busy machine delaying the looks cannot fake. Once per blocking
-call in flight FLIGHT_AFTER seconds, and at the end (:meth:`Flight.finish`: the worker's "done",
-atexit), a ``flight`` dump {rank, records, inflight, counts, dropped} that fits an event line (the
-oldest records go first; ``dropped`` counts the calls left out). Dumps but the last stop after
+word that nothing moved in between, which a busy machine delaying the looks cannot fake (the counts
+are looked at every second, so a call that begins between two looks is quiet from its start; the
+look that reaches --hang-after is timed to it). Once per blocking call in flight FLIGHT_AFTER
+seconds, right after the progress that says a call has been quiet for --hang-after, and at the end
+(:meth:`Flight.finish`: the worker's "done", atexit), a ``flight`` dump {rank, records, inflight,
+counts, dropped} that fits an event line (the oldest records go first; ``dropped`` counts the calls
+left out). Dumps but the last stop after
 FLIGHT_BUDGET bytes, so that a program with many slow calls is not cut off for sending too much.
 """
 from __future__ import annotations
@@ -78,6 +81,7 @@ RING_MAX = 64  # records of the last calls kept
 ASYNC_MAX = 256  # async calls not yet waited kept; the oldest past it are dropped and counted
 GROUPS_MAX = 256  # groups whose counts are kept
 PROGRESS_EVERY = 1.0  # seconds between two looks of the progress thread
+LOOK_LATE = 0.02  # seconds past the moment a blocking call's quiet reaches --hang-after that it is looked at
 HANG_AFTER_VAR = "LAB_HANG_AFTER"  # the run's --hang-after, in every rank's environment
 FLIGHT_AFTER = 2.0  # seconds a blocking call is in flight before the rank dumps its records
 FLIGHT_BUDGET = 8 << 20  # bytes of dumps sent before the last one (the last is always sent)
@@ -186,7 +190,9 @@ class Flight:
         self.said: tuple[int, int, str] | None = None  # (completed, id, state of its call) of the last progress
         self.told_quiet = False  # the last progress said the blocking call has been quiet for hang_after
         self.seen: tuple[Any, ...] | None = None  # the same and the connections' mark, at the last look
-        self.still_since = 0.0  # when (time.monotonic) the last look first found what it found
+        self.mark: tuple[tuple[int, int], ...] | None = None  # the connections' mark at the last look
+        self.still_since = 0.0  # since when (time.monotonic) nothing moved, as far as the looks and records tell
+        self.changed_at = -math.inf  # when (time.time) the newest call ended
         self.hang_after = 0.0  # the run's --hang-after (HANG_AFTER_VAR): how long a call blocks before it is news
         self.store_ports: set[int] = set()  # a tcp:// rendezvous' port (MASTER_PORT's is read as it is)
         self.finished: tuple[Call, int] | None = None  # (the newest record, completed) at the last final dump
@@ -272,7 +278,7 @@ class Flight:
     def ended(self, call: Call, result: Any) -> None:
         """The call returned ``result``: done, or (a Work) async and in flight until waited."""
         if result is None or not isinstance(result, self.work_class):
-            call[T1] = time.time()
+            call[T1] = self.changed_at = time.time()
             call[STATE] = "done"
             self.completed += 1
             counts = call[GROUP].counts
@@ -289,6 +295,7 @@ class Flight:
         """The call raised ``exc``."""
         if call is not None:
             call[ERROR], call[T1], call[STATE] = _error(exc), time.time(), "raised"
+            self.changed_at = call[T1]
             self.completed += 1
 
     def _pend(self, work: Any, calls: list[Call]) -> None:
@@ -308,7 +315,7 @@ class Flight:
 
     def _settle(self, calls: list[Call], error: str | None) -> None:
         """Async calls ended (under the lock)."""
-        t1 = time.time()
+        t1 = self.changed_at = time.time()
         for call in calls:
             call[ERROR], call[T1], call[STATE] = error, t1, "done" if error is None else "raised"
             if error is None:
@@ -501,40 +508,58 @@ class Flight:
 
     def _run(self) -> None:
         try:
-            while not self.stop.wait(PROGRESS_EVERY):
-                self._tick(time.time())
+            wait = PROGRESS_EVERY
+            while not self.stop.wait(wait):
+                wait = self._tick(time.time())
         except OSError:  # the channel is gone, and the controller with it: nothing more to say
             pass
 
-    def _tick(self, now: float) -> None:
+    def _tick(self, now: float) -> float:
+        """One look; the seconds to the next."""
         self._poll()
         blocking = self.blocking()
-        self._progress(blocking)
+        wait = self._progress(blocking)
         slow = [call for call, since in blocking if not call[DUMPED] and now - since >= FLIGHT_AFTER]
         for call in slow:
             call[DUMPED] = True
         if slow:
             self._dump(last=False)
+        return wait
 
-    def _progress(self, blocking: list[tuple[Call, float]]) -> None:
+    def _progress(self, blocking: list[tuple[Call, float]]) -> float:
         """Send ``progress`` if it changed since the last one, or a call blocks (with how long nothing
-        moved: see the module)."""
+        moved: see the module); return the seconds to the next look: PROGRESS_EVERY, or less when
+        the blocking call's quiet reaches --hang-after sooner (a hang is said when it is due, not at
+        the next whole second)."""
         oldest = min(blocking, key=lambda entry: entry[1], default=None)
         inflight = None if oldest is None else oldest[0]
         completed = self.completed + self.completed_async
         said = (completed, id(inflight), "" if inflight is None else inflight[STATE])
-        moved, mark = tcpinfo.traffic(self._stores()) if inflight is not None else (0, ())  # (only while one blocks)
-        now = time.monotonic()
-        if (*said, mark) != self.seen:
-            self.seen, self.still_since, self.told_quiet = (*said, mark), now, False
+        moved, mark = tcpinfo.traffic(self._stores())
+        now, wall = time.monotonic(), time.time()
+        if mark != self.mark:  # bytes moved since the last look: when, only the kernel knew
+            self.mark, self.still_since = mark, now
+        # The records time the rest: the newest call's end and the blocking call's start (or its
+        # wait's). Equal marks at the last look and this one say no byte moved in between, so a call
+        # that began between two looks has been quiet since it began, not since this look.
+        changed = max(self.changed_at, -math.inf if oldest is None else oldest[1])
+        self.still_since = max(self.still_since, now - max(0.0, wall - changed))
         quiet = now - self.still_since
+        if (*said, mark) != self.seen:
+            self.seen, self.told_quiet = (*said, mark), False
         # While a call blocks, a look each second until the quiet is long enough to be a hang, then
         # silence until something changes (output every second would keep a partitioned host's sshd
         # from ever finding its client gone, and the ranks with it).
-        if said != self.said or inflight is not None and self.hang_after and not self.told_quiet:
-            self.said, self.told_quiet = said, quiet >= self.hang_after
+        watching = inflight is not None and self.hang_after > 0
+        if said != self.said or watching and not self.told_quiet:
+            self.said, self.told_quiet = said, watching and quiet >= self.hang_after
             self._send("progress", completed=completed, inflight=None if inflight is None else to_json(inflight),
-                       moved=moved, quiet=round(quiet, 2))
+                       moved=moved if inflight is not None else 0, quiet=round(quiet, 2))
+            if self.told_quiet:  # the records as they are at a hang, for the verdict to read at once
+                self._dump(last=False)
+        if watching and not self.told_quiet:
+            return min(PROGRESS_EVERY, max(0.0, self.hang_after - quiet) + LOOK_LATE)
+        return PROGRESS_EVERY
 
     def _stores(self) -> frozenset[int]:
         """The ports of the rendezvous stores: their traffic is the ranks polling them (init's
