@@ -84,7 +84,7 @@ BATCH = 256  # queued items handled between two looks at the processes and the c
 DUMP_MAX = 10_000  # lines of one rank's stack dump kept
 DUMP_WAIT = 1.5  # seconds to wait for stack dumps after SIGUSR1, at most
 DUMP_SETTLE = 0.3  # seconds with no line of a dump after every live rank's came: the dumps are whole
-FLIGHT_WAIT = 3.0  # seconds to wait for hung ranks' flight dumps (each sends one 2 s into a blocked call)
+FLIGHT_WAIT = 3.0  # seconds to wait for hung ranks' flight dumps (each sends one with its quiet progress)
 CRASH_GRACE = 5.0  # seconds peers get to report after a rank died
 STREAM_GRACE = 1.0  # seconds to wait for the last lines of a process that ended
 VIOLATIONS_KEPT = 10  # of one rank's
@@ -386,6 +386,10 @@ class Run:
             self.preflight.take(launch.launch.host, event)
             return
         if kind == WIRE_EVENT and self.plan.wire is not None and launch.launcher == "lab":
+            if launch.carried is not None:  # its launcher says it once, as it ends: this one is a forgery
+                self._violation(self._first_rank(launch), f"wrote a second word of {launch.launch.host}'s launcher "
+                                "on what its connections carried (the launcher says it once)")
+                return
             launch.carried = Carried(event["carried"], event["lost"], event.get("error", ""), event.get("failed", ""))
             return
         if kind not in RANK_EVENTS | LAUNCHER_EVENTS:
@@ -447,6 +451,10 @@ class Run:
         elif kind == "fatal":
             state.fatal, state.traceback = event["error"], event["traceback"]
         elif kind == "exit":  # a host's launcher says how this rank ended, before it ends itself
+            if state.exit_code is not None:  # (it says so once: a second word is not the launcher's)
+                self._violation(state, "was said to have ended a second time (only its launcher says how a rank "
+                                "ended, once)")
+                return
             state.exit_code, state.ended_at = event["code"], time.monotonic()
             state.done |= bool(self.plan.script) and event["code"] == 0  # a script says nothing
         elif kind == "bad":  # the lab's launcher says the rank broke the protocol
