@@ -42,7 +42,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from lab.rank import preflight
+from lab.rank import inputs, preflight
 from lab.rank.protocol import report_exits
 from lab.rank.worker import WATCHED_BY_PARENT, stop_when_orphaned
 
@@ -150,6 +150,9 @@ def _rank(local_rank: int, first_rank: int, module: str, args: list[str]) -> Non
 
 
 def main() -> int:
+    # Not dumpable from the start (execve made it so again): this process holds the launch's
+    # streams, where only the launcher speaks, and no rank of this user may open them in /proc.
+    inputs.not_dumpable()
     kind, *args = sys.argv[1:]
     if kind == "task":  # (the zygote watches stdin itself)
         return task(args)

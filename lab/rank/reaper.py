@@ -29,16 +29,20 @@ import time
 
 PID_MARK = b"lab-pid:"  # = lab.rank.protocol.PID_MARK (this file imports nothing of the lab's)
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_DUMPABLE = 4
 SWEEP_LIMIT = 10.0  # seconds to spend killing what is left before giving up
 LINGER = 1.0  # seconds what is left below an ended child gets to end by itself before it is killed
 ENV_ON_STDIN = "--env-on-stdin"  # the flag before PROGRAM: its settings come on stdin (read_env)
 
 
 def become_subreaper() -> bool:
-    """Orphans below this process are re-parented to it; False where the system cannot do that."""
+    """Orphans below this process are re-parented to it, and no other process of this user can open
+    its /proc/PID/fd or ptrace it (not dumpable): it holds the launch's streams, which are the lab's
+    alone, and a rank's daemon re-parented here must not reach them. False where the system cannot."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+                    and libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
 
