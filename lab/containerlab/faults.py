@@ -18,6 +18,7 @@ import docker
 from lab.containerlab import helper
 from lab.containerlab.engine import Say
 from lab.containerlab.topology import Topology
+from lab.core.hostfiles import rewrite
 
 SAVED_HOSTS = "/etc/hosts.lab-fault"  # the host's /etc/hosts before a fault changed it
 PORT_HOLDER = "lab-fault-port-taken"  # in the command line of the process that holds the port
@@ -29,13 +30,17 @@ def _chain(table: str, hook: str, chain: str, *rule: str) -> tuple[str, str]:
     iptables = f"iptables -t {table}"
     fix = (f"while {iptables} -D {hook} -j {chain} 2>/dev/null; do :; done; "
            f"{iptables} -F {chain} 2>/dev/null; {iptables} -X {chain} 2>/dev/null; true")
-    rules = "; ".join(f"{iptables} -A {chain} {r}" for r in rule)
+    rules = " && ".join(f"{iptables} -A {chain} {r}" for r in rule)  # (each step checked)
     return f"{fix}; {iptables} -N {chain} && {rules} && {iptables} -I {hook} -j {chain}", fix
 
 
-_RESTORE_HOSTS = f"if [ -e {SAVED_HOSTS} ]; then cat {SAVED_HOSTS} > /etc/hosts && rm {SAVED_HOSTS}; fi"
-_SAVE_HOSTS = f"[ -e {SAVED_HOSTS} ] || cp /etc/hosts {SAVED_HOSTS}"
-# (/etc/hosts is the engine's bind mount: written in place, never replaced)
+# Every file is rewritten whole or not at all (lab.core.hostfiles; /etc/hosts is the engine's bind
+# mount: written in place), and the saved copy is whole before it is named so.
+_RESTORE_HOSTS = f"if [ -e {SAVED_HOSTS} ]; then {rewrite('/etc/hosts', f'cat {SAVED_HOSTS}')} && rm {SAVED_HOSTS}; fi"
+_SAVE_HOSTS = (f"{{ [ -e {SAVED_HOSTS} ] || {{ cp /etc/hosts {SAVED_HOSTS}.new && "
+               f"mv {SAVED_HOSTS}.new {SAVED_HOSTS}; }} || {{ rm -f {SAVED_HOSTS}.new; "
+               "echo 'cannot save /etc/hosts (is the disk full?)' >&2; false; }; }")
+_SSHD_CONFIG = "/etc/ssh/sshd_config"
 _SSHD_ENV = "SetEnv GLOO_SOCKET_IFNAME=eth9"
 _RELOAD_SSHD = "pkill -HUP -o -x sshd; sleep 1"  # (new sessions see the change; the lab's own are new)
 _PARTITION = _chain("filter", "INPUT", "LAB-FAULT-PART-IN", "! -i lo -j DROP")
@@ -60,7 +65,7 @@ class Fault:
 FAULTS = {fault.kind: fault for fault in (
     Fault("loopback-hostname", "its hostname resolves to 127.0.1.1, as Debian's default /etc/hosts has it",
           "the rendezvous completes, then the ranks connect to 127.0.1.1 and the mesh hangs", (),
-          in_host=(f'{_SAVE_HOSTS}; {{ echo "127.0.1.1 $(hostname)"; cat {SAVED_HOSTS}; }} > /etc/hosts',
+          in_host=(f"{_SAVE_HOSTS} && " + rewrite("/etc/hosts", f'echo "127.0.1.1 $(hostname)" && cat {SAVED_HOSTS}'),
                    _RESTORE_HOSTS)),
     Fault("blocked-port", "a firewall drops new TCP connections to its ports above 1023 (sshd's 22 stays open)",
           "the ranks reach the store, then the mesh to this host hangs until the timeout", ("node2",),
@@ -68,17 +73,19 @@ FAULTS = {fault.kind: fault for fault in (
                               "! -i lo -p tcp --dport 1024:65535 -m conntrack --ctstate NEW -j DROP")),
     Fault("wrong-ifname", "its sshd sets GLOO_SOCKET_IFNAME=eth9, an interface it lacks, in every session",
           "gloo cannot start: Unable to find address for: eth9", ("node2",),
-          in_host=(f"grep -qx '{_SSHD_ENV}' /etc/ssh/sshd_config || echo '{_SSHD_ENV}' >> /etc/ssh/sshd_config; "
-                   f"{_RELOAD_SSHD}",
-                   f"if grep -qx '{_SSHD_ENV}' /etc/ssh/sshd_config; then sed -i '/^{_SSHD_ENV}$/d' "
-                   f"/etc/ssh/sshd_config; {_RELOAD_SSHD}; fi")),
+          in_host=(f"{{ grep -qx '{_SSHD_ENV}' {_SSHD_CONFIG} || "
+                   f"{rewrite(_SSHD_CONFIG, f'cat {_SSHD_CONFIG} && echo {_SSHD_ENV!r}')}; }} && {_RELOAD_SSHD}",
+                   f"if grep -qx '{_SSHD_ENV}' {_SSHD_CONFIG}; then "
+                   f"{rewrite(_SSHD_CONFIG, f'grep -vx {_SSHD_ENV!r} {_SSHD_CONFIG} || [ $? = 1 ]')} && "
+                   f"{_RELOAD_SSHD}; fi")),
     Fault("partition", "it loses the network: every packet in or out but loopback's is dropped",
           "a run ends at its timeout (or when SSH's keepalive gives up) naming the host it lost", ("node2",),
           in_namespace=(f"{_PARTITION[0]}; {_PARTITION_OUT[0]}", f"{_PARTITION[1]}; {_PARTITION_OUT[1]}")),
     Fault("slow-dns", "its resolver stops answering, and its /etc/hosts no longer names the other hosts",
           "init stalls: the store looks up each peer's address and waits for DNS", ("node1",),
-          in_host=(f"{_SAVE_HOSTS}; awk -v me=\"$(hostname)\" '{{for (i = 2; i <= NF; i++) if ($i == me || "
-                   f"$i ~ /^(localhost|ip6-)/) {{print; next}}}}' {SAVED_HOSTS} > /etc/hosts", _RESTORE_HOSTS),
+          in_host=(f"{_SAVE_HOSTS} && " + rewrite("/etc/hosts", "awk -v me=\"$(hostname)\" '{for (i = 2; i <= NF; i++) "
+                                                   "if ($i == me || $i ~ /^(localhost|ip6-)/) {print; next}}' "
+                                                   + SAVED_HOSTS), _RESTORE_HOSTS),
           # (its answers are dropped, not its questions: a question dropped on its way out fails at once)
           in_namespace=_chain("filter", "INPUT", "LAB-FAULT-DNS", "-p udp --sport 53 -j DROP",
                               "-p tcp --sport 53 -j DROP")),

@@ -21,6 +21,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lab.core import hostfiles
+
 INTERFACE = "labwg0"  # not wg0: a host's own WireGuard is left alone
 PORT = 51820
 KEEPALIVE = 25  # seconds: under the usual NAT's UDP timeout (30 s or more)
@@ -113,14 +115,12 @@ def hosts_script(members: Sequence[Member], interface: str = INTERFACE, hosts: s
     an earlier overlay gave; with no members, only take them away. Without them every reverse lookup
     of an overlay address waits for DNS, and init stalls: the store looks up each peer's address, and
     torch's store client its own socket's, in the IPv4-mapped IPv6 form (::ffff:A), so both forms
-    are named. The file
-    is rewritten in place, never replaced (a container's /etc/hosts is a bind mount)."""
-    kept = shlex.quote(f"{hosts}.lab-overlay")
+    are named. The file is rewritten whole or not at all (``lab.core.hostfiles``: a container's
+    /etc/hosts is a bind mount, written in place)."""
     lines = [f"{form} {m.name}-{interface} {HOSTS_MARK}"
              for m in members for form in (m.address, f"::ffff:{m.address}")]
-    add = f"; printf '%s\\n' {' '.join(map(shlex.quote, lines))}" if lines else ""
-    return (f"grep -v ' {HOSTS_MARK}$' {shlex.quote(hosts)} > {kept}; {{ cat {kept}{add}; }} > {shlex.quote(hosts)} "
-            f"&& rm -f {kept}")
+    add = f" && printf '%s\\n' {' '.join(map(shlex.quote, lines))}" if lines else ""
+    return hostfiles.rewrite(hosts, f"{{ grep -v ' {HOSTS_MARK}$' {shlex.quote(hosts)} || [ $? = 1 ]; }}{add}")
 
 
 def host_start_script(interface: str = INTERFACE, key_dir: str = KEY_DIR) -> str:
