@@ -27,10 +27,11 @@ class Parser(argparse.ArgumentParser):
         self.exit(ExitCode.BAD_INPUT, f"{self.prog}: error: {message}\n")
 
 
-def add_command(commands: Commands, name: str, help: str, description: str) -> argparse.ArgumentParser:
-    """The parser of a command that runs something: its description as written, the exit codes after
-    its options."""
-    return commands.add_parser(name, help=help, description=description, epilog=EXIT_CODES,
+def add_command(commands: Commands, name: str, help: str, description: str,
+                exit_codes: str = EXIT_CODES) -> argparse.ArgumentParser:
+    """The parser of a command that runs something: its description as written, its exit codes
+    (default: every one's meaning) after its options."""
+    return commands.add_parser(name, help=help, description=description, epilog=exit_codes,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
 
 

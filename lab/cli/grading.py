@@ -16,6 +16,15 @@ from lab.grading.places import DEFAULT_WALL, GradeRequest, places_for
 from lab.grading.sandbox import Limits
 from lab.suite import registry
 
+# What grade's exit code says: whether grading worked, not whether the students passed.
+GRADE_EXIT_CODES = "exit codes (whether grading worked, not whether the students passed):\n" + "\n".join(
+    f"  {int(code):<4} {meaning}" for code, meaning in (
+        (ExitCode.OK, "every submission was graded (pass, fail, timeout or error: see the gradebook)"),
+        (ExitCode.BAD_INPUT, "bad usage or bad input (command line, inventory, submissions folder)"),
+        (ExitCode.UNREACHABLE, "a host could not be reached: the submissions it was to run are not graded"),
+        (ExitCode.RUN_ERROR, "grading itself broke for a submission (not the student's doing): not graded"),
+        (ExitCode.INTERRUPTED, "interrupted (Ctrl-C or SIGTERM); started again, it grades only what is missing")))
+
 
 def add_grade(commands: Commands) -> None:
     grading = add_command(
@@ -27,7 +36,7 @@ def add_grade(commands: Commands) -> None:
                     "started again with the same arguments, it grades only what is missing. On the local "
                     "cluster each submission runs in a throwaway "
                     "container (no network, read-only, user nobody, the limits below); the exit code "
-                    "says whether grading worked, not whether the students passed.")
+                    "says whether grading worked, not whether the students passed.", exit_codes=GRADE_EXIT_CODES)
     grading.add_argument("submissions", metavar="SUBMISSIONS", help="a folder with one .py file or folder per student")
     grading.add_argument("--exercise", required=True, metavar="NAME", help="the exercise to grade (see 'list')")
     cluster_options(grading)
