@@ -20,10 +20,9 @@ def lab(*args: str) -> str:
     return done.stdout
 
 
-def lab_down(name: str, inventory: Path) -> None:
+def lab_down(name: str) -> None:
     """``lab down`` of a benchmark's lab, whatever state it is in."""
-    subprocess.run([sys.executable, "-m", "lab", "down", "--name", name, "--inventory", str(inventory)], cwd=REPO,
-                   capture_output=True, timeout=600)
+    subprocess.run([sys.executable, "-m", "lab", "down", "--name", name], cwd=REPO, capture_output=True, timeout=600)
 
 
 def measure(inventory: Path, script: Path, mib: int) -> tuple[float, float]:

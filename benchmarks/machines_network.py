@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.labcli import lab, lab_down, measure  # noqa: E402
+from lab.containerlab import state  # noqa: E402
 from tests import machines  # noqa: E402
 
 PREFIX = "lab-bench-machine"
@@ -67,7 +68,7 @@ def main() -> None:
         if stand_ins:
             print("starting two stand-in machines (tests/machines.py)")
             machines.remove(client, PREFIX)
-            file = machines.start(client, machines.build(client, REPO / ".lab"), PREFIX, 2, work).file
+            file = machines.start(client, machines.build(client, state.home()), PREFIX, 2, work).file
         else:
             file = Path(args.machines)
         inventories = {mode: work / f"{name}.inventory.yaml" for mode, name in LABS.items()}
@@ -92,7 +93,7 @@ def main() -> None:
               f"latency {latency['overlay'] / latency['host']:.2f}x")
     finally:
         for name in LABS.values():
-            lab_down(name, work / f"{name}.inventory.yaml")
+            lab_down(name)
         if stand_ins:
             machines.remove(client, PREFIX)
         shutil.rmtree(work, ignore_errors=True)

@@ -77,7 +77,7 @@ def main() -> None:
         print(f"  overlay / peered: busbw {bandwidth['overlay'] / bandwidth['peered']:.2f}x, "
               f"round trip {latency['overlay'] / latency['peered']:.2f}x")
     finally:
-        lab_down(LAB, paths["peered"])
+        lab_down(LAB)
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -36,7 +36,8 @@ def test_compose_file_matches_the_topology_lab_up_creates() -> None:
         assert endpoint["ipv4_address"] == topology.address(i)
         assert endpoint["aliases"] == [topology.name(i)]
         assert service["labels"] == {**topology.labels("host"), SLOTS_LABEL: "1"}  # what lab up compares
-        assert service["volumes"] == ["../.lab/ssh/id_ed25519.pub:/etc/lab/authorized_keys:ro",
+        assert service["volumes"] == ["${HOME}/.local/state/lab/labs/lab/ssh/id_ed25519.pub:"
+                                      "/etc/lab/authorized_keys:ro",
                                       f"{topology.volume}:{SHARED_DIR}"]
         assert "privileged" not in service and service["cap_drop"] == ["ALL"]
         assert service["cap_add"] == list(HostLimits.CAPABILITIES)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab.containerlab import containers, engine, resources, sshd, topology
+from lab.containerlab import containers, engine, resources, sshd, state, topology
 
 from .conftest import REPO, WRONG, Lab
 from .load import cpu_hog
@@ -213,6 +213,7 @@ def test_runs_from_two_controllers_on_two_machines_never_share_a_port(lab_up: La
     site = next((REPO / ".venv" / "lib").glob("python3*/site-packages"))
     second = ["docker", "run", "--rm", "--network", TOPOLOGY.networks()[0].name, "--label", f"{topology.LABEL}=1",
               "-v", f"{REPO}:/repo:ro", "-v", f"{site}:/deps:ro", "-w", "/repo", "-e", "PYTHONPATH=/deps:/repo",
+              "-v", f"{state.lab_dir('lab')}:/root/.local/state/lab/labs/lab:ro", "-e", "HOME=/root",
               "-e", "COLUMNS=200", "lab-host:latest", topology.PYTHON, "-m", "lab"]
     args = ["run", "p2p", "init-env", "init-tcp", "--hosts", "inventory.yaml", "--json"]
     for _ in range(4):
@@ -236,7 +237,7 @@ def test_a_named_cross_vpc_lab_stands_beside_the_default_one(lab_up: Lab, tmp_pa
                     "--inventory", str(inventory), timeout=900)
     try:
         assert result.code == 0, result.text
-        assert (tmp_path / ".lab" / "labs" / "vpc" / "ssh" / "id_ed25519").exists()  # its own key
+        assert (state.home() / "labs" / "vpc" / "ssh" / "id_ed25519").exists()  # its own key
         labs = {lab.name: lab for lab in containers.labs(client)}
         assert (labs["lab"].kind, labs["vpc"].kind, labs["vpc"].hosts) == ("plain", "cross-vpc", 2)
         assert not set(labs["lab"].subnets) & set(labs["vpc"].subnets)

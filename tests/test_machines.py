@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab.containerlab import engine, topology
+from lab.containerlab import engine, state, topology
 from lab.containerlab.swarm import JOINED_LABEL
 from lab.errors import ExitCode
 
 from . import machines
-from .conftest import REPO, Lab, Result
+from .conftest import Lab, Result
 
 pytestmark = pytest.mark.machines
 LAB = "mtest"  # the lab across the machines (overlay network)
@@ -49,7 +49,7 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[machines.Machines]
             raise
         pytest.skip(f"no Docker engine: {exc}")
     machines.remove(client, PREFIX)
-    tag = machines.build(client, REPO / ".lab")
+    tag = machines.build(client, state.home())
     found = machines.start(client, tag, PREFIX, 2, tmp_path_factory.mktemp("machines"))
     yield found
     machines.remove(client, PREFIX)
@@ -72,7 +72,7 @@ class Spread:
                     *extra, timeout=1500)
 
     def down(self) -> Result:
-        return self("down", "--name", LAB, "--inventory", str(self.inventory))
+        return self("down", "--name", LAB)
 
     def hosts(self) -> dict[str, dict]:
         return yaml.safe_load(self.inventory.read_text())["all"]["hosts"]
@@ -165,7 +165,7 @@ def test_run_all_passes_with_ranks_on_both_machines(spread: Spread) -> None:
 
 
 def test_status_ls_and_the_doctor_name_each_hosts_machine(spread: Spread) -> None:
-    status = spread("status", "--name", LAB, "--inventory", str(spread.inventory))
+    status = spread("status", "--name", LAB)
     assert status.code == 0 and status.out.count("answers") == 4, status.text
     rows = [line for line in status.out.splitlines() if "mtest-node" in line]
     assert [row.split()[1] for row in rows] == ["m1", "m1", "m2", "m2"], status.out
@@ -203,7 +203,7 @@ def test_a_host_mode_lab_stands_beside_on_the_machines_own_addresses(spread: Spr
             for name, h in hosts.items()} == {
         "node1": ("m1", addresses["m1"], addresses["m1"], 2222),
         "node2": ("m2", addresses["m2"], addresses["m2"], 2222)}
-    down = spread("down", "--name", HOST_LAB, "--inventory", str(inventory))  # (the machines as recorded)
+    down = spread("down", "--name", HOST_LAB)  # (the machines as recorded)
     assert down.code == 0, down.text
     assert spread.containers("m1", HOST_LAB) == spread.containers("m2", HOST_LAB) == []
     assert spread.containers("m1") == ["mtest-node1", "mtest-node2"]  # the other lab is untouched
@@ -234,7 +234,7 @@ def test_engines_named_by_docker_host_urls_ssh_and_tcp_with_tls(spread: Spread, 
     assert f"machine m2 ({m.addresses['m2']}): Docker" in up.out, up.out
     hosts = yaml.safe_load(inventory.read_text())["all"]["hosts"]
     assert {name: h["machine"] for name, h in hosts.items()} == {"node1": "m1", "node2": "m2"}
-    assert spread("down", "--name", URL_LAB, "--inventory", str(inventory)).code == 0
+    assert spread("down", "--name", URL_LAB).code == 0
     assert spread.containers("m2", URL_LAB) == [] and spread.containers("m2") == ["mtest-node3", "mtest-node4"]
     assert (spread.swarm("m1"), spread.swarm("m2")) == ("active", "active")  # (the first lab still uses it)
 
@@ -257,7 +257,7 @@ def test_an_unreachable_machine_is_one_line_and_nothing_starts_elsewhere(spread:
     assert result.err.strip().splitlines()[-1] == "lab: error: machine m3 (127.0.0.1:1): cannot connect: " \
                                                   "Connection refused", result.err
     assert spread.containers("m1", "mtest-bad") == spread.containers("m2", "mtest-bad") == []
-    assert not (tmp_path / ".lab" / "labs" / "mtest-bad" / "machines").exists()
+    assert not (state.lab_dir("mtest-bad") / "machines").exists()
 
 
 def test_a_machine_killed_mid_run_fails_the_run_in_one_line_and_leaves_nothing(spread: Spread,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from lab.containerlab import state
 from lab.containerlab.engine_lab import EngineLab
 from lab.containerlab.labs import find_lab
 from lab.containerlab.lifecycle import UpRequest
@@ -115,13 +116,13 @@ def test_the_labels_of_a_spread_lab() -> None:
     assert Spread("class", ("m1",), "host", ssh_port=2223).labels(1)["lab.ssh_port"] == "2223"
 
 
-def test_a_lab_is_across_the_machines_given_else_those_its_up_recorded_else_on_the_engine(tmp_path: Path) -> None:
+def test_a_lab_is_across_the_machines_given_else_those_its_up_recorded_else_on_the_engine(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(state.STATE_VAR, str(tmp_path / "state"))
     inventory = str(tmp_path / "class.inventory.yaml")
     assert find_lab("class", inventory) == EngineLab("class", Path(inventory))
     assert find_lab("class", inventory, "m.yaml") == MachinesLab("class", Path(inventory), "m.yaml")
-    record = tmp_path / ".lab" / "labs" / "class" / "machines"
-    record.parent.mkdir(parents=True)
-    record.write_text("/site/machines.yaml\n")
+    record = state.write(state.lab_dir("class") / "machines", b"/site/machines.yaml\n")
     found = find_lab("class", inventory)
     assert found == MachinesLab("class", Path(inventory), "/site/machines.yaml", given=False)
     assert found.across_machines and found.paths.machines_record == record

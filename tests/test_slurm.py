@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.containerlab import resources, slurm
+from lab.containerlab import resources, slurm, state
 from lab.containerlab.topology import Topology
 from lab.errors import UsageError
 
@@ -90,7 +90,7 @@ def test_every_host_is_an_idle_slurm_node_and_a_job_runs_across_them(slurm_lab: 
 @pytest.mark.docker
 def test_the_munge_key_is_the_labs_own_and_nobody_elses(slurm_lab: tuple[Lab, Path]) -> None:
     _, inventory = slurm_lab
-    key = inventory.parent / ".lab" / "labs" / NAME / "munge.key"
+    key = state.lab_dir(NAME) / "munge.key"
     assert os.stat(key).st_mode & 0o777 == 0o600
     packaged = in_host(1, "ls", "-A", "/etc/munge", user="munge")  # (root here may not read munge's own)
     assert packaged.returncode == 0 and packaged.stdout == "", packaged  # no key in the image
@@ -111,7 +111,7 @@ def doctor(lab: Lab, inventory: Path) -> tuple[int, dict]:
 @pytest.mark.docker
 def test_status_and_doctor_name_a_host_with_another_munge_key_and_up_mends_it(slurm_lab: tuple[Lab, Path]) -> None:
     lab, inventory = slurm_lab
-    status = ("status", "--name", NAME, "--inventory", str(inventory))
+    status = ("status", "--name", NAME)
     healthy = lab(*status)
     assert healthy.code == 0 and healthy.out.count("the lab's") == 2, healthy.text
     code, diagnosis = doctor(lab, inventory)

@@ -2,7 +2,6 @@
 that lists networks, as `docker network ls` would)."""
 from __future__ import annotations
 
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -10,22 +9,31 @@ from typing import Any
 import pytest
 import yaml
 
-from lab.containerlab import networks, sshd
+from lab.containerlab import networks, state
 from lab.containerlab.topology import LABEL, NAME_LABEL, LabPaths, Topology, default_inventory, inventory_text
 from lab.errors import UsageError
 
 
-def test_a_named_lab_has_names_paths_and_an_inventory_of_its_own(tmp_path) -> None:
+def test_a_named_lab_has_names_paths_and_an_inventory_of_its_own(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     t = Topology(2, 1, "cross-vpc", "class-a")
     assert (t.container(1), t.gateway_container, t.volume) == ("class-a-node1", "class-a-gw", "class-a-shared")
     assert [n.name for n in t.networks()] == ["class-a-vpc-a", "class-a-vpc-b", "class-a-internet"]
     assert t.labels("host")[NAME_LABEL] == "class-a"
     assert default_inventory("class-a") == "class-a.inventory.yaml" and default_inventory("lab") == "inventory.yaml"
-    paths = LabPaths(tmp_path / "class-a.inventory.yaml", "class-a")
-    assert paths.key == tmp_path / ".lab" / "labs" / "class-a" / "ssh" / "id_ed25519"
-    assert paths.state == tmp_path / ".lab"  # the wheelhouse is shared
+    monkeypatch.delenv(state.STATE_VAR, raising=False)
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    # the state is the lab name's, wherever its inventory is written; the wheelhouse is shared
+    for inventory in (tmp_path / "class-a.inventory.yaml", Path("/tmp/class-a.inventory.yaml")):
+        paths = LabPaths(inventory, "class-a")
+        assert paths.key == tmp_path / "home" / ".local" / "state" / "lab" / "labs" / "class-a" / "ssh" / "id_ed25519"
+        assert paths.state == tmp_path / "home" / ".local" / "state" / "lab"
+    written = yaml.safe_load(inventory_text(t))["all"]["vars"]  # (usable by every user of the repository)
+    assert written["ansible_ssh_private_key_file"] == "~/.local/state/lab/labs/class-a/ssh/id_ed25519"
+    monkeypatch.setenv(state.STATE_VAR, str(tmp_path / "elsewhere"))
     written = yaml.safe_load(inventory_text(t))["all"]["vars"]
-    assert written["ansible_ssh_private_key_file"] == ".lab/labs/class-a/ssh/id_ed25519"
+    assert written["ssh_known_hosts_file"] == str(tmp_path / "elsewhere" / "labs" / "class-a" / "known_hosts")
     assert (Topology().container(1), Topology().networks()[0].name) == ("lab-node1", "lab-net")  # as before
 
 
@@ -68,15 +76,3 @@ def test_subnets_are_chosen_free_on_the_engine_and_kept_once_made(monkeypatch: p
     cross = networks.with_free_subnets(engine, Topology(kind="cross-vpc", lab="x"))  # type: ignore[arg-type]
     assert cross.subnets[1:] == ("10.20.0.0/24", "10.99.0.0/24") and cross.subnets[0] != "10.10.0.0/24"
     assert len(set(cross.subnets)) == 3
-
-
-def test_the_labs_key_is_private_even_when_an_old_copy_was_not(tmp_path: Path) -> None:
-    key = tmp_path / "ssh" / "id_ed25519"
-    made = sshd.ensure_key(key, lambda _: None)
-    assert stat.S_IMODE(made.stat().st_mode) == 0o600 and stat.S_IMODE(key.parent.stat().st_mode) == 0o700
-    before = key.read_bytes()
-    key.chmod(0o644)
-    key.parent.chmod(0o755)
-    sshd.ensure_key(key, lambda _: None)  # kept, and made private again
-    assert key.read_bytes() == before
-    assert stat.S_IMODE(key.stat().st_mode) == 0o600 and stat.S_IMODE(key.parent.stat().st_mode) == 0o700

@@ -9,7 +9,7 @@ from lab.cli.overlay import add_overlay, cmd_overlay
 from lab.cli.running import run_and_report
 from lab.cli.views import labs as views
 from lab.cli.views import screen
-from lab.containerlab import containers, crossvpc, engine, faults, shaping
+from lab.containerlab import containers, crossvpc, engine, faults, shaping, state
 from lab.containerlab.image import DEFAULT_BASE, OFFLINE
 from lab.containerlab.labs import down_every_lab, find_lab, known_labs
 from lab.containerlab.lifecycle import NETWORK_MODES, UpRequest
@@ -70,7 +70,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     lab = find_lab(args.name, args.inventory, args.machines)
     console = screen.console()
     say = screen.sayer(console)
-    with screen.working(console, "starting the lab" + (" across machines" if lab.across_machines else "")) as progress:
+    working = "starting the lab" + (" across machines" if lab.across_machines else "")
+    with state.locked(args.name, "up"), screen.working(console, working) as progress:
         inventory = lab.up(request, say, progress)
     if args.no_smoke:
         return ExitCode.OK
@@ -85,17 +86,10 @@ def cmd_up(args: argparse.Namespace) -> int:
 # -- down, status, ls -------------------------------------------------------------------------
 
 
-def state_inventory_option(parser: argparse.ArgumentParser) -> None:
-    """Where a lab that is up keeps its state: beside its inventory."""
-    parser.add_argument("--inventory", metavar="PATH", help="the lab's inventory, beside which `lab up` keeps its "
-                        "state (default: as for up)")
-
-
 def add_down(commands: Commands) -> None:
     down = commands.add_parser("down", help="remove every container, network and volume of a lab")
     name_option(down)
     down.add_argument("--all", action="store_true", help="remove every lab on the engine")
-    state_inventory_option(down)
     machines_option(down, "the lab is across the Docker machines of FILE: clean every one, and leave each "
                           "Swarm as lab up found it (default: the file `lab up --machines` was given)")
     down.set_defaults(handler=cmd_down)
@@ -106,7 +100,8 @@ def cmd_down(args: argparse.Namespace) -> int:
     if args.all:
         down_every_lab(say, args.machines)
     else:
-        find_lab(args.name, args.inventory, args.machines).down(say)
+        with state.locked(args.name, "down"):
+            find_lab(args.name, machines=args.machines).down(say)
     return ExitCode.OK
 
 
@@ -114,7 +109,6 @@ def add_status(commands: Commands) -> None:
     status = commands.add_parser("status", help="show each lab host, its addresses and whether sshd answers "
                                                 "(and, with Slurm, each node's state and munge key)")
     name_option(status)
-    state_inventory_option(status)
     machines_option(status, "the lab is across the Docker machines of FILE (default: the file `lab up "
                             "--machines` was given)")
     status.set_defaults(handler=cmd_status)
@@ -122,7 +116,7 @@ def add_status(commands: Commands) -> None:
 
 def cmd_status(args: argparse.Namespace) -> int:
     console = screen.console()
-    lab = find_lab(args.name, args.inventory, args.machines)
+    lab = find_lab(args.name, machines=args.machines)
     status = lab.status()
     found = status.hosts
     if lab.across_machines:

@@ -11,9 +11,9 @@ from pathlib import Path
 from lab.cli.common import Commands, Parser
 from lab.cli.views import labs as views
 from lab.cli.views import screen
-from lab.containerlab import containers, engine
+from lab.containerlab import containers, engine, state
 from lab.containerlab import overlay as lab_overlay
-from lab.containerlab.topology import LabPaths, default_inventory
+from lab.containerlab.topology import LabPaths
 from lab.core import overlay_hosts, wireguard
 from lab.core.inventory import load_inventory
 from lab.core.overlay import HostOverlay, Say
@@ -92,9 +92,11 @@ def _on_lab(args: argparse.Namespace) -> _Place:
 
     def up(say: Say) -> tuple[list[HostOverlay], Path]:
         written = Path(args.inventory or f"{args.name}.overlay.inventory.yaml")
-        lab_paths = _lab_state(args.name, written)
+        if not state.check_file(LabPaths(written, args.name).key):
+            raise UsageError(f"lab {args.name} has no key in {state.lab_dir(args.name)}: was it made on this "
+                             "machine, by this user (`python -m lab up --name NAME`)?")
         ends = lab_overlay.up(client, topology, say, args.subnet, args.mtu, args.port)
-        written.write_text(lab_overlay.inventory_text(topology, ends, written, lab_paths))
+        written.write_text(lab_overlay.inventory_text(topology, ends))
         return ends, written
 
     return _Place(f"lab {args.name}", up, lambda say: lab_overlay.down(client, topology, say),
@@ -123,15 +125,5 @@ def cmd_overlay(args: argparse.Namespace) -> int:
         say(f"{place.where}: no overlay (`python -m lab net overlay up` makes one)")
     views.print_overlay(console, ends)
     return ExitCode.OK
-
-
-def _lab_state(lab: str, written: Path) -> LabPaths:
-    """Where the lab's key and known_hosts are, for the overlay's inventory at ``written``: beside it,
-    else beside the lab's default inventory."""
-    for paths in (LabPaths(written.resolve(), lab), LabPaths(Path(default_inventory(lab)).resolve(), lab)):
-        if paths.key.exists():
-            return paths
-    raise UsageError(f"lab {lab}'s key is neither beside {written} nor beside {default_inventory(lab)}: write the "
-                     f"overlay's inventory beside the lab's (--inventory DIR/{lab}.overlay.inventory.yaml)")
 
 

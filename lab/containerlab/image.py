@@ -15,12 +15,13 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import docker
 from docker.errors import APIError, DockerException, ImageNotFound
 
+from lab.containerlab import state
 from lab.containerlab.engine import EngineError, Say, reason, require_tool
 from lab.transport import code_uploads
 
@@ -50,6 +51,7 @@ DEBOOTSTRAP_PACKAGES = ("python3", "python3-pip", "openssh-server", "iproute2", 
                         "wireguard-go", "wireguard-tools")
 HOST_IMAGE = "lab-host"
 BASE_IMAGE = "lab-base"
+SUMS = "SHA256SUMS"  # in the wheelhouse: each wheel's sha256, as pip downloaded it
 
 Progress = Callable[[str], None]  # one line of a long step (debootstrap, the build)
 
@@ -59,17 +61,18 @@ def ensure_image(client: docker.DockerClient, base: str, state_dir: Path, say: S
     """The tag of an up-to-date lab host image, building what is missing."""
     base_ref = resolve_base(client, base, state_dir, say, progress)
     wheels = ensure_wheelhouse(state_dir / "wheels", say)
-    tag = ensure_built(client, HOST_IMAGE, base_ref, _context_files(wheels), say, progress)
+    tag = ensure_built(client, HOST_IMAGE, base_ref, _context_files(wheels), say, progress, wheels)
     client.images.get(tag).tag(HOST_IMAGE, "latest")  # what compose/lab.yml starts
     _untag_older(client, tag)
     return tag
 
 
 def ensure_built(client: docker.DockerClient, repository: str, base_ref: str, files: dict[str, Path], say: Say,
-                 progress: Progress) -> str:
+                 progress: Progress, hashed: Mapping[Path, str] | None = None) -> str:
     """``repository``:HASH built from ``files`` (build-context path -> file, a Dockerfile among them)
-    on ``base_ref``, unless it is there already; HASH is of every input."""
-    tag = f"{repository}:{_digest(client.images.get(base_ref).id, files)}"
+    on ``base_ref``, unless it is there already; HASH is of every input's content (``hashed``: the
+    files whose sha256 is known already)."""
+    tag = f"{repository}:{_digest(client.images.get(base_ref).id, files, hashed or {})}"
     try:
         client.images.get(tag)
         say(f"image {tag} is up to date")
@@ -121,7 +124,7 @@ def offline_base(client: docker.DockerClient, state_dir: Path, say: Say, progres
     except ImageNotFound:
         pass
     debootstrap = require_tool("debootstrap", "debootstrap", say)
-    state_dir.mkdir(parents=True, exist_ok=True)
+    state.ensure_dir(state_dir)
     root = Path(tempfile.mkdtemp(prefix="rootfs-", dir=state_dir))
     root.chmod(0o755)  # the chroot's /: mkdtemp's 0700 stops a package's own user (munge's postinst) at it
     archive = root.with_suffix(".tar")
@@ -145,36 +148,62 @@ def offline_base(client: docker.DockerClient, state_dir: Path, say: Say, progres
     return tag
 
 
-def ensure_wheelhouse(wheels: Path, say: Say) -> Path:
-    """torch and numpy wheels for the offline base's Python, downloaded once by pip here."""
-    if any(wheels.glob("torch-*.whl")) and any(wheels.glob("numpy-*.whl")):
-        return wheels
-    say(f"making the wheelhouse {wheels} with pip ({TORCH}, numpy)")
-    wheels.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
-                           "--python-version", WHEEL_PYTHON, "--dest", str(wheels), TORCH, "numpy"],
-                          capture_output=True, text=True, timeout=1800)
-    if done.returncode != 0:
-        tail = [line for line in done.stderr.splitlines() if "ERROR" in line][-1:] or ["see pip's output"]
-        raise EngineError(f"pip download of {TORCH} failed: {tail[0]}")
-    return wheels
+def ensure_wheelhouse(wheels: Path, say: Say) -> dict[Path, str]:
+    """torch and numpy wheels for the offline base's Python, downloaded once by pip into the lab's
+    state, and each one's sha256 as :data:`SUMS` recorded it then; every wheel there is checked
+    against it each time (they are installed as root in the image): one it does not list, or whose
+    content changed, is StateError."""
+    sums = wheels / SUMS
+    state.ensure_dir(wheels)
+    if not state.check_file(sums):
+        say(f"making the wheelhouse {wheels} with pip ({TORCH}, numpy)")
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
+                               "--python-version", WHEEL_PYTHON, "--dest", str(wheels), TORCH, "numpy"],
+                              capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0:
+            tail = [line for line in done.stderr.splitlines() if "ERROR" in line][-1:] or ["see pip's output"]
+            raise EngineError(f"pip download of {TORCH} failed: {tail[0]}")
+        for wheel in wheels.glob("*.whl"):
+            wheel.chmod(0o600)
+        state.write(sums, "".join(f"{_sha256(w)}  {w.name}\n" for w in sorted(wheels.glob("*.whl"))).encode())
+    recorded = {name: digest for digest, name in (line.split(None, 1) for line in sums.read_text().splitlines()
+                                                   if line.strip())}
+    found = {}
+    for wheel in sorted(wheels.glob("*.whl")):
+        state.check_file(wheel)
+        digest = _sha256(wheel)
+        if recorded.get(wheel.name) != digest:
+            raise state.StateError(
+                f"{wheel} is not a wheel the lab downloaded ({SUMS} does not list it)" if wheel.name not in recorded
+                else f"{wheel} changed since the lab downloaded it (its sha256 is not the one in {SUMS}): remove "
+                     f"{wheels} to download the wheels again")
+        found[wheel] = digest
+    if sorted(w.name for w in found) != sorted(recorded):
+        raise state.StateError(f"{wheels} lacks wheels its {SUMS} lists: remove {wheels} to download them again")
+    return found
 
 
-def _context_files(wheels: Path) -> dict[str, Path]:
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _context_files(wheels: Mapping[Path, str]) -> dict[str, Path]:
     """Build-context path -> file: the image's own files, the wheels, the rank-side code."""
     files = {p.name: p for p in sorted(IMAGES_DIR.iterdir()) if p.is_file()}
-    files.update({f"wheels/{p.name}": p for p in sorted(wheels.glob("*.whl"))})
+    files.update({f"wheels/{p.name}": p for p in sorted(wheels)})
     files.update({name.removeprefix("code/"): path for name, path in code_uploads().items()})
     return files
 
 
-def _digest(base_id: str, files: dict[str, Path]) -> str:
-    """A hash of every input: the base image, and each file's path and content (wheels by
-    name and size: their names carry their versions)."""
+def _digest(base_id: str, files: dict[str, Path], hashed: Mapping[Path, str]) -> str:
+    """A hash of every input: the base image, and each file's path and content (its sha256)."""
     h = hashlib.sha256(f"{base_id} {TORCH}".encode())
     for name, path in sorted(files.items()):
-        h.update(name.encode())
-        h.update(str(path.stat().st_size).encode() if name.startswith("wheels/") else path.read_bytes())
+        h.update(f"{name} {hashed[path] if path in hashed else _sha256(path)}\n".encode())
     return h.hexdigest()[:12]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from lab.containerlab import containers, engine
+from lab.containerlab import containers, engine, state
 from lab.containerlab.containers import LabSummary
 from lab.containerlab.engine import Say
 from lab.containerlab.engine_lab import EngineLab
@@ -18,7 +18,7 @@ from lab.errors import UsageError
 def find_lab(name: str, inventory: str | None = None, machines: str | None = None) -> Lab:
     """The lab ``name`` whose inventory is ``inventory`` (default: as ``lab up`` writes it): across
     the Docker machines of ``machines``, else of the machines file ``lab up --machines`` recorded
-    beside that inventory, else on this machine's engine."""
+    in the lab's state, else on this machine's engine."""
     path = Path(inventory or default_inventory(name))
     recorded = recorded_machines(LabPaths(path.resolve(), name))
     if machines or recorded:
@@ -40,7 +40,7 @@ def down_every_lab(say: Say, machines: str | None = None) -> int:
 @dataclass(frozen=True)
 class KnownLabs:
     """The labs ``lab ls`` shows: those on this machine's engine, and those across machines
-    whose state is under this directory's .lab/ (name -> their machines file)."""
+    whose state this user keeps (name -> their machines file)."""
 
     on_engine: list[LabSummary]
     across_machines: dict[str, str]
@@ -55,6 +55,6 @@ def known_labs() -> KnownLabs:
 
 
 def _recorded_labs() -> list[str]:
-    """The labs whose state is under this directory's .lab/ (see topology.state_subdir)."""
-    labs = Path(".lab/labs")
-    return [DEFAULT_LAB, *sorted(d.name for d in labs.iterdir() if d.is_dir())] if labs.is_dir() else [DEFAULT_LAB]
+    """The labs whose state this user keeps (``lab.containerlab.state``)."""
+    labs = state.home() / "labs"
+    return sorted({DEFAULT_LAB, *(d.name for d in labs.iterdir() if d.is_dir())}) if labs.is_dir() else [DEFAULT_LAB]

@@ -33,7 +33,7 @@ import paramiko
 from docker.errors import APIError, DockerException, ImageNotFound
 from docker.models.containers import Container
 
-from lab.containerlab import containers, image, networks, sshd, swarm
+from lab.containerlab import containers, image, networks, sshd, state, swarm
 from lab.containerlab import engine as local_engine
 from lab.containerlab.containers import HostContainer
 from lab.containerlab.engine import EngineError, Say, each, reason
@@ -162,8 +162,8 @@ class MachinesLab(Lab):
             try:
                 check_engines(engines, str(local.info().get("Architecture")))
                 _say_if_short_of_memory(engines, spread, request.limits, say)
-                paths.own.mkdir(parents=True, exist_ok=True)  # (before anything starts there: `lab down --name`
-                paths.machines_record.write_text(f"{machines_file}\n")  # finds the machines again)
+                state.write(paths.machines_record, f"{machines_file}\n".encode())  # (before anything starts
+                # there: `lab down --name` finds the machines again)
                 try:
                     self._bring_up_on(engines, spread, local, tag, request, say, progress)
                 except BaseException as exc:
@@ -272,7 +272,7 @@ class MachinesLab(Lab):
 def recorded_machines(paths: LabPaths) -> str | None:
     """The machines file the lab was brought up across (``lab up --machines``), if it was."""
     record = paths.machines_record
-    return record.read_text().strip() if record.is_file() else None
+    return record.read_text().strip() if state.check_file(record) else None
 
 
 def _anything_left(engines: Sequence[Engine], lab: str) -> bool:

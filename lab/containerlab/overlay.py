@@ -17,7 +17,6 @@ from __future__ import annotations
 import ipaddress
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import docker
 from docker.errors import APIError, NotFound
@@ -31,7 +30,6 @@ from lab.containerlab.topology import (
     NAME_LABEL,
     ROLE,
     SHAPED_LABEL,
-    LabPaths,
     Topology,
     lab_inventory,
 )
@@ -151,7 +149,7 @@ def free_subnet(client: docker.DockerClient, topology: Topology) -> str:
     return free_subnets((wireguard.DEFAULT_SUBNET,), taken)[0]
 
 
-def inventory_text(topology: Topology, ends: Sequence[HostOverlay], written_at: Path, lab_paths: LabPaths) -> str:
+def inventory_text(topology: Topology, ends: Sequence[HostOverlay]) -> str:
     """The lab's inventory with each host's data plane on the overlay: its data_address the
     overlay's, network_interface the overlay's interface (so MASTER_ADDR and gloo use it)."""
     by_host = {end.host: end for end in ends}
@@ -160,10 +158,9 @@ def inventory_text(topology: Topology, ends: Sequence[HostOverlay], written_at: 
         end = by_host[topology.name(i)]
         hosts[topology.name(i)] = {"ansible_host": topology.address(i), "data_address": end.address.split("/")[0],
                                    "network_interface": INTERFACE, "overlay": topology.lab}
-    beside = written_at.resolve().parent == lab_paths.inventory.parent  # (the key paths are relative to the file)
     return lab_inventory(topology.lab, topology.slots, hosts, f"The container lab {topology.lab}'s hosts on its "
                          f"WireGuard overlay, written by `python -m lab net overlay up --name {topology.lab}`.",
-                         shared=True, state=None if beside else str(lab_paths.own))
+                         shared=True)
 
 
 def _last_line(sidecar: Container) -> str:

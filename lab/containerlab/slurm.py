@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from lab.containerlab import state
 from lab.containerlab.engine import EngineError, Say
 from lab.containerlab.topology import LabPaths, Topology
 from lab.core.slurm import WORKING
@@ -40,13 +41,10 @@ KEY_IN_HOST = "/run/lab-munge/munge.key"  # where lab-slurm-start puts the lab's
 
 
 def ensure_munge_key(path: Path) -> Path:
-    """The lab's munge key: made once, private (0600), kept across ``lab up``s of the lab."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if not path.exists():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(secrets.token_bytes(MUNGE_KEY_BYTES))
-    os.chmod(path, 0o600)
+    """The lab's munge key: made once, private (a new file, 0600), kept across ``lab up``s of the lab
+    (one found there must be a regular file of the user's, closed to others: ``lab.containerlab.state``)."""
+    if not state.check_file(path):
+        state.write_new(path, secrets.token_bytes(MUNGE_KEY_BYTES))
     return path
 
 
@@ -89,8 +87,8 @@ def slurm_conf(topology: Topology) -> str:
 def write_files(topology: Topology, paths: LabPaths) -> None:
     """The munge key and slurm.conf, before the hosts that mount the conf start."""
     ensure_munge_key(paths.munge_key)
-    paths.slurm_conf.write_text(slurm_conf(topology))
-    os.chmod(paths.slurm_conf, 0o644)
+    state.write(paths.slurm_conf, slurm_conf(topology).encode())
+    os.chmod(paths.slurm_conf, 0o644)  # (mounted in the hosts, where slurm's daemons read it)
 
 
 def _docker_cli() -> str:

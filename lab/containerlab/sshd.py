@@ -2,16 +2,17 @@
 (read through the engine), and waiting until every host's sshd answers."""
 from __future__ import annotations
 
-import os
 import socket
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from docker.models.containers import Container
 
+from lab.containerlab import state
 from lab.containerlab.engine import EngineError, Say, each
 
 SSH_WAIT = 60.0
@@ -20,24 +21,26 @@ START_POLL = 0.05  # seconds between looks at a starting host (its key, its sshd
 
 
 def ensure_key(path: Path, say: Say) -> Path:
-    """An ed25519 key pair for the lab (private key 0600, even one an older run or a copy left
-    readable); made once, never put in an image."""
-    if path.exists() and path.with_suffix(".pub").exists():
-        os.chmod(path.parent, 0o700)
-        os.chmod(path, 0o600)
+    """An ed25519 key pair for the lab, in its state (``lab.containerlab.state``): made once, as a
+    new file of mode 0600 (never through what is in its place), never put in an image; one found
+    there must be a regular file of the user's, closed to others (else StateError)."""
+    public = path.with_suffix(".pub")
+    if state.check_file(path):
+        if not state.check_file(public):  # (the public half is derived again from the private one)
+            key = serialization.load_ssh_private_key(path.read_bytes(), password=None)
+            state.write(public, _public_line(key))
         return path
     say(f"making the lab's SSH key {path}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    os.chmod(path.parent, 0o700)
     key = Ed25519PrivateKey.generate()
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                serialization.NoEncryption())
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(private)
-    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-    path.with_suffix(".pub").write_bytes(public + b" lab\n")
+    state.write_new(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                            serialization.NoEncryption()))
+    state.write(public, _public_line(key))
     return path
+
+
+def _public_line(key: Any) -> bytes:
+    return bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                               serialization.PublicFormat.OpenSSH)) + b" lab\n"
 
 
 def collect_host_keys(known_hosts: Path, containers: Mapping[str, Container]) -> None:
@@ -45,8 +48,7 @@ def collect_host_keys(known_hosts: Path, containers: Mapping[str, Container]) ->
     its container), read through the engine (a channel we already trust), so SSH can verify every
     host from its first connection."""
     keys = each(host_key, containers.values())
-    known_hosts.parent.mkdir(parents=True, exist_ok=True)
-    known_hosts.write_text("".join(f"{name} {key}\n" for name, key in zip(containers, keys)))
+    state.write(known_hosts, "".join(f"{name} {key}\n" for name, key in zip(containers, keys)).encode())
 
 
 def host_key(c: Container) -> str:

@@ -13,6 +13,7 @@ from typing import Literal, get_args
 
 import yaml
 
+from lab.containerlab import state
 from lab.core.inventory import LAB_NAME
 from lab.errors import UsageError
 
@@ -183,11 +184,6 @@ class Topology:
         return self.networks()[0].gateway
 
 
-def state_subdir(lab: str) -> str:
-    """Where a lab's key and known_hosts live, relative to its inventory's directory."""
-    return ".lab" if lab == DEFAULT_LAB else f".lab/labs/{lab}"
-
-
 def default_inventory(lab: str) -> str:
     """The inventory ``lab up`` writes: inventory.yaml for the default lab, NAME.inventory.yaml else."""
     return "inventory.yaml" if lab == DEFAULT_LAB else f"{lab}.inventory.yaml"
@@ -195,19 +191,20 @@ def default_inventory(lab: str) -> str:
 
 @dataclass(frozen=True)
 class LabPaths:
-    """Where a lab's files live on this machine: beside its inventory, in ``.lab/`` (what labs
-    share: the wheelhouse) and the lab's own ``state_subdir`` (its key and known_hosts)."""
+    """Where a lab's files live on this machine: its inventory, where ``up`` writes it, and the
+    lab's state, which belongs to its name (``lab.containerlab.state``): what labs share (the
+    wheelhouse) and the lab's own folder (its key, known_hosts, ...)."""
 
     inventory: Path
     lab: str = DEFAULT_LAB
 
     @property
     def state(self) -> Path:
-        return self.inventory.parent / ".lab"
+        return state.home()
 
     @property
     def own(self) -> Path:
-        return self.inventory.parent / state_subdir(self.lab)
+        return state.lab_dir(self.lab)
 
     @property
     def key(self) -> Path:
@@ -262,12 +259,11 @@ def inventory_text(topology: Topology) -> str:
                          f"by `python -m lab up{named}` (make lab-up).", shared=True)
 
 
-def lab_inventory(lab: str, slots: int, hosts: dict[str, dict[str, object]], about: str, shared: bool,
-                  state: str | None = None) -> str:
+def lab_inventory(lab: str, slots: int, hosts: dict[str, dict[str, object]], about: str, shared: bool) -> str:
     """An inventory of lab hosts (``hosts``: name -> its variables), with the variables every lab
-    host has in common; ``shared``: they all mount the lab's SHARED_DIR. ``state``: where the lab's
-    key and known_hosts are (default: its state_subdir, relative to the inventory's directory)."""
-    own = state or state_subdir(lab)
+    host has in common; ``shared``: they all mount the lab's SHARED_DIR. The lab's key and
+    known_hosts are named where its state keeps them (under the user's home as ``~/...``)."""
+    own = state.shown(state.lab_dir(lab))
     common: dict[str, object] = {
         "ansible_user": USER, "ansible_ssh_private_key_file": f"{own}/ssh/id_ed25519",
         "ssh_known_hosts_file": f"{own}/known_hosts", "ansible_python_interpreter": PYTHON}
