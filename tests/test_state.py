@@ -43,6 +43,7 @@ def test_the_key_is_made_new_0600_in_folders_of_0700(home: Path) -> None:
     key.with_suffix(".pub").unlink()
     assert sshd.ensure_key(key, lambda _: None) == key and key.read_bytes() == before  # kept; its .pub derived again
     assert key.with_suffix(".pub").read_bytes().startswith(b"ssh-ed25519 ")
+    assert mode(key.with_suffix(".pub")) == 0o644  # (public: the hosts' sshd reads it as the lab's user)
 
 
 @pytest.mark.parametrize("planted", ["labs", "labs/lab", "labs/lab/ssh", "labs/lab/ssh/id_ed25519"])

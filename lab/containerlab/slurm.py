@@ -17,7 +17,6 @@ hosts of a 2-core machine 4 slots each).
 from __future__ import annotations
 
 import hashlib
-import os
 import secrets
 import shutil
 import subprocess
@@ -87,8 +86,7 @@ def slurm_conf(topology: Topology) -> str:
 def write_files(topology: Topology, paths: LabPaths) -> None:
     """The munge key and slurm.conf, before the hosts that mount the conf start."""
     ensure_munge_key(paths.munge_key)
-    state.write(paths.slurm_conf, slurm_conf(topology).encode())
-    os.chmod(paths.slurm_conf, 0o644)  # (mounted in the hosts, where slurm's daemons read it)
+    state.write(paths.slurm_conf, slurm_conf(topology).encode(), 0o644)  # (mounted: slurm reads it)
 
 
 def _docker_cli() -> str:

@@ -17,6 +17,7 @@ from lab.containerlab.engine import EngineError, Say, each
 
 SSH_WAIT = 60.0
 SSH_PROBE_TIMEOUT = 3.0
+PUBLIC_MODE = 0o644  # the public key: the hosts' sshd reads it as the lab's user (and compose mounts it)
 START_POLL = 0.05  # seconds between looks at a starting host (its key, its sshd): sshd starts in a few tenths
 
 
@@ -26,15 +27,15 @@ def ensure_key(path: Path, say: Say) -> Path:
     there must be a regular file of the user's, closed to others (else StateError)."""
     public = path.with_suffix(".pub")
     if state.check_file(path):
-        if not state.check_file(public):  # (the public half is derived again from the private one)
+        if not state.check_file(public, private=False):  # (the public half is derived again from the private one)
             key = serialization.load_ssh_private_key(path.read_bytes(), password=None)
-            state.write(public, _public_line(key))
+            state.write(public, _public_line(key), PUBLIC_MODE)
         return path
     say(f"making the lab's SSH key {path}")
     key = Ed25519PrivateKey.generate()
     state.write_new(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
                                             serialization.NoEncryption()))
-    state.write(public, _public_line(key))
+    state.write(public, _public_line(key), PUBLIC_MODE)
     return path
 
 
