@@ -86,6 +86,21 @@ def test_wrong_programs_fail_their_check_with_a_reason(lab: Lab, exercise: str, 
     assert lab.leftovers() == []
 
 
+def test_a_rank_that_raised_in_its_exercise_is_the_cause_said_first_in_its_own_frames(lab: Lab) -> None:
+    """Not the lab's barrier that rank waits in after its exercise, not the lab's frames, not the
+    doctor's network checks: the student's exception, at the student's line."""
+    result = lab("run", "dsgd", "--nproc", "2", "--solution", str(WRONG / "dsgd_raises_on_one_rank.py"),
+                 "--timeout", "30", "--hang-after", "3", timeout=120)
+    lines = [line.strip() for line in result.out.splitlines()]
+    headline = next(line for line in lines if line.startswith("lab: "))
+    assert headline == ("lab: Rank 1 (local) failed first: it raised ValueError: rank 1 gives up at "
+                        "dsgd_raises_on_one_rank.py:14; rank 0 still waits in all_reduce."), result.out
+    assert "FAIL dsgd: rank 1 raised ValueError: rank 1 gives up at dsgd_raises_on_one_rank.py:14" in result.out
+    assert "barrier" not in result.out and "lab/" not in result.out and "exercises/dsgd.py" not in result.out
+    assert "likely cause" not in result.out, result.out
+    assert lab.leftovers() == []
+
+
 def test_a_solution_with_its_own_run_is_refused_where_the_exercise_asks_for_functions(lab: Lab) -> None:
     code, report = run_json(lab, "ring-allreduce", "--nproc", "3", "--solution", str(WRONG / "ring_own_run.py"))
     entry = by_name(report)["ring-allreduce"]

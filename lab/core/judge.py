@@ -171,8 +171,9 @@ def _who(states: list[RankState]) -> str:
 
 def hung_at_start(outcome: RunOutcome) -> bool:
     """The run hung or timed out in a rendezvous or in the first exercise of its shared group:
-    where the network, not the program, is the usual cause (the doctor can tell)."""
-    if not outcome.stopped:
+    where the network, not the program, is the usual cause (the doctor can tell); not where a rank's
+    exercise raised (its program failed, and the others wait on it)."""
+    if not outcome.stopped or any(run.errors for run in outcome.exercises.values()):
         return False
     first_shared = next((s.exercises[0]["name"] for s in outcome.plan.stages if s.rendezvous == "shared"), None)
     return any(s.step.startswith("init:") or s.step == first_shared

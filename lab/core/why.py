@@ -460,6 +460,13 @@ def facts_of(state: RankState, runs: Mapping[str, ExerciseRun], arrival: int | N
         how = "raised" if error is not None else "exited"
     exit_call = _exit_call(state, runs) if ended_by_itself and error is None else None
     failed_at = None if state.ended_at is None else time.time() - (time.monotonic() - state.ended_at)
+    raised = _exercise_error(state, runs) if not ended_by_itself else None
+    if raised is not None and not raised.get("error", "").startswith(SYS_EXIT):
+        # Its exercise raised, and it waits in the lab's barrier after it: its program failed there, and
+        # what the lab does after that is no party to the cause (nor are its calls: see _program_calls).
+        how, error, traceback = "raised", raised.get("error"), raised.get("traceback")
+        failed_at = time.time() - (time.monotonic() - state.step_started)
+        records, inflight = _program_calls(records), _program_calls(inflight)
     stage: Stage = "starting" if not state.info else "rendezvous" if state.step.startswith("init:") else "joined"
     return RankFacts(state.spec.rank, state.spec.host, records, inflight, state.flight["counts"] if state.flight
                      else None, how, state.exit_code if ended_by_itself else None, error, traceback,
@@ -476,6 +483,13 @@ def _flight_of(state: RankState) -> tuple[object, object]:
         inflight = [progress["inflight"]] if progress["inflight"] else []
         records = [] if records is None else records
     return records, inflight
+
+
+def _program_calls(records: object) -> object:
+    """The records but the lab's own calls (the worker's barriers: made at ``lab/...``)."""
+    if not isinstance(records, list):
+        return records
+    return [r for r in records if not (isinstance(r, dict) and str(r.get("where") or "").startswith("lab/"))]
 
 
 def _exit_call(state: RankState, runs: Mapping[str, ExerciseRun]) -> str | None:

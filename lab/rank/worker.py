@@ -334,12 +334,12 @@ class Rank:
                 value = call_with_context(program.run, self.context(init_method))
         except Exception as exc:  # an exercise's failure is a result, not the worker's end
             self.emit("error", exercise=name, error=error_text(exc), where=_where(exc, exercise["program"]),
-                      traceback=traceback.format_exc(), calls=RECORDER.summary())
+                      traceback=program_traceback(exc), calls=RECORDER.summary())
             return False
         except SystemExit as exc:  # the exercise ends this rank: say where, then end as it asked
             code = "" if exc.code is None else repr(exc.code)
             self.emit("error", exercise=name, error=f"SystemExit: sys.exit({code})",
-                      where=_where(exc, exercise["program"]), traceback=traceback.format_exc(),
+                      where=_where(exc, exercise["program"]), traceback=program_traceback(exc),
                       calls=RECORDER.summary())
             raise
         return self.report(name, value, time.monotonic() - started, RECORDER.summary())
@@ -414,6 +414,7 @@ def limit_processes(per_rank: int | None, local_ranks: int) -> None:
 
 
 LAB_PROCESSES = 16
+LAB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the lab package's
 TEXT_FIELDS = ("error", "where", "traceback")
 TEXT_MAX = 64 * 1024  # characters of each of an error's texts sent (an event line has at most EVENT_MAX bytes)
 
@@ -431,6 +432,14 @@ def error_text(exc: BaseException) -> str:
     if isinstance(exc, SyntaxError) and exc.msg:
         return f"{type(exc).__name__}: {exc.msg}"
     return f"{type(exc).__name__}: {exc}"
+
+
+def program_traceback(exc: BaseException) -> str:
+    """The traceback of an exercise's exception as its program's author should see it: the frames of
+    the program and of torch, not the lab's own (the worker, the exercise's driver)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(LAB_DIR)]
+    return ("Traceback (most recent call last):\n" + "".join(traceback.format_list(frames))
+            + "".join(traceback.format_exception_only(type(exc), exc)))
 
 
 def _where(exc: BaseException, program: str) -> str:
