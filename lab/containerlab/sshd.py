@@ -25,17 +25,14 @@ def ensure_key(path: Path, say: Say) -> Path:
     """An ed25519 key pair for the lab, in its state (``lab.containerlab.state``): made once, as a
     new file of mode 0600 (never through what is in its place), never put in an image; one found
     there must be a regular file of the user's, closed to others (else StateError)."""
-    public = path.with_suffix(".pub")
     if state.check_file(path):
-        if not state.check_file(public, private=False):  # (the public half is derived again from the private one)
-            key = serialization.load_ssh_private_key(path.read_bytes(), password=None)
-            state.write(public, _public_line(key), PUBLIC_MODE)
-        return path
-    say(f"making the lab's SSH key {path}")
-    key = Ed25519PrivateKey.generate()
-    state.write_new(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                            serialization.NoEncryption()))
-    state.write(public, _public_line(key), PUBLIC_MODE)
+        key: Any = serialization.load_ssh_private_key(path.read_bytes(), password=None)
+    else:
+        say(f"making the lab's SSH key {path}")
+        key = Ed25519PrivateKey.generate()
+        state.write_new(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                                serialization.NoEncryption()))
+    state.write(path.with_suffix(".pub"), _public_line(key), PUBLIC_MODE)  # (derived each time: whole, 0644)
     return path
 
 

@@ -103,11 +103,10 @@ def check_dir(folder: Path) -> None:
     _check_owner(folder, info, "directory")
 
 
-def check_file(path: Path, private: bool = True) -> bool:
+def check_file(path: Path) -> bool:
     """Whether a file of the state is there; StateError when it is there but not a regular file
-    of the user's, closed to others (a symlink, another owner, mode 0644; not ``private``, as a
-    public key: only others' writing counts), or a folder on its way from the state's home is not
-    safe (:func:`check_dir`)."""
+    of the user's, closed to others (a symlink, another owner, mode 0644), or a folder on its way
+    from the state's home is not safe (:func:`check_dir`)."""
     top = home()
     for folder in [p for p in reversed(path.parents) if p == top or top in p.parents]:
         if not os.path.lexists(folder):
@@ -119,15 +118,15 @@ def check_file(path: Path, private: bool = True) -> bool:
         return False
     if not stat.S_ISREG(info.st_mode):
         raise StateError(f"the lab's file {path} is {_kind(info)}, not a regular file: remove it")
-    _check_owner(path, info, "file", 0o077 if private else 0o022)
+    _check_owner(path, info, "file")
     return True
 
 
-def _check_owner(path: Path, info: os.stat_result, what: str, closed: int = 0o077) -> None:
+def _check_owner(path: Path, info: os.stat_result, what: str) -> None:
     if info.st_uid != os.geteuid():
         raise StateError(f"the lab's {what} {path} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}): "
                          "remove it")
-    if info.st_mode & closed:
+    if info.st_mode & 0o077:
         raise StateError(f"the lab's {what} {path} has mode {stat.S_IMODE(info.st_mode):04o}: others may "
                          f"reach it (chmod go= {path})")
 
