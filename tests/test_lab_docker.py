@@ -75,8 +75,8 @@ def inventory_variant(tmp_path: Path, hosts: int, slots: int, source: Path = INV
     paths made absolute."""
     data = yaml.safe_load(source.read_text())
     v = data["all"]["vars"]
-    v["ansible_ssh_private_key_file"] = str(source.parent / v["ansible_ssh_private_key_file"])
-    v["ssh_known_hosts_file"] = str(source.parent / v["ssh_known_hosts_file"])
+    for key in ("ansible_ssh_private_key_file", "ssh_known_hosts_file"):
+        v[key] = str(source.parent / os.path.expanduser(v[key]))
     v["slots"] = slots
     v.update(extra)
     data["all"]["hosts"] = dict(list(data["all"]["hosts"].items())[:hosts])
