@@ -25,6 +25,7 @@ import pytest
 from lab.containerlab import engine
 from lab.containerlab.topology import ROLE
 from lab.errors import UsageError
+from lab.grading.feedback import feedback
 from lab.grading.grade import Grade, Gradebook, Submission, find_submissions
 from lab.grading.places import one_user_hosts, split_inventory
 from lab.grading.sandbox import IMAGE, LOG_MAX, ROLE_NAME, Limits, Sandbox
@@ -270,6 +271,35 @@ def test_a_grader_killed_mid_class_and_run_again_grades_each_student_exactly_onc
 
 
 @pytest.mark.local
+def test_feedback_says_what_run_would_the_cause_and_fix_of_a_hang_and_a_crashs_own_traceback(
+        lab: Lab, tmp_path: Path) -> None:
+    """carol's ring deadlocks (every rank receives first), rita's raises on rank 1: their pages say
+    why across the ranks, with the fix, and rita's traceback in her frames, never the lab's."""
+    submissions = class_of(tmp_path, "carol")
+    (submissions / "rita.py").write_text(
+        "import torch.distributed as dist\n"
+        "from lab.suite.exercises.ring_allreduce import allreduce  # noqa: F401\n\n\n"
+        "def ring_allreduce(tensor):\n"
+        "    if dist.get_rank() == 1:\n"
+        "        raise RuntimeError('rita gives up')\n"
+        "    dist.all_reduce(tensor)\n")
+    out = tmp_path / "book"
+    result = lab("grade", str(submissions), "--exercise", "ring-allreduce", "--nproc", "3", "--sandbox", "none",
+                 "--timeout", "20", "--out", str(out), timeout=300)
+    assert result.code == 0, result.text
+    carol = (out / "feedback" / "carol.md").read_text()
+    assert "## Why, across the ranks" in carol and "**Fix:** " in carol, carol
+    assert "every rank receives first" in carol and "carol.py:11" in carol, carol
+    assert "/lab/" not in carol.split("## The last lines of rank")[1], carol  # its stack, not the lab's frames
+    rita = (out / "feedback" / "rita.md").read_text()
+    assert "Rank 1 (local) failed first: it raised RuntimeError: rita gives up at rita.py:7" in rita, rita
+    assert "## Rank 1's traceback" in rita and 'rita.py", line 7, in ring_allreduce' in rita, rita
+    assert "/lab/" not in rita.split("## Rank 1's traceback")[1], rita
+    assert (out / "feedback" / "rita.html").read_text().count("<h2>") >= 2
+    assert lab.leftovers() == []
+
+
+@pytest.mark.local
 def test_the_tutorials_ring_earns_its_part_and_passes_graded_as_that_part_alone(lab: Lab, tmp_path: Path) -> None:
     submissions = tmp_path / "class"
     submissions.mkdir()
@@ -281,6 +311,7 @@ def test_the_tutorials_ring_earns_its_part_and_passes_graded_as_that_part_alone(
     row = read_grades(tmp_path / "whole")["tutorial"]
     assert (row["verdict"], row["score"]) == ("fail", "0.5"), row
     assert row["reason"] == "ring_allreduce(): not written (the solution does not define it)", row
+    assert (row["part allreduce"], row["part ring_allreduce"]) == ("pass", "fail"), row  # a column per part
     part = ET.parse(tmp_path / "whole" / "junit" / "tutorial.xml").getroot().find("testsuite/testcase/properties")
     assert part is not None and {p.get("name"): p.get("value") for p in part} == {
         "score": "0.5", "part allreduce": "pass",
@@ -475,7 +506,7 @@ def test_the_class_page_renders_in_a_real_browser_sorts_and_shows_what_students_
                 "bob": ("fail", "ring_allreduce(): not written"), "carol": ("timeout", "hung")}
     book = Gradebook(tmp_path, list(students), {"exercise": "ring-allreduce"})
     for i, (student, (verdict, reason)) in enumerate(students.items()):
-        book.feedback_path(student).write_text("# feedback")
+        book.write_feedback(student, feedback(student, "ring-allreduce", verdict, 0.0, reason))
         partial = 0.5 if student == "bob" else None
         book.record(Grade(student, "ring-allreduce", verdict, reason, float(i), partial=partial,
                           parts=(("allreduce", True), ("ring_allreduce", student == "alice"))), "digest")
@@ -490,5 +521,16 @@ def test_the_class_page_renders_in_a_real_browser_sorts_and_shows_what_students_
     order = re.findall(r'<tr><td data-value="([^"]*)">', dom)
     assert order[:2] == ["alice", "bob"] and set(order[2:]) == {"carol", html.escape(HOSTILE)}, order
     assert "<img" not in dom and "<script>document.title" not in dom  # a student's text stays text
-    assert "&lt;img src=x onerror=" in dom and '<a href="feedback/alice.md">alice</a>' in dom
+    assert "&lt;img src=x onerror=" in dom and '<a href="feedback/alice.html">alice</a>' in dom
     assert 'id="histogram"' in dom and "<title>ring-allreduce: 4 submission(s)</title>" in dom
+    # how many of the class passed each part
+    assert "<tr><td>allreduce()</td><td>4</td><td>4</td></tr><tr><td>ring_allreduce()</td><td>1</td><td>4</td></tr>" \
+        in dom
+    # a feedback page, opened from the class page's link: HTML, a student's text still text
+    link = re.search(r'<a href="(feedback/[^"]+\.html)">&lt;img', dom)
+    assert link is not None, dom[-3000:]
+    shown = subprocess.run([chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", "--dump-dom",
+                            (tmp_path / html.unescape(link[1])).as_uri()], capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert "<h1>ring-allreduce: " in shown.stdout and "<strong>fail</strong>" in shown.stdout, shown.stdout
+    assert "<img" not in shown.stdout and "<script>" not in shown.stdout

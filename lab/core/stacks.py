@@ -11,13 +11,20 @@ from lab.transport import PACKAGE_DIR
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 _THREAD = ("Thread 0x", "Current thread 0x")  # how faulthandler starts each thread's stack
 _TRACEBACK_FRAME = re.compile(r'^  File "(?P<path>[^"]+)", line \d+')
-_LABS = re.compile(r"/lab/rank/|^<frozen runpy>$|/runpy\.py$")  # the lab's own frames: its rank side, runpy
+# the lab's own frames: its rank side, an exercise's driver, runpy
+_LABS = re.compile(r"/lab/rank/|/lab/suite/|^<frozen runpy>$|/runpy\.py$")
 _TORCHS = re.compile(r"/torch/")
 
 
 def is_stack_line(line: str) -> bool:
     """Whether a line of stderr is part of a stack dump: a thread's first line, or one of its frames."""
     return line.startswith(_THREAD) or _FRAME.match(line) is not None
+
+
+def users_lines(lines: list[str]) -> list[str]:
+    """A rank's last lines without the frames of the lab's own in its stack dumps (the worker, the
+    launcher, an exercise's driver): what its program's author should read."""
+    return [line for line in lines if not ((m := _FRAME.match(line)) and _LABS.search(m["path"]))]
 
 
 def where_stopped(dump: list[str], programs: dict[str, Path]) -> str | None:

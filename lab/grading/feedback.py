@@ -1,8 +1,10 @@
 """The feedback a student gets back: ``OUT/feedback/<file>.md``, one Markdown page per submission.
 
-What a student needs to fix the work: the verdict and score, each part's verdict and reason, the
-values that were wrong, what the method check saw (the bytes each rank sent, whether the ring is
-bandwidth-optimal), and the last lines of each rank the failure is about. Pure: text from the
+What a student needs to fix the work, as `run --solution` would print it: the verdict and score,
+each part's verdict and reason, why the run hung or failed across its ranks (the cause, a line of
+evidence per rank, the fix), the values that were wrong, what the method check saw (the bytes each
+rank sent, whether the ring is bandwidth-optimal), and for each rank the failure is about its
+traceback (the program's frames and torch's last, never the lab's) or else its last lines. Pure: text from the
 grade and the judged run. Whatever the student controls (names, reasons that quote their output,
 their ranks' lines) is shown as text: control characters escaped, HTML's specials as entities
 outside code, and their lines in a fence longer than any run of backticks in them.
@@ -12,8 +14,11 @@ from __future__ import annotations
 import html
 import re
 
+from markdown_it import MarkdownIt
+
 from lab.core.judge import ExerciseReport
 from lab.core.outcome import RunOutcome
+from lab.core.stacks import users_lines, users_traceback
 from lab.core.text import printable
 
 MISMATCHES_SHOWN = 10
@@ -30,6 +35,11 @@ def feedback(student: str, exercise: str, verdict: str, score: float, reason: st
         lines += [f"| `{part.name}()` | {'pass' if part.passed else 'fail'} | {_cell(part.reason)} |"
                   for part in report.parts]
         lines.append("")
+    cause = outcome.cause if outcome is not None else None
+    if cause is not None:
+        lines += ["## Why, across the ranks", "", _text(cause.headline), ""]
+        lines += [f"- {_text(e.line())}" for e in cause.evidence]
+        lines += ["", f"**Fix:** {_text(cause.fix)}", ""] if cause.fix else [""]
     if report is not None and report.mismatches:
         lines += ["## What was wrong", ""]
         lines += [f"- {_text(str(m))}" for m in report.mismatches[:MISMATCHES_SHOWN]]
@@ -40,10 +50,12 @@ def feedback(student: str, exercise: str, verdict: str, score: float, reason: st
         lines += ["## What the lab saw", ""] + [f"- {_text(note)}" for note in report.notes] + [""]
     if report is not None and outcome is not None:
         for rank in report.ranks:
-            tail = outcome.ranks[rank].tail if rank < len(outcome.ranks) else []
-            if tail:
-                shown = [printable(line) for line in list(tail)[-TAIL_LINES:]]
-                lines += [f"## The last lines of rank {rank}", "", *_fenced(shown), ""]
+            raised = report.details.get(rank)
+            shown = (users_traceback(raised).rstrip().splitlines() if raised else
+                     users_lines(list(outcome.ranks[rank].tail)) if rank < len(outcome.ranks) else [])[-TAIL_LINES:]
+            if shown:
+                title = f"Rank {rank}'s traceback" if raised else f"The last lines of rank {rank}"
+                lines += [f"## {title}", "", *_fenced([printable(line) for line in shown]), ""]
     return "\n".join(lines)
 
 
@@ -61,3 +73,21 @@ def _fenced(lines: list[str]) -> list[str]:
     longest = max((len(run) for line in lines for run in re.findall(r"`+", line)), default=0)
     fence = "`" * max(3, longest + 1)
     return [f"{fence}text", *lines, fence]
+
+
+PAGE_STYLE = """
+body { font: 14px system-ui, sans-serif; margin: 2em; max-width: 70em; color: #222; }
+table { border-collapse: collapse; } th, td { border-bottom: 1px solid #ddd; padding: 4px 10px; text-align: left; }
+pre { background: #f6f6f6; padding: 8px; overflow-x: auto; font-size: 12px; }
+"""
+_MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable("table")  # raw HTML shows as text, never as HTML
+
+
+def feedback_page(markdown: str, title: str) -> str:
+    """The feedback page as HTML, to open from the class page: the Markdown rendered (what a student
+    controls in it is text already: escaped, fenced), under the class page's policy (nothing fetched,
+    no script)."""
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">"
+            f"<title>{html.escape(printable(title))}</title><style>{PAGE_STYLE}</style></head>\n<body>\n"
+            f"{_MARKDOWN.render(markdown)}</body></html>\n")

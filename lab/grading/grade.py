@@ -37,7 +37,7 @@ from lab.core.report import to_junit
 from lab.core.runner import run_plan
 from lab.core.text import printable
 from lab.errors import ExitCode, LabError, UsageError
-from lab.grading.feedback import feedback
+from lab.grading.feedback import feedback, feedback_page
 from lab.grading.page import Row, class_page
 from lab.grading.places import PlaceMaker
 from lab.transport.ssh import SSHSettings
@@ -85,8 +85,10 @@ class Grade:
         return self.partial if self.verdict == "fail" and self.partial is not None else 0.0
 
     def row(self) -> dict[str, str]:
+        """Its line of grades.csv: the fields, then a ``part NAME`` column (pass or fail) per part."""
         return {"student": self.student, "exercise": self.exercise, "verdict": self.verdict,
-                "score": f"{self.score:g}", "reason": self.reason, "seconds": f"{self.seconds:.1f}"}
+                "score": f"{self.score:g}", "reason": self.reason, "seconds": f"{self.seconds:.1f}",
+                **{f"part {part}": "pass" if passed else "fail" for part, passed in self.parts}}
 
 
 # -- submissions ------------------------------------------------------------------------------
@@ -179,6 +181,14 @@ class Gradebook:
     def feedback_path(self, student: str) -> Path:
         return self.out / "feedback" / f"{self.files[student]}.md"
 
+    def write_feedback(self, student: str, markdown: str) -> None:
+        """The student's feedback, as Markdown (``feedback_path``) and as the HTML page the class page
+        links to, beside it."""
+        path = self.feedback_path(student)
+        path.write_text(markdown, encoding="utf-8")
+        path.with_suffix(".html").write_text(feedback_page(markdown, f"{self.settings.get('exercise', '')}: "
+                                                                     f"{student}"), encoding="utf-8")
+
     def resume(self, submissions: Sequence[Submission]) -> list[Submission]:
         """Keep the rows a grader before left for the same files under the same settings (graded,
         with their JUnit file); the submissions still to grade."""
@@ -209,7 +219,7 @@ class Gradebook:
         exercise = next((g.exercise for g in self.grades.values()), str(self.settings.get("exercise", "")))
         _replace(self.out / "index.html", class_page(exercise, [
             Row(g.student, g.verdict, g.score, g.seconds, g.reason, g.parts,
-                f"feedback/{self.files[g.student]}.md" if self.feedback_path(g.student).is_file() else None)
+                f"feedback/{self.files[g.student]}.html" if self.feedback_path(g.student).is_file() else None)
             for _, g in sorted(self.grades.items())]))
 
     def _read_journal(self) -> dict[str, tuple[str, Grade]]:
@@ -248,8 +258,10 @@ def _cell(value: str) -> str:
 
 
 def _csv_text(rows: list[dict[str, str]]) -> str:
+    """The gradebook: CSV_FIELDS, then each part's column in the order the rows name them."""
+    parts = list(dict.fromkeys(key for row in rows for key in row if key not in CSV_FIELDS))
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS)
+    writer = csv.DictWriter(buffer, fieldnames=[*CSV_FIELDS, *parts], restval="")
     writer.writeheader()
     writer.writerows(rows)
     return buffer.getvalue()
@@ -309,8 +321,8 @@ def grade_one(submission: Submission, options: Options, make_place: PlaceMaker, 
     exercise = options.exercises[0].name
     started = time.monotonic()
     if submission.path is None:
-        book.feedback_path(submission.student).write_text(
-            feedback(submission.student, exercise, "error", 0.0, submission.problem), encoding="utf-8")
+        book.write_feedback(submission.student, feedback(submission.student, exercise, "error", 0.0,
+                                                         submission.problem))
         return Grade(submission.student, exercise, "error", submission.problem, 0.0)
     try:
         with make_place() as place:
@@ -337,8 +349,8 @@ def grade_one(submission: Submission, options: Options, make_place: PlaceMaker, 
     report = next((r for r in reports if not r.passed), reports[0] if reports else None)
     grade = Grade(submission.student, exercise, verdict, reason, time.monotonic() - started, partial=partial,
                   parts=tuple((p.name, p.passed) for p in report.parts) if report else ())
-    book.feedback_path(submission.student).write_text(
-        feedback(submission.student, exercise, verdict, grade.score, reason, report, outcome), encoding="utf-8")
+    book.write_feedback(submission.student, feedback(submission.student, exercise, verdict, grade.score, reason,
+                                                     report, outcome))
     return grade
 
 

@@ -1,7 +1,8 @@
 """The class page: ``OUT/index.html``, one static page to look at a gradebook with.
 
 The class table (sortable: click a column's head, or open the page with ``#sort=COLUMN``), the
-histogram of the scores, and each student's parts and reason, with a link to their feedback page.
+histogram of the scores, how many passed each part, and each student's parts and reason, with a
+link to their feedback page (HTML: ``lab.grading.feedback.feedback_page``).
 No server and nothing fetched from elsewhere: its style and its one small script are in the page.
 Everything a student controls (names, reasons that quote their output) goes through
 ``html.escape``; the script only reorders the rows that are there, and never reads text as HTML.
@@ -87,7 +88,7 @@ def class_page(exercise: str, rows: Sequence[Row]) -> str:
             "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
             "style-src 'unsafe-inline'; script-src 'unsafe-inline'\">"
             f"<title>{title}</title><style>{STYLE}</style></head>\n<body>\n<h1>{title}</h1>\n"
-            f"{_summary(rows)}\n{_histogram(rows)}\n{table}\n<script>{SCRIPT}</script>\n</body></html>\n")
+            f"{_summary(rows)}\n{_histogram(rows)}\n{_parts(rows)}{table}\n<script>{SCRIPT}</script>\n</body></html>\n")
 
 
 def _row(row: Row) -> str:
@@ -106,6 +107,18 @@ def _summary(rows: Sequence[Row]) -> str:
     mean = sum(r.score for r in rows) / len(rows) if rows else 0.0
     said = ", ".join(f'<span class="{v}">{n} {v}</span>' for v, n in counts.items() if n)
     return f"<p>{said or 'nothing graded yet'}; mean score {mean:.2f}</p>"
+
+
+def _parts(rows: Sequence[Row]) -> str:
+    """How many of the class passed each part of the exercise (none: the exercise has no parts)."""
+    names = list(dict.fromkeys(part for row in rows for part, _ in row.parts))
+    if not names:
+        return ""
+    counts = [(name, sum(passed for row in rows for part, passed in row.parts if part == name),
+               sum(part == name for row in rows for part, _ in row.parts)) for name in names]
+    body = "".join(f"<tr><td>{_text(name)}()</td><td>{passed}</td><td>{of}</td></tr>" for name, passed, of in counts)
+    return ('<h2>Parts</h2><table id="parts"><thead><tr><th>part</th><th>passed</th><th>of</th></tr></thead>'
+            f"<tbody>{body}</tbody></table>\n")
 
 
 def _histogram(rows: Sequence[Row]) -> str:
