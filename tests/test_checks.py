@@ -524,11 +524,14 @@ def test_barrier_times_must_be_numbers_and_hosts_are_noted() -> None:
 def test_the_ring_s_inputs_are_drawn_afresh_and_the_check_expects_their_sum() -> None:
     """Each run draws every rank's values anew (lab.core.draw); the checker sums the draw it was given,
     so a result right for another draw fails, and a run that drew nothing is not checked at all."""
-    first, second = draw.draw(ring_cases.DRAWN), draw.draw(ring_cases.DRAWN)
+    seed = draw.new_seed()
+    first, second = draw.draw(ring_cases.DRAWN, seed, 0), draw.draw(ring_cases.DRAWN, draw.new_seed(), 0)
     assert first != second and len(draw.values(first)) == ring_cases.DRAWN
+    assert draw.draw(ring_cases.DRAWN, seed, 0) == first != draw.draw(ring_cases.DRAWN, seed, 1)  # a replay; per rank
     assert all(-2 ** 15 <= v < 2 ** 15 for v in draw.values(first))  # sums exact in float32 up to 512 ranks
     assert verdict("ring-allreduce", ring_ok(3), 3).passed
-    other = replace(World.local(3), inputs={r: draw.values(draw.draw(ring_cases.DRAWN)) for r in range(3)})
+    other = replace(World.local(3), inputs={r: draw.values(draw.draw(ring_cases.DRAWN, draw.new_seed(), r))
+                                            for r in range(3)})
     v = ring.check_ring_allreduce(ring_ok(3), other)
     assert not v.passed and v.failed_ranks == (0, 1, 2)
     v = ring.check_ring_allreduce(ring_ok(3), World.local(3))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import html
+import json
 import os
 import re
 import shutil
@@ -297,6 +298,26 @@ def test_feedback_says_what_run_would_the_cause_and_fix_of_a_hang_and_a_crashs_o
     assert "/lab/" not in rita.split("## Rank 1's traceback")[1], rita
     assert (out / "feedback" / "rita.html").read_text().count("<h2>") >= 2
     assert lab.leftovers() == []
+
+
+@pytest.mark.local
+def test_a_graded_run_is_replayed_exactly_from_the_seed_its_row_shows(lab: Lab, tmp_path: Path) -> None:
+    out = tmp_path / "book"
+    result = lab("grade", str(class_of(tmp_path, "bob")), "--exercise", "ring-allreduce", "--nproc", "3",
+                 "--sandbox", "none", "--out", str(out), timeout=300)
+    assert result.code == 0, result.text
+    row = read_grades(out)["bob"]
+    assert row["verdict"] == "fail" and re.fullmatch(r"[0-9a-f]{32}", row["seed"]), row
+    page = (out / "feedback" / "bob.md").read_text()
+    assert f"--seed {row['seed']}` runs it again with the same values" in page, page
+    replayed = lab("run", "ring-allreduce", "--nproc", "3", "--solution", str(CLASS / "bob.py"), "--seed",
+                   row["seed"], "--json", timeout=300)
+    entry = json.loads(replayed.out)["exercises"][0]
+    assert entry["reason"] == row["reason"], (entry["reason"], row["reason"])  # the same values, wrong the same way
+    other = lab("run", "ring-allreduce", "--nproc", "3", "--solution", str(CLASS / "bob.py"), "--json", timeout=300)
+    assert json.loads(other.out)["exercises"][0]["reason"] != row["reason"]  # (a fresh draw: other values)
+    bad = lab("run", "p2p", "--seed", row["seed"])
+    assert bad.code == 2 and bad.err.strip() == "lab: error: --seed: p2p draw(s) no inputs", bad.err
 
 
 @pytest.mark.local

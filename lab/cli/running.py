@@ -22,6 +22,7 @@ from lab.cli.common import (
 from lab.cli.views import run as views
 from lab.cli.views import screen
 from lab.cli.views.doctor import print_diagnosis
+from lab.core import draw
 from lab.core import slurm as slurm_jobs
 from lab.core.judge import exit_code, hung_at_start, judge, stopped_exit
 from lab.core.outcome import RankState, RunOutcome
@@ -76,6 +77,8 @@ def add_run(commands: Commands) -> None:
     watch_options(run)
     run.add_argument("--part", metavar="NAME", help="check only this part of the (one) exercise: one of the "
                      "functions it asks for (ring-allreduce: allreduce or ring_allreduce)")
+    run.add_argument("--seed", metavar="SEED", help="draw the inputs of an exercise that takes some (ring-allreduce) "
+                     "from SEED, as the run that showed it did: to replay a graded run exactly (default: fresh ones)")
     run.add_argument("--solution", metavar="FILE.py", help="run this file in place of the exercise's "
                      "reference program (one exercise) and check it the same way; it runs as you, with "
                      "your environment and files: for other people's code use `grade`")
@@ -107,9 +110,13 @@ def _options(args: argparse.Namespace) -> Options:
     chosen = exercises(args.exercises)
     check_timeout(args.timeout)
     solution = solution_file(args.solution) if args.solution else None
+    if args.seed is not None and not draw.SEED.fullmatch(args.seed):
+        raise UsageError(f"--seed {args.seed[:40]!r}: a seed is 32 hex digits, as a run shows it")
+    if args.seed is not None and not any(e.drawn for e in chosen):
+        raise UsageError(f"--seed: {', '.join(e.name for e in chosen)} draw(s) no inputs")
     return Options(chosen, args.backend, args.init, args.timeout, solution, launcher(args),
                    partition=args.partition, hang_after=args.hang_after,
-                   preflight=args.preflight, part=args.part)
+                   preflight=args.preflight, part=args.part, seed=args.seed)
 
 
 def run_and_report(inventory: Inventory, options: Options, settings: SSHSettings, json_out: bool = False,

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, get_args
 
-from lab.core.draw import VALUE_BYTES, draw
+from lab.core.draw import VALUE_BYTES, draw, new_seed
 from lab.errors import UsageError
 from lab.model.inventory import Host, Inventory
 from lab.rank.flight import HANG_AFTER_VAR
@@ -97,6 +97,7 @@ class Options:
     hang_after: float = DEFAULT_HANG_AFTER  # see Plan
     preflight: bool = True  # see Plan
     part: str | None = None  # the one part of the (single) exercise to check (lab.suite.registry); None: all
+    seed: str | None = None  # the drawn inputs' seed (lab.core.draw; `run --seed`: a replay); None: a fresh one
     # lab grade: measure what each host's connections carry, outside the ranks (lab.rank.wire), where only
     # the submission's sockets are in that mode's reach: a sandbox's netns, or a user of its own ("uid").
     wire: WireMode | None = None
@@ -171,8 +172,10 @@ class Plan:
     # What each host's connections carried is measured by its launcher (Options.wire): only the lab's
     # launcher (the zygote, which no rank can reach) and gloo (whose every byte goes over TCP).
     wire: WireMode | None = None
-    # Each rank's drawn inputs (lab.core.draw), where an exercise takes some: kept here for the checker.
+    # Each rank's drawn inputs (lab.core.draw), where an exercise takes some: kept here for the checker,
+    # and the seed they were drawn from (shown, to replay the run: `run --seed`).
     inputs: dict[int, bytes] = field(default_factory=dict, hash=False, repr=False)
+    seed: str | None = None
 
     @property
     def checks_network(self) -> bool:
@@ -288,7 +291,7 @@ class Plan:
             **({"rdzv_endpoint": self.rdzv_endpoint} if self.rdzv_endpoint else {}),
             "timeout": self.timeout, "hang_after": self.hang_after, "preflight": self.checks_network,
             **({"inputs": f"{len(next(iter(self.inputs.values()))) // VALUE_BYTES} random values per rank, "
-                          "drawn for this run"} if self.inputs else {}),
+                          "drawn for this run", "seed": self.seed} if self.inputs else {}),
             **({"part": self.part} if self.part else {}),
             **({"memory_mb": self.memory_mb} if self.memory_mb else {}),
             **({"pids_per_rank": self.pids} if self.pids else {}),
@@ -419,6 +422,7 @@ def build_plan(inventory: Inventory, options: Options, token: str | None = None)
 
     ranks = _lay_out_ranks(hosts, master, master_port, backend, options.launcher)
     drawn = max(e.drawn for e in options.exercises)
+    seed = (options.seed or new_seed()) if drawn else None
     return Plan(world_size=inventory.world_size, backend=backend, init=options.init,
                 master_addr=master, master_port=master_port, timeout=options.timeout,
                 token=token, hosts=hosts, ranks=tuple(ranks), stages=stages, uploads=uploads,
@@ -428,7 +432,8 @@ def build_plan(inventory: Inventory, options: Options, token: str | None = None)
                 partition=options.partition, rank_env=dict(options.rank_env), hang_after=options.hang_after,
                 preflight=options.preflight, part=checked_part(options),
                 wire=options.wire if options.launcher == "lab" and backend == "gloo" else None,
-                inputs={rank: draw(drawn) for rank in range(inventory.world_size)} if drawn else {})
+                inputs={rank: draw(drawn, seed, rank) for rank in range(inventory.world_size)} if seed else {},
+                seed=seed)
 
 
 def checked_part(options: Options) -> str | None:

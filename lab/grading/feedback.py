@@ -30,6 +30,10 @@ def feedback(student: str, exercise: str, verdict: str, score: float, reason: st
     """The page for one submission (``report`` and ``outcome``: its judged run, when it ran)."""
     lines = [f"# {_text(exercise)}: {_text(student)}", "",
              f"**{verdict}**, score {score:g}" + (f": {_text(reason)}" if reason else ""), ""]
+    seed = outcome.plan.seed if outcome is not None else None
+    if seed and verdict != "pass":
+        lines += [f"Its inputs were drawn from seed `{seed}`: `python -m lab run {_text(exercise)} --solution "
+                  f"YOUR_FILE.py --seed {seed}` runs it again with the same values.", ""]
     if report is not None and report.parts:
         lines += ["| part | verdict | why |", "|---|---|---|"]
         lines += [f"| `{part.name}()` | {'pass' if part.passed else 'fail'} | {_cell(part.reason)} |"

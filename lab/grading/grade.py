@@ -45,7 +45,7 @@ from lab.transport.ssh import SSHSettings
 GradeVerdict = Literal["pass", "fail", "timeout", "error"]
 LEFTOVERS_SHOWN = 10  # processes a submission left running, named in its row
 OUT_OF_MEMORY = ("MemoryError", "can't allocate memory", "Cannot allocate memory")
-CSV_FIELDS = ("student", "exercise", "verdict", "score", "reason", "seconds")
+CSV_FIELDS = ("student", "exercise", "verdict", "score", "reason", "seconds", "seed")
 # an error of these kinds means the file could not be loaded (a missing function is an ImportError)
 LOAD_ERRORS = ("SyntaxError", "IndentationError", "TabError", "ImportError", "ModuleNotFoundError")
 
@@ -77,6 +77,7 @@ class Grade:
     exit_code: int = ExitCode.OK  # when not graded: what the failure was (lab.errors.ExitCode)
     partial: float | None = None  # the fraction of the exercise's parts passed, where it has parts
     parts: tuple[tuple[str, bool], ...] = ()  # (part, passed) for each, where it has parts
+    seed: str | None = None  # its run's inputs' seed, where it drew some (`lab run --seed` replays the run)
 
     @property
     def score(self) -> float:
@@ -88,6 +89,7 @@ class Grade:
         """Its line of grades.csv: the fields, then a ``part NAME`` column (pass or fail) per part."""
         return {"student": self.student, "exercise": self.exercise, "verdict": self.verdict,
                 "score": f"{self.score:g}", "reason": self.reason, "seconds": f"{self.seconds:.1f}",
+                "seed": self.seed or "",
                 **{f"part {part}": "pass" if passed else "fail" for part, passed in self.parts}}
 
 
@@ -348,7 +350,7 @@ def grade_one(submission: Submission, options: Options, make_place: PlaceMaker, 
         reason = "; ".join(filter(None, [reason, f"left running after its run, stopped: {shown}"]))
     report = next((r for r in reports if not r.passed), reports[0] if reports else None)
     grade = Grade(submission.student, exercise, verdict, reason, time.monotonic() - started, partial=partial,
-                  parts=tuple((p.name, p.passed) for p in report.parts) if report else ())
+                  parts=tuple((p.name, p.passed) for p in report.parts) if report else (), seed=outcome.plan.seed)
     book.write_feedback(submission.student, feedback(submission.student, exercise, verdict, grade.score, reason,
                                                      report, outcome))
     return grade

@@ -98,6 +98,9 @@ def _print_failure(console: Console, outcome: RunOutcome, r: ExerciseReport) -> 
     console.print()
     console.print(Text(f"{r.status.upper()} {r.name}: {printable(r.reason)}", style=STATUS_STYLES[r.status]),
                   soft_wrap=True, highlight=False)
+    if outcome.plan.seed:
+        console.print(Text(f"  its inputs were drawn from seed {outcome.plan.seed}: `--seed {outcome.plan.seed}` "
+                           "draws them again", style="dim"), soft_wrap=True, highlight=False)
     if len(r.mismatches) > 1:
         for m in r.mismatches[:MISMATCHES_SHOWN]:
             console.print(Text(f"  {printable(str(m))}"), soft_wrap=True, highlight=False)
