@@ -346,6 +346,15 @@ def test_the_tutorials_ring_earns_its_part_and_passes_graded_as_that_part_alone(
     assert result.code == 0, result.text
     grades = read_grades(tmp_path / "part")
     assert [(grades[s]["verdict"], grades[s]["score"]) for s in ("alice", "tutorial")] == [("pass", "1")] * 2
+    # --part runs that part's function alone: hank's allreduce deadlocks, his ring_allreduce is right
+    hank = (CLASS / "alice.py").read_text().replace(
+        "def allreduce(send, recv):\n", "def allreduce(send, recv):\n    dist.recv(send, (dist.get_rank() - 1) % "
+        "dist.get_world_size())  # deadlocks\n", 1)
+    (submissions / "hank.py").write_text(hank)
+    result = lab(*args, "--part", "ring_allreduce", "--timeout", "20", "--out", str(tmp_path / "ring"), timeout=300)
+    assert result.code == 0, result.text
+    assert (read_grades(tmp_path / "ring")["hank"]["verdict"], read_grades(tmp_path / "ring")["hank"]["score"]) == \
+        ("pass", "1")
     bad = lab(*args, "--part", "ring", "--out", str(tmp_path / "bad"))
     assert bad.code == 2 and "--part ring: ring-allreduce has no such part (its parts are allreduce, " \
                               "ring_allreduce)" in bad.err, bad.text

@@ -111,7 +111,7 @@ class Stage:
     addr: str | None
     port: str | None  # a port macro (``${portN}``)
     path: str | None
-    exercises: tuple[dict[str, Any], ...]  # ({"name", "program"[, "reference", "writes", "writes_some"]}, ...)
+    exercises: tuple[dict[str, Any], ...]  # ({"name", "program"[, "reference", "writes", "writes_some", "part"]}, ...)
 
 
 @dataclass(frozen=True)
@@ -416,7 +416,8 @@ def build_plan(inventory: Inventory, options: Options, token: str | None = None)
         uploads[relative] = options.solution
         program = f"{RUN_DIR}/{relative}"
     shared = shared_run_dir(hosts, run_name)
-    stages = tuple(_stage(kind, exs, master, ports, shared or RUN_DIR, program)
+    part = checked_part(options)
+    stages = tuple(_stage(kind, exs, master, ports, shared or RUN_DIR, program, part)
                    for kind, exs in _group_by_stage(options))
     master_port = rdzv_port or next((s.port for s in stages if s.port is not None), None)
 
@@ -430,7 +431,7 @@ def build_plan(inventory: Inventory, options: Options, token: str | None = None)
                 rdzv_endpoint=_endpoint(master, rdzv_port), port_count=ports.count, memory_mb=options.memory_mb,
                 pids=options.pids,
                 partition=options.partition, rank_env=dict(options.rank_env), hang_after=options.hang_after,
-                preflight=options.preflight, part=checked_part(options),
+                preflight=options.preflight, part=part,
                 wire=options.wire if options.launcher == "lab" and backend == "gloo" else None,
                 inputs={rank: draw(drawn, seed, rank) for rank in range(inventory.world_size)} if seed else {},
                 seed=seed)
@@ -546,10 +547,11 @@ def _group_by_stage(options: Options) -> list[tuple[StageKind, list[Exercise]]]:
 
 
 def _stage(kind: StageKind, exercises: list[Exercise], master: str, ports: _PortMacros, files_dir: str,
-           solution: str | None) -> Stage:
+           solution: str | None, part: str | None = None) -> Stage:
     shared = exercises[0].rendezvous == "shared"
     refs = tuple({"name": e.name, "program": solution or e.program, **({"reference": e.program} if solution else {}),
-                  **({"writes": list(e.writes), "writes_some": e.writes_some} if e.writes else {})}
+                  **({"writes": list(e.writes), "writes_some": e.writes_some} if e.writes else {}),
+                  **({"part": part} if part and solution and part in e.writes else {})}  # (its function alone)
                  for e in exercises)
     if kind == "none":
         return Stage("none", "none", None, None, None, None, refs)

@@ -161,7 +161,7 @@ def _module_name(path: str) -> str:
 
 
 def load_solution(program: str, reference: str | None, writes: tuple[str, ...] = (),
-                  some: bool = False) -> tuple[ModuleType, tuple[str, ...]]:
+                  some: bool = False, part: str | None = None) -> tuple[ModuleType, tuple[str, ...]]:
     """The program to run, and which of ``writes`` the solution did not define. A solution may be
     a whole program (it defines ``run``) or the functions a student writes (``writes``, the
     exercise's parts: ``allreduce`` and ``ring_allreduce``, ``average_gradients``...): those then
@@ -173,7 +173,9 @@ def load_solution(program: str, reference: str | None, writes: tuple[str, ...] =
     reference's function is taking it on purpose: its part says it uses the reference's.) Where
     the exercise asks for functions, a ``run`` of the solution's is refused (ImportError): it could
     return anything in place of what the functions compute. With ``some`` (the bench: it times the
-    rings a solution writes) only ``writes`` are taken, any of them, and a ``run`` is not used."""
+    rings a solution writes) only ``writes`` are taken, any of them, and a ``run`` is not used. With
+    ``part`` (``--part``) only that function is taken: the others are the reference's, so a fault in
+    one the grade is not about (a hang, say) cannot cost the part graded."""
     module = load_program(program)
     file = os.path.basename(program)
     if reference is not None and writes and not some and callable(getattr(module, "run", None)):
@@ -184,15 +186,22 @@ def load_solution(program: str, reference: str | None, writes: tuple[str, ...] =
     base = load_program(reference)
     names = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
              and callable(getattr(base, n, None)) and (n in writes or not some)]
+    if part is not None:  # (--part: that function alone is the solution's; the others stay the reference's)
+        return _replaced(base, module, [n for n in names if n == part]), () if part in names else (part,)
     if not names:
         ref = f"{reference.rsplit('.', 1)[-1]}.py"
         asked = f" (it asks for {_listed(writes)})" if writes else ""
         if some:
             raise ImportError(f"{file} defines none of {_listed(writes)}")
         raise ImportError(f"{file} defines neither run() nor any function of {ref} to replace{asked}")
+    return _replaced(base, module, names), tuple(n for n in writes if n not in names and not some)
+
+
+def _replaced(base: ModuleType, module: ModuleType, names: list[str]) -> ModuleType:
+    """``base`` with the functions ``names`` of ``module`` in place of its own."""
     for name in names:
         setattr(base, name, getattr(module, name))
-    return base, tuple(n for n in writes if n not in names and not some)
+    return base
 
 
 def _listed(names: list[str] | tuple[str, ...]) -> str:
@@ -327,9 +336,10 @@ class Rank:
         started = time.monotonic()
         reference, writes, some = exercise.get("reference"), tuple(exercise.get("writes", ())), \
             bool(exercise.get("writes_some"))
+        part = exercise.get("part")
         try:
             with RECORDER.recording():  # only the exercise's own calls: not the lab's barrier after it
-                program, missing = load_solution(exercise["program"], reference, writes, some)
+                program, missing = load_solution(exercise["program"], reference, writes, some, part)
                 record_functions(program, writes, reference, missing)
                 value = call_with_context(program.run, self.context(init_method))
         except Exception as exc:  # an exercise's failure is a result, not the worker's end
