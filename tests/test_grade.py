@@ -194,6 +194,8 @@ def test_a_grader_started_again_keeps_the_rows_of_unchanged_files_under_the_same
     assert set(read_grades(out)) == {"ann"}  # (the rest come as they are graded)
     other = Gradebook(out, [s.student for s in submissions], {**settings, "timeout": 30.0})
     assert [s.student for s in other.resume(submissions)] == ["ann", "ben", "cat"]
+    named = Gradebook(out, [s.student for s in submissions], settings)  # (--student ann: unchanged, graded again)
+    assert [s.student for s in named.resume(submissions, again={"ann"})] == ["ann", "ben", "cat"]
 
 
 def test_parallel_shares_split_the_slots_in_host_order() -> None:
@@ -318,6 +320,14 @@ def test_a_graded_run_is_replayed_exactly_from_the_seed_its_row_shows(lab: Lab, 
     assert json.loads(other.out)["exercises"][0]["reason"] != row["reason"]  # (a fresh draw: other values)
     bad = lab("run", "p2p", "--seed", row["seed"])
     assert bad.code == 2 and bad.err.strip() == "lab: error: --seed: p2p draw(s) no inputs", bad.err
+    # started again the row is kept (the same seed); --student bob grades him again (a new draw)
+    args = ("grade", str(tmp_path / "class"), "--exercise", "ring-allreduce", "--nproc", "3", "--sandbox", "none",
+            "--out", str(out))
+    assert lab(*args, timeout=300).code == 0 and read_grades(out)["bob"]["seed"] == row["seed"]
+    assert lab(*args, "--student", "bob", timeout=300).code == 0 and read_grades(out)["bob"]["seed"] != row["seed"]
+    unknown = lab(*args, "--student", "nobody")
+    assert unknown.code == 2 and unknown.err.strip() == \
+        f"lab: error: --student nobody: no submission of that name in {tmp_path / 'class'}", unknown.err
 
 
 @pytest.mark.local

@@ -56,6 +56,11 @@ def add_grade(commands: Commands) -> None:
     grading.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                          help=f"the longest any rank may spend on one step (default {DEFAULT_TIMEOUT:g})")
     grading.add_argument("--backend", choices=BACKENDS, help="default: as for run")
+    again = grading.add_mutually_exclusive_group()
+    again.add_argument("--student", action="append", metavar="NAME",
+                       help="grade this student again (repeat for more), whether or not their file changed; the "
+                            "others' rows stay as they are")
+    again.add_argument("--force", action="store_true", help="grade every submission again, as if none had been")
     grading.add_argument("--part", metavar="NAME", help="grade only this part of the exercise: one of the "
                          "functions it asks for (ring-allreduce: allreduce, the tutorial's ring, or ring_allreduce)")
     grading.set_defaults(handler=cmd_grade)
@@ -67,8 +72,14 @@ def cmd_grade(args: argparse.Namespace) -> int:
     request.check()
     submissions = find_submissions(Path(args.submissions), request.exercise.program.rsplit(".", 1)[-1])
     settings = ssh_settings(args)
-    book = Gradebook(Path(args.out), [s.student for s in submissions], request.settings())
-    todo = book.resume(submissions)
+    students = [s.student for s in submissions]
+    unknown = [name for name in args.student or () if name not in students]
+    if unknown:
+        raise UsageError(f"--student {unknown[0]}: no submission of that name in {args.submissions}")
+    book = Gradebook(Path(args.out), students, request.settings())
+    todo = book.resume(submissions, again=students if args.force else args.student or ())
+    if args.student:  # (the others as they were: kept where they were graded, else left for a later run)
+        todo = [s for s in todo if s.student in args.student]
     console = screen.console()
     if len(todo) < len(submissions):
         views.print_resumed(console, book.out, len(submissions) - len(todo), len(todo))

@@ -25,7 +25,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -191,14 +191,15 @@ class Gradebook:
         path.with_suffix(".html").write_text(feedback_page(markdown, f"{self.settings.get('exercise', '')}: "
                                                                      f"{student}"), encoding="utf-8")
 
-    def resume(self, submissions: Sequence[Submission]) -> list[Submission]:
+    def resume(self, submissions: Sequence[Submission], again: Collection[str] = ()) -> list[Submission]:
         """Keep the rows a grader before left for the same files under the same settings (graded,
-        with their JUnit file); the submissions still to grade."""
+        with their JUnit file), but those of the students ``again`` names; the submissions still to
+        grade."""
         todo = []
         for submission in submissions:
             digest = submission.digest()
             digest_before, grade = self.earlier.get(submission.student, ("", None))
-            if grade is not None and grade.graded and digest_before == digest and \
+            if submission.student not in again and grade is not None and grade.graded and digest_before == digest and \
                     self.feedback_path(submission.student).is_file():
                 self.grades[submission.student], self.digests[submission.student] = grade, digest
             else:
