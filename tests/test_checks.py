@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from lab.core import draw
-from lab.suite.check import Verdict, World
+from lab.suite.check import Mismatch, Verdict, World, distinct
 from lab.suite.checks import backends, basics, collectives, dsgd, p2p, ring
 from lab.suite.exercises import dsgd_settings, ring_cases
 
@@ -791,3 +791,19 @@ def test_backends_every_rank_with_a_gpu_but_gloo_is_noted() -> None:
     assert v.passed
     assert v.notes == ("every rank has a GPU of its own: --backend nccl would run the collectives with nccl "
                        "(this run used gloo)",)
+
+
+def test_mismatches_are_shown_as_distinct_errors_each_functions_first_before_any_seconds() -> None:
+    """One bug over four dtypes is one line naming them; ring_allreduce's many errors do not hide
+    allreduce's."""
+    wrong = [Mismatch(0, f"ring_allreduce(tensor), size {n} {dtype}: positions [0]", [5.0 if "float" in dtype else 5],
+                      [3.0 if "float" in dtype else 3]) for n in (1, 2, 3) for dtype in ("float32", "int64")]
+    wrong.append(Mismatch(0, "allreduce(send, recv), size 1 float32: positions [0]", [5.0], [1.0]))
+    assert distinct(wrong) == [
+        "rank 0: ring_allreduce(tensor), size 1 (float32, int64): positions [0]: expected [5.0], got [3.0]",
+        "rank 0: allreduce(send, recv), size 1 float32: positions [0]: expected [5.0], got [1.0]",
+        "rank 0: ring_allreduce(tensor), size 2 (float32, int64): positions [0]: expected [5.0], got [3.0]",
+        "rank 0: ring_allreduce(tensor), size 3 (float32, int64): positions [0]: expected [5.0], got [3.0]"]
+    other = [Mismatch(0, "x(t), size 1 float32: positions [0]", [1.0], [2.0]),
+             Mismatch(0, "x(t), size 1 int64: positions [0]", [1], [9])]  # (other values: two errors)
+    assert len(distinct(other)) == 2

@@ -20,6 +20,7 @@ from lab.core.judge import ExerciseReport
 from lab.core.outcome import RunOutcome
 from lab.core.stacks import users_lines, users_traceback
 from lab.core.text import printable
+from lab.suite.check import distinct
 
 MISMATCHES_SHOWN = 10
 TAIL_LINES = 20  # of each failing rank's output
@@ -45,10 +46,11 @@ def feedback(student: str, exercise: str, verdict: str, score: float, reason: st
         lines += [f"- {_text(e.line())}" for e in cause.evidence]
         lines += ["", f"**Fix:** {_text(cause.fix)}", ""] if cause.fix else [""]
     if report is not None and report.mismatches:
+        errors = distinct(report.mismatches)
         lines += ["## What was wrong", ""]
-        lines += [f"- {_text(str(m))}" for m in report.mismatches[:MISMATCHES_SHOWN]]
-        if len(report.mismatches) > MISMATCHES_SHOWN:
-            lines.append(f"- ... and {len(report.mismatches) - MISMATCHES_SHOWN} more")
+        lines += [f"- {_text(line)}" for line in errors[:MISMATCHES_SHOWN]]
+        if len(errors) > MISMATCHES_SHOWN:
+            lines.append(f"- ... and {len(errors) - MISMATCHES_SHOWN} more distinct error(s)")
         lines.append("")
     if report is not None and report.notes:
         lines += ["## What the lab saw", ""] + [f"- {_text(note)}" for note in report.notes] + [""]

@@ -14,6 +14,7 @@ torch.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -141,6 +142,38 @@ def values_match(expected: Any, got: Any, tol: float = 1e-6) -> bool:
     if isinstance(expected, Mapping) and isinstance(got, Mapping):
         return expected.keys() == got.keys() and all(values_match(expected[k], got[k], tol) for k in expected)
     return bool(expected == got)
+
+
+_DTYPE = re.compile(r" (bool|u?int(?:8|16|32|64)|b?float(?:16|32|64)|complex(?:64|128))(?=:|$)")  # of a case's name
+
+
+def distinct(mismatches: Sequence[Mismatch]) -> list[str]:
+    """The mismatches as distinct errors, a line each: those that differ only in the case's dtype
+    and give the same values (one bug, seen over four dtypes) are one line naming the dtypes; each
+    function's first error comes before any function's second, so that no function's failures
+    hide behind another's."""
+    groups: dict[tuple[Any, ...], tuple[Mismatch, list[str]]] = {}
+    for m in mismatches:
+        found = _DTYPE.search(m.what)
+        key = (m.rank, _DTYPE.sub("", m.what), _numbers(m.expected), _numbers(m.got))
+        first, dtypes = groups.setdefault(key, (m, []))
+        if found:
+            dtypes.append(found[1])
+    lines: list[tuple[int, int, str]] = []  # (its rank among its function's errors, its order, its line)
+    seen: dict[str, int] = {}
+    for order, (first, dtypes) in enumerate(groups.values()):
+        function = first.what.split("(", 1)[0]
+        seen[function] = seen.get(function, -1) + 1
+        what = _DTYPE.sub(f" ({', '.join(dtypes)})", first.what) if len(dtypes) > 1 else first.what
+        lines.append((seen[function], order, str(Mismatch(first.rank, what, first.expected, first.got))))
+    return [line for _, _, line in sorted(lines)]
+
+
+def _numbers(value: Any) -> Any:
+    """A value as compared across dtypes: its numbers as floats (``[3]`` and ``[3.0]`` are one)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_numbers(v) for v in value)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else repr(value)
 
 
 def _short(value: Any, limit: int = 80) -> str:

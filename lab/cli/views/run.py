@@ -20,6 +20,7 @@ from lab.core.stacks import users_traceback
 from lab.core.text import printable
 from lab.doctor.scenario import ScenarioResult
 from lab.suite import registry
+from lab.suite.check import distinct
 
 RANK_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta", "bright_green")
 STATUS_STYLES = {"pass": "bold green", "fail": "bold red", "timeout": "bold red", "not run": "yellow"}
@@ -102,10 +103,11 @@ def _print_failure(console: Console, outcome: RunOutcome, r: ExerciseReport) -> 
         console.print(Text(f"  its inputs were drawn from seed {outcome.plan.seed}: `--seed {outcome.plan.seed}` "
                            "draws them again", style="dim"), soft_wrap=True, highlight=False)
     if len(r.mismatches) > 1:
-        for m in r.mismatches[:MISMATCHES_SHOWN]:
-            console.print(Text(f"  {printable(str(m))}"), soft_wrap=True, highlight=False)
-        if len(r.mismatches) > MISMATCHES_SHOWN:
-            console.print(f"  ... {len(r.mismatches) - MISMATCHES_SHOWN} more", markup=False)
+        errors = distinct(r.mismatches)
+        for line in errors[:MISMATCHES_SHOWN]:
+            console.print(Text(f"  {printable(line)}"), soft_wrap=True, highlight=False)
+        if len(errors) > MISMATCHES_SHOWN:
+            console.print(f"  ... {len(errors) - MISMATCHES_SHOWN} more distinct error(s)", markup=False)
     for rank in r.ranks[:2]:
         state = outcome.ranks[rank]
         lines = list(state.tail)[-TAIL_SHOWN:]
