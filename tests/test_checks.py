@@ -130,6 +130,12 @@ def ring_input(n: int, rank: int, shape: tuple[int, ...], position: int) -> int:
     return ring_inputs(n)[rank][ring_cases.starts()[shape] + position]
 
 
+def inputs_there(n: int, shape: tuple[int, ...], positions: tuple[int, ...]) -> str:
+    """How a reason shows the ranks' inputs at the wrong positions."""
+    return "(the inputs there: " + "; ".join(f"rank {r} {[ring_input(n, r, shape, i) for i in positions]}"
+                                            for r in range(n)) + ")"
+
+
 @cache
 def _ring_cases(n: int) -> dict[str, dict]:
     """Every case's correct report, as the rank program makes it (floats for float dtypes)."""
@@ -572,8 +578,8 @@ def test_ring_lost_remainder_names_rank_case_positions_expected_and_got() -> Non
     v = verdict("ring-allreduce", results, 4)
     tail = (4096, 4097, 4098)
     want, got = [ring_sum(4, (4099,), i) for i in tail], [ring_input(4, 2, (4099,), i) for i in tail]
-    assert_fails(v, 2, f"rank 2: ring_allreduce(tensor), size 4099 int64: positions [4096, 4097, 4098]: "
-                 f"expected {want}, got {got}")
+    assert_fails(v, 2, f"rank 2: ring_allreduce(tensor), size 4099 int64: positions [4096, 4097, 4098] "
+                 f"{inputs_there(4, (4099,), tail)}: expected {want}, got {got}")
     assert v.failed_ranks == (2,)
 
 
@@ -582,10 +588,11 @@ def test_ring_small_case_compares_every_value_and_shows_floats_as_floats() -> No
     results[0]["allreduce"]["size 5 float32"]["values"][4] = 0.0
     results[0]["allreduce"]["size 3x7 float64"]["values"][20] = 1.0
     v = verdict("ring-allreduce", results, 3)
-    assert_fails(v, 0, "rank 0: allreduce(send, recv), size 5 float32: positions [4]: "
+    assert_fails(v, 0, f"rank 0: allreduce(send, recv), size 5 float32: positions [4] {inputs_there(3, (5,), (4,))}: "
                        f"expected [{float(ring_sum(3, (5,), 4))}], got [0.0]")
-    assert ("rank 0: allreduce(send, recv), size 3x7 float64: positions (flattened) [20]: "
-            f"expected [{float(ring_sum(3, (3, 7), 20))}], got [1.0]") in map(str, v.mismatches)
+    assert (f"rank 0: allreduce(send, recv), size 3x7 float64: positions (flattened) [20] "
+            f"{inputs_there(3, (3, 7), (20,))}: expected [{float(ring_sum(3, (3, 7), 20))}], got [1.0]") \
+        in map(str, v.mismatches)
 
 
 def test_ring_wrong_between_the_samples_shows_in_the_sums() -> None:
@@ -628,8 +635,8 @@ def test_ring_a_rank_counted_twice_fails_everywhere() -> None:
     assert v.failed_ranks == (0, 1, 2)
     want = [ring_sum(n, (2,), i) for i in range(2)]
     got = [w + ring_input(n, 0, (2,), i) for i, w in enumerate(want)]
-    assert v.reason.startswith(f"rank 0: allreduce(send, recv), size 2 int64: positions [0, 1]: "
-                               f"expected {want}, got {got}")
+    assert v.reason.startswith(f"rank 0: allreduce(send, recv), size 2 int64: positions [0, 1] "
+                               f"{inputs_there(n, (2,), (0, 1))}: expected {want}, got {got}")
 
 
 # --- dsgd ---

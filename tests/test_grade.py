@@ -50,7 +50,7 @@ EXPECTED = {
     "ivan": ("fail", "called all_reduce: ring-allreduce must be built from point-to-point calls"),
     "judy": ("fail", "called all_reduce: ring-allreduce must be built from point-to-point calls"),  # (one part)
     # had it found the others' inputs its values would be right: they are wrong (and it sent nothing)
-    "mallory": ("fail", "rank 0: allreduce(send, recv), size 1 float32: positions [0]: expected ["),
+    "mallory": ("fail", "rank 0: allreduce(send, recv), size 1 float32: positions [0] (the inputs there: rank 0 ["),
     "olga": ("error", "olga.py defines run(): this exercise asks for allreduce(), ring_allreduce()"),
     "peggy": ("fail", "allreduce(): not written: it uses the reference's allreduce(); "
                       "ring_allreduce(): not written: it uses the reference's ring_allreduce()"),

@@ -15,8 +15,8 @@ ranks; with 2 ranks both send one tensor, so they cannot be told apart). Between
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-from functools import lru_cache
+from collections.abc import Callable, Mapping
+from functools import lru_cache, partial
 from typing import Any
 
 from lab.suite.check import Expect, Mismatch, Results, Verdict, World, ranks_named
@@ -26,6 +26,7 @@ from lab.suite.method import function_summary
 
 FUNCTIONS = {"allreduce": "allreduce(send, recv)", "ring_allreduce": "ring_allreduce(tensor)"}
 SHOW = 6  # wrong positions named in a reason
+INPUTS_SHOWN = 4  # ranks whose inputs at the wrong positions a reason shows
 OPTIMAL_SLACK = 1.05  # up to this times 2(n-1)/n is bandwidth-optimal (chunks of unequal size)
 NOT_OPTIMAL = 1.25  # ring_allreduce fails above this times 2(n-1)/n
 
@@ -67,6 +68,7 @@ def check_ring_allreduce(results: Results, world: World, functions: tuple[str, .
     if expected is None:
         return Verdict(False, "no inputs were drawn for the ranks: nothing to check the sums against")
     e = Expect()
+    draws, first = _draws(world), starts()
     for rank, result in reported(e, results, world).items():
         for function, label in FUNCTIONS.items():
             if function not in functions:
@@ -78,13 +80,15 @@ def check_ring_allreduce(results: Results, world: World, functions: tuple[str, .
             for shape, want in expected.items():
                 for dtype in DTYPES:
                     name = case_name(shape, dtype)
-                    _check_case(e, rank, f"{label}, {name}", shape, dtype, want, cases.get(name))
+                    _check_case(e, rank, f"{label}, {name}", shape, dtype, want, cases.get(name),
+                                partial(_inputs, draws, first[shape]))
     return e.verdict()
 
 
 def _check_case(e: Expect, rank: int, what: str, shape: tuple[int, ...], dtype: str,
-                expected: tuple[list[int], dict[str, Any]], got: Any) -> None:
-    """One case's result against the expected sums (``expected``: the values and their digest)."""
+                expected: tuple[list[int], dict[str, Any]], got: Any, inputs: Inputs) -> None:
+    """One case's result against the expected sums (``expected``: the values and their digest);
+    ``inputs`` says what the ranks' inputs were at some of its positions."""
     if not e.true(rank, what, isinstance(got, Mapping), expected="a result", got=got):
         return
     if not (e.equal(rank, f"{what}: shape", list(shape), got.get("shape"))
@@ -98,29 +102,41 @@ def _check_case(e: Expect, rank: int, what: str, shape: tuple[int, ...], dtype: 
                       expected=f"a list of {len(want['values'])}", got=values):
             return
         _positions(e, rank, what, [(i, as_dtype(w), g) for i, (w, g) in enumerate(zip(want["values"], values))],
-                   len(shape) > 1)
+                   len(shape) > 1, inputs)
         return
     samples = got.get("samples")
     if not e.true(rank, f"{what}: samples", _are_samples(samples, want["samples"]),
                   expected=f"[position, value] at {[p for p, _ in want['samples']][:8]}...", got=samples):
         return
-    wrong = _positions(e, rank, what, [(p, as_dtype(sums[p]), v) for p, v in samples], len(shape) > 1)
+    wrong = _positions(e, rank, what, [(p, as_dtype(sums[p]), v) for p, v in samples], len(shape) > 1, inputs)
     if not wrong:  # the samples were right: the sums tell whether something between them was not
         e.equal(rank, f"{what}: sum of all {want['numel']} values", as_dtype(want["sum"]), got.get("sum"), tol=0)
         e.equal(rank, f"{what}: weighted sum (position i weighs i % 13 + 1)", as_dtype(want["weighted"]),
                 got.get("weighted"), tol=0)
 
 
-def _positions(e: Expect, rank: int, what: str, triples: list[tuple[int, Any, Any]], flattened: bool) -> bool:
-    """One mismatch naming the wrong positions (the first few, in the flattened tensor),
-    expected vs got; True if any."""
+def _positions(e: Expect, rank: int, what: str, triples: list[tuple[int, Any, Any]], flattened: bool,
+               inputs: Inputs) -> bool:
+    """One mismatch naming the wrong positions (the first few, in the flattened tensor) and the
+    ranks' inputs there, expected vs got; True if any."""
     wrong = [(i, w, g) for i, w, g in triples if not _same(w, g)]
     if wrong:
         shown = wrong[:SHOW]
         more = f" (of {len(wrong)} wrong)" if len(wrong) > SHOW else ""
-        e.equal(rank, f"{what}: positions{' (flattened)' if flattened else ''} {[i for i, _, _ in shown]}{more}",
-                [w for _, w, _ in shown], [g for _, _, g in shown], tol=0)
+        positions = [i for i, _, _ in shown]
+        e.equal(rank, f"{what}: positions{' (flattened)' if flattened else ''} {positions}{more} "
+                      f"({inputs(positions)})", [w for _, w, _ in shown], [g for _, _, g in shown], tol=0)
     return bool(wrong)
+
+
+Inputs = Callable[[list[int]], str]  # what the ranks' inputs were at a case's positions
+
+
+def _inputs(draws: Draws, start: int, positions: list[int]) -> str:
+    """``the inputs there: rank 0 [5, -3]; rank 1 [...]`` (the first INPUTS_SHOWN ranks')."""
+    shown = "; ".join(f"rank {r} {[d[start + p] for p in positions]}" for r, d in enumerate(draws[:INPUTS_SHOWN]))
+    more = f"; and {len(draws) - INPUTS_SHOWN} more rank(s)" if len(draws) > INPUTS_SHOWN else ""
+    return f"the inputs there: {shown}{more}"
 
 
 def _same(want: float, got: Any) -> bool:
