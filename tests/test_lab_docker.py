@@ -314,6 +314,33 @@ def test_a_class_graded_across_the_lab_two_shares_at_once(lab_up: Lab, tmp_path:
     assert planted.returncode != 0 and "Permission denied" in planted.stderr
 
 
+def test_a_share_cannot_reach_another_shares_listeners_on_its_host(lab_up: Lab, tmp_path: Path) -> None:
+    """ann and eve graded at once on node1's four slots: eve connects to every listener of another
+    user it sees (ann's store, her gloo ports) and writes junk; the lab's packet filter lets none of
+    them answer, and ann passes as she would alone."""
+    submissions = class_of_files(tmp_path, ann=REPO / "tests" / "class" / "ring" / "alice.py",
+                                 eve=REPO / "tests" / "class" / "shares" / "eve.py")
+    out = tmp_path / "book"
+    result = lab_up("grade", str(submissions), "--exercise", "ring-allreduce", "--parallel", "2",
+                    "--hosts", str(inventory_variant(tmp_path, 1, 4)), "--timeout", "40", "--out", str(out),
+                    timeout=600)
+    assert result.code == 0, result.text[-4000:]
+    from .test_grade import read_grades
+    grades = read_grades(out)
+    assert grades["ann"]["verdict"] == "pass", grades
+    seen = re.search(r"attack: reached (\d+) of (\d+) listeners of other users", grades["eve"]["reason"])
+    assert seen is not None and (seen[1], int(seen[2]) > 0) == ("0", True), grades["eve"]
+    assert "cannot keep shares apart" not in result.out
+
+
+def class_of_files(tmp_path: Path, **files: Path) -> Path:
+    submissions = tmp_path / "class"
+    submissions.mkdir()
+    for student, source in files.items():
+        (submissions / f"{student}.py").write_text(source.read_text())
+    return submissions
+
+
 def test_two_shares_on_one_host_are_two_users_who_cannot_read_each_other(lab_up: Lab, tmp_path: Path) -> None:
     """Both shares of node1's four slots at once: each copy of the snoop looks for the other's
     run directory and passes only if it exists, belongs to another user and cannot be read."""

@@ -87,6 +87,9 @@ def cmd_grade(args: argparse.Namespace) -> int:
         with places_for(request, settings, screen.sayer(console), partial(screen.working, console)) as places:
             if places.one_user_hosts:
                 views.print_one_user_hosts(console, places.one_user_hosts, places.at_once)
+            if places.unisolated:
+                book.note(views.one_share_at_a_time(places.unisolated))
+                console.print(f"note: {book.notes[-1]}", style="yellow")
             with views.grading_progress(console, request.exercise.name, len(todo)) as graded:
                 grade_all(todo, request.options(), places.makers, book, settings, request.wall, on_graded=graded)
     grades = list(book.grades.values())

