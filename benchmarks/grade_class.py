@@ -91,7 +91,8 @@ def inputs_cost(nproc: int, repeat: int = 20) -> float:
     spent = 0.0
     for _ in range(repeat):
         started = time.perf_counter()
-        inputs = {rank: draw.draw(ring_cases.DRAWN) for rank in range(nproc)}
+        seed = draw.new_seed()
+        inputs = {rank: draw.draw(ring_cases.DRAWN, seed, rank) for rank in range(nproc)}
         with draw.staged(inputs):
             pass
         world = replace(World.local(nproc), inputs={r: draw.values(d) for r, d in inputs.items()})

@@ -1,0 +1,87 @@
+"""Benchmark: what keeping shares apart costs `lab grade --hosts` (issue 37).
+
+A class of N copies of a correct ring (tests/class/ring/alice.py), graded on the container lab's
+node1 with 4 slots as two shares at once (``--parallel 2``: users share1 and share2 on one host),
+alternately with the lab's packet filter in place (lab.containerlab.shares) and with its chains
+emptied (the marker left, so the grader still grades the shares at once): seconds per submission,
+and the ratio (goal at most 1.2). The filter is put back at the end. Needs the default lab up
+(``make lab-up``); it takes the lab for itself while it runs.
+
+    python benchmarks/grade_shares.py [--students 10] [--repeat 3]
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from lab.containerlab import engine, helper, shares  # noqa: E402
+from lab.containerlab.topology import Topology  # noqa: E402
+
+CORRECT = REPO / "tests" / "class" / "ring" / "alice.py"
+LAB = [sys.executable, "-m", "lab"]
+EMPTY = " && ".join(f"iptables -w 5 -t {table} -F {chain}" for table, chain in
+                    (("mangle", "LAB-SHARES-OUT"), ("mangle", "LAB-SHARES-IN"), ("filter", "LAB-SHARES-ANSWER")))
+
+
+def one_host(directory: Path) -> Path:
+    """The lab's inventory cut to node1, with 4 slots (the key paths as the lab wrote them)."""
+    data = yaml.safe_load((REPO / "inventory.yaml").read_text())
+    data["all"]["vars"]["slots"] = 4
+    data["all"]["hosts"] = {"node1": data["all"]["hosts"]["node1"]}
+    path = directory / "node1x4.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def grade(root: Path, inventory: Path, out: Path) -> float:
+    started = time.monotonic()
+    done = subprocess.run([*LAB, "grade", str(root), "--exercise", "ring-allreduce", "--hosts", str(inventory),
+                           "--parallel", "2", "--out", str(out)], cwd=REPO, capture_output=True, text=True,
+                          timeout=1800)
+    if done.returncode != 0 or "cannot keep shares apart" in done.stdout:
+        sys.exit(f"lab grade failed or graded one share at a time:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return time.monotonic() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--students", type=int, default=10)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    client, topology = engine.client(), Topology()
+    with_filter: list[float] = []
+    without: list[float] = []
+    try:
+        with tempfile.TemporaryDirectory() as directory:
+            root = Path(directory, "class")
+            root.mkdir()
+            for i in range(args.students):
+                shutil.copyfile(CORRECT, root / f"student{i:02d}.py")
+            inventory = one_host(Path(directory))
+            for round_ in range(args.repeat):
+                helper.in_namespace(client, topology, 1, shares.filter_script())
+                with_filter.append(grade(root, inventory, Path(directory, f"on{round_}")) / args.students)
+                helper.in_namespace(client, topology, 1, EMPTY)
+                without.append(grade(root, inventory, Path(directory, f"off{round_}")) / args.students)
+    finally:
+        helper.in_namespace(client, topology, 1, shares.filter_script())
+    on, off = statistics.median(with_filter), statistics.median(without)
+    print(f"{args.students} ring-allreduce submissions, 2 shares at once on node1, {args.repeat} round(s)")
+    print(f"  with the share filter      {on:5.2f}s per submission  ({', '.join(f'{t:.2f}' for t in with_filter)})")
+    print(f"  with its chains emptied    {off:5.2f}s per submission  ({', '.join(f'{t:.2f}' for t in without)})")
+    print(f"isolation cost (with / without): {on / off:.2f}x  (goal <= 1.2)")
+
+
+if __name__ == "__main__":
+    main()
