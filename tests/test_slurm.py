@@ -39,12 +39,15 @@ def test_slurm_conf_describes_the_labs_hosts() -> None:
     assert "NodeName=node1 CPUs=1 State=UNKNOWN" in slurm.slurm_conf(Topology(1, 1, scheduler="slurm"))
 
 
-def test_the_munge_key_is_made_once_and_private(tmp_path: Path) -> None:
-    key = slurm.ensure_munge_key(tmp_path / "labs" / "x" / "munge.key")
+def test_the_munge_key_is_made_once_and_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(state.STATE_VAR, str(tmp_path / "state"))
+    key = slurm.ensure_munge_key(state.lab_dir("x") / "munge.key")
     first = key.read_bytes()
     assert len(first) == slurm.MUNGE_KEY_BYTES and os.stat(key).st_mode & 0o777 == 0o600
-    os.chmod(key, 0o644)
-    assert slurm.ensure_munge_key(key).read_bytes() == first and os.stat(key).st_mode & 0o777 == 0o600
+    assert slurm.ensure_munge_key(key).read_bytes() == first  # kept
+    os.chmod(key, 0o644)  # (others could have read it: refused, not quietly made private again)
+    with pytest.raises(state.StateError, match="has mode 0644: others may reach it"):
+        slurm.ensure_munge_key(key)
 
 
 def test_slurm_needs_the_plain_topology() -> None:
