@@ -2,8 +2,7 @@
 
 The steps of ``up``, each idempotent (a second ``up`` of the same lab takes seconds): the engine
 (installed and started where allowed), the lab's SSH key, the host image, the networks, the
-hosts, the cross-VPC gateway, the packet filter that keeps lab grade's shares apart
-(lab.containerlab.shares), the hosts' keys into known_hosts, sshd answering, Slurm
+hosts, the cross-VPC gateway, the hosts' keys into known_hosts, sshd answering, Slurm
 (``--scheduler slurm``: lab.containerlab.slurm), the inventory written.
 
 A ``lab up`` that fails or is interrupted removes every container, network and volume it
@@ -19,7 +18,7 @@ import docker
 from docker.errors import NotFound
 from docker.models.containers import Container
 
-from lab.containerlab import containers, crossvpc, engine, image, networks, shares, slurm, sshd
+from lab.containerlab import containers, crossvpc, engine, image, networks, slurm, sshd
 from lab.containerlab.containers import HostContainer
 from lab.containerlab.engine import Say
 from lab.containerlab.image import Progress
@@ -63,7 +62,6 @@ class EngineLab(Lab):
             if topology.kind == "cross-vpc":
                 crossvpc.start_gateway(client, topology, tag, request.peering, say)
                 crossvpc.route_hosts_through_gateway(client, topology, tag)
-            shares.isolate(client, topology)  # (lab grade's shares: lab.containerlab.shares)
             sshd.collect_host_keys(paths.known_hosts, {topology.address(i): c for i, c in hosts})
             sshd.wait_for_ssh({topology.name(i): (topology.address(i), 22) for i in topology.indices()},
                               {topology.name(i): c for i, c in hosts})

@@ -8,6 +8,7 @@ PyPI). See ../shared/ENVIRONMENT.md and images/lab-host/Dockerfile.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -168,10 +169,11 @@ def ensure_wheelhouse(wheels: Path, say: Say) -> dict[Path, str]:
         state.write(sums, "".join(f"{_sha256(w)}  {w.name}\n" for w in sorted(wheels.glob("*.whl"))).encode())
     recorded = {name: digest for digest, name in (line.split(None, 1) for line in sums.read_text().splitlines()
                                                    if line.strip())}
+    seen = _verified(wheels)
     found = {}
     for wheel in sorted(wheels.glob("*.whl")):
         state.check_file(wheel)
-        digest = _sha256(wheel)
+        digest = seen.get(_stat_key(wheel)) or _sha256(wheel)
         if recorded.get(wheel.name) != digest:
             raise state.StateError(
                 f"{wheel} is not a wheel the lab downloaded ({SUMS} does not list it)" if wheel.name not in recorded
@@ -180,7 +182,28 @@ def ensure_wheelhouse(wheels: Path, say: Say) -> dict[Path, str]:
         found[wheel] = digest
     if sorted(w.name for w in found) != sorted(recorded):
         raise state.StateError(f"{wheels} lacks wheels its {SUMS} lists: remove {wheels} to download them again")
+    state.write(wheels / VERIFIED, json.dumps({_stat_key(w): digest for w, digest in found.items()}).encode())
     return found
+
+
+VERIFIED = ".verified"  # beside SUMS: each wheel as last hashed (name, size, mtime, inode -> sha256)
+
+
+def _stat_key(wheel: Path) -> str:
+    info = wheel.stat()
+    return f"{wheel.name} {info.st_size} {info.st_mtime_ns} {info.st_ino}"
+
+
+def _verified(wheels: Path) -> dict[str, str]:
+    """The wheels hashed before, unchanged since (the same size, time and inode): their hashes are
+    not read again (a build reads 200 MB of torch less)."""
+    try:
+        if not state.check_file(wheels / VERIFIED):
+            return {}
+        seen = json.loads((wheels / VERIFIED).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in seen.items()} if isinstance(seen, dict) else {}
 
 
 def _sha256(path: Path) -> str:

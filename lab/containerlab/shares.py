@@ -19,17 +19,21 @@ another share's; the lab's own connections (SSH, to sshd as root) are untouched.
 set in each host's network namespace by a helper with NET_ADMIN (the host stays unprivileged),
 and :data:`MARKER` says so on the host, written by root after it: the host's network namespace
 (``/proc/self/ns/net``), so that a host restarted since (a new namespace, no filter) no longer
-shows it. ``lab grade`` runs shares at once only on hosts that show it (:data:`CHECK`); elsewhere
-one share at a time, and says why.
+shows it. ``lab grade`` runs shares at once only on hosts that show it (:data:`CHECK`), and sets
+the filter itself on the hosts of a lab of this machine's engine that do not show it yet
+(:func:`isolate_lab_of`: once, about half a second, paid by grading rather than by every
+``lab up``); elsewhere it grades one share at a time, and says why.
 """
 from __future__ import annotations
 
 import shlex
+from collections.abc import Collection
 
 import docker
+from docker.errors import DockerException
 
-from lab.containerlab import helper
-from lab.containerlab.engine import each
+from lab.containerlab import containers, engine, helper
+from lab.containerlab.engine import EngineError, each
 from lab.containerlab.topology import GRADE_USERS, Topology
 
 MARKER = "/etc/lab/shares-isolated"  # on a host: its shares are kept apart (written by root, after the filter)
@@ -39,27 +43,40 @@ _OUT, _IN, _ANSWER = "LAB-SHARES-OUT", "LAB-SHARES-IN", "LAB-SHARES-ANSWER"
 
 
 def filter_script(users: tuple[str, ...] = GRADE_USERS) -> str:
-    """sh that sets the filter in the namespace it runs in (afresh: the chains are emptied first),
+    """sh that sets the filter in the namespace it runs in: the chains' rules in one batch
+    (iptables-restore, which empties a chain it declares), then the jumps to them where missing;
     each step checked."""
-    rules: list[str] = []
-    for table, chain, hook in (("mangle", _OUT, "OUTPUT"), ("mangle", _IN, "INPUT"), ("filter", _ANSWER, "OUTPUT")):
-        iptables = f"iptables -w 5 -t {table}"
-        rules += [f"{{ {iptables} -N {chain} 2>/dev/null || {iptables} -F {chain}; }}",
-                  f"{{ {iptables} -C {hook} -j {chain} 2>/dev/null || {iptables} -I {hook} -j {chain}; }}"]
-    mangle, filtering = "iptables -w 5 -t mangle", "iptables -w 5 -t filter"
+    mangle, answer = [f":{_OUT} - [0:0]", f":{_IN} - [0:0]"], [f":{_ANSWER} - [0:0]"]
     for n, user in enumerate(users, 1):
-        code, owner = DSCP_BASE + n, f"-p tcp -m owner --uid-owner {shlex.quote(user)}"
-        rules += [f"{mangle} -A {_OUT} {owner} -j DSCP --set-dscp {code}",
-                  f"{mangle} -A {_OUT} {owner} -j RETURN"]
-    for n in range(1, len(users) + 1):  # (reached only by packets of no share's user)
-        rules.append(f"{mangle} -A {_OUT} -p tcp -m dscp --dscp {DSCP_BASE + n} -j DSCP --set-dscp 0")
+        owner = f"-p tcp -m owner --uid-owner {user}"
+        mangle += [f"-A {_OUT} {owner} -j DSCP --set-dscp {DSCP_BASE + n}", f"-A {_OUT} {owner} -j RETURN"]
+    mangle += [f"-A {_OUT} -p tcp -m dscp --dscp {DSCP_BASE + n} -j DSCP --set-dscp 0"  # (no share's packet)
+               for n in range(1, len(users) + 1)]
     for n, user in enumerate(users, 1):
         code = DSCP_BASE + n
-        rules += [f"{mangle} -A {_IN} -p tcp -m conntrack --ctstate NEW -m dscp --dscp {code} "
-                  f"-j CONNMARK --set-xmark {code}/0xff",
-                  f"{filtering} -A {_ANSWER} -p tcp --tcp-flags SYN,ACK SYN,ACK -m owner --uid-owner "
-                  f"{shlex.quote(user)} -m connmark ! --mark {code}/0xff -j DROP"]
-    return " && ".join(rules)
+        mangle.append(f"-A {_IN} -p tcp -m conntrack --ctstate NEW -m dscp --dscp {code} "
+                      f"-j CONNMARK --set-xmark {code}/0xff")
+        answer.append(f"-A {_ANSWER} -p tcp --tcp-flags SYN,ACK SYN,ACK -m owner --uid-owner {user} "
+                      f"-m connmark ! --mark {code}/0xff -j DROP")
+    batch = "\n".join(["*mangle", *mangle, "COMMIT", "*filter", *answer, "COMMIT", ""])
+    jumps = [f"{{ iptables -w 5 -t {table} -C {hook} -j {chain} 2>/dev/null || "
+             f"iptables -w 5 -t {table} -I {hook} -j {chain}; }}"
+             for table, chain, hook in (("mangle", _OUT, "OUTPUT"), ("mangle", _IN, "INPUT"),
+                                        ("filter", _ANSWER, "OUTPUT"))]
+    return " && ".join([f"printf %s {shlex.quote(batch)} | iptables-restore -w 5 --noflush", *jumps])
+
+
+def isolate_lab_of(addresses: Collection[str]) -> str | None:
+    """Set the filter on the lab of this machine's engine whose hosts have ``addresses`` (an
+    inventory's), if there is one and an engine answers: its name, else None."""
+    try:
+        client = engine.client()
+        name = containers.lab_with_hosts(client, addresses)
+        if name is not None:
+            isolate(client, containers.running_topology(client, name))
+        return name
+    except (EngineError, DockerException):
+        return None
 
 
 def isolate(client: docker.DockerClient, topology: Topology) -> None:

@@ -273,6 +273,9 @@ def places_for(request: GradeRequest, ssh: SSHSettings, say: Say, working: Worki
         inventory = with_master_address(load_inventory(request.hosts), ssh)
         split = split_inventory(inventory, request.parallel, request.exercise.min_ranks)
         unisolated = unisolated_hosts(inventory, ssh) if request.parallel > 1 else []
+        if unisolated and (lab := shares.isolate_lab_of([h.address for h in inventory.hosts])) is not None:
+            say(f"set the packet filter that keeps shares apart on the hosts of lab {lab}")
+            unisolated = unisolated_hosts(inventory, ssh)
         makers = [fixed(share, ssh) for share in split][:1 if unisolated else None]
         yield Places(makers, one_user_hosts(inventory), len(makers) > 1, unisolated)
     elif request.sandbox == "none":
