@@ -23,7 +23,7 @@ from lab.errors import HostUnreachable, UsageError
 GpuChoice = Literal["auto", "all", "none"]
 NetworkMode = Literal["overlay", "host"]
 NETWORK_MODES: tuple[NetworkMode, ...] = get_args(NetworkMode)
-ACROSS_MACHINES_HINT = ("a lab across machines is found beside its inventory: give its --inventory, or its "
+ACROSS_MACHINES_HINT = ("a lab across machines is found by its name in this user's lab state, or by its "
                         "--machines file")
 
 
@@ -83,7 +83,7 @@ class LabStatus:
 @dataclass(frozen=True)
 class Lab(ABC):
     """One lab, by name, and the inventory ``up`` writes for it (its state, key and known_hosts
-    live beside it: ``paths``)."""
+    are its name's: ``paths``, lab.containerlab.state)."""
 
     name: str
     inventory: Path  # as given: lines name it so

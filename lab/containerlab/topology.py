@@ -2,7 +2,8 @@
 
 Containers and networks get deterministic names and the label ``lab.managed``, so ``status``
 and ``down`` find them again without a state file. The lab's state on this machine (its SSH
-key pair, known_hosts, the wheelhouse) lives in ``.lab/`` beside the inventory ``up`` writes.
+key pair, known_hosts, the wheelhouse) is its name's, in the user's lab state
+(``lab.containerlab.state``), wherever the inventory ``up`` writes is.
 """
 from __future__ import annotations
 
