@@ -9,6 +9,9 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from lab.cli.main import build_parser
 from lab.containerlab.topology import Topology
 from lab.errors import ExitCode, HostsUnreachable, HostUnreachable
 
@@ -112,3 +115,14 @@ def test_a_private_key_others_can_read_is_refused(tmp_path: Path) -> None:
     assert done.stderr.splitlines() == [f"lab: error: {inventory}:3: ansible_ssh_private_key_file: key file {key} "
                                         f"has mode 0644; a private key must not be readable by others "
                                         f"(chmod 600 {key})"]
+
+
+@pytest.mark.parametrize("argv, name", [
+    (["net", "overlay", "up", "--name", "l2"], "l2"),
+    (["net", "--name", "l1", "overlay", "up"], "l1"),
+    (["net", "--name", "l1", "shape", "--name", "l2", "--rate", "1mbit"], "l2"),
+    (["net", "shape", "node1", "--name", "l3", "--rate", "1mbit"], "l3"),
+    (["net", "peering", "show"], "lab"),
+])
+def test_a_commands_options_are_taken_after_its_subcommand_too(argv: list[str], name: str) -> None:
+    assert build_parser().parse_args(argv).name == name

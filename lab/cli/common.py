@@ -63,10 +63,14 @@ def launcher_option(parser: argparse.ArgumentParser) -> None:
                         "srun-torchrun; default: the cluster's default partition)")
 
 
-def name_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--name", default=DEFAULT_LAB, type=_lab_name, metavar="NAME",
-                        help=f"which lab: labs of different names stand side by side on one engine "
-                             f"(default {DEFAULT_LAB})")
+def name_option(parser: argparse.ArgumentParser, *subcommands: argparse.ArgumentParser) -> None:
+    """--name on ``parser``, and accepted after each of its ``subcommands`` as well (`lab net
+    overlay up --name L`, as `lab net --name L overlay up`): there it keeps the value given before
+    unless it is given again."""
+    for where, default in ((parser, DEFAULT_LAB), *((s, argparse.SUPPRESS) for s in subcommands)):
+        where.add_argument("--name", default=default, type=_lab_name, metavar="NAME",
+                           help=f"which lab: labs of different names stand side by side on one engine "
+                                f"(default {DEFAULT_LAB})")
 
 
 def _lab_name(text: str) -> str:

@@ -152,7 +152,6 @@ def add_net(commands: Commands) -> None:
     net = commands.add_parser("net", help="shape the running lab's links (delay, jitter, loss, rate), peer its "
                                           "two private networks (cross-vpc), or join its hosts with a WireGuard "
                                           "overlay")
-    name_option(net)
     net_commands = net.add_subparsers(dest="net_command", required=True, metavar="WHAT", parser_class=Parser)
     peering = net_commands.add_parser("peering", help="add or remove the route between the two private networks")
     peering.add_argument("state", choices=("on", "off", "show"))
@@ -168,10 +167,10 @@ def add_net(commands: Commands) -> None:
     shape.add_argument("--jitter", metavar="TIME", help="each packet's delay varies by up to this, either way")
     shape.add_argument("--loss", metavar="PERCENT", help="the share of packets lost: 0.1%%")
     shape.add_argument("--rate", metavar="RATE", help="what a host sends, at most: 100mbit, 1gbit")
-    net_commands.add_parser("show", help="each host's shape")
+    show = net_commands.add_parser("show", help="each host's shape")
     clear = net_commands.add_parser("clear", help="take hosts' shapes away")
     clear.add_argument("hosts", nargs="*", metavar="HOST", help="node1 node2 ... or all (default: all)")
-    add_overlay(net_commands)
+    name_option(net, peering, shape, show, clear, *add_overlay(net_commands))
     net.set_defaults(handler=cmd_net)
 
 

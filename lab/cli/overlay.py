@@ -21,7 +21,8 @@ from lab.errors import ExitCode, UsageError
 from lab.transport.ssh import SSHSettings
 
 
-def add_overlay(net_commands: Commands) -> None:
+def add_overlay(net_commands: Commands) -> tuple[argparse.ArgumentParser, ...]:
+    """``net overlay`` and its commands (returned: the lab's --name is accepted after each)."""
     overlay = net_commands.add_parser(
         "overlay", help="join the hosts with an encrypted WireGuard mesh and write an inventory that runs on it",
         description="The third way across two VPCs, beside peering them: every host gets a WireGuard interface "
@@ -51,6 +52,7 @@ def add_overlay(net_commands: Commands) -> None:
                             "container lab's")
         parser.add_argument("--accept-new-host-keys", action="store_true",
                             help="--hosts: trust and record a host key seen for the first time")
+    return overlay, up, down, show
 
 
 def _overlay_subnet(text: str) -> str:
