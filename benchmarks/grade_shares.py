@@ -1,4 +1,4 @@
-"""Benchmark: what keeping shares apart costs `lab grade --hosts` (issue 37).
+"""Benchmark: what keeping shares apart costs `lab grade --hosts`.
 
 A class of N copies of a correct ring (tests/class/ring/alice.py), graded on the container lab's
 node1 with 4 slots as two shares at once (``--parallel 2``: users share1 and share2 on one host),

@@ -10,7 +10,7 @@
     launch-local  `lab launch --nproc 4` / `torchrun --nproc-per-node 4`               goal <  1.00
     hang-verdict  the time each hanging program of tests/why/ (but FORMS_LATE's) takes to its verdict
                   past a healthy run of as many ranks (start-up, one all_reduce, the end), the slowest
-                  / --hang-after + 3 s (issue 27: a verdict at most 3 s after the hang is due) goal <= 1.00
+                  / --hang-after + 3 s (a verdict at most 3 s after the hang is due) goal <= 1.00
     preflight     what the preflight adds to `lab run p2p` on 4 container hosts (with it, less the
                   median without it: --no-preflight) / 0.3 s                           goal <= 1.00
     cross-vpc     `lab run p2p` on the cross-VPC lab without peering, to its verdict (the

@@ -1,4 +1,4 @@
-"""Hosts and connections over a real sshd (issue 11): a host that goes silent, a server without
+"""Hosts and connections over a real sshd: a host that goes silent, a server without
 SFTP, more ranks on one host than sshd's MaxSessions, `lab doctor` ending cleanly, the debug log.
 
 Each test runs the real CLI (``python -m lab``) or the real transport against sshd on loopback

@@ -1,4 +1,4 @@
-"""The fixtures of issue 27 (tests/why/, described in its README.md): broken and healthy
+"""The hang and crash fixtures (tests/why/, described in its README.md): broken and healthy
 torch.distributed programs, each with the cause the lab's report must name, as a line of its
 docstring. Their expectations parse and cover every kind of cause (unit); each one run through
 ``lab launch --hang-after`` gets the report its expectation says, in seconds for a hang (local)."""

@@ -2,7 +2,7 @@
 
 A rank runs a student's program, which can write anything on the rank's channel, so nothing in
 a flight dump is taken on trust: every record is checked field by field (the types and ranges of
-issue 27's record format), and one that fails is skipped whole, never half-used (a bogus size
+the format lab.rank.flight writes), and one that fails is skipped whole, never half-used (a bogus size
 would name a wrong cause), and counted with the reason in a note. The lists are read up to
 RECORDS_MAX entries (the newest), the counts up to COUNTS_MAX groups and ops, every text is cut
 at TEXT_MAX characters and made printable. Nothing here raises on any input.
@@ -45,7 +45,7 @@ def canonical(op: str) -> str:
 
 @dataclass(frozen=True)
 class Call:
-    """One checked record: a torch.distributed call a rank made (see issue 27's design)."""
+    """One checked record: a torch.distributed call a rank made (as lab.rank.flight records it)."""
 
     group: str
     seq: int
