@@ -30,7 +30,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from docker.errors import NotFound
 
 from lab.containerlab import image, networks
-from lab.core.subnets import free_subnets
+from lab.net.subnets import free_subnets
 
 REPO = Path(__file__).resolve().parents[1]
 MACHINE_DIR = REPO / "images" / "lab-machine"

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from lab.containerlab import faults
-from lab.core import wireguard
 from lab.core.hostfiles import rewrite
+from lab.net import wireguard
 
 HOSTS = "127.0.0.1 localhost\n10.0.0.1 node1-labwg0 # lab-overlay\n"
 

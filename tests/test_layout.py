@@ -10,7 +10,7 @@ from pathlib import Path
 
 from lab.transport import PACKAGE_DIR, code_uploads
 
-CONTROLLER_SIDE = ("lab.cli", "lab.core", "lab.transport", "lab.doctor", "lab.containerlab", "lab.grading",
+CONTROLLER_SIDE = ("lab.cli", "lab.core", "lab.net", "lab.transport", "lab.doctor", "lab.containerlab", "lab.grading",
                    "lab.errors", "lab.model")
 THIRD_PARTY = ("yaml", "paramiko", "docker", "rich", "cryptography")
 # The floors, lowest first: a module imports only from its own floor and the ones below it.
@@ -20,6 +20,7 @@ FLOORS = (
     ("lab.errors", "lab.model"),
     ("lab.transport",),
     ("lab.core", "lab.doctor.model", "lab.doctor.rules"),  # (the doctor's pure half: the preflight judges with it)
+    ("lab.net",),
     ("lab.containerlab",),
     ("lab.grading",),
     ("lab.doctor",),

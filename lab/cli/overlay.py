@@ -14,10 +14,10 @@ from lab.cli.views import screen
 from lab.containerlab import containers, engine, state
 from lab.containerlab import overlay as lab_overlay
 from lab.containerlab.topology import LabPaths
-from lab.core import overlay_hosts, wireguard
 from lab.core.inventory import load_inventory
-from lab.core.overlay import HostOverlay, Say
 from lab.errors import ExitCode, UsageError
+from lab.net import overlay_hosts, wireguard
+from lab.net.overlay import HostOverlay, Say
 from lab.transport.ssh import SSHSettings
 
 

@@ -53,8 +53,8 @@ from lab.containerlab.topology import (
     check_lab_name,
     lab_inventory,
 )
-from lab.core.subnets import Subnet, free_subnets, routes_in
 from lab.errors import HostsUnreachable, LabError, UsageError
+from lab.net.subnets import Subnet, free_subnets, routes_in
 from lab.transport.ssh import SSHSettings
 from lab.transport.ssh.config import known_hosts_name
 

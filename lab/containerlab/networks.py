@@ -15,7 +15,7 @@ from lab.containerlab.crossvpc import untrack_bridge
 from lab.containerlab.engine import EngineError, Say
 from lab.containerlab.resources import lab_containers, lab_networks
 from lab.containerlab.topology import DEFAULT_SUBNETS, LABEL, NAME_LABEL, Topology
-from lab.core.subnets import Subnet, free_subnets, routes_in
+from lab.net.subnets import Subnet, free_subnets, routes_in
 
 ROUTES_COMMAND = ["ip", "-j", "-4", "route"]
 

@@ -33,10 +33,10 @@ from lab.containerlab.topology import (
     Topology,
     lab_inventory,
 )
-from lab.core import overlay, wireguard
-from lab.core.overlay import End, HostOverlay
-from lab.core.subnets import free_subnets
-from lab.core.wireguard import INTERFACE
+from lab.net import overlay, wireguard
+from lab.net.overlay import End, HostOverlay
+from lab.net.subnets import free_subnets
+from lab.net.wireguard import INTERFACE
 
 ROLE_NAME = "overlay"
 SUBNET_LABEL = "lab.overlay.subnet"
@@ -123,7 +123,7 @@ def sidecars(client: docker.DockerClient, topology: Topology, subnet: str = "") 
 
 def up(client: docker.DockerClient, topology: Topology, say: Say, subnet: str | None = None,
        mtu: int | None = None, port: int = wireguard.PORT) -> list[HostOverlay]:
-    """The lab's hosts on an overlay of their own (see lab.core.overlay.up)."""
+    """The lab's hosts on an overlay of their own (see lab.net.overlay.up)."""
     subnet = subnet or free_subnet(client, topology)
     return overlay.up(sidecars(client, topology, subnet), subnet, say, mtu, port)
 

@@ -15,10 +15,10 @@ from lab.containerlab.lifecycle import ACROSS_MACHINES_HINT, HostStatus
 from lab.containerlab.shaping import Shape
 from lab.containerlab.slurm import Health
 from lab.containerlab.topology import DEFAULT_LAB, default_inventory
-from lab.core.overlay import HostOverlay
 from lab.core.slurm import WORKING
-from lab.core.wireguard import INTERFACE, STALE
 from lab.errors import HostUnreachable
+from lab.net.overlay import HostOverlay
+from lab.net.wireguard import INTERFACE, STALE
 
 
 def print_no_lab(console: Console, lab: str) -> None:

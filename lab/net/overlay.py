@@ -3,7 +3,7 @@
 
 An end is where a host's root shell runs: a sidecar container beside a container lab's host
 (:mod:`lab.containerlab.overlay`), or the host itself over SSH with the privilege escalation its
-inventory names (:mod:`lab.core.overlay_hosts`). The steps are the same: make the interface, make
+inventory names (:mod:`lab.net.overlay_hosts`). The steps are the same: make the interface, make
 the key there, find the paths' MTU, give every end its peers, wait for every pair's handshake,
 name the overlay's addresses in /etc/hosts. A failure at any step takes down what was made, on
 every end, before it is raised. What the overlay is, is read from the interfaces themselves
@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from lab.core import wireguard
-from lab.core.wireguard import INTERFACE, Member, PeerState
 from lab.errors import HostUnreachable, LabError
+from lab.net import wireguard
+from lab.net.wireguard import INTERFACE, Member, PeerState
 from lab.transport import for_each_host
 
 HANDSHAKE_WAIT = 20.0  # seconds for every pair of hosts to complete a handshake

@@ -11,13 +11,13 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
-from lab.core import overlay, wireguard
 from lab.core.inventory import inventory_text
-from lab.core.overlay import End, HostOverlay, Say
 from lab.core.plan import data_address
-from lab.core.subnets import Subnet, free_subnets, routes_in
 from lab.errors import LabError, UsageError
 from lab.model.inventory import Host, Inventory
+from lab.net import overlay, wireguard
+from lab.net.overlay import End, HostOverlay, Say
+from lab.net.subnets import Subnet, free_subnets, routes_in
 from lab.transport.ssh import SSHSettings, SSHTransport
 
 ROUTES = "ip -j -4 route"
