@@ -14,9 +14,8 @@ import torch.distributed as dist
 
 from lab.suite.exercises.ring_allreduce import allreduce  # noqa: F401  (the tutorial's: not what is tried here)
 
-WATCH = 12.0  # seconds to watch for the other share's listeners
+WATCH = 6.0  # seconds to watch for the other share's listeners (its run takes a few)
 CONNECT = 1.5  # seconds for each connection attempt
-attacked = False
 
 
 def _listeners():
@@ -61,8 +60,7 @@ def _attack():
 
 
 def ring_allreduce(tensor):
-    global attacked
-    if dist.get_rank() == 0 and not attacked:
-        attacked = True
+    if dist.get_rank() == 0:
         _attack()
-    dist.all_reduce(tensor)
+    time.sleep(WATCH + 2)  # (the others end after rank 0 has said what it reached: it fails first)
+    raise RuntimeError("eve's other ranks stop here")
