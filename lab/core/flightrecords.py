@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeGuard
 
 from lab.core.text import printable
+from lab.rank.ops import BATCHES, RECEIVES, SENDS, canonical
 
 RECORDS_MAX = 1024  # records read of each list (a ring holds 64, the calls in flight 256 at most)
 COUNTS_MAX = 256  # groups read of a rank's counts, and ops of each group
@@ -24,23 +25,8 @@ GROUP_MAX = 4096  # characters kept of a group's id ("g0,1,2#0" names its ranks:
 INT_MAX = 1 << 62  # larger numbers are no sizes, ranks or tags of a real call
 STATES = ("in_flight", "waiting", "done", "raised")  # a tuple: `in` must not hash what a rank sent
 
-SENDS = frozenset({"send", "isend", "send_object_list", "ProcessGroup.send"})
-RECEIVES = frozenset({"recv", "irecv", "recv_object_list", "ProcessGroup.recv", "ProcessGroup.recv_anysource"})
-BATCHES = frozenset({"batch_isend_irecv"})  # point to point, but to and from whom the record does not say
-# ProcessGroup's own names for the collectives, as the public functions name them: a rank that
-# calls group.allreduce meets a rank that calls dist.all_reduce in the same collective.
-_METHODS = {"allreduce": "all_reduce", "allgather": "all_gather", "alltoall": "all_to_all",
-            "alltoall_base": "all_to_all_single", "_allgather_base": "all_gather_into_tensor",
-            "_all_gather_base": "all_gather_into_tensor", "_reduce_scatter_base": "reduce_scatter_tensor",
-            "allreduce_coalesced": "all_reduce_coalesced", "allgather_coalesced": "all_gather_coalesced"}
 
 Direction = Literal["send", "recv", "batch", "collective"]
-
-
-def canonical(op: str) -> str:
-    """The collective an op name stands for: ``ProcessGroup.allreduce`` is ``all_reduce``."""
-    name = op.removeprefix("ProcessGroup.")
-    return _METHODS.get(name, name)
 
 
 @dataclass(frozen=True)

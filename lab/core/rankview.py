@@ -16,8 +16,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 from typing import Literal
 
-from lab.core.flightrecords import TEXT_MAX, Call, canonical, read_calls, read_counts, text
+from lab.core.flightrecords import TEXT_MAX, Call, read_calls, read_counts, text
 from lab.core.outcome import CauseKind, ended
+from lab.rank.ops import FROM_ROOT, canonical
 
 Ended = Literal["running", "exited", "raised"]
 Stage = Literal["starting", "rendezvous", "joined"]
@@ -230,9 +231,6 @@ def size(call: Call) -> str | None:
     return f"{call.numel} {call.dtype + ' ' if call.dtype else ''}value{'' if call.numel == 1 else 's'}"
 
 
-_FROM_ROOT = frozenset({"broadcast", "scatter", "broadcast_object_list", "scatter_object_list"})
-
-
 def named(call: Call) -> str:
     """Which call it is: ``recv from 0``, ``all_reduce #5``, ``broadcast #2 on group [0, 1] from 0``."""
     direction = call.direction
@@ -244,7 +242,7 @@ def named(call: Call) -> str:
         return call.op
     head = f"{call.op} #{call.seq}{on_group(call.group)}"
     if call.root is not None:
-        head += f" {'from' if canonical(call.op) in _FROM_ROOT else 'to'} {call.root}"
+        head += f" {'from' if canonical(call.op) in FROM_ROOT else 'to'} {call.root}"
     return head
 
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from lab.core import waitfor
-from lab.core.flightrecords import Call, canonical, text
+from lab.core.flightrecords import Call, text
 from lab.core.outcome import SYS_EXIT, Cause, CauseKind, Evidence, ExerciseRun, RankState, RunOutcome, ended
 from lab.core.rankview import (
     Ended,
@@ -48,6 +48,7 @@ from lab.core.rankview import (
     verb,
     where_of,
 )
+from lab.rank.ops import FROM_ROOT, REDUCING, ROOTED, SIZES_DIFFER, canonical
 
 __all__ = ["Cause", "CauseKind", "Evidence", "RankFacts", "explain"]
 
@@ -222,11 +223,6 @@ def _not_there(joining: list[Rank], missing: list[Rank]) -> Finding:
 
 # 3. A collective mismatch
 
-_SIZE_FREE = frozenset({"all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "broadcast_object_list",
-                        "all_gather_object", "gather_object", "scatter_object_list"})  # sizes may differ by rank
-_ROOTED = frozenset({"broadcast", "reduce", "gather", "scatter", "broadcast_object_list", "gather_object",
-                     "scatter_object_list"})
-_REDUCING = frozenset({"all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_reduce_coalesced"})
 # What ranks must agree on at one collective, in the order asked: (aspect, value of a call, fix).
 _SKIP_FIX = ("Every rank of a group must make the same collectives: a collective inside a branch on something "
              "only this rank knows (its own loss, its own batch) is skipped by the ranks where it is false; decide "
@@ -235,13 +231,13 @@ _ASPECTS: tuple[tuple[str, Callable[[Call], object], str], ...] = (
     ("op", lambda c: canonical(c.op),
      "Every rank of a group must make the same collectives in the same order: look for a collective in a branch "
      "on the rank, or a loop that runs more times on some ranks (uneven data: DDP's join(), drop_last=True)."),
-    ("size", lambda c: None if canonical(c.op) in _SIZE_FREE else c.numel,
+    ("size", lambda c: None if canonical(c.op) in SIZES_DIFFER else c.numel,
      "Every rank must pass a tensor of the same size to a collective (pad to a common size, or gather the sizes "
      "first)."),
     ("dtype", lambda c: c.dtype, "Every rank must pass a tensor of the same dtype to a collective."),
-    ("reduce op", lambda c: c.reduce_op if canonical(c.op) in _REDUCING else None,
+    ("reduce op", lambda c: c.reduce_op if canonical(c.op) in REDUCING else None,
      "Every rank must pass the same op= to a reduction."),
-    ("root", lambda c: c.root if canonical(c.op) in _ROOTED else None,
+    ("root", lambda c: c.root if canonical(c.op) in ROOTED else None,
      "Every rank must pass the same src or dst: compute it from what all ranks know, not from the rank itself."),
 )
 
@@ -298,7 +294,7 @@ def _disagree(aspect: str, group: str, seq: int, calls: dict[int, Call], values:
         said = ", ".join(f"{ranks_named(ks)} {verb(ks, 'passes', 'pass')} {size(calls[ks[0]])}" for _, ks in ordered)
         return f"the ranks pass different sizes to {op} #{seq}{on_group(group)}: {said}"
     if aspect == "root":
-        which = "source" if op in ("broadcast", "scatter", "broadcast_object_list", "scatter_object_list") else "root"
+        which = "source" if op in FROM_ROOT else "root"
         said = ", ".join(f"{ranks_named(ks)} {verb(ks, 'says', 'say')} rank {v}" for v, ks in ordered)
         return f"the ranks disagree on the {which} of {op} #{seq}{on_group(group)}: {said}"
     said = ", ".join(f"{ranks_named(ks)} {verb(ks, 'passes', 'pass')} {v}" for v, ks in ordered)

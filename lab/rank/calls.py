@@ -57,25 +57,8 @@ from typing import Any
 
 from lab.rank.callspec import Spec, method_spec, spec_for
 from lab.rank.flight import FLIGHT
+from lab.rank.ops import FUNCTIONS, GROUP_METHODS, TENSOR_SENDS
 
-# The public communication functions of torch.distributed (those this torch has are wrapped).
-FUNCTIONS: tuple[str, ...] = (
-    "send", "recv", "isend", "irecv", "batch_isend_irecv",
-    "broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "gather", "scatter",
-    "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
-    "all_reduce_coalesced", "all_gather_coalesced", "_all_gather_base", "_reduce_scatter_base",
-    "barrier", "monitored_barrier",
-    "broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list",
-    "send_object_list", "recv_object_list",
-)
-SENDS: frozenset[str] = frozenset({"send", "isend"})  # the functions whose tensor goes to a peer
-# The communication methods of ProcessGroup, recorded as "ProcessGroup.<name>".
-GROUP_METHODS: tuple[str, ...] = (
-    "send", "recv", "recv_anysource", "broadcast", "allreduce", "allreduce_coalesced", "reduce",
-    "allgather", "allgather_coalesced", "allgather_into_tensor_coalesced", "_allgather_base",
-    "gather", "scatter", "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor_coalesced",
-    "alltoall", "alltoall_base", "barrier", "monitored_barrier",
-)
 WRAPPED = "__lab_calls__"  # set on every wrapper: never wrapped twice
 # The namespaces of torch.ops whose ops communicate: c10d's (what ProcessGroup's methods dispatch to) and
 # the functional collectives'; their ops that move no data are not recorded.
@@ -394,7 +377,7 @@ def install(recorder: Recorder = RECORDER) -> None:
         if not callable(fn) or getattr(fn, WRAPPED, None) is not None:
             continue
         wrapper = flight_only[name](fn) if name in flight_only else \
-            recorder.wrap(name, fn, sends=name in SENDS, spec=spec_for(name, fn))
+            recorder.wrap(name, fn, sends=name in TENSOR_SENDS, spec=spec_for(name, fn))
         setattr(wrapper, WRAPPED, name)
         for module in modules:
             if getattr(module, name, None) is fn:

@@ -9,10 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-P2P = frozenset({"send", "recv", "isend", "irecv", "send_object_list", "recv_object_list",
-                 "ProcessGroup.send", "ProcessGroup.recv", "ProcessGroup.recv_anysource"})
-ROOTED = frozenset({"broadcast", "reduce", "gather", "scatter", "broadcast_object_list", "gather_object",
-                    "scatter_object_list"})
+from lab.rank.ops import METHOD, P2P, ROOTED, TO_TARGET
+
 Slot = tuple[int, str, Any]  # an argument: its position, its name, its default
 
 
@@ -41,7 +39,7 @@ def spec_for(name: str, fn: Callable[..., Any]) -> Spec:
     slots = {p.name: (i if p.kind is p.POSITIONAL_OR_KEYWORD else 1 << 30, p.name,
                       None if p.default is p.empty else p.default) for i, p in enumerate(params)}
     first = params[0].name if params else ""
-    side = "dst" if name in ("send", "isend", "send_object_list", "reduce", "gather", "gather_object") else "src"
+    side = "dst" if name in TO_TARGET else "src"
     rooted = name in P2P or name in ROOTED
     extra = {"target": slots.get(side) if rooted else None,
              "group_target": slots.get(f"group_{side}") if rooted else None, "tag": slots.get("tag")}
@@ -57,7 +55,7 @@ INIT_PROCESS_GROUP = Spec("init_process_group")  # (its arguments record nothing
 def method_spec(name: str) -> Spec:
     """The spec of ``ProcessGroup.<name>``, called as ``(group, tensors, ...)``; its send and recv
     take ``(tensors, group rank, tag)``; the options of the others are not looked into."""
-    label = f"ProcessGroup.{name}"
+    label = METHOD + name
     p2p = name in ("send", "recv")
     return Spec(label, p2p=label in P2P, tensor=(1, "tensors", None), group=(0, "self", None),
                 group_target=(2, "rank", None) if p2p else None,
