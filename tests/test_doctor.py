@@ -7,6 +7,7 @@ server or engine is missing, and fail instead under CI=true.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -23,7 +25,7 @@ from lab.cli.views.doctor import print_diagnosis
 from lab.core.inventory import load_inventory, local_inventory
 from lab.doctor.model import Diagnosis, Finding, HostFacts, HostReport, Master, Runtime
 from lab.doctor.rules import NO_NETWORK_CAUSE, SAME_NETWORK_FIX, analyse, hang_causes, plan_targets
-from lab.doctor.run import diagnose, explain_hang
+from lab.doctor.run import _ProbeRun, diagnose, explain_hang
 from lab.errors import ExitCode
 from lab.model.inventory import Host, Inventory
 from lab.rank.netfacts import (
@@ -39,6 +41,7 @@ from lab.rank.netfacts import (
     parse_ip_json,
     plain_address,
 )
+from lab.rank.protocol import LINE_MAX, event_line
 from lab.transport import RankProcess, Transport, transport_for
 from lab.transport.ssh import SSHSettings, SSHTransport
 
@@ -518,3 +521,29 @@ def test_a_hostname_resolving_to_127_0_1_1_is_flagged(container_lab: Inventory) 
     broken = sorted(pair for pair, link in diagnosis.mesh().items() if not link.ok)
     assert broken == [("node1", "node2"), ("node3", "node2"), ("node4", "node2")]
     assert any("node2" in line and "127.0.1.1" in line for line in hang_causes(diagnosis))
+
+
+def test_a_probe_that_floods_is_read_within_bounds_and_its_events_still_count() -> None:
+    """A host's probe (or what poses as one) printing a 40 MiB line with no end, then a valid event,
+    and a flood on stderr: the doctor holds neither whole, and takes the event."""
+    token = "t" * 16
+
+    class Flooding:
+        stdout = io.BufferedReader(io.BytesIO(b"x" * (40 << 20) + b"\n" + event_line(token, "runtime", python="3.11")
+                                              .encode()))  # type: ignore[arg-type]
+        stderr = io.BufferedReader(io.BytesIO(b"y" * (40 << 20) + b"\nthe last line\n"))  # type: ignore[arg-type]
+
+        def kill(self) -> None:
+            pass
+
+    flooding = Flooding()
+    tracemalloc.start()
+    try:
+        probe = _ProbeRun("h1", flooding, token)  # type: ignore[arg-type]
+        assert probe.wait("runtime", time.monotonic() + 30) == {"python": "3.11"}
+        probe.stop()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, f"reading the probe took {peak >> 20} MiB"  # (the lines are 40 MiB each)
+    assert list(probe.stderr)[-1] == "the last line" and max(len(line) for line in probe.stderr) <= LINE_MAX

@@ -26,6 +26,7 @@ from dataclasses import asdict
 from typing import Any
 
 from lab.core.plan import data_address, interface_env, new_token, public_id
+from lab.core.streams import read_lines
 from lab.doctor import slurm
 from lab.doctor.model import (
     SEVERITIES,
@@ -45,7 +46,7 @@ from lab.rank.netfacts import (
     Target,
 )
 from lab.rank.probe import PROBE_VAR
-from lab.rank.protocol import MalformedEvent, parse_event
+from lab.rank.protocol import LINE_MAX, MARK, MalformedEvent, parse_event
 from lab.transport import (
     RankProcess,
     code_uploads,
@@ -90,9 +91,13 @@ class _ProbeRun:
             reader.join(READERS_WAIT)
 
     def _read_events(self) -> None:
+        """Its stdout's events, as the runner reads a host's (lab.core.streams.read_lines: a line is
+        held up to an event's size at most, a longer one is dropped in pieces)."""
         try:
-            for raw in iter(self.process.stdout.readline, b""):
-                line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            for raw, _, kind in read_lines(self.process.stdout, MARK.encode(), lambda: False):
+                if kind != "whole":
+                    continue
+                line = raw.decode("utf-8", "replace")
                 event = parse_event(line, self._token)
                 if event is None:
                     log.debug("%s: %s", self.name, line)
@@ -109,7 +114,7 @@ class _ProbeRun:
 
     def _read_stderr(self) -> None:
         try:
-            for raw in iter(self.process.stderr.readline, b""):
+            for raw in iter(lambda: self.process.stderr.readline(LINE_MAX), b""):  # (a longer line: in pieces)
                 self.stderr.append(raw.decode("utf-8", "replace").rstrip())
         except (OSError, ValueError):
             pass
