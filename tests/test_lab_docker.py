@@ -318,8 +318,12 @@ def test_a_share_cannot_reach_another_shares_listeners_on_its_host(lab_up: Lab, 
     """ann and eve graded at once on node1's four slots: eve connects to every listener of another
     user it sees (ann's store, her gloo ports) and writes junk; the lab's packet filter lets none of
     them answer, and ann passes as she would alone."""
-    submissions = class_of_files(tmp_path, ann=REPO / "tests" / "class" / "ring" / "alice.py",
-                                 eve=REPO / "tests" / "class" / "shares" / "eve.py")
+    submissions = class_of_files(tmp_path, eve=REPO / "tests" / "class" / "shares" / "eve.py")
+    # ann: alice's ring, whose ranks first wait a few seconds, so that her run is there to attack
+    (submissions / "ann.py").write_text("import time\n" + (REPO / "tests" / "class" / "ring" / "alice.py").read_text()
+                                        .replace("def ring_allreduce(tensor):\n", "_waited = []\n\n\n"
+                                                 "def ring_allreduce(tensor):\n    if not _waited:\n"
+                                                 "        _waited.append(time.sleep(6))\n", 1))
     out = tmp_path / "book"
     result = lab_up("grade", str(submissions), "--exercise", "ring-allreduce", "--parallel", "2",
                     "--hosts", str(inventory_variant(tmp_path, 1, 4)), "--timeout", "40", "--out", str(out),
