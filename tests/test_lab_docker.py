@@ -20,7 +20,7 @@ import yaml
 
 from lab.containerlab import containers, engine, resources, sshd, state, topology
 
-from .conftest import REPO, WRONG, Lab
+from .conftest import REPO, WRONG, Lab, Result
 from .load import cpu_hog
 from .test_compose import compose_tools
 from .test_why_fixtures import UNDER_OTHER_LAUNCHERS, WHY, assert_report_names_the_cause
@@ -318,31 +318,29 @@ def test_a_share_cannot_reach_another_shares_listeners_on_its_host(lab_up: Lab, 
     """ann and eve graded at once on node1's four slots: eve connects to every listener of another
     user it sees (ann's store, her gloo ports) and writes junk; the lab's packet filter lets none of
     them answer, and ann passes as she would alone."""
-    submissions = class_of_files(tmp_path, eve=REPO / "tests" / "class" / "shares" / "eve.py")
+    submissions = tmp_path / "class"
+    submissions.mkdir()
+    (submissions / "eve.py").write_text((REPO / "tests" / "class" / "shares" / "eve.py").read_text())
     # ann: alice's ring, whose ranks first wait a few seconds, so that her run is there to attack
     (submissions / "ann.py").write_text("import time\n" + (REPO / "tests" / "class" / "ring" / "alice.py").read_text()
                                         .replace("def ring_allreduce(tensor):\n", "_waited = []\n\n\n"
                                                  "def ring_allreduce(tensor):\n    if not _waited:\n"
                                                  "        _waited.append(time.sleep(6))\n", 1))
-    out = tmp_path / "book"
-    result = lab_up("grade", str(submissions), "--exercise", "ring-allreduce", "--parallel", "2",
-                    "--hosts", str(inventory_variant(tmp_path, 1, 4)), "--timeout", "40", "--out", str(out),
-                    timeout=600)
-    assert result.code == 0, result.text[-4000:]
-    from .test_grade import read_grades
-    grades = read_grades(out)
+    result, grades = grade_two_shares_on_node1(lab_up, tmp_path, submissions)
     assert grades["ann"]["verdict"] == "pass", grades
     seen = re.search(r"attack: reached (\d+) of (\d+) listeners of other users", grades["eve"]["reason"])
     assert seen is not None and (seen[1], int(seen[2]) > 0) == ("0", True), grades["eve"]
     assert "cannot keep shares apart" not in result.out
 
 
-def class_of_files(tmp_path: Path, **files: Path) -> Path:
-    submissions = tmp_path / "class"
-    submissions.mkdir()
-    for student, source in files.items():
-        (submissions / f"{student}.py").write_text(source.read_text())
-    return submissions
+def grade_two_shares_on_node1(lab_up: Lab, tmp_path: Path, submissions: Path) -> tuple[Result, dict]:
+    """``lab grade`` of ``submissions`` as two shares at once on node1's four slots: its result, its rows."""
+    from .test_grade import read_grades
+    result = lab_up("grade", str(submissions), "--exercise", "ring-allreduce", "--parallel", "2",
+                    "--hosts", str(inventory_variant(tmp_path, 1, 4)), "--timeout", "40", "--out",
+                    str(tmp_path / "book"), timeout=600)
+    assert result.code == 0, result.text[-4000:]
+    return result, read_grades(tmp_path / "book")
 
 
 def test_two_shares_on_one_host_are_two_users_who_cannot_read_each_other(lab_up: Lab, tmp_path: Path) -> None:
@@ -352,13 +350,8 @@ def test_two_shares_on_one_host_are_two_users_who_cannot_read_each_other(lab_up:
     submissions.mkdir()
     for student in ("ann", "ben"):
         (submissions / f"{student}.py").write_text((REPO / "tests" / "class" / "shares" / "snoop.py").read_text())
-    out = tmp_path / "book"
-    result = lab_up("grade", str(submissions), "--exercise", "ring-allreduce", "--parallel", "2",
-                    "--hosts", str(inventory_variant(tmp_path, 1, 4)), "--timeout", "40", "--out", str(out),
-                    timeout=600)
-    assert result.code == 0, result.text[-4000:]
     from .test_grade import read_grades
-    grades = read_grades(out)
+    result, grades = grade_two_shares_on_node1(lab_up, tmp_path, submissions)
     assert {s: (g["verdict"], g["reason"]) for s, g in grades.items()} == {"ann": ("pass", ""), "ben": ("pass", "")}
     assert "name no grade_users" not in result.out
     # the same inventory without grade_users: one user, and the grader says what that means

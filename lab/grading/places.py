@@ -121,12 +121,17 @@ true
 """
 
 
-def _sweep(host: Host, ssh: SSHSettings | None) -> list[str]:
+def _sh(host: Host, ssh: SSHSettings | None, script: str, timeout: float) -> tuple[int | None, str]:
+    """``script`` run by sh on ``host`` as its user: its status (None: no answer in time), its output."""
     transport = transport_for(host, ssh)
     try:
-        status, output = transport.call(["/bin/sh", "-c", SWEEP], SWEEP_TIMEOUT)
+        return transport.call(["/bin/sh", "-c", script], timeout)
     finally:
         transport.close()
+
+
+def _sweep(host: Host, ssh: SSHSettings | None) -> list[str]:
+    status, output = _sh(host, ssh, SWEEP, SWEEP_TIMEOUT)
     if status is None:
         return [f"{host.name}: could not look: no answer within {SWEEP_TIMEOUT:g}s"]
     lines = [line for line in output.splitlines() if line.startswith(("left: ", "survived: "))]
@@ -182,15 +187,8 @@ def unisolated_hosts(inventory: Inventory, ssh: SSHSettings | None) -> list[str]
     a container lab's hosts have it; a VM, unless set up so, has not), or could not say: there the
     submissions of different shares could reach each other's sockets, so they are graded one share
     at a time."""
-    def shows_it(host: Host) -> bool:
-        transport = transport_for(host, ssh)
-        try:
-            status, _ = transport.call(["/bin/sh", "-c", shares.CHECK], ISOLATION_TIMEOUT)
-        finally:
-            transport.close()
-        return status == 0
-
-    found = for_each_host({h.name: h for h in inventory.hosts if h.connection == "ssh"}, shows_it)
+    found = for_each_host({h.name: h for h in inventory.hosts if h.connection == "ssh"},
+                          lambda host: _sh(host, ssh, shares.CHECK, ISOLATION_TIMEOUT)[0] == 0)
     return sorted(name for name, shown in found.items() if shown is not True)
 
 
