@@ -6,6 +6,7 @@ they skip with the reason when no engine can be had.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -180,12 +181,39 @@ def test_sigint_leaves_no_process_on_any_host(lab_up: Lab) -> None:
 
 
 def test_a_second_lab_up_reuses_the_image_and_keeps_no_older_one(lab_up: Lab) -> None:
-    result = lab_up("up", "--no-smoke", timeout=600)
-    assert result.code == 0, result.text
-    assert "is up to date" in result.out and "building image" not in result.out
-    current = re.search(r"image (lab-host:\w+) is up to date", result.out)[1]
+    """...and a third, started while the second runs, is one line (exit 2) that touches nothing."""
+    second = lab_up.popen("up", "--no-smoke")
+    refused = None
+    while second.poll() is None and refused is None:
+        if lock_held(state.home() / "locks" / TOPOLOGY.lab):
+            refused = lab_up("up", "--no-smoke", timeout=120)
+        time.sleep(0.005)
+    out, _ = second.communicate(timeout=600)
+    assert second.returncode == 0, out
+    assert refused is not None, "the second `lab up` ended before it was seen holding the lab's lock"
+    assert refused.code == 2 and refused.out == "", refused.text
+    assert re.fullmatch(r"lab: lab lab is being changed by another lab command \(pid \d+, up\): wait for it to "
+                        r"end\n", refused.err), refused.err
+    assert "is up to date" in out and "building image" not in out
+    assert lab_up("status").code == 0  # every host of the lab still there and answering
+    current = re.search(r"image (lab-host:\w+) is up to date", out)[1]
     tags = {t for image in engine.client().images.list(name="lab-host") for t in image.tags}
     assert tags == {current, "lab-host:latest"}
+
+
+def lock_held(path: Path) -> bool:
+    """Whether a lab command holds the lock at ``path`` (lab.containerlab.state.locked)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def test_a_lab_started_by_compose_is_kept_by_lab_up(lab_up: Lab) -> None:
@@ -316,20 +344,28 @@ def test_a_class_graded_across_the_lab_two_shares_at_once(lab_up: Lab, tmp_path:
 
 def test_a_share_cannot_reach_another_shares_listeners_on_its_host(lab_up: Lab, tmp_path: Path) -> None:
     """ann and eve graded at once on node1's four slots: eve connects to every listener of another
-    user it sees (ann's store, her gloo ports) and writes junk; the lab's packet filter lets none of
-    them answer, and ann passes as she would alone."""
+    user it sees (ann's store, her gloo ports) and writes junk, looks for ann's processes and reads
+    her files; the lab's packet filter lets none of the listeners answer, /proc shows eve only her
+    own processes, ann's files are hers alone, and ann passes as she would alone."""
     submissions = tmp_path / "class"
     submissions.mkdir()
     (submissions / "eve.py").write_text((REPO / "tests" / "class" / "shares" / "eve.py").read_text())
-    # ann: alice's ring, whose ranks first wait a few seconds, so that her run is there to attack
-    (submissions / "ann.py").write_text("import time\n" + (REPO / "tests" / "class" / "ring" / "alice.py").read_text()
-                                        .replace("def ring_allreduce(tensor):\n", "_waited = []\n\n\n"
-                                                 "def ring_allreduce(tensor):\n    if not _waited:\n"
-                                                 "        _waited.append(time.sleep(6))\n", 1))
+    # ann: alice's ring, whose ranks first leave a file in /dev/shm and one by tempfile, then wait a
+    # few seconds, so that her run is there to attack
+    (submissions / "ann.py").write_text(
+        "import os, tempfile, time\n" + (REPO / "tests" / "class" / "ring" / "alice.py").read_text()
+        .replace("def ring_allreduce(tensor):\n", "_waited = []\n\n\n"
+                 "def ring_allreduce(tensor):\n    if not _waited:\n"
+                 "        open(f'/dev/shm/ann-{os.getpid()}', 'w').write('secret')\n"
+                 "        tempfile.NamedTemporaryFile(delete=False).write(b'secret')\n"
+                 "        _waited.append(time.sleep(6))\n", 1))
     result, grades = grade_two_shares_on_node1(lab_up, tmp_path, submissions)
     assert grades["ann"]["verdict"] == "pass", grades
-    seen = re.search(r"attack: reached (\d+) of (\d+) listeners of other users", grades["eve"]["reason"])
-    assert seen is not None and (seen[1], int(seen[2]) > 0) == ("0", True), grades["eve"]
+    seen = re.search(r"attack: reached (\d+) of (\d+) listeners of other users, saw (\d+) of their processes, "
+                     r"read (\d+) of (\d+) of their files", grades["eve"]["reason"])
+    assert seen is not None, grades["eve"]
+    reached, listeners, processes, read, files = map(int, seen.groups())
+    assert (reached, processes, read) == (0, 0, 0) and listeners > 0 and files > 0, grades["eve"]
     assert "cannot keep shares apart" not in result.out
 
 

@@ -87,9 +87,10 @@ def cmd_grade(args: argparse.Namespace) -> int:
         with places_for(request, settings, screen.sayer(console), partial(screen.working, console)) as places:
             if places.one_user_hosts:
                 views.print_one_user_hosts(console, places.one_user_hosts, places.at_once)
-            if places.unisolated:
-                book.note(views.one_share_at_a_time(places.unisolated))
-                console.print(f"note: {book.notes[-1]}", style="yellow")
+            for note in ([views.one_share_at_a_time(places.unisolated)] if places.unisolated else []) + \
+                    ([views.sharing_a_host(places.crowded)] if places.crowded else []):
+                book.note(note)
+                console.print(f"note: {note}", style="yellow")
             with views.grading_progress(console, request.exercise.name, len(todo)) as graded:
                 grade_all(todo, request.options(), places.makers, book, settings, request.wall, on_graded=graded)
     grades = list(book.grades.values())

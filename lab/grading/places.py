@@ -260,6 +260,7 @@ class Places:
     one_user_hosts: list[str] = field(default_factory=list)  # see one_user_hosts
     at_once: bool = False  # more than one submission graded at a time
     unisolated: list[str] = field(default_factory=list)  # see unisolated_hosts: why one share at a time
+    crowded: list[str] = field(default_factory=list)  # hosts where several shares run at once
 
 
 @contextlib.contextmanager
@@ -272,10 +273,13 @@ def places_for(request: GradeRequest, ssh: SSHSettings, say: Say, working: Worki
         split = split_inventory(inventory, request.parallel, request.exercise.min_ranks)
         unisolated = unisolated_hosts(inventory, ssh) if request.parallel > 1 else []
         if unisolated and (lab := shares.isolate_lab_of([h.address for h in inventory.hosts])) is not None:
-            say(f"set the packet filter that keeps shares apart on the hosts of lab {lab}")
+            say(f"kept the shares apart on the hosts of lab {lab} (a packet filter; /proc shows each user "
+                "their own processes)")
             unisolated = unisolated_hosts(inventory, ssh)
         makers = [fixed(share, ssh) for share in split][:1 if unisolated else None]
-        yield Places(makers, one_user_hosts(inventory), len(makers) > 1, unisolated)
+        crowded = [h.name for h in inventory.hosts
+                   if sum(h.name in {x.name for x in share.hosts} for share in split) > 1] if len(makers) > 1 else []
+        yield Places(makers, one_user_hosts(inventory), len(makers) > 1, unisolated, crowded)
     elif request.sandbox == "none":
         yield Places([fixed(local_inventory(request.nproc))] * request.parallel)
     else:

@@ -274,6 +274,7 @@ class Rank:
         from lab.rank.flight import FLIGHT
 
         install()  # before any exercise program is imported: it binds the recorded functions
+        keep_files_private()
         limit_memory(self.plan.get("memory_mb"))
         limit_processes(self.plan.get("pids"), int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
         self.emit("hello", pid=os.getpid(), hostname=socket.gethostname(), local_rank=self.local_rank,
@@ -396,6 +397,20 @@ def ensure_shared_path(path: str, rank: int, size: int, timeout: float) -> None:
                 f"ranks {seen} only; file:// needs a directory every host mounts (NFS, ...): "
                 f"name it with shared_dir in the inventory")
         time.sleep(0.05)
+
+
+def keep_files_private() -> None:
+    """Whatever this rank writes is its user's alone (umask 077), and its temporary files go to
+    ``tmp`` in the run directory (TMPDIR), removed with it: another user of the host (another
+    share, graded beside it) can neither read them nor find them in /tmp. What a program still
+    puts in /tmp, /var/tmp or /dev/shm itself is private too, and the grader's sweep removes it."""
+    import tempfile
+
+    os.umask(0o077)
+    private = os.path.abspath("tmp")
+    os.makedirs(private, mode=0o700, exist_ok=True)
+    os.environ.update(TMPDIR=private, TMP=private, TEMP=private)
+    tempfile.tempdir = None  # (it cached the old one)
 
 
 def limit_memory(megabytes: int | None) -> None:

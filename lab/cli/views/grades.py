@@ -32,6 +32,12 @@ def one_share_at_a_time(hosts: list[str]) -> str:
             "each other's sockets), so the submissions are graded one share at a time")
 
 
+def sharing_a_host(hosts: list[str]) -> str:
+    return (f"the shares graded at once on {', '.join(hosts)} share its CPU and memory: each rank has its own "
+            "limits (data memory, processes), but no share has a CPU or memory share of its own (no cgroup per "
+            "share on these hosts), so one share's load can slow another's run")
+
+
 @contextlib.contextmanager
 def grading_progress(console: Console, exercise: str, submissions: int) -> Iterator[Callable[[Grade], None]]:
     """A progress bar while the block grades; the callable it gives prints a grade above the bar

@@ -1,9 +1,11 @@
 """An attacker graded beside another share on the same host. Rank 0 watches /proc/net/tcp and
 /proc/net/tcp6 (which show every user's sockets, with their owner's uid) for listeners of other
 users (a TCPStore, gloo's ports: they have no authentication) and tries to connect to each one
-and write into it. Then it says what it reached, by raising: "attack: reached N of M listeners
-of other users". On a lab host the packet filter keeps shares apart: N is 0, while M says it saw
-the other share's run (and the other share's verdict does not change)."""
+and write into it; it also looks for other users' processes in /proc and reads every file of
+theirs in the temporary folders. Then it says what it reached, by raising: "attack: reached N of
+M listeners of other users, saw P of their processes, read F of G of their files". On a lab host
+the packet filter keeps shares apart and /proc shows each user their own: N, P and F are 0, while
+M and G say it saw the other share's run (and the other share's verdict does not change)."""
 import os
 import socket
 import struct
@@ -42,9 +44,44 @@ def _address(hexed, family):
     return socket.inet_ntop(family, raw)
 
 
+def _processes():
+    """The processes of other users this one can see in /proc."""
+    me, seen = os.getuid(), set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and entry.stat().st_uid != me:
+                seen.add(entry.name)
+        except OSError:
+            pass
+    return seen
+
+
+def _files():
+    """(files of other users in the temporary folders, how many of them this user could read)."""
+    me, found, read = os.getuid(), set(), set()
+    for top in ("/tmp", "/var/tmp", "/dev/shm"):
+        for folder, _, names in os.walk(top):
+            for name in names:
+                path = os.path.join(folder, name)
+                try:
+                    if os.lstat(path).st_uid in (0, me):
+                        continue
+                    found.add(path)
+                    with open(path, "rb") as f:
+                        f.read(1)
+                    read.add(path)
+                except OSError:
+                    pass
+    return found, read
+
+
 def _attack():
     tried, reached, deadline = set(), 0, time.monotonic() + WATCH
+    processes, files, read = set(), set(), set()
     while time.monotonic() < deadline:
+        processes |= _processes()
+        found, opened = _files()
+        files, read = files | found, read | opened
         for address, port, family in _listeners() - tried:
             tried.add((address, port, family))
             try:
@@ -56,7 +93,8 @@ def _attack():
             except OSError:
                 pass
         time.sleep(0.1)
-    raise RuntimeError(f"attack: reached {reached} of {len(tried)} listeners of other users")
+    raise RuntimeError(f"attack: reached {reached} of {len(tried)} listeners of other users, saw "
+                       f"{len(processes)} of their processes, read {len(read)} of {len(files)} of their files")
 
 
 def ring_allreduce(tensor):
