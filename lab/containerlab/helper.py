@@ -1,7 +1,7 @@
 """Short-lived helpers: a container with NET_ADMIN that joins one lab host's network namespace,
 runs one shell script there and goes, so the host itself never needs the capability (its
-routes in the cross-VPC lab, the faults of ``lab break``, the shares' packet filter); one with
-SYS_ADMIN that remounts the host's /proc; and root's shell inside a host."""
+routes in the cross-VPC lab, the faults of ``lab break``, the shares' packet filter); and root's
+shell inside a host."""
 from __future__ import annotations
 
 import shlex
@@ -44,16 +44,6 @@ def in_namespace(client: docker.DockerClient, topology: Topology, i: int, script
     host = running_host(client, topology, i)
     return _helper(client, topology, i, image or host.image.id, ["sh", "-c", script], "in its network namespace",
                    network_mode=f"container:{host.id}", cap_add=["NET_ADMIN"])
-
-
-def in_mounts(client: docker.DockerClient, topology: Topology, i: int, argv: list[str]) -> str:
-    """Run ``argv`` with CAP_SYS_ADMIN in host i's mount namespace (entered through its init's,
-    in its PID namespace); its output. How /proc gets its options without the host keeping the
-    capability."""
-    host = running_host(client, topology, i)
-    return _helper(client, topology, i, host.image.id, ["nsenter", "--target", "1", "--mount", "--", *argv],
-                   "in its mount namespace", pid_mode=f"container:{host.id}",
-                   cap_add=["SYS_ADMIN", "SYS_PTRACE", "SYS_CHROOT"])
 
 
 def _helper(client: docker.DockerClient, topology: Topology, i: int, image: str, argv: list[str], where: str,

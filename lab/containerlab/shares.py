@@ -1,5 +1,4 @@
-"""Shares that cannot reach each other's sockets or see each other's processes: what every
-container lab host gets before shares are graded on it at once.
+"""Shares that cannot reach each other's sockets: the packet filter every container lab host gets.
 
 ``lab grade --hosts --parallel K`` runs each share's submissions as a user of its own
 (``grade_users``: share1..share8). Users of one host see each other's listeners (/proc/net/tcp)
@@ -16,14 +15,11 @@ or flood another's rendezvous. Here the kernel keeps them apart, whatever a rank
   connect times out).
 
 So a share's ranks reach their own store and their own peers on every host, and nothing of
-another share's; the lab's own connections (SSH, to sshd as root) are untouched. And /proc is
-mounted ``hidepid=invisible``: a user sees only their own processes (no other share's command
-lines, no pids to aim at; signals and /proc/PID/fd were already the owner's alone). The filter
-is set in each host's network namespace by a helper with NET_ADMIN, /proc remounted by one with
-SYS_ADMIN in its mount namespace (the host itself stays unprivileged), and :data:`MARKER` says
-so on the host, written by root after both: the host's network namespace
-(``/proc/self/ns/net``), so that a host restarted since (a new namespace, no filter, /proc as
-it was) no longer shows it. ``lab grade`` runs shares at once only on hosts that show it (:data:`CHECK`), and sets
+another share's; the lab's own connections (SSH, to sshd as root) are untouched. The filter is
+set in each host's network namespace by a helper with NET_ADMIN (the host stays unprivileged),
+and :data:`MARKER` says so on the host, written by root after it: the host's network namespace
+(``/proc/self/ns/net``), so that a host restarted since (a new namespace, no filter) no longer
+shows it. ``lab grade`` runs shares at once only on hosts that show it (:data:`CHECK`), and sets
 the filter itself on the hosts of a lab of this machine's engine that do not show it yet
 (:func:`isolate_lab_of`: once, about half a second, paid by grading rather than by every
 ``lab up``); elsewhere it grades one share at a time, and says why.
@@ -41,9 +37,7 @@ from lab.containerlab.engine import EngineError, each
 from lab.containerlab.topology import GRADE_USERS, Topology
 
 MARKER = "/etc/lab/shares-isolated"  # on a host: its shares are kept apart (written by root, after the filter)
-CHECK = (f'[ "$(cat {MARKER} 2>/dev/null)" = "$(readlink /proc/self/ns/net)" ] && '  # sh: the filter is in place
-         "grep -q '^proc /proc proc [^ ]*hidepid=' /proc/self/mounts")  # and /proc hides others' processes
-HIDEPID = ["mount", "-o", "remount,hidepid=invisible", "/proc"]
+CHECK = f'[ "$(cat {MARKER} 2>/dev/null)" = "$(readlink /proc/self/ns/net)" ]'  # sh: the filter is in place
 DSCP_BASE = 48  # share N's packets carry DSCP_BASE + N (49..56: codes no standard class uses)
 _OUT, _IN, _ANSWER = "LAB-SHARES-OUT", "LAB-SHARES-IN", "LAB-SHARES-ANSWER"
 
@@ -86,13 +80,12 @@ def isolate_lab_of(addresses: Collection[str]) -> str | None:
 
 
 def isolate(client: docker.DockerClient, topology: Topology) -> None:
-    """Set the filter and hide others' processes on every host of the lab, then the marker that
-    says so (one line naming a host where any step fails)."""
+    """Set the filter on every host of the lab, then the marker that says so (one line naming a
+    host where either fails)."""
     script = filter_script()
 
     def one(i: int) -> None:
         helper.in_namespace(client, topology, i, script)
-        helper.in_mounts(client, topology, i, HIDEPID)
         helper.in_host(client, topology, i, f"readlink /proc/self/ns/net > {MARKER}")
 
     each(one, list(topology.indices()))

@@ -273,8 +273,7 @@ def places_for(request: GradeRequest, ssh: SSHSettings, say: Say, working: Worki
         split = split_inventory(inventory, request.parallel, request.exercise.min_ranks)
         unisolated = unisolated_hosts(inventory, ssh) if request.parallel > 1 else []
         if unisolated and (lab := shares.isolate_lab_of([h.address for h in inventory.hosts])) is not None:
-            say(f"kept the shares apart on the hosts of lab {lab} (a packet filter; /proc shows each user "
-                "their own processes)")
+            say(f"set the packet filter that keeps shares apart on the hosts of lab {lab}")
             unisolated = unisolated_hosts(inventory, ssh)
         makers = [fixed(share, ssh) for share in split][:1 if unisolated else None]
         crowded = [h.name for h in inventory.hosts

@@ -1,11 +1,12 @@
 """An attacker graded beside another share on the same host. Rank 0 watches /proc/net/tcp and
 /proc/net/tcp6 (which show every user's sockets, with their owner's uid) for listeners of other
 users (a TCPStore, gloo's ports: they have no authentication) and tries to connect to each one
-and write into it; it also looks for other users' processes in /proc and reads every file of
-theirs in the temporary folders. Then it says what it reached, by raising: "attack: reached N of
-M listeners of other users, saw P of their processes, read F of G of their files". On a lab host
-the packet filter keeps shares apart and /proc shows each user their own: N, P and F are 0, while
-M and G say it saw the other share's run (and the other share's verdict does not change)."""
+and write into it; it also tries to signal other users' processes and read their environment
+(where a run's settings are), and reads every file of theirs in the temporary folders. Then it
+says what it reached, by raising: "attack: reached N of M listeners of other users, touched T of
+P of their processes, read F of G of their files". On a lab host the packet filter keeps shares
+apart, and a process or file is its user's alone: N, T and F are 0, while M, P and G say it saw
+the other share's run (and the other share's verdict does not change)."""
 import os
 import socket
 import struct
@@ -45,15 +46,28 @@ def _address(hexed, family):
 
 
 def _processes():
-    """The processes of other users this one can see in /proc."""
-    me, seen = os.getuid(), set()
+    """(the processes of other users, not root's, in /proc; those this one could signal or whose
+    environment it could read)."""
+    me, seen, touched = os.getuid(), set(), set()
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and entry.stat().st_uid != me:
-                seen.add(entry.name)
+            if not entry.name.isdigit() or entry.stat().st_uid in (0, me):
+                continue
+            seen.add(entry.name)
         except OSError:
-            pass
-    return seen
+            continue
+        if _may(os.kill, int(entry.name), 0) or _may((entry / "environ").read_bytes):  # (signal 0: none sent)
+            touched.add(entry.name)
+    return seen, touched
+
+
+def _may(act, *args):
+    """Whether ``act(*args)`` was allowed."""
+    try:
+        act(*args)
+        return True
+    except OSError:
+        return False
 
 
 def _files():
@@ -77,9 +91,10 @@ def _files():
 
 def _attack():
     tried, reached, deadline = set(), 0, time.monotonic() + WATCH
-    processes, files, read = set(), set(), set()
+    processes, touched, files, read = set(), set(), set(), set()
     while time.monotonic() < deadline:
-        processes |= _processes()
+        seen, could = _processes()
+        processes, touched = processes | seen, touched | could
         found, opened = _files()
         files, read = files | found, read | opened
         for address, port, family in _listeners() - tried:
@@ -93,8 +108,9 @@ def _attack():
             except OSError:
                 pass
         time.sleep(0.1)
-    raise RuntimeError(f"attack: reached {reached} of {len(tried)} listeners of other users, saw "
-                       f"{len(processes)} of their processes, read {len(read)} of {len(files)} of their files")
+    raise RuntimeError(f"attack: reached {reached} of {len(tried)} listeners of other users, touched "
+                       f"{len(touched)} of {len(processes)} of their processes, read {len(read)} of {len(files)} "
+                       "of their files")
 
 
 def ring_allreduce(tensor):
