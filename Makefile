@@ -18,12 +18,13 @@ REPEAT ?= 3
 help: ## show the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-12s %s\n", $$1, $$2}'
 
-venv: $(STAMP) ## create .venv and install the dependencies (requirements.txt, requirements-dev.txt)
+venv: $(STAMP) ## create .venv, install the dependencies (requirements*.txt) and the lab itself: `lab` on the venv's PATH
 
-$(STAMP): requirements.txt requirements-dev.txt
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || $(MAKE) --no-print-directory python-venv
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -r requirements-dev.txt
+	$(PY) -m pip install --quiet --no-deps --editable .
 	touch $@
 
 test: venv test-host ## run every test (installs what the Docker and sshd tiers need, as root on Debian)

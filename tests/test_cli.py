@@ -2,7 +2,9 @@
 before anything starts (no engine, no processes, no hosts needed)."""
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -11,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+import lab as lab_package
 from lab.cli.main import build_parser
 from lab.containerlab.topology import Topology
 from lab.errors import ExitCode, HostsUnreachable, HostUnreachable
+from lab.suite import registry
 
 from .conftest import REPO
 
@@ -126,3 +130,59 @@ def test_a_private_key_others_can_read_is_refused(tmp_path: Path) -> None:
 ])
 def test_a_commands_options_are_taken_after_its_subcommand_too(argv: list[str], name: str) -> None:
     assert build_parser().parse_args(argv).name == name
+
+
+def test_an_unknown_exercise_names_the_nearest_one() -> None:
+    done = lab("run", "ring_allreduce")
+    assert done.returncode == ExitCode.BAD_INPUT and done.stdout == ""
+    assert done.stderr == ("lab: error: unknown exercise 'ring_allreduce': did you mean 'ring-allreduce'?; "
+                           "see 'python -m lab list'\n")
+    assert "did you mean" not in lab("run", "zzzz").stderr  # (nothing near: nothing said)
+
+
+def test_exercises_are_reported_in_the_order_named() -> None:
+    assert [e.name for e in registry.select(["barrier", "p2p", "barrier"])] == ["barrier", "p2p"]
+    every = [e.name for e in registry.select(["all"])]
+    assert [e.name for e in registry.select(["barrier", "all"])] == ["barrier", *(n for n in every if n != "barrier")]
+    done = lab("run", "barrier", "p2p", "all-reduce", "--nproc", "2", "--json")
+    assert done.returncode == 0, done.stderr
+    assert [e["name"] for e in json.loads(done.stdout)["exercises"]] == ["barrier", "p2p", "all-reduce"]
+
+
+def test_the_lab_command_runs_from_any_folder_and_says_its_versions(tmp_path: Path) -> None:
+    """`make venv` installs the package: `lab` is on the venv's PATH, and works outside the checkout."""
+    command = Path(sys.executable).parent / "lab"
+    done = subprocess.run([str(command), "--version"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert re.fullmatch(rf"lab {re.escape(lab_package.__version__)} \(torch 2\.13\.0\S*, Python 3\.\d+\.\d+\)\n",
+                        done.stdout), done.stdout
+
+
+def test_the_shell_completes_commands_and_exercise_names(tmp_path: Path) -> None:
+    script = lab("completion", "bash")
+    assert script.returncode == 0 and "complete " in script.stdout and " lab" in script.stdout, script.stderr
+    assert lab("completion", "fish").returncode == ExitCode.BAD_INPUT
+    for line, wanted in (("lab gr", {"grade"}), ("lab run ring", {"ring-allreduce"}),
+                         ("lab grade x --exercise all-", {"all-reduce", "all-gather"})):
+        assert wanted <= completions(line), line
+
+
+def completions(line: str) -> set[str]:
+    """What the shell would offer for ``line`` (argcomplete's protocol: the words on fd 8)."""
+    read, write = os.pipe()
+    env = {**os.environ, "_ARGCOMPLETE": "1", "_ARGCOMPLETE_IFS": "\n", "COMP_LINE": line,
+           "COMP_POINT": str(len(line)), "COMP_TYPE": "9"}
+    try:
+        subprocess.run([sys.executable, "-m", "lab"], cwd=REPO, env=env, capture_output=True, timeout=60,
+                       pass_fds=(write, 8), preexec_fn=lambda: os.dup2(write, 8))
+    finally:
+        os.close(write)
+    with os.fdopen(read) as words:
+        return {w.strip() for w in words.read().split("\n") if w.strip()}
+
+
+@pytest.mark.docker
+def test_status_of_a_lab_that_is_not_there_is_bad_input() -> None:
+    done = lab("status", "--name", "no-such-lab")
+    assert done.returncode == ExitCode.BAD_INPUT and done.stdout == "", done.stdout
+    assert done.stderr.startswith("lab: error: no lab named no-such-lab is running") and done.stderr.count("\n") == 1

@@ -194,6 +194,9 @@ def test_sigint_stops_every_rank(lab: Lab) -> None:
     code, out = lab.interrupt_when_running(proc, 4)  # the lab and 3 ranks
     assert code == 130, out
     assert lab.leftovers() == []
+    # where each rank was, said as such: no diagnosis of a run that was stopped before it could end
+    assert "lab: interrupted; where each rank was:" in out and all(f"rank {r} (local): " in out for r in range(3)), out
+    assert "fix:" not in out, out
 
 
 def test_local_hosts_from_an_inventory_run_end_to_end(lab: Lab, tmp_path) -> None:

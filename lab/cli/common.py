@@ -3,6 +3,7 @@ launcher, which lab), and reading them into the core's terms."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from pathlib import Path
@@ -109,7 +110,19 @@ def exercises(names: list[str]) -> tuple[registry.Exercise, ...]:
     try:
         return tuple(registry.select(names))
     except KeyError as exc:
-        raise UsageError(f"unknown exercise {exc.args[0]!r}; see 'python -m lab list'") from None
+        raise unknown_exercise(exc.args[0]) from None
+
+
+def exercise_names(argument: argparse.Action) -> None:
+    """The shell completes ``argument`` with the suite's exercise names (``lab completion``)."""
+    argument.completer = lambda **_: ["all", *registry.EXERCISES]  # type: ignore[attr-defined]
+
+
+def unknown_exercise(name: str) -> UsageError:
+    """The error for an exercise name the suite has not, with the nearest one it has."""
+    near = difflib.get_close_matches(name.replace("_", "-").lower(), registry.EXERCISES, n=1, cutoff=0.6)
+    mean = f": did you mean {near[0]!r}?" if near else ""
+    return UsageError(f"unknown exercise {name!r}{mean}; see 'python -m lab list'")
 
 
 def solution_file(text: str) -> str:

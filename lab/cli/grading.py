@@ -6,7 +6,7 @@ import argparse
 from functools import partial
 from pathlib import Path
 
-from lab.cli.common import Commands, add_command, cluster_options, ssh_settings
+from lab.cli.common import Commands, add_command, cluster_options, exercise_names, ssh_settings, unknown_exercise
 from lab.cli.views import grades as views
 from lab.cli.views import screen
 from lab.core.plan import BACKENDS, DEFAULT_TIMEOUT
@@ -38,7 +38,8 @@ def add_grade(commands: Commands) -> None:
                     "container (no network, read-only, user nobody, the limits below); the exit code "
                     "says whether grading worked, not whether the students passed.", exit_codes=GRADE_EXIT_CODES)
     grading.add_argument("submissions", metavar="SUBMISSIONS", help="a folder with one .py file or folder per student")
-    grading.add_argument("--exercise", required=True, metavar="NAME", help="the exercise to grade (see 'list')")
+    exercise_names(grading.add_argument("--exercise", required=True, metavar="NAME",
+                                        help="the exercise to grade (see 'list')"))
     cluster_options(grading)
     grading.add_argument("--parallel", type=int, default=1, metavar="K",
                          help="grade K submissions at once, each on its own share of the cluster (default 1)")
@@ -102,5 +103,5 @@ def cmd_grade(args: argparse.Namespace) -> int:
 
 def _one_exercise(name: str) -> registry.Exercise:
     if name not in registry.EXERCISES:
-        raise UsageError(f"unknown exercise {name!r}; see 'python -m lab list'")
+        raise unknown_exercise(name)
     return registry.EXERCISES[name]

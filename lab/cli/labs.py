@@ -16,7 +16,7 @@ from lab.containerlab.lifecycle import NETWORK_MODES, UpRequest
 from lab.containerlab.topology import SCHEDULERS, TOPOLOGIES, HostLimits
 from lab.core.inventory import load_inventory
 from lab.core.plan import Options
-from lab.errors import ExitCode
+from lab.errors import ExitCode, UsageError
 from lab.suite import registry
 from lab.transport.ssh import SSHSettings
 
@@ -123,8 +123,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         views.print_hosts_across_machines(console, args.name, found, status.unanswered)
         return ExitCode.OK if found and all(h.ssh for h in found) and not status.unanswered else ExitCode.UNREACHABLE
     if not found:
-        views.print_no_lab(console, args.name)
-        return ExitCode.OK
+        raise UsageError(views.no_lab(args.name))
     views.print_hosts(console, found)
     problems: tuple[str, ...] = ()
     if status.slurm is not None:  # the lab's Slurm cluster: a row per node, and its problems

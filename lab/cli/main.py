@@ -5,15 +5,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
 import logging
 import os
+import platform
 import signal
 import stat
+import sys
 import tempfile
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import argcomplete
+from argcomplete.shell_integration import shellcode
+
+import lab
 from lab.cli.bench import add_bench
 from lab.cli.common import EXIT_CODES, Commands, Parser
 from lab.cli.doctor import add_doctor
@@ -23,25 +30,53 @@ from lab.cli.running import add_launch, add_list, add_run, add_submit
 from lab.cli.views import screen
 from lab.errors import ExitCode, LabError
 
+
+def add_completion(commands: Commands) -> None:
+    completion = commands.add_parser(
+        "completion", help="print the shell completion script for `lab` (bash or zsh), to source from your shell's rc",
+        description="Print a completion script for the `lab` command: e.g. `lab completion bash >> ~/.bashrc`, "
+                    "or `eval \"$(lab completion zsh)\"` in ~/.zshrc. Commands, options and exercise names complete.")
+    completion.add_argument("shell", choices=("bash", "zsh"))
+    completion.set_defaults(handler=cmd_completion)
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    screen.print_verbatim(shellcode(["lab"], shell=args.shell))
+    return ExitCode.OK
+
+
 # Each command adds its parser, in the order the top-level help lists them.
 COMMANDS: tuple[Callable[[Commands], None], ...] = (
     add_list, add_run, add_grade, add_up, add_launch, add_bench, add_submit, add_doctor, add_down, add_net,
-    add_break, add_fix, add_status, add_ls)
+    add_break, add_fix, add_status, add_ls, add_completion)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
-        prog="python -m lab",
+        prog="lab" if Path(sys.argv[0]).name == "lab" else "python -m lab",
         description="Run torch.distributed exercises on a cluster of hosts and check every result.",
         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=versions(),
+                        help="print the lab's, torch's and Python's versions and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     for add in COMMANDS:
         add(commands)
     return parser
 
 
+def versions() -> str:
+    """The lab's version, and the torch it would run (read from its metadata: no import)."""
+    try:
+        torch = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch = "not installed"
+    return f"lab {lab.__version__} (torch {torch}, Python {platform.python_version()})"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    argcomplete.autocomplete(parser)  # (only when the shell asks for completions: it exits then)
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if getattr(args, "verbose", False) else logging.WARNING,
                         format="lab: %(message)s")
     # Ctrl-C and SIGTERM stop every rank on every host, whatever this process inherited: a shell

@@ -12,6 +12,7 @@ from lab.cli.common import (
     check_timeout,
     cluster,
     cluster_options,
+    exercise_names,
     exercises,
     launcher,
     launcher_option,
@@ -65,7 +66,8 @@ def add_run(commands: Commands) -> None:
     run = add_command(
         commands, "run", help="run exercises on the local cluster or the hosts of an inventory, and check them",
         description="Run exercises (or 'all') and check every rank's result against an independent oracle.")
-    run.add_argument("exercises", nargs="+", metavar="NAME", help="exercise names, or 'all' (see 'list')")
+    exercise_names(run.add_argument("exercises", nargs="+", metavar="NAME",
+                                    help="exercise names, or 'all' (see 'list')"))
     cluster_options(run)
     run.add_argument("--backend", choices=BACKENDS, help="default: nccl when every rank has its own GPU, else gloo")
     run.add_argument("--init", choices=INIT_METHODS, default="env",
@@ -216,7 +218,8 @@ def add_submit(commands: Commands) -> None:
         description="Write an sbatch script that runs `python -m lab run NAME... --hosts slurm` on the nodes "
                     "Slurm gives the job, submit it and print its id; with --wait, wait for it and print its "
                     "report (its exit code is the run's). The job's output and JUnit results go to --out.")
-    submission.add_argument("exercises", nargs="+", metavar="NAME", help="exercise names, or 'all' (see 'list')")
+    exercise_names(submission.add_argument("exercises", nargs="+", metavar="NAME",
+                                    help="exercise names, or 'all' (see 'list')"))
     submission.add_argument("--nodes", type=int, default=2, metavar="N", help="nodes for the job (default 2)")
     submission.add_argument("--ntasks-per-node", type=int, default=1, metavar="S",
                             help="ranks on each node (default 1)")

@@ -176,6 +176,9 @@ class Plan:
     # and the seed they were drawn from (shown, to replay the run: `run --seed`).
     inputs: dict[int, bytes] = field(default_factory=dict, hash=False, repr=False)
     seed: str | None = None
+    # The exercises in the order they were named, as the report lists them (the stages run them grouped
+    # by rendezvous: those that form none first, then the shared group, then each that forms its own).
+    order: tuple[str, ...] = ()
 
     @property
     def checks_network(self) -> bool:
@@ -201,7 +204,7 @@ class Plan:
 
     @property
     def exercise_names(self) -> tuple[str, ...]:
-        return tuple(e["name"] for s in self.stages for e in s.exercises)
+        return self.order or tuple(e["name"] for s in self.stages for e in s.exercises)
 
     def rank_plan(self) -> dict[str, Any]:
         """The instructions every worker reads from LAB_RANK_PLAN."""
@@ -434,7 +437,7 @@ def build_plan(inventory: Inventory, options: Options, token: str | None = None)
                 preflight=options.preflight, part=part,
                 wire=options.wire if options.launcher == "lab" and backend == "gloo" else None,
                 inputs={rank: draw(drawn, seed, rank) for rank in range(inventory.world_size)} if seed else {},
-                seed=seed)
+                seed=seed, order=tuple(e.name for e in options.exercises))
 
 
 def checked_part(options: Options) -> str | None:

@@ -173,13 +173,16 @@ EXERCISES: dict[str, Exercise] = _exercises()
 
 
 def select(names: list[str]) -> list[Exercise]:
-    """The exercises named (``all`` for every one), in suite order, each once.
+    """The exercises named, in the order given (``all``: every one of the suite's, in its order,
+    where it stands), each once.
 
     Raises KeyError with the first unknown name.
     """
-    wanted = {e.name for e in EXERCISES.values() if e.in_all} if "all" in names else set()
-    wanted |= {n for n in names if n != "all"}
     unknown = [n for n in names if n != "all" and n not in EXERCISES]
     if unknown:
         raise KeyError(unknown[0])
-    return [e for e in EXERCISES.values() if e.name in wanted]
+    chosen: dict[str, Exercise] = {}
+    for name in names:
+        for exercise in [e for e in EXERCISES.values() if e.in_all] if name == "all" else [EXERCISES[name]]:
+            chosen.setdefault(exercise.name, exercise)
+    return list(chosen.values())

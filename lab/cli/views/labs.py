@@ -21,10 +21,9 @@ from lab.net.overlay import HostOverlay
 from lab.net.wireguard import INTERFACE, STALE
 
 
-def print_no_lab(console: Console, lab: str) -> None:
+def no_lab(lab: str) -> str:
     start = "`make lab-up`" if lab == DEFAULT_LAB else f"`python -m lab up --name {lab}`"
-    console.print(f"no lab named {lab} is running on this machine's engine; start one with {start} "
-                  f"({ACROSS_MACHINES_HINT})")
+    return f"no lab named {lab} is running on this machine's engine; start one with {start} ({ACROSS_MACHINES_HINT})"
 
 
 def print_hosts(console: Console, found: list[HostStatus]) -> None:

@@ -59,11 +59,15 @@ class LineStreamer:
         self.console.print(text, soft_wrap=True, highlight=False)
 
 
-def print_cause(console: Console, cause: Cause, evidence: bool = True) -> None:
-    """Why the run hung or failed, across its ranks: the headline, a line of evidence per rank, the fix."""
-    console.print(Text(f"lab: {printable(cause.headline)}", style="bold red"), soft_wrap=True, highlight=False)
+def print_cause(console: Console, cause: Cause, evidence: bool = True, interrupted: bool = False) -> None:
+    """Why the run hung or failed, across its ranks: the headline, a line of evidence per rank, the fix.
+    ``interrupted``: the run was stopped (Ctrl-C) before it could say; only where each rank was."""
+    headline = "interrupted; where each rank was:" if interrupted else cause.headline
+    console.print(Text(f"lab: {printable(headline)}", style="bold red"), soft_wrap=True, highlight=False)
     for line in cause.evidence if evidence else ():
         console.print(Text(f"  {printable(line.line())}"), soft_wrap=True, highlight=False)
+    if interrupted:
+        return
     if cause.fix:
         console.print(Text(f"  fix: {printable(cause.fix)}", style="yellow"), soft_wrap=True, highlight=False)
     for note in cause.notes:
@@ -73,7 +77,7 @@ def print_cause(console: Console, cause: Cause, evidence: bool = True) -> None:
 def print_report(console: Console, outcome: RunOutcome, reports: list[ExerciseReport]) -> None:
     console.print()
     if outcome.cause is not None:
-        print_cause(console, outcome.cause)
+        print_cause(console, outcome.cause, interrupted=outcome.status == "interrupted")
         console.print()
     width = max(len(r.name) for r in reports) if reports else 0
     for r in reports:
@@ -142,7 +146,8 @@ def print_launch(console: Console, script: str, outcome: RunOutcome, failed: lis
     plan = outcome.plan
     console.print()
     if outcome.cause is not None:  # (a timeout's ranks say where they were stopped, below)
-        print_cause(console, outcome.cause, evidence=outcome.status != "timeout")
+        print_cause(console, outcome.cause, evidence=outcome.status != "timeout",
+                    interrupted=outcome.status == "interrupted")
     if outcome.cause is None or outcome.status == "timeout":
         for s in failed:
             why = (f"stopped after {plan.timeout:g}s" + (f" at {s.stopped_at}" if s.stopped_at else "")

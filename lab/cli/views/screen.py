@@ -51,6 +51,11 @@ def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2))
 
 
+def print_verbatim(text: str) -> None:
+    """``text`` as it is, for a program to read (a shell's completion script)."""
+    print(text, end="")
+
+
 def print_error(error: Exception) -> None:
     """A LabError's lines, each one ``lab: error: ...``, on stderr."""
     for line in str(error).splitlines():
