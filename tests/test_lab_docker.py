@@ -354,12 +354,18 @@ def test_a_share_cannot_reach_another_shares_listeners_on_its_host(lab_up: Lab, 
     submissions = tmp_path / "class"
     submissions.mkdir()
     (submissions / "eve.py").write_text((REPO / "tests" / "class" / "shares" / "eve.py").read_text())
-    # ann: alice's ring, whose ranks first leave a file in /dev/shm and one by tempfile, then wait a
-    # few seconds, so that her run is there to attack
+    # ann: alice's ring, whose ranks first check that they are in their share's own control groups,
+    # leave a file in /dev/shm and one by tempfile, then wait a few seconds, so that her run is there
+    # to attack
     (submissions / "ann.py").write_text(
-        "import os, tempfile, time\n" + (REPO / "tests" / "class" / "ring" / "alice.py").read_text()
+        "import os, pwd, tempfile, time\n" + (REPO / "tests" / "class" / "ring" / "alice.py").read_text()
         .replace("def ring_allreduce(tensor):\n", "_waited = []\n\n\n"
                  "def ring_allreduce(tensor):\n    if not _waited:\n"
+                 "        me, groups = pwd.getpwuid(os.getuid()).pw_name, open('/proc/self/cgroup').read()\n"
+                 "        for c in ('cpu', 'memory'):\n"
+                 "            if not any(g.split(':')[1].split(',').count(c) and g.endswith(f'/shares/{me}')\n"
+                 "                       for g in groups.splitlines()):\n"
+                 "                raise RuntimeError(f'not in a {c} group of its share: {groups}')\n"
                  "        open(f'/dev/shm/ann-{os.getpid()}', 'w').write('secret')\n"
                  "        tempfile.NamedTemporaryFile(delete=False).write(b'secret')\n"
                  "        _waited.append(time.sleep(6))\n", 1))
@@ -370,7 +376,12 @@ def test_a_share_cannot_reach_another_shares_listeners_on_its_host(lab_up: Lab, 
     assert seen is not None, grades["eve"]
     reached, listeners, touched, processes, read, files = map(int, seen.groups())
     assert (reached, touched, read) == (0, 0, 0) and min(listeners, processes, files) > 0, grades["eve"]
-    assert "cannot keep shares apart" not in result.out
+    assert "cannot keep shares apart" not in result.out and "share its CPU and memory" not in result.out
+    # the two shares on node1 have half its memory each
+    host = _client().containers.get(TOPOLOGY.container(1))
+    for user in ("share1", "share2"):
+        code, limit = host.exec_run(["cat", f"/run/lab-groups/memory/{user}/memory.limit_in_bytes"])
+        assert code == 0 and abs(int(limit) - host.attrs["HostConfig"]["Memory"] // 2) < 4096, (user, limit)
 
 
 def grade_two_shares_on_node1(lab_up: Lab, tmp_path: Path, submissions: Path) -> tuple[Result, dict]:

@@ -1,7 +1,7 @@
 """Short-lived helpers: a container with NET_ADMIN that joins one lab host's network namespace,
 runs one shell script there and goes, so the host itself never needs the capability (its
-routes in the cross-VPC lab, the faults of ``lab break``, the shares' packet filter); and root's
-shell inside a host."""
+routes in the cross-VPC lab, the faults of ``lab break``, the shares' packet filter); one with
+SYS_ADMIN in a host's mount namespace (the shares' control groups); and root's shell inside a host."""
 from __future__ import annotations
 
 import shlex
@@ -44,6 +44,17 @@ def in_namespace(client: docker.DockerClient, topology: Topology, i: int, script
     host = running_host(client, topology, i)
     return _helper(client, topology, i, image or host.image.id, ["sh", "-c", script], "in its network namespace",
                    network_mode=f"container:{host.id}", cap_add=["NET_ADMIN"])
+
+
+def in_mounts(client: docker.DockerClient, topology: Topology, i: int, script: str) -> str:
+    """Run ``script`` (sh) as root in host i's mount namespace, entered through its init's (in its
+    PID namespace), with the engine's cgroup namespace and SYS_ADMIN (to mount) and CHOWN; its
+    output. How a host gets mounts of its own without keeping the capability."""
+    host = running_host(client, topology, i)
+    argv = ["nsenter", "--target", "1", "--mount", "--", "sh", "-c", script]
+    return _helper(client, topology, i, host.image.id, argv, "in its mount namespace",
+                   pid_mode=f"container:{host.id}", cgroupns="host",
+                   cap_add=["SYS_ADMIN", "SYS_PTRACE", "SYS_CHROOT", "CHOWN"])
 
 
 def _helper(client: docker.DockerClient, topology: Topology, i: int, image: str, argv: list[str], where: str,

@@ -1,4 +1,5 @@
-"""Shares that cannot reach each other's sockets: the packet filter every container lab host gets.
+"""Shares that cannot reach each other's sockets nor take each other's CPU and memory: what every
+container lab host gets before shares are graded on it at once.
 
 ``lab grade --hosts --parallel K`` runs each share's submissions as a user of its own
 (``grade_users``: share1..share8). Users of one host see each other's listeners (/proc/net/tcp)
@@ -15,19 +16,32 @@ or flood another's rendezvous. Here the kernel keeps them apart, whatever a rank
   connect times out).
 
 So a share's ranks reach their own store and their own peers on every host, and nothing of
-another share's; the lab's own connections (SSH, to sshd as root) are untouched. The filter is
-set in each host's network namespace by a helper with NET_ADMIN (the host stays unprivileged),
-and :data:`MARKER` says so on the host, written by root after it: the host's network namespace
-(``/proc/self/ns/net``), so that a host restarted since (a new namespace, no filter) no longer
-shows it. ``lab grade`` runs shares at once only on hosts that show it (:data:`CHECK`), and sets
-the filter itself on the hosts of a lab of this machine's engine that do not show it yet
-(:func:`isolate_lab_of`: once, about half a second, paid by grading rather than by every
+another share's; the lab's own connections (SSH, to sshd as root) are untouched.
+
+And each share has its own part of the host's CPU and memory: a control group per share user
+(:data:`GROUPS`), made inside the host's own group, so that the host's limits bound them all; equal
+CPU weights, and each share's memory limit is the host's over the shares graded there at once
+(:func:`share_memory`, set by each ``lab grade``). A host's cgroup tree is read-only inside it, so
+a helper mounts the part that holds the share groups (only that: the host's own limits stay out
+of reach) at :data:`GROUPS` in the host's mount namespace; each group's member list is its user's
+to write, and the lab's reaper (``lab.rank.reaper``), the first process of every launch, joins
+its user's group before it starts anything: a share's processes cannot leave it, nor enter
+another's. (cgroup v1, as on these engines; a host with cgroup v2 alone gets the filter and no
+groups, and the grader says that its shares share its CPU and memory.)
+
+The filter is set in each host's network namespace by a helper with NET_ADMIN, the groups by one
+with SYS_ADMIN in its mount namespace (the host itself stays unprivileged), and :data:`MARKER`
+says so on the host, written by root after both: the host's network namespace
+(``/proc/self/ns/net``), so that a host restarted since (a new namespace, no filter, no groups)
+no longer shows it. ``lab grade`` runs shares at once only on hosts that show it (:data:`CHECK`),
+and sets both itself on the hosts of a lab of this machine's engine that do not show it yet
+(:func:`keep_apart_on_lab_of`: once, about a second, paid by grading rather than by every
 ``lab up``); elsewhere it grades one share at a time, and says why.
 """
 from __future__ import annotations
 
 import shlex
-from collections.abc import Collection
+from collections.abc import Mapping
 
 import docker
 from docker.errors import DockerException
@@ -35,9 +49,13 @@ from docker.errors import DockerException
 from lab.containerlab import containers, engine, helper
 from lab.containerlab.engine import EngineError, each
 from lab.containerlab.topology import GRADE_USERS, Topology
+from lab.rank.reaper import SHARE_CONTROLLERS, SHARE_GROUPS
 
 MARKER = "/etc/lab/shares-isolated"  # on a host: its shares are kept apart (written by root, after the filter)
 CHECK = f'[ "$(cat {MARKER} 2>/dev/null)" = "$(readlink /proc/self/ns/net)" ]'  # sh: the filter is in place
+GROUPS = SHARE_GROUPS  # on a host: a folder per controller, a control group per share user in each
+CONTROLLERS = SHARE_CONTROLLERS
+GROUPED = f"mountpoint -q {GROUPS}/memory"  # sh: the share groups are there (lab.rank.reaper joins them)
 DSCP_BASE = 48  # share N's packets carry DSCP_BASE + N (49..56: codes no standard class uses)
 _OUT, _IN, _ANSWER = "LAB-SHARES-OUT", "LAB-SHARES-IN", "LAB-SHARES-ANSWER"
 
@@ -66,26 +84,69 @@ def filter_script(users: tuple[str, ...] = GRADE_USERS) -> str:
     return " && ".join([f"printf %s {shlex.quote(batch)} | iptables-restore -w 5 --noflush", *jumps])
 
 
-def isolate_lab_of(addresses: Collection[str]) -> str | None:
-    """Set the filter on the lab of this machine's engine whose hosts have ``addresses`` (an
-    inventory's), if there is one and an engine answers: its name, else None."""
+def keep_apart_on_lab_of(shares_at: Mapping[str, int], isolate_now: bool) -> str | None:
+    """On the lab of this machine's engine whose hosts have the addresses of ``shares_at`` (an
+    inventory's: address -> how many shares run there at once), if there is one and an engine
+    answers: set the filter and the share groups (``isolate_now``), then give each share on a host
+    its part of the host's memory. The lab's name, else None."""
     try:
         client = engine.client()
-        name = containers.lab_with_hosts(client, addresses)
+        name = containers.lab_with_hosts(client, list(shares_at))
         if name is not None:
-            isolate(client, containers.running_topology(client, name))
+            topology = containers.running_topology(client, name)
+            if isolate_now:
+                isolate(client, topology)
+            share_memory(client, topology, {i: shares_at.get(topology.address(i), 0) for i in topology.indices()})
         return name
     except (EngineError, DockerException):
         return None
 
 
 def isolate(client: docker.DockerClient, topology: Topology) -> None:
-    """Set the filter on every host of the lab, then the marker that says so (one line naming a
-    host where either fails)."""
-    script = filter_script()
+    """Set the filter and the share groups on every host of the lab, then the marker that says so
+    (one line naming a host where any step fails)."""
+    script, groups = filter_script(), groups_script()
 
     def one(i: int) -> None:
         helper.in_namespace(client, topology, i, script)
+        helper.in_mounts(client, topology, i, groups)
         helper.in_host(client, topology, i, f"readlink /proc/self/ns/net > {MARKER}")
 
     each(one, list(topology.indices()))
+
+
+def groups_script(users: tuple[str, ...] = GRADE_USERS) -> str:
+    """sh, run in a host's mount namespace (by a helper in its PID namespace, with the engine's
+    cgroup namespace): for each controller, the hierarchy mounted aside, a folder ``shares`` made
+    in the host's own group, bound (alone) at ``GROUPS/CONTROLLER``, the aside mount gone; a group
+    for each share user in it, whose member list that user alone may write. Run again, it changes
+    nothing."""
+    def controller(c: str) -> str:
+        return f"""
+line=$(grep -E '^[0-9]+:([^:]*,)?{c}(,[^:]*)?:' /proc/1/cgroup) || {{ echo "no cgroup v1 {c} hierarchy"; exit 0; }}
+options=${{line#*:}}; options=${{options%%:*}}; own=${{line#*:*:}}; g={GROUPS}/{c}
+mkdir -p "$g"
+if ! mountpoint -q "$g"; then
+  aside=$(mktemp -d /run/lab-groups-aside.XXXXXX)
+  mount -t cgroup -o "$options" cgroup "$aside"
+  mkdir -p "$aside$own/shares"
+  mount --bind "$aside$own/shares" "$g"
+  umount "$aside"; rmdir "$aside"
+fi
+for u in {" ".join(users)}; do mkdir -p "$g/$u"; chown "$u" "$g/$u/cgroup.procs" "$g/$u/tasks"; done
+"""
+    return "set -e" + "".join(controller(c) for c in CONTROLLERS)
+
+
+def share_memory(client: docker.DockerClient, topology: Topology, shares_at: Mapping[int, int]) -> None:
+    """Give each share user's group on host i its part of the host's memory: the host's limit
+    over the shares that run there at once (``shares_at``: host index -> how many; 0: untouched)."""
+
+    def one(i: int) -> None:
+        memory = int(helper.running_host(client, topology, i).attrs["HostConfig"].get("Memory") or 0)
+        if shares_at[i] and memory:
+            part = memory // shares_at[i]
+            helper.in_host(client, topology, i, " && ".join(
+                f"echo {part} > {GROUPS}/memory/{u}/memory.limit_in_bytes" for u in GRADE_USERS))
+
+    each(one, [i for i in topology.indices() if shares_at.get(i)])

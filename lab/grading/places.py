@@ -182,14 +182,24 @@ def _share_user(host: Host, share: int) -> str | None:
 ISOLATION_TIMEOUT = 20.0  # seconds for a host to say whether it keeps shares apart
 
 
-def unisolated_hosts(inventory: Inventory, ssh: SSHSettings | None) -> list[str]:
-    """The SSH hosts that do not show the packet filter keeping shares apart (lab.containerlab.shares:
-    a container lab's hosts have it; a VM, unless set up so, has not), or could not say: there the
-    submissions of different shares could reach each other's sockets, so they are graded one share
-    at a time."""
+@dataclass(frozen=True)
+class Sharing:
+    """What the SSH hosts of an inventory show of the means to grade shares at once (lab.containerlab.shares)."""
+
+    unisolated: list[str]  # no packet filter keeping shares apart (or could not say): one share at a time there
+    ungrouped: list[str]  # no control group per share: shares there share its CPU and memory
+
+
+def sharing(inventory: Inventory, ssh: SSHSettings | None) -> Sharing:
+    """Which SSH hosts show the packet filter and the share groups: a container lab's hosts have
+    them once ``lab grade`` set them; a VM, unless set up so, has not."""
+    script = f"{{ {shares.CHECK}; }} && echo isolated; {{ {shares.GROUPED}; }} && echo grouped; true"
     found = for_each_host({h.name: h for h in inventory.hosts if h.connection == "ssh"},
-                          lambda host: _sh(host, ssh, shares.CHECK, ISOLATION_TIMEOUT)[0] == 0)
-    return sorted(name for name, shown in found.items() if shown is not True)
+                          lambda host: _sh(host, ssh, script, ISOLATION_TIMEOUT))
+    said = {name: set(out[1].split()) if isinstance(out, tuple) and out[0] == 0 else set()
+            for name, out in found.items()}
+    return Sharing(sorted(n for n, words in said.items() if "isolated" not in words),
+                   sorted(n for n, words in said.items() if "grouped" not in words))
 
 
 def one_user_hosts(inventory: Inventory) -> list[str]:
@@ -259,8 +269,8 @@ class Places:
     makers: list[PlaceMaker]  # one for each submission graded at once
     one_user_hosts: list[str] = field(default_factory=list)  # see one_user_hosts
     at_once: bool = False  # more than one submission graded at a time
-    unisolated: list[str] = field(default_factory=list)  # see unisolated_hosts: why one share at a time
-    crowded: list[str] = field(default_factory=list)  # hosts where several shares run at once
+    unisolated: list[str] = field(default_factory=list)  # see sharing: why one share at a time
+    crowded: list[str] = field(default_factory=list)  # hosts where several shares run at once, with no group each
 
 
 @contextlib.contextmanager
@@ -271,14 +281,18 @@ def places_for(request: GradeRequest, ssh: SSHSettings, say: Say, working: Worki
     if request.hosts:
         inventory = with_master_address(load_inventory(request.hosts), ssh)
         split = split_inventory(inventory, request.parallel, request.exercise.min_ranks)
-        unisolated = unisolated_hosts(inventory, ssh) if request.parallel > 1 else []
-        if unisolated and (lab := shares.isolate_lab_of([h.address for h in inventory.hosts])) is not None:
-            say(f"set the packet filter that keeps shares apart on the hosts of lab {lab}")
-            unisolated = unisolated_hosts(inventory, ssh)
-        makers = [fixed(share, ssh) for share in split][:1 if unisolated else None]
-        crowded = [h.name for h in inventory.hosts
-                   if sum(h.name in {x.name for x in share.hosts} for share in split) > 1] if len(makers) > 1 else []
-        yield Places(makers, one_user_hosts(inventory), len(makers) > 1, unisolated, crowded)
+        found = sharing(inventory, ssh) if request.parallel > 1 else Sharing([], [])
+        shares_at = {h.name: sum(h.name in {x.name for x in share.hosts} for share in split) for h in inventory.hosts}
+        if request.parallel > 1:
+            lab = shares.keep_apart_on_lab_of({h.address: shares_at[h.name] for h in inventory.hosts},
+                                              isolate_now=bool(found.unisolated))
+            if lab is not None and found.unisolated:
+                say(f"set the packet filter and the share groups that keep shares apart on the hosts of lab {lab}")
+                found = sharing(inventory, ssh)
+        makers = [fixed(share, ssh) for share in split][:1 if found.unisolated else None]
+        crowded = [name for name, count in shares_at.items() if count > 1 and name in found.ungrouped]
+        yield Places(makers, one_user_hosts(inventory), len(makers) > 1, found.unisolated,
+                     crowded if len(makers) > 1 else [])
     elif request.sandbox == "none":
         yield Places([fixed(local_inventory(request.nproc))] * request.parallel)
     else:

@@ -23,6 +23,7 @@ import contextlib
 import ctypes
 import json
 import os
+import pwd
 import signal
 import sys
 import time
@@ -120,6 +121,25 @@ def read_env() -> dict[str, str]:
     return env
 
 
+SHARE_GROUPS = "/run/lab-groups"  # (lab.containerlab.shares makes them) a folder per controller, a group per share user
+SHARE_CONTROLLERS = ("cpu", "memory")
+
+
+def join_share_group() -> None:
+    """On a host with share groups (lab.containerlab.shares), a share user's launch joins its
+    user's group in each controller before it starts anything: all it starts stays there."""
+    try:
+        user = pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return
+    for controller in SHARE_CONTROLLERS:
+        try:
+            with open(f"{SHARE_GROUPS}/{controller}/{user}/cgroup.procs", "w") as members:
+                members.write("0")  # (0: the writer)
+        except OSError:  # (no such group here: this host has none, or this user is no share's)
+            pass
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == [ENV_ON_STDIN]:
         try:
@@ -132,6 +152,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -S lab/rank/reaper.py [--env-on-stdin] PROGRAM [ARG...]", file=sys.stderr)
         return 2
     become_subreaper()
+    join_share_group()
     marked, mark_written = os.pipe()  # the program starts once the pid mark is out, never before it
     child = os.fork()
     if child == 0:  # the program: a process group of its own, the one the lab signals
