@@ -8,6 +8,7 @@ import subprocess
 import pytest
 import yaml
 
+from lab.containerlab.containers import temp_mounts
 from lab.containerlab.topology import (
     LABEL,
     NAME_LABEL,
@@ -45,6 +46,7 @@ def test_compose_file_matches_the_topology_lab_up_creates() -> None:
         limits = HostLimits()
         assert service["mem_limit"] == service["memswap_limit"] == f"{limits.memory_mb}m"
         assert service["pids_limit"] == limits.pids
+        assert dict(t.split(":", 1) for t in service["tmpfs"]) == temp_mounts(limits)
     network = data["networks"][topology.networks()[0].name]
     assert network["name"] == topology.networks()[0].name and network["labels"] == {LABEL: "1", NAME_LABEL: "lab"}
     assert network["ipam"]["config"] == [{"subnet": topology.subnet, "gateway": topology.gateway}]

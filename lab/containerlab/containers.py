@@ -85,12 +85,19 @@ class HostContainer:
         return self.on_machine if self.machine else f" at {self.address} on {self.network}"
 
 
+def temp_mounts(limits: HostLimits) -> dict[str, str]:
+    """A lab host's temporary folders: in memory, so that what a process writes there is charged to
+    its memory group (a share's files to its share's part of the host: lab.containerlab.shares)."""
+    return {path: f"rw,nosuid,nodev,mode=1777,size={limits.memory_mb}m" for path in ("/tmp", "/var/tmp")}
+
+
 def host_config(client: docker.DockerClient, limits: HostLimits, gpus: bool, **more: Any) -> dict[str, Any]:
     """What every lab host's container runs with: unprivileged (sshd's capabilities only, no new
-    privileges), an init, a large /dev/shm, the memory and process limits, the engine's GPUs
-    when asked; ``more``: the rest of create_host_config's arguments (binds, networking)."""
+    privileges), an init, a large /dev/shm, temporary folders in memory, the memory and process
+    limits, the engine's GPUs when asked; ``more``: the rest of create_host_config's arguments
+    (binds, networking)."""
     return dict(client.api.create_host_config(
-        shm_size="1g", init=True, cap_drop=["ALL"], cap_add=list(HostLimits.CAPABILITIES),
+        shm_size="1g", tmpfs=temp_mounts(limits), init=True, cap_drop=["ALL"], cap_add=list(HostLimits.CAPABILITIES),
         security_opt=["no-new-privileges"], mem_limit=limits.memory_mb << 20, memswap_limit=limits.memory_mb << 20,
         pids_limit=limits.pids,
         device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None, **more))
@@ -106,7 +113,7 @@ def keeps(c: Container, host: HostContainer) -> bool:
     if not (c.status == "running" and host.image in c.image.tags
             and all(c.labels.get(k) == v for k, v in host.labels.items())
             and config.get("Memory") == host.limits.memory_mb << 20 and config.get("PidsLimit") == host.limits.pids
-            and config.get("CapDrop") == ["ALL"]
+            and config.get("CapDrop") == ["ALL"] and config.get("Tmpfs") == temp_mounts(host.limits)
             and (host.network is None or bool(endpoint) and (
                 host.address is None or (endpoint.get("IPAMConfig") or {}).get("IPv4Address") == host.address))):
         return False

@@ -96,8 +96,8 @@ class Hosts:
 
 SWEEP_TIMEOUT = 20.0  # seconds for a host to stop a share user's processes and look again
 # As the share user: every process of its own but this command's ancestors (its SSH session) is
-# what a submission left; each is named and killed, its files in the temporary folders removed,
-# then whatever process is still there is named again.
+# what a submission left; each is named and killed, its files in the temporary folders (and the
+# shared folder, the script's arguments) removed, then whatever process is still there is named again.
 SWEEP = r"""
 keep=" "; p=$$
 while [ -n "$p" ] && [ "$p" -gt 1 ]; do
@@ -111,7 +111,7 @@ for d in /proc/[0-9]*; do
   kill -9 "$pid" 2>/dev/null && echo "left: $name (pid $pid)"
 done
 sleep 0.3
-find /tmp /var/tmp /dev/shm -xdev -mindepth 1 -user "$(id -u)" -delete 2>/dev/null
+find /tmp /var/tmp /dev/shm "$@" -xdev -mindepth 1 -user "$(id -u)" -delete 2>/dev/null
 for d in /proc/[0-9]*; do
   pid=${d#/proc/}
   case "$keep" in *" $pid "*) continue ;; esac
@@ -121,17 +121,18 @@ true
 """
 
 
-def _sh(host: Host, ssh: SSHSettings | None, script: str, timeout: float) -> tuple[int | None, str]:
-    """``script`` run by sh on ``host`` as its user: its status (None: no answer in time), its output."""
+def _sh(host: Host, ssh: SSHSettings | None, script: str, timeout: float, *args: str) -> tuple[int | None, str]:
+    """``script`` run by sh on ``host`` as its user, with ``args``: its status (None: no answer in
+    time), its output."""
     transport = transport_for(host, ssh)
     try:
-        return transport.call(["/bin/sh", "-c", script], timeout)
+        return transport.call(["/bin/sh", "-c", script, "sh", *args], timeout)
     finally:
         transport.close()
 
 
 def _sweep(host: Host, ssh: SSHSettings | None) -> list[str]:
-    status, output = _sh(host, ssh, SWEEP, SWEEP_TIMEOUT)
+    status, output = _sh(host, ssh, SWEEP, SWEEP_TIMEOUT, *([host.shared_dir] if host.shared_dir else []))
     if status is None:
         return [f"{host.name}: could not look: no answer within {SWEEP_TIMEOUT:g}s"]
     lines = [line for line in output.splitlines() if line.startswith(("left: ", "survived: "))]
