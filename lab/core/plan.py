@@ -157,6 +157,10 @@ class Plan:
     launcher: Launcher = "lab"
     rdzv_endpoint: str | None = None  # torchrun: ADDR:PORT of the c10d rendezvous
     port_count: int = 0  # ports to hold on rank 0's host (``${port0}``...)
+    # The lab's own processes take the held ports from the holder (lab.rank.ports --exclusive): rank 0's
+    # stage stores and the preflight on MASTER_PORT, under the lab's launcher or spawn; no other user's
+    # socket can bind them meanwhile. (Not where a user's program or torchrun binds them itself.)
+    hands_over_ports: bool = False
     memory_mb: int | None = None  # see Options
     pids: int | None = None  # see Options
     partition: str | None = None  # see Options
@@ -209,7 +213,8 @@ class Plan:
     def rank_plan(self) -> dict[str, Any]:
         """The instructions every worker reads from LAB_RANK_PLAN."""
         return {"token": self.token, "backend": self.backend, "timeout": self.timeout,
-                "memory_mb": self.memory_mb, "pids": self.pids, "stages": [asdict(s) for s in self.stages]}
+                "memory_mb": self.memory_mb, "pids": self.pids, "hands_over_ports": self.hands_over_ports,
+                "stages": [asdict(s) for s in self.stages]}
 
     @property
     def program(self) -> tuple[str, ...]:
@@ -243,7 +248,8 @@ class Plan:
                 env[WIRE_VAR] = self.wire
             if self.checks_network:
                 env[PREFLIGHT_VAR] = json.dumps({"name": host.name, "master_addr": self.master_addr,
-                                                 "master_port": self.master_port if node_rank == 0 else None})
+                                                 "master_port": self.master_port if node_rank == 0 else None,
+                                                 "take_master_port": self.hands_over_ports and node_rank == 0})
             launches.append(Launch(host.name, ranks, (*args, *self.program), env))
         return tuple(launches)
 
@@ -437,7 +443,8 @@ def build_plan(inventory: Inventory, options: Options, token: str | None = None)
                 preflight=options.preflight, part=part,
                 wire=options.wire if options.launcher == "lab" and backend == "gloo" else None,
                 inputs={rank: draw(drawn, seed, rank) for rank in range(inventory.world_size)} if seed else {},
-                seed=seed, order=tuple(e.name for e in options.exercises))
+                seed=seed, order=tuple(e.name for e in options.exercises),
+                hands_over_ports=options.launcher in ("lab", "spawn"))
 
 
 def checked_part(options: Options) -> str | None:

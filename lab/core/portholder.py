@@ -8,6 +8,7 @@ from typing import Any
 
 from lab.core.plan import Plan
 from lab.errors import RunError
+from lab.rank.ports import EXCLUSIVE
 from lab.rank.protocol import EVENT_MAX, LINE_MAX, parse_event
 from lab.transport import RankProcess, Transport
 
@@ -20,7 +21,8 @@ def hold_ports(transport: Transport, plan: Plan) -> tuple[RankProcess, tuple[int
     assert transport.run_dir is not None
     env = {"PYTHONPATH": f"{transport.run_dir}/code", "LAB_TOKEN": plan.token, "PYTHONUNBUFFERED": "1"}
     try:
-        holder = transport.start([*transport.module_argv("lab.rank.ports"), str(plan.port_count)], env,
+        holder = transport.start([*transport.module_argv("lab.rank.ports"),
+                                  *([EXCLUSIVE] if plan.hands_over_ports else []), str(plan.port_count)], env,
                                  transport.run_dir)
     except OSError as exc:
         raise RunError(f"host {transport.host.name}: cannot start the port holder: {exc}") from exc

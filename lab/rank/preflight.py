@@ -12,7 +12,8 @@ listener in the launcher would answer its peers late, and be taken for absent.
 
 1. The helper reports this host's ``facts`` (the address gloo will advertise, from its hostname or
    GLOO_SOCKET_IFNAME, its interfaces, the port its listener took; rank 0's host listens on
-   MASTER_PORT too, which the run's port holder lets it bind), then waits for the controller's line
+   MASTER_PORT too, which the run's port holder lets it bind, or hands it over: lab.rank.ports),
+   then waits for the controller's line
    of targets (``{"targets": [...]}``: MASTER_ADDR:MASTER_PORT and every peer's advertised address),
    connects to them all at once (``lab.rank.probe.check_links``: judged by what the network answers)
    and reports the ``links``.
@@ -41,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
+from lab.rank import ports
 from lab.rank.netfacts import Target
 from lab.rank.probe import check_links, survey
 from lab.rank.protocol import emit
@@ -136,8 +138,9 @@ def _check(spec: dict[str, Any], token: str) -> bool:
     to go only once rank 0's host has). Whether the verdict was ``go``."""
     name, stdin = str(spec["name"]), _Stdin(lambda: emit(token, "pulse", cpu=round(launcher_cpu(), 2)))
     port = spec.get("master_port")
+    held = ports.take(int(port)) if port is not None and spec.get("take_master_port") else None
     facts, listeners = survey(name, token, TIMEOUT, str(spec["master_addr"]),
-                              int(port) if port is not None else None, lookups=False)
+                              int(port) if port is not None else None, lookups=False, master_socket=held)
     try:
         emit(token, "facts", **facts)
         line = stdin.line()

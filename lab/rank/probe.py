@@ -227,9 +227,12 @@ def _server_socket(port: int) -> socket.socket:
 class Listener:
     """Answers the other probes' handshakes on one port of every address, on its own thread."""
 
-    def __init__(self, name: str, token: str, port: int, timeout: float) -> None:
+    def __init__(self, name: str, token: str, port: int, timeout: float, bound: socket.socket | None = None) -> None:
+        """On ``port``, or on ``bound`` (a socket bound to it already, which it takes)."""
         self.name, self.token, self.timeout = name, token, timeout
-        self._socket = _server_socket(port)
+        if bound is not None:
+            bound.listen(128)
+        self._socket = bound or _server_socket(port)
         self._socket.settimeout(ACCEPT_POLL)
         self.port = int(self._socket.getsockname()[1])
         self.heard: dict[str, set[str]] = {}  # source address -> the names that came from it
@@ -478,10 +481,11 @@ def runtime_facts() -> dict[str, Any]:
 
 
 def survey(name: str, token: str, timeout: float, master_addr: str, master_port: int | None,
-           lookups: bool = True) -> tuple[dict[str, Any], list[Listener]]:
+           lookups: bool = True, master_socket: socket.socket | None = None) -> tuple[dict[str, Any], list[Listener]]:
     """This host's facts (the ``facts`` event's fields) and its listeners, started: the mesh's on a
-    free port, and MASTER_PORT's when ``master_port`` is given. ``lookups``: also time reverse
-    lookups of the advertised address and MASTER_ADDR (the doctor's; the preflight needs none)."""
+    free port, and MASTER_PORT's when ``master_port`` is given (on ``master_socket``, bound to it,
+    where the port holder handed it over). ``lookups``: also time reverse lookups of the advertised
+    address and MASTER_ADDR (the doctor's; the preflight needs none)."""
     hostname = socket.gethostname()
     interfaces = read_interfaces()
     resolved = resolve(hostname, timeout)
@@ -493,7 +497,7 @@ def survey(name: str, token: str, timeout: float, master_addr: str, master_port:
     listeners, master_error = [mesh], None
     if master_port is not None:
         try:
-            listeners.append(Listener(name, token, master_port, timeout))
+            listeners.append(Listener(name, token, master_port, timeout, master_socket))
         except OSError as exc:
             master_port, master_error = None, describe(exc)[1]
     facts = dict(hostname=hostname, python=sys.version.split()[0], executable=sys.executable, machine=machine_id(),

@@ -302,7 +302,9 @@ class Rank:
     def _run_stage(self, stage: dict[str, Any], init_method: str | None, shared: bool) -> int:
         import torch.distributed as dist
 
+        store = None  # rank 0's store on the held port, for as long as the stage lasts (held_store)
         try:
+            store = self.held_store(stage)
             if stage["init"] == "file":
                 ensure_shared_path(stage["path"], self.rank, self.size, self.timeout)
             if shared:
@@ -327,7 +329,28 @@ class Rank:
         finally:
             if shared and dist.is_initialized():
                 dist.destroy_process_group()
+            del store
         return failures
+
+    def held_store(self, stage: dict[str, Any]) -> object | None:
+        """On rank 0, where the lab hands over the held ports (lab.rank.ports): the stage's store,
+        listening on the very socket the port holder held its port with, so that no other user's
+        socket could take the port meanwhile. torch's rendezvous on that port (the lab's, or the
+        exercise's own) finds it: a master store is one per port in a process (multi-tenant)."""
+        port = stage.get("port")
+        if self.rank != 0 or not self.plan.get("hands_over_ports") or port is None:
+            return None
+        import torch.distributed as dist
+
+        from lab.rank.ports import take
+
+        held = take(int(port))
+        if held is None:
+            raise RuntimeError(f"the run's port holder handed over no socket for port {port}")
+        return dist.TCPStore(stage["addr"], int(port), self.size, True, wait_for_workers=False,  # type: ignore[attr-defined]
+                             multi_tenant=True,
+                             timeout=datetime.timedelta(seconds=self.timeout + GROUP_TIMEOUT_MARGIN),
+                             master_listen_fd=held.detach())  # (the store's from now on: it closes it)
 
     def run_exercise(self, exercise: dict[str, Any], init_method: str | None) -> bool:
         from lab.rank.calls import RECORDER
