@@ -219,8 +219,10 @@ def test_srun_needs_as_many_ranks_on_every_node() -> None:
         build_plan(uneven, opts("p2p", launcher="srun"), TOKEN)
 
 
-def test_select_keeps_suite_order_and_rejects_unknown_names() -> None:
-    assert [e.name for e in registry.select(["barrier", "p2p", "p2p"])] == ["p2p", "barrier"]
+def test_select_keeps_the_order_named_and_rejects_unknown_names() -> None:
+    assert [e.name for e in registry.select(["barrier", "p2p", "barrier"])] == ["barrier", "p2p"]
+    every = [e.name for e in registry.select(["all"])]  # (all: the suite's order, where it stands)
+    assert [e.name for e in registry.select(["barrier", "all"])] == ["barrier", *(n for n in every if n != "barrier")]
     with pytest.raises(KeyError):
         registry.select(["p2p", "nope"])
 
