@@ -1,5 +1,5 @@
-"""Shares that cannot reach each other's sockets nor take each other's CPU and memory: what every
-container lab host gets before shares are graded on it at once.
+"""Shares that cannot reach each other's sockets, see each other's processes nor take each other's
+CPU and memory: what every container lab host gets before shares are graded on it at once.
 
 ``lab grade --hosts --parallel K`` runs each share's submissions as a user of its own
 (``grade_users``: share1..share8). Users of one host see each other's listeners (/proc/net/tcp)
@@ -26,8 +26,11 @@ a helper mounts the part that holds the share groups (only that: the host's own 
 of reach) at :data:`GROUPS` in the host's mount namespace; each group's member list is its user's
 to write, and the lab's reaper (``lab.rank.reaper``), the first process of every launch, joins
 its user's group before it starts anything: a share's processes cannot leave it, nor enter
-another's. (cgroup v1, as on these engines; a host with cgroup v2 alone gets the filter and no
-groups, and the grader says that its shares share its CPU and memory.)
+another's. With the groups, /proc is remounted ``hidepid=invisible``: a user sees only their own
+processes, and what /proc hides from its own user (what is not dumpable) the reaper still finds by
+the kernel's list of its children and the grader's sweep by the share's groups. (cgroup v1, as on
+these engines; a host with cgroup v2 alone gets the filter and no groups, and the grader says that
+its shares share its CPU and memory.)
 
 The filter is set in each host's network namespace by a helper with NET_ADMIN, the groups by one
 with SYS_ADMIN in its mount namespace (the host itself stays unprivileged), and :data:`MARKER`
@@ -135,7 +138,9 @@ if ! mountpoint -q "$g"; then
 fi
 for u in {" ".join(users)}; do mkdir -p "$g/$u"; chown "$u" "$g/$u/cgroup.procs" "$g/$u/tasks"; done
 """
-    return "set -e" + "".join(controller(c) for c in CONTROLLERS)
+    # Then /proc shows each user only their own processes; the groups, which list a share's processes
+    # whatever /proc shows, are how the grader's sweep finds them all (lab.grading.places.SWEEP).
+    return "set -e" + "".join(controller(c) for c in CONTROLLERS) + "mount -o remount,hidepid=invisible /proc\n"
 
 
 def share_memory(client: docker.DockerClient, topology: Topology, shares_at: Mapping[int, int]) -> None:

@@ -96,29 +96,33 @@ class Hosts:
 
 SWEEP_TIMEOUT = 20.0  # seconds for a host to stop a share user's processes and look again
 # As the share user: every process of its own but this command's ancestors (its SSH session) is
-# what a submission left; each is named and killed, its files in the temporary folders (and the
-# shared folder, the script's arguments) removed, then whatever process is still there is named again.
+# what a submission left, found in /proc and in the share's groups (which list those /proc hides
+# from their own user: lab.containerlab.shares); each is named and killed, its files in the
+# temporary folders (and the shared folder, the script's arguments) removed, then whatever
+# process is still there is named again.
 SWEEP = r"""
 keep=" "; p=$$
 while [ -n "$p" ] && [ "$p" -gt 1 ]; do
   keep="$keep$p "; p=$(sed 's/^.*) //' /proc/$p/stat 2>/dev/null | cut -d' ' -f2)
 done
-for d in /proc/[0-9]*; do
-  pid=${d#/proc/}
-  case "$keep" in *" $pid "*) continue ;; esac
-  [ -O "$d" ] || continue
-  name=$(cat "$d/comm" 2>/dev/null) || continue
-  kill -9 "$pid" 2>/dev/null && echo "left: $name (pid $pid)"
+mine() {
+  cat GROUPS/*/"$(id -un)"/cgroup.procs 2>/dev/null
+  for d in /proc/[0-9]*; do [ -O "$d" ] && echo "${d#/proc/}"; done
+}
+killed=" "
+for pid in $(mine); do
+  case "$keep$killed" in *" $pid "*) continue ;; esac
+  name=$(cat "/proc/$pid/comm" 2>/dev/null) || name="a process hidden from its user"
+  kill -9 "$pid" 2>/dev/null && killed="$killed$pid " && echo "left: $name (pid $pid)"
 done
 sleep 0.3
 find /tmp /var/tmp /dev/shm "$@" -xdev -mindepth 1 -user "$(id -u)" -delete 2>/dev/null
-for d in /proc/[0-9]*; do
-  pid=${d#/proc/}
+for pid in $(mine); do
   case "$keep" in *" $pid "*) continue ;; esac
-  [ -O "$d" ] && [ "$(sed 's/^.*) //' "$d/stat" 2>/dev/null | cut -c1)" != Z ] && echo "survived: pid $pid"
+  [ "$(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | cut -c1)" != Z ] && echo "survived: pid $pid"
 done
 true
-"""
+""".replace("GROUPS", shares.GROUPS)
 
 
 def _sh(host: Host, ssh: SSHSettings | None, script: str, timeout: float, *args: str) -> tuple[int | None, str]:

@@ -48,6 +48,24 @@ def become_subreaper() -> bool:
         return False
 
 
+def below() -> list[int]:
+    """This process's children, from the kernel's own list of them (/proc/self/task/*/children),
+    which reads no other process's /proc entry: none is missed that /proc hides from this user (a
+    process that is not dumpable, on a host whose /proc is mounted ``hidepid``). They stand for
+    everything below: a live process below this one is one of them or has one above it (an orphan
+    is re-parented here). Where the kernel keeps no such list, every process below, from /proc."""
+    found: list[int] = []
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children", "rb") as f:
+                found += [int(pid) for pid in f.read().split()]
+    except FileNotFoundError:
+        return descendants(os.getpid())
+    except OSError:  # (a thread that ended meanwhile)
+        pass
+    return found
+
+
 def descendants(root: int) -> list[int]:
     """Every live process below ``root``, from /proc (parents before children)."""
     children: dict[int, list[int]] = {}
@@ -71,8 +89,8 @@ def descendants(root: int) -> list[int]:
     return found
 
 
-def linger(me: int) -> None:
-    """Reap what ends below ``me`` by itself, until nothing is left or LINGER passes."""
+def linger() -> None:
+    """Reap what ends below this process by itself, until nothing is left or LINGER passes."""
     deadline = time.monotonic() + LINGER
     while time.monotonic() < deadline:
         try:
@@ -80,16 +98,17 @@ def linger(me: int) -> None:
                 pass
         except ChildProcessError:
             pass
-        if not descendants(me):
+        if not below():
             return
         time.sleep(0.005)
 
 
-def sweep(me: int) -> None:
-    """Kill everything below ``me`` and reap it, until nothing is left (or SWEEP_LIMIT passes)."""
+def sweep() -> None:
+    """Kill everything below this process and reap it, until nothing is left (or SWEEP_LIMIT passes):
+    its children first, then what is re-parented here as they go."""
     deadline = time.monotonic() + SWEEP_LIMIT
     while time.monotonic() < deadline:
-        for pid in descendants(me):
+        for pid in below():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         try:
@@ -183,8 +202,8 @@ def main(argv: list[str]) -> int:
         if pid == child:
             break
     if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
-        linger(os.getpid())
-    sweep(os.getpid())
+        linger()
+    sweep()
     if os.WIFSIGNALED(status):  # end the same way, so that whoever waits for us sees the signal
         with contextlib.suppress(OSError, ValueError):  # (SIGKILL and SIGSTOP have no handler to reset)
             signal.signal(os.WTERMSIG(status), signal.SIG_DFL)

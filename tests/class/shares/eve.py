@@ -5,8 +5,9 @@ and write into it; it also tries to signal other users' processes and read their
 (where a run's settings are), and reads every file of theirs in the temporary folders. Then it
 says what it reached, by raising: "attack: reached N of M listeners of other users, touched T of
 P of their processes, read F of G of their files". On a lab host the packet filter keeps shares
-apart, and a process or file is its user's alone: N, T and F are 0, while M, P and G say it saw
-the other share's run (and the other share's verdict does not change)."""
+apart, /proc shows each user their own processes, and a file is its user's alone: N, T, P and F
+are 0, while M and G say it saw the other share's run (and the other share's verdict does not
+change)."""
 import os
 import socket
 import struct
