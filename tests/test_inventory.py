@@ -1052,3 +1052,30 @@ def test_groups_through_aliases_are_read_once_each() -> None:
 ])
 def test_deep_nesting_is_bad_input_with_its_line_not_a_recursion_error(text: str, line: int, fragment: str) -> None:
     assert_error(timed_error(text), line, fragment)
+
+
+def test_env_is_a_mapping_for_the_ranks_and_a_hosts_replaces_its_groups() -> None:
+    inv = parse("""
+        all:
+          vars:
+            env: {NCCL_DEBUG: INFO, OMP_NUM_THREADS: 4, FLAG: true}
+          hosts:
+            a:
+            b: {env: {ONLY_B: "x y"}}
+        """)
+    assert {h.name: dict(h.env) for h in inv.hosts} == {
+        "a": {"NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "4", "FLAG": "true"}, "b": {"ONLY_B": "x y"}}
+
+
+@pytest.mark.parametrize("env, words", [
+    ("[A, B]", "env must be a mapping of variable names to values"),
+    ("{1BAD: x}", "'1BAD' is not a variable name"),
+    ("{MASTER_PORT: 1}", "MASTER_PORT is the run's own setting"),
+    ("{LAB_TOKEN: x}", "LAB_TOKEN is the run's own setting"),
+    ("{A: [1, 2]}", "the value of A must be a string or a number"),
+])
+def test_a_bad_env_is_one_line_with_its_place(env: str, words: str) -> None:
+    with pytest.raises(InventoryError) as caught:
+        parse(f"all:\n  hosts:\n    a:\n      env: {env}\n")
+    assert str(caught.value).startswith("inv.yaml:4") and words in str(caught.value), str(caught.value)
+    assert "\n" not in str(caught.value)

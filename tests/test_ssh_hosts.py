@@ -407,3 +407,53 @@ def test_the_debug_log_refuses_a_directory_that_is_a_symlink_or_not_the_users(tm
         assert done.returncode == 5 and "full traceback above" in done.stderr, done.stderr
         assert "Traceback (most recent call last)" in done.stderr
         assert list(fallback.parent.iterdir()) == []
+
+
+# -- the environment travels -------------------------------------------------------------
+
+ENV_SCRIPT = """\
+import os, time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+names = ("NCCL_DEBUG", "FROM_FILE", "FROM_CLI", "MY_THING", "ALL_HOSTS", "HOST_ONLY", "OMP_NUM_THREADS")
+print("env", dist.get_rank(), *(f"{n}={os.environ.get(n)}" for n in names),
+      f"MASTER_PORT={os.environ['MASTER_PORT'] != '1'}", flush=True)
+time.sleep(3)  # (while the test reads every command line of the machine)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.sshd
+def test_the_environment_reaches_remote_ranks_and_no_command_line(server: SSHServer, tmp_path: Path,
+                                                                 user_home: dict[str, str]) -> None:
+    """Over real SSH (whose sessions inherit nothing of the caller's): the inventory's env (a host's
+    replacing the group's), the caller's conventional and --forward-env variables, --env-file and
+    --env arrive in every rank, the run's own settings stay the run's, and no value is on a command
+    line while the ranks run."""
+    secret = f"s3cret-{os.getpid()}-{time.monotonic_ns()}"
+    inv = inventory(tmp_path / "inv", {"a": (server, 1), "b": (server, 1)})
+    text = inv.read_text().replace("    data_address: 127.0.0.1\n",
+                                   "    data_address: 127.0.0.1\n    env: {ALL_HOSTS: 1, OMP_NUM_THREADS: 2}\n")
+    inv.write_text(text.replace("slots: 1}\n", "slots: 1, env: {HOST_ONLY: b}}\n").replace(
+        "slots: 1, env: {HOST_ONLY: b}}\n", "slots: 1}\n", 1))
+    (tmp_path / "job.env").write_text(f"# settings\nexport FROM_FILE='{secret} file'\nFROM_CLI=overridden\n")
+    script = tmp_path / "env.py"
+    script.write_text(ENV_SCRIPT)
+    env = {**user_home, "NCCL_DEBUG": "INFO", "MY_THING": "7"}
+    env.pop("OMP_NUM_THREADS", None)
+    proc = subprocess.Popen([sys.executable, "-m", "lab", "launch", "--hosts", str(inv), "--env-file",
+                             str(tmp_path / "job.env"), "--env", f"FROM_CLI={secret}", "--env", "MASTER_PORT=1",
+                             "--forward-env", "MY_*", str(script)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    seen: list[int] = []
+    while proc.poll() is None:
+        seen += processes_with(secret)
+        time.sleep(0.1)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    assert seen == []  # (ps on the host shows no value)
+    assert "MASTER_PORT is the run's own setting" in err and err.count("\n") == 1, err
+    lines = sorted(line.split("] ", 1)[1] for line in out.splitlines() if "] env " in line)
+    common = f"NCCL_DEBUG=INFO FROM_FILE={secret} file FROM_CLI={secret} MY_THING=7"
+    assert lines == [f"env 0 {common} ALL_HOSTS=1 HOST_ONLY=None OMP_NUM_THREADS=2 MASTER_PORT=True",
+                     f"env 1 {common} ALL_HOSTS=None HOST_ONLY=b OMP_NUM_THREADS=1 MASTER_PORT=True"], out

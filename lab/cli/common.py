@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 from typing import NoReturn, TypeAlias
 
+from lab.cli.views import run as run_views
 from lab.containerlab.topology import DEFAULT_LAB, check_lab_name
+from lab.core import rankenv
 from lab.core.inventory import load_inventory, local_inventory
 from lab.core.plan import DEFAULT_HANG_AFTER, LAUNCHERS, Launcher
 from lab.core.slurm import ALLOCATION, allocation_inventory
@@ -111,6 +113,31 @@ def exercises(names: list[str]) -> tuple[registry.Exercise, ...]:
         return tuple(registry.select(names))
     except KeyError as exc:
         raise unknown_exercise(exc.args[0]) from None
+
+
+def env_options(parser: argparse.ArgumentParser) -> None:
+    """What the user adds to every rank's environment (lab.core.rankenv)."""
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                        help="set KEY in every rank's environment (repeatable); it wins over --env-file, this "
+                             "machine's variables and the inventory's env")
+    parser.add_argument("--env-file", action="append", default=[], metavar="FILE",
+                        help="KEY=VALUE lines (# comments; an `export` first and quotes allowed) for every rank's "
+                             "environment (repeatable)")
+    parser.add_argument("--forward-env", action="append", default=[], metavar="PATTERN",
+                        help="also give the ranks this machine's variables whose names match PATTERN (shell-style: "
+                             f"MY_*; repeatable); {', '.join(rankenv.FORWARDED)} go when set")
+
+
+def rank_env(args: argparse.Namespace) -> dict[str, str]:
+    """The settings of ``env_options`` for every rank, later ones winning, without the run's own
+    (each left out named on stderr, in one line)."""
+    env = rankenv.forwarded(os.environ, args.forward_env)
+    for path in args.env_file:
+        env.update(rankenv.read_env_file(path))
+    env.update(rankenv.assignment(text, "--env") for text in args.env)
+    kept, left_out = rankenv.without_reserved(env)
+    run_views.print_reserved(left_out)
+    return kept
 
 
 def exercise_names(argument: argparse.Action) -> None:

@@ -12,10 +12,12 @@ from lab.cli.common import (
     check_timeout,
     cluster,
     cluster_options,
+    env_options,
     exercise_names,
     exercises,
     launcher,
     launcher_option,
+    rank_env,
     solution_file,
     ssh_settings,
     watch_options,
@@ -77,6 +79,7 @@ def add_run(commands: Commands) -> None:
                      help=f"the longest any rank may spend on one step: start-up, rendezvous or one "
                           f"exercise (default {DEFAULT_TIMEOUT:g})")
     watch_options(run)
+    env_options(run)
     run.add_argument("--part", metavar="NAME", help="check only this part of the (one) exercise: one of the "
                      "functions it asks for (ring-allreduce: allreduce or ring_allreduce)")
     run.add_argument("--seed", metavar="SEED", help="draw the inputs of an exercise that takes some (ring-allreduce) "
@@ -117,7 +120,7 @@ def _options(args: argparse.Namespace) -> Options:
     if args.seed is not None and not any(e.drawn for e in chosen):
         raise UsageError(f"--seed: {', '.join(e.name for e in chosen)} draw(s) no inputs")
     return Options(chosen, args.backend, args.init, args.timeout, solution, launcher(args),
-                   partition=args.partition, hang_after=args.hang_after,
+                   partition=args.partition, rank_env=rank_env(args), hang_after=args.hang_after,
                    preflight=args.preflight, part=args.part, seed=args.seed)
 
 
@@ -175,6 +178,7 @@ def add_launch(commands: Commands) -> None:
     launch.add_argument("--json", action="store_true", help="print how the job ended, its cause and each rank "
                         "as JSON on stdout (rank output goes to stderr)")
     launch.add_argument("--keep", action="store_true", help="keep the run directory on every host")
+    env_options(launch)
     launch.add_argument("script", metavar="SCRIPT.py", help="the script every rank runs")
     launch.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     launch.set_defaults(handler=cmd_launch)
@@ -189,7 +193,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     inventory = with_master_address(cluster(args), settings)
     console = screen.console(stderr=args.json)
     plan = build_launch_plan(inventory, str(script.resolve()), args.args, args.timeout, launcher(args),
-                             partition=args.partition, hang_after=args.hang_after, preflight=args.preflight)
+                             partition=args.partition, hang_after=args.hang_after, preflight=args.preflight,
+                             rank_env=rank_env(args))
     outcome = run_plan(plan, on_line=views.LineStreamer(console), keep=args.keep, ssh=settings)
     failed = [s for s in outcome.ranks if not s.done]
     code = _launch_exit(outcome, failed)

@@ -15,8 +15,9 @@ import stat
 from collections.abc import Mapping, Sequence
 
 import yaml
-from yaml.nodes import Node, SequenceNode
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from lab.core import rankenv
 from lab.core.ansible import (
     COMMAND,
     CONTAINER,
@@ -137,6 +138,24 @@ def _user_names(key: str, node: Node, base_dir: str) -> tuple[str, ...]:
     return tuple(names)
 
 
+def _environment(key: str, node: Node, base_dir: str) -> tuple[tuple[str, str], ...]:
+    """A mapping of variable names to values (numbers and booleans as written): the ranks' settings."""
+    if not isinstance(node, MappingNode):
+        raise InvalidValue(f"{key} must be a mapping of variable names to values, got {shown(node)}")
+    pairs = []
+    for name_node, value_node in node.value:
+        name = text_value(key, name_node, base_dir)
+        if not rankenv.NAME.match(name):
+            raise InvalidValue(f"{key}: {name!r} is not a variable name (letters, digits and '_', not starting "
+                               "with a digit)")
+        if name in rankenv.RESERVED or name.startswith(rankenv.RESERVED_PREFIXES):
+            raise InvalidValue(f"{key}: {name} is the run's own setting, not the inventory's")
+        if not isinstance(value_node, ScalarNode):
+            raise InvalidValue(f"{key}: the value of {name} must be a string or a number, got {shown(value_node)}")
+        pairs.append((name, str(value_node.value)))
+    return tuple(pairs)
+
+
 def _known_hosts_file(key: str, node: Node, base_dir: str) -> str:
     """A known_hosts path; the file itself may be missing (--accept-new-host-keys creates it)."""
     path = os.path.abspath(os.path.join(base_dir, os.path.expanduser(text_value(key, node, base_dir))))
@@ -177,6 +196,8 @@ HOST_KEYS: dict[str, Key] = {
     "grade_users": Key("grade_users", _user_names, "users `lab grade --parallel K` logs in as, share N as the Nth, "
                                                    "so the submissions graded at once on a host are different users "
                                                    "(a list, or names split by commas)"),
+    "env": Key("env", _environment, "settings for the host's ranks, a mapping (NCCL_DEBUG: INFO); a host's replaces "
+                                    "its group's, as any variable's; `--env` and `--env-file` come over them"),
     "ansible_become": Key("become", boolean, "become root with `sudo -n` (passwordless) where the lab needs root on "
                                              "the host: `lab net overlay --hosts` (default false)"),
     "overlay": Key("overlay", matching(LAB_NAME, "a lab's name: a lowercase letter, then up to 23 lowercase letters, "
@@ -199,7 +220,7 @@ def inventory_text(hosts: Sequence[Host], about: str, changes: Mapping[str, Mapp
         for key, spec in HOST_KEYS.items():
             value = getattr(host, spec.attribute)
             if key != "ansible_host" and value != getattr(defaults, spec.attribute):
-                values[key] = list(value) if isinstance(value, tuple) else value
+                values[key] = dict(value) if key == "env" else list(value) if isinstance(value, tuple) else value
         if host.connection != "docker":
             values.pop("docker_container", None)
         entries[host.name] = {**values, **changes.get(host.name, {})}

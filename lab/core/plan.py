@@ -30,7 +30,7 @@ import hashlib
 import json
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, get_args
 
@@ -93,7 +93,7 @@ class Options:
     # rank's user may have this many for each of its ranks on the host (RLIMIT_NPROC), set before its program loads.
     pids: int | None = None
     partition: str | None = None  # the Slurm partition (--launcher srun...); None: the cluster's default
-    rank_env: dict[str, str] = field(default_factory=dict, hash=False)  # more settings for every rank (lab bench's)
+    rank_env: dict[str, str] = field(default_factory=dict, hash=False)  # more settings for every rank (--env...)
     hang_after: float = DEFAULT_HANG_AFTER  # see Plan
     preflight: bool = True  # see Plan
     part: str | None = None  # the one part of the (single) exercise to check (lab.suite.registry); None: all
@@ -224,16 +224,13 @@ class Plan:
     def launches(self) -> tuple[Launch, ...]:
         """The processes to start: one per host, which starts the host's ranks (``lab.rank.node``),
         or under Slurm one ``srun`` on the first host, whose tasks are the ranks."""
-        common = {**self.rank_env, "PYTHONPATH": self.code_dir, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
-                  "LAB_TOKEN": self.token, HANG_AFTER_VAR: f"{self.hang_after:g}"}
-        if not self.script:
-            common["LAB_RANK_PLAN"] = json.dumps(self.rank_plan())
-        if self.launcher in SRUN_LAUNCHERS:
-            return (self._srun_launch(common),)
+        if self.launcher in SRUN_LAUNCHERS:  # (one environment for every node: what their inventory entries share)
+            shared = set.intersection(*(set(h.env) for h in self.hosts))
+            return (self._srun_launch(self._environment(dict(shared))),)
         launches = []
         for node_rank, host in enumerate(self.hosts):
             ranks = tuple(r.rank for r in self.ranks if r.host == host.name)
-            env = {**common, **interface_env(host)}
+            env = {**self._environment(dict(host.env)), **interface_env(host)}
             if self.launcher != "lab":  # (the lab's own launcher tags its ranks' lines itself)
                 env["LAB_TAG_OUTPUT"] = "1"
             args: tuple[str, ...]
@@ -252,6 +249,18 @@ class Plan:
                                                  "take_master_port": self.hands_over_ports and node_rank == 0})
             launches.append(Launch(host.name, ranks, (*args, *self.program), env))
         return tuple(launches)
+
+    def _environment(self, host_env: Mapping[str, str]) -> dict[str, str]:
+        """A host's launcher's settings, which its ranks inherit: the lab's defaults, the host's own
+        (the inventory's ``env``), the run's ``rank_env`` over them, then the run's own settings (the
+        user's PYTHONPATH after the lab's code)."""
+        user = {**host_env, **self.rank_env}
+        python_path = ":".join(p for p in (self.code_dir, user.pop("PYTHONPATH", "")) if p)
+        env = {"OMP_NUM_THREADS": "1", **user, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1",
+               "LAB_TOKEN": self.token, HANG_AFTER_VAR: f"{self.hang_after:g}"}
+        if not self.script:
+            env["LAB_RANK_PLAN"] = json.dumps(self.rank_plan())
+        return env
 
     def _torchrun_args(self, slots: int) -> tuple[str, ...]:
         """``torchrun`` and the arguments a host's agent shares with the others' (``slots``: its ranks)."""
@@ -518,7 +527,8 @@ def _lay_out_ranks(hosts: Sequence[Host], master: str, master_port: str | None, 
 
 def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], timeout: float,
                       launcher: Launcher = "lab", token: str | None = None, partition: str | None = None,
-                      hang_after: float = DEFAULT_HANG_AFTER, preflight: bool = True) -> Plan:
+                      hang_after: float = DEFAULT_HANG_AFTER, preflight: bool = True,
+                      rank_env: Mapping[str, str] | None = None) -> Plan:
     """``lab launch``: the user's script on every rank, the rendezvous in its environment
     (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE), set by the launcher."""
     if not inventory.hosts:
@@ -535,7 +545,8 @@ def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], ti
                 ranks=_lay_out_ranks(hosts, master, port, backend, launcher),
                 stages=(), uploads={relative: script}, script=(f"{RUN_DIR}/{relative}", *args),
                 launcher=launcher, rdzv_endpoint=_endpoint(master, port) if uses_torchrun(launcher) else None,
-                port_count=1, partition=partition, hang_after=hang_after, preflight=preflight)
+                port_count=1, partition=partition, hang_after=hang_after, preflight=preflight,
+                rank_env=dict(rank_env or {}))
 
 
 StageKind = Literal["none", "torchrun", "env", "tcp", "file"]  # who forms the stage's group, and how

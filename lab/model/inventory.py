@@ -35,6 +35,7 @@ class Host:
     overlay: str | None = None  # the container lab whose WireGuard overlay carries its data plane
     become: bool = False  # root by `sudo -n` where the lab needs root there (ansible_become)
     grade_users: tuple[str, ...] = ()  # lab grade's share N logs in as the Nth (else as `user`)
+    env: tuple[tuple[str, str], ...] = ()  # settings for the host's ranks (the inventory's `env:`), in order
     groups: tuple[str, ...] = ()  # every group the host is in, `all` left out, in file order
     source: str = ""  # "inventory.yaml:12": where the host is defined
 

@@ -45,6 +45,14 @@ def print_left_out(exercises: Iterable[registry.Exercise]) -> None:
               f"mounts, and these hosts share none (shared_dir); `run {e.name}` runs it anyway", file=sys.stderr)
 
 
+def print_reserved(names: Iterable[str]) -> None:
+    names = list(names)
+    if names:
+        print(f"lab: {', '.join(names)} {'is' if len(names) == 1 else 'are'} the run's own setting"
+              f"{'' if len(names) == 1 else 's'} (its rendezvous, the lab's): the value{'' if len(names) == 1 else 's'}"
+              " given left out", file=sys.stderr)
+
+
 class LineStreamer:
     """Prints each rank's output as it comes, prefixed with host and rank (or, for a host's
     launcher's own lines, host and launcher)."""
