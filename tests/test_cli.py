@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 import lab as lab_package
 from lab.cli.main import build_parser
@@ -183,3 +184,23 @@ def test_status_of_a_lab_that_is_not_there_is_bad_input() -> None:
     done = lab("status", "--name", "no-such-lab")
     assert done.returncode == ExitCode.BAD_INPUT and done.stdout == "", done.stdout
     assert done.stderr.startswith("lab: error: no lab named no-such-lab is running") and done.stderr.count("\n") == 1
+
+
+def test_nproc_per_node_and_nnodes_shape_the_hosts_as_torchruns_do(tmp_path: Path) -> None:
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("all:\n  vars:\n    ansible_connection: local\n  hosts:\n    alpha:\n    beta:\n    gamma:\n")
+    done = lab("run", "p2p", "--hosts", str(inventory), "--nnodes", "2", "--nproc-per-node", "3", "--dry-run")
+    assert done.returncode == 0, done.stderr
+    plan = yaml.safe_load(done.stdout)
+    assert plan["world_size"] == 6 and [h["name"] for h in plan["hosts"]] == ["alpha", "beta"], plan["hosts"]
+    # --nproc that disagrees with the hosts is one line, not ignored
+    done = lab("run", "p2p", "--hosts", str(inventory), "--nproc", "2")
+    assert done.returncode == ExitCode.BAD_INPUT and done.stderr.count("\n") == 1, done.stderr
+    assert f"--nproc 2 disagrees with {inventory}: 3 rank(s) on 3 host(s)" in done.stderr
+    assert lab("run", "p2p", "--hosts", str(inventory), "--nproc", "3", "--dry-run").returncode == 0
+    for args, words in ((["--nnodes", "4"], f"--nnodes 4: {inventory} has 3 host(s)"),
+                        (["--nproc-per-node", "0"], "--nproc-per-node must be at least 1")):
+        done = lab("run", "p2p", "--hosts", str(inventory), *args)
+        assert done.returncode == ExitCode.BAD_INPUT and words in done.stderr, done.stderr
+    done = lab("run", "p2p", "--nnodes", "2")
+    assert done.returncode == ExitCode.BAD_INPUT and "the local cluster is one node" in done.stderr

@@ -294,12 +294,19 @@ def test_launch_runs_the_tutorials_scripts_unchanged(lab: Lab, tmp_path) -> None
 def test_launch_reports_the_failing_rank_and_stops_the_others(lab: Lab, tmp_path) -> None:
     script = tmp_path / "fails.py"
     script.write_text("import os, sys, time\n"
-                      "if os.environ['RANK'] == '1':\n    sys.exit(7)\n"
+                      "if os.environ['RANK'] == '1':\n    print('bye from 1', file=sys.stderr); sys.exit(7)\n"
                       "time.sleep(300)\n")
-    result = lab("launch", "--nproc", "3", str(script))
+    result = lab("launch", "--nproc", "3", "--log-dir", str(tmp_path / "logs"), str(script))
     assert result.code == 1, result.text
     assert "lab: Rank 1 (local) failed first: it exited with status 7 at fails.py:3." in result.out  # the cause
     assert lab.leftovers() == []
+    # --log-dir: each rank's lines in a file of its own, its stderr's marked, and how the job ended
+    logs = tmp_path / "logs"
+    assert (logs / "rank_1.log").read_text() == "[err] bye from 1\n" and (logs / "rank_2.log").read_text() == ""
+    summary = json.loads((logs / "summary.json").read_text())
+    assert summary["exit_code"] == 1 and summary["cause"]["headline"].startswith("Rank 1 (local) failed first")
+    assert [(r["rank"], r["log"]) for r in summary["ranks"]] == [(n, f"rank_{n}.log") for n in range(3)]
+    assert summary["ranks"][1]["exit_code"] == 7, summary["ranks"]
 
 
 def test_launch_names_the_cause_of_an_error_every_torch_user_meets(lab: Lab, tmp_path) -> None:

@@ -6,6 +6,7 @@ import argparse
 import difflib
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn, TypeAlias
 
@@ -41,12 +42,20 @@ def add_command(commands: Commands, name: str, help: str, description: str,
 # -- options ----------------------------------------------------------------------------------
 
 
-def cluster_options(parser: argparse.ArgumentParser) -> None:
-    """Which cluster: the hosts of an inventory, or the local cluster of --nproc ranks."""
+def cluster_options(parser: argparse.ArgumentParser, shaped: bool = True) -> None:
+    """Which cluster: the hosts of an inventory, or the local cluster of --nproc ranks; ``shaped``:
+    torchrun's --nproc-per-node and --nnodes too (``cluster``)."""
     parser.add_argument("--hosts", metavar="INVENTORY", help="an Ansible-style YAML inventory, or 'slurm': the "
                         "nodes of the Slurm allocation the lab runs in (salloc, sbatch); without it: the local "
                         "cluster, --nproc processes on this machine")
-    parser.add_argument("--nproc", type=int, default=4, metavar="N", help="ranks of the local cluster (default 4)")
+    parser.add_argument("--nproc", type=int, metavar="N", help=f"ranks of the local cluster (default {DEFAULT_NPROC}); "
+                        "with --hosts, the ranks the inventory must have (it is an error when it disagrees)")
+    if shaped:
+        parser.add_argument("--nproc-per-node", type=int, metavar="N",
+                            help="ranks on each host, as torchrun's: with --hosts, in place of the inventory's slots; "
+                                 "without, the local cluster's ranks")
+        parser.add_argument("--nnodes", type=int, metavar="N", help="with --hosts: the first N of its hosts, as "
+                            "torchrun's (an error when it has fewer)")
     parser.add_argument("--accept-new-host-keys", action="store_true",
                         help="trust SSH host keys not yet in known_hosts (and record them)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the lab does (and the "
@@ -90,13 +99,38 @@ def machines_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup, a
 # -- reading them -----------------------------------------------------------------------------
 
 
+DEFAULT_NPROC = 4  # ranks of the local cluster
+
+
 def cluster(args: argparse.Namespace) -> Inventory:
-    """The hosts of ``--hosts`` (``slurm``: the allocation's nodes), or the local cluster of ``--nproc`` ranks."""
-    if args.hosts == ALLOCATION:
-        return allocation_inventory(os.environ, sys.executable)
-    if args.hosts:
-        return load_inventory(args.hosts)
-    return local_inventory(args.nproc, gpus=local_gpu_count() if args.nproc >= 1 else 0)
+    """The hosts of ``--hosts`` (``slurm``: the allocation's nodes), or the local cluster of ``--nproc``
+    ranks; shaped by ``--nnodes`` and ``--nproc-per-node`` as torchrun's are, and checked against ``--nproc``."""
+    for option in ("nproc", "nproc_per_node", "nnodes"):
+        if getattr(args, option) is not None and getattr(args, option) < 1:
+            raise UsageError(f"--{option.replace('_', '-')} must be at least 1, got {getattr(args, option)}")
+    if not args.hosts:
+        if args.nnodes not in (None, 1):
+            raise UsageError(f"--nnodes {args.nnodes}: the local cluster is one node; name the hosts with --hosts")
+        if None not in (args.nproc, args.nproc_per_node) and args.nproc != args.nproc_per_node:
+            raise UsageError(f"--nproc {args.nproc} and --nproc-per-node {args.nproc_per_node} disagree "
+                             "(on the local cluster they are the same number)")
+        nproc = args.nproc_per_node or args.nproc or DEFAULT_NPROC
+        return local_inventory(nproc, gpus=local_gpu_count())
+    inventory = allocation_inventory(os.environ, sys.executable) if args.hosts == ALLOCATION \
+        else load_inventory(args.hosts)
+    hosts = inventory.hosts
+    if args.nnodes is not None:
+        if args.nnodes > len(hosts):
+            raise UsageError(f"--nnodes {args.nnodes}: {inventory.path} has {len(hosts)} host(s)")
+        hosts = hosts[:args.nnodes]
+    if args.nproc_per_node is not None:
+        hosts = tuple(replace(h, slots=args.nproc_per_node) for h in hosts)
+    inventory = Inventory(inventory.path, tuple(hosts))
+    if args.nproc is not None and args.nproc != inventory.world_size:
+        raise UsageError(f"--nproc {args.nproc} disagrees with {inventory.path}: {inventory.world_size} rank(s) on "
+                         f"{len(hosts)} host(s); give --nproc-per-node N for N ranks on each host, or leave --nproc "
+                         "out")
+    return inventory
 
 
 def launcher(args: argparse.Namespace) -> Launcher:

@@ -6,7 +6,15 @@ import argparse
 from functools import partial
 from pathlib import Path
 
-from lab.cli.common import Commands, add_command, cluster_options, exercise_names, ssh_settings, unknown_exercise
+from lab.cli.common import (
+    DEFAULT_NPROC,
+    Commands,
+    add_command,
+    cluster_options,
+    exercise_names,
+    ssh_settings,
+    unknown_exercise,
+)
 from lab.cli.views import grades as views
 from lab.cli.views import screen
 from lab.core.plan import BACKENDS, DEFAULT_TIMEOUT
@@ -40,7 +48,7 @@ def add_grade(commands: Commands) -> None:
     grading.add_argument("submissions", metavar="SUBMISSIONS", help="a folder with one .py file or folder per student")
     exercise_names(grading.add_argument("--exercise", required=True, metavar="NAME",
                                         help="the exercise to grade (see 'list')"))
-    cluster_options(grading)
+    cluster_options(grading, shaped=False)
     grading.add_argument("--parallel", type=int, default=1, metavar="K",
                          help="grade K submissions at once, each on its own share of the cluster (default 1)")
     grading.add_argument("--out", default="grades", metavar="DIR", help="where the gradebook goes (default grades)")
@@ -69,7 +77,8 @@ def add_grade(commands: Commands) -> None:
 
 def cmd_grade(args: argparse.Namespace) -> int:
     request = GradeRequest(_one_exercise(args.exercise), args.parallel, args.timeout, args.wall, args.hosts,
-                           args.nproc, args.sandbox, Limits(args.memory, args.pids), args.backend, args.part)
+                           args.nproc or DEFAULT_NPROC, args.sandbox, Limits(args.memory, args.pids), args.backend,
+                           args.part)
     request.check()
     submissions = find_submissions(Path(args.submissions), request.exercise.program.rsplit(".", 1)[-1])
     settings = ssh_settings(args)

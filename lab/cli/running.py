@@ -28,7 +28,8 @@ from lab.cli.views.doctor import print_diagnosis
 from lab.core import draw
 from lab.core import slurm as slurm_jobs
 from lab.core.judge import exit_code, hung_at_start, judge, stopped_exit
-from lab.core.outcome import RankState, RunOutcome
+from lab.core.logdir import LogDir
+from lab.core.outcome import LaunchState, RankState, RunOutcome
 from lab.core.plan import (
     BACKENDS,
     DEFAULT_TIMEOUT,
@@ -178,6 +179,9 @@ def add_launch(commands: Commands) -> None:
     launch.add_argument("--json", action="store_true", help="print how the job ended, its cause and each rank "
                         "as JSON on stdout (rank output goes to stderr)")
     launch.add_argument("--keep", action="store_true", help="keep the run directory on every host")
+    launch.add_argument("--log-dir", metavar="DIR", help="also write each rank's output to DIR/rank_N.log (its "
+                        "stderr's lines marked [err]), a launcher's to DIR/launcher_HOST.log, and how the job "
+                        "ended to DIR/summary.json")
     env_options(launch)
     launch.add_argument("script", metavar="SCRIPT.py", help="the script every rank runs")
     launch.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
@@ -195,9 +199,23 @@ def cmd_launch(args: argparse.Namespace) -> int:
     plan = build_launch_plan(inventory, str(script.resolve()), args.args, args.timeout, launcher(args),
                              partition=args.partition, hang_after=args.hang_after, preflight=args.preflight,
                              rank_env=rank_env(args))
-    outcome = run_plan(plan, on_line=views.LineStreamer(console), keep=args.keep, ssh=settings)
+    streamer = views.LineStreamer(console)
+    logs = LogDir(args.log_dir, (r.rank for r in plan.ranks)) if args.log_dir else None
+
+    def on_line(state: RankState | LaunchState, stream: str, line: str) -> None:
+        streamer(state, stream, line)
+        if logs is not None:
+            logs(state, stream, line)
+
+    try:
+        outcome = run_plan(plan, on_line=on_line, keep=args.keep, ssh=settings)
+    finally:
+        if logs is not None:
+            logs.close()
     failed = [s for s in outcome.ranks if not s.done]
     code = _launch_exit(outcome, failed)
+    if logs is not None:
+        logs.summarize(outcome, launch_json(outcome, script.name, code))
     printed = printed_causes(failed)
     if args.json:
         screen.print_json({**launch_json(outcome, script.name, code), "known_errors": printed})
