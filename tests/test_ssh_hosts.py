@@ -409,42 +409,53 @@ def test_the_debug_log_refuses_a_directory_that_is_a_symlink_or_not_the_users(tm
         assert list(fallback.parent.iterdir()) == []
 
 
-# -- the environment travels -------------------------------------------------------------
+# -- a project travels, and its environment --------------------------------------------
 
-ENV_SCRIPT = """\
+PROJECT = {
+    "train.py": """\
 import os, time
 import torch.distributed as dist
+from helper import shown  # a module beside the script
 dist.init_process_group("gloo")
-names = ("NCCL_DEBUG", "FROM_FILE", "FROM_CLI", "MY_THING", "ALL_HOSTS", "HOST_ONLY", "OMP_NUM_THREADS")
-print("env", dist.get_rank(), *(f"{n}={os.environ.get(n)}" for n in names),
-      f"MASTER_PORT={os.environ['MASTER_PORT'] != '1'}", flush=True)
+names = open("conf/names.txt").read().split()  # a path relative to the project
+print("env", dist.get_rank(), *shown(names), f"MASTER_PORT={os.environ['MASTER_PORT'] != '1'}",
+      f"ignored={os.path.exists('outputs')}", flush=True)
 time.sleep(3)  # (while the test reads every command line of the machine)
 dist.destroy_process_group()
-"""
+""",
+    "helper.py": "import os\n\n\ndef shown(names):\n    return [f'{n}={os.environ.get(n)}' for n in names]\n",
+    "conf/names.txt": "NCCL_DEBUG FROM_FILE FROM_CLI MY_THING ALL_HOSTS HOST_ONLY OMP_NUM_THREADS\n",
+    "outputs/old.ckpt": "not carried\n", ".gitignore": "outputs/\n",
+}
 
 
 @pytest.mark.sshd
-def test_the_environment_reaches_remote_ranks_and_no_command_line(server: SSHServer, tmp_path: Path,
-                                                                 user_home: dict[str, str]) -> None:
-    """Over real SSH (whose sessions inherit nothing of the caller's): the inventory's env (a host's
-    replacing the group's), the caller's conventional and --forward-env variables, --env-file and
-    --env arrive in every rank, the run's own settings stay the run's, and no value is on a command
-    line while the ranks run."""
+def test_a_project_and_its_environment_reach_remote_ranks_and_no_command_line(
+        server: SSHServer, tmp_path: Path, user_home: dict[str, str]) -> None:
+    """Over real SSH (whose sessions inherit nothing of the caller's), launched as torchrun would
+    be: the project's folder (a module beside the script, a relative config; what .gitignore
+    ignores left out), the inventory's env (a host's replacing the group's), the caller's
+    conventional and --forward-env variables, --env-file and --env arrive in every rank, the run's
+    own settings stay the run's, no value is on a command line while the ranks run, and --log-dir
+    keeps each rank's lines."""
     secret = f"s3cret-{os.getpid()}-{time.monotonic_ns()}"
-    inv = inventory(tmp_path / "inv", {"a": (server, 1), "b": (server, 1)})
+    inv = inventory(tmp_path / "inv", {"a": (server, 3), "b": (server, 3), "c": (server, 3)})
     text = inv.read_text().replace("    data_address: 127.0.0.1\n",
                                    "    data_address: 127.0.0.1\n    env: {ALL_HOSTS: 1, OMP_NUM_THREADS: 2}\n")
-    inv.write_text(text.replace("slots: 1}\n", "slots: 1, env: {HOST_ONLY: b}}\n").replace(
-        "slots: 1, env: {HOST_ONLY: b}}\n", "slots: 1}\n", 1))
+    inv.write_text(text.replace("slots: 3}\n", "slots: 3, env: {HOST_ONLY: b}}\n").replace(
+        "slots: 3, env: {HOST_ONLY: b}}\n", "slots: 3}\n", 1))
     (tmp_path / "job.env").write_text(f"# settings\nexport FROM_FILE='{secret} file'\nFROM_CLI=overridden\n")
-    script = tmp_path / "env.py"
-    script.write_text(ENV_SCRIPT)
+    root = tmp_path / "proj"
+    for relative, body in PROJECT.items():
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_text(body)
     env = {**user_home, "NCCL_DEBUG": "INFO", "MY_THING": "7"}
     env.pop("OMP_NUM_THREADS", None)
-    proc = subprocess.Popen([sys.executable, "-m", "lab", "launch", "--hosts", str(inv), "--env-file",
-                             str(tmp_path / "job.env"), "--env", f"FROM_CLI={secret}", "--env", "MASTER_PORT=1",
-                             "--forward-env", "MY_*", str(script)], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "lab", "launch", "--hosts", str(inv), "--nnodes", "2",
+                             "--nproc-per-node", "1", "--env-file", str(tmp_path / "job.env"), "--env",
+                             f"FROM_CLI={secret}", "--env", "MASTER_PORT=1", "--forward-env", "MY_*",
+                             "--log-dir", str(tmp_path / "logs"), str(root / "train.py")],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen: list[int] = []
     while proc.poll() is None:
         seen += processes_with(secret)
@@ -455,5 +466,7 @@ def test_the_environment_reaches_remote_ranks_and_no_command_line(server: SSHSer
     assert "MASTER_PORT is the run's own setting" in err and err.count("\n") == 1, err
     lines = sorted(line.split("] ", 1)[1] for line in out.splitlines() if "] env " in line)
     common = f"NCCL_DEBUG=INFO FROM_FILE={secret} file FROM_CLI={secret} MY_THING=7"
-    assert lines == [f"env 0 {common} ALL_HOSTS=1 HOST_ONLY=None OMP_NUM_THREADS=2 MASTER_PORT=True",
-                     f"env 1 {common} ALL_HOSTS=None HOST_ONLY=b OMP_NUM_THREADS=1 MASTER_PORT=True"], out
+    assert lines == [f"env 0 {common} ALL_HOSTS=1 HOST_ONLY=None OMP_NUM_THREADS=2 MASTER_PORT=True ignored=False",
+                     f"env 1 {common} ALL_HOSTS=None HOST_ONLY=b OMP_NUM_THREADS=1 MASTER_PORT=True ignored=False"], out
+    assert [f.name for f in sorted((tmp_path / "logs").iterdir())] == ["rank_0.log", "rank_1.log", "summary.json"]
+    assert (tmp_path / "logs" / "rank_1.log").read_text().startswith("env 1 ")

@@ -3,6 +3,7 @@ script, torchrun-style), ``submit`` (a run as a Slurm batch job)."""
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import asdict
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from lab.cli.common import (
 from lab.cli.views import run as views
 from lab.cli.views import screen
 from lab.cli.views.doctor import print_diagnosis
-from lab.core import draw
+from lab.core import draw, workdir
 from lab.core import slurm as slurm_jobs
 from lab.core.judge import exit_code, hung_at_start, judge, stopped_exit
 from lab.core.logdir import LogDir
@@ -183,22 +184,45 @@ def add_launch(commands: Commands) -> None:
                         "stderr's lines marked [err]), a launcher's to DIR/launcher_HOST.log, and how the job "
                         "ended to DIR/summary.json")
     env_options(launch)
-    launch.add_argument("script", metavar="SCRIPT.py", help="the script every rank runs")
+    launch.add_argument("--workdir", metavar="DIR", help="the project folder every host gets a copy of, where the "
+                        "ranks start (default: the script's folder; with -m, this one)")
+    launch.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
+                        help="leave files matching PATTERN (.gitignore's syntax) out of the workdir, as its "
+                             ".gitignore files do (repeatable)")
+    launch.add_argument("--max-workdir-size", type=float, default=workdir.DEFAULT_MAX_MB, metavar="MB",
+                        help=f"refuse a workdir larger than this (default {workdir.DEFAULT_MAX_MB} MiB)")
+    launch.add_argument("-m", "--module", action="store_true",
+                        help="SCRIPT is a module of the workdir, run as `python -m` runs it (as torchrun's -m)")
+    launch.add_argument("script", metavar="SCRIPT.py", help="the script every rank runs (with -m: a module name)")
     launch.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     launch.set_defaults(handler=cmd_launch)
 
 
+MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
+
+
 def cmd_launch(args: argparse.Namespace) -> int:
     script = Path(args.script)
-    if not script.is_file():
-        raise UsageError(f"{args.script}: no such script")
+    if args.module:
+        if not MODULE_NAME.match(args.script):
+            raise UsageError(f"-m {args.script[:80]!r}: not a module name (dotted Python names)")
+        root = Path(args.workdir or ".")
+    else:
+        if not script.is_file():
+            raise UsageError(f"{args.script}: no such script")
+        root = Path(args.workdir) if args.workdir else script.resolve().parent
+        if args.workdir and not script.resolve().is_relative_to(root.resolve()):
+            raise UsageError(f"{args.script}: not inside --workdir {args.workdir}")
     check_timeout(args.timeout)
+    project = workdir.collect(root, tuple(args.exclude), args.max_workdir_size)
+    views.print_skipped(project.root, project.skipped)
     settings = ssh_settings(args)
     inventory = with_master_address(cluster(args), settings)
     console = screen.console(stderr=args.json)
-    plan = build_launch_plan(inventory, str(script.resolve()), args.args, args.timeout, launcher(args),
-                             partition=args.partition, hang_after=args.hang_after, preflight=args.preflight,
-                             rank_env=rank_env(args))
+    plan = build_launch_plan(inventory, args.script if args.module else str(script.resolve()), args.args,
+                             args.timeout, launcher(args), partition=args.partition, hang_after=args.hang_after,
+                             preflight=args.preflight, rank_env=rank_env(args), workdir=project, module=args.module)
+    name = args.script if args.module else script.name
     streamer = views.LineStreamer(console)
     logs = LogDir(args.log_dir, (r.rank for r in plan.ranks)) if args.log_dir else None
 
@@ -215,12 +239,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
     failed = [s for s in outcome.ranks if not s.done]
     code = _launch_exit(outcome, failed)
     if logs is not None:
-        logs.summarize(outcome, launch_json(outcome, script.name, code))
+        logs.summarize(outcome, launch_json(outcome, name, code))
     printed = printed_causes(failed)
     if args.json:
-        screen.print_json({**launch_json(outcome, script.name, code), "known_errors": printed})
+        screen.print_json({**launch_json(outcome, name, code), "known_errors": printed})
     else:
-        views.print_launch(console, script.name, outcome, failed)
+        views.print_launch(console, name, outcome, failed)
         views.print_causes(console, "what the ranks printed means:", printed)
     return code
 

@@ -32,13 +32,16 @@ import re
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 from lab.core.draw import VALUE_BYTES, draw, new_seed
+from lab.core.workdir import Workdir
 from lab.errors import UsageError
 from lab.model.inventory import Host, Inventory
 from lab.rank.flight import HANG_AFTER_VAR
 from lab.rank.preflight import PREFLIGHT_VAR
+from lab.rank.script import MODULE_VAR, WORKDIR_VAR
 from lab.rank.wire import WIRE_VAR
 from lab.rank.wire import Mode as WireMode
 from lab.suite.registry import Exercise, Rendezvous
@@ -53,6 +56,7 @@ SRUN_LAUNCHERS: tuple[Launcher, ...] = ("srun", "srun-torchrun")  # the ranks ar
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_HANG_AFTER = 10.0  # seconds every live rank waits in a call, none completing one, before it is a hang
 RUN_DIR = "${run_dir}"
+WORK_DIR = "work"  # lab launch: the project's copy, in the run directory
 _MACRO = re.compile(r"\$\{(run_dir|port(\d+))\}")
 
 
@@ -161,6 +165,8 @@ class Plan:
     # stage stores and the preflight on MASTER_PORT, under the lab's launcher or spawn; no other user's
     # socket can bind them meanwhile. (Not where a user's program or torchrun binds them itself.)
     hands_over_ports: bool = False
+    workdir: str | None = None  # lab launch: where its ranks start, the project's copy (``${run_dir}/work``)
+    module: str | None = None  # lab launch -m: the module its ranks run (``script`` holds its arguments)
     memory_mb: int | None = None  # see Options
     pids: int | None = None  # see Options
     partition: str | None = None  # see Options
@@ -207,6 +213,11 @@ class Plan:
         return f"{RUN_DIR}/code"
 
     @property
+    def is_launch(self) -> bool:
+        """``lab launch``: the user's program on every rank (else the lab's worker and its exercises)."""
+        return bool(self.script) or self.module is not None
+
+    @property
     def exercise_names(self) -> tuple[str, ...]:
         return self.order or tuple(e["name"] for s in self.stages for e in s.exercises)
 
@@ -219,7 +230,7 @@ class Plan:
     @property
     def program(self) -> tuple[str, ...]:
         """What every rank runs: the lab's worker, or (lab launch) the user's script."""
-        return ("-m", "lab.rank.script", *self.script) if self.script else ("-m", "lab.rank.worker")
+        return ("-m", "lab.rank.script", *self.script) if self.is_launch else ("-m", "lab.rank.worker")
 
     def launches(self) -> tuple[Launch, ...]:
         """The processes to start: one per host, which starts the host's ranks (``lab.rank.node``),
@@ -258,8 +269,12 @@ class Plan:
         python_path = ":".join(p for p in (self.code_dir, user.pop("PYTHONPATH", "")) if p)
         env = {"OMP_NUM_THREADS": "1", **user, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1",
                "LAB_TOKEN": self.token, HANG_AFTER_VAR: f"{self.hang_after:g}"}
-        if not self.script:
+        if not self.is_launch:
             env["LAB_RANK_PLAN"] = json.dumps(self.rank_plan())
+        if self.workdir:
+            env[WORKDIR_VAR] = self.workdir
+        if self.module:
+            env[MODULE_VAR] = self.module
         return env
 
     def _torchrun_args(self, slots: int) -> tuple[str, ...]:
@@ -528,7 +543,8 @@ def _lay_out_ranks(hosts: Sequence[Host], master: str, master_port: str | None, 
 def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], timeout: float,
                       launcher: Launcher = "lab", token: str | None = None, partition: str | None = None,
                       hang_after: float = DEFAULT_HANG_AFTER, preflight: bool = True,
-                      rank_env: Mapping[str, str] | None = None) -> Plan:
+                      rank_env: Mapping[str, str] | None = None, workdir: Workdir | None = None,
+                      module: bool = False) -> Plan:
     """``lab launch``: the user's script on every rank, the rendezvous in its environment
     (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE), set by the launcher."""
     if not inventory.hosts:
@@ -539,11 +555,17 @@ def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], ti
     master = data_address(hosts[0])
     port = port_macro(0)
     backend = default_backend(hosts)
-    relative = f"script/{script.rsplit('/', 1)[-1]}"
+    if workdir is not None:  # (the project, in the run directory's work/: its ranks start there)
+        uploads = {f"{WORK_DIR}/{relative}": str(path) for relative, path in workdir.files}
+        program = () if module else (f"{RUN_DIR}/{WORK_DIR}/{workdir.relative(Path(script))}",)
+    else:
+        relative = f"script/{script.rsplit('/', 1)[-1]}"
+        uploads, program = {relative: script}, (f"{RUN_DIR}/{relative}",)
     return Plan(world_size=inventory.world_size, backend=backend, init="env",
                 master_addr=master, master_port=port, timeout=timeout, token=token or new_token(), hosts=hosts,
                 ranks=_lay_out_ranks(hosts, master, port, backend, launcher),
-                stages=(), uploads={relative: script}, script=(f"{RUN_DIR}/{relative}", *args),
+                stages=(), uploads=uploads, script=(*program, *args),
+                workdir=f"{RUN_DIR}/{WORK_DIR}" if workdir is not None else None, module=script if module else None,
                 launcher=launcher, rdzv_endpoint=_endpoint(master, port) if uses_torchrun(launcher) else None,
                 port_count=1, partition=partition, hang_after=hang_after, preflight=preflight,
                 rank_env=dict(rank_env or {}))

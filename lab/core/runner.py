@@ -296,7 +296,7 @@ class Run:
         for state in mine:
             if state.exit_code is None:  # (a host's launcher may have said already how a rank ended)
                 state.exit_code, state.step_started, state.ended_at = launch.exit_code, now, ended
-            state.done |= bool(self.plan.script) and launch.exit_code == 0  # a script says nothing
+            state.done |= self.plan.is_launch and launch.exit_code == 0  # a script says nothing
         return now if any(not state.done for state in mine) else None
 
     def _late(self, now: float) -> list[int]:
@@ -315,7 +315,7 @@ class Run:
         start-up's CPU seconds grown: a rank starting slowly holds the others' rendezvous up, not
         back), and a start-up that used more CPU seconds than the timeout is late too."""
         timeout = self.plan.timeout
-        if self.plan.script or not (state.step == "startup" or state.step.startswith("init:")):
+        if self.plan.is_launch or not (state.step == "startup" or state.step.startswith("init:")):
             return now - state.step_started > timeout
         return now - max(state.step_started, self.moved_at) > timeout or state.startup_cpu > timeout
 
@@ -456,7 +456,7 @@ class Run:
                                 "ended, once)")
                 return
             state.exit_code, state.ended_at = event["code"], time.monotonic()
-            state.done |= bool(self.plan.script) and event["code"] == 0  # a script says nothing
+            state.done |= self.plan.is_launch and event["code"] == 0  # a script says nothing
         elif kind == "bad":  # the lab's launcher says the rank broke the protocol
             self._violation(state, event["what"])
         elif kind == "done":

@@ -1,16 +1,19 @@
-"""``python -m lab.rank.script SCRIPT [ARGS...]``: a user's script as one rank of ``lab launch``.
+"""``python -m lab.rank.script SCRIPT [ARGS...]`` (or ``ARGS`` of the module ``LAB_MODULE`` names):
+a user's program as one rank of ``lab launch``.
 
 Like ``python SCRIPT ARGS`` (the script runs as ``__main__``, with its own directory on
-``sys.path``), plus the worker's safety nets (``lab.rank.worker.start_rank``): the rank's whole
-process group stops when the controller goes away (stdin closes), SIGUSR1 dumps every
-thread's stack, so the lab can say where a hung rank stopped, and under a per-host launcher
-its lines are tagged with its rank; what it prints can never read as an event of the lab's
-(``lab.rank.output``). It says hello (its rank, pid, host) to the controller first. Its
-torch.distributed calls go to the flight recorder (``lab.rank.flight``), installed as soon as
-torch is imported: at once if it is (the lab's launcher loaded it before it forked the rank),
-else when the script imports it, before the script's next line, so that its ``from
-torch.distributed import ...`` binds the recorded functions (a script that never imports torch
-pays nothing for it). The rendezvous settings are in the environment, set by the launcher.
+``sys.path``; a module as ``python -m`` runs it, the working directory first on ``sys.path``),
+in the project's copy on its host (``LAB_WORKDIR``), plus the worker's safety nets
+(``lab.rank.worker.start_rank``): the rank's whole process group stops when the controller goes
+away (stdin closes), SIGUSR1 dumps every thread's stack, so the lab can say where a hung rank
+stopped, and under a per-host launcher its lines are tagged with its rank; what it prints can
+never read as an event of the lab's (``lab.rank.output``). It says hello (its rank, pid, host)
+to the controller first. Its torch.distributed calls go to the flight recorder
+(``lab.rank.flight``), installed as soon as torch is imported: at once if it is (the lab's
+launcher loaded it before it forked the rank), else when the script imports it, before the
+script's next line, so that its ``from torch.distributed import ...`` binds the recorded
+functions (a script that never imports torch pays nothing for it). The rendezvous settings are
+in the environment, set by the launcher.
 
 A program that does not simply return says how it ended in an ``end`` event
 (``lab.rank.protocol``), before the flight recorder's last dump:
@@ -48,6 +51,8 @@ from lab.rank import protocol
 from lab.rank.flight import FLIGHT, LAB_DIR
 from lab.rank.worker import capped, error_text, start_rank
 
+WORKDIR_VAR = "LAB_WORKDIR"  # lab launch: the folder its ranks start in (the project's copy)
+MODULE_VAR = "LAB_MODULE"  # lab launch -m: the module its ranks run (the arguments are its own)
 EXIT_WAIT = 3.0  # seconds os._exit gives the rank's last words (its end, its last dump) before it exits
 WALK_MAX = 64  # frames looked at for the user's
 
@@ -59,18 +64,28 @@ def main() -> None:
         protocol.CHANNEL.send("hello", rank=rank, pid=os.getpid(), hostname=socket.gethostname(),
                               local_rank=int(os.environ.get("LOCAL_RANK", "0")))
     after_torch(lambda: record_calls(rank))
-    script, *args = sys.argv[1:]
-    sys.argv = [script, *args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    workdir = os.environ.pop(WORKDIR_VAR, None)
+    if workdir:  # (the project's copy: relative paths in the program mean what they mean in its folder)
+        os.chdir(workdir)
+    module = os.environ.pop(MODULE_VAR, None)
+    if module:  # as ``python -m MODULE ARGS``: the working directory first on the path
+        sys.argv = [module, *sys.argv[1:]]
+        sys.path.insert(0, os.getcwd())
+        start: Callable[[], object] = lambda: runpy.run_module(module, run_name="__main__", alter_sys=True)
+    else:
+        script, *args = sys.argv[1:]
+        sys.argv = [script, *args]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+        start = lambda: runpy.run_path(script, run_name="__main__")
     os._exit = reported_exit(rank, os._exit)  # type: ignore[assignment]  # (the same call: one status)
-    run(script, rank)
+    run(start, rank)
 
 
-def run(script: str, rank: int) -> None:
-    """Run ``script`` as ``__main__``; if it raises (SystemExit too), say how it ended and end as
-    ``python SCRIPT`` would."""
+def run(start: Callable[[], object], rank: int) -> None:
+    """Run the program (``start``) as ``__main__``; if it raises (SystemExit too), say how it ended
+    and end as ``python SCRIPT`` would."""
     try:
-        runpy.run_path(script, run_name="__main__")
+        start()
     except SystemExit as exc:
         shown = "" if exc.code is None else repr(exc.code)
         say_end(rank, "exited", exit_status(exc.code), f"SystemExit: sys.exit({shown})",

@@ -6,7 +6,8 @@ Whatever a rank printed or raised is untrusted: it is shown through
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -43,6 +44,13 @@ def print_left_out(exercises: Iterable[registry.Exercise]) -> None:
     for e in exercises:
         print(f"lab: {e.name} is left out of `run all`: its file:// rendezvous needs a directory every host "
               f"mounts, and these hosts share none (shared_dir); `run {e.name}` runs it anyway", file=sys.stderr)
+
+
+def print_skipped(root: Path, skipped: Sequence[str]) -> None:
+    if skipped:
+        shown = ", ".join(skipped[:5]) + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else "")
+        print(f"lab: left out of the workdir {root}: {shown} (links out of it or to nothing, or files you cannot "
+              "read)", file=sys.stderr)
 
 
 def print_reserved(names: Iterable[str]) -> None:

@@ -1,0 +1,49 @@
+"""What `lab launch` carries of a project (lab.core.workdir): its folder, as git would see it."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from lab.core import workdir
+from lab.errors import UsageError
+
+
+def project(root: Path, files: dict[str, str]) -> Path:
+    for relative, text in files.items():
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_text(text)
+    return root
+
+
+def test_the_project_is_its_files_less_what_gitignore_and_exclude_leave_out(tmp_path: Path) -> None:
+    root = project(tmp_path / "proj", {
+        "train.py": "", "helper.py": "", "pkg/__init__.py": "", "pkg/model.py": "", "conf/run.yaml": "",
+        ".gitignore": "*.log\noutputs/\n", "run.log": "", "outputs/ckpt.pt": "", "pkg/.gitignore": "scratch.py\n",
+        "pkg/scratch.py": "", "scratch.py": "", "data/big.bin": "", ".git/HEAD": "", "pkg/__pycache__/m.pyc": ""})
+    (root / "outside").symlink_to(tmp_path)  # (a folder link: not followed)
+    (tmp_path / "secret.txt").write_text("x")
+    (root / "leak.txt").symlink_to(tmp_path / "secret.txt")  # (a file out of the folder: left out)
+    (root / "alias.py").symlink_to(root / "helper.py")  # (inside: carried as the file)
+    found = workdir.collect(root, ("data/",))
+    assert [r for r, _ in found.files] == [".gitignore", "alias.py", "conf/run.yaml", "helper.py", "pkg/.gitignore",
+                                           "pkg/__init__.py", "pkg/model.py", "scratch.py", "train.py"]
+    assert sorted(found.skipped) == ["leak.txt", "outside"]
+    assert found.relative(root / "pkg" / "model.py") == "pkg/model.py"
+
+
+def test_a_project_over_the_cap_is_one_line_naming_its_largest_files(tmp_path: Path) -> None:
+    root = project(tmp_path / "proj", {"train.py": "x" * 100})
+    (root / "data.bin").write_bytes(os.urandom(3 << 20))
+    with pytest.raises(UsageError) as caught:
+        workdir.collect(root, max_mb=2)
+    message = str(caught.value)
+    assert "3.0 MiB of files is more than --max-workdir-size 2 MiB (the largest: data.bin (3.0 MiB)" in message
+    assert "\n" not in message
+    assert workdir.collect(root, ("*.bin",), max_mb=2).size == 100
+
+
+def test_a_workdir_that_is_no_folder_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="not a folder"):
+        workdir.collect(tmp_path / "nope")
