@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import json
+import os
+import pty
 import re
+import subprocess
 import time
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 import yaml
@@ -350,3 +354,37 @@ def test_doctor_from_the_command_line(lab: Lab, tmp_path) -> None:
     result = lab("doctor", "--hosts", str(inventory))
     assert result.code == 1, result.text
     assert "nope0" in result.out
+
+
+def test_a_launch_says_what_it_is_doing_live_on_a_terminal_and_a_line_a_phase_in_a_pipe(lab: Lab,
+                                                                                        tmp_path: Path) -> None:
+    """Never silent: in a pipe, one plain line on stderr for each phase; on a terminal (a real pty),
+    a live line with the phase and the time, which is gone when the run ends."""
+    script = tmp_path / "work.py"
+    script.write_text("import time\ntime.sleep(3)\nprint('worked')\n")
+    piped = lab("launch", "--nproc", "2", str(script))
+    assert piped.code == 0, piped.text
+    said = [line for line in piped.err.splitlines() if line.startswith("lab: ")]
+    kinds = [line.split(" ", 2)[1].rstrip(":") for line in said]
+    assert kinds[:3] == ["reaching", "holding", "starting"] and kinds[-2:] == ["running", "finishing"], said
+    assert set(kinds) == {"reaching", "holding", "starting", "checking", "running", "finishing"}, said
+    assert "lab: running: 2 of 2 rank(s) at work" in said
+    main, secondary = pty.openpty()
+    proc = subprocess.Popen(lab.argv("launch", "--nproc", "2", str(script)), cwd=REPO,
+                            env={**lab.env, "TERM": "xterm"}, stdin=subprocess.DEVNULL, stdout=secondary,
+                            stderr=secondary)
+    os.close(secondary)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # (EIO: the other side is closed)
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(main)
+    assert proc.wait(timeout=60) == 0, shown.decode(errors="replace")[-3000:]
+    screen = shown.decode(errors="replace")
+    assert re.search(r"lab: running: 2 of 2 rank\(s\) at work\S* \S*0:00:0[2-9]", screen), screen[-3000:]
+    assert "work.py: 2 of 2 ranks succeeded" in screen.rsplit("\x1b[2K", 1)[-1], screen[-500:]  # the line gone

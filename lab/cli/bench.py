@@ -18,7 +18,7 @@ from lab.cli.common import (
 )
 from lab.cli.views import bench as views
 from lab.cli.views import screen
-from lab.cli.views.run import LineStreamer, print_report
+from lab.cli.views.run import LineStreamer, phases, print_report
 from lab.core import bench
 from lab.core.judge import exit_code, judge
 from lab.core.plan import BACKENDS, DEFAULT_TIMEOUT, Options, build_plan
@@ -75,8 +75,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     settings = ssh_settings(args)
     inventory = with_master_address(cluster(args), settings)
     console = views.console(stderr=args.json)
-    with screen.working(console, f"timing {','.join(ops)} on {inventory.world_size} ranks"):
-        outcome = run_plan(build_plan(inventory, options), on_line=LineStreamer(console), ssh=settings)
+    with phases(console) as on_phase:
+        on_phase("timing", f"timing {','.join(ops)} on {inventory.world_size} ranks")
+        outcome = run_plan(build_plan(inventory, options), on_line=LineStreamer(console), ssh=settings,
+                           on_phase=lambda phase, text: on_phase(phase, f"timing {','.join(ops)}: {text}"))
     reports = judge(outcome)
     code = exit_code(outcome, reports)
     if code != ExitCode.OK:  # (the run's own report says what went wrong, and where)

@@ -131,7 +131,8 @@ def run_and_report(inventory: Inventory, options: Options, settings: SSHSettings
     """Run the exercises, check them, report (on stderr when stdout carries JSON); the exit code."""
     console = screen.console(stderr=json_out)
     plan = build_plan(inventory, options)
-    outcome = run_plan(plan, on_line=views.LineStreamer(console), keep=keep, ssh=settings)
+    with views.phases(console) as on_phase:
+        outcome = run_plan(plan, on_line=views.LineStreamer(console), keep=keep, ssh=settings, on_phase=on_phase)
     reports = judge(outcome)
     code = exit_code(outcome, reports)
     causes = explain_hang(inventory, settings, outcome.master_port) if hung_at_start(outcome) else []
@@ -232,7 +233,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
             logs(state, stream, line)
 
     try:
-        outcome = run_plan(plan, on_line=on_line, keep=args.keep, ssh=settings)
+        with views.phases(console) as on_phase:
+            outcome = run_plan(plan, on_line=on_line, keep=args.keep, ssh=settings, on_phase=on_phase)
     finally:
         if logs is not None:
             logs.close()

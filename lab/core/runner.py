@@ -57,6 +57,7 @@ import queue
 import signal
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -90,14 +91,20 @@ STREAM_GRACE = 1.0  # seconds to wait for the last lines of a process that ended
 VIOLATIONS_KEPT = 10  # of one rank's
 
 
+OnPhase = Callable[[str, str], None]  # (the phase, what it is at: "starting", "starting 4 rank(s): 3 started")
+
+
 def run_plan(plan: Plan, on_line: OnLine = lambda *_: None, keep: bool = False,
              ssh: SSHSettings | None = None, wall: float | None = None,
-             stop: threading.Event | None = None) -> RunOutcome:
+             stop: threading.Event | None = None, on_phase: OnPhase = lambda *_: None) -> RunOutcome:
     """Run ``plan`` to the end, a timeout or an interrupt; leave nothing running.
 
     ``wall``: the longest the whole run may take (a timeout, like a step's). ``stop``: another
-    thread's way to interrupt the run (as Ctrl-C does in this one)."""
-    run = Run(plan, {h.name: transport_for(h, ssh) for h in plan.hosts}, on_line, wall, stop or threading.Event())
+    thread's way to interrupt the run (as Ctrl-C does in this one). ``on_phase``: told what the run
+    is doing whenever that changes (reaching the hosts, the ports, the preflight, starting the
+    ranks, running), so that no command is silent while it works."""
+    run = Run(plan, {h.name: transport_for(h, ssh) for h in plan.hosts}, on_line, wall, stop or threading.Event(),
+              on_phase)
     status: RunStatus = "completed"
     hung: list[int] = []
     try:
@@ -116,10 +123,12 @@ class Run:
     and cleans up after it, whatever happens in between."""
 
     def __init__(self, plan: Plan, transports: dict[str, Transport], on_line: OnLine, wall: float | None,
-                 stop: threading.Event) -> None:
+                 stop: threading.Event, on_phase: OnPhase = lambda *_: None) -> None:
         self.plan = plan
         self.transports = transports
         self.on_line = on_line
+        self.on_phase = on_phase
+        self.phase = ("", "")  # the last told
         self.launches = [LaunchState(launch, plan.launcher) for launch in plan.launches()]
         self.states = [RankState(spec, next(launch for launch in self.launches if spec.rank in launch.launch.ranks))
                        for spec in plan.ranks]
@@ -144,15 +153,46 @@ class Run:
 
     def start(self) -> None:
         """Carry the run's files to every host, hold its ports, start every launch and read its streams."""
+        hosts = len(self.plan.hosts)
+        self._tell("reaching", f"reaching {hosts} host(s) and carrying the run's files "
+                               f"({sum(1 for _ in self.plan.uploads) + len(code_uploads())} file(s))")
         run_dirs = self._prepare_all()
         if self.plan.launcher in SRUN_LAUNCHERS:
             self._check_same_run_dir(run_dirs)
         if self.plan.port_count:
+            self._tell("ports", f"holding the rendezvous port(s) on {self.plan.hosts[0].name}")
             self.holder, self.ports = hold_ports(self.transports[self.plan.hosts[0].name], self.plan)
         if self.plan.checks_network:
             self.preflight = Preflight(self.plan, self.ports)
+        self._tell("starting", f"starting {len(self.launches)} launcher(s) for {self.plan.world_size} rank(s)")
         self._start_launches(run_dirs)
         self._start_readers()
+
+    def _tell(self, phase: str, text: str) -> None:
+        if (phase, text) != self.phase:
+            self.phase = (phase, text)
+            self.on_phase(phase, text)
+
+    def _tell_progress(self) -> None:
+        """What the run is at, from what its hosts and ranks said so far."""
+        if self.preflight is not None and not self.preflight.decided:
+            self._tell("preflight", f"checking the network from {len(self.plan.hosts)} host(s) (preflight)")
+            return
+        started = sum(1 for s in self.states if s.info and (self.plan.is_launch or s.step != "startup"))
+        if started < len(self.states):
+            self._tell("starting", f"starting {len(self.states)} rank(s): {started} started")
+            return
+        steps = [s.step for s in self.states if not s.done and s.ended_at is None]
+        if not steps:
+            self._tell("finishing", "finishing: every rank has ended")
+            return
+        joining = sum(1 for step in steps if step.startswith("init:"))
+        if joining:
+            self._tell("rendezvous", f"rendezvous: {len(self.states) - joining} of {len(self.states)} rank(s) joined")
+            return
+        current = max(set(steps), key=steps.count) if steps and not self.plan.is_launch else ""
+        self._tell("running", f"running {current}: {len(steps)} rank(s)" if current and current != "startup"
+                   else f"running: {len(steps)} of {len(self.states)} rank(s) at work")
 
     def _prepare_all(self) -> dict[str, str]:
         """Reach every host at once and carry the run's files there; each host's run directory. A
@@ -224,6 +264,7 @@ class Run:
                 return "interrupted", []
             for item in self._take(0.2):
                 self._handle_item(item)
+            self._tell_progress()
             if self.preflight is not None and not self.preflight.decided and self._preflight_failed():
                 return "preflight", []
             now = time.monotonic()

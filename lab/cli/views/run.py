@@ -5,18 +5,21 @@ Whatever a rank printed or raised is untrusted: it is shown through
 :func:`lab.core.text.printable` (escapes made visible) and as ``Text`` (no rich markup)."""
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from lab.core.judge import ExerciseReport
 from lab.core.outcome import Cause, LaunchState, RankState, RunOutcome, ended
 from lab.core.report import TAIL_SHOWN, dropped_output, status, summary
+from lab.core.runner import OnPhase
 from lab.core.stacks import users_traceback
 from lab.core.text import printable
 from lab.doctor.scenario import ScenarioResult
@@ -44,6 +47,26 @@ def print_left_out(exercises: Iterable[registry.Exercise]) -> None:
     for e in exercises:
         print(f"lab: {e.name} is left out of `run all`: its file:// rendezvous needs a directory every host "
               f"mounts, and these hosts share none (shared_dir); `run {e.name}` runs it anyway", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def phases(console: Console) -> Iterator[OnPhase]:
+    """While a run runs, what it is doing: on a terminal a live line (the phase, the time so far),
+    gone when the run ends; else a plain line on stderr each time the phase changes."""
+    if console.is_terminal:
+        columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+        with Progress(*columns, console=console, transient=True) as progress:
+            task = progress.add_task("lab: starting")
+            yield lambda _phase, text: progress.update(task, description=f"lab: {printable(text)}")
+        return
+    said = [""]
+
+    def plain(phase: str, text: str) -> None:
+        if phase != said[0]:
+            said[0] = phase
+            print(f"lab: {text}", file=sys.stderr, flush=True)
+
+    yield plain
 
 
 def print_skipped(root: Path, skipped: Sequence[str]) -> None:
