@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -209,6 +210,15 @@ def test_a_host_without_sftp_runs_p2p_with_its_files_sent_by_tar(no_sftp: SSHSer
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "PASS    p2p" in done.stdout
     assert "SFTP" not in done.stderr  # (tar is the first way: SFTP was never needed)
+    # -v: the lab's own steps with their times, SSH's own talk left out, a long line cut; -vv: all of it
+    steps = [line for line in done.stderr.splitlines() if line.startswith("lab [+")]
+    assert any(re.fullmatch(r"lab \[\+\d+\.\d\ds\]: host a: \d+ file\(s\) carried to \S+ in \d+\.\d\ds", line)
+               for line in steps), steps
+    assert "kex algos" not in done.stderr and max(len(line) for line in steps) < 400, done.stderr[-3000:]
+    assert "-vv shows them" in done.stderr
+    everything = cli(user_home, "run", "p2p", "--hosts", str(inv), "-vv")
+    assert everything.returncode == 0 and "kex algos" in everything.stderr, everything.stderr[-3000:]
+    assert "-vv shows them" not in everything.stderr
     assert list(no_sftp.tmp.iterdir()) == []  # and the run directories were removed
 
 

@@ -58,8 +58,9 @@ def cluster_options(parser: argparse.ArgumentParser, shaped: bool = True) -> Non
                             "torchrun's (an error when it has fewer)")
     parser.add_argument("--accept-new-host-keys", action="store_true",
                         help="trust SSH host keys not yet in known_hosts (and record them)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log what the lab does (and the "
-                        "inventory's variables it ignores)")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="log the lab's own steps, each with its time (and the inventory's variables it "
+                             "ignores); -vv: SSH's own talk and every line whole too")
 
 
 def launcher_option(parser: argparse.ArgumentParser) -> None:

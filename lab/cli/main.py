@@ -29,6 +29,7 @@ from lab.cli.labs import add_break, add_down, add_fix, add_ls, add_net, add_stat
 from lab.cli.running import add_launch, add_list, add_run, add_submit
 from lab.cli.views import screen
 from lab.errors import ExitCode, LabError
+from lab.transport.ssh.connections import WIRE_LOG
 
 
 def add_completion(commands: Commands) -> None:
@@ -77,8 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     argcomplete.autocomplete(parser)  # (only when the shell asks for completions: it exits then)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if getattr(args, "verbose", False) else logging.WARNING,
-                        format="lab: %(message)s")
+    set_up_logging(getattr(args, "verbose", 0) or 0)
     # Ctrl-C and SIGTERM stop every rank on every host, whatever this process inherited: a shell
     # that starts it in the background (and many CI runners) ignores SIGINT for it.
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -95,6 +95,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug: one line here, the whole traceback in the debug log
         screen.print_internal_error(exc, write_debug_log(traceback.format_exc()))
         return ExitCode.RUN_ERROR
+
+
+LOG_SHORT = 240  # characters of a log line at -v (-vv: whole)
+
+
+class _StepFormatter(logging.Formatter):
+    """``lab [+1.23s]: message``: each step with the time since the command started; at -v a
+    line cut at LOG_SHORT characters (an inline script, a long command line), at -vv whole."""
+
+    def __init__(self, whole: bool) -> None:
+        super().__init__("lab [+%(seconds).2fs]: %(message)s")
+        self.whole = whole
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.seconds = record.relativeCreated / 1000
+        text = super().format(record)
+        if self.whole or len(text) <= LOG_SHORT:
+            return text
+        return f"{text[:LOG_SHORT]}... ({len(text) - LOG_SHORT} more characters: -vv shows them)"
+
+
+def set_up_logging(verbosity: int) -> None:
+    """No log lines but warnings without -v; with -v, the lab's own steps with their times (SSH's
+    own wire talk left out); with -vv, everything, whole."""
+    handler = logging.StreamHandler()
+    if verbosity:
+        handler.setFormatter(_StepFormatter(whole=verbosity > 1))
+    else:
+        handler.setFormatter(logging.Formatter("lab: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if verbosity else logging.WARNING, handlers=[handler])
+    if verbosity == 1:
+        for talkative in ("paramiko", WIRE_LOG):
+            logging.getLogger(talkative).setLevel(logging.WARNING)
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -162,6 +162,7 @@ class Run:
         if self.plan.port_count:
             self._tell("ports", f"holding the rendezvous port(s) on {self.plan.hosts[0].name}")
             self.holder, self.ports = hold_ports(self.transports[self.plan.hosts[0].name], self.plan)
+            log.debug("holding port(s) %s on %s", ", ".join(map(str, self.ports)), self.plan.hosts[0].name)
         if self.plan.checks_network:
             self.preflight = Preflight(self.plan, self.ports)
         self._tell("starting", f"starting {len(self.launches)} launcher(s) for {self.plan.world_size} rank(s)")
@@ -171,6 +172,7 @@ class Run:
     def _tell(self, phase: str, text: str) -> None:
         if (phase, text) != self.phase:
             self.phase = (phase, text)
+            log.debug("%s", text)
             self.on_phase(phase, text)
 
     def _tell_progress(self) -> None:
@@ -190,7 +192,8 @@ class Run:
         if joining:
             self._tell("rendezvous", f"rendezvous: {len(self.states) - joining} of {len(self.states)} rank(s) joined")
             return
-        current = max(set(steps), key=steps.count) if steps and not self.plan.is_launch else ""
+        working = [step.removeprefix("wait:") for step in steps]  # (wait:NAME: the lab's barrier after NAME)
+        current = max(set(working), key=working.count) if not self.plan.is_launch else ""
         self._tell("running", f"running {current}: {len(steps)} rank(s)" if current and current != "startup"
                    else f"running: {len(steps)} of {len(self.states)} rank(s) at work")
 
@@ -198,9 +201,16 @@ class Run:
         """Reach every host at once and carry the run's files there; each host's run directory. A
         group never stops at the first failure: every host is tried, and every one that failed is named."""
         uploads = {**code_uploads(), **{rel: Path(local) for rel, local in self.plan.uploads.items()}}
+        def prepare(transport: Transport) -> str:
+            began = time.monotonic()
+            run_dir = transport.prepare(self.plan.run_name, {
+                **uploads, **{file_of(rank): inputs[rank] for rank in self.plan.inputs_for(transport.host.name)}})
+            log.debug("host %s: %d file(s) carried to %s in %.2fs", transport.host.name, len(uploads), run_dir,
+                      time.monotonic() - began)
+            return run_dir
+
         with draw.staged(self.plan.inputs) as inputs:
-            outcomes = for_each_host(self.transports, lambda t: t.prepare(self.plan.run_name, {
-                **uploads, **{file_of(rank): inputs[rank] for rank in self.plan.inputs_for(t.host.name)}}))
+            outcomes = for_each_host(self.transports, prepare)
         unreachable = [e for e in outcomes.values() if isinstance(e, HostUnreachable)]
         failed = [(name, e) for name, e in outcomes.items()
                   if isinstance(e, Exception) and not isinstance(e, HostUnreachable)]
