@@ -388,3 +388,40 @@ def test_a_launch_says_what_it_is_doing_live_on_a_terminal_and_a_line_a_phase_in
     screen = shown.decode(errors="replace")
     assert re.search(r"lab: running: 2 of 2 rank\(s\) at work\S* \S*0:00:0[2-9]", screen), screen[-3000:]
     assert "work.py: 2 of 2 ranks succeeded" in screen.rsplit("\x1b[2K", 1)[-1], screen[-500:]  # the line gone
+
+
+def test_a_project_is_carried_once_and_its_kept_copy_never_written(lab: Lab, tmp_path: Path) -> None:
+    """A second launch of an unchanged project takes the host's kept copy (nothing carried); what
+    the ranks write in their folder stays in their run; a changed file is carried anew; a folder of
+    kept copies that is not safely the user's is not used."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "helper.py").write_text("VALUE = 1\n")
+    (project / "train.py").write_text(
+        "import os\nfrom helper import VALUE\n"
+        "out = f\"out-{os.environ['RANK']}.txt\"\n"
+        "print('value', VALUE, 'seen-before', os.path.exists(out))\n"
+        "open(out, 'w').write('written by a rank')\n")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**lab.env, "TMPDIR": str(temp)}
+
+    def launch() -> str:
+        done = subprocess.run(lab.argv("launch", "--nproc", "2", "-v", str(project / "train.py")), cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        assert done.stdout.count("seen-before False") == 2, done.stdout
+        return done.stdout + done.stderr
+
+    assert "the project (2 file(s)) carried there" in launch()
+    again = launch()
+    assert "as the host kept it, unchanged" in again and "value 1" in again
+    (project / "helper.py").write_text("VALUE = 22\n")
+    changed = launch()
+    assert "carried there" in changed and "value 22" in changed
+    kept = temp / f"lab-work-{os.getuid()}"
+    assert len(list(kept.iterdir())) == 2 and not list(kept.glob("*/out-*.txt"))
+    kept.chmod(0o755)  # (not safely the user's: others may look in)
+    unsafe = launch()
+    assert "no kept projects (unsafe)" in unsafe and "value 22" in unsafe
+    assert lab.leftovers() == []

@@ -167,6 +167,8 @@ class Plan:
     hands_over_ports: bool = False
     workdir: str | None = None  # lab launch: where its ranks start, the project's copy (``${run_dir}/work``)
     module: str | None = None  # lab launch -m: the module its ranks run (``script`` holds its arguments)
+    work: dict[str, str] = field(default_factory=dict, hash=False)  # the project: its path -> the local file
+    work_key: str = ""  # what names that state of the project, for the hosts' kept copies (lab.core.workcache)
     memory_mb: int | None = None  # see Options
     pids: int | None = None  # see Options
     partition: str | None = None  # see Options
@@ -555,9 +557,9 @@ def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], ti
     master = data_address(hosts[0])
     port = port_macro(0)
     backend = default_backend(hosts)
+    uploads: dict[str, str] = {}
     if workdir is not None:  # (the project, in the run directory's work/: its ranks start there)
-        uploads = {f"{WORK_DIR}/{relative}": str(path) for relative, path in workdir.files}
-        program = () if module else (f"{RUN_DIR}/{WORK_DIR}/{workdir.relative(Path(script))}",)
+        program: tuple[str, ...] = () if module else (f"{RUN_DIR}/{WORK_DIR}/{workdir.relative(Path(script))}",)
     else:
         relative = f"script/{script.rsplit('/', 1)[-1]}"
         uploads, program = {relative: script}, (f"{RUN_DIR}/{relative}",)
@@ -566,6 +568,8 @@ def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], ti
                 ranks=_lay_out_ranks(hosts, master, port, backend, launcher),
                 stages=(), uploads=uploads, script=(*program, *args),
                 workdir=f"{RUN_DIR}/{WORK_DIR}" if workdir is not None else None, module=script if module else None,
+                work={relative: str(path) for relative, path in workdir.files} if workdir is not None else {},
+                work_key=workdir.key if workdir is not None else "",
                 launcher=launcher, rdzv_endpoint=_endpoint(master, port) if uses_torchrun(launcher) else None,
                 port_count=1, partition=partition, hang_after=hang_after, preflight=preflight,
                 rank_env=dict(rank_env or {}))

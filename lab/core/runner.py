@@ -63,7 +63,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from lab.core import draw, slurm
+from lab.core import draw, slurm, workcache
 from lab.core.outcome import ExerciseRun, LaunchState, OnLine, RankState, RunOutcome, RunStatus
 from lab.core.plan import SRUN_LAUNCHERS, Launch, Plan
 from lab.core.portholder import hold_ports
@@ -201,11 +201,18 @@ class Run:
         """Reach every host at once and carry the run's files there; each host's run directory. A
         group never stops at the first failure: every host is tried, and every one that failed is named."""
         uploads = {**code_uploads(), **{rel: Path(local) for rel, local in self.plan.uploads.items()}}
+        work = {relative: Path(local) for relative, local in self.plan.work.items()}
+
         def prepare(transport: Transport) -> str:
             began = time.monotonic()
-            run_dir = transport.prepare(self.plan.run_name, {
-                **uploads, **{file_of(rank): inputs[rank] for rank in self.plan.inputs_for(transport.host.name)}})
-            log.debug("host %s: %d file(s) carried to %s in %.2fs", transport.host.name, len(uploads), run_dir,
+            own = {**uploads, **{file_of(rank): inputs[rank] for rank in self.plan.inputs_for(transport.host.name)}}
+            if not work:
+                run_dir = transport.prepare(self.plan.run_name, own)
+            else:
+                run_dir, carried = workcache.carry(transport, self.plan.run_name, own, work, self.plan.work_key)
+                log.debug("host %s: the project (%d file(s)) %s", transport.host.name, len(work),
+                          "carried there" if carried else "as the host kept it, unchanged")
+            log.debug("host %s: %d file(s) carried to %s in %.2fs", transport.host.name, len(own), run_dir,
                       time.monotonic() - began)
             return run_dir
 

@@ -11,6 +11,7 @@ they point to when those lie inside the folder; others are left out, and said (`
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from dataclasses import dataclass
@@ -30,6 +31,16 @@ class Workdir:
     files: tuple[tuple[str, Path], ...]  # (path in the folder, with '/', the local file), sorted
     size: int  # bytes, all files together
     skipped: tuple[str, ...] = ()  # left out: links out of the folder (or to nothing), files not readable
+
+    @property
+    def key(self) -> str:
+        """What names this state of the project: its files' paths, sizes, modification times and
+        modes (as rsync's quick check: a changed file has another size or time)."""
+        listing = hashlib.sha256()
+        for relative, path in self.files:
+            found = path.stat()
+            listing.update(f"{relative}\0{found.st_size}\0{found.st_mtime_ns}\0{found.st_mode & 0o777:o}\n".encode())
+        return listing.hexdigest()[:32]
 
     def relative(self, path: Path) -> str:
         """``path`` (inside the folder) as the folder's copies name it."""

@@ -1,0 +1,66 @@
+"""The project's copy on a host, kept between launches: a second launch of an unchanged project
+carries nothing over the network.
+
+Each host keeps the projects it was given in ``$TMPDIR/lab-work-UID/KEY`` (its user's alone: the
+folder must be that user's, not a link, mode 0700, or it is not used), ``KEY`` naming the
+project's files by their paths, sizes and modification times (``Workdir.key``, as rsync's quick
+check). A launch asks each host whether it has the key (one short command); where it has not, the
+files go there once (and a ``.lab-complete`` mark after them, so a copy cut short is never taken
+for whole); then the host copies the project into the run's directory (``work/``), where the
+ranks may write as they like without touching the kept copy. The newest KEEP projects are kept.
+"""
+from __future__ import annotations
+
+import logging
+import posixpath
+from collections.abc import Mapping
+from pathlib import Path
+
+from lab.errors import RunError
+from lab.transport import Transport
+
+log = logging.getLogger(__name__)
+
+KEEP = 4  # projects kept on a host
+CALL_TIMEOUT = 60.0  # seconds for a host's copy of a project into the run's directory
+COMPLETE = ".lab-complete"
+
+# sh, $1 the key: whether the host has the project ("cached UID" / "missing UID"), "unsafe" when
+# its user's folder of projects is not safely its own
+_LOOK = r"""
+u=$(id -u); c="${TMPDIR:-/tmp}/lab-work-$u"
+[ -e "$c" ] || [ -L "$c" ] || mkdir -m 700 "$c" 2>/dev/null
+if [ -d "$c" ] && [ ! -L "$c" ] && [ -O "$c" ] && [ "$(stat -c %a "$c")" = 700 ]; then
+  if [ -f "$c/$1/COMPLETE" ] && [ ! -L "$c/$1" ]; then echo "cached $u"; else rm -rf "$c/$1"; echo "missing $u"; fi
+else
+  echo unsafe
+fi
+""".replace("COMPLETE", COMPLETE)
+# sh, $1 the key, $2 the run directory: the project into the run's work/, then the oldest let go
+_COPY = r"""
+c="${TMPDIR:-/tmp}/lab-work-$(id -u)"
+touch "$c/$1/COMPLETE" && mkdir -p "$2/work" && cp -a "$c/$1/." "$2/work/" && rm -f "$2/work/COMPLETE" || exit 1
+ls -1dt "$c"/*/ 2>/dev/null | tail -n +KEEP | while read -r old; do rm -rf "$old"; done
+""".replace("COMPLETE", COMPLETE).replace("KEEP", str(KEEP + 1))
+
+
+def carry(transport: Transport, run_name: str, uploads: Mapping[str, Path], work: Mapping[str, Path],
+          key: str) -> tuple[str, bool]:
+    """Make the run's directory on the host with ``uploads`` and the project (``work``: its files,
+    by path in it) in its ``work/``, the project from the host's kept copy when it has ``key``; the
+    run directory, and whether the project went over the network."""
+    status, said = transport.call(["/bin/sh", "-c", _LOOK, "sh", key], CALL_TIMEOUT)
+    words = said.split()
+    if status != 0 or not words or words[0] not in ("cached", "missing"):
+        log.debug("host %s: no kept projects (%s): the project goes into the run's directory", transport.host.name,
+                  said.strip() or f"exit {status}")
+        return transport.prepare(run_name, {**uploads, **{f"work/{p}": f for p, f in work.items()}}), True
+    carried = words[0] == "missing"
+    if carried:
+        transport.prepare(posixpath.join(f"lab-work-{words[1]}", key), dict(work))
+    run_dir = transport.prepare(run_name, uploads)
+    status, said = transport.call(["/bin/sh", "-c", _COPY, "sh", key, run_dir], CALL_TIMEOUT)
+    if status != 0:
+        raise RunError(f"host {transport.host.name}: cannot copy the project into the run's directory: "
+                       f"{said.strip().splitlines()[-1] if said.strip() else f'exit {status}'}")
+    return run_dir, carried
