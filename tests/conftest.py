@@ -172,3 +172,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHServer]:
 @pytest.fixture
 def lab() -> Lab:
     return Lab()
+
+
+DDP_SERIES = REPO / "tests" / "projects" / "ddp_series"  # a project shaped as pytorch/examples' DDP series
+
+
+def assert_ddp_series_trained(out: str, ranks: int) -> None:
+    """tests/projects/ddp_series ran whole, launched with --env SERIES_TAG=series-1 and --epochs 2:
+    its package, config and data found by relative paths."""
+    assert f"trained 2 epoch(s) on {ranks} rank(s), tag series-1; snapshot at snapshots/latest.pt: True" in out, out
+    assert re.search(r"epoch 1 loss \d+\.\d{4}", out), out

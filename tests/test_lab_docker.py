@@ -21,7 +21,7 @@ import yaml
 
 from lab.containerlab import containers, engine, resources, sshd, state, topology
 
-from .conftest import REPO, WRONG, Lab, Result
+from .conftest import DDP_SERIES, REPO, WRONG, Lab, Result, assert_ddp_series_trained
 from .load import cpu_hog
 from .test_compose import compose_tools
 from .test_why_fixtures import UNDER_OTHER_LAUNCHERS, WHY, assert_report_names_the_cause
@@ -466,6 +466,19 @@ def test_the_tutorials_scripts_run_unchanged_across_hosts(lab_up: Lab, tmp_path:
         assert f"{script.name}: {n} of {n} ranks succeeded" in result.out
         assert f"[node2 r{n - 1}] " in result.out  # the last rank ran, and printed, on the second host
         assert_prints_as_shown(script, result.out)
+    assert_no_workers_anywhere()
+
+
+def test_a_real_project_runs_across_hosts_under_torchrun(lab_up: Lab, tmp_path: Path) -> None:
+    """tests/projects/ddp_series (a package, a config and a data file beside its script) on two
+    hosts of two ranks each, torchrun starting them; a second launch finds the project kept."""
+    for kept in (False, True):
+        result = lab_up("launch", "--hosts", str(INVENTORY), "--nnodes", "2", "--nproc-per-node", "2", "--launcher",
+                        "torchrun", "--env", "SERIES_TAG=series-1", "-v", str(DDP_SERIES / "train.py"), "--epochs",
+                        "2", timeout=300)
+        assert result.code == 0, result.text[-3000:]
+        assert_ddp_series_trained(result.out, 4)
+        assert result.err.count("as the host kept it, unchanged") == (2 if kept else 0), result.err[-3000:]
     assert_no_workers_anywhere()
 
 

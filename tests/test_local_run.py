@@ -15,7 +15,7 @@ import yaml
 
 from lab.suite import registry
 
-from .conftest import REPO, WRONG, Lab
+from .conftest import DDP_SERIES, REPO, WRONG, Lab, assert_ddp_series_trained
 from .load import cpu_hog
 from .tutorials import assert_prints_as_shown, ring_allreduce_fragment, tutorial_scripts
 
@@ -424,4 +424,17 @@ def test_a_project_is_carried_once_and_its_kept_copy_never_written(lab: Lab, tmp
     kept.chmod(0o755)  # (not safely the user's: others may look in)
     unsafe = launch()
     assert "no kept projects (unsafe)" in unsafe and "value 22" in unsafe
+    assert lab.leftovers() == []
+
+
+def test_a_real_project_runs_as_torchrun_would_run_it(lab: Lab, tmp_path: Path) -> None:
+    """A project shaped as pytorch/examples' DDP series (a launcher script, a trainer and a data
+    module in a package, a config and a data file), launched with --nproc-per-node, --env and
+    --log-dir; its snapshot stays in the run (not in the project)."""
+    result = lab("launch", "--nproc-per-node", "2", "--env", "SERIES_TAG=series-1", "--log-dir",
+                 str(tmp_path / "logs"), str(DDP_SERIES / "train.py"), "--epochs", "2", timeout=300)
+    assert result.code == 0, result.text[-3000:]
+    assert_ddp_series_trained(result.out, 2)
+    assert "trained 2 epoch(s)" in (tmp_path / "logs" / "rank_0.log").read_text()
+    assert not (DDP_SERIES / "snapshots").exists()
     assert lab.leftovers() == []

@@ -21,7 +21,7 @@ from lab.containerlab import resources, slurm, state
 from lab.containerlab.topology import Topology
 from lab.errors import UsageError
 
-from .conftest import REPO, Lab
+from .conftest import DDP_SERIES, REPO, Lab, assert_ddp_series_trained
 from .test_lab_docker import _client, inventory_variant, workers_on
 from .test_why_fixtures import UNDER_OTHER_LAUNCHERS, WHY, assert_report_names_the_cause
 from .tutorials import assert_prints_as_shown, tutorial_scripts
@@ -178,6 +178,18 @@ def test_the_tutorials_scripts_run_unchanged_under_srun_torchrun(slurm_lab: tupl
         assert f"{script.name}: {n} of {n} ranks succeeded" in result.out
         assert f"[node2 r{n - 1}] " in result.out
         assert_prints_as_shown(script, result.out)
+    assert_nothing_left()
+
+
+@pytest.mark.docker
+def test_a_real_project_runs_as_slurm_tasks(slurm_lab: tuple[Lab, Path], tmp_path: Path) -> None:
+    """tests/projects/ddp_series (a package, a config and a data file beside its script) under srun."""
+    lab, inventory = slurm_lab
+    result = lab("launch", "--hosts", str(inventory_variant(tmp_path, 2, 1, source=inventory)), "--launcher", "srun",
+                 "--env", "SERIES_TAG=series-1", "--timeout", "120", str(DDP_SERIES / "train.py"), "--epochs", "2",
+                 timeout=300)
+    assert result.code == 0, result.text[-3000:]
+    assert_ddp_series_trained(result.out, 2)
     assert_nothing_left()
 
 
