@@ -438,18 +438,3 @@ def test_a_real_project_runs_as_torchrun_would_run_it(lab: Lab, tmp_path: Path) 
     assert "trained 2 epoch(s)" in (tmp_path / "logs" / "rank_0.log").read_text()
     assert not (DDP_SERIES / "snapshots").exists()
     assert lab.leftovers() == []
-
-
-def test_torchrun_starts_a_failed_jobs_ranks_again_with_max_restarts(lab: Lab, tmp_path: Path) -> None:
-    script = tmp_path / "restart.py"
-    script.write_text("import os, sys\nimport torch.distributed as dist\n"
-                      "attempt = int(os.environ.get('TORCHELASTIC_RESTART_COUNT', '0'))\n"
-                      "dist.init_process_group('gloo')\nprint('attempt', attempt, flush=True)\n"
-                      "if attempt == 0 and dist.get_rank() == 1:\n    sys.exit(3)\n"
-                      "dist.barrier()\ndist.destroy_process_group()\n")
-    result = lab("launch", "--launcher", "torchrun", "--max-restarts", "1", "--nproc", "2", str(script), timeout=180)
-    assert result.code == 0 and "[local r1] attempt 1" in result.out, result.text[-3000:]
-    assert "restart.py: 2 of 2 ranks succeeded" in result.out
-    refused = lab("launch", "--max-restarts", "1", "--nproc", "2", str(script))
-    assert refused.code == 2 and "give --launcher torchrun" in refused.err, refused.text
-    assert lab.leftovers() == []

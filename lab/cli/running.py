@@ -192,9 +192,6 @@ def add_launch(commands: Commands) -> None:
                              ".gitignore files do (repeatable)")
     launch.add_argument("--max-workdir-size", type=float, default=workdir.DEFAULT_MAX_MB, metavar="MB",
                         help=f"refuse a workdir larger than this (default {workdir.DEFAULT_MAX_MB} MiB)")
-    launch.add_argument("--max-restarts", type=int, default=0, metavar="N",
-                        help="under --launcher torchrun: how often torchrun starts the ranks again after one failed "
-                             "(torchrun's --max-restarts; default 0)")
     launch.add_argument("-m", "--module", action="store_true",
                         help="SCRIPT is a module of the workdir, run as `python -m` runs it (as torchrun's -m)")
     launch.add_argument("script", metavar="SCRIPT.py", help="the script every rank runs (with -m: a module name)")
@@ -225,8 +222,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     console = screen.console(stderr=args.json)
     plan = build_launch_plan(inventory, args.script if args.module else str(script.resolve()), args.args,
                              args.timeout, launcher(args), partition=args.partition, hang_after=args.hang_after,
-                             preflight=args.preflight, rank_env=rank_env(args), workdir=project, module=args.module,
-                             max_restarts=args.max_restarts)
+                             preflight=args.preflight, rank_env=rank_env(args), workdir=project, module=args.module)
     name = args.script if args.module else script.name
     streamer = views.LineStreamer(console)
     logs = LogDir(args.log_dir, (r.rank for r in plan.ranks)) if args.log_dir else None

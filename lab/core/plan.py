@@ -169,7 +169,6 @@ class Plan:
     module: str | None = None  # lab launch -m: the module its ranks run (``script`` holds its arguments)
     work: dict[str, str] = field(default_factory=dict, hash=False)  # the project: its path -> the local file
     work_key: str = ""  # what names that state of the project, for the hosts' kept copies (lab.core.workcache)
-    max_restarts: int = 0  # lab launch under torchrun: how often torchrun starts a failed job's ranks again
     memory_mb: int | None = None  # see Options
     pids: int | None = None  # see Options
     partition: str | None = None  # see Options
@@ -284,7 +283,7 @@ class Plan:
         """``torchrun`` and the arguments a host's agent shares with the others' (``slots``: its ranks)."""
         return ("torchrun", "--nnodes", str(len(self.hosts)), "--nproc-per-node", str(slots),
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", str(self.rdzv_endpoint),
-                "--rdzv-id", public_id(self.token), "--max-restarts", str(self.max_restarts))
+                "--rdzv-id", public_id(self.token), "--max-restarts", "0")
 
     def _rendezvous_env(self, rank: int) -> dict[str, str]:
         """What the lab tells a host's launcher of the rendezvous (its ranks get the rest)."""
@@ -547,18 +546,13 @@ def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], ti
                       launcher: Launcher = "lab", token: str | None = None, partition: str | None = None,
                       hang_after: float = DEFAULT_HANG_AFTER, preflight: bool = True,
                       rank_env: Mapping[str, str] | None = None, workdir: Workdir | None = None,
-                      module: bool = False, max_restarts: int = 0) -> Plan:
+                      module: bool = False) -> Plan:
     """``lab launch``: the user's script on every rank, the rendezvous in its environment
     (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE), set by the launcher."""
     if not inventory.hosts:
         raise UsageError(f"{inventory.path}: no hosts")
     _check_launcher(launcher)
     _check_slurm(inventory.hosts, launcher, partition)
-    if max_restarts and not uses_torchrun(launcher):
-        raise UsageError(f"--max-restarts {max_restarts}: torchrun starts a job's ranks again, not --launcher "
-                         f"{launcher}; give --launcher torchrun (or srun-torchrun)")
-    if max_restarts < 0:
-        raise UsageError(f"--max-restarts must be 0 or more, got {max_restarts}")
     hosts = placement_order(inventory.hosts, launcher)
     master = data_address(hosts[0])
     port = port_macro(0)
@@ -575,7 +569,7 @@ def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], ti
                 stages=(), uploads=uploads, script=(*program, *args),
                 workdir=f"{RUN_DIR}/{WORK_DIR}" if workdir is not None else None, module=script if module else None,
                 work={relative: str(path) for relative, path in workdir.files} if workdir is not None else {},
-                work_key=workdir.key if workdir is not None else "", max_restarts=max_restarts,
+                work_key=workdir.key if workdir is not None else "",
                 launcher=launcher, rdzv_endpoint=_endpoint(master, port) if uses_torchrun(launcher) else None,
                 port_count=1, partition=partition, hang_after=hang_after, preflight=preflight,
                 rank_env=dict(rank_env or {}))
