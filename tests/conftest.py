@@ -182,3 +182,12 @@ def assert_ddp_series_trained(out: str, ranks: int) -> None:
     its package, config and data found by relative paths."""
     assert f"trained 2 epoch(s) on {ranks} rank(s), tag series-1; snapshot at snapshots/latest.pt: True" in out, out
     assert re.search(r"epoch 1 loss \d+\.\d{4}", out), out
+
+
+# What a run says of its phases on stderr when it is not on a terminal (lab.cli.views.run.phases)
+PHASE_LINE = re.compile(r"lab: (reaching|holding|starting|checking|rendezvous:|running|finishing:|timing) ")
+
+
+def said_apart_from_phases(stderr: str) -> list[str]:
+    """The lines of ``stderr`` but the phase lines a run prints in a pipe."""
+    return [line for line in stderr.splitlines() if not PHASE_LINE.match(line)]

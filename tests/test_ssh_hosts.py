@@ -24,7 +24,7 @@ from lab.errors import RunError
 from lab.model.inventory import Host
 from lab.transport.ssh import SSHSettings, SSHTransport
 
-from .conftest import REPO
+from .conftest import REPO, said_apart_from_phases
 from .sshd import SSHServer, require_sshd, start_sshd
 
 SCRIPT = """\
@@ -473,7 +473,7 @@ def test_a_project_and_its_environment_reach_remote_ranks_and_no_command_line(
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, out[-3000:] + err[-3000:]
     assert seen == []  # (ps on the host shows no value)
-    assert [line for line in err.splitlines() if "own setting" in line or "error" in line] == [
+    assert said_apart_from_phases(err) == [
         "lab: MASTER_PORT is the run's own setting (its rendezvous, the lab's): the value given left out"], err
     lines = sorted(line.split("] ", 1)[1] for line in out.splitlines() if "] env " in line)
     common = f"NCCL_DEBUG=INFO FROM_FILE={secret} file FROM_CLI={secret} MY_THING=7"
