@@ -2,10 +2,11 @@
 
 A class of N copies of a correct ring (tests/class/ring/alice.py), graded on the container lab's
 node1 with 4 slots as two shares at once (``--parallel 2``: users share1 and share2 on one host),
-alternately with the lab's packet filter in place (lab.containerlab.shares) and with its chains
-emptied (the marker left, so the grader still grades the shares at once): seconds per submission,
-and the ratio (goal at most 1.2). The filter is put back at the end. Needs the default lab up
-(``make lab-up``); it takes the lab for itself while it runs.
+alternately with everything that keeps shares apart in place (lab.containerlab.shares: the packet
+filter, a control group per share, /proc hidepid) and with all of it undone (the filter's chains
+emptied, the groups unmounted, /proc as it was; the marker left, so the grader still grades the
+shares at once): seconds per submission, and the ratio (goal at most 1.2). Everything is put back
+at the end. Needs the default lab up (``make lab-up``); it takes the lab for itself while it runs.
 
     python benchmarks/grade_shares.py [--students 10] [--repeat 3]
 """
@@ -20,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import docker
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,6 +34,14 @@ CORRECT = REPO / "tests" / "class" / "ring" / "alice.py"
 LAB = [sys.executable, "-m", "lab"]
 EMPTY = " && ".join(f"iptables -w 5 -t {table} -F {chain}" for table, chain in
                     (("mangle", "LAB-SHARES-OUT"), ("mangle", "LAB-SHARES-IN"), ("filter", "LAB-SHARES-ANSWER")))
+UNGROUP = (" && ".join(f"umount {shares.GROUPS}/{c}" for c in shares.CONTROLLERS)
+           + " && mount -o remount,hidepid=off /proc")
+
+
+def keep_apart(client: docker.DockerClient, topology: Topology, on: bool) -> None:
+    """node1 with everything that keeps shares apart in place, or with all of it undone."""
+    helper.in_namespace(client, topology, 1, shares.filter_script() if on else EMPTY)
+    helper.in_mounts(client, topology, 1, shares.groups_script() if on else UNGROUP)
 
 
 def one_host(directory: Path) -> Path:
@@ -70,16 +80,16 @@ def main() -> None:
                 shutil.copyfile(CORRECT, root / f"student{i:02d}.py")
             inventory = one_host(Path(directory))
             for round_ in range(args.repeat):
-                helper.in_namespace(client, topology, 1, shares.filter_script())
+                keep_apart(client, topology, True)
                 with_filter.append(grade(root, inventory, Path(directory, f"on{round_}")) / args.students)
-                helper.in_namespace(client, topology, 1, EMPTY)
+                keep_apart(client, topology, False)
                 without.append(grade(root, inventory, Path(directory, f"off{round_}")) / args.students)
     finally:
-        helper.in_namespace(client, topology, 1, shares.filter_script())
+        keep_apart(client, topology, True)
     on, off = statistics.median(with_filter), statistics.median(without)
     print(f"{args.students} ring-allreduce submissions, 2 shares at once on node1, {args.repeat} round(s)")
-    print(f"  with the share filter      {on:5.2f}s per submission  ({', '.join(f'{t:.2f}' for t in with_filter)})")
-    print(f"  with its chains emptied    {off:5.2f}s per submission  ({', '.join(f'{t:.2f}' for t in without)})")
+    print(f"  with the shares kept apart {on:5.2f}s per submission  ({', '.join(f'{t:.2f}' for t in with_filter)})")
+    print(f"  with all of that undone    {off:5.2f}s per submission  ({', '.join(f'{t:.2f}' for t in without)})")
     print(f"isolation cost (with / without): {on / off:.2f}x  (goal <= 1.2)")
 
 
