@@ -185,7 +185,7 @@ def assert_ddp_series_trained(out: str, ranks: int) -> None:
 
 
 # What a run says of its phases on stderr when it is not on a terminal (lab.cli.views.run.phases)
-PHASE_LINE = re.compile(r"lab: (reaching|holding|starting|checking|rendezvous:|running|finishing:|timing) ")
+PHASE_LINE = re.compile(r"lab: (reaching|holding|starting|checking|rendezvous|running|finishing|timing)\b")
 
 
 def said_apart_from_phases(stderr: str) -> list[str]:

@@ -42,6 +42,11 @@ def test_where_stopped_names_the_program_line_with_its_source(tmp_path: Path) ->
 def test_where_stopped_outside_any_program_names_the_exercise_threads_innermost_frame() -> None:
     # e.g. a rank stuck in init_process_group: the lab's stdin watcher thread is not it.
     assert where_stopped(DUMP, {}) == "distributed_c10d.py:2601 in recv"
+    # a project's file is the program by its path in the run, not by its name alone
+    assert where_stopped(DUMP, {"work/pkg/distributed_c10d.py": Path("/nowhere")}) == \
+        "distributed_c10d.py:2601 in recv"  # (torch's own, found as the exercise thread's innermost frame)
+    assert where_stopped([line.replace("/srv/run/mine.py", "/srv/run/work/pkg/mine.py") for line in DUMP],
+                         {"work/pkg/mine.py": Path("/nowhere"), "work/mine.py": Path("/nowhere")}) == "mine.py:3 in run"
     assert where_stopped(["no frames here"], {}) is None
 
 

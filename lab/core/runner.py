@@ -154,8 +154,8 @@ class Run:
     def start(self) -> None:
         """Carry the run's files to every host, hold its ports, start every launch and read its streams."""
         hosts = len(self.plan.hosts)
-        self._tell("reaching", f"reaching {hosts} host(s) and carrying the run's files "
-                               f"({sum(1 for _ in self.plan.uploads) + len(code_uploads())} file(s))")
+        self._tell("reaching", f"reaching {hosts} host(s) and carrying the run's files"
+                               + (f" and the project ({len(self.plan.work)} file(s))" if self.plan.work else ""))
         run_dirs = self._prepare_all()
         if self.plan.launcher in SRUN_LAUNCHERS:
             self._check_same_run_dir(run_dirs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from lab.core.plan import Plan
+from lab.core.plan import WORK_DIR, Plan
 from lab.transport import PACKAGE_DIR
 
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
@@ -28,9 +28,9 @@ def users_lines(lines: list[str]) -> list[str]:
 
 
 def where_stopped(dump: list[str], programs: dict[str, Path]) -> str | None:
-    """Where a faulthandler dump shows the rank: the innermost frame inside an exercise
-    program, as ``file.py:LINE in FUNC: source``; else the innermost frame of the thread
-    that runs the exercises (the one with lab/rank/worker.py frames), e.g. inside torch."""
+    """Where a faulthandler dump shows the rank: the innermost frame inside a program of the run
+    (``programs``: see program_files), as ``file.py:LINE in FUNC: source``; else the innermost frame
+    of the thread that runs the exercises (the one with lab/rank/worker.py frames), e.g. inside torch."""
     threads: list[list[re.Match[str]]] = [[]]
     for text in dump:
         if text.startswith(_THREAD):
@@ -38,7 +38,7 @@ def where_stopped(dump: list[str], programs: dict[str, Path]) -> str | None:
         elif m := _FRAME.match(text):
             threads[-1].append(m)
     frames = [f for t in threads for f in t]
-    mine = [m for m in frames if Path(m["path"]).name in programs]
+    mine = [m for m in frames if _program_of(m["path"], programs) is not None]
     main = next((t for t in threads if any(f["path"].endswith("lab/rank/worker.py") and f["func"] != "watch"
                                            for f in t)), None)
     candidates = mine or main or frames
@@ -47,22 +47,29 @@ def where_stopped(dump: list[str], programs: dict[str, Path]) -> str | None:
     frame = candidates[0]
     name, line = Path(frame["path"]).name, int(frame["line"])
     source = ""
-    local = programs.get(name)
+    local = _program_of(frame["path"], programs)
     if local is not None and local.exists():
         lines = local.read_text(encoding="utf-8", errors="replace").splitlines()
         source = lines[line - 1].strip() if 0 < line <= len(lines) else ""
     return f"{name}:{line} in {frame['func']}" + (f": {source}" if source else "")
 
 
+def _program_of(path: str, programs: dict[str, Path]) -> Path | None:
+    """The local file of the run's program at ``path`` on a host, if it is one."""
+    return next((local for tail, local in programs.items() if path.endswith(f"/{tail}")), None)
+
+
 def program_files(plan: Plan) -> dict[str, Path]:
-    """File name -> local path of every program the plan runs."""
-    files = {Path(local).name: Path(local) for local in plan.uploads.values()}
+    """Every program the plan runs, by the tail of its path on a host (``script/x.py``,
+    ``work/pkg/model.py``, ``lab/suite/exercises/ring_allreduce.py``) -> its local file."""
+    files = {tail: Path(local) for tail, local in plan.uploads.items() if tail.endswith(".py")}
+    files.update({f"{WORK_DIR}/{tail}": Path(local) for tail, local in plan.work.items() if tail.endswith(".py")})
     for stage in plan.stages:
         for exercise in stage.exercises:
             program = exercise["program"]
             if not program.endswith(".py"):
                 path = PACKAGE_DIR.joinpath(*program.split(".")[1:]).with_suffix(".py")
-                files[path.name] = path
+                files[path.relative_to(PACKAGE_DIR.parent).as_posix()] = path
     return files
 
 
