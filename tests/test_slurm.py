@@ -280,9 +280,12 @@ def test_slurms_refusals_are_one_line_each_with_its_exit_code(slurm_lab: tuple[L
 
 def controller_archive(path: Path) -> Path:
     """The lab as a clone of it holds it (the package and requirements.txt) with the controller's
-    dependencies from this interpreter's site-packages (the hosts' Python is this one's minor
-    version: a cluster's users install them with pip), as a tar to unpack on a host."""
-    files, seen, wanted = [], set(), ["pyyaml", "rich", "paramiko", "docker"]
+    dependencies (requirements.txt's but what the hosts have and `bench --plot`'s matplotlib) from
+    this interpreter's site-packages (the hosts' Python is this one's minor version: a cluster's
+    users install them with pip), as a tar to unpack on a host."""
+    needed = [re.split(r"[ ;<>=!~\[(]", line)[0] for line in (REPO / "requirements.txt").read_text().splitlines()
+              if line.strip() and not line.startswith("#")]
+    files, seen, wanted = [], set(), [n for n in needed if n not in ("torch", "numpy", "matplotlib")]  # (hosts'; lazy)
     while wanted:
         try:
             dist = metadata.distribution(wanted.pop())

@@ -17,9 +17,6 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import argcomplete
-from argcomplete.shell_integration import shellcode
-
 import lab
 from lab.cli.bench import add_bench
 from lab.cli.common import EXIT_CODES, Commands, Parser
@@ -28,7 +25,7 @@ from lab.cli.grading import add_grade
 from lab.cli.labs import add_break, add_down, add_fix, add_ls, add_net, add_status, add_up
 from lab.cli.running import add_launch, add_list, add_run, add_submit
 from lab.cli.views import screen
-from lab.errors import ExitCode, LabError
+from lab.errors import ExitCode, LabError, UsageError
 from lab.transport.ssh.connections import WIRE_LOG
 
 
@@ -42,6 +39,11 @@ def add_completion(commands: Commands) -> None:
 
 
 def cmd_completion(args: argparse.Namespace) -> int:
+    try:
+        from argcomplete.shell_integration import shellcode
+    except ImportError:
+        raise UsageError("completion needs argcomplete, which this Python lacks: pip install argcomplete "
+                         "(make venv installs it)") from None
     screen.print_verbatim(shellcode(["lab"], shell=args.shell))
     return ExitCode.OK
 
@@ -76,7 +78,11 @@ def versions() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    argcomplete.autocomplete(parser)  # (only when the shell asks for completions: it exits then)
+    if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions (argcomplete answers, and exits)
+        with contextlib.suppress(ImportError):
+            import argcomplete
+
+            argcomplete.autocomplete(parser)
     args = parser.parse_args(argv)
     set_up_logging(getattr(args, "verbose", 0) or 0)
     # Ctrl-C and SIGTERM stop every rank on every host, whatever this process inherited: a shell

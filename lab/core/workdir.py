@@ -16,10 +16,12 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-
-import pathspec
+from typing import TYPE_CHECKING
 
 from lab.errors import UsageError
+
+if TYPE_CHECKING:
+    import pathspec
 
 NEVER = (".git/", "__pycache__/", "*.pyc", ".lab/")  # never a rank's
 DEFAULT_MAX_MB = 100
@@ -50,6 +52,8 @@ class Workdir:
 def collect(root: str | Path, excludes: tuple[str, ...] = (), max_mb: float = DEFAULT_MAX_MB) -> Workdir:
     """The files of folder ``root`` a launch carries (see the module); UsageError (one line) when
     it is no folder, a pattern is no pattern, or the files are larger than ``max_mb`` MiB."""
+    import pathspec  # (here: only a launch's controller needs it)
+
     top = Path(root).resolve()
     if not top.is_dir():
         raise UsageError(f"--workdir {root}: not a folder")

@@ -117,9 +117,13 @@ for pid in $(mine); do
 done
 sleep 0.3
 find /tmp /var/tmp /dev/shm "$@" -xdev -mindepth 1 -user "$(id -u)" -delete 2>/dev/null
+said=" "
 for pid in $(mine); do
-  case "$keep" in *" $pid "*) continue ;; esac
-  [ "$(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | cut -c1)" != Z ] && echo "survived: pid $pid"
+  case "$keep$said" in *" $pid "*) continue ;; esac
+  kill -0 "$pid" 2>/dev/null || continue  # (gone: the listing's own subshell, say)
+  [ "$(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | cut -c1)" != Z ] || continue
+  said="$said$pid "
+  echo "survived: pid $pid ($(cat "/proc/$pid/comm" 2>/dev/null || echo hidden))"
 done
 true
 """.replace("GROUPS", shares.GROUPS)

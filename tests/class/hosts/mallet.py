@@ -1,6 +1,6 @@
 """Hostile, on hosts: rank 0 starts a sleeper in a new session and kills every ancestor of it but
-sshd's (the lab's reaper among them; where /proc hides them, every process of its user), so that
-the sleeper is nobody's child and outlives the run.
+sshd's (the lab's reaper among them; where /proc hides them, the one it knows without /proc, its
+parent), so that the sleeper is nobody's child and outlives the run.
 
 The sleeper is the share user's: before the share's next submission the grader stops every
 process of that user and names this one in mallet's row ("left running after its run, stopped").
@@ -37,8 +37,8 @@ def ring_allreduce(tensor):
                 while pid > 1 and not _name(pid).startswith("sshd"):
                     chain.append(pid)
                     pid = _parent(pid)
-            except OSError:  # an ancestor /proc hides from us: then every process of this user but us
-                chain = [-1]
+            except OSError:  # an ancestor /proc hides from us: its parent, which it knows without /proc
+                chain = chain or [os.getppid()]
             for pid in chain:
                 os.kill(pid, signal.SIGKILL)
             os.execvp("sleep", ["sleep", "907"])
