@@ -438,3 +438,11 @@ def test_a_real_project_runs_as_torchrun_would_run_it(lab: Lab, tmp_path: Path) 
     assert "trained 2 epoch(s)" in (tmp_path / "logs" / "rank_0.log").read_text()
     assert not (DDP_SERIES / "snapshots").exists()
     assert lab.leftovers() == []
+
+
+def test_a_program_that_makes_its_own_store_gets_the_held_port(lab: Lab) -> None:
+    """The port holder hands its socket to rank 0 (no other user can bind the port meanwhile); a
+    program that makes its master TCPStore itself on that port gets that store, not EADDRINUSE."""
+    result = lab("run", "init-env", "--nproc", "3", "--solution", str(REPO / "tests" / "solutions" /
+                                                                       "init_env_own_store.py"))
+    assert result.code == 0 and "PASS    init-env" in result.out, result.text[-3000:]

@@ -347,10 +347,12 @@ class Rank:
         held = take(int(port))
         if held is None:
             raise RuntimeError(f"the run's port holder handed over no socket for port {port}")
-        return dist.TCPStore(stage["addr"], int(port), self.size, True, wait_for_workers=False,  # type: ignore[attr-defined]
-                             multi_tenant=True,
-                             timeout=datetime.timedelta(seconds=self.timeout + GROUP_TIMEOUT_MARGIN),
-                             master_listen_fd=held.detach())  # (the store's from now on: it closes it)
+        store = dist.TCPStore(stage["addr"], int(port), self.size, True, wait_for_workers=False,  # type: ignore[attr-defined]
+                              multi_tenant=True,
+                              timeout=datetime.timedelta(seconds=self.timeout + GROUP_TIMEOUT_MARGIN),
+                              master_listen_fd=held.detach())  # (the store's from now on: it closes it)
+        share_held_port(int(port))
+        return store
 
     def run_exercise(self, exercise: dict[str, Any], init_method: str | None) -> bool:
         from lab.rank.calls import RECORDER
@@ -377,6 +379,33 @@ class Rank:
                       calls=RECORDER.summary())
             raise
         return self.report(name, value, time.monotonic() - started, RECORDER.summary())
+
+
+_HELD_PORTS: set[int] = set()  # the ports whose master store rank 0 made on the holder's socket (held_store)
+
+
+def share_held_port(port: int) -> None:
+    """A master TCPStore the program makes itself on ``port`` (``dist.TCPStore(addr, port, n,
+    is_master=True)``, as the tutorials' machine-to-machine program does) is the held one too: the
+    program's torch.distributed.TCPStore makes it multi-tenant there, so it finds the store on the
+    holder's socket instead of binding a port no one can bind again."""
+    import torch.distributed as dist
+
+    _HELD_PORTS.add(port)
+    original = dist.TCPStore  # type: ignore[attr-defined]
+    if getattr(original, "_lab_held", False):
+        return
+
+    class TCPStore(original):  # type: ignore[misc, valid-type]
+        _lab_held = True
+
+        def __init__(self, host_name: str, port: int, world_size: int | None = None, is_master: bool = False,
+                     *args: Any, **kwargs: Any) -> None:
+            if is_master and port in _HELD_PORTS and not args[2:3]:  # (multi_tenant not given by position)
+                kwargs["multi_tenant"] = True
+            super().__init__(host_name, port, world_size, is_master, *args, **kwargs)
+
+    setattr(dist, "TCPStore", TCPStore)  # noqa: B010 (torch's stubs do not export it)
 
 
 @contextlib.contextmanager
