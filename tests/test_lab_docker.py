@@ -320,9 +320,10 @@ def test_a_class_graded_across_the_lab_two_shares_at_once(lab_up: Lab, tmp_path:
     expected.update({s: EXPECTED[s] for s in section_1})
     for student in expected:
         (submissions / f"{student}.py").write_text((CLASS / f"{student}.py").read_text())
-    # mallet kills the reaper above its sleeper: the sweep after its run finds the sleeper, and names it
+    # mallet would kill the reaper above its sleeper, but /proc shows it none of its ancestors (hidepid):
+    # it kills its rank, the reaper takes in the sleeper and ends it with the launch (none left below)
     (submissions / "mallet.py").write_text((CLASS.parent / "hosts" / "mallet.py").read_text())
-    expected["mallet"] = ("fail", "left running after its run, stopped: node")
+    expected["mallet"] = ("fail", "was killed by SIGKILL during ring-allreduce")
     # oscar forks until its share user's process limit stops it; its children go with its rank
     (submissions / "oscar.py").write_text((CLASS.parent / "hosts" / "oscar.py").read_text())
     expected["oscar"] = ("fail", "raised BlockingIOError: [Errno 11] Resource temporarily unavailable at oscar.py")
@@ -334,7 +335,6 @@ def test_a_class_graded_across_the_lab_two_shares_at_once(lab_up: Lab, tmp_path:
     assert {s: grades[s]["verdict"] for s in expected} == {s: v for s, (v, _) in expected.items()}, grades
     for student, (_, words) in expected.items():
         assert words in grades[student]["reason"], grades[student]
-    assert "sleep (pid " in grades["mallet"]["reason"], grades["mallet"]
     assert_no_workers_anywhere()
     for i in TOPOLOGY.indices():
         left = subprocess.run(["docker", "exec", TOPOLOGY.container(i), "pgrep", "-af", "sleep 90[07]"],

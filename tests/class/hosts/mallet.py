@@ -1,9 +1,11 @@
 """Hostile, on hosts: rank 0 starts a sleeper in a new session and kills every ancestor of it but
-sshd's (the lab's reaper among them; where /proc hides them, the one it knows without /proc, its
-parent), so that the sleeper is nobody's child and outlives the run.
+sshd's (the lab's reaper among them), so that the sleeper is nobody's child and outlives the run.
 
-The sleeper is the share user's: before the share's next submission the grader stops every
-process of that user and names this one in mallet's row ("left running after its run, stopped").
+Where /proc hides the ancestors (a lab host that grades shares at once: hidepid, and the reaper
+and host launcher are not dumpable), it kills the one it knows without /proc, its rank: the reaper
+takes in the sleeper and ends it with the launch. Elsewhere the sleeper is the share user's:
+before the share's next submission the grader stops every process of that user and names this
+one in mallet's row ("left running after its run, stopped").
 """
 import os
 import signal
