@@ -87,8 +87,10 @@ class HostContainer:
 
 def temp_mounts(limits: HostLimits) -> dict[str, str]:
     """A lab host's temporary folders: in memory, so that what a process writes there is charged to
-    its memory group (a share's files to its share's part of the host: lab.containerlab.shares)."""
-    return {path: f"rw,nosuid,nodev,mode=1777,size={limits.memory_mb}m" for path in ("/tmp", "/var/tmp")}
+    its memory group (a share's files to its share's part of the host: lab.containerlab.shares);
+    programs may run from them (``exec``: Docker's default for a tmpfs is noexec, and a program's
+    own compiled code, a JIT's or a copied package's, is loaded from there)."""
+    return {path: f"rw,exec,nosuid,nodev,mode=1777,size={limits.memory_mb}m" for path in ("/tmp", "/var/tmp")}
 
 
 def host_config(client: docker.DockerClient, limits: HostLimits, gpus: bool, **more: Any) -> dict[str, Any]:
