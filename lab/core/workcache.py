@@ -5,9 +5,10 @@ Each host keeps the projects it was given in ``$TMPDIR/lab-work-UID/KEY`` (its u
 folder must be that user's, not a link, mode 0700, or it is not used), ``KEY`` naming the
 project's files by their paths, sizes and modification times (``Workdir.key``, as rsync's quick
 check). A launch asks each host whether it has the key (one short command); where it has not, the
-files go there once (and a ``.lab-complete`` mark after them, so a copy cut short is never taken
-for whole); then the host copies the project into the run's directory (``work/``), where the
-ranks may write as they like without touching the kept copy. The newest KEEP projects are kept.
+files go there once (into a folder of their own, renamed to the key when whole, so a copy cut short
+is never taken for one); then the host copies the project into the run's directory (``work/``,
+renamed into place whole: hosts of one machine share it), where the ranks may write as they like
+without touching the kept copy. The newest KEEP projects are kept.
 """
 from __future__ import annotations
 
@@ -23,25 +24,33 @@ log = logging.getLogger(__name__)
 
 KEEP = 4  # projects kept on a host
 CALL_TIMEOUT = 60.0  # seconds for a host's copy of a project into the run's directory
-COMPLETE = ".lab-complete"
 
 # sh, $1 the key: whether the host has the project ("cached UID" / "missing UID"), "unsafe" when
-# its user's folder of projects is not safely its own
+# its user's folder of projects is not safely its own. A kept project's folder appears whole (renamed
+# into place once its files are in), so being there is being complete.
 _LOOK = r"""
 u=$(id -u); c="${TMPDIR:-/tmp}/lab-work-$u"
 [ -e "$c" ] || [ -L "$c" ] || mkdir -m 700 "$c" 2>/dev/null
 if [ -d "$c" ] && [ ! -L "$c" ] && [ -O "$c" ] && [ "$(stat -c %a "$c")" = 700 ]; then
-  if [ -f "$c/$1/COMPLETE" ] && [ ! -L "$c/$1" ]; then echo "cached $u"; else rm -rf "$c/$1"; echo "missing $u"; fi
+  if [ -d "$c/$1" ] && [ ! -L "$c/$1" ]; then echo "cached $u"; else echo "missing $u"; fi
 else
   echo unsafe
 fi
-""".replace("COMPLETE", COMPLETE)
-# sh, $1 the key, $2 the run directory: the project into the run's work/, then the oldest let go
+"""
+# sh, $1 the key, $2 the run directory, $3 the folder the project was just carried to (if it was):
+# that folder renamed to the key (unless another got there first), the project copied into the run's
+# work/ by way of a folder renamed into place (two hosts of one machine may share the run directory),
+# then the oldest kept projects let go
 _COPY = r"""
 c="${TMPDIR:-/tmp}/lab-work-$(id -u)"
-touch "$c/$1/COMPLETE" && mkdir -p "$2/work" && cp -a "$c/$1/." "$2/work/" && rm -f "$2/work/COMPLETE" || exit 1
+if [ -n "$3" ]; then mv -T "$c/$3" "$c/$1" 2>/dev/null || rm -rf "$c/$3"; fi
+if [ ! -d "$2/work" ]; then
+  t=$(mktemp -d "$2/.work.XXXXXX") && cp -a "$c/$1/." "$t/" || exit 1
+  mv -T "$t" "$2/work" 2>/dev/null || rm -rf "$t"
+fi
+[ -d "$2/work" ] || exit 1
 ls -1dt "$c"/*/ 2>/dev/null | tail -n +KEEP | while read -r old; do rm -rf "$old"; done
-""".replace("COMPLETE", COMPLETE).replace("KEEP", str(KEEP + 1))
+""".replace("KEEP", str(KEEP + 1))
 
 
 def carry(transport: Transport, run_name: str, uploads: Mapping[str, Path], work: Mapping[str, Path],
@@ -56,10 +65,11 @@ def carry(transport: Transport, run_name: str, uploads: Mapping[str, Path], work
                   said.strip() or f"exit {status}")
         return transport.prepare(run_name, {**uploads, **{f"work/{p}": f for p, f in work.items()}}), True
     carried = words[0] == "missing"
+    part = f"{key}.part-{transport.host.name}" if carried else ""  # (a host's own: hosts may share a machine)
     if carried:
-        transport.prepare(posixpath.join(f"lab-work-{words[1]}", key), dict(work))
+        transport.prepare(posixpath.join(f"lab-work-{words[1]}", part), dict(work))
     run_dir = transport.prepare(run_name, uploads)
-    status, said = transport.call(["/bin/sh", "-c", _COPY, "sh", key, run_dir], CALL_TIMEOUT)
+    status, said = transport.call(["/bin/sh", "-c", _COPY, "sh", key, run_dir, part], CALL_TIMEOUT)
     if status != 0:
         raise RunError(f"host {transport.host.name}: cannot copy the project into the run's directory: "
                        f"{said.strip().splitlines()[-1] if said.strip() else f'exit {status}'}")
