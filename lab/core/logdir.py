@@ -33,7 +33,7 @@ class LogDir:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             for rank in ranks:
-                self._open(f"rank_{rank}.log")
+                self._open(_rank_file(rank))
         except OSError as exc:
             self.close()
             raise UsageError(f"--log-dir {folder}: {exc.strerror or exc}") from None
@@ -45,7 +45,7 @@ class LogDir:
     @staticmethod
     def name_of(state: RankState | LaunchState) -> str:
         if isinstance(state, RankState):
-            return f"rank_{state.spec.rank}.log"
+            return _rank_file(state.spec.rank)
         return f"launcher_{state.launch.host}.log"
 
     def __call__(self, state: RankState | LaunchState, stream: str, line: str) -> None:
@@ -70,8 +70,12 @@ class LogDir:
     def summarize(self, outcome: RunOutcome, summary: dict[str, Any]) -> None:
         """Write ``summary.json``: ``summary`` (how the job ended) and each rank's host, exit code and
         log file (written whole, then renamed into place)."""
-        ranks = [{"rank": s.spec.rank, "host": s.spec.host, "exit_code": s.exit_code,
-                  "log": self.name_of(s) if self.name_of(s) in self._files else None} for s in outcome.ranks]
+        ranks = [{"rank": s.spec.rank, "host": s.spec.host, "exit_code": s.exit_code, "log": self.name_of(s)}
+                 for s in outcome.ranks]
         temporary = self.folder / ".summary.json.tmp"
         temporary.write_text(json.dumps({**summary, "ranks": ranks}, indent=2) + "\n")
         os.replace(temporary, self.folder / "summary.json")
+
+
+def _rank_file(rank: int) -> str:
+    return f"rank_{rank}.log"

@@ -165,10 +165,9 @@ class Plan:
     # stage stores and the preflight on MASTER_PORT, under the lab's launcher or spawn; no other user's
     # socket can bind them meanwhile. (Not where a user's program or torchrun binds them itself.)
     hands_over_ports: bool = False
-    workdir: str | None = None  # lab launch: where its ranks start, the project's copy (``${run_dir}/work``)
     module: str | None = None  # lab launch -m: the module its ranks run (``script`` holds its arguments)
     work: dict[str, str] = field(default_factory=dict, hash=False)  # the project: its path -> the local file
-    work_key: str = ""  # what names that state of the project, for the hosts' kept copies (lab.core.workcache)
+    work_key: str = ""  # what names that state of the project (lab.core.workcache); "": no project, a script alone
     memory_mb: int | None = None  # see Options
     pids: int | None = None  # see Options
     partition: str | None = None  # see Options
@@ -237,13 +236,14 @@ class Plan:
     def launches(self) -> tuple[Launch, ...]:
         """The processes to start: one per host, which starts the host's ranks (``lab.rank.node``),
         or under Slurm one ``srun`` on the first host, whose tasks are the ranks."""
+        own = self._own_settings()
         if self.launcher in SRUN_LAUNCHERS:  # (one environment for every node: what their inventory entries share)
             shared = set.intersection(*(set(h.env) for h in self.hosts))
-            return (self._srun_launch(self._environment(dict(shared))),)
+            return (self._srun_launch(self._environment(dict(shared), own)),)
         launches = []
         for node_rank, host in enumerate(self.hosts):
             ranks = tuple(r.rank for r in self.ranks if r.host == host.name)
-            env = {**self._environment(dict(host.env)), **interface_env(host)}
+            env = {**self._environment(dict(host.env), own), **interface_env(host)}
             if self.launcher != "lab":  # (the lab's own launcher tags its ranks' lines itself)
                 env["LAB_TAG_OUTPUT"] = "1"
             args: tuple[str, ...]
@@ -263,21 +263,24 @@ class Plan:
             launches.append(Launch(host.name, ranks, (*args, *self.program), env))
         return tuple(launches)
 
-    def _environment(self, host_env: Mapping[str, str]) -> dict[str, str]:
-        """A host's launcher's settings, which its ranks inherit: the lab's defaults, the host's own
-        (the inventory's ``env``), the run's ``rank_env`` over them, then the run's own settings (the
-        user's PYTHONPATH after the lab's code)."""
-        user = {**host_env, **self.rank_env}
-        python_path = ":".join(p for p in (self.code_dir, user.pop("PYTHONPATH", "")) if p)
-        env = {"OMP_NUM_THREADS": "1", **user, "PYTHONPATH": python_path, "PYTHONUNBUFFERED": "1",
-               "LAB_TOKEN": self.token, HANG_AFTER_VAR: f"{self.hang_after:g}"}
+    def _own_settings(self) -> dict[str, str]:
+        """The run's own settings for every rank, the same on every host."""
+        env = {"PYTHONUNBUFFERED": "1", "LAB_TOKEN": self.token, HANG_AFTER_VAR: f"{self.hang_after:g}"}
         if not self.is_launch:
             env["LAB_RANK_PLAN"] = json.dumps(self.rank_plan())
-        if self.workdir:
-            env[WORKDIR_VAR] = self.workdir
+        if self.work_key:  # (a project: its ranks start in its copy)
+            env[WORKDIR_VAR] = f"{RUN_DIR}/{WORK_DIR}"
         if self.module:
             env[MODULE_VAR] = self.module
         return env
+
+    def _environment(self, host_env: Mapping[str, str], own: Mapping[str, str]) -> dict[str, str]:
+        """A host's launcher's settings, which its ranks inherit: the lab's defaults, the host's own
+        (the inventory's ``env``), the run's ``rank_env`` over them, then the run's ``own`` (the
+        user's PYTHONPATH after the lab's code)."""
+        user = {**host_env, **self.rank_env}
+        python_path = ":".join(p for p in (self.code_dir, user.pop("PYTHONPATH", "")) if p)
+        return {"OMP_NUM_THREADS": "1", **user, "PYTHONPATH": python_path, **own}
 
     def _torchrun_args(self, slots: int) -> tuple[str, ...]:
         """``torchrun`` and the arguments a host's agent shares with the others' (``slots``: its ranks)."""
@@ -567,7 +570,7 @@ def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], ti
                 master_addr=master, master_port=port, timeout=timeout, token=token or new_token(), hosts=hosts,
                 ranks=_lay_out_ranks(hosts, master, port, backend, launcher),
                 stages=(), uploads=uploads, script=(*program, *args),
-                workdir=f"{RUN_DIR}/{WORK_DIR}" if workdir is not None else None, module=script if module else None,
+                module=script if module else None,
                 work={relative: str(path) for relative, path in workdir.files} if workdir is not None else {},
                 work_key=workdir.key if workdir is not None else "",
                 launcher=launcher, rdzv_endpoint=_endpoint(master, port) if uses_torchrun(launcher) else None,

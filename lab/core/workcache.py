@@ -6,7 +6,7 @@ folder must be that user's, not a link, mode 0700, or it is not used), ``KEY`` n
 project's files by their paths, sizes and modification times (``Workdir.key``, as rsync's quick
 check). A launch asks each host whether it has the key (one short command); where it has not, the
 files go there once (into a folder of their own, renamed to the key when whole, so a copy cut short
-is never taken for one); then the host copies the project into the run's directory (``work/``,
+is never taken for one); then the host copies the project into the run's directory (``WORK_DIR``,
 renamed into place whole: hosts of one machine share it), where the ranks may write as they like
 without touching the kept copy. The newest KEEP projects are kept.
 """
@@ -17,6 +17,7 @@ import posixpath
 from collections.abc import Mapping
 from pathlib import Path
 
+from lab.core.plan import WORK_DIR
 from lab.errors import RunError
 from lab.transport import Transport
 
@@ -37,18 +38,18 @@ else
   echo unsafe
 fi
 """
-# sh, $1 the key, $2 the run directory, $3 the folder the project was just carried to (if it was):
-# that folder renamed to the key (unless another got there first), the project copied into the run's
-# work/ by way of a folder renamed into place (two hosts of one machine may share the run directory),
-# then the oldest kept projects let go
+# sh, $1 the key, $2 the project's folder in the run directory, $3 the folder the project was just
+# carried to (if it was): that folder renamed to the key (unless another got there first), the project
+# copied into $2 by way of a folder renamed into place (two hosts of one machine may share the run
+# directory), then the oldest kept projects let go
 _COPY = r"""
 c="${TMPDIR:-/tmp}/lab-work-$(id -u)"
 if [ -n "$3" ]; then mv -T "$c/$3" "$c/$1" 2>/dev/null || rm -rf "$c/$3"; fi
-if [ ! -d "$2/work" ]; then
-  t=$(mktemp -d "$2/.work.XXXXXX") && cp -a "$c/$1/." "$t/" || exit 1
-  mv -T "$t" "$2/work" 2>/dev/null || rm -rf "$t"
+if [ ! -d "$2" ]; then
+  t=$(mktemp -d "$2.XXXXXX") && cp -a "$c/$1/." "$t/" || exit 1
+  mv -T "$t" "$2" 2>/dev/null || rm -rf "$t"
 fi
-[ -d "$2/work" ] || exit 1
+[ -d "$2" ] || exit 1
 ls -1dt "$c"/*/ 2>/dev/null | tail -n +KEEP | while read -r old; do rm -rf "$old"; done
 """.replace("KEEP", str(KEEP + 1))
 
@@ -63,13 +64,14 @@ def carry(transport: Transport, run_name: str, uploads: Mapping[str, Path], work
     if status != 0 or not words or words[0] not in ("cached", "missing"):
         log.debug("host %s: no kept projects (%s): the project goes into the run's directory", transport.host.name,
                   said.strip() or f"exit {status}")
-        return transport.prepare(run_name, {**uploads, **{f"work/{p}": f for p, f in work.items()}}), True
+        return transport.prepare(run_name, {**uploads, **{f"{WORK_DIR}/{p}": f for p, f in work.items()}}), True
     carried = words[0] == "missing"
     part = f"{key}.part-{transport.host.name}" if carried else ""  # (a host's own: hosts may share a machine)
     if carried:
         transport.prepare(posixpath.join(f"lab-work-{words[1]}", part), dict(work))
     run_dir = transport.prepare(run_name, uploads)
-    status, said = transport.call(["/bin/sh", "-c", _COPY, "sh", key, run_dir, part], CALL_TIMEOUT)
+    status, said = transport.call(["/bin/sh", "-c", _COPY, "sh", key, posixpath.join(run_dir, WORK_DIR), part],
+                                  CALL_TIMEOUT)
     if status != 0:
         raise RunError(f"host {transport.host.name}: cannot copy the project into the run's directory: "
                        f"{said.strip().splitlines()[-1] if said.strip() else f'exit {status}'}")

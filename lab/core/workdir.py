@@ -32,17 +32,10 @@ class Workdir:
     root: Path
     files: tuple[tuple[str, Path], ...]  # (path in the folder, with '/', the local file), sorted
     size: int  # bytes, all files together
+    # What names this state of the project: its files' paths, sizes, modification times and modes
+    # (as rsync's quick check: a changed file has another size or time), for the hosts' kept copies.
+    key: str = ""
     skipped: tuple[str, ...] = ()  # left out: links out of the folder (or to nothing), files not readable
-
-    @property
-    def key(self) -> str:
-        """What names this state of the project: its files' paths, sizes, modification times and
-        modes (as rsync's quick check: a changed file has another size or time)."""
-        listing = hashlib.sha256()
-        for relative, path in self.files:
-            found = path.stat()
-            listing.update(f"{relative}\0{found.st_size}\0{found.st_mtime_ns}\0{found.st_mode & 0o777:o}\n".encode())
-        return listing.hexdigest()[:32]
 
     def relative(self, path: Path) -> str:
         """``path`` (inside the folder) as the folder's copies name it."""
@@ -62,9 +55,8 @@ def collect(root: str | Path, excludes: tuple[str, ...] = (), max_mb: float = DE
     except (ValueError, TypeError) as exc:
         raise UsageError(f"--exclude: {exc}") from None
     ignores: list[tuple[str, pathspec.GitIgnoreSpec]] = []  # (folder, its .gitignore), the folder with '/'
-    files: list[tuple[str, Path]] = []
+    found: list[tuple[str, Path, os.stat_result]] = []
     skipped: list[str] = []
-    size = 0
     for folder, dirs, names in os.walk(top):
         here = Path(folder)
         prefix = "" if here == top else here.relative_to(top).as_posix() + "/"
@@ -77,27 +69,32 @@ def collect(root: str | Path, excludes: tuple[str, ...] = (), max_mb: float = DE
             return excluded.match_file(relative) or any(
                 relative.startswith(base) and spec.match_file(relative[len(base):]) for base, spec in ignores)
 
-        skipped += [f"{prefix}{d}" for d in dirs if (here / d).is_symlink() and not left_out(f"{prefix}{d}/")]
-        dirs[:] = sorted(d for d in dirs if not (here / d).is_symlink() and not left_out(f"{prefix}{d}/"))
+        kept = [d for d in dirs if not left_out(f"{prefix}{d}/")]
+        skipped += [f"{prefix}{d}" for d in kept if (here / d).is_symlink()]
+        dirs[:] = sorted(d for d in kept if not (here / d).is_symlink())
         for name in sorted(names):
             relative, path = f"{prefix}{name}", here / name
             if left_out(relative):
                 continue
             try:
-                found = path.stat()  # (through a link)
+                status = path.stat()  # (through a link)
             except OSError:
                 skipped.append(relative)
                 continue
-            if (path.is_symlink() and not path.resolve().is_relative_to(top) or not stat.S_ISREG(found.st_mode)
+            if (path.is_symlink() and not path.resolve().is_relative_to(top) or not stat.S_ISREG(status.st_mode)
                     or not os.access(path, os.R_OK)):
                 skipped.append(relative)
                 continue
-            files.append((relative, path))
-            size += found.st_size
+            found.append((relative, path, status))
+    found.sort(key=lambda f: f[0])
+    size = sum(status.st_size for _, _, status in found)
     if size > max_mb * 2**20:
-        largest = sorted(files, key=lambda f: f[1].stat().st_size, reverse=True)[:3]
-        named = ", ".join(f"{r} ({f.stat().st_size / 2**20:.1f} MiB)" for r, f in largest)
+        largest = sorted(found, key=lambda f: f[2].st_size, reverse=True)[:3]
+        named = ", ".join(f"{r} ({status.st_size / 2**20:.1f} MiB)" for r, _, status in largest)
         raise UsageError(f"--workdir {top}: {size / 2**20:.1f} MiB of files is more than --max-workdir-size "
                          f"{max_mb:g} MiB (the largest: {named}); leave out what the ranks do not need "
                          "(--exclude PATTERN, .gitignore) or raise the cap")
-    return Workdir(top, tuple(sorted(files)), size, tuple(skipped))
+    listing = hashlib.sha256()
+    for relative, _, status in found:
+        listing.update(f"{relative}\0{status.st_size}\0{status.st_mtime_ns}\0{status.st_mode & 0o777:o}\n".encode())
+    return Workdir(top, tuple((r, path) for r, path, _ in found), size, listing.hexdigest()[:32], tuple(skipped))
