@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -49,10 +50,19 @@ def two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[machines.Machines]
             raise
         pytest.skip(f"no Docker engine: {exc}")
     machines.remove(client, PREFIX)
+    _forget_labs()
     tag = machines.build(client, state.home())
     found = machines.start(client, tag, PREFIX, 2, tmp_path_factory.mktemp("machines"))
     yield found
     machines.remove(client, PREFIX)
+    _forget_labs()
+
+
+def _forget_labs() -> None:
+    """The records of this module's labs, whose machines are gone once the test machines are (a
+    run stopped half way, or a lab a failed test could not take down, leaves one naming them)."""
+    for name in (LAB, HOST_LAB, URL_LAB, "mtest-bad", "mtest-fail"):
+        shutil.rmtree(state.lab_dir(name), ignore_errors=True)
 
 
 class Spread:

@@ -7,10 +7,12 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from lab.containerlab import state
+from lab.containerlab import machines_lab, state
+from lab.containerlab.engine import EngineError
 from lab.containerlab.engine_lab import EngineLab
 from lab.containerlab.labs import find_lab
 from lab.containerlab.lifecycle import UpRequest
@@ -172,3 +174,38 @@ def test_a_docker_calls_failure_is_one_line_and_a_tls_one_names_its_cause() -> N
     assert reason(APIError("500 Server Error", explanation="network lab-net not found\nmore")) == \
         "network lab-net not found"
     assert reason(OSError("x" * 400)) == "x" * 300
+
+
+class _Gossip:
+    """A machine's engine whose overlay listing learns one more endpoint each time it is read, up
+    to ``learns`` (then no more news): the Swarm's gossip as `docker network inspect -v` shows it."""
+
+    def __init__(self, name: str, endpoints: list[str], learns: int) -> None:
+        self.name, self.endpoints, self.learns, self.reads = name, endpoints, learns, 0
+        self.client = SimpleNamespace(api=SimpleNamespace(inspect_network=self.inspect_network))
+
+    def inspect_network(self, network: str, verbose: bool) -> dict[str, object]:
+        assert (network, verbose) == ("gtest-overlay", True)
+        self.reads += 1
+        tasks = [{"EndpointIP": a} for a in self.endpoints[:min(self.reads, self.learns)]]
+        return {"Containers": {}, "Services": {"": {"Tasks": tasks}}}
+
+
+def test_the_overlay_is_waited_for_while_the_swarm_tells_the_machines_of_hosts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wait ends when every machine lists every host, however long the gossip takes while it
+    moves; with no news for GOSSIP_WAIT it names what each machine lacks (no stopwatch on a host)."""
+    clock = iter(range(0, 10_000, 10))  # 10 s between reads: slower than GOSSIP_WAIT allows at once
+    monkeypatch.setattr(machines_lab.time, "monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr(machines_lab.time, "sleep", lambda seconds: None)
+    spread = Spread("gtest", ("m1", "m2"), "overlay")
+    addresses = {"node1": "10.215.0.2", "node2": "10.215.0.3"}
+    slow = [_Gossip("m1", ["10.215.0.2", "10.215.0.3"], learns=2), _Gossip("m2", ["10.215.0.3", "10.215.0.2"], 2)]
+    machines_lab._wait_for_gossip(slow, spread, addresses)
+    assert [m.reads for m in slow] == [2, 2]
+    stuck = [_Gossip("m1", ["10.215.0.2", "10.215.0.3"], learns=2), _Gossip("m2", ["10.215.0.3", "10.215.0.2"], 1)]
+    with pytest.raises(EngineError) as failed:
+        machines_lab._wait_for_gossip(stuck, spread, addresses)
+    assert str(failed.value).startswith("the Swarm did not tell every machine of the hosts on gtest-overlay "
+                                        "(machine m2 does not know node1 (10.215.0.2); no news in 90s)"), failed.value
+    assert stuck[1].reads > machines_lab.GOSSIP_WAIT / 10

@@ -59,7 +59,8 @@ from lab.transport.ssh import SSHSettings
 from lab.transport.ssh.config import known_hosts_name
 
 MACHINE_LABEL = "lab.machine"  # on a host container: the machine it runs on
-OVERLAY_WAIT = 30.0  # seconds for the overlay to carry traffic between every pair of new hosts
+GOSSIP_WAIT = 90.0  # seconds with no machine learning of a host before the overlay is said not to work
+REACH_WAIT = 30.0  # seconds for a host to reach another's sshd once the Swarm knows both
 SSH_PORT_LABEL = "lab.ssh_port"  # on a host container in --network host: the port its sshd listens on
 HOST_MODE_SSH_PORT = 2222
 DEFAULT_OVERLAY = "10.215.0.0/24"
@@ -241,7 +242,7 @@ class MachinesLab(Lab):
                                                             for i, c in zip(spread.indices(), started)})
             sshd.wait_for_ssh(at, {spread.name(i): c for i, c in zip(spread.indices(), started)})
             if spread.network == "overlay":
-                _wait_for_overlay(spread, started, data)
+                _wait_for_overlay(hosting, spread, started, data)
         except BaseException:
             removed = _remove(engines, spread.lab, say, spare=before, manager=manager)
             if joined and manager is not None:
@@ -400,8 +401,8 @@ def _host(engine: Engine, spread: Spread, i: int, tag: str, public_key: bytes, r
 
 
 # Run in a host: connect to each peer (argv: address:port...) until every one answers or the time is up;
-# prints the peers that never did. (The Swarm takes a few seconds to tell the other machines of a
-# new host.)
+# prints the peers that never did. Run once every machine's Swarm knows every host, when the kernel
+# of the peer's machine answers at once; the time only bounds a network that drops the packets.
 _REACH_PEERS = """
 import socket, sys, time
 pending, deadline = sys.argv[2:], time.monotonic() + float(sys.argv[1])
@@ -420,12 +421,19 @@ print(" ".join(pending))
 """
 
 
-def _wait_for_overlay(spread: Spread, started: Sequence[Container], addresses: dict[str, str]) -> None:
+def _wait_for_overlay(hosting: Sequence[Engine], spread: Spread, started: Sequence[Container],
+                      addresses: dict[str, str]) -> None:
     """Until every host reaches every other's sshd at its overlay address (``addresses``: by host
-    name; bounded: OVERLAY_WAIT), so that the lab's first run finds the network its inventory describes."""
+    name), so that the lab's first run finds the network its inventory describes. First by the
+    Swarm's own word: each machine's list of the overlay's endpoints names every host (its gossip
+    may take a bulk sync, every 30 s, to repair a lost message; a loaded machine is slower still,
+    so the wait ends only after GOSSIP_WAIT in which no machine learnt of a host); then by a
+    connection from each host to each other's sshd, which the peer's kernel answers."""
+    _wait_for_gossip(hosting, spread, addresses)
+
     def unreached(i: int) -> list[str]:
         peers = [f"{addresses[spread.name(j)]}:22" for j in spread.indices() if j != i]
-        code, out = started[i - 1].exec_run(["python3", "-c", _REACH_PEERS, str(OVERLAY_WAIT), *peers])
+        code, out = started[i - 1].exec_run(["python3", "-c", _REACH_PEERS, str(REACH_WAIT), *peers])
         if code != 0:
             raise EngineError(f"host {spread.name(i)}: could not check its overlay network: "
                               f"{out.decode(errors='replace').strip()[-300:]}")
@@ -435,8 +443,44 @@ def _wait_for_overlay(spread: Spread, started: Sequence[Container], addresses: d
                if peers}
     if missing:
         pairs = "; ".join(f"{name} reaches no sshd at {', '.join(peers)}" for name, peers in sorted(missing.items()))
-        raise EngineError(f"the overlay network {spread.subnet} did not carry traffic between the hosts within "
-                          f"{OVERLAY_WAIT:g}s: {pairs}")
+        raise EngineError(f"the overlay network {spread.subnet} does not carry traffic between the machines, though "
+                          f"the Swarm told each of every host: {pairs} (no answer within {REACH_WAIT:g}s: is "
+                          "UDP port 4789, VXLAN, open between the machines?)")
+
+
+def _wait_for_gossip(hosting: Sequence[Engine], spread: Spread, addresses: dict[str, str]) -> None:
+    """Until each machine's Swarm lists every host's endpoint on the overlay; EngineError naming
+    what each machine lacks once GOSSIP_WAIT passes with no machine learning of another host."""
+    wanted = set(addresses.values())
+    known: dict[str, set[str] | None] = {}
+    news = time.monotonic()
+    while True:
+        now = dict(zip((e.name for e in hosting), each(lambda e: _endpoints_known(e, spread.overlay), hosting)))
+        if any(was is not None and len(now[m] or ()) > len(was) for m, was in known.items()):
+            news = time.monotonic()
+        known = now
+        lacking = {m: wanted - seen for m, seen in known.items() if seen is not None and wanted - seen}
+        if not lacking:
+            return
+        if time.monotonic() - news > GOSSIP_WAIT:
+            host = {address: name for name, address in addresses.items()}
+            said = "; ".join(f"machine {m} does not know {', '.join(f'{host[a]} ({a})' for a in sorted(missing))}"
+                             for m, missing in sorted(lacking.items()))
+            raise EngineError(f"the Swarm did not tell every machine of the hosts on {spread.overlay} ({said}; "
+                              f"no news in {GOSSIP_WAIT:g}s): are TCP and UDP port 7946 open between the machines?")
+        time.sleep(0.5)
+
+
+def _endpoints_known(engine: Engine, overlay: str) -> set[str] | None:
+    """The addresses of the overlay's endpoints that the machine's Swarm knows of, on any machine;
+    None from an engine whose network listing has no such list (it is not waited on)."""
+    info = engine.client.api.inspect_network(overlay, verbose=True)
+    services = info.get("Services")
+    if services is None:
+        return None
+    tasks = [t for service in services.values() for t in (service or {}).get("Tasks") or []]
+    local = [c.get("IPv4Address", "") for c in (info.get("Containers") or {}).values()]
+    return {str(t.get("EndpointIP")) for t in tasks} | {a.split("/")[0] for a in local if a}
 
 
 def _overlay_address(c: Container, spread: Spread) -> str:
