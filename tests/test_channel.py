@@ -14,7 +14,8 @@ import pytest
 
 from lab.core.inventory import local_inventory
 from lab.core.outcome import OUTPUT_MAX, Output
-from lab.core.plan import Options, build_plan
+from lab.core.plan import Options
+from lab.core.planner import build_plan
 from lab.core.runner import Run
 from lab.errors import ExitCode
 from lab.rank.output import tagged

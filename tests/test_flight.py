@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from lab.core.inventory import local_inventory
-from lab.core.plan import build_launch_plan
+from lab.core.planner import build_launch_plan
 from lab.core.runner import run_plan
 from lab.rank.callspec import P2P
 from lab.rank.flight import RING_MAX, fit

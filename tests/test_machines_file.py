@@ -18,7 +18,8 @@ from lab.containerlab.labs import find_lab
 from lab.containerlab.lifecycle import UpRequest
 from lab.containerlab.machines import Machine, load_machines
 from lab.containerlab.machines_lab import MachinesLab, Spread, place
-from lab.core.plan import Options, without_unshared
+from lab.core.plan import Options
+from lab.core.planner import without_unshared
 from lab.errors import InventoryError, UsageError
 from lab.model.inventory import Host
 from lab.suite import registry

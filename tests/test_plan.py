@@ -1,23 +1,17 @@
 """The plan is pure data: checked here without torch, processes or a network."""
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
 import yaml
 
+from lab.cli.common import launcher_option
 from lab.core.inventory import local_inventory
-from lab.core.plan import (
-    RUN_DIR,
-    Launch,
-    Options,
-    bind_macros,
-    build_launch_plan,
-    build_plan,
-    default_backend,
-    port_macro,
-    public_id,
-)
+from lab.core.launchers import LAUNCHERS
+from lab.core.plan import RUN_DIR, Launch, Options, bind_macros, default_backend, port_macro, public_id
+from lab.core.planner import build_launch_plan, build_plan
 from lab.errors import UsageError
 from lab.model.inventory import Host, Inventory
 from lab.suite import registry
@@ -109,7 +103,7 @@ def test_solution_replaces_the_program_and_needs_one_exercise() -> None:
 def test_the_lab_launcher_forks_each_hosts_ranks_and_dry_run_data_is_plain_yaml() -> None:
     a, b = Host("a", "10.0.0.9", slots=2), Host("b", "10.0.0.10", slots=1, network_interface="eth1")
     plan = build_plan(inv(a, b), opts("all"), TOKEN)
-    launches = plan.launches()
+    launches = plan.launches
     assert [(launch.host, launch.ranks, launch.args) for launch in launches] == [
         ("a", (0, 1), ("-m", "lab.rank.node", "fork", "--nprocs", "2", "--first-rank", "0", "-m", "lab.rank.worker")),
         ("b", (2,), ("-m", "lab.rank.node", "fork", "--nprocs", "1", "--first-rank", "2", "-m", "lab.rank.worker"))]
@@ -140,7 +134,7 @@ def test_torchrun_starts_one_agent_per_host_that_numbers_the_ranks_itself() -> N
     shared = next(s for s in plan.stages if s.rendezvous == "shared")
     assert (shared.init_method, shared.addr, shared.port) == ("env://", None, None)  # torchrun's MASTER_*
     assert [s.port for s in plan.stages if s.rendezvous in ("env", "tcp")] == [P1, P2]
-    launches = plan.launches()
+    launches = plan.launches
     assert [(launch.host, launch.ranks) for launch in launches] == [("b", (0,)), ("a", (1, 2))]
     assert launches[1].args == (
         "-m", "lab.rank.node", "torchrun", "--nnodes", "2", "--nproc-per-node", "2",
@@ -157,7 +151,7 @@ def test_spawn_starts_one_process_per_host_with_its_first_rank() -> None:
     a, b = Host("a", "10.0.0.9", slots=2), Host("b", "10.0.0.10", slots=2)
     plan = build_plan(inv(a, b), opts("p2p", launcher="spawn"), TOKEN)
     assert [h.name for h in plan.hosts] == ["a", "b"]  # the inventory's order: spawn numbers as told
-    launches = plan.launches()
+    launches = plan.launches
     assert [(launch.host, launch.ranks) for launch in launches] == [("a", (0, 1)), ("b", (2, 3))]
     assert launches[1].args == ("-m", "lab.rank.node", "spawn", "--nprocs", "2", "--first-rank", "2",
                                 "-m", "lab.rank.worker")
@@ -173,7 +167,7 @@ def test_srun_starts_one_job_from_the_first_host_whose_tasks_are_the_ranks() -> 
     a, b = Host("node1", "10.0.0.9", slots=2), Host("node2", "10.0.0.10", slots=2)
     plan = build_plan(inv(a, b), opts("p2p", "init-tcp", launcher="srun", init="tcp", partition="gpu"), TOKEN)
     assert [h.name for h in plan.hosts] == ["node1", "node2"]  # srun numbers the tasks node by node
-    (launch,) = plan.launches()
+    (launch,) = plan.launches
     assert (launch.host, launch.ranks) == ("node1", (0, 1, 2, 3))
     assert launch.args == ("-m", "lab.rank.node", "srun", "--nodes=2", "--ntasks=4", "--ntasks-per-node=2",
                            "--distribution=block", "--nodelist=node1,node2", f"--job-name=lab-{public_id(TOKEN)}",
@@ -187,7 +181,7 @@ def test_srun_torchrun_starts_one_torchrun_per_node_as_the_tutorial_does() -> No
     a, b = Host("node2", "10.0.0.10", slots=2), Host("node1", "10.0.0.9", slots=2)
     plan = build_launch_plan(inv(a, b), "/x/broadcast.py", ["--n", "1"], 30.0, "srun-torchrun", TOKEN)
     assert [h.name for h in plan.hosts] == ["node1", "node2"]  # every agent's address is its host's name
-    (launch,) = plan.launches()
+    (launch,) = plan.launches
     assert launch.args == (
         "-m", "lab.rank.node", "srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--distribution=block",
         "--nodelist=node1,node2",
@@ -231,7 +225,7 @@ def test_a_launch_is_bound_to_its_hosts_run_dir_and_the_held_ports() -> None:
     assert bind_macros("${run_dir}/code tcp://a:${port1} ${port10}", "/tmp/x", list(range(100, 111))) == \
         "/tmp/x/code tcp://a:101 110"
     plan = build_plan(local_inventory(2), opts("all"), TOKEN)
-    launch = plan.launches()[0].bound(f"/var/tmp/lab-run-{public_id(TOKEN)}", (41000, 41001, 41002))
+    launch = plan.launches[0].bound(f"/var/tmp/lab-run-{public_id(TOKEN)}", (41000, 41001, 41002))
     assert isinstance(launch, Launch) and launch.env["PYTHONPATH"] == f"/var/tmp/lab-run-{public_id(TOKEN)}/code"
     assert launch.env["MASTER_PORT"] == "41000" and "$" not in launch.env["LAB_RANK_PLAN"]
     stages = json.loads(launch.env["LAB_RANK_PLAN"])["stages"]
@@ -254,3 +248,32 @@ def test_file_rendezvous_goes_to_the_directory_every_host_shares() -> None:
     plan = build_plan(inv(a, Host("b", "10.0.0.2")), opts("init-file"), TOKEN)
     assert plan.shared_run_dir is None
     assert plan.stages[0].path == f"{RUN_DIR}/rendezvous-init-file"
+
+
+# what each registered launcher starts for two hosts of two slots: how many processes, the host-side
+# command (lab.rank.node's) and which ranks each carries as planned
+STARTS = {
+    "lab": [("a", "fork", (0, 1)), ("b", "fork", (2, 3))],
+    "torchrun": [("a", "torchrun", (0, 1)), ("b", "torchrun", (2, 3))],
+    "spawn": [("a", "spawn", (0, 1)), ("b", "spawn", (2, 3))],
+    "srun": [("a", "srun", (0, 1, 2, 3))],
+    "srun-torchrun": [("a", "srun", (0, 1, 2, 3))],
+}
+
+
+def test_every_launcher_makes_its_launches_as_data() -> None:
+    """Every launcher of the registry (the names --launcher offers) plans a job of two hosts: the
+    processes it starts, held by the plan; a rank's inputs go to its own host where the lab places
+    the ranks, else to every host."""
+    parser = argparse.ArgumentParser()
+    launcher_option(parser)
+    offered = next(a for a in parser._actions if a.dest == "launcher").choices
+    assert tuple(LAUNCHERS) == tuple(offered) == tuple(STARTS)
+    hosts = inv(Host("a", "10.0.0.1", slots=2), Host("b", "10.0.0.2", slots=2))
+    for name, launcher in LAUNCHERS.items():
+        plan = build_plan(hosts, opts("ring-allreduce", launcher=name), TOKEN)
+        assert plan.launcher == name and [(launch.host, launch.args[2], launch.ranks) for launch in plan.launches] \
+            == STARTS[name], name
+        assert plan.launches[-1].args[-2:] == ("-m", "lab.rank.worker"), name
+        assert launcher.inputs_for(plan, "b") == ((2, 3) if launcher.places_ranks else (0, 1, 2, 3)), name
+        assert launcher.host_of(plan, "a", "b") == ("b" if name.startswith("srun") else "a"), name

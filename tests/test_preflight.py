@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from lab.core.plan import build_launch_plan
+from lab.core.planner import build_launch_plan
 from lab.core.preflight import Preflight
 from lab.doctor.rules import SAME_NETWORK_FIX
 from lab.errors import ExitCode

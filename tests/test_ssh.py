@@ -22,7 +22,8 @@ import pytest
 from lab.core.inventory import load_inventory
 from lab.core.judge import judge
 from lab.core.outcome import RunOutcome
-from lab.core.plan import Options, build_plan, data_address
+from lab.core.plan import Options, data_address
+from lab.core.planner import build_plan
 from lab.core.runner import run_plan
 from lab.errors import ExitCode, HostUnreachable, RunError
 from lab.model.inventory import Host, Inventory

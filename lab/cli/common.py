@@ -14,7 +14,8 @@ from lab.cli.views import run as run_views
 from lab.containerlab.topology import DEFAULT_LAB, check_lab_name
 from lab.core import rankenv
 from lab.core.inventory import load_inventory, local_inventory
-from lab.core.plan import DEFAULT_HANG_AFTER, LAUNCHERS, Launcher
+from lab.core.launchers import NAMES as LAUNCHERS
+from lab.core.plan import DEFAULT_HANG_AFTER
 from lab.core.slurm import ALLOCATION, allocation_inventory
 from lab.errors import ExitCode, UsageError
 from lab.model.inventory import Inventory
@@ -134,7 +135,7 @@ def cluster(args: argparse.Namespace) -> Inventory:
     return inventory
 
 
-def launcher(args: argparse.Namespace) -> Launcher:
+def launcher(args: argparse.Namespace) -> str:
     """``--launcher``, else srun on the nodes of a Slurm allocation, else the lab's own."""
     return args.launcher or ("srun" if args.hosts == ALLOCATION else "lab")
 

@@ -29,18 +29,11 @@ from lab.cli.views.doctor import print_diagnosis
 from lab.core import draw, workdir
 from lab.core import slurm as slurm_jobs
 from lab.core.judge import exit_code, hung_at_start, judge, stopped_exit
+from lab.core.launchers import NAMES as LAUNCHERS
 from lab.core.logdir import LogDir
 from lab.core.outcome import LaunchState, RankState, RunOutcome
-from lab.core.plan import (
-    BACKENDS,
-    DEFAULT_TIMEOUT,
-    INIT_METHODS,
-    LAUNCHERS,
-    Options,
-    build_launch_plan,
-    build_plan,
-    without_unshared,
-)
+from lab.core.plan import BACKENDS, DEFAULT_TIMEOUT, INIT_METHODS, Options
+from lab.core.planner import build_launch_plan, build_plan, without_unshared
 from lab.core.report import launch_json, to_json, to_junit
 from lab.core.runner import run_plan
 from lab.doctor.known import printed_causes, run_causes

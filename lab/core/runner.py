@@ -63,9 +63,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from lab.core import draw, slurm, workcache
+from lab.core import draw, launchers, workcache
 from lab.core.outcome import ExerciseRun, LaunchState, OnLine, RankState, RunOutcome, RunStatus
-from lab.core.plan import SRUN_LAUNCHERS, Launch, Plan
+from lab.core.plan import Launch, Plan
 from lab.core.portholder import hold_ports
 from lab.core.preflight import EVENTS as PREFLIGHT_EVENTS
 from lab.core.preflight import Preflight
@@ -129,7 +129,8 @@ class Run:
         self.on_line = on_line
         self.on_phase = on_phase
         self.phase = ("", "")  # the last told
-        self.launches = [LaunchState(launch, plan.launcher) for launch in plan.launches()]
+        self.launcher = launchers.find(plan.launcher)
+        self.launches = [LaunchState(launch, plan.launcher) for launch in plan.launches]
         self.states = [RankState(spec, next(launch for launch in self.launches if spec.rank in launch.launch.ranks))
                        for spec in plan.ranks]
         self.runs = {name: ExerciseRun(name) for name in plan.exercise_names}
@@ -157,8 +158,7 @@ class Run:
         self._tell("reaching", f"reaching {hosts} host(s) and carrying the run's files"
                                + (f" and the project ({len(self.plan.work)} file(s))" if self.plan.work else ""))
         run_dirs = self._prepare_all()
-        if self.plan.launcher in SRUN_LAUNCHERS:
-            self._check_same_run_dir(run_dirs)
+        self.launcher.check_run_dirs(self.plan, run_dirs)
         if self.plan.port_count:
             self._tell("ports", f"holding the rendezvous port(s) on {self.plan.hosts[0].name}")
             self.holder, self.ports = hold_ports(self.transports[self.plan.hosts[0].name], self.plan)
@@ -205,7 +205,8 @@ class Run:
 
         def prepare(transport: Transport) -> str:
             began = time.monotonic()
-            own = {**uploads, **{file_of(rank): inputs[rank] for rank in self.plan.inputs_for(transport.host.name)}}
+            own = {**uploads, **{file_of(rank): inputs[rank]
+                                 for rank in self.launcher.inputs_for(self.plan, transport.host.name)}}
             if not work:
                 run_dir = transport.prepare(self.plan.run_name, own)
             else:
@@ -229,16 +230,6 @@ class Run:
         if unreachable:
             raise HostsUnreachable.of(unreachable)
         return {name: str(run_dir) for name, run_dir in outcomes.items()}
-
-    def _check_same_run_dir(self, run_dirs: dict[str, str]) -> None:
-        """``srun`` starts every task in its own directory, the run's on the login host: every node
-        needs the run's directory at that same path."""
-        login = run_dirs[self.plan.hosts[0].name]
-        other = next(((name, d) for name, d in run_dirs.items() if d != login), None)
-        if other is not None:
-            raise RunError(f"host {other[0]}: its run directory is {other[1]}, not {login} as on "
-                           f"{self.plan.hosts[0].name}: srun runs the tasks in the same directory on every node "
-                           f"(give the hosts the same TMPDIR)")
 
     def _start_launches(self, run_dirs: dict[str, str]) -> None:
         """Start every launch at once, each with its host's run directory and the run's ports."""
@@ -443,7 +434,7 @@ class Run:
         if kind in PREFLIGHT_EVENTS and self.preflight is not None and not self.preflight.decided:
             self.preflight.take(launch.launch.host, event)
             return
-        if kind == WIRE_EVENT and self.plan.wire is not None and launch.launcher == "lab":
+        if kind == WIRE_EVENT and self.plan.wire is not None:  # (only a launcher out of the ranks' reach measures)
             if launch.carried is not None:  # its launcher says it once, as it ends: this one is a forgery
                 self._violation(self._first_rank(launch), f"wrote a second word of {launch.launch.host}'s launcher "
                                 "on what its connections carried (the launcher says it once)")
@@ -544,19 +535,11 @@ class Run:
     def _said_hello(self, launch: LaunchState, state: RankState, event: dict[str, Any]) -> None:
         """The rank started: note what it says of itself, and where it runs."""
         state.info = event
-        host = self._host_of(launch, event["hostname"])
+        host = self.launcher.host_of(self.plan, launch.launch.host, event["hostname"])
         if state.launch is not launch or state.spec.host != host or state.spec.local_rank != event["local_rank"]:
             # torchrun or Slurm placed it elsewhere than planned: it runs where it says it does
             state.launch = launch
             state.spec = replace(state.spec, host=host, local_rank=event["local_rank"])
-
-    def _host_of(self, launch: LaunchState, hostname: str) -> str:
-        """The host a rank that said hello runs on: its launch's, or under Slurm (one launch for every
-        node) the host its hostname names."""
-        if self.plan.launcher not in SRUN_LAUNCHERS:
-            return launch.launch.host
-        names = {h.name for h in self.plan.hosts}
-        return next((n for n in (hostname, hostname.split(".", 1)[0]) if n in names), launch.launch.host)
 
     def _step_budget(self) -> int:
         """The most step events a worker sends: a rendezvous per stage, an exercise and the barrier after it."""
@@ -609,8 +592,8 @@ class Run:
         if self.holder is not None:
             self.holder.kill()
         self._stop_all()
-        if plan.launcher in SRUN_LAUNCHERS and status != "completed" and self.launches[0].process is not None:
-            slurm.cancel(self.transports[plan.hosts[0].name], plan.job_name)
+        if self.launches[0].process is not None:
+            self.launcher.clean_up(plan, self.transports[plan.hosts[0].name], status == "completed")
         also = [plan.shared_run_dir] if plan.shared_run_dir else []
         for_each_host(self.transports, lambda t: release(t, keep, also))
 
@@ -633,9 +616,9 @@ class Run:
     # -- after ------------------------------------------------------------------------------
 
     def raise_refusal(self) -> None:
-        """Under Slurm, when no rank ever started: raise the refusal ``srun`` printed, if it printed one."""
-        if self.plan.launcher in SRUN_LAUNCHERS and not any(s.info for s in self.states):
-            refused = slurm.refusal(self.launches[0].output.tail(), f"host {self.plan.hosts[0].name}")
+        """When no rank ever started: raise the refusal the first launch printed (``srun``'s), if it printed one."""
+        if not any(s.info for s in self.states):
+            refused = self.launcher.refusal(self.plan, self.launches[0].output.tail())
             if refused is not None:
                 raise refused
 

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lab.core.ansible import HOST_NAME, PLAIN_PATH
-from lab.core.plan import check_partition
 from lab.errors import ExitCode, LabError, UsageError
 from lab.model.inventory import Host, Inventory
 from lab.rank.node import per_node_counts
@@ -29,9 +28,16 @@ from lab.transport import Transport
 
 log = logging.getLogger(__name__)
 
+_PARTITION = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 CANCEL_WAIT = 20.0  # seconds for a cancelled job to leave squeue
 WORKING = ("idle", "mixed", "allocated", "completing")  # the states (``sinfo %T``) of a node that takes jobs
 
+
+
+def check_partition(partition: str) -> None:
+    """A Slurm partition's name, as it may go on srun's or sbatch's command line."""
+    if not _PARTITION.fullmatch(partition):
+        raise UsageError(f"--partition {partition!r}: not a Slurm partition's name (letters, digits, '_.-')")
 
 class SlurmError(LabError):
     """Slurm would not run the job (no such partition, nodes down or busy, a limit), or stopped it

@@ -22,7 +22,8 @@ from lab.containerlab import containers, crossvpc, engine
 from lab.containerlab.engine import EngineError
 from lab.core.judge import ExerciseReport, judge
 from lab.core.outcome import OnLine, RunOutcome
-from lab.core.plan import Options, build_plan
+from lab.core.plan import Options
+from lab.core.planner import build_plan
 from lab.core.runner import run_plan
 from lab.doctor.model import Diagnosis
 from lab.doctor.run import diagnose

@@ -32,7 +32,8 @@ from typing import Literal
 
 from lab.core.judge import ExerciseReport, judge
 from lab.core.outcome import RunOutcome
-from lab.core.plan import Options, build_plan
+from lab.core.plan import Options
+from lab.core.planner import build_plan
 from lab.core.report import to_junit
 from lab.core.runner import run_plan
 from lab.core.text import printable

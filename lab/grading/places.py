@@ -22,7 +22,8 @@ from lab.containerlab.engine import Say
 from lab.containerlab.image import Progress
 from lab.containerlab.topology import DEFAULT_LAB, LabPaths, default_inventory
 from lab.core.inventory import load_inventory, local_inventory
-from lab.core.plan import DEFAULT_TIMEOUT, Backend, Options, checked_part
+from lab.core.plan import DEFAULT_TIMEOUT, Backend, Options
+from lab.core.planner import checked_part
 from lab.errors import UsageError
 from lab.grading import sandbox
 from lab.grading.sandbox import Limits

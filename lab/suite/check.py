@@ -41,7 +41,7 @@ class World:
     backend: str
     hosts: tuple[str, ...]  # hosts[rank] is the host that rank ran on
     local_ranks: tuple[int, ...]
-    launcher: str = "lab"  # who started the ranks (lab.core.plan.LAUNCHERS)
+    launcher: str = "lab"  # who started the ranks (lab.core.launchers)
     inputs: Mapping[int, Sequence[int]] = field(default_factory=dict)  # each rank's drawn values (lab.core.draw)
     # Where the run measured its hosts' connections (lab grade: Plan.wire): host -> what they carried; a
     # host missing said nothing (its launcher was stopped first). None: not measured.

@@ -1,0 +1,23 @@
+"""``--launcher lab``: one process per host imports torch once and forks the host's ranks from
+itself, each with its settings in its environment (``lab.rank.node fork``, ``lab.rank.zygote``).
+No rank can reach it: it checks every event against the rank whose pipe it came through, tags its
+ranks' lines, takes the held ports from the holder and measures what its connections carried."""
+from __future__ import annotations
+
+from typing import ClassVar
+
+from lab.core.launchers.base import Launcher, rendezvous_env
+from lab.core.plan import Plan
+from lab.model.inventory import Host
+
+
+class OwnLauncher(Launcher):
+    name: ClassVar[str] = "lab"
+    hands_over_ports: ClassVar[bool] = True
+    measures_wire: ClassVar[bool] = True
+    tags_output: ClassVar[bool] = True
+
+    def node_args(self, plan: Plan, node_rank: int, host: Host, ranks: tuple[int, ...],
+                  env: dict[str, str]) -> tuple[str, ...]:
+        env.update(rendezvous_env(plan, ranks[0]))
+        return ("-m", "lab.rank.node", "fork", "--nprocs", str(host.slots), "--first-rank", str(ranks[0]))

@@ -1,0 +1,19 @@
+"""``--launcher spawn``: one process per host ``mp.spawn``s the host's ranks, as the tutorials
+start theirs on one machine (``lab.rank.node spawn``); it takes the held ports from the holder."""
+from __future__ import annotations
+
+from typing import ClassVar
+
+from lab.core.launchers.base import Launcher, rendezvous_env
+from lab.core.plan import Plan
+from lab.model.inventory import Host
+
+
+class Spawn(Launcher):
+    name: ClassVar[str] = "spawn"
+    hands_over_ports: ClassVar[bool] = True
+
+    def node_args(self, plan: Plan, node_rank: int, host: Host, ranks: tuple[int, ...],
+                  env: dict[str, str]) -> tuple[str, ...]:
+        env.update(rendezvous_env(plan, ranks[0]))
+        return ("-m", "lab.rank.node", "spawn", "--nprocs", str(host.slots), "--first-rank", str(ranks[0]))

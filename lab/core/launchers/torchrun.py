@@ -1,0 +1,34 @@
+"""``--launcher torchrun``: one torchrun agent per host (``lab.rank.node torchrun``), which forms a
+c10d rendezvous on rank 0's host and starts that host's ranks; torchrun numbers the ranks and the
+nodes itself, so the lab learns where each rank runs from its hello."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from lab.core.launchers.base import Launcher
+from lab.core.plan import Plan, data_address, public_id
+from lab.model.inventory import Host
+
+
+class Torchrun(Launcher):
+    name: ClassVar[str] = "torchrun"
+    forms_group: ClassVar[bool] = True
+    places_ranks: ClassVar[bool] = False
+
+    def order(self, hosts: Sequence[Host]) -> tuple[Host, ...]:
+        """torchrun's c10d rendezvous numbers the nodes in the sorted order of their addresses
+        (``--local-addr``, then the agent's pid)."""
+        return tuple(sorted(hosts, key=data_address))
+
+    def node_args(self, plan: Plan, node_rank: int, host: Host, ranks: tuple[int, ...],
+                  env: dict[str, str]) -> tuple[str, ...]:
+        return ("-m", "lab.rank.node", *torchrun_args(plan, host.slots), "--node-rank", str(node_rank),
+                "--local-addr", data_address(host))
+
+
+def torchrun_args(plan: Plan, slots: int) -> tuple[str, ...]:
+    """``torchrun`` and the arguments a host's agent shares with the others' (``slots``: its ranks)."""
+    return ("torchrun", "--nnodes", str(len(plan.hosts)), "--nproc-per-node", str(slots),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", str(plan.rdzv_endpoint),
+            "--rdzv-id", public_id(plan.token), "--max-restarts", "0")
