@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -13,10 +12,10 @@ from typing import Any
 import pytest
 
 from lab.core.inventory import local_inventory
+from lab.core.ledger import Ledger
 from lab.core.outcome import OUTPUT_MAX, Output
 from lab.core.plan import Options
 from lab.core.planner import build_plan
-from lab.core.runner import Run
 from lab.errors import ExitCode
 from lab.rank.output import tagged
 from lab.rank.protocol import EVENTS_MAX, FLIGHT_RATE, NEUTRAL, EventBudget, MalformedEvent, event_line, parse_event
@@ -192,17 +191,17 @@ def test_a_launchers_word_is_taken_once_and_a_second_fails_the_run_naming_the_ra
     """What only a host's launcher says (the measure of its connections, how a rank ended) comes once:
     a second word, whoever wrote it, is no launcher's, and fails the rank the run blames for it."""
     plan = build_plan(local_inventory(2), Options((registry.EXERCISES["ring-allreduce"],), wire="netns"))
-    run = Run(plan, {}, lambda *_: None, None, threading.Event())
+    run = Ledger(plan, 0.0)
     launch = run.launches[0]
     wire = event_line(plan.token, "wire", rank=0, carried=1000, lost=0)
-    run._on_event(launch, wire)
+    run.apply(launch, wire, 1.0)
     assert launch.carried is not None and launch.carried.carried == 1000 and not run.states[0].violations
-    run._on_event(launch, event_line(plan.token, "wire", rank=0, carried=0, lost=0))
+    run.apply(launch, event_line(plan.token, "wire", rank=0, carried=0, lost=0), 2.0)
     assert launch.carried.carried == 1000  # the first word stands
     assert run.states[0].violations == ["wrote a second word of local's launcher on what its connections carried "
                                         "(the launcher says it once)"]
     ended = event_line(plan.token, "exit", rank=1, code=0)
-    run._on_event(launch, ended)
-    run._on_event(launch, ended)
+    run.apply(launch, ended, 3.0)
+    run.apply(launch, ended, 4.0)
     assert run.states[1].violations == ["was said to have ended a second time (only its launcher says how a rank "
                                         "ended, once)"]

@@ -1,0 +1,282 @@
+"""The run's ledger: what every rank and exercise of a run is, from the events they sent, and the
+rules that say when a run is late or hung. Pure: it reads no stream, starts and stops nothing
+and keeps no clock of its own (each call is told ``now``), so it is tested with made-up event
+sequences; the runner (lab.core.runner) feeds it and acts on what it says.
+
+Events come only through each rank's private channel (lab.rank.protocol): nothing a rank prints
+is one. Every event is validated (``parse_event``) and checked against the run (an exercise of
+the plan, a step it has). One that fails is not applied: it is the failure of the rank that sent
+it, in the exercise that rank is in (``ExerciseRun.violations``), never the controller's; the run
+goes on. Under ``--launcher lab`` the zygote has checked each event against the rank whose pipe it
+came through (``lab.rank.zygote``): one in another rank's name comes as a ``bad`` event of its
+sender's; under torchrun and mp.spawn an event's ``rank`` field says whose it is.
+
+The rules. Every step a rank takes (start-up, rendezvous, one exercise) has at most
+``plan.timeout`` seconds, and every exercise a deadline as long, from when the rank began it, that
+no later event moves (a step it is in already, or steps past as many as the plan has, do not
+restart its clock either): a rank past either is late (:meth:`Ledger.late`). The lab's own steps
+of a ``run`` count only time in which nothing of the run moved. The ranks hang (:meth:`Ledger.hung`)
+once every live rank blocks in a torch.distributed call and says nothing moved on its connections
+for ``plan.hang_after`` seconds; a rank computing outside torch.distributed is no hang, whatever
+the others wait for, and neither is a slow collective, whose bytes move.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from lab.core import launchers
+from lab.core.outcome import ExerciseRun, LaunchState, RankState
+from lab.core.plan import Plan
+from lab.core.preflight import EVENTS as PREFLIGHT_EVENTS
+from lab.core.preflight import Preflight
+from lab.core.streams import claimed_rank
+from lab.rank.protocol import LAUNCHER_EVENTS, RANK_EVENTS, WIRE_EVENT, MalformedEvent, parse_event
+from lab.suite.check import Carried
+
+log = logging.getLogger(__name__)
+
+VIOLATIONS_KEPT = 10  # of one rank's
+HeardSince = Callable[[str, float], bool]  # (host, since when): whether its transport heard from it since
+
+
+class Ledger:
+    """The states of a run's launches, ranks and exercises, and its rules (``started``: when the
+    run began)."""
+
+    def __init__(self, plan: Plan, started: float) -> None:
+        self.plan = plan
+        self.launcher = launchers.find(plan.launcher)
+        self.launches = [LaunchState(launch, plan.launcher) for launch in plan.launches]
+        self.states = [RankState(spec, next(launch for launch in self.launches if spec.rank in launch.launch.ranks))
+                       for spec in plan.ranks]
+        self.runs = {name: ExerciseRun(name) for name in plan.exercise_names}
+        self.preflight: Preflight | None = None  # the hosts' check of the network, while it is not decided
+        # The last time something of the run moved (an event that is news, a start-up's CPU seconds
+        # grown), and each start-up's CPU seconds so far (rank, or -1 - launch for its launcher's):
+        # what the deadline of the lab's own steps counts from (_step_late).
+        self.moved_at = started
+        self.cpu_seen: dict[int, float] = {}
+
+    def begin(self, now: float) -> None:
+        """The launches started: every rank's first step (its start-up) begins now."""
+        for state in self.states:
+            state.step_started = now
+
+    # -- events -----------------------------------------------------------------------------
+
+    def apply(self, launch: LaunchState, line: str, now: float) -> None:
+        """Check an event line of ``launch``'s stdout and apply it. One that breaks the protocol is not
+        applied: it is the failure of the rank that sent it, the one it names (under ``--launcher lab``
+        the zygote has made sure of that: ``lab.rank.zygote``)."""
+        states, runs = self.states, self.runs
+        try:
+            event = parse_event(line, self.plan.token)
+        except MalformedEvent as exc:
+            self.violation(claimed_rank(line[:200], states) or self.first_rank(launch),
+                           f"sent a malformed event: {exc}")
+            return
+        if event is None:
+            return
+        kind = event["event"]
+        if kind == "pulse":  # (a host's launcher, in its preflight: its start-up's CPU seconds)
+            self._cpu_seen(-1 - self.launches.index(launch), float(event["cpu"]), now)
+            return
+        if kind in PREFLIGHT_EVENTS and self.preflight is not None and not self.preflight.decided:
+            self.preflight.take(launch.launch.host, event)
+            return
+        if kind == WIRE_EVENT and self.plan.wire is not None:  # (only a launcher out of the ranks' reach measures)
+            if launch.carried is not None:  # its launcher says it once, as it ends: this one is a forgery
+                self.violation(self.first_rank(launch), f"wrote a second word of {launch.launch.host}'s launcher "
+                               "on what its connections carried (the launcher says it once)")
+                return
+            launch.carried = Carried(event["carried"], event["lost"], event.get("error", ""), event.get("failed", ""))
+            return
+        if kind not in RANK_EVENTS | LAUNCHER_EVENTS:
+            self.violation(self.first_rank(launch), f"sent a {kind!r} event, which no rank sends")
+            return
+        rank: int = event["rank"]
+        if not 0 <= rank < len(states):
+            self.violation(self.first_rank(launch), f"sent an event as rank {rank}, which the run does not have")
+            return
+        state = states[rank]
+        if kind in ("result", "error"):
+            name = event["exercise"]
+            if name not in runs:
+                self.violation(state, f"reported on {name!r}, which is not an exercise of the run")
+                return
+            if runs[name].reported(rank):
+                self.violation(state, f"reported on {name} twice")
+                return
+        if kind == "step" and not self._known_step(event["step"]):
+            self.violation(state, f"began a step the run does not have: {event['step'][:100]!r}")
+            return
+        self._handle(launch, state, event, now)
+
+    def first_rank(self, launch: LaunchState) -> RankState:
+        """The rank a broken event of ``launch``'s is the failure of when it names none that the run has."""
+        return self.states[launch.launch.ranks[0]]
+
+    def _known_step(self, step: str) -> bool:
+        """A worker's step: ``init:<method>``, an exercise's name, or ``wait:<exercise>``."""
+        runs = self.runs
+        return step in runs or step.removeprefix("wait:") in runs or (step.startswith("init:") and len(step) < 100)
+
+    def _cpu_seen(self, whose: int, cpu: float, now: float) -> None:
+        """A start-up's CPU seconds (a rank's, or ``-1 - i`` for launch i's launcher): grown, the run moved."""
+        if cpu > self.cpu_seen.get(whose, -1.0):
+            self.cpu_seen[whose] = cpu
+            self.moved_at = now
+
+    def _handle(self, launch: LaunchState, state: RankState, event: dict[str, Any], now: float) -> None:
+        """Apply a valid event (``lab.rank.protocol.check_event``) of ``state``'s rank."""
+        rank, kind = state.spec.rank, event["event"]
+        if kind not in ("progress", "flight", "alive") or kind == "progress" and state.progress is not None and \
+                event["quiet"] < state.progress["quiet"]:  # (news: not a rank saying it still waits)
+            self.moved_at = now
+        if kind == "alive":
+            state.startup_cpu = float(event["cpu"])
+            self._cpu_seen(rank, state.startup_cpu, now)
+        elif kind == "step":
+            self._took_step(state, event["step"], now)
+        elif kind == "hello":
+            self._said_hello(launch, state, event)
+        elif kind == "result":
+            run = self.runs[event["exercise"]]
+            run.results[rank] = event["value"]
+            run.seconds[rank] = float(event["seconds"])
+            run.calls[rank] = event.get("calls")
+        elif kind == "error":
+            self.runs[event["exercise"]].errors[rank] = {k: event[k] for k in ("error", "where", "traceback")}
+        elif kind == "fatal":
+            state.fatal, state.traceback = event["error"], event["traceback"]
+        elif kind == "exit":  # a host's launcher says how this rank ended, before it ends itself
+            if state.exit_code is not None:  # (it says so once: a second word is not the launcher's)
+                self.violation(state, "was said to have ended a second time (only its launcher says how a rank "
+                               "ended, once)")
+                return
+            state.exit_code, state.ended_at = event["code"], now
+            state.done |= self.plan.is_launch and event["code"] == 0  # a script says nothing
+        elif kind == "bad":  # the lab's launcher says the rank broke the protocol
+            self.violation(state, event["what"])
+        elif kind == "done":
+            state.done = True
+        elif kind == "progress":  # whether it blocks, and how long nothing moved, is what tells a hang
+            state.progress, state.progress_at = event, now
+        elif kind == "flight":
+            state.flight, state.flight_at = event, now
+        elif kind == "end":
+            state.end = event
+
+    def _took_step(self, state: RankState, step: str, now: float) -> None:
+        """The rank began ``step``. A step it is in already keeps its clock; so do steps past the
+        plan's count of them, and an exercise's deadline runs from when the rank first began it
+        (``_past_deadline``)."""
+        state.steps += 1
+        if step != state.step and state.steps <= self._step_budget():
+            state.step, state.step_started = step, now
+            if state.step in self.runs:
+                state.entered.setdefault(state.step, now)
+
+    def _said_hello(self, launch: LaunchState, state: RankState, event: dict[str, Any]) -> None:
+        """The rank started: note what it says of itself, and where it runs."""
+        state.info = event
+        host = self.launcher.host_of(self.plan, launch.launch.host, event["hostname"])
+        if state.launch is not launch or state.spec.host != host or state.spec.local_rank != event["local_rank"]:
+            # torchrun or Slurm placed it elsewhere than planned: it runs where it says it does
+            state.launch = launch
+            state.spec = replace(state.spec, host=host, local_rank=event["local_rank"])
+
+    def _step_budget(self) -> int:
+        """The most step events a worker sends: a rendezvous per stage, an exercise and the barrier after it."""
+        return 2 * len(self.plan.stages) + 2 * len(self.plan.exercise_names) + 2
+
+    def violation(self, state: RankState, what: str) -> None:
+        """The rank broke the protocol (``what``: "sent a malformed event: ..."): the exercise it is in
+        fails for it (before any, its next one; after the last, the last one)."""
+        log.debug("rank %d: %s", state.spec.rank, what)
+        if len(state.violations) < VIOLATIONS_KEPT:
+            state.violations.append(what)
+        runs = self.runs
+        if not runs:
+            state.fatal = state.fatal or what
+            return
+        step = state.step.removeprefix("wait:")
+        name = step if step in runs else next((n for n, run in runs.items() if not run.reported(state.spec.rank)),
+                                              list(runs)[-1])
+        runs[name].violations.setdefault(state.spec.rank, what)
+
+    # -- ends and rules ---------------------------------------------------------------------
+
+    def ended(self, launch: LaunchState, now: float) -> float | None:
+        """``launch``'s ranks ended with it; ``now`` if one of them had not finished (a crash)."""
+        mine = [state for state in self.states if state.launch is launch]
+        # when it ended: its streams' end, as its readers met it (so the first of several ranks
+        # to die is told apart from those that followed it within the same look), else now
+        ended = launch.closed_at if launch.open_streams == 0 and launch.closed_at is not None else now
+        for state in mine:
+            if state.exit_code is None:  # (a host's launcher may have said already how a rank ended)
+                state.exit_code, state.step_started, state.ended_at = launch.exit_code, now, ended
+            state.done |= self.plan.is_launch and launch.exit_code == 0  # a script says nothing
+        return now if any(not state.done for state in mine) else None
+
+    def late(self, now: float) -> list[int]:
+        """The live ranks past a step's timeout or an exercise's deadline."""
+        return [s.spec.rank for s in self.states if s.exit_code is None and (
+            self._step_late(s, now) or self._past_deadline(s, now))]
+
+    def _step_late(self, state: RankState, now: float) -> bool:
+        """Whether the rank is past its step's timeout. A step of the program's (an exercise, a script)
+        has ``plan.timeout`` seconds of the wall clock: the user's bound. The lab's own steps of a
+        ``run`` (start-up and the rendezvous) take as long as a busy machine makes them: their
+        timeout counts only time in which nothing of the run moved (no event that is news, no
+        start-up's CPU seconds grown: a rank starting slowly holds the others' rendezvous up, not
+        back), and a start-up that used more CPU seconds than the timeout is late too."""
+        timeout = self.plan.timeout
+        if self.plan.is_launch or not (state.step == "startup" or state.step.startswith("init:")):
+            return now - state.step_started > timeout
+        return now - max(state.step_started, self.moved_at) > timeout or state.startup_cpu > timeout
+
+    def _past_deadline(self, state: RankState, now: float) -> bool:
+        """Whether the rank is past an exercise's deadline: ``plan.timeout`` seconds from when it
+        began the exercise, whatever steps it took since, until it reports on it."""
+        return any(now - began > self.plan.timeout and not self.runs[name].reported(state.spec.rank)
+                   for name, began in state.entered.items())
+
+    def hung(self, now: float, heard_since: HeardSince) -> list[int]:
+        """The live ranks, when they hang: every one waits in a torch.distributed call and says that
+        nothing moved on its connections, nor did it complete a call, for ``plan.hang_after`` seconds
+        (its progress events: two looks of the kernel's counters, on the rank's own clock, not this
+        one's, which a busy machine can stall), and every host of theirs has answered since (its
+        transport's keepalives: ``heard_since``). A rank computing outside torch.distributed is no
+        hang: the others wait on it (a straggler); neither is a slow collective, whose bytes move."""
+        live = [s for s in self.states if s.exit_code is None]
+        said = [(s.progress, s.progress_at or now) for s in live]
+        if not self.plan.hang_after or not live or any(
+                p is None or p["inflight"] is None or p["quiet"] < self.plan.hang_after for p, _ in said):
+            return []
+        # A host that has not answered since then may have gone silent, not its ranks: that is for
+        # its transport to tell (a lost host), not a hang.
+        still_since = max(at - float(p["quiet"]) for p, at in said if p is not None)
+        hosts = {s.launch.launch.host for s in live}
+        return [s.spec.rank for s in live] if all(heard_since(h, still_since) for h in hosts) else []
+
+    def phase(self) -> tuple[str, str]:
+        """What the run is at, from what its hosts and ranks said so far: (the phase, a line)."""
+        if self.preflight is not None and not self.preflight.decided:
+            return "preflight", f"checking the network from {len(self.plan.hosts)} host(s) (preflight)"
+        started = sum(1 for s in self.states if s.info and (self.plan.is_launch or s.step != "startup"))
+        if started < len(self.states):
+            return "starting", f"starting {len(self.states)} rank(s): {started} started"
+        steps = [s.step for s in self.states if not s.done and s.ended_at is None]
+        if not steps:
+            return "finishing", "finishing: every rank has ended"
+        joining = sum(1 for step in steps if step.startswith("init:"))
+        if joining:
+            return "rendezvous", f"rendezvous: {len(self.states) - joining} of {len(self.states)} rank(s) joined"
+        working = [step.removeprefix("wait:") for step in steps]  # (wait:NAME: the lab's barrier after NAME)
+        current = max(set(working), key=working.count) if not self.plan.is_launch else ""
+        return "running", (f"running {current}: {len(steps)} rank(s)" if current and current != "startup"
+                           else f"running: {len(steps)} of {len(self.states)} rank(s) at work")

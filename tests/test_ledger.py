@@ -1,0 +1,136 @@
+"""The run's ledger, fed made-up event sequences on a made-up clock: the hang rule, the step
+timeouts and exercise deadlines, the events a rank may not send, and what the run is at. No
+process, no thread, no clock (lab.core.ledger is pure; the runner's real runs are in test_flight,
+test_channel and the tiers)."""
+from __future__ import annotations
+
+from typing import Any
+
+from lab.core.inventory import local_inventory
+from lab.core.ledger import Ledger
+from lab.core.plan import Options
+from lab.core.planner import build_launch_plan, build_plan
+from lab.rank.protocol import event_line
+from lab.suite import registry
+
+HANG_AFTER = 10.0
+TIMEOUT = 60.0
+
+
+def ledger(*exercises: str) -> Ledger:
+    """A ledger of a 3-rank run of ``exercises`` on this machine, begun at 0."""
+    options = Options(tuple(registry.EXERCISES[e] for e in exercises), timeout=TIMEOUT, hang_after=HANG_AFTER)
+    run = Ledger(build_plan(local_inventory(3), options, "t0k3n"), 0.0)
+    run.begin(0.0)
+    return run
+
+
+def send(run: Ledger, now: float, kind: str, rank: int, **fields: Any) -> None:
+    run.apply(run.launches[0], event_line(run.plan.token, kind, rank=rank, **fields), now)
+
+
+def blocked(run: Ledger, now: float, rank: int, quiet: float, call: str | None = "all_reduce") -> None:
+    """Rank ``rank`` says it blocks in ``call`` (None: in no call) and nothing moved for ``quiet`` s."""
+    send(run, now, "progress", rank, completed=3, inflight={"op": call} if call else None, moved=0, quiet=quiet)
+
+
+def started(run: Ledger, now: float, step: str) -> None:
+    for rank in range(3):
+        send(run, now, "hello", rank, pid=100 + rank, hostname="local", local_rank=rank)
+        send(run, now, "step", rank, step=step)
+
+
+def test_ranks_hang_when_every_live_one_blocks_and_nothing_moved_for_hang_after() -> None:
+    run = ledger("ring-allreduce")
+    started(run, 1.0, "ring-allreduce")
+    heard = {"local": 100.0}  # when each host's transport last heard from it
+
+    def heard_since(host: str, since: float) -> bool:
+        return heard[host] >= since
+
+    for rank in range(3):
+        blocked(run, 20.0, rank, quiet=HANG_AFTER - 1)
+    assert run.hung(20.0, heard_since) == []  # not quiet long enough
+    for rank in range(2):
+        blocked(run, 21.0, rank, quiet=HANG_AFTER)
+    blocked(run, 21.0, 2, quiet=0, call=None)  # rank 2 computes: the others wait on a straggler
+    assert run.hung(21.0, heard_since) == []
+    blocked(run, 22.0, 2, quiet=HANG_AFTER)
+    assert run.hung(22.0, heard_since) == [0, 1, 2]
+    heard["local"] = 5.0  # the host went silent before the ranks did: its transport's to say, no hang
+    assert run.hung(22.0, heard_since) == []
+    heard["local"] = 100.0
+    send(run, 23.0, "exit", 2, code=1)  # a rank that ended is not waited on; the others still hang
+    assert run.hung(23.0, heard_since) == [0, 1]
+
+
+def test_a_step_has_the_timeout_and_an_exercise_a_deadline_no_later_step_moves() -> None:
+    run = ledger("ring-allreduce")
+    started(run, 1.0, "ring-allreduce")
+    assert run.late(1.0 + TIMEOUT) == []
+    send(run, 30.0, "step", 0, step="ring-allreduce")  # the step it is in already: its clock stays
+    send(run, 40.0, "step", 1, step="wait:ring-allreduce")  # a new step, but the exercise's deadline stands
+    assert run.late(1.0 + TIMEOUT + 1) == [0, 1, 2]
+    send(run, 50.0, "result", 1, exercise="ring-allreduce", value=[6.0], seconds=1.0)
+    assert run.late(1.0 + TIMEOUT + 1) == [0, 2]  # rank 1 reported and waits at the barrier: its step is 21 s old
+
+
+def test_the_labs_own_steps_count_only_time_in_which_nothing_of_the_run_moved() -> None:
+    """A busy machine slows start-up: its timeout counts from the last news of any rank, and a
+    start-up's CPU seconds growing is news; CPU seconds past the timeout are late anyway."""
+    run = ledger("p2p")
+    send(run, 50.0, "alive", 0, cpu=20.0)
+    send(run, 50.0, "alive", 1, cpu=20.0)
+    assert run.late(100.0) == []  # nothing moved since 50 for 50 s < 60
+    assert run.late(111.0) == [0, 1, 2]
+    send(run, 105.0, "alive", 2, cpu=25.0)
+    assert run.late(111.0) == []
+    send(run, 106.0, "alive", 2, cpu=TIMEOUT + 1)
+    assert run.late(107.0) == [2]
+
+
+def test_an_event_that_breaks_the_protocol_fails_its_sender_in_the_exercise_it_is_in() -> None:
+    run = ledger("p2p", "broadcast")
+    started(run, 1.0, "p2p")
+    send(run, 2.0, "result", 0, exercise="all-gather", value=1, seconds=0.1)
+    send(run, 2.0, "result", 1, exercise="p2p", value=1, seconds=0.1)
+    send(run, 2.0, "result", 1, exercise="p2p", value=2, seconds=0.1)
+    send(run, 2.0, "step", 2, step="rm -rf /")
+    send(run, 2.0, "hello", 7, pid=1, hostname="x", local_rank=0)
+    run.apply(run.launches[0], "\x1flab:t0k3n {not json", 2.0)
+    assert run.runs["p2p"].violations == {
+        0: "reported on 'all-gather', which is not an exercise of the run",
+        1: "reported on p2p twice",
+        2: "began a step the run does not have: 'rm -rf /'"}
+    assert run.runs["p2p"].results == {1: 1}  # the first report stands
+    assert run.states[0].violations == [  # (a broken event that names no rank of the run: the launch's first)
+        "reported on 'all-gather', which is not an exercise of the run",
+        "sent an event as rank 7, which the run does not have",
+        "sent a malformed event: not JSON: Expecting property name enclosed in double quotes: line 1 column 2 "
+        "(char 1)"]
+    assert run.runs["broadcast"].violations == {}
+
+
+def test_what_the_run_is_at_is_said_from_its_ranks_steps() -> None:
+    run = ledger("p2p")
+    assert run.phase() == ("starting", "starting 3 rank(s): 0 started")
+    for rank in range(3):
+        send(run, 1.0, "hello", rank, pid=100 + rank, hostname="local", local_rank=rank)
+        send(run, 1.0, "step", rank, step="init:env")
+    assert run.phase() == ("rendezvous", "rendezvous: 0 of 3 rank(s) joined")
+    for rank in range(3):
+        send(run, 2.0, "step", rank, step="p2p")
+    assert run.phase() == ("running", "running p2p: 3 rank(s)")
+    for rank in range(3):
+        send(run, 3.0, "done", rank, failures=0)
+    assert run.phase() == ("finishing", "finishing: every rank has ended")
+
+
+def test_a_script_that_exits_0_is_done_and_one_whose_launch_ended_early_crashed() -> None:
+    run = Ledger(build_launch_plan(local_inventory(2), "/x/train.py", [], 30.0, token="t0k3n"), 0.0)
+    send(run, 1.0, "exit", 0, code=0)
+    assert run.states[0].done and run.states[0].ended_at == 1.0
+    launch = run.launches[0]
+    launch.exit_code = 1
+    assert run.ended(launch, 5.0) == 5.0  # rank 1 had not finished: a crash, at 5
+    assert (run.states[1].exit_code, run.states[1].done) == (1, False)
