@@ -7,9 +7,10 @@ import threading
 from typing import Any
 
 from lab.core.plan import Plan
+from lab.core.streams import read_events
 from lab.errors import RunError
 from lab.rank.ports import EXCLUSIVE
-from lab.rank.protocol import EVENT_MAX, LINE_MAX, parse_event
+from lab.rank.protocol import LINE_MAX
 from lab.transport import RankProcess, Transport
 
 PORTS_WAIT = 30.0  # seconds for rank 0's host to report the ports it holds
@@ -49,19 +50,15 @@ def _ports_in(event: dict[str, Any] | None) -> tuple[int, ...]:
 
 
 def _first_event(process: RankProcess, token: str, timeout: float) -> dict[str, Any] | None:
-    """The first event on ``process``'s stdout within ``timeout`` seconds (None: none came)."""
+    """The first event on ``process``'s stdout within ``timeout`` seconds (None: none came), read
+    within bounds (lab.core.streams.read_events)."""
     found: queue.Queue[dict[str, Any] | None] = queue.Queue()
 
     def read() -> None:
         try:
-            for raw in iter(lambda: process.stdout.readline(EVENT_MAX + 1), b""):  # (a longer line is no event)
-                event = parse_event(raw.decode("utf-8", "replace").rstrip("\r\n"), token)
-                if event is not None:
-                    found.put(event)
-                    return
+            found.put(next(read_events(process.stdout, token), None))
         except (OSError, ValueError):  # (MalformedEvent is a ValueError)
-            pass
-        found.put(None)
+            found.put(None)
 
     threading.Thread(target=read, name="lab-read-ports", daemon=True).start()
     try:

@@ -27,10 +27,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import IO, Literal
+from typing import IO, Any, Literal
 
 from lab.core.outcome import SHOWN_LINES, LaunchState, RankState, kept_text
-from lab.rank.protocol import EVENT_MAX, LINE_MAX, MARK, EventBudget, rank_tag, untag
+from lab.rank.protocol import EVENT_MAX, LINE_MAX, MARK, EventBudget, parse_event, rank_tag, untag
 
 QUEUE_MAX = 1024  # lines read and not yet handled; when full, the readers (and the ranks) wait
 TAG_MAX = 64  # bytes enough for any rank's tag
@@ -205,3 +205,20 @@ def claimed_rank(line: str, states: list[RankState]) -> RankState | None:
     found = _RANK_FIELD.search(line)
     rank = int(found.group(1)) if found else -1
     return states[rank] if 0 <= rank < len(states) else None
+
+
+def read_events(stream: IO[bytes], token: str, on_line: Callable[[str], None] = lambda _: None,
+                ) -> Iterator[dict[str, Any]]:
+    """The events of the run ``token`` on ``stream`` (the stdout of one of the lab's own processes on
+    a host: the port holder, the doctor's probe), read as a rank's are (:func:`read_lines`: a line is
+    held up to an event's size at most, a longer one is dropped in pieces); its other whole lines go
+    to ``on_line``. A malformed event raises MalformedEvent (lab.rank.protocol)."""
+    for raw, _, kind in read_lines(stream, MARK.encode(), lambda: False):
+        if kind != "whole":
+            continue
+        line = raw.decode("utf-8", "replace")
+        event = parse_event(line, token)
+        if event is None:
+            on_line(line)
+        else:
+            yield event

@@ -26,7 +26,7 @@ from dataclasses import asdict
 from typing import Any
 
 from lab.core.plan import data_address, interface_env, new_token, public_id
-from lab.core.streams import read_lines
+from lab.core.streams import read_events
 from lab.doctor import slurm
 from lab.doctor.model import (
     SEVERITIES,
@@ -46,7 +46,7 @@ from lab.rank.netfacts import (
     Target,
 )
 from lab.rank.probe import PROBE_VAR
-from lab.rank.protocol import LINE_MAX, MARK, MalformedEvent, parse_event
+from lab.rank.protocol import LINE_MAX, MalformedEvent
 from lab.transport import (
     RankProcess,
     code_uploads,
@@ -91,17 +91,10 @@ class _ProbeRun:
             reader.join(READERS_WAIT)
 
     def _read_events(self) -> None:
-        """Its stdout's events, as the runner reads a host's (lab.core.streams.read_lines: a line is
-        held up to an event's size at most, a longer one is dropped in pieces)."""
+        """Its stdout's events, read within bounds (lab.core.streams.read_events)."""
         try:
-            for raw, _, kind in read_lines(self.process.stdout, MARK.encode(), lambda: False):
-                if kind != "whole":
-                    continue
-                line = raw.decode("utf-8", "replace")
-                event = parse_event(line, self._token)
-                if event is None:
-                    log.debug("%s: %s", self.name, line)
-                    continue
+            said = lambda line: log.debug("%s: %s", self.name, line)  # (the probe's other lines)
+            for event in read_events(self.process.stdout, self._token, said):
                 with self._changed:
                     self.events[event.pop("event")] = event
                     self._changed.notify_all()
