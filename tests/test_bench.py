@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from lab.core import bench
 from lab.errors import UsageError
+from lab.jobs import bench
 from lab.suite.check import World
 from lab.suite.checks.bench import check_bench, check_ring_calls
 

@@ -19,7 +19,9 @@ FLOORS = (
     ("lab.rank",),
     ("lab.errors", "lab.model"),
     ("lab.transport",),
-    ("lab.core", "lab.doctor.model", "lab.doctor.rules"),  # (the doctor's pure half: the preflight judges with it)
+    ("lab.netcheck",),
+    ("lab.core",),
+    ("lab.jobs",),
     ("lab.net",),
     ("lab.containerlab",),
     ("lab.grading",),

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from lab.core.inventory import inventory_text, load_inventory
-from lab.doctor.model import Master
-from lab.doctor.rules import analyse
 from lab.errors import InventoryError
 from lab.net import wireguard
 from lab.net.wireguard import Member, PeerState
+from lab.netcheck.model import Master
+from lab.netcheck.rules import analyse
 from lab.rank.netfacts import Target
 from lab.rank.probe import LARGE, Listener, check_link
 

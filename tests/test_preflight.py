@@ -21,9 +21,9 @@ import pytest
 
 from lab.core.planner import build_launch_plan
 from lab.core.preflight import Preflight
-from lab.doctor.rules import SAME_NETWORK_FIX
 from lab.errors import ExitCode
 from lab.model.inventory import Host, Inventory
+from lab.netcheck.rules import SAME_NETWORK_FIX
 from lab.rank import ports, probe
 from lab.rank.netfacts import Target
 from lab.rank.probe import Listener, check_link, survey

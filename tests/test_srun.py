@@ -12,6 +12,7 @@ from lab.core.slurm import allocation_inventory, expand_nodelist
 from lab.doctor import slurm as doctor_slurm
 from lab.doctor.slurm import SlurmAnswers
 from lab.errors import ExitCode, UsageError
+from lab.jobs import submit
 from lab.model.inventory import Host
 from lab.rank import srun
 from lab.rank.node import per_node_counts
@@ -84,13 +85,13 @@ def test_a_time_limit_is_a_bad_request_or_the_jobs_end() -> None:
     too_long = slurm.refusal(["srun: error: Unable to allocate resources: Requested time limit is invalid "
                               "(missing or exceeds some limit)"], "host node1")
     assert too_long is not None and too_long.exit_code == ExitCode.BAD_INPUT
-    assert slurm.ran_out_of_time("slurmstepd: error: *** JOB 12 ON node1 CANCELLED AT 2026-11-23T10:09:37 DUE TO "
+    assert submit.ran_out_of_time("slurmstepd: error: *** JOB 12 ON node1 CANCELLED AT 2026-11-23T10:09:37 DUE TO "
                                  "TIME LIMIT ***\n")
-    assert not slurm.ran_out_of_time("slurmstepd: error: *** STEP 9.0 ON node1 CANCELLED AT 2026-11-23T10:09:37 ***")
+    assert not submit.ran_out_of_time("slurmstepd: error: *** STEP 9.0 ON node1 CANCELLED AT 2026-11-23T10:09:37 ***")
 
 
 def test_the_batch_script_runs_the_lab_from_its_clone_on_the_allocations_nodes(tmp_path: Path) -> None:
-    job = slurm.BatchJob(("p2p", "--timeout", "60"), nodes=2, ntasks_per_node=2, time="10:00", partition="gpu")
+    job = submit.BatchJob(("p2p", "--timeout", "60"), nodes=2, ntasks_per_node=2, time="10:00", partition="gpu")
     script = job.script("/opt/py/bin/python", Path("/home/me/lab clone"), tmp_path)
     assert script.splitlines()[:8] == [
         "#!/bin/sh", "# written by `python -m lab submit`", "#SBATCH --job-name=lab-submit", "#SBATCH --nodes=2",
@@ -102,7 +103,7 @@ def test_the_batch_script_runs_the_lab_from_its_clone_on_the_allocations_nodes(t
     for bad, says in (({"time": "soon"}, "not a Slurm time"), ({"nodes": 0}, "at least 1"),
                       ({"partition": "a;b"}, "not a Slurm partition")):
         with pytest.raises(UsageError, match=says):
-            slurm.BatchJob(("p2p",), **{"nodes": 1, "ntasks_per_node": 1, **bad}).check()  # type: ignore[arg-type]
+            submit.BatchJob(("p2p",), **{"nodes": 1, "ntasks_per_node": 1, **bad}).check()  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("lines", "code", "says"), [

@@ -22,7 +22,7 @@ import pytest
 from lab.core.inventory import load_inventory
 from lab.core.judge import judge
 from lab.core.outcome import RunOutcome
-from lab.core.plan import Options, data_address
+from lab.core.plan import Options
 from lab.core.planner import build_plan
 from lab.core.runner import run_plan
 from lab.errors import ExitCode, HostUnreachable, RunError
@@ -514,6 +514,6 @@ def test_the_master_address_is_asked_of_the_host_when_the_inventory_names_it(ser
     settings = SSHSettings(connect_timeout=5.0, ssh_config=str(tmp_path / "no_ssh_config"))
     inventory = with_master_address(Inventory("inv.yaml", (named,)), settings)
     assert inventory.hosts[0].data_address == "127.0.0.1"  # what sshd says this connection reached
-    assert data_address(inventory.hosts[0]) == "127.0.0.1"
+    assert inventory.hosts[0].peer_address == "127.0.0.1"
     literal = Inventory("inv.yaml", (ssh_host(server, known),))
     assert with_master_address(literal, settings) is literal  # an address needs no asking

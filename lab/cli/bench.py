@@ -19,12 +19,12 @@ from lab.cli.common import (
 from lab.cli.views import bench as views
 from lab.cli.views import screen
 from lab.cli.views.run import LineStreamer, phases, print_report
-from lab.core import bench
 from lab.core.judge import exit_code, judge
 from lab.core.plan import BACKENDS, DEFAULT_TIMEOUT, Options
 from lab.core.planner import build_plan
 from lab.core.runner import run_plan
 from lab.errors import ExitCode, UsageError
+from lab.jobs import bench
 from lab.suite import registry
 from lab.transport import with_master_address
 

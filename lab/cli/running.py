@@ -27,7 +27,6 @@ from lab.cli.views import run as views
 from lab.cli.views import screen
 from lab.cli.views.doctor import print_diagnosis
 from lab.core import draw, workdir
-from lab.core import slurm as slurm_jobs
 from lab.core.judge import exit_code, hung_at_start, judge, stopped_exit
 from lab.core.launchers import NAMES as LAUNCHERS
 from lab.core.logdir import LogDir
@@ -36,10 +35,12 @@ from lab.core.plan import BACKENDS, DEFAULT_TIMEOUT, INIT_METHODS, Options
 from lab.core.planner import build_launch_plan, build_plan, without_unshared
 from lab.core.report import launch_json, to_json, to_junit
 from lab.core.runner import run_plan
+from lab.core.slurm import SlurmError
 from lab.doctor.known import printed_causes, run_causes
 from lab.doctor.run import explain_hang
 from lab.doctor.scenario import run_scenario
 from lab.errors import ExitCode, UsageError
+from lab.jobs import submit as batch
 from lab.model.inventory import Inventory
 from lab.transport import with_master_address
 from lab.transport.ssh import SSHSettings
@@ -284,16 +285,16 @@ def cmd_submit(args: argparse.Namespace) -> int:
     check_timeout(args.timeout)
     run_args = (*args.exercises, "--timeout", f"{args.timeout:g}",
                 *(("--launcher", args.launcher) if args.launcher else ()))
-    job = slurm_jobs.BatchJob(run_args, args.nodes, args.ntasks_per_node, args.time, args.partition)
+    job = batch.BatchJob(run_args, args.nodes, args.ntasks_per_node, args.time, args.partition)
     out = Path(args.out)
     say = screen.sayer(screen.console(stderr=True))
-    job_id, code = slurm_jobs.submit(job, out, args.wait, lambda job_id: say(
+    job_id, code = batch.submit(job, out, args.wait, lambda job_id: say(
         f"submitted batch job {job_id}: its report goes to {out / f'slurm-{job_id}.out'}"))
     if code is None:
         return ExitCode.OK
-    output = slurm_jobs.job_output(out, job_id)
+    output = batch.job_output(out, job_id)
     views.print_job_output(output)
-    if slurm_jobs.ran_out_of_time(output):
+    if batch.ran_out_of_time(output):
         limit = args.time or "the partition's"
-        raise slurm_jobs.SlurmError(f"job {job_id}: Slurm stopped it at its time limit ({limit})", ExitCode.TIMEOUT)
+        raise SlurmError(f"job {job_id}: Slurm stopped it at its time limit ({limit})", ExitCode.TIMEOUT)
     return code

@@ -275,13 +275,6 @@ def default_backend(hosts: Sequence[Host]) -> Backend:
     return "nccl" if all(h.gpus >= h.slots for h in hosts) else "gloo"
 
 
-def data_address(host: Host) -> str:
-    """The address peers use to reach ``host``; local hosts are on loopback."""
-    if host.is_local:
-        return "127.0.0.1"
-    return host.data_address or host.address
-
-
 def shared_run_dir(hosts: Sequence[Host], run_name: str) -> str | None:
     """Where file:// rendezvous files go so that every rank sees them: the run directory
     when every host is this machine, else the run's directory in the ``shared_dir`` all

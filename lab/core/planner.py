@@ -24,7 +24,6 @@ from lab.core.plan import (
     Plan,
     RankSpec,
     Stage,
-    data_address,
     default_backend,
     interface_env,
     new_token,
@@ -84,7 +83,7 @@ def build_plan(inventory: Inventory, options: Options, token: str | None = None)
             raise UsageError(f"{exercise.name} needs at least {exercise.min_ranks} ranks; "
                              f"this cluster has {inventory.world_size}")
 
-    master = data_address(hosts[0])
+    master = hosts[0].peer_address
     token = token or new_token()
     ports = _PortMacros()
     rdzv_port = ports.take() if launcher.forms_group else None
@@ -174,7 +173,7 @@ def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], ti
     """``lab launch``: the user's script on every rank, the rendezvous in its environment
     (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE), set by the launcher."""
     starter, hosts = _placed(inventory, launcher, partition)
-    master = data_address(hosts[0])
+    master = hosts[0].peer_address
     port = port_macro(0)
     backend = default_backend(hosts)
     uploads: dict[str, str] = {}

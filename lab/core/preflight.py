@@ -6,7 +6,7 @@ Each launcher reports its host's facts (the address gloo will advertise there, t
 on; rank 0's host also listens on MASTER_PORT). Once every host has, each gets its targets (the
 doctor's: MASTER_ADDR:MASTER_PORT and every peer's advertised address, ``plan_targets``) and
 reports how connecting to each went. Once every host has, the doctor's network rules judge the
-links (``lab.doctor.rules``): an error stops the run before any rank starts, with the doctor's
+links (``lab.netcheck.rules``): an error stops the run before any rank starts, with the doctor's
 cause and fix; otherwise every launcher is told to go. Pure: the runner carries the lines.
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any, Literal
 
 from lab.core.outcome import Cause, Evidence
 from lab.core.plan import Plan, bind_macros
-from lab.doctor.model import Finding, HostReport, Master, facts_from, link_from
-from lab.doctor.rules import analyse, master_endpoint, plan_targets
+from lab.netcheck.model import Finding, HostReport, Master, facts_from, link_from
+from lab.netcheck.rules import analyse, master_endpoint, plan_targets
 from lab.rank.preflight import GO
 
 EVENTS = frozenset({"facts", "links", "closed"})  # what a host's launcher sends in its preflight

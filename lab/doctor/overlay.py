@@ -11,10 +11,10 @@ from collections.abc import Sequence
 
 from lab.containerlab import containers, engine, overlay
 from lab.containerlab.engine import EngineError
-from lab.doctor.model import Finding
 from lab.model.inventory import Host
 from lab.net.overlay import HostOverlay
 from lab.net.wireguard import INTERFACE, STALE
+from lab.netcheck.model import Finding
 
 UP_FIX = "run `python -m lab net overlay up --name {lab}` (and run on the inventory it writes)"
 

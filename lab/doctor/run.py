@@ -10,7 +10,7 @@ takes about as long as the slowest pair. Listeners tell each connecting host the
 address they saw, which is how NAT shows. Every wait is bounded; nothing is left
 running on any host.
 
-What the probes said goes to :mod:`lab.doctor.rules` , which
+What the probes said goes to :mod:`lab.netcheck.rules` , which
 turns it into findings; :func:`explain_hang` gives a run that timed out the likely network
 cause in a few lines.
 """
@@ -25,10 +25,13 @@ from collections import deque
 from dataclasses import asdict
 from typing import Any
 
-from lab.core.plan import data_address, interface_env, new_token, public_id
+from lab.core.plan import interface_env, new_token, public_id
 from lab.core.streams import read_events
 from lab.doctor import slurm
-from lab.doctor.model import (
+from lab.doctor.overlay import overlay_findings
+from lab.errors import HostUnreachable
+from lab.model.inventory import Host, Inventory
+from lab.netcheck.model import (
     SEVERITIES,
     Diagnosis,
     HostReport,
@@ -37,10 +40,7 @@ from lab.doctor.model import (
     facts_from,
     link_from,
 )
-from lab.doctor.overlay import overlay_findings
-from lab.doctor.rules import analyse, hang_causes, master_endpoint, plan_targets
-from lab.errors import HostUnreachable
-from lab.model.inventory import Host, Inventory
+from lab.netcheck.rules import analyse, hang_causes, master_endpoint, plan_targets
 from lab.rank.netfacts import (
     Lookup,
     Target,
@@ -140,7 +140,7 @@ def diagnose(inventory: Inventory, ssh: SSHSettings | None = None, master_port: 
     started = time.monotonic()
     hosts = {h.name: h for h in inventory.hosts}
     first = inventory.hosts[0]
-    master = Master(first.name, data_address(first), None, master_port)
+    master = Master(first.name, first.peer_address, None, master_port)
     token = new_token()
     uploads = {rel: path for rel, path in code_uploads().items() if rel in PROBE_FILES}
     lifetime = 5 * timeout + FACTS_GRACE + RUNTIME_WAIT + LINKS_GRACE

@@ -25,9 +25,9 @@ from lab.core.outcome import OnLine, RunOutcome
 from lab.core.plan import Options
 from lab.core.planner import build_plan
 from lab.core.runner import run_plan
-from lab.doctor.model import Diagnosis
 from lab.doctor.run import diagnose
 from lab.model.inventory import Inventory
+from lab.netcheck.model import Diagnosis
 from lab.transport.ssh import SSHSettings
 
 BROKEN_RUN_TIMEOUT = 20.0  # seconds: long enough for the store, short enough not to wait in vain

@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from lab.core.slurm import WORKING
-from lab.doctor.model import Finding
 from lab.errors import LabError
 from lab.model.inventory import Host
+from lab.netcheck.model import Finding
 from lab.transport import Transport, for_each_host
 
 MARK = "lab-slurm:"

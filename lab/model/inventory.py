@@ -43,6 +43,12 @@ class Host:
     def is_local(self) -> bool:
         return self.connection == "local"
 
+    @property
+    def peer_address(self) -> str:
+        """The address peers use to reach the host: its data plane's, else its own; a local host's
+        is loopback."""
+        return "127.0.0.1" if self.is_local else self.data_address or self.address
+
 
 @dataclass(frozen=True)
 class Inventory:

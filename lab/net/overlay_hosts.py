@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lab.core.inventory import inventory_text
-from lab.core.plan import data_address
 from lab.errors import LabError, UsageError
 from lab.model.inventory import Host, Inventory
 from lab.net import overlay, wireguard
@@ -27,7 +26,7 @@ class SSHHost(End):
     """A host's end over SSH: root's shell is the login's (root) or ``sudo -n``'s."""
 
     def __init__(self, host: Host, settings: SSHSettings) -> None:
-        super().__init__(host.name, data_address(host))
+        super().__init__(host.name, host.peer_address)
         self.host = host
         self.ssh = SSHTransport(host, settings)
 

@@ -10,8 +10,8 @@ from rich.table import Table
 from rich.text import Text
 
 from lab.core.text import printable
-from lab.doctor.model import SEVERITIES, Diagnosis
-from lab.doctor.rules import SLOW_LOOKUP
+from lab.netcheck.model import SEVERITIES, Diagnosis
+from lab.netcheck.rules import SLOW_LOOKUP
 from lab.rank.netfacts import (
     Advertised,
     is_loopback,

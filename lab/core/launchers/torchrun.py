@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from lab.core.launchers.base import Launcher
-from lab.core.plan import Plan, data_address, public_id
+from lab.core.plan import Plan, public_id
 from lab.model.inventory import Host
 
 
@@ -19,12 +19,12 @@ class Torchrun(Launcher):
     def order(self, hosts: Sequence[Host]) -> tuple[Host, ...]:
         """torchrun's c10d rendezvous numbers the nodes in the sorted order of their addresses
         (``--local-addr``, then the agent's pid)."""
-        return tuple(sorted(hosts, key=data_address))
+        return tuple(sorted(hosts, key=lambda h: h.peer_address))
 
     def node_args(self, plan: Plan, node_rank: int, host: Host, ranks: tuple[int, ...],
                   env: dict[str, str]) -> tuple[str, ...]:
         return ("-m", "lab.rank.node", *torchrun_args(plan, host.slots), "--node-rank", str(node_rank),
-                "--local-addr", data_address(host))
+                "--local-addr", host.peer_address)
 
 
 def torchrun_args(plan: Plan, slots: int) -> tuple[str, ...]:

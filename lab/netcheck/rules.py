@@ -1,14 +1,13 @@
 """What the probes' reports mean: every failed check with its likely cause and fix. Pure.
 
-:func:`analyse` turns the hosts' reports into :class:`~lab.doctor.model.Finding` s, errors
+:func:`analyse` turns the hosts' reports into :class:`~lab.netcheck.model.Finding` s, errors
 first; :func:`hang_causes` sums them up for a run that hung at its start.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from lab.core.plan import data_address
-from lab.doctor.model import SEVERITIES, Diagnosis, Finding, HostReport, Master
+from lab.netcheck.model import SEVERITIES, Diagnosis, Finding, HostReport, Master
 from lab.rank.netfacts import (
     Link,
     Target,
@@ -70,7 +69,7 @@ def plan_targets(reports: Sequence[HostReport], master: Master) -> dict[str, lis
             advertised = peer.facts.gloo.address
             if advertised:
                 targets.append(Target("mesh", peer.name, advertised, peer.facts.port))
-            data = data_address(peer.host)
+            data = peer.host.peer_address
             if data != advertised and peer is not source:
                 targets.append(Target("data", peer.name, data, peer.facts.port))
         plans[source.name] = targets
@@ -149,7 +148,7 @@ def _gpu_findings(reports: Sequence[HostReport]) -> Iterable[Finding]:
 def _resolution_fix(r: HostReport) -> str:
     hostname = r.facts.hostname if r.facts else r.name
     return (f"map {hostname} to its routable address in /etc/hosts on {r.name} "
-            f"('{data_address(r.host)} {hostname}'), or set network_interface (GLOO_SOCKET_IFNAME) "
+            f"('{r.host.peer_address} {hostname}'), or set network_interface (GLOO_SOCKET_IFNAME) "
             f"to the interface the other hosts reach")
 
 
