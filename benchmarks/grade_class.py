@@ -86,16 +86,16 @@ def grade(root: Path, nproc: int, parallel: int, out: Path) -> float:
 
 
 def inputs_cost(nproc: int, repeat: int = 20) -> float:
-    """Seconds the controller spends per submission on its drawn inputs: the draw (lab.core.draw), the
+    """Seconds the controller spends per submission on its drawn inputs: the draw (lab.core.random_inputs), the
     files the runner carries, and the check's sums, on a correct report of that draw."""
     spent = 0.0
     for _ in range(repeat):
         started = time.perf_counter()
-        seed = draw.new_seed()
-        inputs = {rank: draw.draw(ring_cases.DRAWN, seed, rank) for rank in range(nproc)}
-        with draw.staged(inputs):
+        seed = random_inputs.new_seed()
+        inputs = {rank: random_inputs.draw(ring_cases.DRAWN, seed, rank) for rank in range(nproc)}
+        with random_inputs.staged(inputs):
             pass
-        world = replace(World.local(nproc), inputs={r: draw.values(d) for r, d in inputs.items()})
+        world = replace(World.local(nproc), inputs={r: random_inputs.values(d) for r, d in inputs.items()})
         spent += time.perf_counter() - started
         results = _correct(world)  # (the ranks' part: not the controller's)
         started = time.perf_counter()

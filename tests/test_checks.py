@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from lab.core import draw
+from lab.core.random_inputs import draw, new_seed, values
 from lab.suite.check import Mismatch, Verdict, World, distinct
 from lab.suite.checks import backends, basics, collectives, dsgd, p2p, ring
 from lab.suite.exercises import dsgd_settings, ring_cases
@@ -111,7 +111,7 @@ def barrier_ok(n: int) -> Results:
 
 @cache
 def ring_inputs(n: int) -> dict[int, tuple[int, ...]]:
-    """A draw of every rank's inputs, as the controller makes one (lab.core.draw), fixed per world size."""
+    """A draw of every rank's inputs, as the controller makes one (lab.core.random_inputs), fixed per world size."""
     generator = random.Random(n)
     return {r: tuple(generator.randint(-2 ** 15, 2 ** 15 - 1) for _ in range(ring_cases.DRAWN)) for r in range(n)}
 
@@ -528,15 +528,15 @@ def test_barrier_times_must_be_numbers_and_hosts_are_noted() -> None:
 # --- ring all-reduce ---
 
 def test_the_ring_s_inputs_are_drawn_afresh_and_the_check_expects_their_sum() -> None:
-    """Each run draws every rank's values anew (lab.core.draw); the checker sums the draw it was given,
+    """Each run draws every rank's values anew (lab.core.random_inputs); the checker sums the draw it was given,
     so a result right for another draw fails, and a run that drew nothing is not checked at all."""
-    seed = draw.new_seed()
-    first, second = draw.draw(ring_cases.DRAWN, seed, 0), draw.draw(ring_cases.DRAWN, draw.new_seed(), 0)
-    assert first != second and len(draw.values(first)) == ring_cases.DRAWN
-    assert draw.draw(ring_cases.DRAWN, seed, 0) == first != draw.draw(ring_cases.DRAWN, seed, 1)  # a replay; per rank
-    assert all(-2 ** 15 <= v < 2 ** 15 for v in draw.values(first))  # sums exact in float32 up to 512 ranks
+    seed = new_seed()
+    first, second = draw(ring_cases.DRAWN, seed, 0), draw(ring_cases.DRAWN, new_seed(), 0)
+    assert first != second and len(values(first)) == ring_cases.DRAWN
+    assert draw(ring_cases.DRAWN, seed, 0) == first != draw(ring_cases.DRAWN, seed, 1)  # a replay; per rank
+    assert all(-2 ** 15 <= v < 2 ** 15 for v in values(first))  # sums exact in float32 up to 512 ranks
     assert verdict("ring-allreduce", ring_ok(3), 3).passed
-    other = replace(World.local(3), inputs={r: draw.values(draw.draw(ring_cases.DRAWN, draw.new_seed(), r))
+    other = replace(World.local(3), inputs={r: values(draw(ring_cases.DRAWN, new_seed(), r))
                                             for r in range(3)})
     v = ring.check_ring_allreduce(ring_ok(3), other)
     assert not v.passed and v.failed_ranks == (0, 1, 2)

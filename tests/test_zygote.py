@@ -12,7 +12,7 @@ import pytest
 
 from lab.rank.protocol import EVENT_MAX, LINE_MAX, NEUTRAL, event_line, parse_event, rank_tag, untag
 from lab.rank.wire import WIRE_VAR
-from lab.rank.zygote import Passer
+from lab.rank.zygote import StreamFilter
 
 from .conftest import REPO
 
@@ -24,9 +24,9 @@ def event(kind: str, **fields: object) -> bytes:
 
 
 def passed(data: bytes, rank: int = 1, events: bool = True, pieces: int = 7) -> list[bytes]:
-    """The lines a Passer passes on for ``data``, fed in pieces of ``pieces`` bytes, then closed."""
-    passer = Passer(rank, TOKEN, events)
-    out = b"".join(passer.feed(data[i:i + pieces]) for i in range(0, len(data), pieces)) + passer.close()
+    """The lines a StreamFilter passes on for ``data``, fed in pieces of ``pieces`` bytes, then closed."""
+    stream_filter = StreamFilter(rank, TOKEN, events)
+    out = b"".join(stream_filter.feed(data[i:i + pieces]) for i in range(0, len(data), pieces)) + stream_filter.close()
     assert out.endswith(b"\n")
     return out.split(b"\n")[:-1]
 

@@ -26,7 +26,7 @@ from lab.cli.common import (
 from lab.cli.views import run as views
 from lab.cli.views import screen
 from lab.cli.views.doctor import print_diagnosis
-from lab.core import draw, workdir
+from lab.core import random_inputs, workdir
 from lab.core.judge import exit_code, hung_at_start, judge, stopped_exit
 from lab.core.launchers import NAMES as LAUNCHERS
 from lab.core.logdir import LogDir
@@ -111,7 +111,7 @@ def _options(args: argparse.Namespace) -> Options:
     chosen = exercises(args.exercises)
     check_timeout(args.timeout)
     solution = solution_file(args.solution) if args.solution else None
-    if args.seed is not None and not draw.SEED.fullmatch(args.seed):
+    if args.seed is not None and not random_inputs.SEED.fullmatch(args.seed):
         raise UsageError(f"--seed {args.seed[:40]!r}: a seed is 32 hex digits, as a run shows it")
     if args.seed is not None and not any(e.drawn for e in chosen):
         raise UsageError(f"--seed: {', '.join(e.name for e in chosen)} draw(s) no inputs")

@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from lab.core.draw import values
 from lab.core.outcome import SYS_EXIT, ExerciseRun, RankState, RunOutcome, ended
+from lab.core.random_inputs import values
 from lab.errors import ExitCode
 from lab.suite.check import Mismatch, PartVerdict, Verdict, World, ranks_named
 from lab.suite.registry import EXERCISES

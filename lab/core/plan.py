@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, get_args
 
-from lab.core.draw import VALUE_BYTES
+from lab.core.random_inputs import VALUE_BYTES
 from lab.model.inventory import Host
 from lab.rank.flight import HANG_AFTER_VAR
 from lab.rank.script import MODULE_VAR, WORKDIR_VAR
@@ -92,7 +92,8 @@ class Options:
     hang_after: float = DEFAULT_HANG_AFTER  # see Plan
     preflight: bool = True  # see Plan
     part: str | None = None  # the one part of the (single) exercise to check (lab.suite.registry); None: all
-    seed: str | None = None  # the drawn inputs' seed (lab.core.draw; `run --seed`: a replay); None: a fresh one
+    # the drawn inputs' seed (lab.core.random_inputs; `run --seed`: a replay); None: a fresh one
+    seed: str | None = None
     # lab grade: measure what each host's connections carry, outside the ranks (lab.rank.wire), where only
     # the submission's sockets are in that mode's reach: a sandbox's netns, or a user of its own ("uid").
     wire: WireMode | None = None
@@ -175,7 +176,7 @@ class Plan:
     # What each host's connections carried is measured by its launcher (Options.wire): only the lab's
     # launcher (the zygote, which no rank can reach) and gloo (whose every byte goes over TCP).
     wire: WireMode | None = None
-    # Each rank's drawn inputs (lab.core.draw), where an exercise takes some: kept here for the checker,
+    # Each rank's drawn inputs (lab.core.random_inputs), where an exercise takes some: kept here for the checker,
     # and the seed they were drawn from (shown, to replay the run: `run --seed`).
     inputs: dict[int, bytes] = field(default_factory=dict, hash=False, repr=False)
     seed: str | None = None

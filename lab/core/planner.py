@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Literal
 
 from lab.core import launchers
-from lab.core.draw import draw, new_seed
 from lab.core.launchers import Launcher
 from lab.core.plan import (
     BACKENDS,
@@ -31,6 +30,7 @@ from lab.core.plan import (
     run_name,
     shared_run_dir,
 )
+from lab.core.random_inputs import draw, new_seed
 from lab.core.workdir import Workdir
 from lab.errors import UsageError
 from lab.model.inventory import Host, Inventory

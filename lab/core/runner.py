@@ -50,7 +50,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from lab.core import draw, workcache
+from lab.core import random_inputs, workcache
 from lab.core.ledger import Ledger
 from lab.core.outcome import LaunchState, OnLine, RankState, RunOutcome, RunStatus
 from lab.core.plan import Launch, Plan
@@ -173,7 +173,7 @@ class Run:
                       time.monotonic() - began)
             return run_dir
 
-        with draw.staged(self.plan.inputs) as inputs:
+        with random_inputs.staged(self.plan.inputs) as inputs:
             outcomes = for_each_host(self.transports, prepare)
         unreachable = [e for e in outcomes.values() if isinstance(e, HostUnreachable)]
         failed = [(name, e) for name, e in outcomes.items()

@@ -305,7 +305,7 @@ def _disagree(aspect: str, group: str, seq: int, calls: dict[int, Call], values:
 
 
 @dataclass
-class _Slot:
+class _Waited:
     """A collective some ranks wait in (or failed in, waiting), and the ranks of its group not there."""
 
     group: str
@@ -325,13 +325,13 @@ class _Slot:
         return call
 
 
-def _slots(ranks: dict[int, Rank]) -> list[_Slot]:
+def _waited_calls(ranks: dict[int, Rank]) -> list[_Waited]:
     """Every collective ranks are stuck in, the one with the most ranks first."""
-    slots: dict[tuple[str, int], _Slot] = {}
+    slots: dict[tuple[str, int], _Waited] = {}
     for r in ranks.values():
         call = r.stuck
         if call is not None and call.direction == "collective":
-            slots.setdefault((call.group, call.seq), _Slot(call.group, call.seq)).there.append(r)
+            slots.setdefault((call.group, call.seq), _Waited(call.group, call.seq)).there.append(r)
     last: dict[tuple[int, str], int] = {}  # (rank, group) -> the highest number of its collectives there
     for k, r in ranks.items():
         for c in r.calls:
@@ -347,7 +347,7 @@ def _slots(ranks: dict[int, Rank]) -> list[_Slot]:
 def _missing(ranks: dict[int, Rank]) -> Finding | None:
     """Ranks wait in a collective that a rank of its group is not in: it is elsewhere, or ended (after
     fewer such calls than the others: uneven counts). Ranks that only compute are stragglers (7)."""
-    for slot in _slots(ranks):
+    for slot in _waited_calls(ranks):
         if not slot.missing or all(r.outside for r in slot.missing):
             continue
         if all(not r.running and r.failure is None and r.facts.exit_call is None for r in slot.missing):
@@ -364,7 +364,7 @@ def _missing(ranks: dict[int, Rank]) -> Finding | None:
     return None
 
 
-def _uneven(slot: _Slot) -> Finding:
+def _uneven(slot: _Waited) -> Finding:
     """Ranks wait in their n-th call of an op that the ranks that ended made fewer times."""
     call, op = slot.call, canonical(slot.call.op)
     there, gone = [r.rank for r in slot.there], [r.rank for r in slot.missing]
@@ -391,7 +391,7 @@ def _straggler(ranks: dict[int, Rank]) -> Finding | None:
     """Ranks that wait only on ranks computing outside torch.distributed: a wait, not a hang (yet)."""
     waiting: set[int] = set()
     on: set[int] = set()
-    for slot in _slots(ranks):
+    for slot in _waited_calls(ranks):
         if slot.missing and any(r.running for r in slot.there):
             waiting |= {r.rank for r in slot.there if r.running}
             on |= {r.rank for r in slot.missing}
@@ -422,7 +422,7 @@ def _unknown(ranks: dict[int, Rank]) -> Finding:
     """What the ranks do, grouped, where no rule names a cause: never a guess."""
     if not ranks:
         return Finding("unknown", "no rank to explain")
-    full = [s for s in _slots(ranks) if not s.missing and any(r.running for r in s.there)]
+    full = [s for s in _waited_calls(ranks) if not s.missing and any(r.running for r in s.there)]
     said: dict[str, list[int]] = {}
     for k, r in sorted(ranks.items()):
         said.setdefault(doing(r, many=True), []).append(k)

@@ -1,7 +1,7 @@
 """A rank's own drawn inputs, and nothing of another rank's.
 
 Where an exercise computes from inputs (the ring all-reduce), the controller draws fresh random
-values for every rank of every run (``lab.core.draw``), and the checker expects what those values
+values for every rank of every run (``lab.core.random_inputs``), and the checker expects what those values
 give. Each host's run directory gets the file of each of its ranks (``inputs/rank-R``); a rank
 reads its own before any exercise program loads, and unlinks it. So no rank can know another's
 values without receiving them, and no submission can compute a result it was meant to communicate.

@@ -13,7 +13,7 @@ dumpable, so no rank can reach the others' through it.
 
 Each rank's fds 1 and 2 are pipes of its own to this process, which passes what comes through
 them on to the controller (this process's stdout and stderr), so the controller knows which rank
-wrote what without taking any rank's word for it (:class:`Passer`):
+wrote what without taking any rank's word for it (:class:`StreamFilter`):
 
 * every line of output gets the rank's tag (``lab.rank.protocol.rank_tag``), and any unit
   separator in it is neutralized, as the rank's relay (``lab.rank.output``) does: only the rank's
@@ -77,7 +77,7 @@ STREAMS_WAIT = RELAY_WAIT + 0.5  # seconds a rank's streams get to end after it 
 
 
 @dataclass
-class Passer:
+class StreamFilter:
     """What one of a rank's streams passes on to the controller (see the module): fed the bytes
     as they come, it gives back what to write. It holds at most HOLD bytes of a line of output and
     EVENT_MAX of an event line; the start of a longer line of output is passed on when it ends,
@@ -184,7 +184,7 @@ class Passer:
 class Measure:
     """What the host's connections carry while its ranks run, where the controller asked (``WIRE_VAR``
     names the mode: ``lab.rank.wire``): said in a ``wire`` event when they have all ended, which no
-    rank can send (:class:`Passer` drops it), nor alter."""
+    rank can send (:class:`StreamFilter` drops it), nor alter."""
 
     asked: bool = False
     wire: Wire | None = None
@@ -241,7 +241,7 @@ class Rank:
 
     rank: int
     pid: int
-    pipes: dict[int, tuple[Passer, int]]  # read end -> (its passer, the fd of ours it goes on to)
+    pipes: dict[int, tuple[StreamFilter, int]]  # read end -> (its stream filter, the fd of ours it goes on to)
     code: int | None = None  # its exit status (-N: killed by signal N), once it ended
     ended_at: float = 0.0
     reported: bool = False
@@ -308,8 +308,8 @@ def _fork(rank: int, local_rank: int, module: str, args: list[str], token: str, 
         _run_main(module)
     os.close(out_w)
     os.close(err_w)
-    return Rank(rank, pid, {out_r: (Passer(rank, token, events=True), 1),
-                            err_r: (Passer(rank, token, events=False), 2)})
+    return Rank(rank, pid, {out_r: (StreamFilter(rank, token, events=True), 1),
+                            err_r: (StreamFilter(rank, token, events=False), 2)})
 
 
 def _run_main(module: str) -> NoReturn:
@@ -362,9 +362,9 @@ def _pass_on(ranks: list[Rank], token: str, measure: Measure) -> None:
             if fd in measured:
                 continue
             rank = next(r for r in ranks if fd in r.pipes)
-            passer, target = rank.pipes[fd]
+            stream_filter, target = rank.pipes[fd]
             data = os.read(fd, READ)
-            _write(target, passer.feed(data) if data else passer.close())
+            _write(target, stream_filter.feed(data) if data else stream_filter.close())
             if not data:
                 _close(rank, fd)
         _reap(ranks)

@@ -42,7 +42,8 @@ class World:
     hosts: tuple[str, ...]  # hosts[rank] is the host that rank ran on
     local_ranks: tuple[int, ...]
     launcher: str = "lab"  # who started the ranks (lab.core.launchers)
-    inputs: Mapping[int, Sequence[int]] = field(default_factory=dict)  # each rank's drawn values (lab.core.draw)
+    # each rank's drawn values (lab.core.random_inputs)
+    inputs: Mapping[int, Sequence[int]] = field(default_factory=dict)
     # Where the run measured its hosts' connections (lab grade: Plan.wire): host -> what they carried; a
     # host missing said nothing (its launcher was stopped first). None: not measured.
     carried: Mapping[str, Carried] | None = None

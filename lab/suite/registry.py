@@ -71,7 +71,8 @@ class Exercise:
     writes_some: bool = False  # a solution is some of ``writes``, never a whole program (the bench's rings)
     method: Method | None = None  # the calls its ranks may and must make (None: any)
     check_part: PartChecker | None = None  # one of several parts' values alone (see ``parts``)
-    drawn: int = 0  # random values the controller draws for each rank of a run (lab.core.draw): run()'s ``inputs``
+    # random values the controller draws for each rank of a run (lab.core.random_inputs): run()'s ``inputs``
+    drawn: int = 0
 
     @property
     def parts(self) -> tuple[str, ...]:

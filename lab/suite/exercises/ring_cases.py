@@ -5,7 +5,7 @@ Shared by the rank program (``lab/suite/exercises/ring_allreduce.py``) and the c
 (``lab/suite/checks/ring.py``). Pure Python, no torch: the ranks import it.
 
 A rank's inputs are fresh random values the controller draws for that rank and that run
-(``lab.core.draw``; the rank takes its own: ``lab.rank.inputs``): :data:`DRAWN` integers in
+(``lab.core.random_inputs``; the rank takes its own: ``lab.rank.inputs``): :data:`DRAWN` integers in
 [-32768, 32767], the cases' inputs one after another in :data:`SHAPES` order (every dtype of a
 shape starts from the same values). So no rank can know another's input without receiving it,
 and the sum at each position is an integer exact in float32 (below 2**24 up to 512 ranks) and
