@@ -49,6 +49,7 @@ from lab.containerlab.topology import (
     SLOTS_LABEL,
     TOPOLOGY_LABEL,
     HostLimits,
+    HostNames,
     LabPaths,
     check_lab_name,
     lab_inventory,
@@ -69,7 +70,7 @@ ATTACH_WAIT = 90.0  # seconds an engine may fail to attach a container to the ov
 
 
 @dataclass(frozen=True)
-class Spread:
+class Spread(HostNames):
     """Which lab, and which machine each of its hosts is on (``on[i-1]`` for node i)."""
 
     lab: str
@@ -81,12 +82,6 @@ class Spread:
 
     def indices(self) -> range:
         return range(1, len(self.on) + 1)
-
-    def name(self, i: int) -> str:
-        return f"node{i}"
-
-    def container(self, i: int) -> str:
-        return f"{self.lab}-node{i}"
 
     @property
     def overlay(self) -> str:

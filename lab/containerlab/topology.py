@@ -87,8 +87,21 @@ class Net:
         return self.at(1)
 
 
+class HostNames:
+    """How a lab's hosts are named (``nodeI``, from 1) and their containers (``LAB-nodeI``), on one
+    engine (:class:`Topology`) or across machines (``lab.containerlab.machines_lab.Spread``)."""
+
+    lab: str
+
+    def name(self, i: int) -> str:
+        return f"node{i}"
+
+    def container(self, i: int) -> str:
+        return f"{self.lab}-node{i}"
+
+
 @dataclass(frozen=True)
-class Topology:
+class Topology(HostNames):
     """Which lab, how many hosts, the ranks each gets, and how they are wired.
 
     ``plain``: every host on one network. ``cross-vpc``: the first half of the hosts in
@@ -127,12 +140,6 @@ class Topology:
     def max_hosts(self) -> int:
         """The most hosts the networks hold: one address each from .FIRST_HOST up, the broadcast left out."""
         return min(ipaddress.ip_network(n.subnet).num_addresses - 1 - FIRST_HOST for n in self.networks())
-
-    def name(self, i: int) -> str:
-        return f"node{i}"
-
-    def container(self, i: int) -> str:
-        return f"{self.lab}-node{i}"
 
     def shaper(self, i: int) -> str:
         """The helper that shapes host i's links (``lab net shape``)."""
