@@ -201,7 +201,7 @@ def test_srun_torchrun_starts_one_torchrun_per_node_as_the_tutorial_does() -> No
 def test_slurm_options_are_checked(launcher: str, kw: dict[str, str], error: str | None) -> None:
     hosts = inv(Host("node1", "10.0.0.9", slots=2), Host("node2", "10.0.0.10", slots=2))
     if error is None:
-        assert build_plan(hosts, opts("p2p", launcher=launcher, **kw), TOKEN).partition == kw["partition"]
+        assert build_plan(hosts, opts("p2p", launcher=launcher, **kw), TOKEN).options.partition == kw["partition"]
         return
     with pytest.raises(UsageError, match=error):
         build_plan(hosts, opts("p2p", launcher=launcher, **kw), TOKEN)

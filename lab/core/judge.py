@@ -75,7 +75,7 @@ def _judge_one(run: ExerciseRun, outcome: RunOutcome, world: World) -> ExerciseR
         return ExerciseReport(run.name, "fail", seconds, causes[0] + more, ranks,
                               details={r: e.get("traceback", "") for r, e in run.errors.items()})
     if len(run.results) == world.world_size:
-        verdict: Verdict = EXERCISES[run.name].judge(run.results, run.calls, world, outcome.plan.part)
+        verdict: Verdict = EXERCISES[run.name].judge(run.results, run.calls, world, outcome.plan.options.part)
         return ExerciseReport(run.name, "pass" if verdict.passed else "fail", seconds, verdict.reason,
                               verdict.failed_ranks, verdict.mismatches, verdict.notes, parts=verdict.parts)
     return _unfinished(run, outcome, seconds)

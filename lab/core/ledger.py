@@ -17,7 +17,7 @@ no later event moves (a step it is in already, or steps past as many as the plan
 restart its clock either): a rank past either is late (:meth:`Ledger.late`). The lab's own steps
 of a ``run`` count only time in which nothing of the run moved. The ranks hang (:meth:`Ledger.hung`)
 once every live rank blocks in a torch.distributed call and says nothing moved on its connections
-for ``plan.hang_after`` seconds; a rank computing outside torch.distributed is no hang, whatever
+for ``Options.hang_after`` seconds; a rank computing outside torch.distributed is no hang, whatever
 the others wait for, and neither is a slow collective, whose bytes move.
 """
 from __future__ import annotations
@@ -247,15 +247,15 @@ class Ledger:
 
     def hung(self, now: float, heard_since: HeardSince) -> list[int]:
         """The live ranks, when they hang: every one waits in a torch.distributed call and says that
-        nothing moved on its connections, nor did it complete a call, for ``plan.hang_after`` seconds
+        nothing moved on its connections, nor did it complete a call, for ``Options.hang_after`` seconds
         (its progress events: two looks of the kernel's counters, on the rank's own clock, not this
         one's, which a busy machine can stall), and every host of theirs has answered since (its
         transport's keepalives: ``heard_since``). A rank computing outside torch.distributed is no
         hang: the others wait on it (a straggler); neither is a slow collective, whose bytes move."""
         live = [s for s in self.states if s.exit_code is None]
         said = [(s.progress, s.progress_at or now) for s in live]
-        if not self.plan.hang_after or not live or any(
-                p is None or p["inflight"] is None or p["quiet"] < self.plan.hang_after for p, _ in said):
+        if not self.plan.options.hang_after or not live or any(
+                p is None or p["inflight"] is None or p["quiet"] < self.plan.options.hang_after for p, _ in said):
             return []
         # A host that has not answered since then may have gone silent, not its ranks: that is for
         # its transport to tell (a lost host), not a hang.

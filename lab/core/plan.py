@@ -89,8 +89,12 @@ class Options:
     pids: int | None = None
     partition: str | None = None  # the Slurm partition (--launcher srun...); None: the cluster's default
     rank_env: dict[str, str] = field(default_factory=dict, hash=False)  # more settings for every rank (--env...)
-    hang_after: float = DEFAULT_HANG_AFTER  # see Plan
-    preflight: bool = True  # see Plan
+    # A hang, found by the runner: every live rank has waited in a torch.distributed call and none has
+    # completed one for this many seconds (0: never; the timeout still stops the run).
+    hang_after: float = DEFAULT_HANG_AFTER
+    # Before the ranks start, each host's launcher checks the network the job will use (lab.rank.preflight):
+    # its advertised address reaches every peer, and MASTER_ADDR:MASTER_PORT is reachable (Plan.checks_network).
+    preflight: bool = True
     part: str | None = None  # the one part of the (single) exercise to check (lab.suite.registry); None: all
     # the drawn inputs' seed (lab.core.random_inputs; `run --seed`: a replay); None: a fresh one
     seed: str | None = None
@@ -142,7 +146,7 @@ class Plan:
     init: InitMethod
     master_addr: str
     master_port: str | None  # a port macro: the store's (or torchrun's c10d rendezvous) port
-    timeout: float
+    options: Options  # what the user asked for (``lab launch``: its settings, and no exercise)
     token: str
     hosts: tuple[Host, ...]
     ranks: tuple[RankSpec, ...]
@@ -150,7 +154,6 @@ class Plan:
     uploads: dict[str, str] = field(default_factory=dict, hash=False)  # run-dir path -> local file
     shared_run_dir: str | None = None  # the run's directory in the hosts' shared_dir, if any
     script: tuple[str, ...] = ()  # lab launch: the user's script (in the run dir) and its args
-    launcher: str = "lab"  # its name (lab.core.launchers)
     launches: tuple[Launch, ...] = ()  # the processes that start the ranks, as the launcher made them
     rdzv_endpoint: str | None = None  # torchrun: ADDR:PORT of the c10d rendezvous
     port_count: int = 0  # ports to hold on rank 0's host (``${port0}``...)
@@ -161,18 +164,8 @@ class Plan:
     module: str | None = None  # lab launch -m: the module its ranks run (``script`` holds its arguments)
     work: dict[str, str] = field(default_factory=dict, hash=False)  # the project: its path -> the local file
     work_key: str = ""  # what names that state of the project (lab.core.workcache); "": no project, a script alone
-    memory_mb: int | None = None  # see Options
-    pids: int | None = None  # see Options
-    partition: str | None = None  # see Options
-    rank_env: dict[str, str] = field(default_factory=dict, hash=False)  # see Options
-    # A hang, found by the runner: every live rank has waited in a torch.distributed call and none has
-    # completed one for this many seconds (0: never; the timeout still stops the run).
-    hang_after: float = DEFAULT_HANG_AFTER
-    # Before the ranks start, each host's launcher checks the network the job will use (lab.rank.preflight):
-    # its advertised address reaches every peer, and MASTER_ADDR:MASTER_PORT is reachable. Not under srun,
-    # whose tasks Slurm starts.
+    # Options.preflight, where the launcher has one (not under srun, where Slurm starts the tasks)
     checks_network: bool = True
-    part: str | None = None  # see Options
     # What each host's connections carried is measured by its launcher (Options.wire): only the lab's
     # launcher (the zygote, which no rank can reach) and gloo (whose every byte goes over TCP).
     wire: WireMode | None = None
@@ -183,6 +176,16 @@ class Plan:
     # The exercises in the order they were named, as the report lists them (the stages run them grouped
     # by rendezvous: those that form none first, then the shared group, then each that forms its own).
     order: tuple[str, ...] = ()
+
+    @property
+    def launcher(self) -> str:
+        """The launcher's name (lab.core.launchers)."""
+        return self.options.launcher
+
+    @property
+    def timeout(self) -> float:
+        """Seconds any one step may take (Options.timeout)."""
+        return self.options.timeout
 
     @property
     def run_name(self) -> str:
@@ -206,7 +209,8 @@ class Plan:
     def rank_plan(self) -> dict[str, Any]:
         """The instructions every worker reads from LAB_RANK_PLAN."""
         return {"token": self.token, "backend": self.backend, "timeout": self.timeout,
-                "memory_mb": self.memory_mb, "pids": self.pids, "hands_over_ports": self.hands_over_ports,
+                "memory_mb": self.options.memory_mb, "pids": self.options.pids,
+                "hands_over_ports": self.hands_over_ports,
                 "stages": [asdict(s) for s in self.stages]}
 
     @property
@@ -216,7 +220,7 @@ class Plan:
 
     def own_settings(self) -> dict[str, str]:
         """The run's own settings for every rank, the same on every host."""
-        env = {"PYTHONUNBUFFERED": "1", "LAB_TOKEN": self.token, HANG_AFTER_VAR: f"{self.hang_after:g}"}
+        env = {"PYTHONUNBUFFERED": "1", "LAB_TOKEN": self.token, HANG_AFTER_VAR: f"{self.options.hang_after:g}"}
         if not self.is_launch:
             env["LAB_RANK_PLAN"] = json.dumps(self.rank_plan())
         if self.work_key:  # (a project: its ranks start in its copy)
@@ -229,7 +233,7 @@ class Plan:
         """A host's launcher's settings, which its ranks inherit: the lab's defaults, the host's own
         (the inventory's ``env``), the run's ``rank_env`` over them, then the run's ``own`` (the
         user's PYTHONPATH after the lab's code)."""
-        user = {**host_env, **self.rank_env}
+        user = {**host_env, **self.options.rank_env}
         python_path = ":".join(p for p in (self.code_dir, user.pop("PYTHONPATH", "")) if p)
         return {"OMP_NUM_THREADS": "1", **user, "PYTHONPATH": python_path, **own}
 
@@ -244,12 +248,12 @@ class Plan:
             "world_size": self.world_size, "backend": self.backend, "init": self.init,
             "launcher": self.launcher, "master_addr": self.master_addr, "master_port": self.master_port,
             **({"rdzv_endpoint": self.rdzv_endpoint} if self.rdzv_endpoint else {}),
-            "timeout": self.timeout, "hang_after": self.hang_after, "preflight": self.checks_network,
+            "timeout": self.timeout, "hang_after": self.options.hang_after, "preflight": self.checks_network,
             **({"inputs": f"{len(next(iter(self.inputs.values()))) // VALUE_BYTES} random values per rank, "
                           "drawn for this run", "seed": self.seed} if self.inputs else {}),
-            **({"part": self.part} if self.part else {}),
-            **({"memory_mb": self.memory_mb} if self.memory_mb else {}),
-            **({"pids_per_rank": self.pids} if self.pids else {}),
+            **({"part": self.options.part} if self.options.part else {}),
+            **({"memory_mb": self.options.memory_mb} if self.options.memory_mb else {}),
+            **({"pids_per_rank": self.options.pids} if self.options.pids else {}),
             "run_dir": f"{RUN_DIR} = <each host's temp dir>/{self.run_name}",
             **({"ports": f"{', '.join(port_macro(i) for i in range(self.port_count))}: chosen free and "
                          f"held on {self.hosts[0].name} when the run starts"} if self.port_count else {}),

@@ -104,11 +104,9 @@ def build_plan(inventory: Inventory, options: Options, token: str | None = None)
     seed = (options.seed or new_seed()) if drawn else None
     return _with_launches(launcher, Plan(
         world_size=inventory.world_size, backend=backend, init=options.init, master_addr=master,
-        master_port=master_port, timeout=options.timeout, token=token, hosts=hosts, ranks=tuple(ranks),
-        stages=stages, uploads=uploads, shared_run_dir=shared, launcher=launcher.name,
-        rdzv_endpoint=_endpoint(master, rdzv_port), port_count=ports.count, memory_mb=options.memory_mb,
-        pids=options.pids, partition=options.partition, rank_env=dict(options.rank_env),
-        hang_after=options.hang_after, checks_network=options.preflight and launcher.checks_network, part=part,
+        master_port=master_port, options=options, token=token, hosts=hosts, ranks=tuple(ranks), stages=stages,
+        uploads=uploads, shared_run_dir=shared, rdzv_endpoint=_endpoint(master, rdzv_port), port_count=ports.count,
+        checks_network=options.preflight and launcher.checks_network,
         wire=options.wire if launcher.measures_wire and backend == "gloo" else None,
         inputs={rank: draw(drawn, seed, rank) for rank in range(inventory.world_size)} if seed else {},
         seed=seed, order=tuple(e.name for e in options.exercises), hands_over_ports=launcher.hands_over_ports))
@@ -182,15 +180,17 @@ def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], ti
     else:
         relative = f"script/{script.rsplit('/', 1)[-1]}"
         uploads, program = {relative: script}, (f"{RUN_DIR}/{relative}",)
+    options = Options((), timeout=timeout, launcher=launcher, partition=partition, hang_after=hang_after,
+                      preflight=preflight, rank_env=dict(rank_env or {}))
     return _with_launches(starter, Plan(
         world_size=inventory.world_size, backend=backend, init="env", master_addr=master, master_port=port,
-        timeout=timeout, token=token or new_token(), hosts=hosts,
+        options=options, token=token or new_token(), hosts=hosts,
         ranks=_lay_out_ranks(hosts, master, port, backend, starter), stages=(), uploads=uploads,
         script=(*program, *args), module=script if module else None,
         work={relative: str(path) for relative, path in workdir.files} if workdir is not None else {},
-        work_key=workdir.key if workdir is not None else "", launcher=starter.name,
-        rdzv_endpoint=_endpoint(master, port) if starter.forms_group else None, port_count=1, partition=partition,
-        hang_after=hang_after, checks_network=preflight and starter.checks_network, rank_env=dict(rank_env or {})))
+        work_key=workdir.key if workdir is not None else "",
+        rdzv_endpoint=_endpoint(master, port) if starter.forms_group else None, port_count=1,
+        checks_network=preflight and starter.checks_network))
 
 
 StageKind = Literal["none", "torchrun", "env", "tcp", "file"]  # who forms the stage's group, and how

@@ -42,7 +42,7 @@ def status(outcome: RunOutcome) -> str:
     """How the run ended: ``completed``, ``crashed``, ``timeout``, ``hung: nothing moved on any rank's
     connections for 10s``..."""
     if outcome.status == "hung":
-        return f"hung: nothing moved on any rank's connections for {outcome.plan.hang_after:g}s"
+        return f"hung: nothing moved on any rank's connections for {outcome.plan.options.hang_after:g}s"
     if outcome.status == "preflight":
         return "stopped by the preflight: no rank started"
     return outcome.status

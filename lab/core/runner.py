@@ -27,7 +27,7 @@ A hang is found long before that. Every rank's flight recorder (lab.rank.flight)
 when it changed or while a call blocks, how many torch.distributed calls it completed, which one it
 blocks in, and for how long nothing moved on its connections (``progress``: the kernel's counters,
 looked at on the rank's own clock), and sends its records when a call has blocked 2 s (``flight``).
-Once every live rank blocks in a call and says nothing moved for ``plan.hang_after`` seconds, the
+Once every live rank blocks in a call and says nothing moved for ``Options.hang_after`` seconds, the
 ranks hang (a slow collective, whose bytes move, never does): the runner waits briefly for their
 records, locates them as above and stops them. A rank computing outside torch.distributed is no
 hang, whatever the others wait for. Whatever way the run ends short of every rank done, the outcome

@@ -47,7 +47,7 @@ class Srun(Launcher):
                 f"--ntasks-per-node={per_node}", "--distribution=block",
                 f"--nodelist={','.join(h.name for h in plan.hosts)}", f"--job-name={plan.job_name}",
                 f"--immediate={max(1, round(plan.timeout))}",  # (waiting longer for the nodes is a hang)
-                *((f"--partition={plan.partition}",) if plan.partition else ()), "--")
+                *((f"--partition={plan.options.partition}",) if plan.options.partition else ()), "--")
         return (Launch(login.name, tuple(r.rank for r in plan.ranks), (*srun, *task, *plan.program), env),)
 
     def task(self, plan: Plan, login: Host, env: dict[str, str]) -> tuple[int, tuple[str, ...]]:
