@@ -427,6 +427,25 @@ def test_a_project_is_carried_once_and_its_kept_copy_never_written(lab: Lab, tmp
     assert lab.leftovers() == []
 
 
+def test_the_callers_python_path_in_the_project_travels_with_it(lab: Lab, tmp_path: Path) -> None:
+    """A project whose code is under src/ (PYTHONPATH=src, as a src-layout project runs): the
+    caller's PYTHONPATH entries in the project reach the ranks as the same folders of its copy; one
+    outside it is left out, said in one line."""
+    project = tmp_path / "proj"
+    (project / "src" / "pkg").mkdir(parents=True)
+    (project / "src" / "pkg" / "__init__.py").write_text("")
+    (project / "src" / "pkg" / "mod.py").write_text("VALUE = 7\n")
+    (project / "train.py").write_text("import sys\nfrom pkg.mod import VALUE\n"
+                                      "print('value', VALUE, [p for p in sys.path if p.endswith('/work/src')] != [])\n")
+    env = {**lab.env, "PYTHONPATH": f"{project / 'src'}:{tmp_path / 'elsewhere'}"}
+    done = subprocess.run(lab.argv("launch", "--nproc", "2", str(project / "train.py")), cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.count("value 7 True") == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert f"lab: PYTHONPATH: {tmp_path / 'elsewhere'} left out (not in the project the launch carries" \
+        in done.stderr, done.stderr
+    assert lab.leftovers() == []
+
+
 def test_a_real_project_runs_as_torchrun_would_run_it(lab: Lab, tmp_path: Path) -> None:
     """A project shaped as pytorch/examples' DDP series (a launcher script, a trainer and a data
     module in a package, a config and a data file), launched with --nproc-per-node, --env and

@@ -39,3 +39,12 @@ def test_the_conventional_names_and_the_patterns_are_forwarded() -> None:
 def test_the_runs_own_settings_are_left_out_and_named() -> None:
     kept, left_out = rankenv.without_reserved({"RANK": "3", "LAB_TOKEN": "x", "FOO": "1", "MASTER_ADDR": "h"})
     assert kept == {"FOO": "1"} and left_out == ["LAB_TOKEN", "MASTER_ADDR", "RANK"]
+
+
+def test_the_callers_python_path_goes_as_far_as_it_lies_in_the_project(tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    (project / "src").mkdir(parents=True)
+    given = f"{project / 'src'}::{project}:{tmp_path / 'other'}:relative"
+    kept, left_out = rankenv.project_python_path(given, project.resolve(), "${run_dir}/work")
+    assert kept == "${run_dir}/work/src:${run_dir}/work"
+    assert left_out == [str(tmp_path / "other"), "relative"]  # (relative: to the caller's folder, not the project)

@@ -15,7 +15,7 @@ from lab.containerlab.topology import DEFAULT_LAB, check_lab_name
 from lab.core import rankenv
 from lab.core.inventory import load_inventory, local_inventory
 from lab.core.launchers import NAMES as LAUNCHERS
-from lab.core.plan import DEFAULT_HANG_AFTER
+from lab.core.plan import DEFAULT_HANG_AFTER, RUN_DIR, WORK_DIR
 from lab.core.slurm import ALLOCATION, allocation_inventory
 from lab.errors import ExitCode, UsageError
 from lab.model.inventory import Inventory
@@ -164,10 +164,15 @@ def env_options(parser: argparse.ArgumentParser) -> None:
                              f"MY_*; repeatable); {', '.join(rankenv.FORWARDED)} go when set")
 
 
-def rank_env(args: argparse.Namespace) -> dict[str, str]:
+def rank_env(args: argparse.Namespace, project: Path | None = None) -> dict[str, str]:
     """The settings of ``env_options`` for every rank, later ones winning, without the run's own
-    (each left out named on stderr, in one line)."""
+    (each left out named on stderr, in one line); with the ``project`` folder a launch carries, the
+    caller's PYTHONPATH inside it, as its copy on the hosts has it (the rest named on stderr)."""
     env = rankenv.forwarded(os.environ, args.forward_env)
+    if project is not None and os.environ.get("PYTHONPATH"):
+        python_path, outside = rankenv.project_python_path(os.environ["PYTHONPATH"], project, f"{RUN_DIR}/{WORK_DIR}")
+        env.update({"PYTHONPATH": python_path} if python_path else {})
+        run_views.print_outside_project("PYTHONPATH", outside)
     for path in args.env_file:
         env.update(rankenv.read_env_file(path))
     env.update(rankenv.assignment(text, "--env") for text in args.env)

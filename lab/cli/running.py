@@ -216,7 +216,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     console = screen.console(stderr=args.json)
     plan = build_launch_plan(inventory, args.script if args.module else str(script.resolve()), args.args,
                              args.timeout, launcher(args), partition=args.partition, hang_after=args.hang_after,
-                             preflight=args.preflight, rank_env=rank_env(args), workdir=project, module=args.module)
+                             preflight=args.preflight, rank_env=rank_env(args, project.root), workdir=project,
+                             module=args.module)
     name = args.script if args.module else script.name
     streamer = views.LineStreamer(console)
     logs = LogDir(args.log_dir, (r.rank for r in plan.ranks)) if args.log_dir else None

@@ -3,7 +3,8 @@
 Where they come from, later ones winning: the inventory's ``env:`` (all hosts, a group, a host: a
 host's replaces its group's, as Ansible's variables do), the caller's own environment for the
 conventional names (:data:`FORWARDED`: NCCL_*, GLOO_*, TORCH_*, OMP_NUM_THREADS... and any
-``--forward-env PATTERN``), ``--env-file FILE`` (``KEY=VALUE`` lines), ``--env KEY=VALUE``. They
+``--forward-env PATTERN``; its PYTHONPATH as far as it lies in the project a launch carries:
+:func:`project_python_path`), ``--env-file FILE`` (``KEY=VALUE`` lines), ``--env KEY=VALUE``. They
 travel as the rest of a rank's settings do, on the launcher's standard input, never on a command
 line (``ps`` on a host shows none). The run's own settings (the rendezvous, the lab's) are not the
 user's to set: one given is left out, with one line saying so (:func:`without_reserved`).
@@ -75,3 +76,17 @@ def without_reserved(env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]
     """``env`` without the run's own settings, and the names left out."""
     left_out = sorted(k for k in env if k in RESERVED or k.startswith(RESERVED_PREFIXES))
     return {k: v for k, v in env.items() if k not in left_out}, left_out
+
+
+def project_python_path(python_path: str, project: Path, copy: str) -> tuple[str, list[str]]:
+    """The caller's PYTHONPATH as the ranks of a launch find it: each entry inside the ``project``
+    folder the launch carries as the same folder of its copy (``copy``: where the copy is on every
+    host), the others left out, for no host but this one has them; and those left out."""
+    kept, left_out = [], []
+    for entry in filter(None, python_path.split(":")):
+        path = Path(entry).resolve()
+        if path.is_relative_to(project):
+            kept.append("/".join((copy, *path.relative_to(project).parts)))
+        else:
+            left_out.append(entry)
+    return ":".join(kept), left_out

@@ -84,6 +84,12 @@ def print_reserved(names: Iterable[str]) -> None:
               " given left out", file=sys.stderr)
 
 
+def print_outside_project(name: str, entries: list[str]) -> None:
+    if entries:
+        print(f"lab: {name}: {', '.join(entries)} left out (not in the project the launch carries: the hosts "
+              "have not got it)", file=sys.stderr)
+
+
 class LineStreamer:
     """Prints each rank's output as it comes, prefixed with host and rank (or, for a host's
     launcher's own lines, host and launcher)."""
