@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from lab.containerlab import containers, engine, resources, sshd, state, topology
+from lab.errors import ExitCode
 
 from .conftest import DDP_SERIES, REPO, WRONG, Lab, Result, assert_ddp_series_trained, said_apart_from_phases
 from .load import cpu_hog
@@ -248,7 +249,7 @@ def test_runs_from_two_controllers_on_two_machines_never_share_a_port(lab_up: La
               "-v", f"{state.lab_dir('lab')}:/root/.local/state/lab/labs/lab:ro", "-e", "HOME=/root",
               "-e", "COLUMNS=200", "lab-host:latest", topology.PYTHON, "-m", "lab"]
     args = ["run", "p2p", "init-env", "init-tcp", "--hosts", "inventory.yaml", "--json"]
-    for _ in range(4):
+    for _ in range(2):
         here = lab_up.popen(*args)
         there = subprocess.run([*second, *args], capture_output=True, text=True, timeout=300)
         out, _ = here.communicate(timeout=300)
@@ -647,8 +648,11 @@ def doctor_findings(lab: Lab, inventory: Path, *extra: str) -> tuple[int, list[d
     return result.code, json.loads(result.out)["findings"]
 
 
+PREFLIGHT_FAULTS = ("loopback-hostname", "blocked-port", "wrong-ifname")  # named before any rank starts
+
+
 @pytest.mark.parametrize("kind, hosts, broken, shows, check, subject", [
-    # (the preflight names the three network faults before any rank starts)
+    # (the preflight names the three network faults before any rank starts, on a busy machine too)
     ("loopback-hostname", 2, "node1, node2, node3, node4",
      r"lab: The preflight stopped the run before any rank started: its hostname node1 resolves to 127\.0\.1\.1 "
      r".* its hostname node2 resolves to 127\.0\.1\.1", "resolve", "node2"),
@@ -671,6 +675,10 @@ def test_a_fault_shows_in_a_job_and_the_doctor_names_it_until_fixed(
             script = tmp_path / "tutorial.py"
             script.write_text(TUTORIAL_PORT_SCRIPT)
             job = lab_up("launch", "--hosts", str(inventory), "--timeout", "30", str(script), timeout=300)
+        elif kind in PREFLIGHT_FAULTS:  # (named as well on a busy machine: no verdict by a stopwatch)
+            with cpu_hog():
+                job = lab_up("run", "p2p", "--hosts", str(inventory), timeout=600)
+            assert job.code == ExitCode.NETWORK, job.text[-4000:]
         else:
             job = lab_up("run", "p2p", "--hosts", str(inventory), "--timeout", "60" if kind == "slow-dns" else "15",
                          timeout=300)
@@ -761,29 +769,6 @@ def test_on_a_busy_machine_the_doctor_finds_a_healthy_lab_healthy(lab_up: Lab) -
     with cpu_hog():
         code, findings = doctor_findings(lab_up, INVENTORY)
     assert code == 0 and [f for f in findings if f["severity"] == "error"] == [], findings
-
-
-@pytest.mark.load
-@pytest.mark.parametrize("kind, hosts, shows", [
-    ("loopback-hostname", 2, r"The preflight stopped the run before any rank started: its hostname node1 resolves "
-                             r"to 127\.0\.1\.1"),
-    ("blocked-port", 3, r"The preflight stopped the run before any rank started: .*node1, node3 cannot reach node2 "
-                        r"at 10\.213\.0\.12:\d+, the address gloo advertises there \(no answer to \d+ connection "
-                        r"attempts \(SYN\)"),
-    ("wrong-ifname", 2, r"The preflight stopped the run before any rank started: GLOO_SOCKET_IFNAME "
-                        r"\(GLOO_SOCKET_IFNAME=eth9\): there is no interface eth9 on node2"),
-])
-def test_on_a_busy_machine_the_real_faults_are_still_named(
-        lab_up: Lab, tmp_path: Path, kind: str, hosts: int, shows: str) -> None:
-    inventory = inventory_variant(tmp_path, hosts, 1)
-    assert lab_up("break", kind).code == 0
-    try:
-        with cpu_hog():
-            job = lab_up("run", "p2p", "--hosts", str(inventory), timeout=600)
-    finally:
-        assert lab_up("fix").code == 0
-    assert job.code == 6 and re.search(shows, " ".join(job.text.split())), job.text[-4000:]
-    assert_no_workers_anywhere()
 
 
 @pytest.mark.load
