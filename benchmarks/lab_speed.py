@@ -143,11 +143,12 @@ def launch_ssh(repeat: int, script: Path) -> Figure:
 
         def docker_exec(i: int, port: int) -> None:
             container = lab.topology.container(i)
-            timed(["docker", "cp", str(script), f"{container}:/tmp/{script.name}"], "docker cp")
+            # (not /tmp: a host's /tmp is a tmpfs, which docker cp cannot write into)
+            timed(["docker", "cp", str(script), f"{container}:/opt/{script.name}"], "docker cp")
             env = {"MASTER_ADDR": master, "MASTER_PORT": str(port), "RANK": str(i - 1), "LOCAL_RANK": "0",
                    "WORLD_SIZE": str(n)}
             timed(["docker", "exec", "-u", "lab", *(f"-e{k}={v}" for k, v in env.items()), container, PYTHON,
-                   f"/tmp/{script.name}"], f"docker exec {container}")
+                   f"/opt/{script.name}"], f"docker exec {container}")
 
         def by_docker_exec() -> float:
             port, started = next(ports), time.monotonic()
