@@ -37,7 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from lab.core import draw  # noqa: E402  (this checkout's)
+from lab.core import random_inputs  # noqa: E402  (this checkout's)
 from lab.rank import wire  # noqa: E402
 from lab.suite.check import World  # noqa: E402
 from lab.suite.checks import ring  # noqa: E402
