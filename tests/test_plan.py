@@ -139,7 +139,8 @@ def test_torchrun_starts_one_agent_per_host_that_numbers_the_ranks_itself() -> N
     assert launches[1].args == (
         "-m", "lab.rank.node", "torchrun", "--nnodes", "2", "--nproc-per-node", "2",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"10.0.0.10:{P0}", "--rdzv-id", public_id(TOKEN),
-        "--max-restarts", "0", "--node-rank", "1", "--local-addr", "10.0.0.9", "-m", "lab.rank.worker")
+        "--max-restarts", "0", "--log-dir", f"{RUN_DIR}/torchelastic", "--node-rank", "1", "--local-addr", "10.0.0.9",
+        "-m", "lab.rank.worker")
     env = launches[1].env
     assert not {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT"} & env.keys()  # torchrun sets them
     assert env["LAB_TAG_OUTPUT"] == "1" and env["GLOO_SOCKET_IFNAME"] == "eth1"
@@ -187,7 +188,7 @@ def test_srun_torchrun_starts_one_torchrun_per_node_as_the_tutorial_does() -> No
         "--nodelist=node1,node2",
         f"--job-name=lab-{public_id(TOKEN)}", "--immediate=30", "--", "torchrun", "--nnodes", "2",
         "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"10.0.0.9:{P0}",
-        "--rdzv-id", public_id(TOKEN), "--max-restarts", "0",
+        "--rdzv-id", public_id(TOKEN), "--max-restarts", "0", "--log-dir", f"{RUN_DIR}/torchelastic",
         "-m", "lab.rank.script", "${run_dir}/script/broadcast.py", "--n", "1")
     assert launch.env["LAB_TAG_OUTPUT"] == "1" and "MASTER_PORT" not in launch.env
 

@@ -7,8 +7,10 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from lab.core.launchers.base import Launcher
-from lab.core.plan import Plan, public_id
+from lab.core.plan import RUN_DIR, Plan, public_id
 from lab.model.inventory import Host
+
+TORCHRUN_DIR = "torchelastic"  # in the run's directory: torchrun's --log-dir
 
 
 class Torchrun(Launcher):
@@ -28,7 +30,9 @@ class Torchrun(Launcher):
 
 
 def torchrun_args(plan: Plan, slots: int) -> tuple[str, ...]:
-    """``torchrun`` and the arguments a host's agent shares with the others' (``slots``: its ranks)."""
+    """``torchrun`` and the arguments a host's agent shares with the others' (``slots``: its ranks).
+    Its own files (the ranks' error files) go in the run's directory, which the run removes, not in
+    a folder of the host's temp directory that nothing does."""
     return ("torchrun", "--nnodes", str(len(plan.hosts)), "--nproc-per-node", str(slots),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", str(plan.rdzv_endpoint),
-            "--rdzv-id", public_id(plan.token), "--max-restarts", "0")
+            "--rdzv-id", public_id(plan.token), "--max-restarts", "0", "--log-dir", f"{RUN_DIR}/{TORCHRUN_DIR}")
