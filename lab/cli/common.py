@@ -171,7 +171,8 @@ def rank_env(args: argparse.Namespace, project: Path | None = None) -> dict[str,
     env = rankenv.forwarded(os.environ, args.forward_env)
     if project is not None and os.environ.get("PYTHONPATH"):
         python_path, outside = rankenv.project_python_path(os.environ["PYTHONPATH"], project, f"{RUN_DIR}/{WORK_DIR}")
-        env.update({"PYTHONPATH": python_path} if python_path else {})
+        if python_path:
+            env["PYTHONPATH"] = python_path
         run_views.print_outside_project("PYTHONPATH", outside)
     for path in args.env_file:
         env.update(rankenv.read_env_file(path))

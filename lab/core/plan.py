@@ -143,7 +143,6 @@ class Launch:
 class Plan:
     world_size: int
     backend: Backend
-    init: InitMethod
     master_addr: str
     master_port: str | None  # a port macro: the store's (or torchrun's c10d rendezvous) port
     options: Options  # what the user asked for (``lab launch``: its settings, and no exercise)
@@ -173,14 +172,16 @@ class Plan:
     # and the seed they were drawn from (shown, to replay the run: `run --seed`).
     inputs: dict[int, bytes] = field(default_factory=dict, hash=False, repr=False)
     seed: str | None = None
-    # The exercises in the order they were named, as the report lists them (the stages run them grouped
-    # by rendezvous: those that form none first, then the shared group, then each that forms its own).
-    order: tuple[str, ...] = ()
 
     @property
     def launcher(self) -> str:
         """The launcher's name (lab.core.launchers)."""
         return self.options.launcher
+
+    @property
+    def init(self) -> InitMethod:
+        """How the shared group meets (Options.init; a launch's: env://)."""
+        return self.options.init
 
     @property
     def timeout(self) -> float:
@@ -204,7 +205,10 @@ class Plan:
 
     @property
     def exercise_names(self) -> tuple[str, ...]:
-        return self.order or tuple(e["name"] for s in self.stages for e in s.exercises)
+        """The exercises in the order they were named, as the report lists them (the stages run them
+        grouped by rendezvous: those that form none first, then the shared group, then each that
+        forms its own)."""
+        return tuple(e.name for e in self.options.exercises)
 
     def rank_plan(self) -> dict[str, Any]:
         """The instructions every worker reads from LAB_RANK_PLAN."""

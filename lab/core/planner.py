@@ -103,13 +103,13 @@ def build_plan(inventory: Inventory, options: Options, token: str | None = None)
     drawn = max(e.drawn for e in options.exercises)
     seed = (options.seed or new_seed()) if drawn else None
     return _with_launches(launcher, Plan(
-        world_size=inventory.world_size, backend=backend, init=options.init, master_addr=master,
+        world_size=inventory.world_size, backend=backend, master_addr=master,
         master_port=master_port, options=options, token=token, hosts=hosts, ranks=tuple(ranks), stages=stages,
         uploads=uploads, shared_run_dir=shared, rdzv_endpoint=_endpoint(master, rdzv_port), port_count=ports.count,
         checks_network=options.preflight and launcher.checks_network,
         wire=options.wire if launcher.measures_wire and backend == "gloo" else None,
         inputs={rank: draw(drawn, seed, rank) for rank in range(inventory.world_size)} if seed else {},
-        seed=seed, order=tuple(e.name for e in options.exercises), hands_over_ports=launcher.hands_over_ports))
+        seed=seed, hands_over_ports=launcher.hands_over_ports))
 
 
 def _placed(inventory: Inventory, name: str, partition: str | None) -> tuple[Launcher, tuple[Host, ...]]:
@@ -183,7 +183,7 @@ def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], ti
     options = Options((), timeout=timeout, launcher=launcher, partition=partition, hang_after=hang_after,
                       preflight=preflight, rank_env=dict(rank_env or {}))
     return _with_launches(starter, Plan(
-        world_size=inventory.world_size, backend=backend, init="env", master_addr=master, master_port=port,
+        world_size=inventory.world_size, backend=backend, master_addr=master, master_port=port,
         options=options, token=token or new_token(), hosts=hosts,
         ranks=_lay_out_ranks(hosts, master, port, backend, starter), stages=(), uploads=uploads,
         script=(*program, *args), module=script if module else None,
