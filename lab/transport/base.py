@@ -225,12 +225,17 @@ def started_group(popen: subprocess.Popen[bytes], what: str, timeout: float) -> 
 RUN_DIR_MARK = "lab-run-dir:"  # the line that names the run directory a host made
 
 
-def make_run_dir_command(run_name: str, subdirs: Sequence[str]) -> str:
+def make_run_dir_command(run_name: str, subdirs: Sequence[str], then: Sequence[str] = ()) -> str:
     """A command for the host's ``/bin/sh`` (whatever the login shell): make ``run_name`` and its
-    ``subdirs`` in the host's temp directory, private to the user, and print its path."""
+    ``subdirs`` in the host's temp directory, private to the user, and print its path; then run
+    ``then`` there, fed the command's stdin (what it leaves unread is read to its end, so a sender
+    of a large stdin is never cut off), its status the command's."""
     dirs = " ".join(shlex.quote(d) for d in sorted(set(subdirs)))
     script = (f'umask 077 && d="${{TMPDIR:-/tmp}}"/{shlex.quote(run_name)} && mkdir -p -- "$d" && cd "$d" && '
               + (f"mkdir -p -- {dirs} && " if dirs else "") + f'printf "{RUN_DIR_MARK}%s\\n" "$(pwd -P)"')
+    if then:
+        script = (f"{{ {script}; }} || {{ cat >/dev/null; exit 1; }}; "
+                  f"{shlex.join(then)} || {{ s=$?; cat >/dev/null; exit $s; }}")
     return f"/bin/sh -c {shlex.quote(script)}"
 
 

@@ -44,7 +44,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, cast
+from typing import IO, ClassVar, cast
 
 import paramiko
 
@@ -52,6 +52,7 @@ from lab.errors import HostUnreachable, LabError, RunError
 from lab.model.inventory import Host
 from lab.rank.protocol import PID_MARK
 from lab.transport.base import (
+    RUN_DIR_MARK,
     RankProcess,
     Transport,
     env_payload,
@@ -169,24 +170,28 @@ class SSHTransport(Transport):
 
     # -- the Transport interface ------------------------------------------------------
 
+    UNPACK: ClassVar[tuple[str, ...]] = ("tar", "-x", "-f", "-", "--no-same-owner")  # the uploads, from stdin
+
     def prepare(self, run_name: str, uploads: Mapping[str, Path]) -> str:
-        """Make the run directory and the directories of the uploads in one command, then put
-        every file there in one more: a tar stream into ``tar -x`` on the host. A host without a
-        working tar gets them over one SFTP session instead (closed again: it would hold a
-        session slot), a round trip or more per file."""
+        """Make the run directory and the directories of the uploads, and put every file there, in
+        one command: a tar stream into ``tar -x`` on the host. A host without a working tar gets
+        them over one SFTP session instead (closed again: it would hold a session slot), a round
+        trip or more per file."""
         client = self._connections.main()
         subdirs = [d for d in (posixpath.dirname(relative) for relative in uploads) if d]
-        status, output = self.run(client, make_run_dir_command(run_name, subdirs))
+        archive = self._archive(uploads)
+        with self._talking("carrying the run's files"):
+            status, output = self.run(client, make_run_dir_command(run_name, subdirs, self.UNPACK), archive)
         run_dir = made_run_dir(output)
-        if status != 0 or run_dir is None:
+        if run_dir is None:
             raise RunError(f"{self.who}: cannot make the run directory {run_name} in its temp "
                            f"directory: {output.splitlines()[-1] if output else f'exit status {status}'}")
         self.run_dir = run_dir
-        with self._talking("uploading the lab's files"):
-            untarred = self._untar(client, run_dir, uploads)
-            if untarred is not None:
-                log.info("host %s: tar cannot unpack the run's files (%s): %d files go over SFTP",
-                         self.host.name, untarred, len(uploads))
+        if status != 0:
+            said = [line for line in output.splitlines() if not line.startswith(RUN_DIR_MARK)]
+            log.info("host %s: tar cannot unpack the run's files (%s): %d files go over SFTP",
+                     self.host.name, said[-1] if said else f"exit status {status}", len(uploads))
+            with self._talking("uploading the lab's files"):
                 self._put_over_sftp(client, run_dir, uploads)
         return run_dir
 
@@ -214,25 +219,20 @@ class SSHTransport(Transport):
         finally:
             sftp.close()
 
-    def _untar(self, client: paramiko.SSHClient, run_dir: str, uploads: Mapping[str, Path]) -> str | None:
-        """Put the uploads in ``run_dir`` with ``tar -x`` on the host, fed a tar stream built here;
-        None when it did, else what tar said."""
+    def _archive(self, uploads: Mapping[str, Path]) -> bytes:
+        """The uploads as one tar stream, each file private to its owner."""
         archive = io.BytesIO()
         with tarfile.open(fileobj=archive, mode="w") as tar:
             for relative, source in uploads.items():
                 try:
                     data = source.read_bytes()
                 except OSError as exc:
-                    raise RunError(f"{self.who}: cannot upload {source} to "
-                                   f"{posixpath.join(run_dir, relative)}: {exc.strerror or exc}") from None
+                    raise RunError(f"{self.who}: cannot upload {source} to the run's {relative}: "
+                                   f"{exc.strerror or exc}") from None
                 info = tarfile.TarInfo(relative)
                 info.size, info.mode, info.mtime = len(data), 0o600, int(time.time())
                 tar.addfile(info, io.BytesIO(data))
-        untar = shlex.join(["tar", "-x", "-f", "-", "--no-same-owner", "-C", run_dir])
-        status, output = self.run(client, f"/bin/sh -c {shlex.quote(untar)}", archive.getvalue())
-        if status != 0:
-            return output.splitlines()[-1] if output else f"exit status {status}"
-        return None
+        return archive.getvalue()
 
     def cleanup(self, keep: bool = False, also: Sequence[str] = ()) -> None:
         """``rm -rf`` the run directory (if ``prepare`` made it) and ``also``; a failure is logged."""
