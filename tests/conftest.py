@@ -11,13 +11,13 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from lab.rank.protocol import parse_event
+from lab.rank.protocol import Event, Probe, parse_event
 
 from .sshd import SSHServer, require_sshd, start_sshd
 
@@ -38,7 +38,8 @@ class Result:
 
 @dataclass
 class Ended:
-    """A rank process that ended: its exit status, its events (in order), its stderr."""
+    """A rank process that ended: its exit status, its events (in order, checked, as it sent them: the
+    rank's side is what these tests look at), its stderr."""
 
     code: int
     events: list[dict[str, Any]]
@@ -65,8 +66,13 @@ def run_ranks_as_the_lab_does(cwd: Path, n: int, argv: list[str], token: str, en
             p.kill()
         os.close(stdin)
         os.close(held_open)
-    return [Ended(p.returncode, [e for line in out.decode().splitlines() if (e := parse_event(line, token))],
+    return [Ended(p.returncode, [as_sent(e) for line in out.decode().splitlines() if (e := parse_event(line, token))],
                   err.decode()) for p, (out, err) in zip(procs, outs)]
+
+
+def as_sent(event: Event) -> dict[str, Any]:
+    """A checked event as the JSON object its line held (the fields that may be left out, as checked)."""
+    return {"event": event.kind, **(event.fields if isinstance(event, Probe) else asdict(event))}
 
 
 def lines_of(program: str) -> dict[str, int]:

@@ -3,6 +3,7 @@ cannot speak for another rank, cannot keep itself alive with step events, and ca
 controller with what it sends; a solution is loaded under a name of its own."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
@@ -17,8 +18,25 @@ from lab.core.outcome import OUTPUT_MAX, Output
 from lab.core.plan import Options
 from lab.core.planner import build_plan
 from lab.errors import ExitCode
+from lab.rank import protocol
 from lab.rank.output import tagged
-from lab.rank.protocol import EVENTS_MAX, FLIGHT_RATE, NEUTRAL, EventBudget, MalformedEvent, event_line, parse_event
+from lab.rank.protocol import (
+    EVENT_KINDS,
+    EVENT_TYPES,
+    EVENTS_MAX,
+    FLIGHT_RATE,
+    NEUTRAL,
+    PROBE_EVENTS,
+    Done,
+    Event,
+    EventBudget,
+    Hello,
+    MalformedEvent,
+    Probe,
+    Progress,
+    event_line,
+    parse_event,
+)
 from lab.suite import registry
 
 from .conftest import WRONG, Lab
@@ -119,7 +137,7 @@ def test_a_solution_named_like_a_module_is_the_solution(lab: Lab, tmp_path: Path
 TOKEN = "tok"
 
 
-def event(payload: str) -> dict[str, Any] | None:
+def event(payload: str) -> Event | None:
     return parse_event(f"\x1flab:{TOKEN} {payload}", TOKEN)
 
 
@@ -140,11 +158,21 @@ def test_malformed_events_are_named(payload: str, says: str) -> None:
         event(payload)
 
 
-def test_valid_events_pass() -> None:
-    assert event('{"event": "done", "rank": 1, "failures": 0}') == {"event": "done", "rank": 1, "failures": 0}
-    assert event('{"event": "hello", "rank": 0, "pid": 1, "hostname": "h", "local_rank": 0}') is not None
-    assert event('{"event": "facts", "anything": [1]}') == {"event": "facts", "anything": [1]}  # the doctor's
+def test_valid_events_pass_as_their_kinds_class() -> None:
+    assert event('{"event": "done", "rank": 1, "failures": 0}') == Done(rank=1, failures=0)
+    hello = event('{"event": "hello", "rank": 0, "pid": 1, "hostname": "h", "local_rank": 0}')
+    assert hello == Hello(rank=0, pid=1, hostname="h", local_rank=0, python="", torch="")  # (those two may be left out)
+    assert event('{"event": "progress", "rank": 2, "completed": 3, "inflight": null, "moved": 9, "quiet": 1}') == \
+        Progress(rank=2, completed=3, inflight=None, moved=9, quiet=1)
+    assert event('{"event": "facts", "anything": [1]}') == Probe("facts", {"anything": [1]})  # the doctor checks it
     assert parse_event("plain output", TOKEN) is None
+
+
+def test_every_kind_of_event_has_its_class_and_every_field_a_check() -> None:
+    assert {cls.KIND for cls in EVENT_TYPES.values()} | PROBE_EVENTS == EVENT_KINDS
+    assert {"facts", "runtime", "links", "heard", "closed"} == PROBE_EVENTS
+    for cls in EVENT_TYPES.values():  # (an annotation the checks do not know would make every such event malformed)
+        assert all(str(f.type) in protocol._CHECKS for f in dataclasses.fields(cls)), cls
 
 
 def test_the_relay_neutralizes_every_mark() -> None:

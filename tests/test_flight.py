@@ -16,7 +16,7 @@ from lab.core.planner import build_launch_plan
 from lab.core.runner import run_plan
 from lab.rank.callspec import P2P
 from lab.rank.flight import RING_MAX, fit
-from lab.rank.protocol import EVENT_MAX, MalformedEvent, event_line, parse_event
+from lab.rank.protocol import EVENT_MAX, Flight, MalformedEvent, Progress, event_line, parse_event
 
 from .conftest import REPO, lines_of, run_ranks_as_the_lab_does
 
@@ -34,10 +34,12 @@ def record(seq: int, **fields: Any) -> dict[str, Any]:
 def test_progress_and_flight_events_are_rank_events_with_their_fields_checked() -> None:
     progress = event_line(TOKEN, "progress", rank=1, completed=3, inflight=record(4, state="in_flight"),
                           moved=4096, quiet=1.5)
-    assert parse_event(progress.rstrip("\n"), TOKEN)["inflight"]["seq"] == 4  # type: ignore[index]
+    said = parse_event(progress.rstrip("\n"), TOKEN)
+    assert isinstance(said, Progress) and said.inflight is not None and said.inflight["seq"] == 4
     flight = event_line(TOKEN, "flight", rank=1, records=[record(1)], inflight=[], counts={"world": {"x": 1}},
                         dropped=0)
-    assert parse_event(flight.rstrip("\n"), TOKEN)["counts"] == {"world": {"x": 1}}  # type: ignore[index]
+    dump = parse_event(flight.rstrip("\n"), TOKEN)
+    assert isinstance(dump, Flight) and dump.counts == {"world": {"x": 1}}
     for bad, says in ((event_line(TOKEN, "progress", rank=1, completed="3", inflight=None, moved=0,
                                   quiet=0), "'completed'"),
                       (event_line(TOKEN, "flight", rank=1, records={}, inflight=[], counts={}, dropped=0),
@@ -55,11 +57,11 @@ def test_a_dump_too_large_for_an_event_line_leaves_out_its_oldest_records_and_co
     line = fit(TOKEN, fields)
     assert len(line) <= EVENT_MAX
     event = parse_event(line.decode().rstrip("\n"), TOKEN)
-    assert event is not None
-    kept = [r["seq"] for r in event["records"]]
+    assert isinstance(event, Flight)
+    kept = [r["seq"] for r in event.records]
     assert kept == list(range(65 - len(kept), 65)) and 0 < len(kept) < 64  # the newest kept, in order
-    assert event["dropped"] == 2 + 64 - len(kept)
-    assert event["inflight"][0]["seq"] == 65 and event["counts"] == {"world": {"all_reduce": 64}}
+    assert event.dropped == 2 + 64 - len(kept)
+    assert event.inflight[0]["seq"] == 65 and event.counts == {"world": {"all_reduce": 64}}
     small = {"rank": 0, "records": [record(1)], "inflight": [], "counts": {}, "dropped": 0}
     assert json.loads(fit(TOKEN, dict(small)).decode().split(" ", 1)[1])["records"] == [record(1)]
 
@@ -361,12 +363,13 @@ def test_the_controller_keeps_each_ranks_progress_and_last_dump_of_a_hang(tmp_pa
     for state, (op, line) in zip(outcome.ranks, (("barrier", at["barrier"]), ("recv", at["recv"]))):
         assert state.violations == []
         assert state.progress is not None and state.flight is not None
-        inflight = state.progress["inflight"]
+        inflight = state.progress.inflight
+        assert inflight is not None
         assert (inflight["op"], inflight["state"], inflight["where"]) == (op, "in_flight", f"hang.py:{line}")
-        assert state.progress["completed"] == 2  # the rendezvous and the all_reduce
-        assert [(r["op"], r["where"]) for r in state.flight["inflight"]] == [(op, f"hang.py:{line}")]
-        assert state.flight["counts"] == {"world": {"init_process_group": 1, "all_reduce": 1}}
-    assert outcome.ranks[1].progress["inflight"]["peer"] == 0  # type: ignore[index]
+        assert state.progress.completed == 2  # the rendezvous and the all_reduce
+        assert [(r["op"], r["where"]) for r in state.flight.inflight] == [(op, f"hang.py:{line}")]
+        assert state.flight.counts == {"world": {"init_process_group": 1, "all_reduce": 1}}
+    assert outcome.ranks[1].progress.inflight["peer"] == 0  # type: ignore[union-attr, index]
 
 
 @pytest.mark.local

@@ -133,3 +133,39 @@ def test_launch_names_the_rank_that_failed_inside_a_host_launcher(lab: Lab, tmp_
         assert "Root Cause (first observed failure)" in result.out
         assert "ChildFailedError" not in result.out  # the table, not the agent's stack around it
     assert lab.leftovers() == []
+
+
+FAILS_IN_ITS_FIRST_ATTEMPTS = """\
+import os
+import torch.distributed as dist
+dist.init_process_group("gloo")
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+if dist.get_rank() == 1 and attempt < int(os.environ["FAILING_ATTEMPTS"]):
+    raise ValueError(f"boom in attempt {attempt}")
+dist.barrier()
+print("trained in attempt", attempt)
+"""
+
+
+def test_torchrun_restarts_the_ranks_up_to_max_restarts_and_each_restart_is_said(lab: Lab, tmp_path: Path) -> None:
+    script = tmp_path / "flaky.py"
+    script.write_text(FAILS_IN_ITS_FIRST_ATTEMPTS)
+    launch = ("launch", "--nproc", "2", "--launcher", "torchrun", "--max-restarts", "1", "--timeout", "120")
+    recovered = lab(*launch, "--env", "FAILING_ATTEMPTS=1", "--json", str(script))
+    assert recovered.code == 0, recovered.text
+    report = json.loads(recovered.out)
+    [restart] = report["restarts"]  # rank 1 failed first; rank 0 then lost its connection to it
+    assert restart["restart"] == 1 and restart["ended"][0] == "rank 1 (local) raised ValueError: boom in attempt 0 " \
+                                                               "at flaky.py:6", restart
+    assert report["cause"] is None and report["succeeded"] == 2
+    assert recovered.err.count("trained in attempt 1") == 2 and "trained in attempt 0" not in recovered.err
+    failed = lab(*launch, "--env", "FAILING_ATTEMPTS=2", str(script))  # it fails again after its one restart
+    assert failed.code == 1, failed.text
+    assert ("torchrun restarted the ranks (1 of --max-restarts 1): rank 1 (local) raised ValueError: boom in "
+            "attempt 0 at flaky.py:6 (first; 1 more after it)") in failed.out
+    assert "Rank 1 (local) failed first: it raised ValueError: boom in attempt 1 at flaky.py:6" in failed.out
+    refused = lab("launch", "--nproc", "2", "--max-restarts", "1", str(script))
+    assert (refused.code, refused.err.strip()) == (2, "lab: error: --max-restarts 1: only torchrun's agent "
+                                                      "restarts the ranks (--launcher torchrun or srun-torchrun), "
+                                                      "not --launcher lab"), refused.text
+    assert lab.leftovers() == []

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from lab.core.inventory import local_inventory
 from lab.core.ledger import Ledger
 from lab.core.plan import Options
 from lab.core.planner import build_launch_plan, build_plan
+from lab.errors import UsageError
 from lab.rank.protocol import event_line
 from lab.suite import registry
 
@@ -134,3 +137,54 @@ def test_a_script_that_exits_0_is_done_and_one_whose_launch_ended_early_crashed(
     launch.exit_code = 1
     assert run.ended(launch, 5.0) == 5.0  # rank 1 had not finished: a crash, at 5
     assert (run.states[1].exit_code, run.states[1].done) == (1, False)
+
+
+def torchrun_launch(max_restarts: int) -> Ledger:
+    """A ledger of ``lab launch --launcher torchrun --max-restarts N`` of 2 ranks on this machine."""
+    plan = build_launch_plan(local_inventory(2), "/x/train.py", [], 30.0, launcher="torchrun", token="t0k3n",
+                             max_restarts=max_restarts)
+    run = Ledger(plan, 0.0)
+    run.begin(0.0)
+    return run
+
+
+def hello(run: Ledger, now: float, rank: int, restart: int) -> None:
+    send(run, now, "hello", rank, pid=100 + rank + 10 * restart, hostname="local", local_rank=rank, restart=restart)
+
+
+def test_a_restart_of_torchruns_begins_each_rank_anew_and_says_what_ended_the_attempt_before() -> None:
+    run = torchrun_launch(max_restarts=2)
+    for rank in (0, 1):
+        hello(run, 1.0, rank, restart=0)
+        blocked(run, 2.0, rank, quiet=1.0)
+    send(run, 3.0, "end", 1, how="raised", code=1, error="ValueError: bad batch", where="train.py:12",
+         traceback="Traceback ...")
+    hello(run, 9.0, 1, restart=1)  # the first rank of the second attempt
+    assert [(r.count, r.ended) for r in run.restarts] == [(1, ("rank 1 (local) raised ValueError: bad batch at "
+                                                               "train.py:12",))]
+    restarted = run.states[1]
+    assert (restarted.info and restarted.info.pid, restarted.end, restarted.progress, restarted.step_started) == (
+        111, None, None, 9.0)  # nothing the last attempt said holds for this one
+    assert run.states[0].progress is not None  # (rank 0 has not said its new hello yet)
+    hello(run, 9.5, 0, restart=1)
+    assert run.states[0].progress is None and len(run.restarts) == 1  # one restart, however many ranks say it
+    hello(run, 20.0, 0, restart=2)  # the second restart: no rank said how the attempt before ended
+    assert run.restarts[-1].line(2) == ("torchrun restarted the ranks (2 of --max-restarts 2): no rank said how it "
+                                        "ended (a signal, or before the lab's recorder)")
+    assert not any(s.violations for s in run.states)
+
+
+def test_a_hello_torchrun_did_not_restart_for_is_the_failure_of_the_rank_that_said_it() -> None:
+    run = torchrun_launch(max_restarts=1)
+    hello(run, 1.0, 0, restart=0)
+    hello(run, 2.0, 0, restart=0)  # the same attempt again
+    hello(run, 3.0, 1, restart=2)  # a restart past --max-restarts
+    assert run.states[0].violations == ["said hello a second time in one attempt"]
+    assert run.states[1].violations == ["said hello as torchrun's restart 2, past --max-restarts 1"]
+    assert run.restarts == []
+
+
+def test_max_restarts_is_refused_for_a_launcher_that_does_not_restart_ranks() -> None:
+    with pytest.raises(UsageError, match=r"--max-restarts 1: only torchrun's agent restarts the ranks \(--launcher "
+                                         r"torchrun or srun-torchrun\), not --launcher lab"):
+        build_launch_plan(local_inventory(2), "/x/train.py", [], 30.0, max_restarts=1)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lab.rank import ports as held_ports
-from lab.rank.protocol import parse_event
+from lab.rank.protocol import Ports, parse_event
 
 from .conftest import REPO
 
@@ -27,8 +27,8 @@ def start_holder(count: int, *flags: str, cwd: Path = REPO) -> tuple[subprocess.
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert holder.stdout is not None
     event = parse_event(holder.stdout.readline().decode().rstrip("\n"), TOKEN)
-    assert event is not None and event["event"] == "ports"
-    return holder, event["ports"]
+    assert isinstance(event, Ports)
+    return holder, event.ports
 
 
 def bind_error(port: int) -> int | None:

@@ -15,7 +15,6 @@ import sys
 import threading
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -27,7 +26,7 @@ from lab.netcheck.rules import SAME_NETWORK_FIX
 from lab.rank import ports, probe
 from lab.rank.netfacts import Target
 from lab.rank.probe import Listener, check_link, survey
-from lab.rank.protocol import parse_event
+from lab.rank.protocol import Probe, Pulse, parse_event
 from lab.rank.worker import TOKEN_VAR
 
 from .conftest import REPO, Lab
@@ -43,10 +42,10 @@ def three_hosts() -> Preflight:
     return Preflight(plan, (PORT,))
 
 
-def facts_event(name: str, master_port: int | None = PORT) -> dict[str, Any]:
+def facts_event(name: str, master_port: int | None = PORT) -> Probe:
     """What ``name``'s launcher reports: rank 0's host (a) listens on ``master_port`` too."""
     reported = replace(facts(ADDRESSES[name], hostname=name), master_port=master_port if name == "a" else None)
-    return {"event": "facts", **asdict(reported)}
+    return Probe("facts", asdict(reported))
 
 
 def healthy_links(check: Preflight) -> None:
@@ -56,8 +55,8 @@ def healthy_links(check: Preflight) -> None:
                                      *(link("mesh", p, a, seen=address) for p, a in ADDRESSES.items() if p != name)))
 
 
-def links_event(*links: object) -> dict[str, Any]:
-    return {"event": "links", "links": [asdict(each) for each in links]}  # type: ignore[call-overload]
+def links_event(*links: object) -> Probe:
+    return Probe("links", {"links": [asdict(each) for each in links]})  # type: ignore[call-overload]
 
 
 # -- the controller's half ----------------------------------------------------------------------
@@ -88,9 +87,9 @@ def test_a_network_that_passes_lets_rank_0s_host_go_first_then_the_others_once_i
     reported_facts(check)
     healthy_links(check)
     assert check.lines() == {"a": b"go\n"}
-    check.take("b", {"event": "closed"})  # (not rank 0's host: no matter)
+    check.take("b", Probe("closed", {}))  # (not rank 0's host: no matter)
     assert check.lines() == {} and not check.decided
-    check.take("a", {"event": "closed"})  # it no longer listens on MASTER_PORT, where the others' ranks go
+    check.take("a", Probe("closed", {}))  # it no longer listens on MASTER_PORT, where the others' ranks go
     assert check.lines() == {"b": b"go\n", "c": b"go\n"}
     assert check.decided and check.cause is None and check.lines() == {}
 
@@ -129,7 +128,7 @@ def test_hosts_that_reach_the_store_but_not_each_other_are_stopped_with_the_doct
 def test_unreadable_facts_count_as_reported_and_stop_the_run_naming_the_host() -> None:
     check = three_hosts()
     check.take("a", facts_event("a"))
-    check.take("b", {"event": "facts", "hostname": "b"})
+    check.take("b", Probe("facts", {"hostname": "b"}))
     check.take("c", facts_event("c"))
     assert set(check.lines()) == {"a", "c"}  # b has nothing to connect from, nor a listener to reach
     for name in ("a", "c"):
@@ -288,23 +287,23 @@ def test_the_launchers_listener_answers_while_the_launcher_holds_its_interpreter
         while True:
             line = launcher.stdout.readline().decode().rstrip("\n")
             event = parse_event(line, token)
-            if event is None or event["event"] != "pulse":
+            if not isinstance(event, Pulse):
                 return line
-            pulses.append(float(event["cpu"]))
+            pulses.append(event.cpu)
 
     try:
         assert launcher.stdin is not None
         first = [next_line() for _ in range(2)]  # (in either order)
         assert "hogging" in first
-        facts_ = parse_event(next(line for line in first if line != "hogging"), token) or {}
-        assert facts_.get("event") == "facts"
-        answered = check_link(Target("mesh", "b", "127.0.0.1", int(facts_["port"])), "a", token, 2.5)
+        facts_ = parse_event(next(line for line in first if line != "hogging"), token)
+        assert isinstance(facts_, Probe) and facts_.kind == "facts"
+        answered = check_link(Target("mesh", "b", "127.0.0.1", int(facts_.fields["port"])), "a", token, 2.5)
         assert answered.ok and answered.answered_by == "b", answered  # while the launcher is held, not after
         assert launcher.poll() is None  # (still hogging: the answer came from its helper)
         launcher.stdin.write(b'{"targets": []}\n')
         launcher.stdin.flush()
-        links = parse_event(next_line(), token) or {}
-        assert links.get("event") == "links"
+        links = parse_event(next_line(), token)
+        assert isinstance(links, Probe) and links.kind == "links"
         launcher.stdin.write(b"go\n")
         launcher.stdin.flush()
         assert next_line() == "ranks started"

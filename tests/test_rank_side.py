@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from lab.core.stacks import users_traceback, where_stopped
-from lab.rank.protocol import RANK_TAG, MalformedEvent, event_line, parse_event, rank_tag, untag
+from lab.rank.protocol import RANK_TAG, End, MalformedEvent, event_line, parse_event, rank_tag, untag
 from lab.rank.script import EXIT_WAIT
 from lab.rank.worker import SharedPathError, call_with_context, ensure_shared_path
 
@@ -163,9 +163,8 @@ def said_after_end(ended: Ended) -> list[str]:
 def test_an_end_event_is_a_rank_event_with_its_fields_checked() -> None:
     line = event_line(TOKEN, "end", rank=1, how="exited", code=3, error="SystemExit: sys.exit(3)", where="a.py:4",
                       traceback="")
-    assert parse_event(line.rstrip("\n"), TOKEN) == {"event": "end", "rank": 1, "how": "exited", "code": 3,
-                                                     "error": "SystemExit: sys.exit(3)", "where": "a.py:4",
-                                                     "traceback": ""}
+    assert parse_event(line.rstrip("\n"), TOKEN) == End(rank=1, how="exited", code=3, error="SystemExit: sys.exit(3)",
+                                                         where="a.py:4", traceback="")
     with pytest.raises(MalformedEvent, match="'code'"):
         parse_event(line.replace('"code": 3', '"code": "3"').rstrip("\n"), TOKEN)
 

@@ -17,7 +17,7 @@ from lab.model.inventory import Host
 from lab.rank import srun
 from lab.rank.node import per_node_counts
 from lab.rank.output import HOLD
-from lab.rank.protocol import event_line, parse_event, rank_tag, report_exits
+from lab.rank.protocol import Exit, Step, event_line, parse_event, rank_tag, report_exits
 
 TOKEN = "t0k3n"
 
@@ -44,7 +44,7 @@ def test_a_tasks_long_lines_come_back_whole_from_pieces_that_other_tasks_lines_c
     out += b"".join(unlabel.feed(line) for line in first[len(second):] + second[len(first):]) + unlabel.close()
     lines = out.splitlines(keepends=True)
     assert sorted(lines) == sorted([big, exact, rank_tag(1) + b"hi\n", rank_tag(1) + b"z" * 2500 + b"\n"])
-    assert parse_event(big.decode().rstrip("\n"), TOKEN)["step"] == "x" * 3000  # type: ignore[index]
+    assert parse_event(big.decode().rstrip("\n"), TOKEN) == Step(rank=0, step="x" * 3000)
 
 
 def test_srun_s_own_lines_go_on_as_they_are_and_what_a_task_left_unended_is_ended() -> None:
@@ -127,7 +127,7 @@ def test_exits_are_reported_as_events_in_the_order_given(capfd: pytest.CaptureFi
     monkeypatch.setenv("LAB_TOKEN", TOKEN)
     report_exits({3: 3, 0: -15})
     events = [parse_event(line, TOKEN) for line in capfd.readouterr().out.splitlines()]
-    assert [(e["rank"], e["code"]) for e in events if e] == [(3, 3), (0, -15)]
+    assert events == [Exit(rank=3, code=3), Exit(rank=0, code=-15)]
 
 
 def test_the_doctor_names_each_slurm_problem_with_its_fix() -> None:

@@ -10,7 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from lab.rank.protocol import EVENT_MAX, LINE_MAX, NEUTRAL, event_line, parse_event, rank_tag, untag
+from lab.rank.protocol import (
+    EVENT_MAX,
+    LINE_MAX,
+    NEUTRAL,
+    Bad,
+    Done,
+    Event,
+    Exit,
+    WireMeasure,
+    event_line,
+    parse_event,
+    rank_tag,
+    untag,
+)
 from lab.rank.wire import WIRE_VAR
 from lab.rank.zygote import StreamFilter
 
@@ -31,7 +44,7 @@ def passed(data: bytes, rank: int = 1, events: bool = True, pieces: int = 7) -> 
     return out.split(b"\n")[:-1]
 
 
-def said(line: bytes) -> dict[str, object] | None:
+def said(line: bytes) -> Event | None:
     return parse_event(line.decode(), TOKEN)
 
 
@@ -61,7 +74,7 @@ def test_the_flight_recorders_events_and_a_scripts_end_pass_as_they_came(line: b
     (b'\x1flab:tok {"event": "step", "rank": 1}\n', "sent a malformed event: a 'step' event without its 'step'"),
 ])
 def test_an_event_that_is_not_the_ranks_own_is_dropped_and_named_as_its_failure(line: bytes, what: str) -> None:
-    assert [said(x) for x in passed(line)] == [{"event": "bad", "rank": 1, "what": what}]
+    assert [said(x) for x in passed(line)] == [Bad(rank=1, what=what)]
 
 
 def test_marks_that_start_no_event_of_the_run_are_output() -> None:
@@ -88,8 +101,7 @@ def test_a_long_line_is_passed_on_cut_with_its_size_and_an_event_between_its_pie
 
 def test_an_event_line_longer_than_an_event_may_be_is_dropped_and_named() -> None:
     lines = passed(b"\x1flab:tok " + b"x" * (EVENT_MAX + 10) + b"\nnext\n", pieces=65536)
-    assert said(lines[0]) == {"event": "bad", "rank": 1,
-                              "what": f"sent an event line longer than {EVENT_MAX} bytes"}
+    assert said(lines[0]) == Bad(rank=1, what=f"sent an event line longer than {EVENT_MAX} bytes")
     assert lines[1:] == [rank_tag(1) + b"next"]
 
 
@@ -135,12 +147,13 @@ def test_the_zygote_forks_its_ranks_and_reports_each_ones_end(tmp_path: Path) ->
     assert zygote.returncode == 1, zygote.stderr  # not every rank ended with status 0
     lines = zygote.stdout.splitlines()
     events = [said(line) for line in lines if line.startswith(b"\x1f")]
-    exits = {e["rank"]: e["code"] for e in events if e and e["event"] == "exit"}
+    exits = {e.rank: e.code for e in events if isinstance(e, Exit)}
     assert exits == {4: 0, 5: 3, 6: -9}, events
-    assert {"event": "bad", "rank": 5, "what": "sent an event as rank 4 (a rank speaks for itself only)"} in events
-    assert sorted(e["rank"] for e in events if e and e["event"] == "done") == [4, 5, 6]
+    assert Bad(rank=5, what="sent an event as rank 4 (a rank speaks for itself only)") in events
+    assert sorted(e.rank for e in events if isinstance(e, Done)) == [4, 5, 6]
     # asked to, it measured the host's connections while its ranks ran, and said so last, as the host's first rank
-    assert events[-1] == {"event": "wire", "rank": 4, "carried": events[-1]["carried"], "lost": 0}, events[-1]
+    last = events[-1]
+    assert isinstance(last, WireMeasure) and (last.rank, last.lost, last.error, last.failed) == (4, 0, "", ""), last
     output = {untag(line)[:2] for line in lines if not line.startswith(b"\x1flab:")}
     assert {(r, f"rank {r} local {r - 4} torch True".encode()) for r in (4, 5, 6)} <= output, output
     assert {(4, b"atexit of 4"), (5, b"atexit of 5")} <= output  # the program ended as the interpreter would

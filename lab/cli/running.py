@@ -175,6 +175,10 @@ def add_launch(commands: Commands) -> None:
     launch.add_argument("--json", action="store_true", help="print how the job ended, its cause and each rank "
                         "as JSON on stdout (rank output goes to stderr)")
     launch.add_argument("--keep", action="store_true", help="keep the run directory on every host")
+    launch.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                        help="with --launcher torchrun or srun-torchrun: restart every rank up to N times after one "
+                             "fails, as torchrun's --max-restarts (default 0); each restart is said, with what "
+                             "ended the attempt before it")
     launch.add_argument("--log-dir", metavar="DIR", help="also write each rank's output to DIR/rank_N.log (its "
                         "stderr's lines marked [err]), a launcher's to DIR/launcher_HOST.log, and how the job "
                         "ended to DIR/summary.json")
@@ -209,6 +213,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
         if args.workdir and not script.resolve().is_relative_to(root.resolve()):
             raise UsageError(f"{args.script}: not inside --workdir {args.workdir}")
     check_timeout(args.timeout)
+    if args.max_restarts < 0:
+        raise UsageError(f"--max-restarts must be 0 or more, got {args.max_restarts}")
     project = workdir.collect(root, tuple(args.exclude), args.max_workdir_size)
     views.print_skipped(project.root, project.skipped)
     settings = ssh_settings(args)
@@ -217,7 +223,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     plan = build_launch_plan(inventory, args.script if args.module else str(script.resolve()), args.args,
                              args.timeout, launcher(args), partition=args.partition, hang_after=args.hang_after,
                              preflight=args.preflight, rank_env=rank_env(args, project.root), workdir=project,
-                             module=args.module)
+                             module=args.module, max_restarts=args.max_restarts)
     name = args.script if args.module else script.name
     streamer = views.LineStreamer(console)
     logs = LogDir(args.log_dir, (r.rank for r in plan.ranks)) if args.log_dir else None

@@ -7,6 +7,7 @@ from typing import Literal
 from lab.core.outcome import SYS_EXIT, ExerciseRun, RankState, RunOutcome, ended
 from lab.core.random_inputs import values
 from lab.errors import ExitCode
+from lab.rank.protocol import Error
 from lab.suite.check import Mismatch, PartVerdict, Verdict, World, ranks_named
 from lab.suite.registry import EXERCISES
 
@@ -63,7 +64,7 @@ def _judge_one(run: ExerciseRun, outcome: RunOutcome, world: World) -> ExerciseR
                               notes=tuple(broke[1:]))
     if died or run.errors:  # the first rank to die first: its peers' errors are only the echo of it
         exits = {s.spec.rank: run.errors[s.spec.rank] for s in died
-                 if run.errors.get(s.spec.rank, {}).get("error", "").startswith(SYS_EXIT)}
+                 if s.spec.rank in run.errors and run.errors[s.spec.rank].error.startswith(SYS_EXIT)}
         causes = [_death(s, run, exits.get(s.spec.rank)) for s in died]
         raised: dict[str, list[int]] = {}  # the same error on several ranks is one cause
         for rank, err in sorted(run.errors.items()):
@@ -73,7 +74,7 @@ def _judge_one(run: ExerciseRun, outcome: RunOutcome, world: World) -> ExerciseR
         more = f" (and {len(causes) - 1} more)" if len(causes) > 1 else ""
         ranks = tuple(sorted({s.spec.rank for s in died} | set(run.errors)))
         return ExerciseReport(run.name, "fail", seconds, causes[0] + more, ranks,
-                              details={r: e.get("traceback", "") for r, e in run.errors.items()})
+                              details={r: e.traceback for r, e in run.errors.items()})
     if len(run.results) == world.world_size:
         verdict: Verdict = EXERCISES[run.name].judge(run.results, run.calls, world, outcome.plan.options.part)
         return ExerciseReport(run.name, "pass" if verdict.passed else "fail", seconds, verdict.reason,
@@ -115,22 +116,22 @@ def _named(state: RankState) -> str:
     return f"rank {state.spec.rank} ({state.spec.host})"
 
 
-def _death(state: RankState, run: ExerciseRun, exit_error: dict[str, str] | None) -> str:
+def _death(state: RankState, run: ExerciseRun, exit_error: Error | None) -> str:
     """How a rank that died during ``run`` ended: by its own sys.exit (the worker said where), or not."""
     who = f"rank {state.spec.rank} ({state.spec.host})"
     if exit_error is not None:
-        where = f" at {exit_error['where']}" if exit_error.get("where") else ""
-        return (f"{who} called {exit_error['error'].removeprefix(SYS_EXIT)}{where} during {run.name} "
+        where = f" at {exit_error.where}" if exit_error.where else ""
+        return (f"{who} called {exit_error.error.removeprefix(SYS_EXIT)}{where} during {run.name} "
                 f"and {ended(state.exit_code)}")
     when = "after" if state.spec.rank in run.results else "before"
     return f"{who} {ended(state.exit_code)} during {run.name}, {when} reporting its result"
 
 
-def _raised(error: dict[str, str]) -> str:
-    where = f" at {error['where']}" if error.get("where") else ""
-    if error.get("error", "").startswith(SYS_EXIT):
-        return f"called {error['error'].removeprefix(SYS_EXIT)}{where}"
-    return f"raised {error.get('error', '')}{where}"
+def _raised(error: Error) -> str:
+    where = f" at {error.where}" if error.where else ""
+    if error.error.startswith(SYS_EXIT):
+        return f"called {error.error.removeprefix(SYS_EXIT)}{where}"
+    return f"raised {error.error}{where}"
 
 
 def _first_unreported(outcome: RunOutcome) -> str | None:

@@ -4,7 +4,7 @@ and keeps no clock of its own (each call is told ``now``), so it is tested with 
 sequences; the runner (lab.core.runner) feeds it and acts on what it says.
 
 Events come only through each rank's private channel (lab.rank.protocol): nothing a rank prints
-is one. Every event is validated (``parse_event``) and checked against the run (an exercise of
+is one. Every event is validated and typed (``parse_event``: a class a kind) and checked against the run (an exercise of
 the plan, a step it has). One that fails is not applied: it is the failure of the rank that sent
 it, in the exercise that rank is in (``ExerciseRun.violations``), never the controller's; the run
 goes on. Under ``--launcher lab`` the zygote has checked each event against the rank whose pipe it
@@ -25,15 +25,36 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
 from lab.core import launchers
-from lab.core.outcome import ExerciseRun, LaunchState, RankState
+from lab.core.outcome import SYS_EXIT, ExerciseRun, LaunchState, RankState, Restart
 from lab.core.plan import Plan
 from lab.core.preflight import EVENTS as PREFLIGHT_EVENTS
 from lab.core.preflight import Preflight
 from lab.core.streams import claimed_rank
-from lab.rank.protocol import LAUNCHER_EVENTS, RANK_EVENTS, WIRE_EVENT, MalformedEvent, parse_event
+from lab.rank.protocol import (
+    LAUNCHER_EVENTS,
+    RANK_EVENTS,
+    Alive,
+    Bad,
+    Done,
+    End,
+    Error,
+    Event,
+    Exit,
+    Fatal,
+    Flight,
+    Hello,
+    MalformedEvent,
+    Probe,
+    Progress,
+    Pulse,
+    RankEvent,
+    Result,
+    Step,
+    WireMeasure,
+    parse_event,
+)
 from lab.suite.check import Carried
 
 log = logging.getLogger(__name__)
@@ -59,6 +80,7 @@ class Ledger:
         # what the deadline of the lab's own steps counts from (_step_late).
         self.moved_at = started
         self.cpu_seen: dict[int, float] = {}
+        self.restarts: list[Restart] = []  # torchrun's restarts of the ranks (--max-restarts), in order
 
     def begin(self, now: float) -> None:
         """The launches started: every rank's first step (its start-up) begins now."""
@@ -80,38 +102,37 @@ class Ledger:
             return
         if event is None:
             return
-        kind = event["event"]
-        if kind == "pulse":  # (a host's launcher, in its preflight: its start-up's CPU seconds)
-            self._cpu_seen(-1 - self.launches.index(launch), float(event["cpu"]), now)
+        if isinstance(event, Pulse):  # (a host's launcher, in its preflight: its start-up's CPU seconds)
+            self._cpu_seen(-1 - self.launches.index(launch), event.cpu, now)
             return
-        if kind in PREFLIGHT_EVENTS and self.preflight is not None and not self.preflight.decided:
+        if isinstance(event, Probe) and event.kind in PREFLIGHT_EVENTS and self.preflight is not None and \
+                not self.preflight.decided:
             self.preflight.take(launch.launch.host, event)
             return
-        if kind == WIRE_EVENT and self.plan.wire is not None:  # (only a launcher out of the ranks' reach measures)
+        if isinstance(event, WireMeasure) and self.plan.wire is not None:  # (only a launcher out of the ranks' reach)
             if launch.carried is not None:  # its launcher says it once, as it ends: this one is a forgery
                 self.violation(self.first_rank(launch), f"wrote a second word of {launch.launch.host}'s launcher "
                                "on what its connections carried (the launcher says it once)")
                 return
-            launch.carried = Carried(event["carried"], event["lost"], event.get("error", ""), event.get("failed", ""))
+            launch.carried = Carried(event.carried, event.lost, event.error, event.failed)
             return
-        if kind not in RANK_EVENTS | LAUNCHER_EVENTS:
-            self.violation(self.first_rank(launch), f"sent a {kind!r} event, which no rank sends")
+        if event.kind not in RANK_EVENTS | LAUNCHER_EVENTS or not isinstance(event, RankEvent):
+            self.violation(self.first_rank(launch), f"sent a {event.kind!r} event, which no rank sends")
             return
-        rank: int = event["rank"]
+        rank = event.rank
         if not 0 <= rank < len(states):
             self.violation(self.first_rank(launch), f"sent an event as rank {rank}, which the run does not have")
             return
         state = states[rank]
-        if kind in ("result", "error"):
-            name = event["exercise"]
-            if name not in runs:
-                self.violation(state, f"reported on {name!r}, which is not an exercise of the run")
+        if isinstance(event, (Result, Error)):
+            if event.exercise not in runs:
+                self.violation(state, f"reported on {event.exercise!r}, which is not an exercise of the run")
                 return
-            if runs[name].reported(rank):
-                self.violation(state, f"reported on {name} twice")
+            if runs[event.exercise].reported(rank):
+                self.violation(state, f"reported on {event.exercise} twice")
                 return
-        if kind == "step" and not self._known_step(event["step"]):
-            self.violation(state, f"began a step the run does not have: {event['step'][:100]!r}")
+        if isinstance(event, Step) and not self._known_step(event.step):
+            self.violation(state, f"began a step the run does not have: {event.step[:100]!r}")
             return
         self._handle(launch, state, event, now)
 
@@ -130,45 +151,44 @@ class Ledger:
             self.cpu_seen[whose] = cpu
             self.moved_at = now
 
-    def _handle(self, launch: LaunchState, state: RankState, event: dict[str, Any], now: float) -> None:
-        """Apply a valid event (``lab.rank.protocol.check_event``) of ``state``'s rank."""
-        rank, kind = state.spec.rank, event["event"]
-        if kind not in ("progress", "flight", "alive") or kind == "progress" and state.progress is not None and \
-                event["quiet"] < state.progress["quiet"]:  # (news: not a rank saying it still waits)
+    def _handle(self, launch: LaunchState, state: RankState, event: Event, now: float) -> None:
+        """Apply a valid event of ``state``'s rank."""
+        rank = state.spec.rank
+        if not isinstance(event, (Progress, Flight, Alive)) or isinstance(event, Progress) and \
+                state.progress is not None and event.quiet < state.progress.quiet:  # (news, not "still waiting")
             self.moved_at = now
-        if kind == "alive":
-            state.startup_cpu = float(event["cpu"])
-            self._cpu_seen(rank, state.startup_cpu, now)
-        elif kind == "step":
-            self._took_step(state, event["step"], now)
-        elif kind == "hello":
-            self._said_hello(launch, state, event)
-        elif kind == "result":
-            run = self.runs[event["exercise"]]
-            run.results[rank] = event["value"]
-            run.seconds[rank] = float(event["seconds"])
-            run.calls[rank] = event.get("calls")
-        elif kind == "error":
-            self.runs[event["exercise"]].errors[rank] = {k: event[k] for k in ("error", "where", "traceback")}
-        elif kind == "fatal":
-            state.fatal, state.traceback = event["error"], event["traceback"]
-        elif kind == "exit":  # a host's launcher says how this rank ended, before it ends itself
-            if state.exit_code is not None:  # (it says so once: a second word is not the launcher's)
-                self.violation(state, "was said to have ended a second time (only its launcher says how a rank "
-                               "ended, once)")
-                return
-            state.exit_code, state.ended_at = event["code"], now
-            state.done |= self.plan.is_launch and event["code"] == 0  # a script says nothing
-        elif kind == "bad":  # the lab's launcher says the rank broke the protocol
-            self.violation(state, event["what"])
-        elif kind == "done":
-            state.done = True
-        elif kind == "progress":  # whether it blocks, and how long nothing moved, is what tells a hang
-            state.progress, state.progress_at = event, now
-        elif kind == "flight":
-            state.flight, state.flight_at = event, now
-        elif kind == "end":
-            state.end = event
+        match event:
+            case Alive(cpu=cpu):
+                state.startup_cpu = cpu
+                self._cpu_seen(rank, cpu, now)
+            case Step(step=step):
+                self._took_step(state, step, now)
+            case Hello():
+                self._said_hello(launch, state, event, now)
+            case Result(exercise=name, value=value, seconds=seconds, calls=calls):
+                run = self.runs[name]
+                run.results[rank], run.seconds[rank], run.calls[rank] = value, seconds, calls
+            case Error(exercise=name):
+                self.runs[name].errors[rank] = event
+            case Fatal(error=error, traceback=traceback):
+                state.fatal, state.traceback = error, traceback
+            case Exit(code=code):  # a host's launcher says how this rank ended, before it ends itself
+                if state.exit_code is not None:  # (it says so once: a second word is not the launcher's)
+                    self.violation(state, "was said to have ended a second time (only its launcher says how a "
+                                   "rank ended, once)")
+                    return
+                state.exit_code, state.ended_at = code, now
+                state.done |= self.plan.is_launch and code == 0  # a script says nothing
+            case Bad(what=what):  # the lab's launcher says the rank broke the protocol
+                self.violation(state, what)
+            case Done():
+                state.done = True
+            case Progress():  # whether it blocks, and how long nothing moved, is what tells a hang
+                state.progress, state.progress_at = event, now
+            case Flight():
+                state.flight, state.flight_at = event, now
+            case End():
+                state.end, state.end_at = event, now
 
     def _took_step(self, state: RankState, step: str, now: float) -> None:
         """The rank began ``step``. A step it is in already keeps its clock; so do steps past the
@@ -180,14 +200,34 @@ class Ledger:
             if state.step in self.runs:
                 state.entered.setdefault(state.step, now)
 
-    def _said_hello(self, launch: LaunchState, state: RankState, event: dict[str, Any]) -> None:
-        """The rank started: note what it says of itself, and where it runs."""
-        state.info = event
-        host = self.launcher.host_of(self.plan, launch.launch.host, event["hostname"])
-        if state.launch is not launch or state.spec.host != host or state.spec.local_rank != event["local_rank"]:
+    def _said_hello(self, launch: LaunchState, state: RankState, hello: Hello, now: float) -> None:
+        """The rank started: note what it says of itself, and where it runs. A rank says hello once
+        an attempt: a second is torchrun's agent restarting the ranks (``--max-restarts``), which
+        begins the rank anew."""
+        limit = self.plan.options.max_restarts
+        if hello.restart > limit:
+            self.violation(state, f"said hello as torchrun's restart {hello.restart}, past --max-restarts {limit}")
+            return
+        if state.info is not None and hello.restart <= state.info.restart:
+            self.violation(state, "said hello a second time in one attempt")
+            return
+        if hello.restart > len(self.restarts):  # the first rank of a new attempt: what ended the one before
+            self.restarts.append(Restart(hello.restart, self._attempt_ended()))
+        if state.info is not None:
+            _begin_anew(state, now)
+        state.info = hello
+        host = self.launcher.host_of(self.plan, launch.launch.host, hello.hostname)
+        if state.launch is not launch or state.spec.host != host or state.spec.local_rank != hello.local_rank:
             # torchrun or Slurm placed it elsewhere than planned: it runs where it says it does
             state.launch = launch
-            state.spec = replace(state.spec, host=host, local_rank=event["local_rank"])
+            state.spec = replace(state.spec, host=host, local_rank=hello.local_rank)
+
+    def _attempt_ended(self) -> tuple[str, ...]:
+        """How the ranks of the attempt torchrun is restarting ended, as far as they said: those whose
+        program raised or exited with a failing status (its end event), the first to say it first."""
+        ended = sorted((s for s in self.states if s.end is not None and (s.end.how == "raised" or s.end.code != 0)),
+                       key=lambda s: s.end_at or 0.0)
+        return tuple(f"rank {s.spec.rank} ({s.spec.host}) {_ended_how(s.end)}" for s in ended if s.end is not None)
 
     def _step_budget(self) -> int:
         """The most step events a worker sends: a rendezvous per stage, an exercise and the barrier after it."""
@@ -255,11 +295,11 @@ class Ledger:
         live = [s for s in self.states if s.exit_code is None]
         said = [(s.progress, s.progress_at or now) for s in live]
         if not self.plan.options.hang_after or not live or any(
-                p is None or p["inflight"] is None or p["quiet"] < self.plan.options.hang_after for p, _ in said):
+                p is None or p.inflight is None or p.quiet < self.plan.options.hang_after for p, _ in said):
             return []
         # A host that has not answered since then may have gone silent, not its ranks: that is for
         # its transport to tell (a lost host), not a hang.
-        still_since = max(at - float(p["quiet"]) for p, at in said if p is not None)
+        still_since = max(at - p.quiet for p, at in said if p is not None)
         hosts = {s.launch.launch.host for s in live}
         return [s.spec.rank for s in live] if all(heard_since(h, still_since) for h in hosts) else []
 
@@ -280,3 +320,17 @@ class Ledger:
         current = max(set(working), key=working.count) if not self.plan.is_launch else ""
         return "running", (f"running {current}: {len(steps)} rank(s)" if current and current != "startup"
                            else f"running: {len(steps)} of {len(self.states)} rank(s) at work")
+
+
+def _ended_how(end: End) -> str:
+    where = f" at {end.where}" if end.where else ""
+    if end.how == "raised":
+        return f"raised {end.error}{where}"
+    return f"called {end.error.removeprefix(SYS_EXIT)}{where} (status {end.code})"
+
+
+def _begin_anew(state: RankState, now: float) -> None:
+    """A rank torchrun restarted: nothing its last attempt said holds for this one (its output stays)."""
+    state.step, state.step_started, state.steps, state.entered, state.startup_cpu = "startup", now, 0, {}, 0.0
+    state.progress = state.progress_at = state.flight = state.flight_at = state.end = state.end_at = None
+    state.fatal = state.traceback = None

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from lab.core.plan import Launch, Plan, RankSpec, bind_macros
-from lab.rank.protocol import LINE_MAX
+from lab.rank.protocol import LINE_MAX, End, Error, Flight, Hello, Progress
 from lab.suite.check import Carried
 from lab.transport import RankProcess
 
@@ -133,7 +133,7 @@ class RankState:
     done: bool = False  # the worker said it finished
     exit_code: int | None = None  # its launch's, once that ended
     fatal: str | None = None  # start-up or rendezvous failed outside any exercise
-    info: dict[str, Any] = field(default_factory=dict)  # hostname, pid, torch version
+    info: Hello | None = None  # what it said of itself as it started: hostname, pid, torch version
     output: Output = field(default_factory=Output)
     dump: list[str] = field(default_factory=list)  # stack dump after SIGUSR1
     stopped_at: str | None = None  # where a hung rank was stopped
@@ -141,11 +141,12 @@ class RankState:
     entered: dict[str, float] = field(default_factory=dict)  # exercise -> when the rank began it
     steps: int = 0  # step events taken (at most a plan's steps count)
     violations: list[str] = field(default_factory=list)  # events it sent that break the protocol
-    progress: dict[str, Any] | None = None  # its last "progress" event (lab.rank.flight): calls completed, in flight
+    progress: Progress | None = None  # its last progress event (lab.rank.flight): calls completed, in flight
     progress_at: float | None = None  # when that came
-    flight: dict[str, Any] | None = None  # its last "flight" event: its flight recorder's records
+    flight: Flight | None = None  # its last flight event: its flight recorder's records
     flight_at: float | None = None  # when that came
-    end: dict[str, Any] | None = None  # its "end" event: how and where its program ended (raised, exited)
+    end: End | None = None  # its end event: how and where its program ended (raised, exited)
+    end_at: float | None = None  # when that came
     traceback: str | None = None  # a fatal error's
 
     @property
@@ -175,7 +176,7 @@ class ExerciseRun:
 
     name: str
     results: dict[int, Any] = field(default_factory=dict)
-    errors: dict[int, dict[str, str]] = field(default_factory=dict)
+    errors: dict[int, Error] = field(default_factory=dict)
     seconds: dict[int, float] = field(default_factory=dict)
     calls: dict[int, Any] = field(default_factory=dict)  # the calls each rank made (lab.rank.calls)
     violations: dict[int, str] = field(default_factory=dict)  # rank -> the first event of its that broke the protocol
@@ -222,6 +223,21 @@ CauseKind = Literal["network", "crash", "rendezvous", "collective-mismatch", "p2
                     "missing-rank", "uneven-counts", "straggler", "none", "unknown"]
 
 
+@dataclass(frozen=True)
+class Restart:
+    """torchrun restarted the ranks (``--max-restarts``): which restart (1: the first), and how the
+    ranks of the attempt before ended, as far as they said, in the order they said it (none: no rank said)."""
+
+    count: int
+    ended: tuple[str, ...]
+
+    def line(self, limit: int) -> str:
+        why = "no rank said how it ended (a signal, or before the lab's recorder)"
+        if self.ended:
+            why = self.ended[0] + (f" (first; {len(self.ended) - 1} more after it)" if len(self.ended) > 1 else "")
+        return f"torchrun restarted the ranks ({self.count} of --max-restarts {limit}): {why}"
+
+
 @dataclass
 class RunOutcome:
     plan: Plan
@@ -233,6 +249,7 @@ class RunOutcome:
     ports: tuple[int, ...] = ()  # the ports held on rank 0's host (``${port0}``...)
     wall: float | None = None  # the run was stopped at this limit on its whole time (not one step's)
     cause: Cause | None = None  # why it hung or failed, across ranks (lab.core.why); None when it completed
+    restarts: list[Restart] = field(default_factory=list)  # torchrun's restarts of the ranks, in order
 
     @property
     def stopped(self) -> bool:

@@ -62,7 +62,7 @@ def build_plan(inventory: Inventory, options: Options, token: str | None = None)
     the run's, else a new one)."""
     if options.init not in INIT_METHODS:
         raise UsageError(f"--init must be one of {', '.join(INIT_METHODS)}, got {options.init!r}")
-    launcher, hosts = _placed(inventory, options.launcher, options.partition)
+    launcher, hosts = _placed(inventory, options)
     if launcher.forms_group and options.init != "env":
         raise UsageError(f"with --launcher {launcher.name}, torchrun forms the process group (env://): "
                          "--init tcp and file need --launcher lab, spawn or srun")
@@ -112,13 +112,17 @@ def build_plan(inventory: Inventory, options: Options, token: str | None = None)
         seed=seed, hands_over_ports=launcher.hands_over_ports))
 
 
-def _placed(inventory: Inventory, name: str, partition: str | None) -> tuple[Launcher, tuple[Host, ...]]:
-    """The launcher ``name`` and the inventory's hosts in the order it numbers their ranks, once it
+def _placed(inventory: Inventory, options: Options) -> tuple[Launcher, tuple[Host, ...]]:
+    """The options' launcher and the inventory's hosts in the order it numbers their ranks, once it
     has checked them (``run`` and ``launch`` alike)."""
     if not inventory.hosts:
         raise UsageError(f"{inventory.path}: no hosts")
-    launcher = launchers.find(name)
-    launcher.check(inventory.hosts, partition)
+    launcher = launchers.find(options.launcher)
+    launcher.check(inventory.hosts, options.partition)
+    if options.max_restarts and not launcher.restarts_ranks:
+        restarting = " or ".join(n for n, each in launchers.LAUNCHERS.items() if each.restarts_ranks)
+        raise UsageError(f"--max-restarts {options.max_restarts}: only torchrun's agent restarts the ranks "
+                         f"(--launcher {restarting}), not --launcher {launcher.name}")
     return launcher, launcher.order(inventory.hosts)
 
 
@@ -167,10 +171,12 @@ def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], ti
                       launcher: str = "lab", token: str | None = None, partition: str | None = None,
                       hang_after: float = DEFAULT_HANG_AFTER, preflight: bool = True,
                       rank_env: Mapping[str, str] | None = None, workdir: Workdir | None = None,
-                      module: bool = False) -> Plan:
+                      module: bool = False, max_restarts: int = 0) -> Plan:
     """``lab launch``: the user's script on every rank, the rendezvous in its environment
     (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE), set by the launcher."""
-    starter, hosts = _placed(inventory, launcher, partition)
+    options = Options((), timeout=timeout, launcher=launcher, partition=partition, hang_after=hang_after,
+                      preflight=preflight, rank_env=dict(rank_env or {}), max_restarts=max_restarts)
+    starter, hosts = _placed(inventory, options)
     master = hosts[0].peer_address
     port = port_macro(0)
     backend = default_backend(hosts)
@@ -180,8 +186,6 @@ def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], ti
     else:
         relative = f"script/{script.rsplit('/', 1)[-1]}"
         uploads, program = {relative: script}, (f"{RUN_DIR}/{relative}",)
-    options = Options((), timeout=timeout, launcher=launcher, partition=partition, hang_after=hang_after,
-                      preflight=preflight, rank_env=dict(rank_env or {}))
     return _with_launches(starter, Plan(
         world_size=inventory.world_size, backend=backend, master_addr=master, master_port=port,
         options=options, token=token or new_token(), hosts=hosts,

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any
 
 from lab.core.plan import Plan
 from lab.core.streams import read_events
 from lab.errors import RunError
 from lab.rank.ports import EXCLUSIVE
-from lab.rank.protocol import LINE_MAX
+from lab.rank.protocol import LINE_MAX, Event, Ports
 from lab.transport import RankProcess, Transport
 
 PORTS_WAIT = 30.0  # seconds for rank 0's host to report the ports it holds
@@ -41,18 +40,18 @@ def hold_ports(transport: Transport, plan: Plan) -> tuple[RankProcess, tuple[int
     return holder, ports
 
 
-def _ports_in(event: dict[str, Any] | None) -> tuple[int, ...]:
+def _ports_in(event: Event | None) -> tuple[int, ...]:
     """The ports a ``ports`` event names; none when it is not one, or not a list of ports."""
-    ports = event.get("ports") if event and event.get("event") == "ports" else None
-    if not isinstance(ports, list) or not all(isinstance(p, int) and 0 < p < 65536 for p in ports):
+    ports = event.ports if isinstance(event, Ports) else None
+    if ports is None or not all(isinstance(p, int) and 0 < p < 65536 for p in ports):
         return ()
     return tuple(ports)
 
 
-def _first_event(process: RankProcess, token: str, timeout: float) -> dict[str, Any] | None:
+def _first_event(process: RankProcess, token: str, timeout: float) -> Event | None:
     """The first event on ``process``'s stdout within ``timeout`` seconds (None: none came), read
     within bounds (lab.core.streams.read_events)."""
-    found: queue.Queue[dict[str, Any] | None] = queue.Queue()
+    found: queue.Queue[Event | None] = queue.Queue()
 
     def read() -> None:
         try:

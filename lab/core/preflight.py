@@ -14,13 +14,14 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any, Literal
+from typing import Literal
 
 from lab.core.outcome import Cause, Evidence
 from lab.core.plan import Plan, bind_macros
 from lab.netcheck.model import Finding, HostReport, Master, facts_from, link_from
 from lab.netcheck.rules import analyse, master_endpoint, plan_targets
 from lab.rank.preflight import GO
+from lab.rank.protocol import Probe
 
 EVENTS = frozenset({"facts", "links", "closed"})  # what a host's launcher sends in its preflight
 # the doctor's checks that apply before a job
@@ -47,14 +48,14 @@ class Preflight:
         """Every host was told to go, or the network failed."""
         return self.step == "decided"
 
-    def take(self, host: str, event: dict[str, Any]) -> None:
+    def take(self, host: str, event: Probe) -> None:
         """A preflight event from ``host``'s launcher (one of each; any more are ignored)."""
-        report, kind = self.reports[host], event["event"]
+        report, kind = self.reports[host], event.kind
         try:
             if kind == "facts" and report.facts is None and report.failure is None:
-                report.facts = facts_from(event)
+                report.facts = facts_from(event.fields)
             elif kind == "links" and host not in self.linked:
-                report.links = tuple(link_from(link) for link in event["links"])
+                report.links = tuple(link_from(link) for link in event.fields["links"])
                 self.linked.add(host)
         except (KeyError, TypeError, ValueError) as exc:
             report.failure = f"its launcher's preflight {kind} are unreadable: {exc!r}"

@@ -72,17 +72,18 @@ def launch_json(outcome: RunOutcome, script: str, exit_code: int) -> dict[str, A
     """``lab launch --json``: how the job ended, why (its cause across ranks), and each rank."""
     return {"script": script, "exit_code": exit_code, "status": outcome.status, "seconds": round(outcome.seconds, 3),
             "succeeded": sum(s.done for s in outcome.ranks), "world_size": outcome.plan.world_size,
-            "cause": outcome.cause.to_json() if outcome.cause else None, "ranks": _ranks(outcome)}
+            "cause": outcome.cause.to_json() if outcome.cause else None, "ranks": _ranks(outcome),
+            "restarts": [{"restart": r.count, "ended": list(r.ended)} for r in outcome.restarts]}
 
 
 def _ranks(outcome: RunOutcome) -> list[dict[str, Any]]:
-    return [{"rank": s.spec.rank, "host": s.spec.host, "hostname": s.info.get("hostname"),
-             "pid": s.info.get("pid"), "exit_code": s.exit_code, "done": s.done,
+    return [{"rank": s.spec.rank, "host": s.spec.host, "hostname": s.info.hostname if s.info else None,
+             "pid": s.info.pid if s.info else None, "exit_code": s.exit_code, "done": s.done,
              "ended": ended(s.exit_code) if s.exit_code is not None else None,
              "output": {"lines": s.output.lines, "bytes": s.output.size, "shown": s.output.shown,
                         "dropped": s.output.dropped},
              "step": s.step, "stopped_at": s.stopped_at, "fatal": s.fatal,
-             "torch": s.info.get("torch")} for s in outcome.ranks]
+             "torch": s.info.torch or None if s.info else None} for s in outcome.ranks]
 
 
 def to_junit(outcome: RunOutcome, reports: list[ExerciseReport], suite_name: str = "lab") -> bytes:

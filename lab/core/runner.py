@@ -387,7 +387,7 @@ class Run:
         wall = self.wall
         walled = wall if status == "timeout" and wall and time.monotonic() - self.started >= wall else None
         outcome = RunOutcome(self.plan, self.states, self.runs, status, time.monotonic() - self.started, hung,
-                             self.ports, walled)
+                             self.ports, walled, restarts=self.ledger.restarts)
         preflight = self.ledger.preflight
         outcome.cause = preflight.cause if status == "preflight" and preflight else explain_run(outcome)
         return outcome

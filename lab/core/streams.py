@@ -27,10 +27,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any, Literal
+from typing import IO, Literal
 
 from lab.core.outcome import SHOWN_LINES, LaunchState, RankState, kept_text
-from lab.rank.protocol import EVENT_MAX, LINE_MAX, MARK, EventBudget, parse_event, rank_tag, untag
+from lab.rank.protocol import EVENT_MAX, LINE_MAX, MARK, Event, EventBudget, parse_event, rank_tag, untag
 
 QUEUE_MAX = 1024  # lines read and not yet handled; when full, the readers (and the ranks) wait
 TAG_MAX = 64  # bytes enough for any rank's tag
@@ -208,7 +208,7 @@ def claimed_rank(line: str, states: list[RankState]) -> RankState | None:
 
 
 def read_events(stream: IO[bytes], token: str, on_line: Callable[[str], None] = lambda _: None,
-                ) -> Iterator[dict[str, Any]]:
+                ) -> Iterator[Event]:
     """The events of the run ``token`` on ``stream`` (the stdout of one of the lab's own processes on
     a host: the port holder, the doctor's probe), read as a rank's are (:func:`read_lines`: a line is
     held up to an event's size at most, a longer one is dropped in pieces); its other whole lines go

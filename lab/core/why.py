@@ -49,6 +49,7 @@ from lab.core.rankview import (
     where_of,
 )
 from lab.rank.ops import FROM_ROOT, REDUCING, ROOTED, SIZES_DIFFER, canonical
+from lab.rank.protocol import Error
 
 __all__ = ["Cause", "CauseKind", "Evidence", "RankFacts", "explain"]
 
@@ -457,14 +458,14 @@ def facts_of(state: RankState, runs: Mapping[str, ExerciseRun], arrival: int | N
     exit_call = _exit_call(state, runs) if ended_by_itself and error is None else None
     failed_at = None if state.ended_at is None else time.time() - (time.monotonic() - state.ended_at)
     raised = _exercise_error(state, runs) if not ended_by_itself else None
-    if raised is not None and not raised.get("error", "").startswith(SYS_EXIT):
+    if raised is not None and not raised.error.startswith(SYS_EXIT):
         # Its exercise raised, and it waits in the lab's barrier after it: its program failed there, and
         # what the lab does after that is no party to the cause (nor are its calls: see _program_calls).
-        how, error, traceback = "raised", raised.get("error"), raised.get("traceback")
+        how, error, traceback = "raised", raised.error, raised.traceback
         failed_at = time.time() - (time.monotonic() - state.step_started)
         records, inflight = _program_calls(records), _program_calls(inflight)
     stage: Stage = "starting" if not state.info else "rendezvous" if state.step.startswith("init:") else "joined"
-    return RankFacts(state.spec.rank, state.spec.host, records, inflight, state.flight["counts"] if state.flight
+    return RankFacts(state.spec.rank, state.spec.host, records, inflight, state.flight.counts if state.flight
                      else None, how, state.exit_code if ended_by_itself else None, error, traceback,
                      state.stopped_at, stage, failed_at, arrival, exit_call)
 
@@ -472,11 +473,11 @@ def facts_of(state: RankState, runs: Mapping[str, ExerciseRun], arrival: int | N
 def _flight_of(state: RankState) -> tuple[object, object]:
     """A rank's records and calls in flight: its last dump's, the newer progress event's call in flight
     in place of the dump's where the progress came after it; (None, None) where it sent neither."""
-    records: object = state.flight["records"] if state.flight else None
-    inflight: object = state.flight["inflight"] if state.flight else None
+    records: object = state.flight.records if state.flight else None
+    inflight: object = state.flight.inflight if state.flight else None
     progress = state.progress
     if progress is not None and (state.flight_at is None or (state.progress_at or 0.0) > state.flight_at):
-        inflight = [progress["inflight"]] if progress["inflight"] else []
+        inflight = [progress.inflight] if progress.inflight else []
         records = [] if records is None else records
     return records, inflight
 
@@ -492,12 +493,12 @@ def _exit_call(state: RankState, runs: Mapping[str, ExerciseRun]) -> str | None:
     """Where the program of a rank that exited called sys.exit or os._exit, where it says."""
     end = state.end
     if end is not None:
-        return end.get("where") or None if end.get("how") == "exited" else None
+        return end.where or None if end.how == "exited" else None
     error = _exercise_error(state, runs)
-    return error.get("where") or None if error is not None and error.get("error", "").startswith(SYS_EXIT) else None
+    return error.where or None if error is not None and error.error.startswith(SYS_EXIT) else None
 
 
-def _exercise_error(state: RankState, runs: Mapping[str, ExerciseRun]) -> dict[str, str] | None:
+def _exercise_error(state: RankState, runs: Mapping[str, ExerciseRun]) -> Error | None:
     """The error the rank reported in the exercise it was in (or in the barrier after), if any."""
     run = runs.get(state.step.removeprefix("wait:"))
     return run.errors.get(state.spec.rank) if run is not None else None
@@ -508,13 +509,12 @@ def _error_of(state: RankState, runs: Mapping[str, ExerciseRun]) -> tuple[str | 
     event, a fatal error), else the one its exercise reported; (None, None): it did not raise."""
     end = state.end
     if end is not None:
-        return (end.get("error") or "an exception", end.get("traceback")) if end.get("how") == "raised" else (
-            None, None)
+        return (end.error or "an exception", end.traceback) if end.how == "raised" else (None, None)
     if state.fatal:
         return state.fatal, state.traceback
     error = _exercise_error(state, runs)
-    if error is not None and not error.get("error", "").startswith(SYS_EXIT):
-        return error.get("error"), error.get("traceback")
+    if error is not None and not error.error.startswith(SYS_EXIT):
+        return error.error, error.traceback
     return (_aborted_with(state.tail), None) if state.exit_code in ABORTED else (None, None)
 
 

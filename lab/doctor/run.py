@@ -46,7 +46,7 @@ from lab.rank.netfacts import (
     Target,
 )
 from lab.rank.probe import PROBE_VAR
-from lab.rank.protocol import LINE_MAX, MalformedEvent
+from lab.rank.protocol import LINE_MAX, MalformedEvent, Probe
 from lab.transport import (
     RankProcess,
     code_uploads,
@@ -96,7 +96,7 @@ class _ProbeRun:
             said = lambda line: log.debug("%s: %s", self.name, line)  # (the probe's other lines)
             for event in read_events(self.process.stdout, self._token, said):
                 with self._changed:
-                    self.events[event.pop("event")] = event
+                    self.events[event.kind] = event.fields if isinstance(event, Probe) else {}
                     self._changed.notify_all()
         except (OSError, MalformedEvent) as exc:
             log.debug("%s: reading the probe: %s", self.name, exc)

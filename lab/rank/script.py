@@ -59,11 +59,16 @@ WALK_MAX = 64  # frames looked at for the user's
 
 def main() -> None:
     start_rank()
-    rank = int(os.environ.get("RANK", "-1"))
+    rank, restart = int(os.environ.get("RANK", "-1")), restart_count()
     if protocol.CHANNEL is not None:  # (the lab gave it a token)
         protocol.CHANNEL.send("hello", rank=rank, pid=os.getpid(), hostname=socket.gethostname(),
-                              local_rank=int(os.environ.get("LOCAL_RANK", "0")))
-    after_torch(lambda: record_calls(rank))
+                              local_rank=int(os.environ.get("LOCAL_RANK", "0")), restart=restart)
+
+    def with_torch() -> None:
+        record_calls(rank)
+        keep_attempts_apart(restart)
+
+    after_torch(with_torch)
     workdir = os.environ.pop(WORKDIR_VAR, None)
     if workdir:  # (the project's copy: relative paths in the program mean what they mean in its folder)
         os.chdir(workdir)
@@ -79,6 +84,13 @@ def main() -> None:
         start = lambda: runpy.run_path(script, run_name="__main__")
     os._exit = reported_exit(rank, os._exit)  # type: ignore[assignment]  # (the same call: one status)
     run(start, rank)
+
+
+def restart_count() -> int:
+    """How many times torchrun restarted the ranks before this one started (its agent's
+    TORCHELASTIC_RESTART_COUNT; 0 under any other launcher)."""
+    count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return int(count) if count.isdigit() else 0
 
 
 def run(start: Callable[[], object], rank: int) -> None:
@@ -246,6 +258,26 @@ def record_calls(rank: int) -> None:
         return
     if rank >= 0:
         FLIGHT.watch(rank)
+
+
+def keep_attempts_apart(restart: int) -> None:
+    """A restarted attempt's ranks under torchrun meet in their agent's store (TORCHELASTIC_USE_AGENT_STORE),
+    which still holds the last attempt's keys: gloo reads its peers' old addresses there and cannot
+    connect ("Gloo connectFullMesh failed ... Connection refused"), with plain torchrun too (torch 2.13;
+    pytorch/pytorch#167288 is the same with NCCL). So each restarted attempt's env:// rendezvous gets
+    keys of its own, a prefix in that store, as a new store would give it; the first attempt's is torch's."""
+    if restart == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return
+    rendezvous = sys.modules.get("torch.distributed.rendezvous")  # (the package's name is also a function's)
+    create = getattr(rendezvous, "_create_c10d_store", None)
+    if rendezvous is None or create is None:  # (a torch without it: as it is)
+        return
+    from torch.distributed.distributed_c10d import PrefixStore
+
+    def attempts_own(*args: object, **kwargs: object) -> object:
+        return PrefixStore(f"lab/attempt-{restart}/", create(*args, **kwargs))
+
+    rendezvous._create_c10d_store = attempts_own  # type: ignore[attr-defined]
 
 
 def after_torch(then: Callable[[], None]) -> None:

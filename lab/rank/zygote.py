@@ -60,6 +60,7 @@ from lab.rank.protocol import (
     WIRE_EVENT,
     EventBudget,
     MalformedEvent,
+    RankEvent,
     event_line,
     parse_event,
     rank_tag,
@@ -170,10 +171,10 @@ class StreamFilter:
             return self._bad(f"sent a malformed event: {exc}")
         if event is None:  # (a line of its own: output before a mark ends where the mark starts)
             return self.tag + line.replace(UNIT_SEPARATOR, NEUTRAL) + b"\n"
-        if event["event"] not in RANK_EVENTS:
-            return self._bad(f"sent a {event['event']!r} event, which no rank sends")
-        if event["rank"] != self.rank:
-            return self._bad(f"sent an event as rank {event['rank']} (a rank speaks for itself only)")
+        if event.kind not in RANK_EVENTS or not isinstance(event, RankEvent):
+            return self._bad(f"sent a {event.kind!r} event, which no rank sends")
+        if event.rank != self.rank:
+            return self._bad(f"sent an event as rank {event.rank} (a rank speaks for itself only)")
         return line + b"\n"
 
     def _bad(self, what: str) -> bytes:

@@ -187,9 +187,11 @@ def print_scenario(console: Console, result: ScenarioResult) -> None:
 
 
 def print_launch(console: Console, script: str, outcome: RunOutcome, failed: list[RankState]) -> None:
-    """``lab launch``'s end: each rank that failed, and why; how many succeeded."""
+    """``lab launch``'s end: torchrun's restarts, each rank that failed, and why; how many succeeded."""
     plan = outcome.plan
     console.print()
+    for restart in outcome.restarts:
+        console.print(Text(printable(restart.line(plan.options.max_restarts)), style="yellow"), soft_wrap=True)
     if outcome.cause is not None:  # (a timeout's ranks say where they were stopped, below)
         print_cause(console, outcome.cause, evidence=outcome.status != "timeout",
                     interrupted=outcome.status == "interrupted")

@@ -43,6 +43,8 @@ class Launcher:
     measures_wire: ClassVar[bool] = False
     # the launcher tags its ranks' lines itself (the lab's zygote); else each rank's relay does
     tags_output: ClassVar[bool] = False
+    # torchrun's agent may restart the ranks after one fails (--max-restarts), each time with a new hello
+    restarts_ranks: ClassVar[bool] = False
 
     def check(self, hosts: Sequence[Host], partition: str | None) -> None:
         """Refuse hosts or options this launcher cannot start ranks on (UsageError, one line)."""

@@ -81,6 +81,7 @@ class Srun(Launcher):
 class SrunTorchrun(Srun):
     name: ClassVar[str] = "srun-torchrun"
     forms_group: ClassVar[bool] = True
+    restarts_ranks: ClassVar[bool] = True
     tags_output: ClassVar[bool] = False  # (a task is an agent: its ranks tag their lines themselves)
 
     def order(self, hosts: Sequence[Host]) -> tuple[Host, ...]:

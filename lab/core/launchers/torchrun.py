@@ -17,6 +17,7 @@ class Torchrun(Launcher):
     name: ClassVar[str] = "torchrun"
     forms_group: ClassVar[bool] = True
     places_ranks: ClassVar[bool] = False
+    restarts_ranks: ClassVar[bool] = True
 
     def order(self, hosts: Sequence[Host]) -> tuple[Host, ...]:
         """torchrun's c10d rendezvous numbers the nodes in the sorted order of their addresses
@@ -35,4 +36,5 @@ def torchrun_args(plan: Plan, slots: int) -> tuple[str, ...]:
     a folder of the host's temp directory that nothing does."""
     return ("torchrun", "--nnodes", str(len(plan.hosts)), "--nproc-per-node", str(slots),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", str(plan.rdzv_endpoint),
-            "--rdzv-id", public_id(plan.token), "--max-restarts", "0", "--log-dir", f"{RUN_DIR}/{TORCHRUN_DIR}")
+            "--rdzv-id", public_id(plan.token), "--max-restarts", str(plan.options.max_restarts),
+            "--log-dir", f"{RUN_DIR}/{TORCHRUN_DIR}")
