@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from lab.rank.protocol import Event, Probe, parse_event
+from lab.rank.events import Event, Probe, parse_event
 
 from .sshd import SSHServer, require_sshd, start_sshd
 

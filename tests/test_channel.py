@@ -18,25 +18,10 @@ from lab.core.outcome import OUTPUT_MAX, Output
 from lab.core.plan import Options
 from lab.core.planner import build_plan
 from lab.errors import ExitCode
-from lab.rank import protocol
+from lab.rank import events
+from lab.rank.events import EVENT_TYPES, PROBE_EVENTS, Done, Event, Hello, MalformedEvent, Probe, Progress, parse_event
 from lab.rank.output import tagged
-from lab.rank.protocol import (
-    EVENT_KINDS,
-    EVENT_TYPES,
-    EVENTS_MAX,
-    FLIGHT_RATE,
-    NEUTRAL,
-    PROBE_EVENTS,
-    Done,
-    Event,
-    EventBudget,
-    Hello,
-    MalformedEvent,
-    Probe,
-    Progress,
-    event_line,
-    parse_event,
-)
+from lab.rank.protocol import EVENT_KINDS, EVENTS_MAX, FLIGHT_RATE, NEUTRAL, EventBudget, event_line
 from lab.suite import registry
 
 from .conftest import WRONG, Lab
@@ -172,7 +157,7 @@ def test_every_kind_of_event_has_its_class_and_every_field_a_check() -> None:
     assert {cls.KIND for cls in EVENT_TYPES.values()} | PROBE_EVENTS == EVENT_KINDS
     assert {"facts", "runtime", "links", "heard", "closed"} == PROBE_EVENTS
     for cls in EVENT_TYPES.values():  # (an annotation the checks do not know would make every such event malformed)
-        assert all(str(f.type) in protocol._CHECKS for f in dataclasses.fields(cls)), cls
+        assert all(str(f.type) in events._CHECKS for f in dataclasses.fields(cls)), cls
 
 
 def test_the_relay_neutralizes_every_mark() -> None:

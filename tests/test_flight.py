@@ -15,8 +15,9 @@ from lab.core.inventory import local_inventory
 from lab.core.planner import build_launch_plan
 from lab.core.runner import run_plan
 from lab.rank.callspec import P2P
+from lab.rank.events import Flight, MalformedEvent, Progress, parse_event
 from lab.rank.flight import RING_MAX, fit
-from lab.rank.protocol import EVENT_MAX, Flight, MalformedEvent, Progress, event_line, parse_event
+from lab.rank.protocol import EVENT_MAX, event_line
 
 from .conftest import REPO, lines_of, run_ranks_as_the_lab_does
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lab.rank import ports as held_ports
-from lab.rank.protocol import Ports, parse_event
+from lab.rank.events import Ports, parse_event
 
 from .conftest import REPO
 

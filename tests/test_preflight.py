@@ -24,9 +24,9 @@ from lab.errors import ExitCode
 from lab.model.inventory import Host, Inventory
 from lab.netcheck.rules import SAME_NETWORK_FIX
 from lab.rank import ports, probe
+from lab.rank.events import Probe, Pulse, parse_event
 from lab.rank.netfacts import Target
 from lab.rank.probe import Listener, check_link, survey
-from lab.rank.protocol import Probe, Pulse, parse_event
 from lab.rank.worker import TOKEN_VAR
 
 from .conftest import REPO, Lab

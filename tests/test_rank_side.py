@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from lab.core.stacks import users_traceback, where_stopped
-from lab.rank.protocol import RANK_TAG, End, MalformedEvent, event_line, parse_event, rank_tag, untag
+from lab.rank.events import End, MalformedEvent, parse_event
+from lab.rank.protocol import RANK_TAG, event_line, rank_tag, untag
 from lab.rank.script import EXIT_WAIT
 from lab.rank.worker import SharedPathError, call_with_context, ensure_shared_path
 

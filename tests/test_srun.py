@@ -15,9 +15,10 @@ from lab.errors import ExitCode, UsageError
 from lab.jobs import submit
 from lab.model.inventory import Host
 from lab.rank import srun
+from lab.rank.events import Exit, Step, parse_event
 from lab.rank.node import per_node_counts
 from lab.rank.output import HOLD
-from lab.rank.protocol import Exit, Step, event_line, parse_event, rank_tag, report_exits
+from lab.rank.protocol import event_line, rank_tag, report_exits
 
 TOKEN = "t0k3n"
 

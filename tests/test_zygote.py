@@ -10,20 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.rank.protocol import (
-    EVENT_MAX,
-    LINE_MAX,
-    NEUTRAL,
-    Bad,
-    Done,
-    Event,
-    Exit,
-    WireMeasure,
-    event_line,
-    parse_event,
-    rank_tag,
-    untag,
-)
+from lab.rank.events import Bad, Done, Event, Exit, WireMeasure, parse_event
+from lab.rank.protocol import EVENT_MAX, LINE_MAX, NEUTRAL, event_line, rank_tag, untag
 from lab.rank.wire import WIRE_VAR
 from lab.rank.zygote import StreamFilter
 

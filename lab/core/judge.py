@@ -7,7 +7,7 @@ from typing import Literal
 from lab.core.outcome import SYS_EXIT, ExerciseRun, RankState, RunOutcome, ended
 from lab.core.random_inputs import values
 from lab.errors import ExitCode
-from lab.rank.protocol import Error
+from lab.rank.events import Error
 from lab.suite.check import Mismatch, PartVerdict, Verdict, World, ranks_named
 from lab.suite.registry import EXERCISES
 

@@ -32,9 +32,7 @@ from lab.core.plan import Plan
 from lab.core.preflight import EVENTS as PREFLIGHT_EVENTS
 from lab.core.preflight import Preflight
 from lab.core.streams import claimed_rank
-from lab.rank.protocol import (
-    LAUNCHER_EVENTS,
-    RANK_EVENTS,
+from lab.rank.events import (
     Alive,
     Bad,
     Done,
@@ -55,6 +53,7 @@ from lab.rank.protocol import (
     WireMeasure,
     parse_event,
 )
+from lab.rank.protocol import LAUNCHER_EVENTS, RANK_EVENTS
 from lab.suite.check import Carried
 
 log = logging.getLogger(__name__)

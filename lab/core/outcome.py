@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from lab.core.plan import Launch, Plan, RankSpec, bind_macros
-from lab.rank.protocol import LINE_MAX, End, Error, Flight, Hello, Progress
+from lab.rank.events import End, Error, Flight, Hello, Progress
+from lab.rank.protocol import LINE_MAX
 from lab.suite.check import Carried
 from lab.transport import RankProcess
 

@@ -20,8 +20,8 @@ from lab.core.outcome import Cause, Evidence
 from lab.core.plan import Plan, bind_macros
 from lab.netcheck.model import Finding, HostReport, Master, facts_from, link_from
 from lab.netcheck.rules import analyse, master_endpoint, plan_targets
+from lab.rank.events import Probe
 from lab.rank.preflight import GO
-from lab.rank.protocol import Probe
 
 EVENTS = frozenset({"facts", "links", "closed"})  # what a host's launcher sends in its preflight
 # the doctor's checks that apply before a job

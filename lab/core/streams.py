@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from typing import IO, Literal
 
 from lab.core.outcome import SHOWN_LINES, LaunchState, RankState, kept_text
-from lab.rank.protocol import EVENT_MAX, LINE_MAX, MARK, Event, EventBudget, parse_event, rank_tag, untag
+from lab.rank.events import Event, parse_event
+from lab.rank.protocol import EVENT_MAX, LINE_MAX, MARK, EventBudget, rank_tag, untag
 
 QUEUE_MAX = 1024  # lines read and not yet handled; when full, the readers (and the ranks) wait
 TAG_MAX = 64  # bytes enough for any rank's tag

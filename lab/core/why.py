@@ -48,8 +48,8 @@ from lab.core.rankview import (
     verb,
     where_of,
 )
+from lab.rank.events import Error
 from lab.rank.ops import FROM_ROOT, REDUCING, ROOTED, SIZES_DIFFER, canonical
-from lab.rank.protocol import Error
 
 __all__ = ["Cause", "CauseKind", "Evidence", "RankFacts", "explain"]
 

@@ -4,11 +4,11 @@ carries nothing over the network.
 Each host keeps the projects it was given in ``$TMPDIR/lab-work-UID/KEY`` (its user's alone: the
 folder must be that user's, not a link, mode 0700, or it is not used), ``KEY`` naming the
 project's files by their paths, sizes and modification times (``Workdir.key``, as rsync's quick
-check). A launch asks each host whether it has the key (one short command); where it has not, the
+check). Once the run's directory is made, one short command copies the kept project into it
+(``WORK_DIR``, renamed into place whole: hosts of one machine share it), where the ranks may write as
+they like without touching the kept copy; where the host has no such project, it says so, the
 files go there once (into a folder of their own, renamed to the key when whole, so a copy cut short
-is never taken for one); then the host copies the project into the run's directory (``WORK_DIR``,
-renamed into place whole: hosts of one machine share it), where the ranks may write as they like
-without touching the kept copy. The newest KEEP projects are kept.
+is never taken for one) and the same command copies it. The newest KEEP projects are kept.
 """
 from __future__ import annotations
 
@@ -26,30 +26,24 @@ log = logging.getLogger(__name__)
 KEEP = 4  # projects kept on a host
 CALL_TIMEOUT = 60.0  # seconds for a host's copy of a project into the run's directory
 
-# sh, $1 the key: whether the host has the project ("cached UID" / "missing UID"), "unsafe" when
-# its user's folder of projects is not safely its own. A kept project's folder appears whole (renamed
-# into place once its files are in), so being there is being complete.
-_LOOK = r"""
+# sh, $1 the key, $2 the project's folder in the run directory, $3 the folder the project was just
+# carried to (if it was). "unsafe" when the user's folder of projects is not safely its own; else that
+# folder renamed to the key (unless another got there first), then "missing UID" when the host has no
+# project of that key, else the project copied into $2 by way of a folder renamed into place (two hosts
+# of one machine may share the run directory), "copied", and the oldest kept projects let go. A kept
+# project's folder appears whole (renamed into place once its files are in): being there is being complete.
+_COPY = r"""
 u=$(id -u); c="${TMPDIR:-/tmp}/lab-work-$u"
 [ -e "$c" ] || [ -L "$c" ] || mkdir -m 700 "$c" 2>/dev/null
-if [ -d "$c" ] && [ ! -L "$c" ] && [ -O "$c" ] && [ "$(stat -c %a "$c")" = 700 ]; then
-  if [ -d "$c/$1" ] && [ ! -L "$c/$1" ]; then echo "cached $u"; else echo "missing $u"; fi
-else
-  echo unsafe
-fi
-"""
-# sh, $1 the key, $2 the project's folder in the run directory, $3 the folder the project was just
-# carried to (if it was): that folder renamed to the key (unless another got there first), the project
-# copied into $2 by way of a folder renamed into place (two hosts of one machine may share the run
-# directory), then the oldest kept projects let go
-_COPY = r"""
-c="${TMPDIR:-/tmp}/lab-work-$(id -u)"
+if [ ! -d "$c" ] || [ -L "$c" ] || [ ! -O "$c" ] || [ "$(stat -c %a "$c")" != 700 ]; then echo unsafe; exit 0; fi
 if [ -n "$3" ]; then mv -T "$c/$3" "$c/$1" 2>/dev/null || rm -rf "$c/$3"; fi
+if [ ! -d "$c/$1" ] || [ -L "$c/$1" ]; then echo "missing $u"; exit 0; fi
 if [ ! -d "$2" ]; then
   t=$(mktemp -d "$2.XXXXXX") && cp -a "$c/$1/." "$t/" || exit 1
   mv -T "$t" "$2" 2>/dev/null || rm -rf "$t"
 fi
 [ -d "$2" ] || exit 1
+echo copied
 ls -1dt "$c"/*/ 2>/dev/null | tail -n +KEEP | while read -r old; do rm -rf "$old"; done
 """.replace("KEEP", str(KEEP + 1))
 
@@ -58,21 +52,33 @@ def carry(transport: Transport, run_name: str, uploads: Mapping[str, Path], work
           key: str) -> tuple[str, bool]:
     """Make the run's directory on the host with ``uploads`` and the project (``work``: its files,
     by path in it) in its ``work/``, the project from the host's kept copy when it has ``key``; the
-    run directory, and whether the project went over the network."""
-    status, said = transport.call(["/bin/sh", "-c", _LOOK, "sh", key], CALL_TIMEOUT)
-    words = said.split()
-    if status != 0 or not words or words[0] not in ("cached", "missing"):
-        log.debug("host %s: no kept projects (%s): the project goes into the run's directory", transport.host.name,
-                  said.strip() or f"exit {status}")
-        return transport.prepare(run_name, {**uploads, **{f"{WORK_DIR}/{p}": f for p, f in work.items()}}), True
-    carried = words[0] == "missing"
-    part = f"{key}.part-{transport.host.name}" if carried else ""  # (a host's own: hosts may share a machine)
-    if carried:
-        transport.prepare(posixpath.join(f"lab-work-{words[1]}", part), dict(work))
+    run directory, and whether the project went over the network. A kept project costs the host two
+    commands (the run's files; the copy), a new one two more (its files, kept; the copy)."""
     run_dir = transport.prepare(run_name, uploads)
-    status, said = transport.call(["/bin/sh", "-c", _COPY, "sh", key, posixpath.join(run_dir, WORK_DIR), part],
-                                  CALL_TIMEOUT)
+    project = posixpath.join(run_dir, WORK_DIR)
+    said = _copy(transport, key, project, "")
+    if said[0] == "missing":
+        part = f"{key}.part-{transport.host.name}"  # (a host's own: hosts may share a machine)
+        transport.prepare(posixpath.join(f"lab-work-{said[1]}", part), dict(work))
+        transport.prepare(run_name, {})  # (the run's directory again: the one its end removes)
+        said = _copy(transport, key, project, part)
+        if said[0] != "copied":  # (its folder of projects was safe a moment ago)
+            raise RunError(f"host {transport.host.name}: cannot keep the project: its folder of projects "
+                           f"says {' '.join(said)!r}")
+        return run_dir, True
+    if said[0] != "copied":
+        log.debug("host %s: no kept projects (%s): the project goes into the run's directory", transport.host.name,
+                  " ".join(said))
+        transport.prepare(run_name, {f"{WORK_DIR}/{p}": f for p, f in work.items()})
+        return run_dir, True
+    return run_dir, False
+
+
+def _copy(transport: Transport, key: str, project: str, part: str) -> list[str]:
+    """The host's word on its kept project ``key`` (see _COPY): ["copied"], ["missing", UID], ["unsafe"]."""
+    status, said = transport.call(["/bin/sh", "-c", _COPY, "sh", key, project, part], CALL_TIMEOUT)
+    words = said.split()
     if status != 0:
         raise RunError(f"host {transport.host.name}: cannot copy the project into the run's directory: "
                        f"{said.strip().splitlines()[-1] if said.strip() else f'exit {status}'}")
-    return run_dir, carried
+    return words[-2:] if len(words) >= 2 and words[-2] == "missing" else words[-1:] or ["unsafe"]

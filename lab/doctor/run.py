@@ -41,12 +41,13 @@ from lab.netcheck.model import (
     link_from,
 )
 from lab.netcheck.rules import analyse, hang_causes, master_endpoint, plan_targets
+from lab.rank.events import MalformedEvent, Probe
 from lab.rank.netfacts import (
     Lookup,
     Target,
 )
 from lab.rank.probe import PROBE_VAR
-from lab.rank.protocol import LINE_MAX, MalformedEvent, Probe
+from lab.rank.protocol import LINE_MAX
 from lab.transport import (
     RankProcess,
     code_uploads,

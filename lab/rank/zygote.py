@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import NoReturn
 
 from lab.rank import inputs
+from lab.rank.events import MalformedEvent, RankEvent, parse_event
 from lab.rank.output import HOLD
 from lab.rank.preflight import StartupHelper
 from lab.rank.protocol import (
@@ -59,10 +60,7 @@ from lab.rank.protocol import (
     UNIT_SEPARATOR,
     WIRE_EVENT,
     EventBudget,
-    MalformedEvent,
-    RankEvent,
     event_line,
-    parse_event,
     rank_tag,
     write_all,
 )

@@ -1,0 +1,258 @@
+"""What the events of the run say, as the controller (and the zygote, which checks its ranks') takes
+them: a frozen class a kind, whose fields are those the table of ``lab.rank.protocol`` gives, checked
+as a line is parsed (:func:`parse_event`); the probe's events (facts, runtime, links, heard, closed)
+come as a :class:`Probe` holding their fields, which the doctor's checks read.
+
+Apart from ``lab.rank.protocol``, which every process the lab starts on a host imports (a rank's
+relay too) and which stays light: making these classes costs tens of milliseconds a process.
+
+Standard library only: the zygote checks its ranks' events on the host.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass
+from dataclasses import fields as dataclass_fields
+from typing import Any, ClassVar, Final
+
+from lab.rank.protocol import EVENT_KINDS, EVENT_MAX, MARK
+
+
+class MalformedEvent(ValueError):
+    """A line marked as an event of this run that is not one: bad JSON, no known ``event``, a field
+    missing, unknown or of the wrong type."""
+
+
+# The events as the controller takes them: a frozen class a kind, whose fields (their names and types)
+# are what :func:`check_event` asks of an event of that kind; one with a default may be left out.
+@dataclass(frozen=True)
+class Event:
+    """An event of the run, its fields checked (:func:`parse_event`)."""
+
+    KIND: ClassVar[str] = ""
+
+    @property
+    def kind(self) -> str:
+        return self.KIND
+
+
+@dataclass(frozen=True)
+class RankEvent(Event):
+    """An event of one rank's (or, ``exit``, ``bad`` and ``wire``, its host's launcher's about it)."""
+
+    rank: int
+
+
+@dataclass(frozen=True)
+class Hello(RankEvent):
+    KIND: ClassVar[str] = "hello"
+    pid: int
+    hostname: str
+    local_rank: int
+    python: str = ""
+    torch: str = ""
+    restart: int = 0  # torchrun's count of the times it restarted the ranks (TORCHELASTIC_RESTART_COUNT)
+
+
+@dataclass(frozen=True)
+class Step(RankEvent):
+    KIND: ClassVar[str] = "step"
+    step: str
+
+
+@dataclass(frozen=True)
+class Result(RankEvent):
+    KIND: ClassVar[str] = "result"
+    exercise: str
+    value: object
+    seconds: float
+    calls: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Error(RankEvent):
+    KIND: ClassVar[str] = "error"
+    exercise: str
+    error: str
+    where: str
+    traceback: str
+    calls: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Fatal(RankEvent):
+    KIND: ClassVar[str] = "fatal"
+    error: str
+    traceback: str
+
+
+@dataclass(frozen=True)
+class Done(RankEvent):
+    KIND: ClassVar[str] = "done"
+    failures: int
+
+
+# (what the records in progress and flight hold is the controller's analysis to check: lab.rank.flight)
+@dataclass(frozen=True)
+class Progress(RankEvent):
+    KIND: ClassVar[str] = "progress"
+    completed: int
+    inflight: dict[str, Any] | None
+    moved: int
+    quiet: float
+
+
+@dataclass(frozen=True)
+class Flight(RankEvent):
+    KIND: ClassVar[str] = "flight"
+    records: list[Any]
+    inflight: list[Any]
+    counts: dict[str, Any]
+    dropped: int
+
+
+@dataclass(frozen=True)
+class End(RankEvent):
+    KIND: ClassVar[str] = "end"
+    how: str
+    code: int
+    error: str
+    where: str
+    traceback: str
+
+
+@dataclass(frozen=True)
+class Exit(RankEvent):
+    KIND: ClassVar[str] = "exit"
+    code: int
+
+
+@dataclass(frozen=True)
+class Bad(RankEvent):
+    KIND: ClassVar[str] = "bad"
+    what: str
+
+
+@dataclass(frozen=True)
+class Ports(Event):
+    KIND: ClassVar[str] = "ports"
+    ports: list[Any]
+
+
+@dataclass(frozen=True)
+class WireMeasure(RankEvent):
+    KIND: ClassVar[str] = "wire"
+    carried: int
+    lost: int
+    error: str = ""
+    failed: str = ""
+
+
+@dataclass(frozen=True)
+class Alive(RankEvent):
+    KIND: ClassVar[str] = "alive"
+    cpu: float
+
+
+@dataclass(frozen=True)
+class Pulse(Event):
+    KIND: ClassVar[str] = "pulse"
+    cpu: float
+
+
+@dataclass(frozen=True)
+class Probe(Event):
+    """An event of the doctor's probe, or of a host's launcher in its preflight (facts, runtime, links,
+    heard, closed): its fields as sent, which the doctor's own checks read (``lab.netcheck``)."""
+
+    what: str
+    fields: dict[str, Any]
+
+    @property
+    def kind(self) -> str:
+        return self.what
+
+
+EVENT_TYPES: Final[dict[str, type[Event]]] = {cls.KIND: cls for cls in (
+    Hello, Step, Result, Error, Fatal, Done, Progress, Flight, End, Exit, Bad, Ports, WireMeasure, Alive, Pulse)}
+PROBE_EVENTS: Final = EVENT_KINDS - set(EVENT_TYPES)
+
+
+def parse_event(line: str, token: str) -> Event | None:
+    """The event a line carries, if it is an event line of the run ``token``; None for any other
+    line (a program's output). Raises :class:`MalformedEvent` for a marked line that is no valid
+    event (see :func:`check_event`)."""
+    prefix = f"{MARK}{token} "
+    if not line.startswith(prefix):
+        return None
+    if len(line.encode("utf-8", "replace")) > EVENT_MAX:
+        raise MalformedEvent(f"longer than {EVENT_MAX} bytes")
+    try:
+        event = json.loads(line[len(prefix):])
+    except RecursionError:
+        raise MalformedEvent("nested too deeply") from None
+    except ValueError as exc:
+        raise MalformedEvent(f"not JSON: {exc}") from None
+    return check_event(event)
+
+
+def check_event(event: Any) -> Event:
+    """The event a decoded event line holds. Raises :class:`MalformedEvent` unless it is an object with
+    a known ``event`` and exactly the fields of its kind's class (those with a default may be left out),
+    each of its type."""
+    if not isinstance(event, dict):
+        raise MalformedEvent(f"not an object but {_kind_of(event)}")
+    kind = event.get("event")
+    if not isinstance(kind, str) or kind not in EVENT_KINDS:
+        raise MalformedEvent(f"no known 'event' (got {_short(kind)})")
+    cls = EVENT_TYPES.get(kind)
+    if cls is None:
+        return Probe(kind, {name: value for name, value in event.items() if name != "event"})
+    fields = _FIELDS[cls]
+    unknown = sorted(name for name in event if name != "event" and name not in fields)
+    if unknown:
+        raise MalformedEvent(f"a {kind!r} event has no field {_short(unknown[0])}")
+    for name, (type_, optional) in fields.items():
+        if name not in event:
+            if optional:
+                continue
+            raise MalformedEvent(f"a {kind!r} event without its {name!r}")
+        if not _CHECKS[type_](event[name]):
+            raise MalformedEvent(f"the {name!r} of a {kind!r} event is {_kind_of(event[name])} "
+                                 f"{_short(event[name])}, not {_TYPE_WORDS[type_]}")
+    return cls(**{name: value for name, value in event.items() if name != "event"})
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# A field's type, as its class declares it -> (what a value of it is, said in words)
+_CHECKS: Final[dict[str, Callable[[Any], bool]]] = {
+    "int": _whole,
+    "str": lambda value: isinstance(value, str),
+    "float": lambda value: (_whole(value) or isinstance(value, float)) and math.isfinite(value),
+    "object": lambda value: True,
+    "list[Any]": lambda value: isinstance(value, list),
+    "dict[str, Any]": lambda value: isinstance(value, dict),
+    "dict[str, Any] | None": lambda value: value is None or isinstance(value, dict),
+}
+_TYPE_WORDS: Final[dict[str, str]] = {"int": "an integer", "str": "a string", "float": "a finite number",
+                                      "object": "a value", "list[Any]": "a list", "dict[str, Any]": "an object",
+                                      "dict[str, Any] | None": "an object or null"}
+# each class's fields: name -> (its type, whether it may be left out)
+_FIELDS: Final[dict[type[Event], dict[str, tuple[str, bool]]]] = {
+    cls: {f.name: (str(f.type), f.default is not MISSING) for f in dataclass_fields(cls)}
+    for cls in EVENT_TYPES.values()}
+
+
+def _kind_of(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
+            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
