@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata
+import importlib
 import logging
 import os
 import platform
@@ -18,12 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import lab
-from lab.cli.bench import add_bench
 from lab.cli.common import EXIT_CODES, Commands, Parser
-from lab.cli.doctor import add_doctor
-from lab.cli.grading import add_grade
-from lab.cli.labs import add_break, add_down, add_fix, add_ls, add_net, add_status, add_up
-from lab.cli.running import add_launch, add_list, add_run, add_submit
 from lab.cli.views import screen
 from lab.errors import ExitCode, LabError, UsageError
 from lab.transport.ssh.connections import WIRE_LOG
@@ -48,27 +43,56 @@ def cmd_completion(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-# Each command adds its parser, in the order the top-level help lists them.
-COMMANDS: tuple[Callable[[Commands], None], ...] = (
-    add_list, add_run, add_grade, add_up, add_launch, add_bench, add_submit, add_doctor, add_down, add_net,
-    add_break, add_fix, add_status, add_ls, add_completion)
+# Each command: its name, and the module of lab.cli and its function that add its parser, in the
+# order the top-level help lists them.
+COMMANDS: tuple[tuple[str, str, str], ...] = (
+    ("list", "running", "add_list"), ("run", "running", "add_run"), ("grade", "grading", "add_grade"),
+    ("up", "labs", "add_up"), ("launch", "running", "add_launch"), ("bench", "bench", "add_bench"),
+    ("submit", "running", "add_submit"), ("doctor", "doctor", "add_doctor"), ("down", "labs", "add_down"),
+    ("net", "labs", "add_net"), ("break", "labs", "add_break"), ("fix", "labs", "add_fix"),
+    ("status", "labs", "add_status"), ("ls", "labs", "add_ls"), ("completion", "main", "add_completion"))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The root parser with every command's, or with command ``only``'s alone: a command line that
+    names its command imports that command's module only (``lab launch`` no Docker SDK, say)."""
     parser = Parser(
         prog="lab" if Path(sys.argv[0]).name == "lab" else "python -m lab",
         description="Run torch.distributed exercises on a cluster of hosts and check every result.",
         epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=versions(),
-                        help="print the lab's, torch's and Python's versions and exit")
+    parser.add_argument("--version", action=_Version, help="print the lab's, torch's and Python's versions and exit")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
-    for add in COMMANDS:
-        add(commands)
+    for name, module, adder in COMMANDS:
+        if only is None or name == only:
+            add: Callable[[Commands], None] = getattr(importlib.import_module(f"lab.cli.{module}"), adder)
+            add(commands)
     return parser
+
+
+def _named_command(argv: Sequence[str]) -> str | None:
+    """The command a command line names first, if it is one of COMMANDS; None: build them all (help,
+    --version, a mistyped command, the shell asking for completions)."""
+    if not argv or "_ARGCOMPLETE" in os.environ:
+        return None
+    return argv[0] if argv[0] in {name for name, _, _ in COMMANDS} else None
+
+
+class _Version(argparse.Action):
+    """``--version``: the versions, read when asked (torch's metadata costs every other command line)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        screen.print_verbatim(versions() + "\n")
+        parser.exit()
 
 
 def versions() -> str:
     """The lab's version, and the torch it would run (read from its metadata: no import)."""
+    import importlib.metadata  # (only here: its import costs every other command line 40 ms)
+
     try:
         torch = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
@@ -77,7 +101,7 @@ def versions() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(_named_command(sys.argv[1:] if argv is None else argv))
     if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions (argcomplete answers, and exits)
         with contextlib.suppress(ImportError):
             import argcomplete

@@ -38,7 +38,6 @@ from lab.core.runner import run_plan
 from lab.core.slurm import SlurmError
 from lab.doctor.known import printed_causes, run_causes
 from lab.doctor.run import explain_hang
-from lab.doctor.scenario import run_scenario
 from lab.errors import ExitCode, UsageError
 from lab.jobs import submit as batch
 from lab.model.inventory import Inventory
@@ -146,6 +145,8 @@ def _run_cross_vpc(inventory: Inventory, options: Options, args: argparse.Namesp
     """The tutorial's failure on the cross-VPC lab, the diagnosis, then the fix (lab.doctor.scenario)."""
     if len(options.exercises) != 1:
         raise UsageError("cross-vpc runs alone: name no other exercise with it")
+    from lab.doctor.scenario import run_scenario  # (it drives the lab's engine: the Docker SDK, here only)
+
     console = screen.console(stderr=args.json)
     result = run_scenario(inventory, options, ssh_settings(args), views.LineStreamer(console), screen.sayer(console),
                           lambda diagnosis: print_diagnosis(console, diagnosis), keep=args.keep)

@@ -9,8 +9,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from lab.containerlab import containers, engine, overlay
-from lab.containerlab.engine import EngineError
 from lab.model.inventory import Host
 from lab.net.overlay import HostOverlay
 from lab.net.wireguard import INTERFACE, STALE
@@ -21,8 +19,16 @@ UP_FIX = "run `python -m lab net overlay up --name {lab}` (and run on the invent
 
 def overlay_findings(hosts: Sequence[Host]) -> list[Finding]:
     """What the overlays the hosts name say of them (none when no host names one)."""
+    labs = sorted({h.overlay for h in hosts if h.overlay})
+    if not labs:
+        return []
+    # (the lab's engine, and with it the Docker SDK, only where a host names an overlay: a tenth of a
+    # second of every command that may diagnose, else)
+    from lab.containerlab import containers, engine, overlay
+    from lab.containerlab.engine import EngineError
+
     found: list[Finding] = []
-    for lab in sorted({h.overlay for h in hosts if h.overlay}):
+    for lab in labs:
         try:
             client = engine.client()
             ends = overlay.show(client, containers.running_topology(client, lab))

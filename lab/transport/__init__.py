@@ -18,7 +18,6 @@ from lab.transport.base import (
     for_each_host,
     release,
 )
-from lab.transport.docker import DockerTransport
 from lab.transport.local import LocalTransport
 from lab.transport.slurm import SlurmTransport
 from lab.transport.ssh import SSHSettings, SSHTransport
@@ -60,6 +59,8 @@ def transport_for(host: Host, ssh: SSHSettings | None = None) -> Transport:
     if host.connection == "local":
         return LocalTransport(host)
     if host.connection == "docker":
+        from lab.transport.docker import DockerTransport  # (the Docker SDK: a fifth of the CLI's start, else)
+
         return DockerTransport(host)
     if host.connection == "slurm":
         return SlurmTransport(host)

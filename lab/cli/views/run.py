@@ -9,7 +9,7 @@ import contextlib
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from rich.console import Console
@@ -22,9 +22,11 @@ from lab.core.report import TAIL_SHOWN, dropped_output, status, summary
 from lab.core.runner import OnPhase
 from lab.core.stacks import users_traceback
 from lab.core.text import printable
-from lab.doctor.scenario import ScenarioResult
 from lab.suite import registry
 from lab.suite.check import distinct
+
+if TYPE_CHECKING:  # (the scenarios' module brings the Docker SDK, which a run needs not)
+    from lab.doctor.scenario import ScenarioResult
 
 RANK_STYLES = ("cyan", "magenta", "green", "yellow", "blue", "bright_cyan", "bright_magenta", "bright_green")
 STATUS_STYLES = {"pass": "bold green", "fail": "bold red", "timeout": "bold red", "not run": "yellow"}
