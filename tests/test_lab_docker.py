@@ -25,6 +25,7 @@ from lab.errors import ExitCode
 from .conftest import DDP_SERIES, REPO, WRONG, Lab, Result, assert_ddp_series_trained, said_apart_from_phases
 from .load import cpu_hog
 from .test_compose import compose_tools
+from .test_launchers import FAILS_IN_ITS_FIRST_ATTEMPTS
 from .test_why_fixtures import UNDER_OTHER_LAUNCHERS, WHY, assert_report_names_the_cause
 from .tutorials import assert_prints_as_shown, tutorial_scripts
 
@@ -480,6 +481,20 @@ def test_a_real_project_runs_across_hosts_under_torchrun(lab_up: Lab, tmp_path: 
         assert result.code == 0, result.text[-3000:]
         assert_ddp_series_trained(result.out, 4)
         assert result.err.count("as the host kept it, unchanged") == (2 if kept else 0), result.err[-3000:]
+    assert_no_workers_anywhere()
+
+
+def test_torchruns_agents_restart_every_hosts_ranks_and_the_restart_is_said(lab_up: Lab, tmp_path: Path) -> None:
+    """A rank that fails in the first attempt: every host's agent restarts its ranks, the job ends
+    well in the second, and the restart is said with the failure that caused it."""
+    script = tmp_path / "flaky.py"
+    script.write_text(FAILS_IN_ITS_FIRST_ATTEMPTS)
+    result = lab_up("launch", "--hosts", str(INVENTORY), "--nnodes", "2", "--launcher", "torchrun", "--max-restarts",
+                    "1", "--env", "FAILING_ATTEMPTS=1", str(script), timeout=300)
+    assert result.code == 0, result.text[-3000:]
+    assert re.search(r"torchrun restarted the ranks \(1 of --max-restarts 1\): rank 1 \(node\d\) raised ValueError: "
+                     r"boom in attempt 0 at flaky.py:6", result.out), result.out
+    assert result.out.count("trained in attempt 1") == 2, result.out[-3000:]
     assert_no_workers_anywhere()
 
 

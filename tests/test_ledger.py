@@ -157,11 +157,14 @@ def test_a_restart_of_torchruns_begins_each_rank_anew_and_says_what_ended_the_at
     for rank in (0, 1):
         hello(run, 1.0, rank, restart=0)
         blocked(run, 2.0, rank, quiet=1.0)
+    send(run, 2.5, "end", 0, how="raised", code=1, error="RuntimeError: Connection closed by peer [10.0.0.2]:7",
+         where="train.py:14", traceback="Traceback ...")  # (its host's stream brought its end first)
     send(run, 3.0, "end", 1, how="raised", code=1, error="ValueError: bad batch", where="train.py:12",
          traceback="Traceback ...")
     hello(run, 9.0, 1, restart=1)  # the first rank of the second attempt
-    assert [(r.count, r.ended) for r in run.restarts] == [(1, ("rank 1 (local) raised ValueError: bad batch at "
-                                                               "train.py:12",))]
+    assert [(r.count, r.ended) for r in run.restarts] == [(1, (
+        "rank 1 (local) raised ValueError: bad batch at train.py:12",  # its own failure first, then the echo
+        "rank 0 (local) raised RuntimeError: Connection closed by peer [10.0.0.2]:7 at train.py:14"))]
     restarted = run.states[1]
     assert (restarted.info and restarted.info.pid, restarted.end, restarted.progress, restarted.step_started) == (
         111, None, None, 9.0)  # nothing the last attempt said holds for this one

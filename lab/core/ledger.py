@@ -31,6 +31,7 @@ from lab.core.outcome import SYS_EXIT, ExerciseRun, LaunchState, RankState, Rest
 from lab.core.plan import Plan
 from lab.core.preflight import EVENTS as PREFLIGHT_EVENTS
 from lab.core.preflight import Preflight
+from lab.core.rankview import LOST
 from lab.core.streams import claimed_rank
 from lab.rank.events import (
     Alive,
@@ -223,9 +224,10 @@ class Ledger:
 
     def _attempt_ended(self) -> tuple[str, ...]:
         """How the ranks of the attempt torchrun is restarting ended, as far as they said: those whose
-        program raised or exited with a failing status (its end event), the first to say it first."""
+        program raised or exited with a failing status (its end event): first those that failed of their own, not
+    by losing a peer (what each host's stream brings first is no order across hosts), each in the order they said it."""
         ended = sorted((s for s in self.states if s.end is not None and (s.end.how == "raised" or s.end.code != 0)),
-                       key=lambda s: s.end_at or 0.0)
+                       key=lambda s: (s.end is not None and bool(LOST.search(s.end.error)), s.end_at or 0.0))
         return tuple(f"rank {s.spec.rank} ({s.spec.host}) {_ended_how(s.end)}" for s in ended if s.end is not None)
 
     def _step_budget(self) -> int:
