@@ -329,6 +329,10 @@ def test_a_class_graded_across_the_lab_two_shares_at_once(lab_up: Lab, tmp_path:
     # oscar forks until its share user's process limit stops it; its children go with its rank
     (submissions / "oscar.py").write_text((CLASS.parent / "hosts" / "oscar.py").read_text())
     expected["oscar"] = ("fail", "raised BlockingIOError: [Errno 11] Resource temporarily unavailable at oscar.py")
+    # kate signals every process her share user may, her SSH sessions to the host too: her ranks end
+    # (a fail of hers, not a lost host), and she, who outlives her own signal, is swept
+    (submissions / "kate.py").write_text((CLASS.parent / "hosts" / "kate.py").read_text())
+    expected["kate"] = ("fail", "was killed by a signal or lost its connection (no exit status) during ring-allreduce")
     out = tmp_path / "book"
     result = lab_up("grade", str(submissions), "--exercise", "ring-allreduce", "--hosts", str(INVENTORY),
                     "--parallel", "2", "--timeout", "15", "--memory", "768", "--out", str(out), timeout=600)

@@ -164,6 +164,13 @@ class Connections:
         """Whether every connection to the host is up (see ``is_up``)."""
         return all(is_up(c, settle) for c in list(self._clients))
 
+    def anew(self) -> None:
+        """Let every connection go and log in again (HostUnreachable, one line, when the host does not
+        answer within the settings' bounds)."""
+        with self._lock:
+            self.close()
+            self.main()
+
     def cut(self) -> None:
         """Close every connection, the jump hosts' too, for a host that is lost: every read and
         every wait on them ends (a silent TCP connection would never end by itself)."""

@@ -166,6 +166,7 @@ class SSHTransport(Transport):
         self._connections = Connections(host, settings, self.who)
         self._lock = threading.Lock()  # the host is found lost once
         self._lost: str | None = None  # why the host is lost (it went silent), once it is
+        self._ended_there = False  # its sessions were ended on the host, which answered a new login
         self._commands = threading.BoundedSemaphore(COMMANDS_PER_CONNECTION)
 
     # -- the Transport interface ------------------------------------------------------
@@ -308,7 +309,7 @@ class SSHTransport(Transport):
             now = time.monotonic()
             silent = self._connections.silent_for(now)
             closed = not self._connections.all_up(settle=SETTLE if ended else 0.0)
-            if silent < self.settings.alive_timeout and not closed:
+            if silent < self.settings.alive_timeout and (not closed or self._sessions_ended_there()):
                 return
             with self._lock:
                 if self._lost is None:
@@ -319,6 +320,25 @@ class SSHTransport(Transport):
                     log.debug("%s; closing its connections", self._lost)
                     self._connections.cut()
         raise HostUnreachable(self.host.name, self._lost)
+
+    def _sessions_ended_there(self) -> bool:
+        """Whether the host, whose connections were closed from its end, answers a new login: then
+        what closed them ran on the host, not the host going down (its user's processes: a rank that
+        signals every process it may, ``kill(-1)``, ends its user's SSH sessions too), and the ranks
+        that ran through them ended without an exit status. The new login serves what comes next
+        (the sweep, the cleanup)."""
+        with self._lock:
+            if not self._ended_there:
+                try:
+                    self._connections.anew()
+                except HostUnreachable as exc:
+                    log.debug("%s: no new login after its connections were closed: %s", self.who, exc)
+                    return False
+                self._ended_there = True
+                log.warning("%s: its SSH sessions were ended on the host, which answers a new login: by its "
+                            "user's processes (a rank that signalled every process it may?); its ranks there "
+                            "ended with them", self.who)
+        return True
 
     def kill_all(self, processes: Sequence[RankProcess]) -> None:
         """Kill the ranks ``processes`` (started here): every group whose exit status is not in,
