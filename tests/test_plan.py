@@ -172,7 +172,7 @@ def test_srun_starts_one_job_from_the_first_host_whose_tasks_are_the_ranks() -> 
     assert (launch.host, launch.ranks) == ("node1", (0, 1, 2, 3))
     assert launch.args == ("-m", "lab.rank.node", "srun", "--nodes=2", "--ntasks=4", "--ntasks-per-node=2",
                            "--distribution=block", "--nodelist=node1,node2", f"--job-name=lab-{public_id(TOKEN)}",
-                           "--immediate=60",
+                           "--immediate=58",  # (60 s less the time for srun's word to come: SRUN_SAYS)
                            "--partition=gpu", "--", "task", "-m", "lab.rank.worker")
     assert (launch.env["MASTER_ADDR"], launch.env["MASTER_PORT"]) == ("10.0.0.9", P0)
     assert "RANK" not in launch.env and "LAB_TAG_OUTPUT" not in launch.env  # Slurm's numbers; the zygote tags
@@ -186,7 +186,7 @@ def test_srun_torchrun_starts_one_torchrun_per_node_as_the_tutorial_does() -> No
     assert launch.args == (
         "-m", "lab.rank.node", "srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--distribution=block",
         "--nodelist=node1,node2",
-        f"--job-name=lab-{public_id(TOKEN)}", "--immediate=30", "--", "torchrun", "--nnodes", "2",
+        f"--job-name=lab-{public_id(TOKEN)}", "--immediate=28", "--", "torchrun", "--nnodes", "2",
         "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"10.0.0.9:{P0}",
         "--rdzv-id", public_id(TOKEN), "--max-restarts", "0", "--log-dir", f"{RUN_DIR}/torchelastic",
         "-m", "lab.rank.script", "${run_dir}/script/broadcast.py", "--n", "1")

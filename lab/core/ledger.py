@@ -4,12 +4,13 @@ and keeps no clock of its own (each call is told ``now``), so it is tested with 
 sequences; the runner (lab.core.runner) feeds it and acts on what it says.
 
 Events come only through each rank's private channel (lab.rank.protocol): nothing a rank prints
-is one. Every event is validated and typed (``parse_event``: a class a kind) and checked against the run (an exercise of
-the plan, a step it has). One that fails is not applied: it is the failure of the rank that sent
-it, in the exercise that rank is in (``ExerciseRun.violations``), never the controller's; the run
-goes on. Under ``--launcher lab`` the zygote has checked each event against the rank whose pipe it
-came through (``lab.rank.zygote``): one in another rank's name comes as a ``bad`` event of its
-sender's; under torchrun and mp.spawn an event's ``rank`` field says whose it is.
+is one. Every event is validated and typed (``lab.rank.events.parse_event``: a class a kind) and
+checked against the run (an exercise of the plan, a step it has, an attempt of torchrun's). One
+that fails is not applied: it is the failure of the rank that sent it, in the exercise that rank is
+in (``ExerciseRun.violations``), never the controller's; the run goes on. Under ``--launcher lab``
+the zygote has checked each event against the rank whose pipe it came through (``lab.rank.zygote``):
+one in another rank's name comes as a ``bad`` event of its sender's; under torchrun and mp.spawn an
+event's ``rank`` field says whose it is.
 
 The rules. Every step a rank takes (start-up, rendezvous, one exercise) has at most
 ``plan.timeout`` seconds, and every exercise a deadline as long, from when the rank began it, that

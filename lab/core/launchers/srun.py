@@ -20,6 +20,16 @@ if TYPE_CHECKING:
     from lab.transport import Transport
 
 
+SRUN_SAYS = 2  # seconds left, after srun gives up waiting for the nodes, for its word to reach the lab
+
+
+def srun_wait(timeout: float) -> int:
+    """How long srun waits for the nodes (``--immediate``): the run's start-up timeout, less the time
+    for srun's word on why it gave up (a drained node...) to arrive before the lab's own timeout ends
+    the run without it; waiting longer for the nodes would be a hang."""
+    return max(1, round(timeout) - SRUN_SAYS)
+
+
 class Srun(Launcher):
     name: ClassVar[str] = "srun"
     places_ranks: ClassVar[bool] = False
@@ -46,7 +56,7 @@ class Srun(Launcher):
         srun = ("-m", "lab.rank.node", "srun", f"--nodes={len(plan.hosts)}", f"--ntasks={len(plan.hosts) * per_node}",
                 f"--ntasks-per-node={per_node}", "--distribution=block",
                 f"--nodelist={','.join(h.name for h in plan.hosts)}", f"--job-name={plan.job_name}",
-                f"--immediate={max(1, round(plan.timeout))}",  # (waiting longer for the nodes is a hang)
+                f"--immediate={srun_wait(plan.timeout)}",
                 *((f"--partition={plan.options.partition}",) if plan.options.partition else ()), "--")
         return (Launch(login.name, tuple(r.rank for r in plan.ranks), (*srun, *task, *plan.program), env),)
 
