@@ -24,7 +24,12 @@ def is_stack_line(line: str) -> bool:
 def users_lines(lines: list[str]) -> list[str]:
     """A rank's last lines without the frames of the lab's own in its stack dumps (the worker, the
     launcher, an exercise's driver): what its program's author should read."""
-    return [line for line in lines if not ((m := _FRAME.match(line)) and _LABS.search(m["path"]))]
+    return [line for line in lines if not is_labs_frame(line)]
+
+
+def is_labs_frame(line: str) -> bool:
+    """Whether a line of stderr is a frame of the lab's own in a stack dump (faulthandler's)."""
+    return (m := _FRAME.match(line)) is not None and _LABS.search(m["path"]) is not None
 
 
 def where_stopped(dump: list[str], programs: dict[str, Path]) -> str | None:

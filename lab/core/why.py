@@ -22,6 +22,7 @@ import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from lab.core import waitfor
 from lab.core.flightrecords import Call, text
@@ -48,6 +49,7 @@ from lab.core.rankview import (
     verb,
     where_of,
 )
+from lab.core.stacks import is_stack_line, program_files, where_stopped
 from lab.rank.events import Error
 from lab.rank.ops import FROM_ROOT, REDUCING, ROOTED, SIZES_DIFFER, canonical
 
@@ -443,12 +445,16 @@ def explain_run(outcome: RunOutcome) -> Cause | None:
         return None
     order = sorted((s.ended_at, s.spec.rank) for s in outcome.ranks if s.ended_at is not None)
     arrival = {rank: i for i, (_, rank) in enumerate(order)}
-    return explain([facts_of(s, outcome.exercises, arrival.get(s.spec.rank)) for s in outcome.ranks])
+    programs = program_files(outcome.plan)
+    return explain([facts_of(s, outcome.exercises, arrival.get(s.spec.rank), programs) for s in outcome.ranks])
 
 
-def facts_of(state: RankState, runs: Mapping[str, ExerciseRun], arrival: int | None = None) -> RankFacts:
+def facts_of(state: RankState, runs: Mapping[str, ExerciseRun], arrival: int | None = None,
+             programs: Mapping[str, Path] | None = None) -> RankFacts:
     """What the runner knows of one rank, as the analysis takes it: its last flight dump (and, where a
-    progress event came after it, the call that says it is in), and how it ended by itself, if it did."""
+    progress event came after it, the call that says it is in), and how it ended by itself, if it did;
+    for a rank aborted by a C++ exception, where the stacks it printed as it died show it (``programs``:
+    the run's, lab.core.stacks.program_files)."""
     records, inflight = _flight_of(state)
     ended_by_itself = state.ended_at is not None
     error, traceback = _error_of(state, runs) if ended_by_itself else (None, None)
@@ -465,9 +471,12 @@ def facts_of(state: RankState, runs: Mapping[str, ExerciseRun], arrival: int | N
         failed_at = time.time() - (time.monotonic() - state.step_started)
         records, inflight = _program_calls(records), _program_calls(inflight)
     stage: Stage = "starting" if not state.info else "rendezvous" if state.step.startswith("init:") else "joined"
+    stopped_at = state.stopped_at
+    if stopped_at is None and state.exit_code in ABORTED and programs is not None:
+        stopped_at = where_stopped([line for line in state.tail if is_stack_line(line)], dict(programs))
     return RankFacts(state.spec.rank, state.spec.host, records, inflight, state.flight.counts if state.flight
                      else None, how, state.exit_code if ended_by_itself else None, error, traceback,
-                     state.stopped_at, stage, failed_at, arrival, exit_call)
+                     stopped_at, stage, failed_at, arrival, exit_call)
 
 
 def _flight_of(state: RankState) -> tuple[object, object]:

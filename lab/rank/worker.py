@@ -88,6 +88,9 @@ def start_rank() -> None:
         protocol.CHANNEL = Channel(events, token)
     atexit.register(finish_output, relay)
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    # and on a fatal signal: a rank that a C++ exception aborts (gloo's checks: "Received data size doesn't
+    # match") runs no handler of Python's and sends nothing more, but its stacks show the call it was in
+    faulthandler.enable(file=sys.stderr, all_threads=True)
     if not os.environ.get(WATCHED_BY_PARENT):
         stop_when_orphaned()
 

@@ -20,7 +20,7 @@ from lab.core.judge import ExerciseReport
 from lab.core.outcome import Cause, LaunchState, RankState, RunOutcome, ended
 from lab.core.report import TAIL_SHOWN, dropped_output, status, summary
 from lab.core.runner import OnPhase
-from lab.core.stacks import users_traceback
+from lab.core.stacks import is_labs_frame, users_traceback
 from lab.core.text import printable
 from lab.suite import registry
 from lab.suite.check import distinct
@@ -94,12 +94,15 @@ def print_outside_project(name: str, entries: list[str]) -> None:
 
 class LineStreamer:
     """Prints each rank's output as it comes, prefixed with host and rank (or, for a host's
-    launcher's own lines, host and launcher)."""
+    launcher's own lines, host and launcher); of the stacks a rank prints as it dies (faulthandler),
+    the user's frames, not the lab's."""
 
     def __init__(self, console: Console) -> None:
         self.console = console
 
     def __call__(self, state: RankState | LaunchState, stream: str, line: str) -> None:
+        if stream == "err" and is_labs_frame(line):
+            return
         style = RANK_STYLES[state.color % len(RANK_STYLES)]
         text = Text(f"[{state.label}] ", style=style)
         text.append(printable(line), style={"err": "red", "lab": "yellow"}.get(stream, ""))
