@@ -225,11 +225,12 @@ class Ledger:
 
     def _attempt_ended(self) -> tuple[str, ...]:
         """How the ranks of the attempt torchrun is restarting ended, as far as they said: those whose
-        program raised or exited with a failing status (its end event): first those that failed of their own, not
-    by losing a peer (what each host's stream brings first is no order across hosts), each in the order they said it."""
-        ended = sorted((s for s in self.states if s.end is not None and (s.end.how == "raised" or s.end.code != 0)),
-                       key=lambda s: (s.end is not None and bool(LOST.search(s.end.error)), s.end_at or 0.0))
-        return tuple(f"rank {s.spec.rank} ({s.spec.host}) {_ended_how(s.end)}" for s in ended if s.end is not None)
+        program raised or exited with a failing status (its end event), first those that failed of their
+        own, not by losing a peer (each host's stream brings its ranks' ends in no order across hosts),
+        each in the order they said it."""
+        ended = [(s, s.end) for s in self.states if s.end is not None and (s.end.how == "raised" or s.end.code != 0)]
+        ended.sort(key=lambda said: (LOST.search(said[1].error) is not None, said[0].end_at or 0.0))
+        return tuple(f"rank {s.spec.rank} ({s.spec.host}) {_ended_how(end)}" for s, end in ended)
 
     def _step_budget(self) -> int:
         """The most step events a worker sends: a rendezvous per stage, an exercise and the barrier after it."""

@@ -170,8 +170,6 @@ class Plan:
     # What each host's connections carried is measured by its launcher (Options.wire): only the lab's
     # launcher (the zygote, which no rank can reach) and gloo (whose every byte goes over TCP).
     wire: WireMode | None = None
-    # lab launch under torchrun: how many times its agents may restart the ranks after one fails (--max-restarts)
-    max_restarts: int = 0
     # Each rank's drawn inputs (lab.core.random_inputs), where an exercise takes some: kept here for the checker,
     # and the seed they were drawn from (shown, to replay the run: `run --seed`).
     inputs: dict[int, bytes] = field(default_factory=dict, hash=False, repr=False)
