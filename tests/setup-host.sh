@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What the test tiers need on this machine (`make test` runs this first): the Docker engine,
-# debootstrap (the offline image), sshd (the SSH tier), a compose tool, a browser (chromium). As
+# debootstrap (the offline image), sshd (the SSH tier), a compose tool, a browser (chromium), node
+# and Chrome DevTools' trace engine (the --trace files are loaded as a browser's tools load them). As
 # root on Debian the missing ones are installed from the distro and dockerd is started, as `make lab-up` does;
 # elsewhere this says what is missing, and the tiers that need it skip with the reason (under
 # CI=true they fail instead).
@@ -12,6 +13,7 @@ command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || need+=
 [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v docker-compose >/dev/null 2>&1 || docker compose version >/dev/null 2>&1 || need+=(docker-compose)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)  # (a real browser opens lab grade's class page)
+command -v node >/dev/null 2>&1 || need+=(nodejs)  # (runs DevTools' trace engine on the --trace files)
 
 can_install() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; }
 
@@ -22,6 +24,10 @@ if [ ${#need[@]} -gt 0 ]; then
   else
     echo "lab: missing ${need[*]} (Debian: sudo apt-get install ${need[*]}); the tiers that need them will skip"
   fi
+fi
+
+if command -v node >/dev/null 2>&1; then
+  python3 "$(dirname "$0")/tools/trace_engine.py" install || echo "lab: could not fetch DevTools' trace engine (npm's registry); the --trace tests will skip"
 fi
 
 if command -v dockerd >/dev/null 2>&1 && ! docker info >/dev/null 2>&1; then

@@ -25,7 +25,7 @@ FOUND_WITHIN = 30  # seconds to a found hang: start-up (2 s), --hang-after, the 
 CLAUSE = re.compile(r'(?P<key>kind|nproc|exit|timeout)=(?P<value>\S+)'
                     r'|(?P<part>headline|report) contains "(?P<text>[^"]+)"')
 WHERE = re.compile(r"\b(?P<file>\w+\.py):(?P<line>\d+)\b")
-CALL = re.compile(r"\bdist\.|\braise\b|exit\(|\.wait\(\)|sleep\(")  # what a line named in a report may be
+CALL = re.compile(r"\bdist\.|\braise\b|exit\(|\.wait\(\)|sleep\(|\.backward\(|\bmodel\(|\btrain_step\(|\bDDP\(")  # what a line named in a report may be
 RANK_LINE = re.compile(r"^\[\S+ r\d+\] ")  # a line a rank printed, tagged by the lab, not the lab's own
 
 

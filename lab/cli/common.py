@@ -8,7 +8,7 @@ import os
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import NoReturn, TypeAlias
+from typing import TYPE_CHECKING, NoReturn, TypeAlias
 
 from lab.cli.views import run as run_views
 from lab.containerlab.topology import DEFAULT_LAB, check_lab_name
@@ -22,6 +22,9 @@ from lab.model.inventory import Inventory
 from lab.suite import registry
 from lab.transport.local import local_gpu_count
 from lab.transport.ssh import SSHSettings
+
+if TYPE_CHECKING:
+    from lab.core.outcome import RunOutcome
 
 Commands: TypeAlias = "argparse._SubParsersAction[Parser]"  # where each command adds its parser
 EXIT_CODES = "exit codes:\n" + "\n".join(f"  {int(code):<4} {code.meaning}" for code in ExitCode)
@@ -217,6 +220,43 @@ def watch_options(parser: argparse.ArgumentParser) -> None:
                              "waited in a torch.distributed call while nothing moved on its connections (no byte "
                              "sent or received, no call completed) for this long "
                              f"(default {DEFAULT_HANG_AFTER:g}; 0: only --timeout stops it)")
+
+
+def record_options(parser: argparse.ArgumentParser) -> None:
+    """What the lab writes of a job's calls, to look at."""
+    parser.add_argument("--trace", metavar="FILE", help="write every rank's torch.distributed calls (the program's "
+                        "and the collectives torch issues itself: DDP's), on one clock across the hosts, and the "
+                        "verdict, to FILE as Chrome trace-event JSON: open it in ui.perfetto.dev or chrome://tracing")
+    parser.add_argument("--fr-dir", metavar="DIR", help="write each rank's torch flight-recorder dump to "
+                        "DIR/rank_N, as torch's own analyzer reads it (torchfrtrace DIR -p rank_)")
+
+
+def check_records(args: argparse.Namespace) -> None:
+    """Refuse, before the job runs, a --trace whose folder is not there and a --fr-dir that cannot be
+    made (it is made now)."""
+    if args.trace and not Path(args.trace).parent.is_dir():
+        raise UsageError(f"--trace {args.trace}: no such folder: {Path(args.trace).parent}")
+    if args.fr_dir:
+        try:
+            Path(args.fr_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"--fr-dir {args.fr_dir}: {exc.strerror or exc}") from None
+
+
+def write_records(args: argparse.Namespace, outcome: RunOutcome) -> None:
+    """The files --trace and --fr-dir asked for."""
+    from lab.core import torchdumps, trace
+
+    if args.trace:
+        try:
+            trace.write(args.trace, outcome)
+        except OSError as exc:
+            raise UsageError(f"--trace {args.trace}: {exc.strerror or exc}") from None
+    if args.fr_dir:
+        try:
+            torchdumps.write(args.fr_dir, outcome)
+        except OSError as exc:
+            raise UsageError(f"--fr-dir {args.fr_dir}: {exc.strerror or exc}") from None
 
 
 def _hang_after(value: str) -> float:

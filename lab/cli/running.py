@@ -10,6 +10,7 @@ from pathlib import Path
 from lab.cli.common import (
     Commands,
     add_command,
+    check_records,
     check_timeout,
     cluster,
     cluster_options,
@@ -19,9 +20,11 @@ from lab.cli.common import (
     launcher,
     launcher_option,
     rank_env,
+    record_options,
     solution_file,
     ssh_settings,
     watch_options,
+    write_records,
 )
 from lab.cli.views import run as views
 from lab.cli.views import screen
@@ -74,6 +77,7 @@ def add_run(commands: Commands) -> None:
                      help=f"the longest any rank may spend on one step: start-up, rendezvous or one "
                           f"exercise (default {DEFAULT_TIMEOUT:g})")
     watch_options(run)
+    record_options(run)
     env_options(run)
     run.add_argument("--part", metavar="NAME", help="check only this part of the (one) exercise: one of the "
                      "functions it asks for (ring-allreduce: allreduce or ring_allreduce)")
@@ -103,12 +107,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if any(e.name == "cross-vpc" for e in options.exercises):
         return _run_cross_vpc(inventory, options, args)
     return run_and_report(inventory, options, ssh_settings(args), json_out=args.json, junit=args.junit,
-                          keep=args.keep)
+                          keep=args.keep, records=args)
 
 
 def _options(args: argparse.Namespace) -> Options:
     chosen = exercises(args.exercises)
     check_timeout(args.timeout)
+    check_records(args)
     solution = solution_file(args.solution) if args.solution else None
     if args.seed is not None and not random_inputs.SEED.fullmatch(args.seed):
         raise UsageError(f"--seed {args.seed[:40]!r}: a seed is 32 hex digits, as a run shows it")
@@ -116,16 +121,19 @@ def _options(args: argparse.Namespace) -> Options:
         raise UsageError(f"--seed: {', '.join(e.name for e in chosen)} draw(s) no inputs")
     return Options(chosen, args.backend, args.init, args.timeout, solution, launcher(args),
                    partition=args.partition, rank_env=rank_env(args), hang_after=args.hang_after,
-                   preflight=args.preflight, part=args.part, seed=args.seed)
+                   preflight=args.preflight, part=args.part, seed=args.seed, trace=bool(args.trace),
+                   torch_dumps=bool(args.fr_dir))
 
 
 def run_and_report(inventory: Inventory, options: Options, settings: SSHSettings, json_out: bool = False,
-                   junit: str | None = None, keep: bool = False) -> int:
+                   junit: str | None = None, keep: bool = False, records: argparse.Namespace | None = None) -> int:
     """Run the exercises, check them, report (on stderr when stdout carries JSON); the exit code."""
     console = screen.console(stderr=json_out)
     plan = build_plan(inventory, options)
     with views.phases(console) as on_phase:
         outcome = run_plan(plan, on_line=views.LineStreamer(console), keep=keep, ssh=settings, on_phase=on_phase)
+    if records is not None:
+        write_records(records, outcome)
     reports = judge(outcome)
     code = exit_code(outcome, reports)
     causes = explain_hang(inventory, settings, outcome.master_port) if hung_at_start(outcome) else []
@@ -173,6 +181,7 @@ def add_launch(commands: Commands) -> None:
     launch.add_argument("--timeout", type=float, default=DEFAULT_LAUNCH_TIMEOUT, metavar="SECONDS",
                         help=f"stop the job when it runs longer (default {DEFAULT_LAUNCH_TIMEOUT:g}: an hour)")
     watch_options(launch)
+    record_options(launch)
     launch.add_argument("--json", action="store_true", help="print how the job ended, its cause and each rank "
                         "as JSON on stdout (rank output goes to stderr)")
     launch.add_argument("--keep", action="store_true", help="keep the run directory on every host")
@@ -214,6 +223,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         if args.workdir and not script.resolve().is_relative_to(root.resolve()):
             raise UsageError(f"{args.script}: not inside --workdir {args.workdir}")
     check_timeout(args.timeout)
+    check_records(args)
     if args.max_restarts < 0:
         raise UsageError(f"--max-restarts must be 0 or more, got {args.max_restarts}")
     project = workdir.collect(root, tuple(args.exclude), args.max_workdir_size)
@@ -224,7 +234,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     plan = build_launch_plan(inventory, args.script if args.module else str(script.resolve()), args.args,
                              args.timeout, launcher(args), partition=args.partition, hang_after=args.hang_after,
                              preflight=args.preflight, rank_env=rank_env(args, project.root), workdir=project,
-                             module=args.module, max_restarts=args.max_restarts)
+                             module=args.module, max_restarts=args.max_restarts, trace=bool(args.trace),
+                             torch_dumps=bool(args.fr_dir))
     name = args.script if args.module else script.name
     streamer = views.LineStreamer(console)
     logs = LogDir(args.log_dir, (r.rank for r in plan.ranks)) if args.log_dir else None
@@ -240,6 +251,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     finally:
         if logs is not None:
             logs.close()
+    write_records(args, outcome)
     failed = [s for s in outcome.ranks if not s.done]
     code = _launch_exit(outcome, failed)
     if logs is not None:

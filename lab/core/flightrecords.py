@@ -49,6 +49,9 @@ class Call:
     is_async: bool = False
     where: str | None = None
     error: str | None = None
+    by: str | None = None  # who issued a collective the program did not call itself ("DDP's gradient")
+    world_size: int | None = None  # init_process_group's: the world size the program gave it
+    caller: str | None = None  # for one torch issued: the program's line, in another file, that led to ``where``
 
     @property
     def direction(self) -> Direction:
@@ -93,12 +96,12 @@ def _shape(value: object) -> tuple[int, ...] | None | str:
 def _optional(raw: dict[Any, Any]) -> dict[str, Any] | str:
     """The optional fields of a record, checked; or the name of the first that is malformed."""
     found: dict[str, Any] = {}
-    for name, low in (("numel", 0), ("peer", 0), ("root", 0), ("tag", -INT_MAX)):
+    for name, low in (("numel", 0), ("peer", 0), ("root", 0), ("tag", -INT_MAX), ("world_size", 1)):
         value = raw.get(name)
         if value is not None and not _is_int(value, low):
             return name
         found[name] = value
-    for name in ("dtype", "reduce_op", "where", "error"):
+    for name in ("dtype", "reduce_op", "where", "error", "by", "caller"):
         value = raw.get(name)
         if value is not None and not isinstance(value, str):
             return name

@@ -24,6 +24,7 @@ the others wait for, and neither is a slow collective, whose bytes move.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -52,6 +53,8 @@ from lab.rank.events import (
     RankEvent,
     Result,
     Step,
+    TorchDump,
+    Trace,
     WireMeasure,
     parse_event,
 )
@@ -155,7 +158,7 @@ class Ledger:
     def _handle(self, launch: LaunchState, state: RankState, event: Event, now: float) -> None:
         """Apply a valid event of ``state``'s rank."""
         rank = state.spec.rank
-        if not isinstance(event, (Progress, Flight, Alive)) or isinstance(event, Progress) and \
+        if not isinstance(event, (Progress, Flight, Trace, TorchDump, Alive)) or isinstance(event, Progress) and \
                 state.progress is not None and event.quiet < state.progress.quiet:  # (news, not "still waiting")
             self.moved_at = now
         match event:
@@ -186,6 +189,12 @@ class Ledger:
                 state.done = True
             case Progress():  # whether it blocks, and how long nothing moved, is what tells a hang
                 state.progress, state.progress_at = event, now
+                if event.at > 0:
+                    state.clock = min(now - event.at, state.clock if state.clock is not None else math.inf)
+            case Trace(records=records, dropped=dropped):
+                _traced(state, records, dropped)
+            case TorchDump(dump=dump):
+                state.torch_dump = dump
             case Flight():
                 state.flight, state.flight_at = event, now
             case End():
@@ -323,6 +332,23 @@ class Ledger:
         current = max(set(working), key=working.count) if not self.plan.is_launch else ""
         return "running", (f"running {current}: {len(steps)} rank(s)" if current and current != "startup"
                            else f"running: {len(steps)} of {len(self.states)} rank(s) at work")
+
+
+TRACE_MAX = 100_000  # records of a rank kept for --trace; the rest are counted as left out
+
+
+def _traced(state: RankState, records: list[object], dropped: int) -> None:
+    """A rank's trace records (untrusted: checked as the trace is written), the newest of each call."""
+    for record in records:
+        if not isinstance(record, dict):
+            continue
+        key = tuple(record.get(k) if isinstance(record.get(k), (str, int, float)) else None
+                    for k in ("group", "seq", "op", "t0"))
+        if key in state.trace or len(state.trace) < TRACE_MAX:
+            state.trace[key] = record
+        else:
+            state.trace_overflow += 1
+    state.trace_said_dropped = max(state.trace_said_dropped, dropped)
 
 
 def _ended_how(end: End) -> str:

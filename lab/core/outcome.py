@@ -149,10 +149,21 @@ class RankState:
     end: End | None = None  # its end event: how and where its program ended (raised, exited)
     end_at: float | None = None  # when that came
     traceback: str | None = None  # a fatal error's
+    # Its clock against the controller's (time.monotonic() here less time.time() there, the least seen as its
+    # progress events came): a record's time plus this is when it happened on the controller's clock.
+    clock: float | None = None
+    trace: dict[tuple[Any, ...], Any] = field(default_factory=dict)  # --trace: its records, the newest of each call
+    trace_said_dropped: int = 0  # calls it said it left out of its trace
+    trace_overflow: int = 0  # records of its the controller left out (past TRACE_MAX)
+    torch_dump: dict[str, Any] | None = None  # --fr-dir: torch's own recorder, as it last sent it
 
     @property
     def label(self) -> str:
         return f"{self.spec.host} r{self.spec.rank}"
+
+    @property
+    def trace_dropped(self) -> int:
+        return self.trace_said_dropped + self.trace_overflow
 
     @property
     def color(self) -> int:

@@ -30,7 +30,7 @@ from typing import Any, Literal, get_args
 
 from lab.core.random_inputs import VALUE_BYTES
 from lab.model.inventory import Host
-from lab.rank.flight import HANG_AFTER_VAR
+from lab.rank.flight import HANG_AFTER_VAR, TORCH_DUMPS_VAR, TRACE_VAR
 from lab.rank.script import MODULE_VAR, WORKDIR_VAR
 from lab.rank.wire import Mode as WireMode
 from lab.suite.registry import Exercise, Rendezvous
@@ -103,6 +103,9 @@ class Options:
     wire: WireMode | None = None
     # lab launch under torchrun: how many times its agents may restart the ranks after one fails (--max-restarts)
     max_restarts: int = 0
+    # --trace, --fr-dir: every rank sends each record as it begins and ends, and torch's own flight recorder
+    trace: bool = False
+    torch_dumps: bool = False
 
 
 @dataclass(frozen=True)
@@ -226,7 +229,9 @@ class Plan:
 
     def own_settings(self) -> dict[str, str]:
         """The run's own settings for every rank, the same on every host."""
-        env = {"PYTHONUNBUFFERED": "1", "LAB_TOKEN": self.token, HANG_AFTER_VAR: f"{self.options.hang_after:g}"}
+        env = {"PYTHONUNBUFFERED": "1", "LAB_TOKEN": self.token, HANG_AFTER_VAR: f"{self.options.hang_after:g}",
+               **({TRACE_VAR: "1"} if self.options.trace else {}),
+               **({TORCH_DUMPS_VAR: "1"} if self.options.torch_dumps else {})}
         if not self.is_launch:
             env["LAB_RANK_PLAN"] = json.dumps(self.rank_plan())
         if self.work_key:  # (a project: its ranks start in its copy)

@@ -171,11 +171,13 @@ def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], ti
                       launcher: str = "lab", token: str | None = None, partition: str | None = None,
                       hang_after: float = DEFAULT_HANG_AFTER, preflight: bool = True,
                       rank_env: Mapping[str, str] | None = None, workdir: Workdir | None = None,
-                      module: bool = False, max_restarts: int = 0) -> Plan:
+                      module: bool = False, max_restarts: int = 0, trace: bool = False,
+                      torch_dumps: bool = False) -> Plan:
     """``lab launch``: the user's script on every rank, the rendezvous in its environment
     (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE), set by the launcher."""
     options = Options((), timeout=timeout, launcher=launcher, partition=partition, hang_after=hang_after,
-                      preflight=preflight, rank_env=dict(rank_env or {}), max_restarts=max_restarts)
+                      preflight=preflight, rank_env=dict(rank_env or {}), max_restarts=max_restarts, trace=trace,
+                      torch_dumps=torch_dumps)
     starter, hosts = _placed(inventory, options)
     master = hosts[0].peer_address
     port = port_macro(0)

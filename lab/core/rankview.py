@@ -60,6 +60,7 @@ class RankFacts:
     failed_at: float | None = None  # time.time() its failure was seen at, for a failure no record dates
     arrival: int | None = None  # the order in which the controller learnt of its failure (0 first)
     exit_call: str | None = None  # where its program called sys.exit or os._exit ("file.py:LINE"), if it did
+    world_asked: int | None = None  # the world_size its program passed to init_process_group, if it passed one
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,8 @@ def build(facts: RankFacts, notes: list[str]) -> Rank:
     joining = next((c for c in calls if c.op == JOIN and c.blocking), None) if facts.ended == "running" else None
     calls = [c for c in calls if c.op != JOIN]
     if joining is not None:
-        facts = replace(facts, stage="rendezvous", stopped_at=facts.stopped_at or joining.where)
+        facts = replace(facts, stage="rendezvous", stopped_at=facts.stopped_at or joining.where,
+                        world_asked=joining.world_size)
     blocking = [c for c in calls if c.blocking]
     position = max(blocking, key=lambda c: c.t0) if blocking and facts.ended == "running" else None
     raised = [c for c in calls if c.state == "raised"]
@@ -240,7 +242,7 @@ def named(call: Call) -> str:
         return f"{call.op} from {'any rank' if call.peer is None else call.peer}"
     if direction == "batch":
         return call.op
-    head = f"{call.op} #{call.seq}{on_group(call.group)}"
+    head = f"{call.by + ' ' if call.by else ''}{call.op} #{call.seq}{on_group(call.group)}"
     if call.root is not None:
         head += f" {'from' if canonical(call.op) in FROM_ROOT else 'to'} {call.root}"
     return head
@@ -253,7 +255,7 @@ def describe(call: Call) -> str:
     if direction in ("send", "recv") and call.tag is not None:
         parts.append(f"tag {call.tag}")
     parts += [s for s in (size(call),) if s]
-    if call.state == "waiting":
+    if call.state == "waiting" and not call.by:
         parts.append("in wait()")
     return ", ".join(parts)
 
@@ -275,6 +277,12 @@ def where_of(rank: Rank) -> str | None:
             return call.where
     found = user_frame(rank.facts.traceback) if rank.facts.ended == "raised" else rank.facts.exit_call
     return text(found) if found else text(rank.facts.stopped_at) if rank.facts.stopped_at else None
+
+
+def place(call: Call) -> str | None:
+    """Where a call was made: ``_common.py:35 (called at train.py:21)`` for one torch issued inside a
+    function of the program's that another file of it called."""
+    return f"{call.where} (called at {call.caller})" if call.where and call.caller else call.where
 
 
 def at(where: str | None) -> str:

@@ -43,6 +43,7 @@ from lab.core.rankview import (
     named,
     on_group,
     ordinal,
+    place,
     ranks_named,
     size,
     state,
@@ -91,7 +92,7 @@ def _evidence(rank: Rank, call: Call | None) -> Evidence:
     waited = rank.facts.stopped_at.split(" ", 1)[0] if rank.facts.stopped_at and call.state == "waiting" else None
     if waited and call.where and waited != call.where:
         return Evidence(rank.rank, text(rank.host), f"{describe(call)} (posted at {call.where})", text(waited))
-    return Evidence(rank.rank, text(rank.host), describe(call), call.where)
+    return Evidence(rank.rank, text(rank.host), describe(call), place(call))
 
 
 def _some(ranks: list[Rank], say: Callable[[Rank], str]) -> str:
@@ -134,7 +135,20 @@ def _crash(ranks: dict[int, Rank]) -> Finding | None:
         after.append(f"{ranks_named(also)} also failed")
     first = " first" if after or len(ranks) > 1 else ""
     headline = f"rank {root.rank} ({text(root.host)}) failed{first}: it {what}"
-    return Finding("crash", headline + ("; " + "; ".join(after) if after else ""))
+    said = root.facts.error or ""
+    fix = next((fix for pattern, fix in _TRAINING_ERRORS if pattern.search(said)), None)
+    return Finding("crash", headline + ("; " + "; ".join(after) if after else ""), fix)
+
+
+# What DDP and FSDP raise of a program's own mistakes, and what fixes each.
+_TRAINING_ERRORS = (
+    (re.compile(r"Expected to have finished reduction in the prior iteration"),
+     "The model has parameters that no loss used in the step (an unused head, a branch not taken): pass "
+     "find_unused_parameters=True to DistributedDataParallel, or leave those parameters out of the model."),
+    (re.compile(r"appears not to match sizes of the same param in process|DDP expects same model across"),
+     "The ranks built different models (a width from the rank's own data, a rank-dependent config): build the "
+     "model from what every rank knows (the whole data set's classes, a config file), the same on every rank."),
+)
 
 
 def _size_abort(root: Rank, ranks: dict[int, Rank]) -> Finding | None:
@@ -148,13 +162,26 @@ def _size_abort(root: Rank, ranks: dict[int, Rank]) -> Finding | None:
     call = lost[0].failed_in
     assert call is not None
     same = {r.rank: c for r in lost if (c := r.failed_in) is not None and (c.group, c.seq) == (call.group, call.seq)}
+    sizes = f" ({found[1]} vs {found[2]} bytes)" if found[1] else ""
+    stopped = where_of(root)
+    if call.by or (stopped and call.where and stopped.split(" ", 1)[0] != call.where):
+        # The others are in a collective torch issued, or the aborted rank was at another line: it was
+        # in a collective of its own, not theirs with another size.
+        headline = (f"rank {root.rank} ({text(root.host)}) makes a collective the others do not make"
+                    f"{at(where_of(root))}: {ranks_named(same)} {verb(same, 'is', 'are')} in {named(call)}"
+                    f"{at(place(call))}; gloo aborted rank {root.rank} on their sizes: Received data size doesn't "
+                    f"match expected size{sizes}")
+        return Finding("collective-mismatch", headline, _OWN_COLLECTIVE, same)
     theirs = f" {size(call)}" if size(call) else " theirs"
     headline = (f"the ranks pass different sizes to {named(call)}: {ranks_named(same)} {verb(same, 'passes', 'pass')}"
                 f"{theirs}; gloo aborted rank {root.rank} ({text(root.host)}), whose size differs: Received data "
-                f"size doesn't match expected size" + (f" ({found[1]} vs {found[2]} bytes)" if found[1] else ""))
+                f"size doesn't match expected size{sizes}")
     return Finding("collective-mismatch", headline, _ASPECTS[1][2], same)
 
 
+_OWN_COLLECTIVE = ("Every rank must make the collectives DDP and FSDP make: a collective on some ranks only (rank-0 "
+                   "evaluation, checkpointing, logging) runs against the others' next gradient all_reduce. Make it "
+                   "on every rank, or keep the rank-0-only work free of collectives.")
 _GLOO_SIZE = re.compile(r"(?:(\d{1,18}) vs (\d{1,18})\. )?Received data size doesn't match expected size")
 
 
@@ -178,6 +205,14 @@ def _rendezvous(ranks: dict[int, Rank]) -> Finding | None:
     if not absent:
         return None
     joining = [r for r in absent if r.facts.stage == "rendezvous"]
+    asked = [r for r in joining if r.facts.world_asked not in (None, len(ranks))]
+    if asked:
+        size = asked[0].facts.world_asked
+        return Finding("rendezvous", f"{ranks_named(r.rank for r in asked)} {verb(asked, 'waits', 'wait')} in "
+                       f"init_process_group for a world of {size} ranks (world_size={size}{at(where_of(asked[0]))}), "
+                       f"but the job has {len(ranks)} ranks",
+                       "Take the world size from the launcher: leave world_size out of init_process_group (env:// "
+                       "reads WORLD_SIZE), or pass int(os.environ['WORLD_SIZE']).")
     if len(joining) == len(ranks):
         return Finding("rendezvous", f"no rank got past the rendezvous: {ranks_named(ranks)} "
                        f"{verb(ranks, 'is', 'are')} still in init_process_group",
@@ -257,9 +292,23 @@ def _mismatch(ranks: dict[int, Rank]) -> Finding | None:
         for aspect, value, fix in _ASPECTS:
             values = {k: v for k, v in ((k, value(c)) for k, c in calls.items()) if v is not None}
             if len(set(values.values())) > 1:
-                return (aspect == "op" and _skipped(ranks, calls)) or Finding(
+                return (aspect == "op" and _skipped(ranks, calls)) or _against_torch(calls) or Finding(
                     "collective-mismatch", _disagree(aspect, group, seq, calls, values), fix, calls)
     return None
+
+
+def _against_torch(calls: dict[int, Call]) -> Finding | None:
+    """At one call, some ranks in a collective of the program's own and the others in one torch issued
+    (DDP's gradient all_reduce): the former make a collective the others do not."""
+    own = {k: c for k, c in calls.items() if not c.by}
+    issued = {k: c for k, c in calls.items() if c.by}
+    if not own or not issued:
+        return None
+    mine, theirs = next(iter(own.values())), next(iter(issued.values()))
+    headline = (f"{ranks_named(own)} {verb(own, 'makes', 'make')} {named(mine)}{at(mine.where)}, a collective "
+                f"the others do not make: {ranks_named(issued)} {verb(issued, 'is', 'are')} in {named(theirs)}"
+                f"{at(place(theirs))}")
+    return Finding("collective-mismatch", headline, _OWN_COLLECTIVE, calls)
 
 
 def _skipped(ranks: dict[int, Rank], calls: dict[int, Call]) -> Finding | None:
@@ -376,14 +425,17 @@ def _uneven(slot: _Waited) -> Finding:
     (n, k) = (nth.pop(), made.pop()) if len(made) == 1 and len(nth) == 1 else (None, None)
     if n is not None and k is not None:
         finished = f"finished after {k}" if k else f"finished without calling {op}"
-        headline = (f"{ranks_named(there)} {slot.waits} in {verb(there, 'its', 'their')} "
-                    f"{ordinal(n)} {op}{on_group(call.group)}; {ranks_named(gone)} {finished}")
+        nth_call = f"{verb(there, 'its', 'their')} {ordinal(n)} {op}{on_group(call.group)}"
+        if call.by:  # (torch issued it: its number says which call of the group it is)
+            nth_call = f"{named(call)} ({nth_call}){at(place(call))}"
+        headline = f"{ranks_named(there)} {slot.waits} in {nth_call}; {ranks_named(gone)} {finished}"
     else:
         headline = (f"{ranks_named(there)} {slot.waits} in {op} #{call.seq}{on_group(call.group)}; "
                     f"{ranks_named(gone)} exited with status 0 before calling it")
     return Finding("uneven-counts", headline,
-                   "Every rank must make the same number of collective calls: with uneven data per rank, use DDP's "
-                   "join() context manager, or drop_last=True in the DistributedSampler.",
+                   "Every rank must make the same number of collective calls: give every rank the same number of "
+                   "batches (a DistributedSampler with drop_last=True), or train under DDP's join() context manager "
+                   "(`with model.join():`) where the data are uneven.",
                    {r.rank: r.stuck for r in slot.there if r.stuck})
 
 

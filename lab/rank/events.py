@@ -102,6 +102,7 @@ class Progress(RankEvent):
     inflight: dict[str, Any] | None
     moved: int
     quiet: float
+    at: float = 0.0  # the rank's clock (time.time()) as it sent it: the controller puts the ranks on one clock
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,19 @@ class Flight(RankEvent):
     inflight: list[Any]
     counts: dict[str, Any]
     dropped: int
+
+
+@dataclass(frozen=True)
+class Trace(RankEvent):
+    KIND: ClassVar[str] = "trace"
+    records: list[Any]
+    dropped: int  # calls that began and left the recorder's ring before a trace event took them
+
+
+@dataclass(frozen=True)
+class TorchDump(RankEvent):
+    KIND: ClassVar[str] = "torchdump"
+    dump: dict[str, Any]  # torch's flight recorder as it dumps itself (JSON; lab.rank.torchfr)
 
 
 @dataclass(frozen=True)
@@ -176,7 +190,8 @@ class Probe(Event):
 
 
 EVENT_TYPES: Final[dict[str, type[Event]]] = {cls.KIND: cls for cls in (
-    Hello, Step, Result, Error, Fatal, Done, Progress, Flight, End, Exit, Bad, Ports, WireMeasure, Alive, Pulse)}
+    Hello, Step, Result, Error, Fatal, Done, Progress, Flight, Trace, TorchDump, End, Exit, Bad, Ports, WireMeasure,
+    Alive, Pulse)}
 PROBE_EVENTS: Final = EVENT_KINDS - set(EVENT_TYPES)
 
 

@@ -70,11 +70,12 @@ import urllib.parse
 import weakref
 from collections import deque
 from collections.abc import Callable
-from types import CodeType, FrameType
+from types import CodeType, FrameType, TracebackType
 from typing import Any, TypeAlias
 
-from lab.rank import protocol, tcpinfo
+from lab.rank import protocol, tcpinfo, torchfr
 from lab.rank.callspec import INIT_PROCESS_GROUP, NEW_GROUP, Spec, get
+from lab.rank.ops import BATCHES, P2P
 from lab.rank.protocol import EVENT_MAX
 
 RING_MAX = 64  # records of the last calls kept
@@ -83,13 +84,19 @@ GROUPS_MAX = 256  # groups whose counts are kept
 PROGRESS_EVERY = 1.0  # seconds between two looks of the progress thread
 LOOK_LATE = 0.02  # seconds past the moment a blocking call's quiet reaches --hang-after that it is looked at
 HANG_AFTER_VAR = "LAB_HANG_AFTER"  # the run's --hang-after, in every rank's environment
+TRACE_VAR = "LAB_TRACE"  # "1": send every record as it begins and ends (``trace`` events: the run's --trace)
+TORCH_DUMPS_VAR = "LAB_TORCH_DUMPS"  # "1": send torch's own recorder with each dump (the run's --fr-dir)
+TRACE_BUDGET = 16 << 20  # bytes of trace events a rank sends; past it, what is left out is counted
 FLIGHT_AFTER = 2.0  # seconds a blocking call is in flight before the rank dumps its records
 FLIGHT_BUDGET = 8 << 20  # bytes of dumps sent before the last one (the last is always sent)
 ERROR_MAX = 500  # characters of a call's error kept
 WALK_MAX = 64  # frames looked at to find the user's
 LAB_DIR = os.path.dirname(os.path.dirname(__file__)) + os.sep  # the lab package's, as its code names it
 
+MAIN_STILL = 0.005  # seconds of CPU the main thread may use between two looks and still be waiting
+
 _now = time.time
+NOT_COLLECTIVE = frozenset({*P2P, *BATCHES})  # calls numbered apart from the collectives
 
 
 class Group:
@@ -103,9 +110,12 @@ class Group:
 
 
 # A record as kept: a list (the cheapest thing to make, once per call), its fields at these places
-# (CODE and LASTI: the user's frame's; DUMPED: a dump was sent while the call blocked).
+# (CODE and LASTI: the user's frame's; DUMPED: a dump was sent while the call blocked; BY: who issued
+# a collective the program did not call itself, "DDP's gradient"; RETURNED: when the call returned,
+# its Work if async; WORLD: the world_size init_process_group was given;
+# CALLER: for a collective torch issued, the program's frame that led to the user's, in another file).
 (SEQ, GROUP, OP, SHAPE, DTYPE, PEER, ROOT, TAG, REDUCE_OP, ASYNC, CODE, LASTI, STATE, ERROR, T0, T1,
- DUMPED) = range(17)
+ DUMPED, BY, RETURNED, WORLD, CALLER) = range(21)
 Call: TypeAlias = "list[Any]"
 
 
@@ -117,7 +127,9 @@ def to_json(call: list[Any]) -> dict[str, Any]:
             "dtype": None if call[DTYPE] is None else str(call[DTYPE]).removeprefix("torch."),
             "peer": _rank(call[PEER]), "root": _rank(call[ROOT]), "tag": _rank(call[TAG]),
             "reduce_op": _op_name(call[REDUCE_OP]), "async": call[ASYNC], "where": _where(call[CODE], call[LASTI]),
-            "state": call[STATE], "error": call[ERROR], "t0": call[T0], "t1": call[T1]}
+            "state": call[STATE], "error": call[ERROR], "t0": call[T0], "t1": call[T1],
+            **({"by": call[BY]} if call[BY] else {}), **({"world_size": call[WORLD]} if call[WORLD] else {}),
+            **({"caller": call[CALLER]} if call[CALLER] else {})}
 
 
 def _shape(shape: Any) -> list[int] | None:
@@ -148,6 +160,32 @@ def _where(code: CodeType | None, lasti: int) -> str:
     path = code.co_filename
     name = "lab/" + path[len(LAB_DIR):] if path.startswith(LAB_DIR) else os.path.basename(path)
     return f"{name}:{line}"
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _in_backward(frame: FrameType | None) -> bool:
+    """Whether a stack is inside autograd's backward (torch's ``Tensor.backward``, ``autograd.backward``)."""
+    for _ in range(WALK_MAX):
+        if frame is None:
+            return False
+        code = frame.f_code
+        if code.co_name in ("backward", "_engine_run_backward") and f"{os.sep}torch{os.sep}" in code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _innermost_users(tb: TracebackType | None, internal: tuple[str, ...]) -> tuple[CodeType, int] | None:
+    """The code and offset of a traceback's innermost frame outside torch and the lab."""
+    found = None
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_filename.startswith(internal):
+            found = (tb.tb_frame.f_code, tb.tb_lasti)
+        tb = tb.tb_next
+    return found
 
 
 def _error(exc: BaseException) -> str:
@@ -183,6 +221,7 @@ class Flight:
         self.work_class: Any = type(None)
         self.waits_seen = False  # Work.wait is wrapped
         self.c10d: Any = None
+        self.dist_error: Any = ()  # torch.distributed.DistError: the backend's errors
         self.rank = -1
         self.pid = 0
         self.thread: threading.Thread | None = None
@@ -197,6 +236,26 @@ class Flight:
         self.store_ports: set[int] = set()  # a tcp:// rendezvous' port (MASTER_PORT's is read as it is)
         self.finished: tuple[Call, int] | None = None  # (the newest record, completed) at the last final dump
         self.dump_bytes = 0
+        # torch's own recorder (lab.rank.torchfr), as last read: its entries' groups by torch's name, the
+        # collectives torch issued itself (the program's own calls take torch's numbers instead), the
+        # newest entry read, the groups' sequence numbers then (unchanged with none in flight: no news)
+        self.by_name: dict[str, Group] = {}
+        self.issued: deque[Call] = deque(maxlen=RING_MAX)
+        self.issued_by_id: dict[int, Call] = {}  # torch's record_id -> the record, while in flight
+        self.read_id = -1
+        self.read_mark: tuple[int, ...] | None = None
+        self.completed_torch = 0
+        self.ddp = False  # the program made a DistributedDataParallel: the C++ collectives are its reducer's
+        self.main_cpu: float | None = None  # the main thread's CPU time at the last look (its clock's word)
+        self.main_moved_at = math.inf  # when (time.time) a look last found it had run
+        self.main_clock: int | None = None
+        self.waited: Call | None = None  # the collective torch issued that the last look found the main thread in
+        # --trace: each record's state when a trace event last took it, the calls begun, those begun when
+        # the last trace event was sent, the calls left out (the ring let go of them first, or past the budget)
+        self.tracing = False
+        self.traced: dict[int, tuple[Call, str]] = {}
+        self.begun = self.begun_traced = self.trace_dropped = self.trace_bytes = 0
+        self.torch_dumps = False
 
     def bind(self) -> None:
         """Take what the recording needs from torch (imported by now)."""
@@ -206,6 +265,18 @@ class Flight:
         self.torch_dir = os.path.dirname(torch.__file__) + os.sep
         self.internal = (self.torch_dir, LAB_DIR, "<frozen ")
         self.work_class, self.c10d = c10d.Work, c10d
+        self.dist_error = getattr(torch.distributed, "DistError", ())
+        torchfr.default_buffer()
+        ddp = torch.nn.parallel.DistributedDataParallel
+        made = ddp.__init__
+
+        @functools.wraps(made)
+        def init(*args: Any, **kwargs: Any) -> None:
+            self.ddp = True
+            made(*args, **kwargs)
+
+        with contextlib.suppress(AttributeError, TypeError):
+            ddp.__init__ = init  # type: ignore[method-assign]
 
     # -- recording (the program's threads) -----------------------------------------------------
 
@@ -241,10 +312,11 @@ class Flight:
             group.collectives += 1
             seq = group.collectives
         call = [seq, group, spec.op, getattr(tensor, "shape", None), getattr(tensor, "dtype", None), None, None,
-                None, reduce_op, False, code, lasti, "in_flight", None, _now(), None, False]
+                None, reduce_op, False, code, lasti, "in_flight", None, _now(), None, False, None, None, None, None]
         if spec.extra:
             self._extra(call, spec, args, kwargs)
         self.ring.append(call)
+        self.begun += 1
         return call
 
     def _extra(self, call: Call, spec: Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -275,16 +347,31 @@ class Flight:
             frame = frame.f_back
         return first or (None, 0)
 
+    def _caller(self, frame: FrameType | None, code: CodeType | None) -> str | None:
+        """``file.py:LINE`` of the first of the program's frames outside the file of ``code`` (the
+        user's frame) that led to it: where a project's training loop called its own module's step."""
+        if code is None:
+            return None
+        for _ in range(WALK_MAX):
+            if frame is None:
+                return None
+            other = frame.f_code
+            if not other.co_filename.startswith(self.internal) and other.co_filename != code.co_filename \
+                    and other.co_filename[:1] != "<":
+                return _where(other, frame.f_lasti)
+            frame = frame.f_back
+        return None
+
     def ended(self, call: Call, result: Any) -> None:
         """The call returned ``result``: done, or (a Work) async and in flight until waited."""
         if result is None or not isinstance(result, self.work_class):
-            call[T1] = self.changed_at = time.time()
+            call[T1] = call[RETURNED] = self.changed_at = time.time()
             call[STATE] = "done"
             self.completed += 1
             counts = call[GROUP].counts
             counts[call[OP]] = counts.get(call[OP], 0) + 1
             return
-        call[ASYNC] = True
+        call[ASYNC], call[RETURNED] = True, time.time()
         batch = self.local.batch
         if batch is not None:  # (its Work is paired with it when the batch returns)
             batch.append(call)
@@ -295,7 +382,7 @@ class Flight:
         """The call raised ``exc``."""
         if call is not None:
             call[ERROR], call[T1], call[STATE] = _error(exc), time.time(), "raised"
-            self.changed_at = call[T1]
+            self.changed_at = call[RETURNED] = call[T1]
             self.completed += 1
 
     def _pend(self, work: Any, calls: list[Call]) -> None:
@@ -354,6 +441,8 @@ class Flight:
         return group
 
     def _remember(self, pg: Any, group: Group) -> None:
+        with contextlib.suppress(Exception):  # (a group torch names: its entries in torch's recorder)
+            self.by_name[str(pg.group_name)] = group
         key = id(pg)
         try:  # (once pg is freed, another group may come at its address)
             ref = weakref.ref(pg, lambda _: self.by_group.pop(key, None))
@@ -388,7 +477,13 @@ class Flight:
                 with contextlib.suppress(ValueError):
                     self.store_ports.add(urllib.parse.urlsplit(init_method).port or 0)
             call = self.begin(INIT_PROCESS_GROUP, (), {}, sys._getframe(1), self.world)
-            return self._blocking(call, fn, args, kwargs)
+            if call is not None:  # (one the program gives, not the environment's: it may disagree with the launcher)
+                size = kwargs.get("world_size", args[3] if len(args) > 3 else -1)
+                call[WORLD] = size if _count(size) and size > 0 else None
+            result = self._blocking(call, fn, args, kwargs)
+            with contextlib.suppress(Exception):  # (its name in torch's recorder, known before any teardown)
+                self._remember(self.c10d._get_default_group(), self.world)
+            return result
 
         return init_process_group
 
@@ -492,6 +587,160 @@ class Flight:
         else:
             self._pend(works[-1], calls)
 
+    # -- torch's own records --------------------------------------------------------------------
+
+    def read_torch(self, now: float) -> list[Call]:
+        """Read torch's recorder (lab.rank.torchfr) where it may say something new. An entry made
+        within one of the program's collectives on its group is part of that call (all_gather_object's
+        two all_gathers); any other is a collective torch issued itself (DDP's reducer), a record of its
+        own (``BY``), done once torch retires it, counted among the group's collectives where it came:
+        the program's calls that began after it move one number on, so that the n-th collective of a
+        group is the same call on every rank, whoever issued it. Returns those still in flight, oldest
+        first."""
+        mark = self._torch_mark()
+        if mark is not None and mark == self.read_mark and not self.issued_by_id:
+            return []
+        self.read_mark = mark
+        entries = torchfr.read().get("entries")
+        if not isinstance(entries, list):
+            return []
+        names = self._names()
+        ring = list(self.ring)
+        # (an entry older than the oldest record kept may be a call of the program's that left the ring)
+        horizon = ring[0][T0] if len(ring) == RING_MAX else -math.inf
+        program = [call for call in ring if call[OP] not in NOT_COLLECTIVE]
+        newest = self.read_id
+        for entry in entries:
+            rid, created = entry.get("record_id"), entry.get("time_created_ns")
+            if not (_count(rid) and _count(entry.get("collective_seq_id")) and entry["collective_seq_id"] > 0
+                    and isinstance(created, int)):
+                continue  # (a point-to-point entry, or one torch could not fill)
+            newest = max(newest, rid)
+            if rid <= self.read_id:
+                call = self.issued_by_id.get(rid)
+                if call is not None and entry.get("retired") is True:
+                    self._retired(call, now)
+                continue
+            group = names.get(torchfr.group_name(entry) or "")
+            created /= 1e9
+            if group is None or created < horizon or any(
+                    c[GROUP] is group and c[T0] <= created and (c[RETURNED] is None or created <= c[RETURNED])
+                    for c in program):
+                continue  # (unknown, or a part of the program's call)
+            later = [c for c in program if c[GROUP] is group and c[T0] > created]
+            seq = min((c[SEQ] for c in later), default=group.collectives + 1)
+            for c in later:
+                c[SEQ] += 1
+            group.collectives += 1
+            call = [seq, group, torchfr.op_of(entry), torchfr.shape_of(entry), torchfr.dtype_of(entry),
+                    None, None, None, None, True, None, 0, "in_flight", None, created, None, False,
+                    "DDP's" if self.ddp else "torch's", None, None, None]
+            self.issued.append(call)
+            if entry.get("retired") is True:
+                self._retired(call, None)
+            else:
+                self.issued_by_id[rid] = call
+        self.read_id = newest
+        return sorted(self.issued_by_id.values(), key=lambda call: call[T0])
+
+    def raised(self, exc: BaseException) -> None:
+        """The program ends on ``exc``: where it was raised inside torch, the newest collective torch
+        issued since the program's last call ended is the one it came from (gloo's "Connection closed
+        by peer" inside ``loss.backward()``). torch retires a collective that failed as one that
+        completed: the record says it raised."""
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        if tb is None or not tb.tb_frame.f_code.co_filename.startswith(self.torch_dir) or not (
+                isinstance(exc, self.dist_error) or "gloo" in str(exc)[:ERROR_MAX]):
+            return  # (not the backend's: DDP's own checks raise inside torch too)
+        self.read_torch(time.time())
+        ended = max((call[T1] for call in list(self.ring) if call[T1] is not None), default=-math.inf)
+        call = max((c for c in self.issued if c[T0] >= ended), key=lambda c: c[T0], default=None)
+        if call is None:
+            return
+        if call[STATE] == "done":
+            counts = call[GROUP].counts
+            counts[call[OP]] = counts.get(call[OP], 1) - 1
+        for rid, other in list(self.issued_by_id.items()):
+            if other is call:
+                del self.issued_by_id[rid]
+        call[STATE], call[ERROR], call[T1] = "raised", _error(exc), time.time()
+        if call[CODE] is None:
+            call[CODE], call[LASTI] = _innermost_users(exc.__traceback__, self.internal) or (None, 0)
+            call[CALLER] = self._caller(tb.tb_frame, call[CODE])
+        if self.ddp and call[BY] == "DDP's" and call[OP] == "all_reduce" and _in_backward(tb.tb_frame):
+            call[BY] = "DDP's gradient"
+
+    def _retired(self, call: Call, seen: float | None) -> None:
+        """A collective torch issued completed (by ``seen``, when a read saw it in flight before)."""
+        call[STATE], call[T1] = "done", seen
+        for rid, other in list(self.issued_by_id.items()):
+            if other is call:
+                del self.issued_by_id[rid]
+        counts = call[GROUP].counts
+        counts[call[OP]] = counts.get(call[OP], 0) + 1
+        self.completed_torch += 1
+        if seen is not None:
+            self.changed_at = max(self.changed_at, seen)
+
+    def _names(self) -> dict[str, Group]:
+        """The groups by torch's name for them, the world's and any torch made that the program has not
+        used yet (a DeviceMesh's) included."""
+        with contextlib.suppress(Exception):
+            for pg, name in list(self.c10d._world.pg_names.items()):
+                if str(name) not in self.by_name:
+                    self.group_of(pg)
+        return self.by_name
+
+    def _ranks_by_name(self) -> dict[str, list[int]]:
+        """Every process group's global ranks, by torch's name for it."""
+        found: dict[str, list[int]] = {}
+        with contextlib.suppress(Exception):
+            for pg, name in list(self.c10d._world.pg_names.items()):
+                found[str(name)] = sorted(self.c10d.get_process_group_ranks(pg))
+        return found
+
+    def _torch_mark(self) -> tuple[int, ...] | None:
+        """The process groups' sequence numbers (each counts the collectives issued on it): while they
+        stay the same and nothing was in flight, torch's recorder has nothing new."""
+        try:
+            return tuple(pg._get_sequence_number_for_group() for pg in list(self.c10d._world.pg_names))
+        except Exception:  # (a torch that cannot say: read every time)
+            return None
+
+    def _torch_blocking(self, now: float) -> list[tuple[Call, float]]:
+        """The collective torch issued that the program's main thread waits in (DDP's gradient
+        all_reduce at the end of ``backward()``), since when: the oldest in flight, when the thread's
+        CPU clock did not move since the last look (the kernel's word that it did not run: a rank
+        that computes while a collective is under way, DDP's overlap, is no wait). Empty otherwise."""
+        waited, self.waited = self.waited, None
+        if waited is not None and waited[STATE] == "waiting":
+            waited[STATE] = "in_flight"
+        try:
+            if self.main_clock is None:
+                self.main_clock = time.pthread_getcpuclockid(threading.main_thread().ident or 0)
+            cpu = time.clock_gettime(self.main_clock)
+        except (AttributeError, OSError, OverflowError):  # (no thread clocks here: no such wait is seen)
+            return []
+        ran = self.main_cpu is None or cpu - self.main_cpu > MAIN_STILL
+        self.main_cpu = cpu
+        if ran:
+            self.main_moved_at = now
+            return []
+        inflight = self.read_torch(now)
+        if not inflight:
+            return []
+        call = self.waited = inflight[0]
+        call[STATE] = "waiting"
+        if call[CODE] is None:
+            frame = sys._current_frames().get(threading.main_thread().ident or 0)
+            call[CODE], call[LASTI] = self._user_frame(frame)
+            call[CALLER] = self._caller(frame, call[CODE])
+            if self.ddp:
+                call[BY] = "DDP's gradient" if call[OP] == "all_reduce" and _in_backward(frame) else "DDP's"
+        return [(call, max(call[T0], self.main_moved_at))]
+
     # -- what the rank says (the progress thread, and at the end) -------------------------------
 
     def watch(self, rank: int) -> None:
@@ -502,6 +751,8 @@ class Flight:
         self.rank, self.pid = rank, os.getpid()
         with contextlib.suppress(ValueError):
             self.hang_after = float(os.environ.get(HANG_AFTER_VAR) or 0)
+        self.tracing = os.environ.get(TRACE_VAR) == "1"
+        self.torch_dumps = os.environ.get(TORCH_DUMPS_VAR) == "1"
         self.thread = threading.Thread(target=self._run, name="lab-flight", daemon=True)
         self.thread.start()
         atexit.register(self.finish)
@@ -518,13 +769,42 @@ class Flight:
         """One look; the seconds to the next."""
         self._poll()
         blocking = self.blocking()
+        if not blocking:
+            blocking = self._torch_blocking(now)
+        elif any(now - since >= FLIGHT_AFTER and not call[DUMPED] for call, since in blocking):
+            self.read_torch(now)  # (its number, counting the collectives torch issued before it)
         wait = self._progress(blocking)
         slow = [call for call, since in blocking if not call[DUMPED] and now - since >= FLIGHT_AFTER]
         for call in slow:
             call[DUMPED] = True
         if slow:
             self._dump(last=False)
+        if self.tracing:
+            self._trace()
         return wait
+
+    def _trace(self) -> None:
+        """Send the records that began or changed state since the last trace event (--trace)."""
+        channel = protocol.CHANNEL
+        calls = [*self.ring, *self.issued]
+        fresh = [call for call in calls if (seen := self.traced.get(id(call))) is None or seen[0] is not call
+                 or seen[1] != call[STATE]]
+        kept = {id(call) for call in calls}
+        self.traced = {key: seen for key, seen in self.traced.items() if key in kept}
+        new = sum(1 for call in self.ring if id(call) not in self.traced)
+        self.trace_dropped += max(0, self.begun - self.begun_traced - new)  # (began and left the ring unseen)
+        self.begun_traced = self.begun
+        if not fresh or channel is None:
+            return
+        for call in fresh:
+            self.traced[id(call)] = (call, call[STATE])
+        line = protocol.event_line(channel.token, "trace", rank=self.rank, records=[to_json(c) for c in fresh],
+                                   dropped=self.trace_dropped).encode()
+        if self.trace_bytes + len(line) > TRACE_BUDGET or len(line) > EVENT_MAX:
+            self.trace_dropped += len(fresh)
+            return
+        self.trace_bytes += len(line)
+        channel.write(line)
 
     def _progress(self, blocking: list[tuple[Call, float]]) -> float:
         """Send ``progress`` if it changed since the last one, or a call blocks (with how long nothing
@@ -533,7 +813,7 @@ class Flight:
         the next whole second)."""
         oldest = min(blocking, key=lambda entry: entry[1], default=None)
         inflight = None if oldest is None else oldest[0]
-        completed = self.completed + self.completed_async
+        completed = self.completed + self.completed_async + self.completed_torch
         said = (completed, id(inflight), "" if inflight is None else inflight[STATE])
         moved, mark = tcpinfo.traffic(self._stores())
         now, wall = time.monotonic(), time.time()
@@ -554,7 +834,7 @@ class Flight:
         if said != self.said or watching and not self.told_quiet:
             self.said, self.told_quiet = said, watching and quiet >= self.hang_after
             self._send("progress", completed=completed, inflight=None if inflight is None else to_json(inflight),
-                       moved=moved if inflight is not None else 0, quiet=round(quiet, 2))
+                       moved=moved if inflight is not None else 0, quiet=round(quiet, 2), at=time.time())
             if self.told_quiet:  # the records as they are at a hang, for the verdict to read at once
                 self._dump(last=False)
         if watching and not self.told_quiet:
@@ -598,24 +878,31 @@ class Flight:
             self._progress(self.blocking())
         except OSError:
             return
+        self.read_torch(time.time())
         last, completed = self.ring[-1] if self.ring else None, self.completed + self.completed_async
+        completed += self.completed_torch
         if last is None or (self.finished is not None and self.finished[0] is last and self.finished[1] == completed):
             return
         self.finished = (last, completed)
         try:
+            if self.tracing:
+                self._trace()
             self._dump(last=True)
         except OSError:
             pass
 
     def snapshot(self) -> dict[str, Any]:
-        """The fields of a ``flight`` event: the ring (oldest first), the calls in flight, the counts."""
+        """The fields of a ``flight`` event: the records (the program's and those torch issued, oldest
+        first), the calls in flight, the counts."""
+        issued = self.read_torch(time.time())
         with self.lock:
-            ring = list(self.ring)
+            ring = sorted((*self.ring, *self.issued), key=lambda call: call[T0])[-RING_MAX:]
             waiting = [call for _, calls in self.pending.values() for call in calls]
             dropped = self.dropped
         counts = {group.gid: dict(group.counts) for group in list(self.groups.values()) if group.counts}
         blocking = [call for call, _ in self.blocking()]
-        inflight = sorted({id(call): call for call in (*blocking, *waiting)}.values(), key=lambda call: call[T0])
+        inflight = sorted({id(call): call for call in (*blocking, *waiting, *issued)}.values(),
+                          key=lambda call: call[T0])
         return {"rank": self.rank, "records": [to_json(call) for call in ring],
                 "inflight": [to_json(call) for call in inflight], "counts": counts, "dropped": dropped}
 
@@ -634,6 +921,13 @@ class Flight:
             return
         self.dump_bytes += len(line)
         channel.write(line)
+        if self.torch_dumps:
+            dump = torchfr.read()
+            if dump:
+                dump = torchfr.analyzable(dump, self._ranks_by_name())
+                line = protocol.event_line(channel.token, "torchdump", rank=self.rank, dump=dump).encode()
+                if len(line) <= EVENT_MAX:
+                    channel.write(line)
 
     def _send(self, event: protocol.EventKind, **fields: Any) -> None:
         channel = protocol.CHANNEL

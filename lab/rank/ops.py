@@ -43,10 +43,12 @@ OPS: tuple[Op, ...] = (
     Op("reduce", rooted=True, reduces=True, methods=("reduce",)),
     Op("all_gather", methods=("allgather",)),
     Op("all_gather_into_tensor", older=("_all_gather_base",), methods=("_allgather_base",)),
+    Op("all_gather_single"),  # (FSDP2's)
     Op("gather", rooted=True, methods=("gather",)),
     Op("scatter", rooted=True, from_root=True, methods=("scatter",)),
     Op("reduce_scatter", reduces=True, methods=("reduce_scatter",)),
     Op("reduce_scatter_tensor", reduces=True, older=("_reduce_scatter_base",), methods=("_reduce_scatter_base",)),
+    Op("reduce_scatter_single", reduces=True),  # (FSDP2's)
     Op("all_to_all", sizes_differ=True, methods=("alltoall",)),
     Op("all_to_all_single", sizes_differ=True, methods=("alltoall_base",)),
     Op("all_reduce_coalesced", reduces=True, methods=("allreduce_coalesced",)),

@@ -60,14 +60,20 @@ error     rank, exercise, error, where, traceback,    an exercise raised
           [calls]
 fatal     rank, error, traceback                      start-up failed outside any exercise
 done      rank, failures                              the rank ran every stage
-progress  rank, completed, inflight, moved, quiet     the rank's torch.distributed calls completed so
-                                                      far and the one it blocks in (or null), when
+progress  rank, completed, inflight, moved, quiet,    the rank's torch.distributed calls completed so
+          [at]                                        far and the one it blocks in (or null), when
                                                       they changed and each second one blocks, with
                                                       the bytes its connections carried and the
-                                                      seconds none moved (``lab.rank.flight``)
+                                                      seconds none moved (``lab.rank.flight``), and
+                                                      the rank's clock as it sent it
 flight    rank, records, inflight, counts, dropped    the rank's flight recorder: its last calls, those
                                                       in flight, completed calls per group and op
                                                       (a call blocked 2 s, and at its end)
+trace     rank, records, dropped                      with --trace, each second: the records that
+                                                      began or ended since the last (and how many
+                                                      calls the ring let go of before it was sent)
+torchdump rank, dump                                  with --fr-dir, with each flight dump: torch's
+                                                      own flight recorder, as it dumps itself
 end       rank, how, code, error, where, traceback    a script's program (``lab.rank.script``) ended
                                                       other than by returning: ``how`` "raised" (an
                                                       exception it did not catch: ``code`` 1, ``error``
@@ -128,11 +134,12 @@ EVENTS_MAX: Final = 64 << 20  # bytes of event lines taken from one rank (or one
 FLIGHT_EVENTS: Final = (b'{"event": "progress"', b'{"event": "flight"')  # how those lines' JSON starts
 FLIGHT_RATE: Final = 4096  # bytes a second of them, for each rank, allowed past EVENTS_MAX (see EventBudget)
 
-EventKind = Literal["hello", "step", "result", "error", "fatal", "done", "progress", "flight", "end", "exit",
-                    "bad", "ports", "facts", "runtime", "links", "heard", "closed", "wire", "alive", "pulse"]
+EventKind = Literal["hello", "step", "result", "error", "fatal", "done", "progress", "flight", "trace", "torchdump",
+                    "end", "exit", "bad", "ports", "facts", "runtime", "links", "heard", "closed", "wire", "alive",
+                    "pulse"]
 EVENT_KINDS: Final[frozenset[str]] = frozenset(get_args(EventKind))
 RANK_EVENTS: Final = frozenset({"hello", "step", "result", "error", "fatal", "done", "progress",
-                                "flight", "end", "alive"})  # what a rank sends
+                                "flight", "trace", "torchdump", "end", "alive"})  # what a rank sends
 LAUNCHER_EVENTS: Final = frozenset({"exit", "bad"})  # what a host's launcher says of one of its ranks
 # What the lab's launcher (lab.rank.zygote) says of its host's connections (lab.rank.wire), its ``rank`` the
 # host's first: no rank can send it (the launcher drops it), so it is taken from that launcher alone.

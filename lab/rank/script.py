@@ -106,6 +106,7 @@ def run(start: Callable[[], object], rank: int) -> None:
     except BaseException as exc:  # (KeyboardInterrupt too: the program did not catch it)
         text = "".join(traceback.format_exception(without_lab(exc)))
         where = raised_at(exc.__traceback__)
+        FLIGHT.raised(exc)
         if isinstance(exc, SyntaxError) and exc.filename and not exc.filename.startswith("<") and exc.lineno:
             where = f"{os.path.basename(exc.filename)}:{exc.lineno}"  # (the line that is wrong, in a file)
         say_end(rank, "raised", 1, error_text(exc), where, text)

@@ -1,0 +1,49 @@
+"""Training programs shaped like real ones (tests/train/, described in its README.md): DDP and FSDP2
+over a small classifier, DataLoaders with a DistributedSampler, checkpoints, evaluation, gradient
+accumulation; broken as real reports are, and healthy ones with a straggler. Their collectives come
+from DDP's C++ reducer as much as from the program: the lab names each cause from torch's own flight
+recorder merged with its records. Each expectation parses (unit); each program through ``lab launch
+--hang-after`` gets the report its expectation says (local); the docker and Slurm tiers run some
+across hosts (test_lab_docker.py, test_slurm.py), and torchrun here."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .conftest import Lab
+from .test_why_fixtures import KINDS, assert_report_names_the_cause, expectation, lines_named
+
+TRAIN = Path(__file__).resolve().parent / "train"
+PROGRAMS = sorted(p for p in TRAIN.glob("*.py") if not p.name.startswith("_"))
+# What the other launchers and transports run of them: a hang in DDP's C++ all_reduce, a gloo abort.
+UNDER_OTHER_LAUNCHERS = ("ddp_checkpoint_barrier", "ddp_eval_on_rank_0")
+
+
+@pytest.mark.parametrize("path", PROGRAMS, ids=lambda p: p.stem)
+def test_every_program_has_a_valid_expectation(path: Path) -> None:
+    assert lines_named(expectation(path), path.read_text()) == []
+
+
+def test_the_programs_are_realistic_and_cover_the_causes() -> None:
+    found = [expectation(path) for path in PROGRAMS]
+    assert len(found) >= 16
+    assert {e.kind for e in found} >= set(KINDS) - {"p2p-cycle", "p2p-unmatched"}  # (training has no p2p)
+    sources = [path.read_text() for path in PROGRAMS]
+    assert sum("DistributedDataParallel" in s for s in sources) >= 12
+    assert sum("fully_shard" in s for s in sources) >= 2
+    assert sum(e.kind == "healthy" for e in found) >= 4
+    assert any("time.monotonic() + 8" in s for s in sources)  # a straggler longer than --hang-after
+
+
+@pytest.mark.local
+@pytest.mark.parametrize("path", PROGRAMS, ids=lambda p: p.stem)
+def test_the_report_names_the_cause_of_a_training_program(lab: Lab, path: Path) -> None:
+    assert_report_names_the_cause(lab, path)
+
+
+@pytest.mark.local
+@pytest.mark.parametrize("name", UNDER_OTHER_LAUNCHERS)
+def test_the_report_names_the_cause_of_a_training_program_under_torchrun(lab: Lab, name: str) -> None:
+    expect = expectation(TRAIN / f"{name}.py")
+    assert_report_names_the_cause(lab, TRAIN / f"{name}.py", "--nproc", str(expect.nproc), "--launcher", "torchrun")

@@ -1,0 +1,27 @@
+"""FSDP2 (fully_shard) on the CPU: each linear layer sharded over the ranks, a few steps of SGD,
+the loss all_reduced for the log; its all_gathers and reduce_scatters run under the lab's recorder.
+
+expect: kind=healthy; nproc=2; exit=0
+"""
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+from _common import classifier, dataset, setup
+
+rank, world = setup()
+model = classifier()
+for layer in model:
+    if isinstance(layer, torch.nn.Linear):
+        fully_shard(layer)
+fully_shard(model)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+x, y = dataset(64)[:]
+for step in range(5):
+    loss = torch.nn.functional.cross_entropy(model(x[step::5]), y[step::5])
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    logged = loss.detach().reshape(1)
+    dist.all_reduce(logged)
+dist.destroy_process_group()
