@@ -11,6 +11,10 @@
     hang-verdict  the time each hanging program of tests/why/ (but FORMS_LATE's) takes to its verdict
                   past a healthy run of as many ranks (start-up, one all_reduce, the end), the slowest
                   / --hang-after + 3 s (a verdict at most 3 s after the hang is due) goal <= 1.00
+    hang-training the time from when each hanging training program of tests/train/ hangs (the
+                  last rank's entry into the call it hangs in, DDP's C++ all_reduce included) to the
+                  hang finder's verdict, both read from its --trace file, the slowest
+                  / --hang-after + 3 s                                                   goal <= 1.00
     preflight     what the preflight adds to `lab run p2p` on 4 container hosts (with it, less the
                   median without it: --no-preflight) / 0.3 s                           goal <= 1.00
     cross-vpc     `lab run p2p` on the cross-VPC lab without peering, to its verdict (the
@@ -25,7 +29,7 @@
 Each pair is timed --repeat times, alternating, and compared by medians. The container
 benchmarks bring up labs of their own (named bench4 and bench8) and take them down again;
 `up` needs the default lab down (it starts and removes it). Needs the Docker engine and the
-lab image (`make lab-up` builds it), except doctor, launch-local and hang-verdict; cross-vpc
+lab image (`make lab-up` builds it), except doctor, launch-local, hang-verdict and hang-training; cross-vpc
 brings up the cross-VPC lab as benchx (its networks are the default cross-VPC lab's: that one
 must be down).
 
@@ -261,6 +265,34 @@ def hang_verdict(repeat: int, script: Path) -> Figure:
                   False)
 
 
+def hang_training(repeat: int) -> Figure:
+    """Each hanging program of tests/train/ (exit 4, found by the hang finder), timed by the lab's own
+    clock: from the newest start of a call a rank hangs in to the verdict (its --trace file's)."""
+    from tests.test_train_programs import PROGRAMS
+    from tests.test_why_fixtures import expectation
+
+    hangs = [(path, e.nproc) for path in PROGRAMS if (e := expectation(path)).exit == 4 and e.timeout is None]
+    slowest = []
+    with tempfile.TemporaryDirectory() as folder:
+        trace = Path(folder) / "trace.json"
+        for _ in range(repeat):
+            delays = []
+            for path, nproc in hangs:
+                done = subprocess.run([*LAB, "launch", "--nproc", str(nproc), "--hang-after", f"{HANG_AFTER:g}",
+                                       "--timeout", "120", "--trace", str(trace), str(path)], cwd=REPO,
+                                      capture_output=True, text=True, timeout=TIMEOUT)
+                if done.returncode != 4 or "hung: nothing moved" not in done.stdout:
+                    sys.exit(f"{path.name}: not found hung (exit {done.returncode}):\n{done.stdout[-2000:]}")
+                events = json.loads(trace.read_text())
+                formed = max(e["ts"] for e in events["traceEvents"]
+                             if e["ph"] == "X" and e["name"].endswith("(in flight at the end)"))
+                delays.append((events["otherData"]["hang_found"] - formed) / 1e6)
+            slowest.append(max(delays))
+    return Figure("hang-training", f"slowest of {len(hangs)} training hangs, from the hang to its verdict / "
+                  f"--hang-after {HANG_AFTER:g} + {VERDICT_WITHIN:g} s", slowest,
+                  [HANG_AFTER + VERDICT_WITHIN] * repeat, 1.0, False)
+
+
 PREFLIGHT_GOAL = 0.3  # seconds the preflight may add to a healthy run
 CROSS_VPC_GOAL = 5.0  # seconds to the verdict on the unpeered cross-VPC lab
 
@@ -341,8 +373,8 @@ def p2p_eight(repeat: int) -> Figure:
 
 
 def main() -> int:
-    names = ("launch-ssh", "run-all", "up", "doctor", "launch-local", "hang-verdict", "preflight", "cross-vpc",
-             "busy", "p2p-8")
+    names = ("launch-ssh", "run-all", "up", "doctor", "launch-local", "hang-verdict", "hang-training", "preflight",
+             "cross-vpc", "busy", "p2p-8")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"of {', '.join(names)} (default all)")
     parser.add_argument("--repeat", type=int, default=3)
@@ -360,6 +392,7 @@ def main() -> int:
                 "up": lambda: up(args.repeat), "doctor": lambda: doctor(args.repeat),
                 "launch-local": lambda: launch_local(args.repeat, script),
                 "hang-verdict": lambda: hang_verdict(args.repeat, script),
+                "hang-training": lambda: hang_training(args.repeat),
                 "preflight": lambda: preflight(args.repeat), "cross-vpc": lambda: cross_vpc(args.repeat),
                 "busy": lambda: busy(args.repeat, script), "p2p-8": lambda: p2p_eight(args.repeat)}
         for name in args.names or names:

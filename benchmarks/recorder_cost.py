@@ -1,15 +1,22 @@
-"""Benchmark: what the flight recorder costs a rank (lab.rank.flight), as a throughput ratio.
+"""Benchmark: what the flight recorders cost a rank, as throughput ratios: the lab's (lab.rank.flight,
+which now reads torch's), and torch's own (TORCH_FR_BUFFER_SIZE: on, as the lab leaves it, or 0: off).
 
-Two local gloo ranks make CALLS all_reduces of 1 KiB each with the lab's wrappers
-(lab.rank.calls.install: the method check and the flight recorder, its progress thread running,
-its events going to /dev/null), and CALLS without them (torch's own functions and methods put
-back), in blocks of BLOCK calls taken in turn (ABBA), so that both see the same machine: on a
-shared machine a whole run with and a whole run without differ by more than the recorder costs.
-Rank 0 times the blocks; the ratio is calls per second with the recorder / without, the median
-of --repeat runs (fresh ranks each), each the ratio of the median blocks (a block that another
-process slowed down weighs nothing).  Goal: >= 0.97.
+Two workloads of two local gloo ranks, each run with torch's recorder on and off in turn (on, off,
+off, on, ...: a shared machine drifts more over a run than the recorders cost):
 
-    python benchmarks/recorder_cost.py [--calls 10000] [--repeat 3]
+* ``all_reduce``: CALLS all_reduces of 1 KiB with the lab's wrappers (lab.rank.calls.install: the
+  method check and the flight recorder, its progress thread running, its events going to /dev/null)
+  and CALLS without them (torch's own functions put back), in blocks of BLOCK calls taken in turn
+  (ABBA) in the same processes. Ratio: calls per second with the lab's recorder / without.
+* ``ddp``: STEPS training steps of a small DDP model (its gradient all_reduce issued by DDP's reducer
+  from C++, which the lab reads from torch's recorder), with the lab's recorder (wrappers, progress
+  thread) and without it, in separate processes taken in turn. Ratio: steps per second with / without.
+
+And, for each workload, torch's recorder on / off: calls (steps) per second with it on / with it off,
+the lab's recorder on in both. Each figure is the median of --repeat runs' medians. Goal: >= 0.97 for
+the lab's recorder on the all_reduce loop; the others are reported (torch's recorder is torch's).
+
+    python benchmarks/recorder_cost.py [--calls 10000] [--steps 300] [--repeat 3]
 """
 from __future__ import annotations
 
@@ -29,6 +36,8 @@ GOAL = 0.97
 WARMUP = 500  # calls before the timed ones
 BLOCK = 50  # calls timed at a time
 NUMEL = 256  # float32: 1 KiB
+STEP_BLOCK = 10  # training steps timed at a time
+FR_ON = "256"  # the buffer the lab gives torch's recorder where the environment does not say (lab.rank.torchfr)
 
 
 def install() -> list[tuple[Any, str, Any, Any]]:
@@ -45,19 +54,28 @@ def install() -> list[tuple[Any, str, Any, Any]]:
             for name, own in own_vars.items() if vars(owner).get(name) is not own]
 
 
-def rank_main(rank: int, port: int, calls: int) -> None:
-    """One rank: ``calls`` all_reduces each way, in turns (rank 0 prints the seconds of each way)."""
+def start_rank(rank: int, port: int, lab: bool) -> list[tuple[Any, str, Any, Any]]:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
-    import torch
     import torch.distributed as dist
 
     from lab.rank import protocol
     from lab.rank.flight import FLIGHT
 
-    protocol.CHANNEL = protocol.Channel(os.open(os.devnull, os.O_WRONLY), "bench")
-    wrapped = install()
-    FLIGHT.watch(rank)
+    wrapped = []
+    if lab:
+        protocol.CHANNEL = protocol.Channel(os.open(os.devnull, os.O_WRONLY), "bench")
+        wrapped = install()
+        FLIGHT.watch(rank)
     dist.init_process_group("gloo")
+    return wrapped
+
+
+def all_reduces(rank: int, port: int, calls: int) -> list[list[float]]:
+    """Seconds of each block of all_reduces, without the lab's wrappers and with them, in turns."""
+    import torch
+    import torch.distributed as dist
+
+    wrapped = start_rank(rank, port, lab=True)
     tensor = torch.ones(NUMEL)
     seconds: dict[bool, list[float]] = {True: [], False: []}
     for block in range(-2, 2 * (calls // BLOCK)):
@@ -71,43 +89,105 @@ def rank_main(rank: int, port: int, calls: int) -> None:
             seconds[recorded].append(time.perf_counter() - started)
     dist.barrier()
     dist.destroy_process_group()
-    if rank == 0:
-        print(json.dumps([seconds[False], seconds[True]]))
+    return [[t / BLOCK for t in seconds[False]], [t / BLOCK for t in seconds[True]]]
 
 
-def timed(calls: int) -> tuple[list[float], list[float]]:
-    """The seconds rank 0 took for each block of all_reduces without the recorder, and with it."""
+def ddp_steps(rank: int, port: int, steps: int, lab: bool) -> list[float]:
+    """Seconds of each block of training steps of a small DDP model."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    start_rank(rank, port, lab)
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
+                                                        torch.nn.Linear(128, 4)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(32, 64), torch.randint(0, 4, (32,))
+    seconds = []
+    for block in range(-2, steps // STEP_BLOCK):
+        started = time.perf_counter()
+        for _ in range(STEP_BLOCK):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        if block >= 0:
+            seconds.append((time.perf_counter() - started) / STEP_BLOCK)
+    dist.barrier()
+    dist.destroy_process_group()
+    return seconds
+
+
+def run_pair(workload: str, count: int, lab: bool, torch_fr: bool) -> Any:
+    """Run the two ranks; what rank 0 measured."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    ranks = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--port", str(port), "--calls", str(calls)],
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
+           "TORCH_FR_BUFFER_SIZE": FR_ON if torch_fr else "0"}
+    ranks = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--port", str(port), "--workload",
+                               workload, "--count", str(count), *(["--lab"] if lab else [])],
                               stdout=subprocess.PIPE, text=True, env=env) for r in (0, 1)]
-    outs = [p.communicate(timeout=600)[0] for p in ranks]
+    outs = [p.communicate(timeout=900)[0] for p in ranks]
     if any(p.returncode for p in ranks):
         raise SystemExit(f"a rank failed: {[p.returncode for p in ranks]}")
-    plain, recorded = json.loads(outs[0].splitlines()[-1])
-    return plain, recorded
+    return json.loads(outs[0].splitlines()[-1])
+
+
+def turns(repeat: int) -> list[bool]:
+    """torch's recorder on and off in turns, ABBA: on, off, off, on, ..."""
+    return [i % 4 in (0, 3) for i in range(2 * repeat)]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=10_000)
+    parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--workload", help=argparse.SUPPRESS)
+    parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--lab", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank is not None:
-        rank_main(args.rank, args.port, args.calls)
+        measured = all_reduces(args.rank, args.port, args.count) if args.workload == "all_reduce" else \
+            ddp_steps(args.rank, args.port, args.count, args.lab)
+        if args.rank == 0:
+            print(json.dumps(measured))
         return 0
-    runs = [timed(args.calls) for _ in range(args.repeat)]
-    ratios = sorted(statistics.median(plain) / statistics.median(recorded) for plain, recorded in runs)
-    ratio = statistics.median(ratios)
-    plain, recorded = (statistics.median(t for run in runs for t in run[i]) / BLOCK for i in (0, 1))
-    print(f"{args.calls} all_reduces of 1 KiB each way, 2 gloo ranks, in blocks of {BLOCK}; {args.repeat} runs:")
-    print(f"  without the recorder  {1e6 * plain:.1f} us a call (the median block's)")
-    print(f"  with the recorder     {1e6 * recorded:.1f} us a call")
-    print(f"  throughput ratio      {ratio:.3f}  (runs: {', '.join(f'{r:.3f}' for r in ratios)}; goal >= {GOAL})  "
+    median = statistics.median
+    # all_reduce: the lab's wrappers in turns inside each run; torch's recorder on or off per run
+    lab_ratio: dict[bool, list[float]] = {True: [], False: []}
+    plain: dict[bool, list[float]] = {True: [], False: []}
+    for torch_fr in turns(args.repeat):
+        without, with_lab = run_pair("all_reduce", args.calls, True, torch_fr)
+        lab_ratio[torch_fr].append(median(without) / median(with_lab))
+        plain[torch_fr].append(median(with_lab))
+    print(f"all_reduce: {args.calls} of 1 KiB each way, 2 gloo ranks, in blocks of {BLOCK}; {args.repeat} runs "
+          "with torch's recorder on and off each:")
+    for torch_fr in (True, False):
+        print(f"  torch's recorder {'on ' if torch_fr else 'off'}: {1e6 * median(plain[torch_fr]):.1f} us a call "
+              f"with the lab's recorder; the lab's recorder's ratio {median(lab_ratio[torch_fr]):.3f} "
+              f"(runs: {', '.join(f'{r:.3f}' for r in lab_ratio[torch_fr])})")
+    fr_ratio = median(plain[False]) / median(plain[True])
+    print(f"  torch's recorder on / off: {fr_ratio:.3f}")
+    # ddp: the lab's recorder and torch's each on or off per run, in turns
+    step: dict[tuple[bool, bool], list[float]] = {}
+    for torch_fr in turns(args.repeat):
+        for lab in ((True, False) if torch_fr else (False, True)):
+            step.setdefault((lab, torch_fr), []).append(median(run_pair("ddp", args.steps, lab, torch_fr)))
+    print(f"ddp: {args.steps} training steps of a 64-128-4 MLP, batch 32, 2 gloo ranks; {args.repeat} runs each:")
+    for (lab, torch_fr), seconds in sorted(step.items(), reverse=True):
+        print(f"  lab's recorder {'on ' if lab else 'off'}, torch's {'on ' if torch_fr else 'off'}: "
+              f"{1e6 * median(seconds):.0f} us a step")
+    ddp_lab = median(step[False, True]) / median(step[True, True])
+    ddp_fr = median(step[True, False]) / median(step[True, True])
+    print(f"  the lab's recorder's ratio (torch's on): {ddp_lab:.3f}; torch's recorder on / off (the lab's on): "
+          f"{ddp_fr:.3f}")
+    ratio = median(lab_ratio[True])
+    print(f"the lab's recorder on the all_reduce loop, torch's on: {ratio:.3f} (goal >= {GOAL}) "
           f"{'ok' if ratio >= GOAL else 'MISSED'}")
     return 0 if ratio >= GOAL else 1
 

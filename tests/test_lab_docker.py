@@ -26,7 +26,8 @@ from .conftest import DDP_SERIES, REPO, WRONG, Lab, Result, assert_ddp_series_tr
 from .load import cpu_hog
 from .test_compose import compose_tools
 from .test_launchers import FAILS_IN_ITS_FIRST_ATTEMPTS
-from .test_why_fixtures import UNDER_OTHER_LAUNCHERS, WHY, assert_report_names_the_cause
+from .test_train_programs import OTHER_LAUNCHERS
+from .test_why_fixtures import WHY, assert_report_names_the_cause
 from .tutorials import assert_prints_as_shown, tutorial_scripts
 
 pytestmark = pytest.mark.docker
@@ -744,10 +745,11 @@ def test_a_host_partitioned_mid_run_is_named_within_the_timeout(lab_up: Lab, tmp
     assert_no_workers_anywhere()
 
 
-@pytest.mark.parametrize("name", UNDER_OTHER_LAUNCHERS)
-def test_why_a_job_across_hosts_hangs_or_crashes_is_named(lab_up: Lab, name: str) -> None:
-    """Issue 27 across 4 hosts over SSH: a receive cycle, a crash and its consequences, a mismatch."""
-    assert_report_names_the_cause(lab_up, WHY / f"{name}.py", "--hosts", str(INVENTORY))
+@pytest.mark.parametrize("path", OTHER_LAUNCHERS, ids=lambda p: p.stem)
+def test_why_a_job_across_hosts_hangs_or_crashes_is_named(lab_up: Lab, path: Path) -> None:
+    """Issues 27 and 40 across 4 hosts over SSH: a receive cycle, a crash and its consequences, a
+    collective against DDP's gradient all_reduce (a hang) and gloo's abort of one."""
+    assert_report_names_the_cause(lab_up, path, "--hosts", str(INVENTORY))
 
 
 # -- a busy machine: no verdict by a stopwatch that load can stop ---------------------------------

@@ -23,7 +23,8 @@ from lab.errors import UsageError
 
 from .conftest import DDP_SERIES, REPO, Lab, assert_ddp_series_trained
 from .test_lab_docker import _client, inventory_variant, workers_on
-from .test_why_fixtures import UNDER_OTHER_LAUNCHERS, WHY, assert_report_names_the_cause
+from .test_train_programs import OTHER_LAUNCHERS
+from .test_why_fixtures import assert_report_names_the_cause
 from .tutorials import assert_prints_as_shown, tutorial_scripts
 
 NAME = "slurmt"
@@ -216,11 +217,11 @@ def test_a_hung_job_is_stopped_at_the_timeout_and_cancelled(slurm_lab: tuple[Lab
 
 
 @pytest.mark.docker
-@pytest.mark.parametrize("name", UNDER_OTHER_LAUNCHERS)
-def test_why_a_job_of_slurm_tasks_hangs_or_crashes_is_named(slurm_lab: tuple[Lab, Path], name: str) -> None:
-    """Issue 27 with the ranks as the tasks of one Slurm job (2 nodes, 2 tasks each)."""
+@pytest.mark.parametrize("path", OTHER_LAUNCHERS, ids=lambda p: p.stem)
+def test_why_a_job_of_slurm_tasks_hangs_or_crashes_is_named(slurm_lab: tuple[Lab, Path], path: Path) -> None:
+    """Issues 27 and 40 with the ranks as the tasks of one Slurm job (2 nodes, 2 tasks each)."""
     lab, inventory = slurm_lab
-    assert_report_names_the_cause(lab, WHY / f"{name}.py", "--hosts", str(inventory), "--launcher", "srun")
+    assert_report_names_the_cause(lab, path, "--hosts", str(inventory), "--launcher", "srun")
     assert_nothing_left()
 
 

@@ -12,12 +12,16 @@ from pathlib import Path
 import pytest
 
 from .conftest import Lab
-from .test_why_fixtures import KINDS, assert_report_names_the_cause, expectation, lines_named
+from .test_why_fixtures import KINDS, WHY, assert_report_names_the_cause, expectation, lines_named
+from .test_why_fixtures import UNDER_OTHER_LAUNCHERS as FIXTURES_UNDER_OTHER_LAUNCHERS
 
 TRAIN = Path(__file__).resolve().parent / "train"
 PROGRAMS = sorted(p for p in TRAIN.glob("*.py") if not p.name.startswith("_"))
 # What the other launchers and transports run of them: a hang in DDP's C++ all_reduce, a gloo abort.
 UNDER_OTHER_LAUNCHERS = ("ddp_checkpoint_barrier", "ddp_eval_on_rank_0")
+# All that the docker tier runs across hosts over SSH, and the Slurm tier as one job's tasks (4 ranks each)
+OTHER_LAUNCHERS = (*(WHY / f"{n}.py" for n in FIXTURES_UNDER_OTHER_LAUNCHERS),
+                   *(TRAIN / f"{n}.py" for n in UNDER_OTHER_LAUNCHERS))
 
 
 @pytest.mark.parametrize("path", PROGRAMS, ids=lambda p: p.stem)
@@ -31,7 +35,7 @@ def test_the_programs_are_realistic_and_cover_the_causes() -> None:
     assert {e.kind for e in found} >= set(KINDS) - {"p2p-cycle", "p2p-unmatched"}  # (training has no p2p)
     sources = [path.read_text() for path in PROGRAMS]
     assert sum("DistributedDataParallel" in s for s in sources) >= 12
-    assert sum("fully_shard" in s for s in sources) >= 2
+    assert sum("sharded_classifier()" in s for s in sources) >= 2  # (FSDP2: fully_shard)
     assert sum(e.kind == "healthy" for e in found) >= 4
     assert any("time.monotonic() + 8" in s for s in sources)  # a straggler longer than --hang-after
 

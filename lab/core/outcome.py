@@ -262,6 +262,7 @@ class RunOutcome:
     wall: float | None = None  # the run was stopped at this limit on its whole time (not one step's)
     cause: Cause | None = None  # why it hung or failed, across ranks (lab.core.why); None when it completed
     restarts: list[Restart] = field(default_factory=list)  # torchrun's restarts of the ranks, in order
+    hang_found: float | None = None  # when (time.monotonic(), the controller's) the hang finder found it hung
 
     @property
     def stopped(self) -> bool:

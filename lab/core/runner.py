@@ -115,6 +115,7 @@ class Run:
         self.on_phase = on_phase
         self.phase = ("", "")  # the last told
         self.started = time.monotonic()
+        self.hang_found: float | None = None  # when the hang finder found the ranks hung
         self.ledger = Ledger(plan, self.started)  # what the run's launches, ranks and exercises are, and its rules
         self.launcher, self.launches = self.ledger.launcher, self.ledger.launches
         self.states, self.runs = self.ledger.states, self.ledger.runs
@@ -244,6 +245,7 @@ class Run:
                 return "timeout", late
             hung = self.ledger.hung(now, lambda host, since: self.transports[host].heard_since(since))
             if hung:
+                self.hang_found = now
                 self._await_flight(hung)
                 self._locate_hangs()
                 return "hung", hung
@@ -387,7 +389,7 @@ class Run:
         wall = self.wall
         walled = wall if status == "timeout" and wall and time.monotonic() - self.started >= wall else None
         outcome = RunOutcome(self.plan, self.states, self.runs, status, time.monotonic() - self.started, hung,
-                             self.ports, walled, restarts=self.ledger.restarts)
+                             self.ports, walled, restarts=self.ledger.restarts, hang_found=self.hang_found)
         preflight = self.ledger.preflight
         outcome.cause = preflight.cause if status == "preflight" and preflight else explain_run(outcome)
         return outcome

@@ -64,8 +64,9 @@ def chrome_trace(outcome: RunOutcome) -> dict[str, Any]:
         events.append({"ph": "i", "s": "g", "pid": 0, "tid": PROGRAM, "ts": round((end - start) * 1e6, 1),
                        "name": f"lab: {outcome.cause.kind}",
                        "args": {"headline": outcome.cause.headline, "fix": outcome.cause.fix or ""}})
+    found = {} if outcome.hang_found is None else {"hang_found": round((outcome.hang_found - start) * 1e6, 1)}
     return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"status": outcome.status, "ranks": len(outcome.ranks)}}
+            "otherData": {"status": outcome.status, "ranks": len(outcome.ranks), **found}}
 
 
 def write(path: str, outcome: RunOutcome) -> None:

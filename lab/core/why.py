@@ -405,7 +405,7 @@ def _missing(ranks: dict[int, Rank]) -> Finding | None:
         if all(not r.running and r.failure is None and r.facts.exit_call is None for r in slot.missing):
             return _uneven(slot)  # (they ran to their end: a rank that called exit left early)
         call = slot.call
-        headline = (f"{ranks_named(r.rank for r in slot.there)} {slot.waits} in {canonical(call.op)} "
+        headline = (f"{ranks_named(r.rank for r in slot.there)} {slot.waits} in {_by(call)}{canonical(call.op)} "
                     f"#{call.seq}{on_group(call.group)} for {_some(slot.missing, doing)}")
         elsewhere = any(r.position is not None for r in slot.missing)
         fix = ("Every rank of a group must reach each of its collectives: look for one in a branch on the rank, "
@@ -414,6 +414,10 @@ def _missing(ranks: dict[int, Rank]) -> Finding | None:
                any(not r.running for r in slot.missing) else None)
         return Finding("missing-rank", headline, fix, {r.rank: r.stuck for r in slot.there if r.stuck})
     return None
+
+
+def _by(call: Call) -> str:
+    return f"{call.by} " if call.by else ""
 
 
 def _uneven(slot: _Waited) -> Finding:

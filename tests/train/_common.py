@@ -25,6 +25,17 @@ def classifier(classes=CLASSES):
     return torch.nn.Sequential(torch.nn.Linear(FEATURES, 64), torch.nn.ReLU(), torch.nn.Linear(64, classes))
 
 
+def sharded_classifier():
+    """The classifier under FSDP2: each linear layer sharded over the ranks, then the whole."""
+    from torch.distributed.fsdp import fully_shard
+
+    model = classifier()
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    return fully_shard(model)
+
+
 def loader(data, batch_size=8, **sampler):
     return DataLoader(data, batch_size=batch_size, sampler=DistributedSampler(data, **sampler))
 

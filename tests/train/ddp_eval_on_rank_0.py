@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from _common import classifier, dataset, train_step, setup
+from _common import classifier, dataset, setup, train_step
 
 
 def evaluate(model, x, y):

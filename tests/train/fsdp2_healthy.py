@@ -5,16 +5,11 @@ expect: kind=healthy; nproc=2; exit=0
 """
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import fully_shard
 
-from _common import classifier, dataset, setup
+from _common import dataset, setup, sharded_classifier
 
 rank, world = setup()
-model = classifier()
-for layer in model:
-    if isinstance(layer, torch.nn.Linear):
-        fully_shard(layer)
-fully_shard(model)
+model = sharded_classifier()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
 x, y = dataset(64)[:]
 for step in range(5):
