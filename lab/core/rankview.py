@@ -61,6 +61,7 @@ class RankFacts:
     arrival: int | None = None  # the order in which the controller learnt of its failure (0 first)
     exit_call: str | None = None  # where its program called sys.exit or os._exit ("file.py:LINE"), if it did
     world_asked: int | None = None  # the world_size its program passed to init_process_group, if it passed one
+    aborted_in: str | None = None  # the torch.distributed function its stacks showed it in as it was aborted
 
 
 @dataclass(frozen=True)

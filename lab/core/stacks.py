@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 from lab.core.plan import WORK_DIR, Plan
+from lab.rank.ops import FUNCTIONS
 from lab.transport import PACKAGE_DIR
 
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
@@ -14,6 +15,7 @@ _TRACEBACK_FRAME = re.compile(r'^  File "(?P<path>[^"]+)", line \d+')
 # the lab's own frames: its rank side, an exercise's driver, runpy
 _LABS = re.compile(r"/lab/rank/|/lab/suite/|^<frozen runpy>$|/runpy\.py$")
 _TORCHS = re.compile(r"/torch/")
+_C10D = "/torch/distributed/distributed_c10d.py"
 
 
 def is_stack_line(line: str) -> bool:
@@ -57,6 +59,17 @@ def where_stopped(dump: list[str], programs: dict[str, Path]) -> str | None:
         lines = local.read_text(encoding="utf-8", errors="replace").splitlines()
         source = lines[line - 1].strip() if 0 < line <= len(lines) else ""
     return f"{name}:{line} in {frame['func']}" + (f": {source}" if source else "")
+
+
+def called_in(dump: list[str]) -> str | None:
+    """The torch.distributed function a faulthandler dump shows the rank inside (the innermost frame
+    of torch's distributed_c10d.py that is one of its communication functions): ``all_reduce``,
+    ``reduce_scatter_single``; None when none is (a collective issued from C++, DDP's)."""
+    for text in dump:
+        m = _FRAME.match(text)
+        if m is not None and m["path"].endswith(_C10D) and m["func"] in FUNCTIONS:
+            return m["func"]
+    return None
 
 
 def _program_of(path: str, programs: dict[str, Path]) -> Path | None:

@@ -50,7 +50,7 @@ from lab.core.rankview import (
     verb,
     where_of,
 )
-from lab.core.stacks import is_stack_line, program_files, where_stopped
+from lab.core.stacks import called_in, is_stack_line, program_files, where_stopped
 from lab.rank.events import Error
 from lab.rank.ops import FROM_ROOT, REDUCING, ROOTED, SIZES_DIFFER, canonical
 
@@ -167,7 +167,10 @@ def _size_abort(root: Rank, ranks: dict[int, Rank]) -> Finding | None:
     if call.by or (stopped and call.where and stopped.split(" ", 1)[0] != call.where):
         # The others are in a collective torch issued, or the aborted rank was at another line: it was
         # in a collective of its own, not theirs with another size.
-        headline = (f"rank {root.rank} ({text(root.host)}) makes a collective the others do not make"
+        # (gloo's bytes are one message's, a piece of the tensor: no size of the call is said from them)
+        mine = root.facts.aborted_in or "a collective"
+        alone = "makes {}, a collective the others do not make," if call.by else "is in {}, a call other than theirs,"
+        headline = (f"rank {root.rank} ({text(root.host)}) {alone.format(mine)}"
                     f"{at(where_of(root))}: {ranks_named(same)} {verb(same, 'is', 'are')} in {named(call)}"
                     f"{at(place(call))}; gloo aborted rank {root.rank} on their sizes: Received data size doesn't "
                     f"match expected size{sizes}")
@@ -527,12 +530,15 @@ def facts_of(state: RankState, runs: Mapping[str, ExerciseRun], arrival: int | N
         failed_at = time.time() - (time.monotonic() - state.step_started)
         records, inflight = _program_calls(records), _program_calls(inflight)
     stage: Stage = "starting" if not state.info else "rendezvous" if state.step.startswith("init:") else "joined"
-    stopped_at = state.stopped_at
-    if stopped_at is None and state.exit_code in ABORTED and programs is not None:
-        stopped_at = where_stopped([line for line in state.tail if is_stack_line(line)], dict(programs))
+    stopped_at, aborted_in = state.stopped_at, None
+    if state.exit_code in ABORTED:  # (its stacks, as it died: where it was, and in which call)
+        dump = [line for line in state.tail if is_stack_line(line)]
+        if stopped_at is None and programs is not None:
+            stopped_at = where_stopped(dump, dict(programs))
+        aborted_in = called_in(dump)
     return RankFacts(state.spec.rank, state.spec.host, records, inflight, state.flight.counts if state.flight
                      else None, how, state.exit_code if ended_by_itself else None, error, traceback,
-                     stopped_at, stage, failed_at, arrival, exit_call)
+                     stopped_at, stage, failed_at, arrival, exit_call, aborted_in=aborted_in)
 
 
 def _flight_of(state: RankState) -> tuple[object, object]:

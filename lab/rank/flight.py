@@ -240,6 +240,7 @@ class Flight:
         # collectives torch issued itself (the program's own calls take torch's numbers instead), the
         # newest entry read, the groups' sequence numbers then (unchanged with none in flight: no news)
         self.by_name: dict[str, Group] = {}
+        self.torch_lock = threading.Lock()
         self.issued: deque[Call] = deque(maxlen=RING_MAX)
         self.issued_by_id: dict[int, Call] = {}  # torch's record_id -> the record, while in flight
         self.read_id = -1
@@ -597,6 +598,10 @@ class Flight:
         the program's calls that began after it move one number on, so that the n-th collective of a
         group is the same call on every rank, whoever issued it. Returns those still in flight, oldest
         first."""
+        with self.torch_lock:  # (the progress thread reads, and the main thread as the program raises)
+            return self._read_torch(now)
+
+    def _read_torch(self, now: float) -> list[Call]:
         mark = self._torch_mark()
         if mark is not None and mark == self.read_mark and not self.issued_by_id:
             return []
