@@ -191,3 +191,17 @@ def test_max_restarts_is_refused_for_a_launcher_that_does_not_restart_ranks() ->
     with pytest.raises(UsageError, match=r"--max-restarts 1: only torchrun's agent restarts the ranks \(--launcher "
                                          r"torchrun or srun-torchrun\), not --launcher lab"):
         build_launch_plan(local_inventory(2), "/x/train.py", [], 30.0, max_restarts=1)
+
+
+def test_a_rank_s_clock_is_the_least_gap_seen_and_its_trace_keeps_the_newest_word_on_each_call() -> None:
+    run = ledger("p2p")
+    send(run, 100.0, "progress", 0, completed=0, inflight=None, moved=0, quiet=0, at=5000.5)
+    send(run, 101.0, "progress", 0, completed=1, inflight=None, moved=0, quiet=0, at=5001.6)  # (came sooner)
+    send(run, 102.0, "progress", 0, completed=2, inflight=None, moved=0, quiet=0, at=float("nan"))
+    send(run, 103.0, "progress", 0, completed=3, inflight=None, moved=0, quiet=0, at=-1.0)
+    assert run.states[0].clock == pytest.approx(101.0 - 5001.6)
+    record = {"seq": 2, "group": "world", "op": "all_reduce", "state": "in_flight", "t0": 5001.0}
+    send(run, 104.0, "trace", 0, records=[record, "not a record"], dropped=3)
+    send(run, 105.0, "trace", 0, records=[{**record, "state": "done", "t1": 5001.1}], dropped=2)
+    assert list(run.states[0].trace.values()) == [{**record, "state": "done", "t1": 5001.1}]
+    assert run.states[0].trace_dropped == 3  # (the rank's count only grows)

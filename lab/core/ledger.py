@@ -189,7 +189,7 @@ class Ledger:
                 state.done = True
             case Progress():  # whether it blocks, and how long nothing moved, is what tells a hang
                 state.progress, state.progress_at = event, now
-                if event.at > 0:
+                if math.isfinite(event.at) and event.at > 0:  # (a rank's word: a NaN would spoil the trace)
                     state.clock = min(now - event.at, state.clock if state.clock is not None else math.inf)
             case Trace(records=records, dropped=dropped):
                 _traced(state, records, dropped)

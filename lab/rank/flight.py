@@ -10,14 +10,20 @@ of ``batch_isend_irecv`` are, each on its own (their peers and waits matter), an
 ``new_group`` is recorded on the group it makes, by its members (the group connects them), and
 ``init_process_group`` on the world (:meth:`Flight.wrap_init`: a rank in the rendezvous is in a
 call); ``destroy_process_group`` is not recorded (nothing is exchanged). A call on a group this
-rank is not in does nothing and is not recorded. Unseen: what reaches the backend
-without these functions (the functional collectives, ``torch.ops.c10d``, DDP's reducer in C++).
+rank is not in does nothing and is not recorded. What reaches the backend without these functions
+(DDP's reducer in C++, the functional collectives) is read from torch's own flight recorder
+(:meth:`Flight.read_torch`, lab.rank.torchfr) and recorded as torch's (``by``), numbered among the
+group's collectives where it came; a rank whose main thread waits in one is in a call.
 
 A record (:func:`to_json`)::
 
     {"seq": 3, "group": "world", "op": "all_reduce", "numel": 256, "shape": [256], "dtype": "float32",
      "peer": null, "root": null, "tag": null, "reduce_op": "SUM", "async": false, "where": "train.py:42",
      "state": "done", "error": null, "t0": 1732530000.12, "t1": 1732530000.13}
+
+and, where they apply: ``by`` (who issued a collective the program did not call: "DDP's gradient",
+"DDP's", "torch's"), ``caller`` (for one of those, the program's line in another file that led to
+``where``: "train.py:21"), ``world_size`` (init_process_group's, where the program gave one).
 
 * ``seq`` counts from 1 this rank's calls on the group of one kind: collectives among collectives,
   point-to-point calls among point-to-point ones, so that the n-th collective of a group is the same
@@ -248,7 +254,7 @@ class Flight:
         self.completed_torch = 0
         self.ddp = False  # the program made a DistributedDataParallel: the C++ collectives are its reducer's
         self.main_cpu: float | None = None  # the main thread's CPU time at the last look (its clock's word)
-        self.main_moved_at = math.inf  # when (time.time) a look last found it had run
+        self.main_moved_at = -math.inf  # when (time.time) a look last found it had run
         self.main_clock: int | None = None
         self.waited: Call | None = None  # the collective torch issued that the last look found the main thread in
         # --trace: each record's state when a trace event last took it, the calls begun, those begun when
@@ -667,9 +673,7 @@ class Flight:
         if call[STATE] == "done":
             counts = call[GROUP].counts
             counts[call[OP]] = counts.get(call[OP], 1) - 1
-        for rid, other in list(self.issued_by_id.items()):
-            if other is call:
-                del self.issued_by_id[rid]
+        self._settled(call)
         call[STATE], call[ERROR], call[T1] = "raised", _error(exc), time.time()
         if call[CODE] is None:
             call[CODE], call[LASTI] = _innermost_users(exc.__traceback__, self.internal) or (None, 0)
@@ -680,14 +684,18 @@ class Flight:
     def _retired(self, call: Call, seen: float | None) -> None:
         """A collective torch issued completed (by ``seen``, when a read saw it in flight before)."""
         call[STATE], call[T1] = "done", seen
-        for rid, other in list(self.issued_by_id.items()):
-            if other is call:
-                del self.issued_by_id[rid]
+        self._settled(call)
         counts = call[GROUP].counts
         counts[call[OP]] = counts.get(call[OP], 0) + 1
         self.completed_torch += 1
         if seen is not None:
             self.changed_at = max(self.changed_at, seen)
+
+    def _settled(self, call: Call) -> None:
+        """A collective torch issued is no longer in flight."""
+        for rid, other in list(self.issued_by_id.items()):
+            if other is call:
+                del self.issued_by_id[rid]
 
     def _names(self) -> dict[str, Group]:
         """The groups by torch's name for them, the world's and any torch made that the program has not
