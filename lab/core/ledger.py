@@ -343,7 +343,7 @@ def _traced(state: RankState, records: list[object], dropped: int) -> None:
         if not isinstance(record, dict):
             continue
         key = tuple(record.get(k) if isinstance(record.get(k), (str, int, float)) else None
-                    for k in ("group", "seq", "op", "t0"))
+                    for k in ("group", "op", "t0"))  # (a call's number may move: torch's calls found later)
         if key in state.trace or len(state.trace) < TRACE_MAX:
             state.trace[key] = record
         else:

@@ -83,14 +83,14 @@ def _default_clock(ranks: list[RankState]) -> float:
 
 def _calls(state: RankState) -> list[Call]:
     """A rank's calls, checked, the newest word on each: its trace records, then its last dump's."""
-    found: dict[tuple[str, int, str, float], Call] = {}
+    found: dict[tuple[str, str, float], Call] = {}
     raw: list[object] = list(state.trace.values())
     if state.flight is not None:
         raw += [*state.flight.records, *state.flight.inflight]
     for record in raw:
         call = read_record(record)
         if isinstance(call, Call):
-            found[(call.group, call.seq, call.op, call.t0)] = call
+            found[(call.group, call.op, call.t0)] = call  # (its number may have moved: the newest says)
     return sorted(found.values(), key=lambda c: c.t0)
 
 
