@@ -78,3 +78,4 @@ def test_a_record_that_cannot_be_written_is_refused_before_the_job_runs(lab: Lab
     result = lab("launch", "--nproc", "2", option, path, str(WHY / "p2p_even_odd.py"), timeout=60)
     assert result.code == 2 and says in result.err and "Traceback" not in result.text, result.text
     assert "starting" not in result.err  # (refused before anything ran)
+

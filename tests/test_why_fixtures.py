@@ -7,12 +7,13 @@ from __future__ import annotations
 import ast
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from .conftest import Lab
+from .conftest import Lab, Result
 
 WHY = Path(__file__).resolve().parent / "why"
 FIXTURES = sorted(WHY.glob("*.py"))
@@ -198,25 +199,59 @@ def test_the_headline_s_phrases_share_one_line_of_the_lab_s_own() -> None:
 
 def assert_report_names_the_cause(lab: Lab, path: Path, *cluster: str, found_within: float = FOUND_WITHIN) -> None:
     """Run a fixture through ``lab launch CLUSTER --hang-after HANG_AFTER`` (default ``--nproc N``) and
-    check what its expectation says: the exit code, the report's phrases, a hang stopped within
-    ``found_within`` seconds of the start (a straggler at its timeout), nothing left running."""
+    check what its expectation says (:func:`assert_launched_as_expected`)."""
+    assert_launched_as_expected(launched(lab, path, *cluster), found_within)
+
+
+@dataclass(frozen=True)
+class Launched:
+    expect: Expectation
+    result: Result
+    seconds: float
+    leftovers: list[str]
+
+
+def launched(lab: Lab, path: Path, *cluster: str) -> Launched:
+    """A fixture run through ``lab launch CLUSTER --hang-after HANG_AFTER`` (default ``--nproc N``)."""
     expect = expectation(path)
     timeout = expect.timeout or TIMEOUT
     started = time.monotonic()
     result = lab("launch", *(cluster or ("--nproc", str(expect.nproc))), "--timeout", f"{timeout:g}",
                  "--hang-after", str(HANG_AFTER), str(path), timeout=timeout + 120)
-    seconds = time.monotonic() - started
+    return Launched(expect, result, time.monotonic() - started, lab.leftovers())
+
+
+def assert_launched_as_expected(run: Launched, found_within: float = FOUND_WITHIN) -> None:
+    """What a fixture's expectation says of its run: the exit code, the report's phrases, a hang stopped
+    within ``found_within`` seconds of the start (a straggler at its timeout), nothing left running."""
+    expect, result, seconds = run.expect, run.result, run.seconds
     assert result.code == expect.exit, result.text
     assert report_misses(expect, result.text) == [], result.text
     if expect.exit == 4:  # found by the hang finder within seconds, or (a straggler) at the timeout
+        timeout = expect.timeout or TIMEOUT
         assert seconds >= timeout if expect.timeout else seconds < found_within, (seconds, result.out)
-    assert lab.leftovers() == []
+    assert run.leftovers == []
+
+
+AT_ONCE = 2  # fixtures run at a time here: each also runs on a machine another job keeps busy
+
+
+def launched_at_once(paths: list[Path]) -> dict[Path, Launched]:
+    """Each fixture through ``lab launch --hang-after``, AT_ONCE at a time (each with a lab of its own:
+    what one leaves running is its own)."""
+    with ThreadPoolExecutor(AT_ONCE) as pool:
+        return dict(zip(paths, pool.map(lambda path: launched(Lab(), path), paths)))
+
+
+@pytest.fixture(scope="module")
+def launches() -> dict[Path, Launched]:
+    return launched_at_once(FIXTURES)
 
 
 @pytest.mark.local
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.stem)
-def test_the_report_names_the_cause(lab: Lab, path: Path) -> None:
-    assert_report_names_the_cause(lab, path)
+def test_the_report_names_the_cause(launches: dict[Path, Launched], path: Path) -> None:
+    assert_launched_as_expected(launches[path])
 
 
 # The same under torchrun (its ranks import torch each, and it numbers them itself): a hang, a
