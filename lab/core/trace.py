@@ -8,8 +8,8 @@ when its progress events were sent, on its clock, and when they came), so ranks 
 up. A call still in flight when the run ended is drawn to that end; a blocked send or receive has an
 arrow to the rank it waits for; the lab's verdict (a hang, a crash) is a mark across the ranks at the
 run's end, with its headline and fix. The records are the ranks' (untrusted: each is checked as
-lab.core.flightrecords checks a dump) from their ``trace`` events and last dump. Pure but for
-:func:`write`.
+lab.core.flightrecords checks a dump) from their ``trace`` events and last dump. No I/O but
+:func:`write`'s (and this machine's clocks, read for a run where no rank said its own).
 """
 from __future__ import annotations
 

@@ -166,12 +166,12 @@ def _size_abort(root: Rank, ranks: dict[int, Rank]) -> Finding | None:
     stopped = where_of(root)
     if call.by or (stopped and call.where and stopped.split(" ", 1)[0] != call.where):
         # The others are in a collective torch issued, or the aborted rank was at another line: it was
-        # in a collective of its own, not theirs with another size.
-        # (gloo's bytes are one message's, a piece of the tensor: no size of the call is said from them)
+        # in a collective of its own, not theirs with another size. (gloo's bytes are one message's, a
+        # piece of the tensor: no size of the call is said from them.)
         mine = root.facts.aborted_in or "a collective"
         alone = "makes {}, a collective the others do not make," if call.by else "is in {}, a call other than theirs,"
         headline = (f"rank {root.rank} ({text(root.host)}) {alone.format(mine)}"
-                    f"{at(where_of(root))}: {ranks_named(same)} {verb(same, 'is', 'are')} in {named(call)}"
+                    f"{at(stopped)}: {ranks_named(same)} {verb(same, 'is', 'are')} in {named(call)}"
                     f"{at(place(call))}; gloo aborted rank {root.rank} on their sizes: Received data size doesn't "
                     f"match expected size{sizes}")
         return Finding("collective-mismatch", headline, _OWN_COLLECTIVE, same)
