@@ -38,6 +38,7 @@ from lab.core.streams import claimed_rank
 from lab.rank.events import (
     Alive,
     Bad,
+    Died,
     Done,
     End,
     Error,
@@ -195,6 +196,8 @@ class Ledger:
                 _traced(state, records, dropped)
             case TorchDump(dump=dump):
                 state.torch_dump = dump
+            case Died():
+                state.last_call = event
             case Flight():
                 state.flight, state.flight_at = event, now
             case End():

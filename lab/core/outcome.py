@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from lab.core.plan import Launch, Plan, RankSpec, bind_macros
-from lab.rank.events import End, Error, Flight, Hello, Progress
+from lab.rank.events import Died, End, Error, Flight, Hello, Progress
 from lab.rank.protocol import LINE_MAX
 from lab.suite.check import Carried
 from lab.transport import RankProcess
@@ -156,6 +156,7 @@ class RankState:
     trace_said_dropped: int = 0  # calls it said it left out of its trace
     trace_overflow: int = 0  # records of its the controller left out (past TRACE_MAX)
     torch_dump: dict[str, Any] | None = None  # --fr-dir: torch's own recorder, as it last sent it
+    last_call: Died | None = None  # what its relay said it was in as it died (lab.rank.lastcall)
 
     @property
     def label(self) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 from typing import Literal
 
-from lab.core.flightrecords import TEXT_MAX, Call, read_calls, read_counts, text
+from lab.core.flightrecords import TEXT_MAX, Call, read_calls, read_counts, read_record, text
 from lab.core.outcome import CauseKind, ended
 from lab.rank.ops import FROM_ROOT, canonical
 
@@ -62,6 +62,8 @@ class RankFacts:
     exit_call: str | None = None  # where its program called sys.exit or os._exit ("file.py:LINE"), if it did
     world_asked: int | None = None  # the world_size its program passed to init_process_group, if it passed one
     aborted_in: str | None = None  # the torch.distributed function its stacks showed it in as it was aborted
+    died_in: object = None  # the record of the call it was in as it died by a signal (its relay's word)
+    oom: str | None = None  # the kernel's line that it killed the rank for memory (its relay's word)
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ class Rank:
     position: Call | None  # the call it is blocked in now (a running rank)
     failed_in: Call | None  # the call its failure came from (a rank that ended)
     failure: Failure | None
+    died_in: Call | None = None  # the call it was in as it died by a signal (its relay's word)
 
     @property
     def rank(self) -> int:
@@ -144,7 +147,9 @@ def build(facts: RankFacts, notes: list[str]) -> Rank:
     failed_in = None
     if facts.ended != "running" and raised and not any(c.state == "done" and c.t0 > raised[-1].t0 for c in calls):
         failed_in = raised[-1]  # its last call raised: its failure came from there
-    return Rank(facts, tuple(calls), counts, position, failed_in, _failure(facts, failed_in))
+    died_in = read_record(facts.died_in) if facts.died_in is not None else None
+    return Rank(facts, tuple(calls), counts, position, failed_in, _failure(facts, failed_in),
+                died_in if isinstance(died_in, Call) else None)
 
 
 def _failure(facts: RankFacts, failed_in: Call | None) -> Failure | None:
@@ -272,12 +277,14 @@ _SOURCE_PLACE = re.compile(r"\[(?:enforce fail at )?[^\]\s]{0,300}\.(?:cc|cpp|h|
 
 
 def where_of(rank: Rank) -> str | None:
-    """Where the rank is or failed: its call's line, its traceback's, its stack dump's."""
+    """Where the rank is or failed: its call's line, its traceback's, its stack dump's, the line of the
+    call it died in."""
     for call in (rank.position, rank.failed_in):
         if call is not None and call.where:
             return call.where
     found = user_frame(rank.facts.traceback) if rank.facts.ended == "raised" else rank.facts.exit_call
-    return text(found) if found else text(rank.facts.stopped_at) if rank.facts.stopped_at else None
+    found = found or rank.facts.stopped_at or (rank.died_in.where if rank.died_in else None)
+    return text(found) if found else None
 
 
 def place(call: Call) -> str | None:
@@ -319,4 +326,6 @@ def state(rank: Rank) -> str:
     said = doing(rank, where=False)
     if rank.failed_in is not None:
         return f"{describe(rank.failed_in)}: {said}"
+    if rank.died_in is not None:  # (its relay's word: the call it died in, by a signal)
+        return f"{describe(rank.died_in)}: {said.removeprefix('was ')}"
     return next((said.removeprefix(word) for word in ("is ", "has ", "was ") if said.startswith(word)), said)

@@ -118,7 +118,10 @@ def _crash(ranks: dict[int, Rank]) -> Finding | None:
     if root.facts.ended == "raised" or root.facts.error:
         what = f"raised {error_of(root)}{at(where_of(root))}"
     else:
-        what = f"{ended(root.facts.exit_code)}{at(where_of(root))}"
+        died = root.died_in
+        what = f"{ended(root.facts.exit_code)}{' in ' + _dying_call(died) if died else ''}{at(where_of(root))}"
+        if root.facts.oom:
+            what += f" (the kernel: {_oom_said(root.facts.oom)})"
     lost = [r.rank for r in ranks.values() if r.failure == "lost"]
     waiting = [r for r in ranks.values() if r.position is not None]
     also = [r.rank for r in own[1:]]
@@ -136,7 +139,7 @@ def _crash(ranks: dict[int, Rank]) -> Finding | None:
     first = " first" if after or len(ranks) > 1 else ""
     headline = f"rank {root.rank} ({text(root.host)}) failed{first}: it {what}"
     said = root.facts.error or ""
-    fix = next((fix for pattern, fix in _TRAINING_ERRORS if pattern.search(said)), None)
+    fix = next((fix for pattern, fix in _TRAINING_ERRORS if pattern.search(said)), _OOM_FIX if root.facts.oom else None)
     return Finding("crash", headline + ("; " + "; ".join(after) if after else ""), fix)
 
 
@@ -168,7 +171,7 @@ def _size_abort(root: Rank, ranks: dict[int, Rank]) -> Finding | None:
         # The others are in a collective torch issued, or the aborted rank was at another line: it was
         # in a collective of its own, not theirs with another size. (gloo's bytes are one message's, a
         # piece of the tensor: no size of the call is said from them.)
-        mine = root.facts.aborted_in or "a collective"
+        mine = _dying_call(root.died_in) if root.died_in else root.facts.aborted_in or "a collective"
         alone = "makes {}, a collective the others do not make," if call.by else "is in {}, a call other than theirs,"
         headline = (f"rank {root.rank} ({text(root.host)}) {alone.format(mine)}"
                     f"{at(stopped)}: {ranks_named(same)} {verb(same, 'is', 'are')} in {named(call)}"
@@ -176,10 +179,33 @@ def _size_abort(root: Rank, ranks: dict[int, Rank]) -> Finding | None:
                     f"match expected size{sizes}")
         return Finding("collective-mismatch", headline, _OWN_COLLECTIVE, same)
     theirs = f" {size(call)}" if size(call) else " theirs"
+    own = size(root.died_in) if root.died_in else None
+    whose = f", which passes {own}" if own else ", whose size differs"
     headline = (f"the ranks pass different sizes to {named(call)}: {ranks_named(same)} {verb(same, 'passes', 'pass')}"
-                f"{theirs}; gloo aborted rank {root.rank} ({text(root.host)}), whose size differs: Received data "
+                f"{theirs}; gloo aborted rank {root.rank} ({text(root.host)}){whose}: Received data "
                 f"size doesn't match expected size{sizes}")
     return Finding("collective-mismatch", headline, _ASPECTS[1][2], same)
+
+
+def _dying_call(call: Call) -> str:
+    """The call a rank died in, as its relay kept it: ``all_reduce of 1 float``, ``recv from 2 of 4
+    floats`` (no number: a rank's count may miss the collectives torch issued that it never read)."""
+    said = size(call)
+    return f"{named(call) if call.direction in ('send', 'recv') else call.op}{' of ' + said if said else ''}"
+
+
+_OOM_SAID = re.compile(r"^(.*?Killed process \d+ \([^)]*\)(?:[^,]*,){0,2})")
+
+
+_OOM_FIX = ("The kernel's OOM killer ended the rank: it needed more memory than its host, or its memory cgroup's "
+            "limit, allows. Lower its batch size or what it keeps alive between steps, or give it more memory.")
+
+
+def _oom_said(line: str) -> str:
+    """The kernel's OOM line, to its process and memory: "Memory cgroup out of memory: Killed process
+    5193 (python3) total-vm:426168kB, anon-rss:102016kB"."""
+    found = _OOM_SAID.match(line)
+    return f'"{text(found[1].rstrip(", ") if found else line)}"'
 
 
 _OWN_COLLECTIVE = ("Every rank must make the collectives DDP and FSDP make: a collective on some ranks only (rank-0 "
@@ -530,7 +556,12 @@ def facts_of(state: RankState, runs: Mapping[str, ExerciseRun], arrival: int | N
         failed_at = time.time() - (time.monotonic() - state.step_started)
         records, inflight = _program_calls(records), _program_calls(inflight)
     stage: Stage = "starting" if not state.info else "rendezvous" if state.step.startswith("init:") else "joined"
-    stopped_at, aborted_in = state.stopped_at, None
+    stopped_at, aborted_in, died_in, oom = state.stopped_at, None, None, None
+    died = state.last_call
+    if died is not None and ended_by_itself and state.exit_code is not None and _by_signal(state.exit_code):
+        # (what its relay says it was in: a rank that ended otherwise said so itself; its number is the
+        # program's count alone where torch issued collectives it never read, so it is kept out of its calls)
+        died_in, oom = died.call, died.oom or None
     if state.exit_code in ABORTED:  # (its stacks, as it died: where it was, and in which call)
         dump = [line for line in state.tail if is_stack_line(line)]
         if stopped_at is None and programs is not None:
@@ -538,7 +569,8 @@ def facts_of(state: RankState, runs: Mapping[str, ExerciseRun], arrival: int | N
         aborted_in = called_in(dump)
     return RankFacts(state.spec.rank, state.spec.host, records, inflight, state.flight.counts if state.flight
                      else None, how, state.exit_code if ended_by_itself else None, error, traceback,
-                     stopped_at, stage, failed_at, arrival, exit_call, aborted_in=aborted_in)
+                     stopped_at, stage, failed_at, arrival, exit_call, aborted_in=aborted_in,
+                     died_in=died_in, oom=oom)
 
 
 def _flight_of(state: RankState) -> tuple[object, object]:
@@ -587,6 +619,11 @@ def _error_of(state: RankState, runs: Mapping[str, ExerciseRun]) -> tuple[str | 
     if error is not None and not error.error.startswith(SYS_EXIT):
         return error.error, error.traceback
     return (_aborted_with(state.tail), None) if state.exit_code in ABORTED else (None, None)
+
+
+def _by_signal(code: int) -> bool:
+    """Whether an exit status (as Popen gives it, or a shell's 128+N) says a signal ended the process."""
+    return code < 0 or 128 < code < 128 + 65
 
 
 ABORTED = (-signal.SIGABRT, 128 + signal.SIGABRT)  # a C++ exception nothing caught ends the process so

@@ -128,6 +128,13 @@ class TorchDump(RankEvent):
 
 
 @dataclass(frozen=True)
+class Died(RankEvent):
+    KIND: ClassVar[str] = "died"
+    call: dict[str, Any] | None  # the call the rank was in as it died, a flight record (lab.rank.lastcall)
+    oom: str = ""  # the kernel's line that it killed the rank for memory, where the host let the relay read it
+
+
+@dataclass(frozen=True)
 class End(RankEvent):
     KIND: ClassVar[str] = "end"
     how: str
@@ -190,8 +197,8 @@ class Probe(Event):
 
 
 EVENT_TYPES: Final[dict[str, type[Event]]] = {cls.KIND: cls for cls in (
-    Hello, Step, Result, Error, Fatal, Done, Progress, Flight, Trace, TorchDump, End, Exit, Bad, Ports, WireMeasure,
-    Alive, Pulse)}
+    Hello, Step, Result, Error, Fatal, Done, Progress, Flight, Trace, TorchDump, Died, End, Exit, Bad, Ports,
+    WireMeasure, Alive, Pulse)}
 PROBE_EVENTS: Final = EVENT_KINDS - set(EVENT_TYPES)
 
 
@@ -247,6 +254,7 @@ def _whole(value: Any) -> bool:
 # A field's type, as its class declares it -> (what a value of it is, said in words)
 _CHECKS: Final[dict[str, Callable[[Any], bool]]] = {
     "int": _whole,
+    "bool": lambda value: isinstance(value, bool),
     "str": lambda value: isinstance(value, str),
     "float": lambda value: (_whole(value) or isinstance(value, float)) and math.isfinite(value),
     "object": lambda value: True,
@@ -254,9 +262,9 @@ _CHECKS: Final[dict[str, Callable[[Any], bool]]] = {
     "dict[str, Any]": lambda value: isinstance(value, dict),
     "dict[str, Any] | None": lambda value: value is None or isinstance(value, dict),
 }
-_TYPE_WORDS: Final[dict[str, str]] = {"int": "an integer", "str": "a string", "float": "a finite number",
-                                      "object": "a value", "list[Any]": "a list", "dict[str, Any]": "an object",
-                                      "dict[str, Any] | None": "an object or null"}
+_TYPE_WORDS: Final[dict[str, str]] = {
+    "int": "an integer", "bool": "true or false", "str": "a string", "float": "a finite number", "object": "a value",
+    "list[Any]": "a list", "dict[str, Any]": "an object", "dict[str, Any] | None": "an object or null"}
 # each class's fields: name -> (its type, whether it may be left out)
 _FIELDS: Final[dict[type[Event], dict[str, tuple[str, bool]]]] = {
     cls: {f.name: (str(f.type), f.default is not MISSING) for f in dataclass_fields(cls)}

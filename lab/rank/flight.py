@@ -79,7 +79,7 @@ from collections.abc import Callable
 from types import CodeType, FrameType, TracebackType
 from typing import Any, TypeAlias
 
-from lab.rank import protocol, tcpinfo, torchfr
+from lab.rank import lastcall, protocol, tcpinfo, torchfr
 from lab.rank.callspec import INIT_PROCESS_GROUP, NEW_GROUP, Spec, get
 from lab.rank.ops import BATCHES, P2P
 from lab.rank.protocol import EVENT_MAX
@@ -108,10 +108,11 @@ NOT_COLLECTIVE = frozenset({*P2P, *BATCHES})  # calls numbered apart from the co
 class Group:
     """One process group as this rank counts its calls."""
 
-    __slots__ = ("gid", "collectives", "p2p", "counts")
+    __slots__ = ("gid", "label", "collectives", "p2p", "counts")
 
     def __init__(self, gid: str) -> None:
         self.gid, self.collectives, self.p2p = gid, 0, 0  # (the latter two: the last seq of each kind)
+        self.label = gid.encode()  # (as the page of the call in flight takes it: lab.rank.lastcall)
         self.counts: dict[str, int] = {}  # op -> calls completed
 
 
@@ -182,6 +183,19 @@ def _in_backward(frame: FrameType | None) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def _memo(memo: dict[Any, bytes], key: Any, make: Callable[[], bytes]) -> bytes:
+    """``memo[key]``, made and kept (while the memo has room) the first time."""
+    try:
+        found = memo.get(key)
+    except TypeError:  # (a program's unhashable dtype)
+        return make()
+    if found is None:
+        found = make()
+        if len(memo) < lastcall.WHERE_MEMO:
+            memo[key] = found
+    return found
 
 
 def _innermost_users(tb: TracebackType | None, internal: tuple[str, ...]) -> tuple[CodeType, int] | None:
@@ -263,6 +277,11 @@ class Flight:
         self.traced: dict[int, tuple[Call, str]] = {}
         self.begun = self.begun_traced = self.trace_dropped = self.trace_bytes = 0
         self.torch_dumps = False
+        # the page the call in flight is kept on for the rank's relay (lab.rank.lastcall), what it takes of
+        # the user's frames and the dtypes, as bytes
+        self.page: lastcall.Page | None = None
+        self.where_bytes: dict[tuple[CodeType | None, int], bytes] = {}
+        self.dtype_bytes: dict[Any, bytes] = {}
 
     def bind(self) -> None:
         """Take what the recording needs from torch (imported by now)."""
@@ -274,6 +293,7 @@ class Flight:
         self.work_class, self.c10d = c10d.Work, c10d
         self.dist_error = getattr(torch.distributed, "DistError", ())
         torchfr.default_buffer()
+        self.page = lastcall.PAGE
         ddp = torch.nn.parallel.DistributedDataParallel
         made = ddp.__init__
 
@@ -322,9 +342,22 @@ class Flight:
                 None, reduce_op, False, code, lasti, "in_flight", None, _now(), None, False, None, None, None, None]
         if spec.extra:
             self._extra(call, spec, args, kwargs)
+        if self.page is not None:
+            self._on_page(call)
         self.ring.append(call)
         self.begun += 1
         return call
+
+    def _on_page(self, call: Call) -> None:
+        """Keep the call that begins where the rank's relay reads it if the rank dies in it."""
+        page = self.page
+        assert page is not None
+        code, lasti, dtype = call[CODE], call[LASTI], call[DTYPE]
+        where = _memo(self.where_bytes, (code, lasti), lambda: _where(code, lasti).encode())
+        kind = b"" if dtype is None else _memo(self.dtype_bytes, dtype,
+                                              lambda: str(dtype).removeprefix("torch.").encode())
+        page.begin(call, call[SEQ], call[T0], call[PEER], call[ROOT], call[SHAPE], call[OP].encode(), kind,
+                   call[GROUP].label, where)
 
     def _extra(self, call: Call, spec: Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """The call's tag, and peer or root as a global rank (given as a rank of its group: translated)."""
@@ -377,8 +410,12 @@ class Flight:
             self.completed += 1
             counts = call[GROUP].counts
             counts[call[OP]] = counts.get(call[OP], 0) + 1
+            if self.page is not None:
+                self.page.ended(call)
             return
         call[ASYNC], call[RETURNED] = True, time.time()
+        if self.page is not None:
+            self.page.returned_async(call)
         batch = self.local.batch
         if batch is not None:  # (its Work is paired with it when the batch returns)
             batch.append(call)
@@ -391,6 +428,8 @@ class Flight:
             call[ERROR], call[T1], call[STATE] = _error(exc), time.time(), "raised"
             self.changed_at = call[RETURNED] = call[T1]
             self.completed += 1
+            if self.page is not None:
+                self.page.ended(call)
 
     def _pend(self, work: Any, calls: list[Call]) -> None:
         if not self.waits_seen:
@@ -412,6 +451,8 @@ class Flight:
         t1 = self.changed_at = time.time()
         for call in calls:
             call[ERROR], call[T1], call[STATE] = error, t1, "done" if error is None else "raised"
+            if self.page is not None:
+                self.page.ended(call)
             if error is None:
                 counts = call[GROUP].counts
                 counts[call[OP]] = counts.get(call[OP], 0) + 1

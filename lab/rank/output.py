@@ -8,7 +8,8 @@ write to fds 1 and 2 on to its real streams, line by line, with every unit separ
 byte of every mark) replaced by ``␟``. Everything goes through it: Python's prints,
 ``sys.__stdout__``, C libraries' messages, faulthandler's stack dumps, the output of processes the
 rank starts. The relay is a process of its own (it needs only the standard library) so that a rank
-that ends itself (``os._exit``, a signal) loses none of its last lines.
+that ends itself (``os._exit``, a signal) loses none of its last lines; outliving the rank, it also
+says what the rank was in if it died in a call (``lab.rank.lastcall``).
 
 Under ``--launcher torchrun`` or ``spawn`` the lab starts one process per host, and all of that
 host's ranks write into its stdout and stderr: there the relay also prefixes every line with its
@@ -28,16 +29,19 @@ import select
 import signal
 import sys
 
+from lab.rank.lastcall import Page
 from lab.rank.protocol import EVENT_MAX, NEUTRAL, UNIT_SEPARATOR, lock_for, rank_tag, write_all
 
 HOLD = EVENT_MAX  # bytes of a line held until its end (= the controller's EVENT_MAX); a longer one streams on
 
 
-def divert_output(rank: int | None = None) -> tuple[int, int]:
+def divert_output(rank: int | None = None, page: Page | None = None) -> tuple[int, int]:
     """From now on, this process's fds 1 and 2 (and its children's) reach the original streams
-    through a relay process that neutralizes marks and, given ``rank``, tags each line with it.
-    Returns a private descriptor on the original stdout (close-on-exec), for events, and the
-    relay's pid. Call it while this process has one thread (it forks)."""
+    through a relay process that neutralizes marks and, given ``rank``, tags each line with it;
+    given the rank's ``page``, the relay says what the rank was in if it died in a call, once its
+    streams closed (lab.rank.lastcall). Returns a private descriptor on the original stdout
+    (close-on-exec), for events, and the relay's pid. Call it while this process has one thread
+    (it forks)."""
     sys.stdout.flush()
     sys.stderr.flush()
     events = os.dup(1)  # not inheritable: no exec'd program gets it
@@ -47,14 +51,18 @@ def divert_output(rank: int | None = None) -> tuple[int, int]:
     if relay == 0:  # the relay: only the standard library, never back into the caller's code
         code = 0
         try:
-            for fd in (out_w, err_w, events):
+            for fd in (out_w, err_w) if page is not None else (out_w, err_w, events):
                 os.close(fd)
+            if page is not None:
+                page.open_log()
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, 0)  # (the rank watches stdin; the relay has no business with it)
             os.close(devnull)
             for ignored in (signal.SIGUSR1, signal.SIGINT):  # a stack dump is for the rank
                 signal.signal(ignored, signal.SIG_IGN)
             copy_tagged(rank_tag(rank) if rank is not None else b"", {out_r: 1, err_r: 2})
+            if page is not None:
+                page.tell(events)
         except BaseException:  # (the rank's streams are gone: nothing to tell)
             code = 1
         finally:

@@ -74,6 +74,11 @@ trace     rank, records, dropped                      with --trace, each second:
                                                       calls the ring let go of before it was sent)
 torchdump rank, dump                                  with --fr-dir, with each flight dump: torch's
                                                       own flight recorder, as it dumps itself
+died      rank, call, [oom]                           the rank's relay, once the rank ended and its
+                                                      streams closed, where it died in a call (the
+                                                      record ``call``) or the kernel's log says it
+                                                      killed it for memory (``oom``: that line)
+                                                      (``lab.rank.lastcall``)
 end       rank, how, code, error, where, traceback    a script's program (``lab.rank.script``) ended
                                                       other than by returning: ``how`` "raised" (an
                                                       exception it did not catch: ``code`` 1, ``error``
@@ -135,11 +140,11 @@ FLIGHT_EVENTS: Final = (b'{"event": "progress"', b'{"event": "flight"')  # how t
 FLIGHT_RATE: Final = 4096  # bytes a second of them, for each rank, allowed past EVENTS_MAX (see EventBudget)
 
 EventKind = Literal["hello", "step", "result", "error", "fatal", "done", "progress", "flight", "trace", "torchdump",
-                    "end", "exit", "bad", "ports", "facts", "runtime", "links", "heard", "closed", "wire", "alive",
-                    "pulse"]
+                    "died", "end", "exit", "bad", "ports", "facts", "runtime", "links", "heard", "closed", "wire",
+                    "alive", "pulse"]
 EVENT_KINDS: Final[frozenset[str]] = frozenset(get_args(EventKind))
 RANK_EVENTS: Final = frozenset({"hello", "step", "result", "error", "fatal", "done", "progress",
-                                "flight", "trace", "torchdump", "end", "alive"})  # what a rank sends
+                                "flight", "trace", "torchdump", "died", "end", "alive"})  # what a rank sends
 LAUNCHER_EVENTS: Final = frozenset({"exit", "bad"})  # what a host's launcher says of one of its ranks
 # What the lab's launcher (lab.rank.zygote) says of its host's connections (lab.rank.wire), its ``rank`` the
 # host's first: no rank can send it (the launcher drops it), so it is taken from that launcher alone.

@@ -79,11 +79,16 @@ def start_rank() -> None:
     the rank when it shares its streams with other ranks), take the token out of its environment,
     dump its stacks on SIGUSR1, and stop when the controller goes away (unless its parent's
     process group does that for it)."""
+    from lab.rank import lastcall
     from lab.rank.output import divert_output
 
     token = os.environ.pop(TOKEN_VAR, None)
-    tag = int(os.environ.get("RANK", "-1")) if os.environ.get("LAB_TAG_OUTPUT") else None
-    events, relay = divert_output(tag)  # (forks: before any thread of ours starts)
+    rank = os.environ.get("RANK", "")
+    rank_number = int(rank) if rank.isdigit() and len(rank) < 10 else None
+    tag = rank_number if os.environ.get("LAB_TAG_OUTPUT") else None
+    page = lastcall.Page(rank_number, token) if token is not None and rank_number is not None else None
+    events, relay = divert_output(tag, page)  # (forks: before any thread of ours starts)
+    lastcall.PAGE = page
     if token is not None:
         protocol.CHANNEL = Channel(events, token)
     atexit.register(finish_output, relay)

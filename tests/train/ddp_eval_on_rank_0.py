@@ -1,8 +1,8 @@
-"""Rank 0 evaluates after each epoch and all_reduces its accuracy, a collective the others never
-make: they are already in the next step's gradient all_reduce, which DDP's reducer issues from C++
-inside loss.backward(). gloo aborts rank 0 on the sizes (SIGABRT) before any record leaves it.
+"""Rank 0 evaluates after each epoch and all_reduces its accuracy, a collective the others never make:
+they are in the next step's gradient all_reduce, which DDP's reducer issues from C++ in backward().
+gloo aborts rank 0 on the sizes (SIGABRT); its relay tells the call it was in (one float).
 
-expect: kind=collective-mismatch; nproc=4; exit=1; headline contains "rank 0";
+expect: kind=collective-mismatch; nproc=4; exit=1; headline contains "rank 0"; headline contains "all_reduce of 1 float";
         headline contains "DDP's gradient all_reduce"; report contains "ddp_eval_on_rank_0.py:19 in evaluate";
         report contains "called at ddp_eval_on_rank_0.py:29"
 """
