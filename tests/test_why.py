@@ -356,6 +356,62 @@ def test_the_extra_call_gloo_ended_in_a_lost_connection_is_still_uneven_counts()
                                                              "finished after 10.")
 
 
+def steps(*kinds: str, where: str = "train.py") -> list[list[Any]]:
+    """A DDP program's steps as a rank records them: F (a forward), N (one under no_sync()), B (a backward)."""
+    lines = {"F": 18, "N": 18, "B": 25}
+    return [[n, "backward" if k == "B" else "forward", None if k == "B" else k == "F", f"{where}:{lines[k]}"]
+            for n, k in enumerate(kinds, 1)]
+
+
+def test_a_rank_that_skipped_a_backward_on_its_own_is_named_where_it_did() -> None:
+    done, fewer = {"world": {"all_reduce": 6}}, {"world": {"all_reduce": 5}}
+    ranks = [rank(r, records=loop(6), inflight=[rec(7, "all_reduce", "in_flight")], counts=done,
+                  steps=steps(*"FBFBFBFBFBFBFB")) for r in (0, 2, 3)]
+    ranks.insert(1, rank(1, records=loop(6), counts=fewer, ended="exited", exit_code=0, steps=steps(*"FBFBFBFFBFBFB")))
+    cause = explain(ranks)
+    assert (cause.kind, cause.headline) == ("uneven-counts", (
+        "Ranks 0, 2, 3 wait in their 7th all_reduce; rank 1 finished after 5; where their steps parted: rank 1 ran "
+        "its 5th forward at train.py:18, ranks 0, 2, 3 ran a backward pass after their 4th forward at train.py:25."))
+    assert cause.fix is not None and "all_reduce the flag" in cause.fix
+
+
+def test_ranks_that_sync_their_gradients_on_schedules_of_their_own_are_named_where_they_part() -> None:
+    ranks = [rank(0, records=loop(1), counts={"world": {"all_reduce": 1}}, ended="exited", exit_code=0,
+                  steps=steps(*"NBNBNBNBNBFB")),
+             rank(1, records=loop(1), inflight=[rec(2, "all_reduce", "in_flight")], counts={"world": {"all_reduce": 1}},
+                  steps=steps(*"NBNBNBFBNBNBNBFB"))]
+    assert explain(ranks).headline.endswith(
+        "where their steps parted: rank 0 ran its 4th forward under no_sync() at train.py:18, rank 1 ran its 4th "
+        "forward (syncing the gradients) at train.py:18.")
+
+
+@pytest.mark.parametrize("one, other", [
+    (steps(*"FBFB"), steps(*"FBFBFB")),  # (one only made fewer steps: no decision of its own shows)
+    (steps(*"FBFB"), None),  # (a rank that sent no steps: nothing is compared)
+    (steps(*"FBFB")[2:], steps(*"FBFBFB")[3:]),  # (what both kept is alike)
+    ([[1, "forward", True, "a.py:1"], "junk", [2, "sideways", None, "a.py:2"]], steps(*"FB")),
+])
+def test_ranks_whose_steps_do_not_part_get_no_such_clause(one: Any, other: Any) -> None:
+    done = {"world": {"all_reduce": 2}}
+    ranks = [rank(0, records=loop(2), counts=done, ended="exited", exit_code=0, steps=one),
+             rank(1, records=loop(2), inflight=[rec(3, "all_reduce", "in_flight")], counts=done, steps=other)]
+    cause = explain(ranks)
+    assert cause.kind == "uneven-counts" and "parted" not in cause.headline and "join()" in (cause.fix or "")
+
+
+def test_a_rank_killed_in_a_call_is_named_with_the_call_its_relay_told() -> None:
+    died = rec(5, "recv", "in_flight", peer=0, where="ring.py:21")
+    ranks = [rank(0, records=loop(4), inflight=[rec(5, "barrier", "raised", error=LOST)], ended="raised",
+                  error=LOST, exit_code=1),
+             rank(1, records=loop(4), ended="exited", exit_code=-9, died_in=died,
+                  oom="Out of memory: Killed process 4242 (python3) total-vm:1000kB, anon-rss:900kB, file-rss:0kB")]
+    cause = explain(ranks)
+    assert cause.headline.startswith(
+        'Rank 1 (node2) failed first: it was killed by SIGKILL in recv from 0 of 4 floats at ring.py:21 (the kernel: '
+        '"Out of memory: Killed process 4242 (python3) total-vm:1000kB, anon-rss:900kB")'), cause.headline
+    assert "OOM killer" in (cause.fix or "")
+
+
 def test_a_rank_that_exits_early_without_counts_is_named_by_sequence_number() -> None:
     ranks = [rank(r, records=loop(3), inflight=[rec(4, "all_reduce", "in_flight")]) for r in (0, 1, 3)]
     ranks.insert(2, rank(2, records=loop(3), ended="exited", exit_code=0))

@@ -195,3 +195,35 @@ def read_counts(counts: object, who: str, notes: list[str]) -> dict[str, Counter
     if bad or len(counts) > COUNTS_MAX:
         notes.append(f"{who}: malformed or too many call counts skipped")
     return found
+
+
+@dataclass(frozen=True)
+class StepMark:
+    """One of a DDP program's training steps as a rank recorded it: a forward of its DDP model or a
+    backward pass (lab.rank.flight's ``steps``)."""
+
+    n: int  # its number among the rank's forwards and backward passes, from 1
+    kind: Literal["forward", "backward"]
+    sync: bool | None  # a forward: whether it syncs the gradients (False under no_sync()); None for a backward
+    where: str
+
+
+def read_steps(steps: object, who: str, notes: list[str]) -> tuple[StepMark, ...] | None:
+    """A rank's steps, oldest first (None where it sent none); malformed ones are skipped, counted in
+    ``notes``."""
+    if steps is None:
+        return None
+    if not isinstance(steps, list):
+        notes.append(f"{who}: its steps are not a list: skipped")
+        return None
+    read: dict[int, StepMark] = {}
+    bad = 0
+    for raw in steps[-RECORDS_MAX:]:
+        if not (isinstance(raw, list) and len(raw) == 4 and _is_int(raw[0], 1) and raw[1] in ("forward", "backward")
+                and (raw[2] is None or isinstance(raw[2], bool)) and isinstance(raw[3], str)):
+            bad += 1
+            continue
+        read[raw[0]] = StepMark(raw[0], raw[1], raw[2] if raw[1] == "forward" else None, text(raw[3]))
+    if bad:
+        notes.append(f"{who}: {bad} malformed steps skipped")
+    return tuple(read[n] for n in sorted(read))

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 from typing import Literal
 
-from lab.core.flightrecords import TEXT_MAX, Call, read_calls, read_counts, read_record, text
+from lab.core.flightrecords import TEXT_MAX, Call, StepMark, read_calls, read_counts, read_record, read_steps, text
 from lab.core.outcome import CauseKind, ended
 from lab.rank.ops import FROM_ROOT, canonical
 
@@ -64,6 +64,7 @@ class RankFacts:
     aborted_in: str | None = None  # the torch.distributed function its stacks showed it in as it was aborted
     died_in: object = None  # the record of the call it was in as it died by a signal (its relay's word)
     oom: str | None = None  # the kernel's line that it killed the rank for memory (its relay's word)
+    steps: object = None  # its last dump's training steps (a DDP program's forwards and backward passes)
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ class Rank:
     failed_in: Call | None  # the call its failure came from (a rank that ended)
     failure: Failure | None
     died_in: Call | None = None  # the call it was in as it died by a signal (its relay's word)
+    steps: tuple[StepMark, ...] | None = None  # a DDP program's forwards and backward passes, oldest first
 
     @property
     def rank(self) -> int:
@@ -149,7 +151,7 @@ def build(facts: RankFacts, notes: list[str]) -> Rank:
         failed_in = raised[-1]  # its last call raised: its failure came from there
     died_in = read_record(facts.died_in) if facts.died_in is not None else None
     return Rank(facts, tuple(calls), counts, position, failed_in, _failure(facts, failed_in),
-                died_in if isinstance(died_in, Call) else None)
+                died_in if isinstance(died_in, Call) else None, read_steps(facts.steps, who, notes))
 
 
 def _failure(facts: RankFacts, failed_in: Call | None) -> Failure | None:

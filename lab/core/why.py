@@ -465,11 +465,57 @@ def _uneven(slot: _Waited) -> Finding:
     else:
         headline = (f"{ranks_named(there)} {slot.waits} in {op} #{call.seq}{on_group(call.group)}; "
                     f"{ranks_named(gone)} exited with status 0 before calling it")
+    parted = _parted([*slot.there, *slot.missing])
+    if parted:
+        return Finding("uneven-counts", f"{headline}; where their steps parted: {parted}", _DECIDED_ALONE,
+                       {r.rank: r.stuck for r in slot.there if r.stuck})
     return Finding("uneven-counts", headline,
                    "Every rank must make the same number of collective calls: give every rank the same number of "
                    "batches (a DistributedSampler with drop_last=True), or train under DDP's join() context manager "
                    "(`with model.join():`) where the data are uneven.",
                    {r.rank: r.stuck for r in slot.there if r.stuck})
+
+
+_DECIDED_ALONE = ("A rank took a decision that changes its steps on its own data (skipping a step on a non-finite "
+                  "loss, when to sync its gradients): take it from what every rank shares, e.g. all_reduce the "
+                  "flag (or the token count) first, so that every rank skips or syncs at the same step.")
+
+
+def _parted(ranks: Sequence[Rank]) -> str | None:
+    """Where the ranks' training steps (a DDP program's forwards and backward passes, as each recorded
+    them) first differ, among the steps every rank made: "rank 1 ran its 5th forward at train.py:18,
+    ranks 0, 2, 3 ran a backward pass after their 4th forward at train.py:25"; None where they do not
+    (a rank that only made fewer steps, or ranks that recorded none)."""
+    logs = {r.rank: {mark.n: mark for mark in r.steps} for r in ranks if r.steps}
+    if len(logs) < 2 or len(logs) < len(ranks):
+        return None
+    first = max(min(log) for log in logs.values())
+    whole = first == 1  # (each rank's steps from its first: the forwards can be counted)
+    for n in range(first, min(max(log) for log in logs.values()) + 1):
+        marks = {k: log.get(n) for k, log in logs.items()}
+        if any(mark is None for mark in marks.values()):
+            return None
+        kinds = {k: (mark.kind, mark.sync) for k, mark in marks.items() if mark is not None}
+        if len(set(kinds.values())) == 1:
+            continue
+        together: dict[tuple[str, bool | None], list[int]] = {}
+        for k in sorted(kinds):
+            together.setdefault(kinds[k], []).append(k)
+        synced = any(sync is False for _, sync in together)
+        said = []
+        for (kind, sync), ks in sorted(together.items(), key=lambda item: (len(item[1]), item[1])):
+            forwards = sum(1 for m in logs[ks[0]].values() if m.n < n and m.kind == "forward") if whole else None
+            its = verb(ks, "its", "their")
+            if kind == "forward":
+                nth = f"{its} {ordinal(forwards + 1)} forward" if forwards is not None else "a forward"
+                how = " under no_sync()" if sync is False else " (syncing the gradients)" if synced else ""
+                what = f"ran {nth}{how}"
+            else:
+                what = "ran a backward pass" + (f" after {its} {ordinal(forwards)} forward" if forwards else "")
+            mark = marks[ks[0]]
+            said.append(f"{ranks_named(ks)} {what}{at(mark.where if mark else None)}")
+        return ", ".join(said)
+    return None
 
 
 # 7. A straggler, nothing wrong, or what is known
@@ -570,7 +616,7 @@ def facts_of(state: RankState, runs: Mapping[str, ExerciseRun], arrival: int | N
     return RankFacts(state.spec.rank, state.spec.host, records, inflight, state.flight.counts if state.flight
                      else None, how, state.exit_code if ended_by_itself else None, error, traceback,
                      stopped_at, stage, failed_at, arrival, exit_call, aborted_in=aborted_in,
-                     died_in=died_in, oom=oom)
+                     died_in=died_in, oom=oom, steps=state.flight.steps if state.flight else None)
 
 
 def _flight_of(state: RankState) -> tuple[object, object]:

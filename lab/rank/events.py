@@ -112,6 +112,7 @@ class Flight(RankEvent):
     inflight: list[Any]
     counts: dict[str, Any]
     dropped: int
+    steps: list[Any] | None = None  # a DDP program's last forwards and backward passes (lab.rank.flight)
 
 
 @dataclass(frozen=True)
@@ -259,12 +260,14 @@ _CHECKS: Final[dict[str, Callable[[Any], bool]]] = {
     "float": lambda value: (_whole(value) or isinstance(value, float)) and math.isfinite(value),
     "object": lambda value: True,
     "list[Any]": lambda value: isinstance(value, list),
+    "list[Any] | None": lambda value: value is None or isinstance(value, list),
     "dict[str, Any]": lambda value: isinstance(value, dict),
     "dict[str, Any] | None": lambda value: value is None or isinstance(value, dict),
 }
 _TYPE_WORDS: Final[dict[str, str]] = {
     "int": "an integer", "bool": "true or false", "str": "a string", "float": "a finite number", "object": "a value",
-    "list[Any]": "a list", "dict[str, Any]": "an object", "dict[str, Any] | None": "an object or null"}
+    "list[Any]": "a list", "list[Any] | None": "a list or null", "dict[str, Any]": "an object",
+    "dict[str, Any] | None": "an object or null"}
 # each class's fields: name -> (its type, whether it may be left out)
 _FIELDS: Final[dict[type[Event], dict[str, tuple[str, bool]]]] = {
     cls: {f.name: (str(f.type), f.default is not MISSING) for f in dataclass_fields(cls)}

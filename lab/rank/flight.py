@@ -58,9 +58,16 @@ are looked at every second, so a call that begins between two looks is quiet fro
 look that reaches --hang-after is timed to it). Once per blocking call in flight FLIGHT_AFTER
 seconds, right after the progress that says a call has been quiet for --hang-after, and at the end
 (:meth:`Flight.finish`: the worker's "done", atexit), a ``flight`` dump {rank, records, inflight,
-counts, dropped} that fits an event line (the oldest records go first; ``dropped`` counts the calls
-left out). Dumps but the last stop after
-FLIGHT_BUDGET bytes, so that a program with many slow calls is not cut off for sending too much.
+counts, dropped, [steps]} that fits an event line (the oldest records go first; ``dropped`` counts
+the calls left out). Dumps but the last stop after FLIGHT_BUDGET bytes, so that a program with many
+slow calls is not cut off for sending too much.
+
+A program that made a DDP model also has its training steps kept (``steps``, the last STEPS_MAX):
+each forward of a DDP model and each backward pass, as ``[n, "forward" or "backward", sync, where]``
+(``n`` counts them from 1; ``sync``: whether a forward syncs the gradients, False under
+``no_sync()``; ``where`` the user's line), so that where ranks part ways in their steps (a rank that
+skips a backward, or syncs on another schedule) can be told though DDP's collectives are issued from
+C++.
 """
 from __future__ import annotations
 
@@ -85,6 +92,7 @@ from lab.rank.ops import BATCHES, P2P
 from lab.rank.protocol import EVENT_MAX
 
 RING_MAX = 64  # records of the last calls kept
+STEPS_MAX = 128  # a DDP program's last forwards and backward passes kept
 ASYNC_MAX = 256  # async calls not yet waited kept; the oldest past it are dropped and counted
 GROUPS_MAX = 256  # groups whose counts are kept
 PROGRESS_EVERY = 1.0  # seconds between two looks of the progress thread
@@ -282,6 +290,10 @@ class Flight:
         self.page: lastcall.Page | None = None
         self.where_bytes: dict[tuple[CodeType | None, int], bytes] = {}
         self.dtype_bytes: dict[Any, bytes] = {}
+        # the training steps of a program that made a DDP model, as its forwards and backward passes came
+        # (number, "forward" or "backward", whether a forward syncs the gradients, the user's code and offset)
+        self.steps: deque[tuple[int, str, bool | None, CodeType | None, int]] = deque(maxlen=STEPS_MAX)
+        self.steps_made = 0
 
     def bind(self) -> None:
         """Take what the recording needs from torch (imported by now)."""
@@ -297,15 +309,36 @@ class Flight:
         ddp = torch.nn.parallel.DistributedDataParallel
         made = ddp.__init__
 
+        forward: Callable[..., Any] = ddp.forward
+        backward: Callable[..., Any] = torch.autograd.backward
+
         @functools.wraps(made)
         def init(*args: Any, **kwargs: Any) -> None:
             self.ddp = True
             made(*args, **kwargs)
 
+        @functools.wraps(forward)
+        def forward_step(module: Any, *args: Any, **kwargs: Any) -> Any:
+            self.step("forward", sys._getframe(1), getattr(module, "require_backward_grad_sync", True) is not False)
+            return forward(module, *args, **kwargs)
+
+        @functools.wraps(backward)
+        def backward_step(*args: Any, **kwargs: Any) -> Any:
+            if self.ddp:
+                self.step("backward", sys._getframe(1), None)
+            return backward(*args, **kwargs)
+
         with contextlib.suppress(AttributeError, TypeError):
             ddp.__init__ = init  # type: ignore[method-assign]
+            setattr(ddp, "forward", forward_step)  # noqa: B010 (a method of torch's, typed otherwise)
+            setattr(torch.autograd, "backward", backward_step)  # noqa: B010
 
     # -- recording (the program's threads) -----------------------------------------------------
+
+    def step(self, kind: str, frame: FrameType, sync: bool | None) -> None:
+        """A DDP model's forward (``sync``: False under ``no_sync()``) or a backward pass begins."""
+        self.steps_made += 1
+        self.steps.append((self.steps_made, kind, sync, *self._user_frame(frame)))
 
     def begin(self, spec: Spec, args: tuple[Any, ...], kwargs: dict[str, Any], frame: FrameType,
               group: Group | None = None) -> Call | None:
@@ -957,8 +990,10 @@ class Flight:
         blocking = [call for call, _ in self.blocking()]
         inflight = sorted({id(call): call for call in (*blocking, *waiting, *issued)}.values(),
                           key=lambda call: call[T0])
+        steps = [[n, kind, sync, _where(code, lasti)] for n, kind, sync, code, lasti in list(self.steps)]
         return {"rank": self.rank, "records": [to_json(call) for call in ring],
-                "inflight": [to_json(call) for call in inflight], "counts": counts, "dropped": dropped}
+                "inflight": [to_json(call) for call in inflight], "counts": counts, "dropped": dropped,
+                **({"steps": steps} if steps else {})}
 
     def blocking(self) -> list[tuple[Call, float]]:
         """The calls the rank's threads block in, and since when: a call under way (the newest record of

@@ -66,9 +66,10 @@ progress  rank, completed, inflight, moved, quiet,    the rank's torch.distribut
                                                       the bytes its connections carried and the
                                                       seconds none moved (``lab.rank.flight``), and
                                                       the rank's clock as it sent it
-flight    rank, records, inflight, counts, dropped    the rank's flight recorder: its last calls, those
-                                                      in flight, completed calls per group and op
-                                                      (a call blocked 2 s, and at its end)
+flight    rank, records, inflight, counts, dropped,   the rank's flight recorder: its last calls, those
+          [steps]                                     in flight, completed calls per group and op,
+                                                      a DDP program's last forwards and backward
+                                                      passes (a call blocked 2 s, and at its end)
 trace     rank, records, dropped                      with --trace, each second: the records that
                                                       began or ended since the last (and how many
                                                       calls the ring let go of before it was sent)

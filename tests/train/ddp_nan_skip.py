@@ -1,8 +1,8 @@
-"""A rank that sees a non-finite loss skips the step (no backward), a guard each rank takes alone:
-rank 1's loss is nan at step 3, so it makes one gradient all_reduce fewer than the others, which
-meet its next step's all_reduce with their current one and, at the end, wait in one it never makes.
+"""A rank that sees a non-finite loss skips the step (no backward), a guard each rank takes alone: rank 1's
+loss is nan at step 3, so it makes one gradient all_reduce fewer, and the others wait in one it never makes.
 
-expect: kind=uneven-counts; nproc=4; exit=1; headline contains "rank 1"; headline contains "all_reduce"
+expect: kind=uneven-counts; nproc=4; exit=1; headline contains "rank 1"; headline contains "all_reduce";
+        headline contains "where their steps parted: rank 1 ran its 5th forward at ddp_nan_skip.py:18"
 """
 import torch
 import torch.distributed as dist

@@ -1,8 +1,8 @@
-"""Gradient accumulation by a token budget: each rank accumulates (under no_sync) until its own
-batches add up to 64 tokens, then steps; the batches' lengths differ across ranks, so the ranks
-sync after different numbers of batches and make different numbers of gradient all_reduces.
+"""Gradient accumulation by a token budget: each rank accumulates (under no_sync) until its own batches
+add up to 64 tokens, then steps; their lengths differ across ranks, so the ranks sync on schedules apart.
 
-expect: kind=uneven-counts; nproc=2; exit=1; headline contains "all_reduce"; headline contains "finished after"
+expect: kind=uneven-counts; nproc=2; exit=1; headline contains "all_reduce"; headline contains "finished after";
+        headline contains "rank 0 ran its 4th forward under no_sync() at ddp_token_budget_accumulation.py:25"
 """
 import contextlib
 
