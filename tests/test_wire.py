@@ -25,9 +25,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 # In a network namespace of its own: the measure started with a connection already open (none of the
 # ranks': it never counts), then one connection that stays open, one opened, used and closed before
-# any sample (its last count comes from the kernel's destroy message), and one of another user's (the
-# "uid" mode leaves it out; "netns" counts it). Prints what each mode measured. (A byte counts once its
-# peer acknowledged it: the last byte on an open connection may not be yet.)
+# any sample (its last count comes from the kernel's destroy message), and one of another user's, closed
+# as its process exits after a sample saw it (the "uid" mode leaves it out; "netns" counts it, its last
+# count waited for: the kernel sends destroy messages from a work queue). Prints what each mode measured.
+# (A byte counts once its peer acknowledged it: the last byte on an open connection may not be yet.)
 MEASURED = r"""
 import json, os, socket, sys
 from lab.rank.wire import Wire
@@ -60,12 +61,19 @@ carry(kept[1], kept[0], 1)  # (its segment acknowledges the 20000, which a delay
 gone = pair()
 carry(*gone, 30000)
 gone[0].close(); gone[1].close()
+carried, polled = os.pipe(), os.pipe()
 child = os.fork()
 if child == 0:
     os.setgid(65534); os.setuid(65534)
     other = pair()
     carry(*other, 50000)
+    os.write(carried[1], b"1")
+    os.read(polled[0], 1)  # (its sockets close as it exits, after a sample saw them)
     os._exit(0)
+os.read(carried[0], 1)
+for wire in wires.values():
+    wire.poll(force=True)
+os.write(polled[1], b"1")
 os.waitpid(child, 0)
 print(json.dumps({mode: [wire.carried(), wire.lost] for mode, wire in wires.items()}))
 """

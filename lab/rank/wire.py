@@ -19,9 +19,11 @@ Which sockets are the run's (:data:`MODES`):
 Sockets are sampled (:meth:`Wire.poll`, every :data:`POLL` seconds at most) and each one's last
 count is taken as it closes, from the kernel's message on the destroy groups: those messages carry
 no owner, so in ``uid`` mode a connection opened and closed between two samples is not counted
-(the measure can fall short, never over). ``netns`` mode counts every one. A socket that was there
-before the measure began is none of the ranks' (they start after it) and never counts: the SSH
-connection that carries their output to the controller, which the host's sshd holds for the user.
+(the measure can fall short, never over). The kernel sends those messages from a work queue, so the
+last count waits for the ones it owes (sockets a sample saw that are gone since). ``netns`` mode
+counts every one. A socket that was there before the measure began is none of the ranks' (they
+start after it) and never counts: the SSH connection that carries their output to the controller,
+which the host's sshd holds for the user.
 
 Pure standard library: it runs on every host. The request and the replies are the kernel's structs
 (``linux/inet_diag.h``, ``linux/tcp.h``), a few fields of each, packed here rather than taking a
@@ -32,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import select
 import socket
 import struct
 import time
@@ -44,6 +47,7 @@ WIRE_VAR: Final = "LAB_WIRE"  # set to a mode in a launcher's environment: measu
 Mode = Literal["netns", "uid"]
 MODES: Final[tuple[Mode, ...]] = ("netns", "uid")
 POLL: Final = 0.1  # seconds between two samples of the host's sockets, at least (each costs ~0.6 ms of CPU)
+SETTLE: Final = 5.0  # seconds the last count waits at most for the destroy messages the kernel owes it
 
 NETLINK_SOCK_DIAG: Final = 4
 SOCK_DIAG_BY_FAMILY: Final = 20
@@ -77,6 +81,8 @@ class Wire:
     before: set[int] = field(default_factory=set)  # the cookies of the sockets there when the measure began
     counted: dict[int, int] = field(default_factory=dict)  # cookie -> most bytes acked seen, of the run's
     lost: int = 0  # times the kernel dropped destroy messages (their queue was full): the measure falls short
+    live: set[int] = field(default_factory=set)  # the cookies of the sockets the last sample saw
+    closed: set[int] = field(default_factory=set)  # the cookies of the sockets whose destroy message came
     polled_at: float = 0.0
     events: socket.socket | None = None
 
@@ -113,6 +119,7 @@ class Wire:
                 self.lost += 1
                 continue
             for seen in parse(data):
+                self.closed.add(seen.cookie)
                 self._take(replace(seen, uid=None))
 
     def poll(self, force: bool = False) -> None:
@@ -121,13 +128,25 @@ class Wire:
         if now - self.polled_at < POLL and not force:
             return
         self.polled_at = now
-        for seen in sockets():
+        live = sockets()
+        self.live = {seen.cookie for seen in live}
+        for seen in live:
             self._take(seen)
 
     def carried(self) -> int:
-        """Bytes the run's sockets carried since the measure began (sampled and closed ones now)."""
+        """Bytes the run's sockets carried since the measure began (sampled and closed ones now). A
+        counted socket the last sample saw that is gone now has its destroy message owed: the kernel
+        sends those from a work queue, later on a busy machine, so they are waited for (SETTLE seconds
+        at most; one never owed is never waited for)."""
         self.take_closed()
+        seen = self.live
         self.poll(force=True)
+        owed = (seen & self.counted.keys()) - self.live - self.closed
+        deadline = time.monotonic() + SETTLE
+        while owed and (left := deadline - time.monotonic()) > 0 and self.events is not None:
+            select.select([self.events], [], [], left)
+            self.take_closed()
+            owed -= self.closed
         self.take_closed()
         return sum(self.counted.values())
 
