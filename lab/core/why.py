@@ -465,17 +465,15 @@ def _uneven(slot: _Waited) -> Finding:
     else:
         headline = (f"{ranks_named(there)} {slot.waits} in {op} #{call.seq}{on_group(call.group)}; "
                     f"{ranks_named(gone)} exited with status 0 before calling it")
-    parted = _parted([*slot.there, *slot.missing])
-    if parted:
-        return Finding("uneven-counts", f"{headline}; where their steps parted: {parted}", _DECIDED_ALONE,
-                       {r.rank: r.stuck for r in slot.there if r.stuck})
-    return Finding("uneven-counts", headline,
-                   "Every rank must make the same number of collective calls: give every rank the same number of "
-                   "batches (a DistributedSampler with drop_last=True), or train under DDP's join() context manager "
-                   "(`with model.join():`) where the data are uneven.",
-                   {r.rank: r.stuck for r in slot.there if r.stuck})
+    fix = _UNEVEN
+    if parted := _parted([*slot.there, *slot.missing]):
+        headline, fix = f"{headline}; where their steps parted: {parted}", _DECIDED_ALONE
+    return Finding("uneven-counts", headline, fix, {r.rank: r.stuck for r in slot.there if r.stuck})
 
 
+_UNEVEN = ("Every rank must make the same number of collective calls: give every rank the same number of batches "
+           "(a DistributedSampler with drop_last=True), or train under DDP's join() context manager "
+           "(`with model.join():`) where the data are uneven.")
 _DECIDED_ALONE = ("A rank took a decision that changes its steps on its own data (skipping a step on a non-finite "
                   "loss, when to sync its gradients): take it from what every rank shares, e.g. all_reduce the "
                   "flag (or the token count) first, so that every rank skips or syncs at the same step.")
@@ -492,10 +490,10 @@ def _parted(ranks: Sequence[Rank]) -> str | None:
     first = max(min(log) for log in logs.values())
     whole = first == 1  # (each rank's steps from its first: the forwards can be counted)
     for n in range(first, min(max(log) for log in logs.values()) + 1):
-        marks = {k: log.get(n) for k, log in logs.items()}
-        if any(mark is None for mark in marks.values()):
+        marks = {k: mark for k, log in logs.items() if (mark := log.get(n)) is not None}
+        if len(marks) < len(logs):
             return None
-        kinds = {k: (mark.kind, mark.sync) for k, mark in marks.items() if mark is not None}
+        kinds = {k: (mark.kind, mark.sync) for k, mark in marks.items()}
         if len(set(kinds.values())) == 1:
             continue
         together: dict[tuple[str, bool | None], list[int]] = {}
@@ -512,8 +510,7 @@ def _parted(ranks: Sequence[Rank]) -> str | None:
                 what = f"ran {nth}{how}"
             else:
                 what = "ran a backward pass" + (f" after {its} {ordinal(forwards)} forward" if forwards else "")
-            mark = marks[ks[0]]
-            said.append(f"{ranks_named(ks)} {what}{at(mark.where if mark else None)}")
+            said.append(f"{ranks_named(ks)} {what}{at(marks[ks[0]].where)}")
         return ", ".join(said)
     return None
 

@@ -4,7 +4,7 @@ A rank that a C++ exception aborts (gloo's size checks: "Received data size does
 the kernel kills (the OOM killer's SIGKILL) runs no code of its own as it ends: what it was doing
 must already be where another process can read it. So each rank keeps the call it is in (the flight
 recorder's record of a call the program makes, written as the call begins and cleared as it ends:
-:meth:`Page.begin`, a microsecond a call) in a page of memory it shares with its relay, which
+:meth:`Page.begin`, about 2 us a call) in a page of memory it shares with its relay, which
 outlives it; and the relay opens the kernel's log (``/dev/kmsg``, where the host lets it: root, or
 ``kernel.dmesg_restrict=0``) as the rank starts, at its end. Once the rank's streams have closed,
 the relay (:meth:`Page.tell`) sends a ``died`` event {rank, call, oom} on the rank's channel where
