@@ -50,7 +50,7 @@ def test_a_solutions_rings_are_read_from_its_text_and_added_to_the_ops(tmp_path:
 
 
 def test_a_ring_that_calls_a_collective_fails_and_an_honest_ones_bytes_are_noted() -> None:
-    world = World(2, "gloo", ("a", "b"), (0, 1), "lab")
+    world = World(2, "gloo", ("a", "b"), (0, 1))
 
     def calls(counts: dict[str, int]) -> dict[str, object]:
         return {"counts": counts, "functions": {"ring_allreduce": {
@@ -87,7 +87,7 @@ def test_a_rows_time_is_the_slowest_ranks_and_busbw_scales_algbw() -> None:
 
 
 def test_the_checker_fails_a_wrong_result_and_notes_an_op_the_backend_lacks() -> None:
-    world = World(2, "gloo", ("a", "a"), (0, 1), "lab")
+    world = World(2, "gloo", ("a", "a"), (0, 1))
     wrong = check_bench({0: {"rows": [row("all_reduce", 0.001)]}, 1: {"rows": [row("all_reduce", 0.001, wrong=7)]}},
                         world)
     assert not wrong.passed and "rank 1: #wrong of all_reduce on 4096 bytes: expected 0, got 7" in wrong.reason
@@ -117,7 +117,7 @@ def test_the_alpha_beta_fit_recovers_a_line_and_predicts_both_rings() -> None:
 
 
 def test_the_tcp_baseline_is_one_ranks_and_checked() -> None:
-    world = World(2, "gloo", ("a", "b"), (0, 1), "lab")
+    world = World(2, "gloo", ("a", "b"), (0, 1))
     tcp = {"hosts": ["a", "b"], "rtt": 1e-4, "bytes": 2_000_000_000, "seconds": 1.0}
     results = {0: {"rows": [row("p2p", 0.001)]}, 1: {"rows": [row("p2p", 0.001)], "tcp": tcp}}
     assert check_bench(results, world).passed

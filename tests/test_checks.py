@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
+from lab.core import launchers
 from lab.core.random_inputs import draw, new_seed, values
-from lab.suite.check import Mismatch, Verdict, World, distinct
+from lab.suite.check import Launched, Mismatch, Verdict, World, distinct
 from lab.suite.checks import backends, basics, collectives, dsgd, p2p, ring
 from lab.suite.exercises import dsgd_settings, ring_cases
 
@@ -39,7 +40,7 @@ def groups_ok(n: int) -> Results:
                 "value": total if r in members else float(r + 1)} for r in range(n)}
 
 
-def launchers_ok(n: int, hosts: tuple[str, ...] | None = None, launcher: str = "lab") -> Results:
+def launchers_ok(n: int, hosts: tuple[str, ...] | None = None, launched: Launched = Launched()) -> Results:
     """What each rank reports when its launcher numbered it right, ``hosts[rank]`` its host."""
     hosts = hosts or ("local",) * n
     results = {}
@@ -48,7 +49,7 @@ def launchers_ok(n: int, hosts: tuple[str, ...] | None = None, launcher: str = "
         env = {"RANK": str(r), "LOCAL_RANK": str(mates.index(r)), "WORLD_SIZE": str(n),
                "LOCAL_WORLD_SIZE": str(len(mates)), "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500",
                "GROUP_RANK": str(sorted(set(hosts), key=hosts.index).index(hosts[r]))
-               if launcher == "torchrun" else None}
+               if launched.sets_group_rank else None}
         results[r] = {"rank": r, "world_size": n, "env": env, "pid": 100 + r, "parent": 50 + mates[0]}
     return results
 
@@ -258,10 +259,11 @@ def test_a_result_with_missing_keys_fails_without_crashing(name: str) -> None:
 TWO_HOSTS = ("a", "a", "b", "b")
 
 
-@pytest.mark.parametrize("launcher", ["lab", "torchrun", "spawn"])
+@pytest.mark.parametrize("launcher", launchers.NAMES)
 def test_launchers_right_numbers_on_two_hosts_pass(launcher: str) -> None:
-    world = World(4, "gloo", TWO_HOSTS, (0, 1, 0, 1), launcher)
-    v = basics.check_launchers(launchers_ok(4, TWO_HOSTS, launcher), world)
+    launched = launchers.find(launcher).launched
+    world = World(4, "gloo", TWO_HOSTS, (0, 1, 0, 1), launched)
+    v = basics.check_launchers(launchers_ok(4, TWO_HOSTS, launched), world)
     assert v.passed, v.reason
 
 
@@ -289,17 +291,18 @@ def test_launchers_a_hosts_ranks_must_be_consecutive() -> None:
 
 
 def test_launchers_one_launcher_process_per_host_and_torchrun_group_ranks() -> None:
-    results = launchers_ok(4, TWO_HOSTS, "torchrun")
+    torchrun = launchers.find("torchrun").launched
+    results = launchers_ok(4, TWO_HOSTS, torchrun)
     results[3]["parent"] = 999  # started by another process than its host's torchrun
     results[2]["env"]["GROUP_RANK"] = "0"
-    v = basics.check_launchers(results, World(4, "gloo", TWO_HOSTS, (0, 1, 0, 1), "torchrun"))
+    v = basics.check_launchers(results, World(4, "gloo", TWO_HOSTS, (0, 1, 0, 1), torchrun))
     assert v.failed_ranks == (2, 3)
     said = list(map(str, v.mismatches))
     assert "rank 3: the process that started it (the torchrun agent of b): expected 52, got 999" in said
     assert "rank 2: GROUP_RANK (the number the launcher gave b): expected '1', got '0'" in said
     # The lab starts every rank itself: their parents may differ.
     assert basics.check_launchers(results | {2: launchers_ok(4, TWO_HOSTS)[2]},
-                                  World(4, "gloo", TWO_HOSTS, (0, 1, 0, 1), "lab")).passed
+                                  World(4, "gloo", TWO_HOSTS, (0, 1, 0, 1), launchers.find("lab").launched)).passed
 
 
 # --- the tutorials' own numbers (4 ranks) ---

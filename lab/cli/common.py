@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING, NoReturn, TypeAlias
 
 from lab.cli.views import run as run_views
 from lab.containerlab.topology import DEFAULT_LAB, check_lab_name
-from lab.core import rankenv
+from lab.core import launchers, rankenv
 from lab.core.inventory import load_inventory, local_inventory
-from lab.core.launchers import NAMES as LAUNCHERS
 from lab.core.plan import DEFAULT_HANG_AFTER, RUN_DIR, WORK_DIR
 from lab.core.slurm import ALLOCATION, allocation_inventory
 from lab.errors import ExitCode, UsageError
@@ -68,14 +67,10 @@ def cluster_options(parser: argparse.ArgumentParser, shaped: bool = True) -> Non
 
 
 def launcher_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--launcher", choices=LAUNCHERS,
-                        help="who starts the ranks: lab (each rank, the settings in its environment, "
-                             "forked from one process per host that imported torch once), "
-                             "torchrun (one per host: c10d rendezvous on rank 0's host, torchrun numbers "
-                             "the ranks), spawn (one process per host that mp.spawns its ranks), "
-                             "srun (the ranks are the tasks of one Slurm job, started by srun on the first "
-                             "host), srun-torchrun (srun starts one torchrun per node, as the tutorials' "
-                             "`srun torchrun`) (default lab; srun with --hosts slurm)")
+    kinds = ", ".join(f"{launcher.name} ({launcher.summary})" for launcher in launchers.LAUNCHERS.values())
+    parser.add_argument("--launcher", choices=launchers.NAMES,
+                        help=f"who starts the ranks: {kinds} (default {launchers.DEFAULT}; "
+                             f"{launchers.ON_ALLOCATION} with --hosts {ALLOCATION})")
     parser.add_argument("--partition", metavar="NAME", help="the Slurm partition (--launcher srun and "
                         "srun-torchrun; default: the cluster's default partition)")
 
@@ -140,7 +135,7 @@ def cluster(args: argparse.Namespace) -> Inventory:
 
 def launcher(args: argparse.Namespace) -> str:
     """``--launcher``, else srun on the nodes of a Slurm allocation, else the lab's own."""
-    return args.launcher or ("srun" if args.hosts == ALLOCATION else "lab")
+    return args.launcher or (launchers.ON_ALLOCATION if args.hosts == ALLOCATION else launchers.DEFAULT)
 
 
 def ssh_settings(args: argparse.Namespace) -> SSHSettings:

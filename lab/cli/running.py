@@ -29,9 +29,8 @@ from lab.cli.common import (
 from lab.cli.views import run as views
 from lab.cli.views import screen
 from lab.cli.views.doctor import print_diagnosis
-from lab.core import random_inputs, workdir
+from lab.core import launchers, random_inputs, workdir
 from lab.core.judge import exit_code, hung_at_start, judge, stopped_exit
-from lab.core.launchers import NAMES as LAUNCHERS
 from lab.core.logdir import LogDir
 from lab.core.outcome import LaunchState, RankState, RunOutcome
 from lab.core.plan import BACKENDS, DEFAULT_TIMEOUT, INIT_METHODS, Options
@@ -185,8 +184,9 @@ def add_launch(commands: Commands) -> None:
     launch.add_argument("--json", action="store_true", help="print how the job ended, its cause and each rank "
                         "as JSON on stdout (rank output goes to stderr)")
     launch.add_argument("--keep", action="store_true", help="keep the run directory on every host")
+    restarting = [launcher.name for launcher in launchers.LAUNCHERS.values() if launcher.restarts_ranks]
     launch.add_argument("--max-restarts", type=int, default=0, metavar="N",
-                        help="with --launcher torchrun or srun-torchrun: restart every rank up to N times after one "
+                        help=f"with --launcher {' or '.join(restarting)}: restart every rank up to N times after one "
                              "fails, as torchrun's --max-restarts (default 0); each restart is said, with what "
                              "ended the attempt before it")
     launch.add_argument("--log-dir", metavar="DIR", help="also write each rank's output to DIR/rank_N.log (its "
@@ -289,7 +289,8 @@ def add_submit(commands: Commands) -> None:
     submission.add_argument("--time", metavar="LIMIT", help="the job's time limit, as Slurm writes it (MINUTES, "
                             "HH:MM:SS, DAYS-HH); default: the partition's")
     submission.add_argument("--partition", metavar="NAME", help="the partition (default: the cluster's default)")
-    submission.add_argument("--launcher", choices=LAUNCHERS, help="who starts the ranks in the job (default srun)")
+    submission.add_argument("--launcher", choices=launchers.NAMES,
+                            help=f"who starts the ranks in the job (default {launchers.ON_ALLOCATION})")
     submission.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                             help=f"as for run (default {DEFAULT_TIMEOUT:g})")
     submission.add_argument("--out", default="lab-jobs", metavar="DIR",

@@ -4,9 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from lab.core import launchers
 from lab.core.outcome import SYS_EXIT, ExerciseRun, RankState, RunOutcome, ended
 from lab.core.random_inputs import values
 from lab.errors import ExitCode
+from lab.rank import steps
 from lab.rank.events import Error
 from lab.suite.check import Mismatch, PartVerdict, Verdict, World, ranks_named
 from lab.suite.registry import EXERCISES
@@ -44,7 +46,7 @@ def world_of(outcome: RunOutcome) -> World:
     plan = outcome.plan
     measured = plan.wire is not None and len(plan.exercise_names) == 1  # (the measure spans the whole run)
     return World(plan.world_size, plan.backend, tuple(s.spec.host for s in outcome.ranks),
-                 tuple(s.spec.local_rank for s in outcome.ranks), plan.launcher,
+                 tuple(s.spec.local_rank for s in outcome.ranks), launchers.find(plan.launcher).launched,
                  {rank: values(data) for rank, data in plan.inputs.items()},
                  {s.spec.host: s.launch.carried for s in outcome.ranks if s.launch.carried} if measured else None)
 
@@ -56,7 +58,8 @@ def judge(outcome: RunOutcome) -> list[ExerciseReport]:
 
 def _judge_one(run: ExerciseRun, outcome: RunOutcome, world: World) -> ExerciseReport:
     seconds = max(run.seconds.values()) if run.seconds else None
-    died = sorted((s for s in outcome.ranks if s.step == run.name and s.died), key=lambda s: s.ended_at or 0.0)
+    died = sorted((s for s in outcome.ranks if s.step == steps.exercise(run.name) and s.died),
+                  key=lambda s: s.ended_at or 0.0)
     if run.violations:  # a rank broke the protocol (lab.rank.protocol): whatever else it reported
         broke = [f"{_named(outcome.ranks[rank])} {what}" for rank, what in sorted(run.violations.items())]
         more = f" (and {len(broke) - 1} more)" if len(broke) > 1 else ""
@@ -84,8 +87,8 @@ def _judge_one(run: ExerciseRun, outcome: RunOutcome, world: World) -> ExerciseR
 
 def _unfinished(run: ExerciseRun, outcome: RunOutcome, seconds: float | None) -> ExerciseReport:
     """Some ranks never reported: say which, and why (hung, or never got there)."""
-    here = [s for s in outcome.ranks if s.step == run.name and s.spec.rank not in run.results]
-    between = [s for s in outcome.ranks if s.spec.rank in outcome.hung and s.step not in outcome.exercises]
+    here = [s for s in outcome.ranks if s.step == steps.exercise(run.name) and s.spec.rank not in run.results]
+    between = [s for s in outcome.ranks if s.spec.rank in outcome.hung and s.step.kind != "exercise"]
     if outcome.stopped and (here or (between and run.name == _first_unreported(outcome))):
         stuck = [s for s in here if s.spec.rank in outcome.hung] or here or between
         where: dict[str, list[RankState]] = {}  # ranks stuck at the same place are one phrase
@@ -102,12 +105,12 @@ def _unfinished(run: ExerciseRun, outcome: RunOutcome, seconds: float | None) ->
     if first is None:
         return ExerciseReport(run.name, "not run", seconds, f"not run: the run ended ({outcome.status}) before it")
     who = f"rank {first.spec.rank} ({first.spec.host})"
-    if first.fatal and (first.step == "startup" or first.step.startswith("init:")):
+    if first.fatal and first.step.before_program:
         reason = f"{who} could not start: {first.fatal}"
     elif first.fatal:
-        reason = f"not run: {who} failed in {describe_step(first.step)}: {first.fatal}"
+        reason = f"not run: {who} failed in {first.step}: {first.fatal}"
     else:
-        reason = f"not run: {who} {ended(first.exit_code)} during {describe_step(first.step)}"
+        reason = f"not run: {who} {ended(first.exit_code)} during {first.step}"
     return ExerciseReport(run.name, "not run", seconds, reason, (first.spec.rank,))
 
 
@@ -141,25 +144,13 @@ def _first_unreported(outcome: RunOutcome) -> str | None:
     return next((n for n in outcome.plan.exercise_names if len(outcome.exercises[n].results) < size), None)
 
 
-def describe_step(step: str) -> str:
-    """A worker's step as a person reads it."""
-    kind, _, detail = step.partition(":")
-    if kind == "init":
-        return f"the rendezvous (init_method {detail}://)"
-    if kind == "wait":
-        return f"the barrier after {detail}"
-    if step == "startup":
-        return "start-up (importing torch)"
-    return step
-
-
 def _stuck_at(state: RankState, outcome: RunOutcome) -> str:
     where = f" at {state.stopped_at}" if state.stopped_at else ""
     if outcome.status == "hung":
-        return f"hung in {describe_step(state.step)}{where}"
+        return f"hung in {state.step}{where}"
     after = (f"at the run's limit of {outcome.wall:g}s" if outcome.wall is not None
              else f"after {outcome.plan.timeout:g}s")
-    return f"stopped {after} in {describe_step(state.step)}{where}"
+    return f"stopped {after} in {state.step}{where}"
 
 
 def _who(states: list[RankState]) -> str:
@@ -177,7 +168,7 @@ def hung_at_start(outcome: RunOutcome) -> bool:
     if not outcome.stopped or any(run.errors for run in outcome.exercises.values()):
         return False
     first_shared = next((s.exercises[0]["name"] for s in outcome.plan.stages if s.rendezvous == "shared"), None)
-    return any(s.step.startswith("init:") or s.step == first_shared
+    return any(s.step.kind == "rendezvous" or first_shared is not None and s.step == steps.exercise(first_shared)
                for s in outcome.ranks if s.spec.rank in outcome.hung)
 
 

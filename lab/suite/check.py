@@ -34,6 +34,17 @@ class Carried:
 
 
 @dataclass(frozen=True)
+class Launched:
+    """What the launcher that started the ranks does that a checker sees in them (each launcher says
+    its own: ``lab.core.launchers``)."""
+
+    # the process on each host whose children that host's ranks are ("torchrun agent"); None: each
+    # rank may have a parent of its own
+    rank_parent: str | None = None
+    sets_group_rank: bool = False  # GROUP_RANK numbers the hosts
+
+
+@dataclass(frozen=True)
 class World:
     """The facts of a run a checker may rely on."""
 
@@ -41,7 +52,7 @@ class World:
     backend: str
     hosts: tuple[str, ...]  # hosts[rank] is the host that rank ran on
     local_ranks: tuple[int, ...]
-    launcher: str = "lab"  # who started the ranks (lab.core.launchers)
+    launched: Launched = Launched()  # what the launcher that started the ranks does
     # each rank's drawn values (lab.core.random_inputs)
     inputs: Mapping[int, Sequence[int]] = field(default_factory=dict)
     # Where the run measured its hosts' connections (lab grade: Plan.wire): host -> what they carried; a

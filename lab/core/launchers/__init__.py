@@ -13,6 +13,8 @@ from lab.errors import UsageError
 LAUNCHERS: dict[str, Launcher] = {launcher.name: launcher for launcher in (
     OwnLauncher(), Torchrun(), Spawn(), Srun(), SrunTorchrun())}
 NAMES: tuple[str, ...] = tuple(LAUNCHERS)
+DEFAULT = OwnLauncher.name
+ON_ALLOCATION = Srun.name  # the default on the nodes of a Slurm allocation (--hosts slurm) and in a batch job
 
 
 def find(name: str) -> Launcher:
@@ -22,4 +24,4 @@ def find(name: str) -> Launcher:
     return LAUNCHERS[name]
 
 
-__all__ = ["LAUNCHERS", "NAMES", "Launcher", "find"]
+__all__ = ["DEFAULT", "LAUNCHERS", "NAMES", "ON_ALLOCATION", "Launcher", "find"]

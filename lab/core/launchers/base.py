@@ -19,6 +19,7 @@ from lab.errors import LabError, UsageError
 from lab.model.inventory import Host
 from lab.rank.preflight import PREFLIGHT_VAR
 from lab.rank.wire import WIRE_VAR
+from lab.suite.check import Launched
 
 if TYPE_CHECKING:
     from lab.transport import Transport
@@ -31,6 +32,7 @@ class Launcher:
     subclass starts them otherwise (:meth:`launches`)."""
 
     name: ClassVar[str]
+    summary: ClassVar[str]  # what it does, for --launcher's help
     # torchrun's own rendezvous forms the ranks' group: env:// only, and MASTER_PORT is torchrun's
     forms_group: ClassVar[bool] = False
     # the lab knows each rank's host before the ranks start (else it learns it from each one's hello)
@@ -45,6 +47,8 @@ class Launcher:
     tags_output: ClassVar[bool] = False
     # torchrun's agent may restart the ranks after one fails (--max-restarts), each time with a new hello
     restarts_ranks: ClassVar[bool] = False
+    # what the checks see of it in the ranks (their parent process, GROUP_RANK)
+    launched: ClassVar[Launched] = Launched()
 
     def check(self, hosts: Sequence[Host], partition: str | None) -> None:
         """Refuse hosts or options this launcher cannot start ranks on (UsageError, one line)."""

@@ -13,6 +13,8 @@ from lab.model.inventory import Host
 
 class OwnLauncher(Launcher):
     name: ClassVar[str] = "lab"
+    summary: ClassVar[str] = ("each rank, the settings in its environment, forked from one process per host that "
+                              "imported torch once")
     hands_over_ports: ClassVar[bool] = True
     measures_wire: ClassVar[bool] = True
     tags_output: ClassVar[bool] = True

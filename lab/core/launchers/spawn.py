@@ -7,11 +7,14 @@ from typing import ClassVar
 from lab.core.launchers.base import Launcher, rendezvous_env
 from lab.core.plan import Plan
 from lab.model.inventory import Host
+from lab.suite.check import Launched
 
 
 class Spawn(Launcher):
     name: ClassVar[str] = "spawn"
+    summary: ClassVar[str] = "one process per host that mp.spawns its ranks"
     hands_over_ports: ClassVar[bool] = True
+    launched: ClassVar[Launched] = Launched(rank_parent="mp.spawn parent")
 
     def node_args(self, plan: Plan, node_rank: int, host: Host, ranks: tuple[int, ...],
                   env: dict[str, str]) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ from lab.core.launchers.torchrun import torchrun_args
 from lab.core.plan import Launch, Plan, interface_env
 from lab.errors import LabError, RunError, UsageError
 from lab.model.inventory import Host
+from lab.suite.check import Launched
 
 if TYPE_CHECKING:
     from lab.transport import Transport
@@ -32,9 +33,11 @@ def srun_wait(timeout: float) -> int:
 
 class Srun(Launcher):
     name: ClassVar[str] = "srun"
+    summary: ClassVar[str] = "the ranks are the tasks of one Slurm job, started by srun on the first host"
     places_ranks: ClassVar[bool] = False
     checks_network: ClassVar[bool] = False
     tags_output: ClassVar[bool] = True  # (each task is forked from the lab's zygote: lab.rank.node task)
+    launched: ClassVar[Launched] = Launched(sets_group_rank=True)  # (each task a parent of its own)
 
     def check(self, hosts: Sequence[Host], partition: str | None) -> None:
         """What a job of one ``srun`` needs of the hosts: as many ranks on each (``--ntasks-per-node``)."""
@@ -90,9 +93,11 @@ class Srun(Launcher):
 
 class SrunTorchrun(Srun):
     name: ClassVar[str] = "srun-torchrun"
+    summary: ClassVar[str] = "srun starts one torchrun per node, as the tutorials' `srun torchrun`"
     forms_group: ClassVar[bool] = True
     restarts_ranks: ClassVar[bool] = True
     tags_output: ClassVar[bool] = False  # (a task is an agent: its ranks tag their lines themselves)
+    launched: ClassVar[Launched] = Launched(rank_parent="torchrun agent", sets_group_rank=True)
 
     def order(self, hosts: Sequence[Host]) -> tuple[Host, ...]:
         """Under ``srun`` every agent has the same arguments, so torchrun numbers the nodes in the

@@ -9,15 +9,18 @@ from typing import ClassVar
 from lab.core.launchers.base import Launcher
 from lab.core.plan import RUN_DIR, Plan, public_id
 from lab.model.inventory import Host
+from lab.suite.check import Launched
 
 TORCHRUN_DIR = "torchelastic"  # in the run's directory: torchrun's --log-dir
 
 
 class Torchrun(Launcher):
     name: ClassVar[str] = "torchrun"
+    summary: ClassVar[str] = "one per host: c10d rendezvous on rank 0's host, torchrun numbers the ranks"
     forms_group: ClassVar[bool] = True
     places_ranks: ClassVar[bool] = False
     restarts_ranks: ClassVar[bool] = True
+    launched: ClassVar[Launched] = Launched(rank_parent="torchrun agent", sets_group_rank=True)
 
     def order(self, hosts: Sequence[Host]) -> tuple[Host, ...]:
         """torchrun's c10d rendezvous numbers the nodes in the sorted order of their addresses

@@ -105,16 +105,11 @@ def check_cross_vpc(results: Results, world: World) -> Verdict:
     return e.verdict()
 
 
-# the process on each host whose children a launcher's ranks are (the lab's own, and srun's, give
-# each rank a parent of its own)
-_STARTERS = {"torchrun": "torchrun agent", "spawn": "mp.spawn parent", "srun-torchrun": "torchrun agent"}
-_NUMBERS_HOSTS = ("torchrun", "srun", "srun-torchrun")  # launchers that set GROUP_RANK
-
-
 def check_launchers(results: Results, world: World) -> Verdict:
     """RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE as every launcher must set them, from where
-    each rank ran: a host's ranks are consecutive, numbered from 0 on the host; under torchrun and
-    spawn one process per host started them; under torchrun and srun GROUP_RANK numbers the hosts."""
+    each rank ran: a host's ranks are consecutive, numbered from 0 on the host; where the launcher starts
+    a host's ranks from one process (torchrun's agent, mp.spawn's parent), that one is the parent of
+    each; where it sets GROUP_RANK (torchrun, srun), it numbers the hosts."""
     e = Expect()
     n = world.world_size
     ranks = reported(e, results, world)
@@ -137,11 +132,11 @@ def check_launchers(results: Results, world: World) -> Verdict:
                expected="consecutive", got=mates)
         for name in ("MASTER_ADDR", "MASTER_PORT"):
             e.equal(rank, f"{name} (the same for every rank)", (first.get("env") or {}).get(name), env.get(name))
-        starter = _STARTERS.get(world.launcher)
+        starter = world.launched.rank_parent
         if starter and mates[0] in ranks:
             e.equal(rank, f"the process that started it (the {starter} of {world.hosts[rank]})",
                     ranks[mates[0]].get("parent"), result.get("parent"))
-    if world.launcher in _NUMBERS_HOSTS:
+    if world.launched.sets_group_rank:
         _check_group_ranks(e, ranks, world, on_host)
     return e.verdict()
 
