@@ -4,9 +4,10 @@ untrusted data. The real path (DDP's C++ collectives in a running job, torch's a
 dumps) is in test_train_programs.py and test_trace.py."""
 from __future__ import annotations
 
-from lab.core.flightrecords import Call, read_record
+from lab.core.flightrecords import read_record
 from lab.core.rankview import describe, place
 from lab.rank import torchfr
+from lab.rank.record import Record
 
 ENTRY = {"record_id": 3, "collective_seq_id": 4, "p2p_seq_id": 0, "process_group": ["0", "default_pg"],
          "profiling_name": "gloo:all_reduce", "input_sizes": [[1348]], "input_dtypes": ["Float"],
@@ -36,10 +37,10 @@ def test_who_issued_a_call_and_its_caller_are_read_as_text_and_shown() -> None:
            "dtype": "float32", "where": "_common.py:35", "by": "DDP's gradient",
            "caller": "train.py:21\x1b[2J and more"}
     call = read_record(raw)
-    assert isinstance(call, Call)
+    assert isinstance(call, Record)
     assert describe(call) == "DDP's gradient all_reduce #11, 1348 floats"  # (no "in wait()": torch waits)
     assert place(call) is not None and place(call).startswith("_common.py:35 (called at train.py:21")
     assert "\x1b" not in (place(call) or "")
     assert read_record({**raw, "by": 3}) == "by"
     assert read_record({**raw, "world_size": 0}) == "world_size"
-    assert isinstance(read_record({**raw, "world_size": 4}), Call)
+    assert isinstance(read_record({**raw, "world_size": 4}), Record)

@@ -1,82 +1,26 @@
 """A rank's flight records (lab.rank.flight) read as what they are: untrusted data.
 
 A rank runs a student's program, which can write anything on the rank's channel, so nothing in
-a flight dump is taken on trust: every record is checked field by field (the types and ranges of
-the format lab.rank.flight writes), and one that fails is skipped whole, never half-used (a bogus size
+a flight dump is taken on trust: every record is checked field by field (against the one schema of
+a record, ``lab.rank.record``), and one that fails is skipped whole, never half-used (a bogus size
 would name a wrong cause), and counted with the reason in a note. The lists are read up to
 RECORDS_MAX entries (the newest), the counts up to COUNTS_MAX groups and ops, every text is cut
 at TEXT_MAX characters and made printable. Nothing here raises on any input.
 """
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Literal, TypeGuard
+from typing import Literal
 
 from lab.core.text import printable
-from lab.rank.ops import BATCHES, RECEIVES, SENDS, canonical
+from lab.rank.ops import canonical
+from lab.rank.record import INT_MAX, Record, from_wire
 
 RECORDS_MAX = 1024  # records read of each list (a ring holds 64, the calls in flight 256 at most)
 COUNTS_MAX = 256  # groups read of a rank's counts, and ops of each group
-SHAPE_MAX = 16  # dimensions of a shape
 TEXT_MAX = 160  # characters kept of a text field (an op, a file:line, an error)
 GROUP_MAX = 4096  # characters kept of a group's id ("g0,1,2#0" names its ranks: a thousand fit)
-INT_MAX = 1 << 62  # larger numbers are no sizes, ranks or tags of a real call
-STATES = ("in_flight", "waiting", "done", "raised")  # a tuple: `in` must not hash what a rank sent
-
-
-Direction = Literal["send", "recv", "batch", "collective"]
-
-
-@dataclass(frozen=True)
-class Call:
-    """One checked record: a torch.distributed call a rank made (as lab.rank.flight records it)."""
-
-    group: str
-    seq: int
-    op: str
-    state: str  # in_flight, waiting (inside Work.wait()), done, raised
-    t0: float
-    t1: float | None = None
-    numel: int | None = None
-    shape: tuple[int, ...] | None = None
-    dtype: str | None = None
-    peer: int | None = None  # the other global rank of a send or receive; None: any source
-    root: int | None = None
-    tag: int | None = None
-    reduce_op: str | None = None
-    is_async: bool = False
-    where: str | None = None
-    error: str | None = None
-    by: str | None = None  # who issued a collective the program did not call itself ("DDP's gradient")
-    world_size: int | None = None  # init_process_group's: the world size the program gave it
-    caller: str | None = None  # for one torch issued: the program's line, in another file, that led to ``where``
-
-    @property
-    def direction(self) -> Direction:
-        if self.op in SENDS:
-            return "send"
-        if self.op in RECEIVES:
-            return "recv"
-        return "batch" if self.op in BATCHES else "collective"
-
-    @property
-    def pending(self) -> bool:
-        return self.state in ("in_flight", "waiting")
-
-    @property
-    def blocking(self) -> bool:
-        """The rank is inside it now: a blocking call in flight, or a wait() on an async one."""
-        return self.state == "waiting" or (self.state == "in_flight" and not self.is_async)
-
-
-def _is_int(value: object, low: int) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= INT_MAX
-
-
-def _is_time(value: object) -> TypeGuard[float]:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def text(value: str, limit: int = TEXT_MAX) -> str:
@@ -85,66 +29,27 @@ def text(value: str, limit: int = TEXT_MAX) -> str:
     return printable(line[:limit] + ("..." if len(line) > limit else ""))
 
 
-def _shape(value: object) -> tuple[int, ...] | None | str:
-    if value is None:
-        return None
-    if not isinstance(value, list) or len(value) > SHAPE_MAX or not all(_is_int(d, 0) for d in value):
-        return "shape"
-    return tuple(value)
+def _is_int(value: object, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= INT_MAX
 
 
-def _optional(raw: dict[Any, Any]) -> dict[str, Any] | str:
-    """The optional fields of a record, checked; or the name of the first that is malformed."""
-    found: dict[str, Any] = {}
-    for name, low in (("numel", 0), ("peer", 0), ("root", 0), ("tag", -INT_MAX), ("world_size", 1)):
-        value = raw.get(name)
-        if value is not None and not _is_int(value, low):
-            return name
-        found[name] = value
-    for name in ("dtype", "reduce_op", "where", "error", "by", "caller"):
-        value = raw.get(name)
-        if value is not None and not isinstance(value, str):
-            return name
-        found[name] = text(value) if value else None
-    shape = _shape(raw.get("shape"))
-    if isinstance(shape, str):
-        return shape
-    is_async, t1 = raw.get("async", False), raw.get("t1")
-    if not isinstance(is_async, bool):
-        return "async"
-    if t1 is not None and not _is_time(t1):
-        return "t1"
-    return {**found, "shape": shape, "is_async": is_async, "t1": t1}
+def _field_text(name: str, value: str) -> str:
+    return text(value, GROUP_MAX if name == "group" else TEXT_MAX)
 
 
-def read_record(raw: object) -> Call | str:
-    """A record as a Call, or why it is skipped (the name of its first malformed field)."""
-    if not isinstance(raw, dict):
-        return "not an object"
-    seq, group, op, state, t0 = (raw.get(k) for k in ("seq", "group", "op", "state", "t0"))
-    if not _is_int(seq, 1):
-        return "seq"
-    if not isinstance(group, str) or not group.strip():
-        return "group"
-    if not isinstance(op, str) or not op.strip():
-        return "op"
-    if not isinstance(state, str) or state not in STATES:
-        return "state"
-    if not _is_time(t0):
-        return "t0"
-    optional = _optional(raw)
-    if isinstance(optional, str):
-        return optional
-    return Call(text(group, GROUP_MAX), seq, text(op), state, float(t0), **optional)
+def read_record(raw: object) -> Record | str:
+    """A record as a Record (``lab.rank.record``'s schema), its texts as shown, or why it is skipped
+    (the name of its first malformed field)."""
+    return from_wire(raw, _field_text)
 
 
-def read_calls(records: object, inflight: object, who: str, notes: list[str]) -> list[Call]:
+def read_calls(records: object, inflight: object, who: str, notes: list[str]) -> list[Record]:
     """Every valid record of a rank's dump, one per group, sequence number and kind (collective or
     point to point, which may be numbered apart), where a record is in both lists the one that says
     more (done or raised over waiting over in flight), oldest first. What is skipped is said in
     ``notes`` (``who``: "rank 2")."""
     skipped: Counter[str] = Counter()
-    calls: dict[tuple[str, int, bool], Call] = {}
+    calls: dict[tuple[str, int, bool], Record] = {}
     for name, given in (("records", records), ("inflight", inflight)):
         if given is None:
             continue

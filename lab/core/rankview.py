@@ -16,9 +16,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 from typing import Literal
 
-from lab.core.flightrecords import TEXT_MAX, Call, StepMark, read_calls, read_counts, read_record, read_steps, text
+from lab.core.flightrecords import TEXT_MAX, StepMark, read_calls, read_counts, read_record, read_steps, text
 from lab.core.outcome import CauseKind, ended
 from lab.rank.ops import FROM_ROOT, canonical
+from lab.rank.record import Record
 
 Ended = Literal["running", "exited", "raised"]
 Stage = Literal["starting", "rendezvous", "joined"]
@@ -72,12 +73,12 @@ class Rank:
     """One rank, its records checked."""
 
     facts: RankFacts
-    calls: tuple[Call, ...]  # one per group and sequence number, oldest first
+    calls: tuple[Record, ...]  # one per group and sequence number, oldest first
     counts: dict[str, Counter[str]] | None
-    position: Call | None  # the call it is blocked in now (a running rank)
-    failed_in: Call | None  # the call its failure came from (a rank that ended)
+    position: Record | None  # the call it is blocked in now (a running rank)
+    failed_in: Record | None  # the call its failure came from (a rank that ended)
     failure: Failure | None
-    died_in: Call | None = None  # the call it was in as it died by a signal (its relay's word)
+    died_in: Record | None = None  # the call it was in as it died by a signal (its relay's word)
     steps: tuple[StepMark, ...] | None = None  # a DDP program's forwards and backward passes, oldest first
 
     @property
@@ -107,14 +108,14 @@ class Rank:
         return self.running and self.seen and self.position is None and not self.absent
 
     @property
-    def stuck(self) -> Call | None:
+    def stuck(self) -> Record | None:
         """Where it waits, or where its wait ended in the backend's error (gloo turns many hangs into
         crashes); not a call its own failure came from."""
         if self.running:
             return self.position
         return self.failed_in if self.failure in ("lost", "backend") else None
 
-    def pending(self) -> list[Call]:
+    def pending(self) -> list[Record]:
         return [c for c in self.calls if c.pending]
 
     def count(self, group: str, op: str) -> int | None:
@@ -129,7 +130,7 @@ class Finding:
     kind: CauseKind
     headline: str
     fix: str | None = None
-    shown: dict[int, Call] = field(default_factory=dict)  # rank -> the call its evidence shows (else where it is)
+    shown: dict[int, Record] = field(default_factory=dict)  # rank -> the call its evidence shows (else where it is)
 
 
 def build(facts: RankFacts, notes: list[str]) -> Rank:
@@ -151,10 +152,10 @@ def build(facts: RankFacts, notes: list[str]) -> Rank:
         failed_in = raised[-1]  # its last call raised: its failure came from there
     died_in = read_record(facts.died_in) if facts.died_in is not None else None
     return Rank(facts, tuple(calls), counts, position, failed_in, _failure(facts, failed_in),
-                died_in if isinstance(died_in, Call) else None, read_steps(facts.steps, who, notes))
+                died_in if isinstance(died_in, Record) else None, read_steps(facts.steps, who, notes))
 
 
-def _failure(facts: RankFacts, failed_in: Call | None) -> Failure | None:
+def _failure(facts: RankFacts, failed_in: Record | None) -> Failure | None:
     """Whether the rank failed, and for whose reason: an exit with status 0 is no failure; a lost
     connection or a timeout is a consequence; the backend's own error inside a call is a symptom."""
     if facts.ended == "running" or (facts.ended == "exited" and facts.exit_code == 0):
@@ -232,7 +233,7 @@ def on_group(group: str) -> str:
     return f" on group {text(said, GROUP_SHOWN)}"
 
 
-def size(call: Call) -> str | None:
+def size(call: Record) -> str | None:
     """``4 floats``, ``4 float64 values``: a call's (first) tensor."""
     if call.numel is None:
         return None
@@ -241,7 +242,7 @@ def size(call: Call) -> str | None:
     return f"{call.numel} {call.dtype + ' ' if call.dtype else ''}value{'' if call.numel == 1 else 's'}"
 
 
-def named(call: Call) -> str:
+def named(call: Record) -> str:
     """Which call it is: ``recv from 0``, ``all_reduce #5``, ``broadcast #2 on group [0, 1] from 0``."""
     direction = call.direction
     if direction == "send":
@@ -256,7 +257,7 @@ def named(call: Call) -> str:
     return head
 
 
-def describe(call: Call) -> str:
+def describe(call: Record) -> str:
     """A call as a person reads it: ``recv from 0, tag 0, 4 floats``, ``all_reduce #5, SUM, 1024 floats``."""
     direction = call.direction
     parts = [named(call), *([call.reduce_op] if call.reduce_op and direction == "collective" else [])]
@@ -289,7 +290,7 @@ def where_of(rank: Rank) -> str | None:
     return text(found) if found else None
 
 
-def place(call: Call) -> str | None:
+def place(call: Record) -> str | None:
     """Where a call was made: ``_common.py:35 (called at train.py:21)`` for one torch issued inside a
     function of the program's that another file of it called."""
     return f"{call.where} (called at {call.caller})" if call.where and call.caller else call.where

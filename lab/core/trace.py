@@ -19,9 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lab.core.flightrecords import Call, read_record
+from lab.core.flightrecords import read_record
 from lab.core.outcome import RankState, RunOutcome
 from lab.core.rankview import describe, named
+from lab.rank.record import Record
 
 PROGRAM, TORCH = 1, 2  # a rank's tracks: its program's calls, the collectives torch issued
 MIN_DUR = 1.0  # microseconds drawn for a call whose end is not known (torch's, seen done at once)
@@ -81,26 +82,26 @@ def _default_clock(ranks: list[RankState]) -> float:
     return statistics.median(known) if known else time.monotonic() - time.time()
 
 
-def _calls(state: RankState) -> list[Call]:
+def _calls(state: RankState) -> list[Record]:
     """A rank's calls, checked, the newest word on each: its trace records, then its last dump's."""
-    found: dict[tuple[str, str, float], Call] = {}
+    found: dict[tuple[str, str, float], Record] = {}
     raw: list[object] = list(state.trace.values())
     if state.flight is not None:
         raw += [*state.flight.records, *state.flight.inflight]
     for record in raw:
         call = read_record(record)
-        if isinstance(call, Call):
+        if isinstance(call, Record):
             found[(call.group, call.op, call.t0)] = call  # (its number may have moved: the newest says)
     return sorted(found.values(), key=lambda c: c.t0)
 
 
-def _args(call: Call) -> dict[str, Any]:
+def _args(call: Record) -> dict[str, Any]:
     said = {"call": describe(call), "state": call.state, "where": call.where, "caller": call.caller,
             "group": call.group, "seq": call.seq, "error": call.error, "issued by": call.by}
     return {k: v for k, v in said.items() if v is not None}
 
 
-def _waits(calls: dict[int, list[Call]], us: Any) -> list[dict[str, Any]]:
+def _waits(calls: dict[int, list[Record]], us: Any) -> list[dict[str, Any]]:
     """An arrow from each send or receive still in flight to the call its peer is in, when it is in one.
     (Each end of an arrow has the time, rank, track and category of the call it starts or ends on:
     DevTools binds it to that call alone, Perfetto to the call around it.)"""

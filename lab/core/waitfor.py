@@ -10,25 +10,25 @@ no I/O.
 """
 from __future__ import annotations
 
-from lab.core.flightrecords import Call
 from lab.core.rankview import Finding, Rank, at, describe, doing, ranks_named, size
+from lab.rank.record import Record
 
 P2P = ("send", "recv")
 NAMED_WAITS = 8  # waits of a cycle or a chain named one by one in a headline
 
 
-def _same_tag(a: Call, b: Call) -> bool:
+def _same_tag(a: Record, b: Record) -> bool:
     return a.tag is None or b.tag is None or a.tag == b.tag
 
 
-def _meets(call: Call, rank: int, other: Call) -> bool:
+def _meets(call: Record, rank: int, other: Record) -> bool:
     """Whether ``other`` (a call of the peer) is the other half of ``call`` (a call of ``rank``)."""
     if call.direction == "recv":
         return other.direction == "send" and other.peer == rank and _same_tag(call, other)
     return other.direction == "recv" and other.peer in (rank, None) and _same_tag(call, other)
 
 
-def _peers(call: Call, rank: int, ranks: dict[int, Rank]) -> list[Rank]:
+def _peers(call: Record, rank: int, ranks: dict[int, Rank]) -> list[Rank]:
     """The ranks a send or receive waits for: its peer, or for a recv from any source every other rank."""
     if call.peer is None:
         return [r for k, r in sorted(ranks.items()) if k != rank]
@@ -87,7 +87,7 @@ def waits_named(pairs: list[tuple[int, int]]) -> str:
     return ", ".join(said)
 
 
-def _cycle_finding(names: str, shown: dict[int, Call], everyone: bool) -> Finding:
+def _cycle_finding(names: str, shown: dict[int, Record], everyone: bool) -> Finding:
     directions = {c.direction for c in shown.values()}
     who = "both" if len(shown) == 2 else "every rank" if everyone else "each of them"
     if directions == {"recv"}:
@@ -154,7 +154,7 @@ def crossed(ranks: dict[int, Rank]) -> Finding | None:
     return None
 
 
-def _counterpart(call: Call, rank: Rank, peer: Rank) -> Call | None:
+def _counterpart(call: Record, rank: Rank, peer: Rank) -> Record | None:
     """The peer's call that ``call`` should meet: the one it is in or posted toward ``rank``; for a
     receive, else the peer's first send to it that it did not receive (the last one where the records
     do not both go back to the group's first call, if all the visible ones agree)."""

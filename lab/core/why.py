@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab.core import waitfor
-from lab.core.flightrecords import Call, text
+from lab.core.flightrecords import text
 from lab.core.outcome import SYS_EXIT, Cause, CauseKind, Evidence, ExerciseRun, RankState, RunOutcome, ended
 from lab.core.rankview import (
     Ended,
@@ -53,6 +53,7 @@ from lab.core.rankview import (
 from lab.core.stacks import called_in, is_stack_line, program_files, where_stopped
 from lab.rank.events import Error
 from lab.rank.ops import FROM_ROOT, REDUCING, ROOTED, SIZES_DIFFER, canonical
+from lab.rank.record import Record
 
 __all__ = ["Cause", "CauseKind", "Evidence", "RankFacts", "explain"]
 
@@ -84,7 +85,7 @@ def _sentence(headline: str) -> str:
     return headline[:1].upper() + headline[1:] + ("" if headline.endswith(".") else ".")
 
 
-def _evidence(rank: Rank, call: Call | None) -> Evidence:
+def _evidence(rank: Rank, call: Record | None) -> Evidence:
     """A rank's line: the call the cause is about, else what it does. An async call it waits on is
     where it was posted; the wait is where the rank's stack shows it (its line, when it has one)."""
     if call is None:
@@ -187,7 +188,7 @@ def _size_abort(root: Rank, ranks: dict[int, Rank]) -> Finding | None:
     return Finding("collective-mismatch", headline, _ASPECTS[1][2], same)
 
 
-def _dying_call(call: Call) -> str:
+def _dying_call(call: Record) -> str:
     """The call a rank died in, as its relay kept it: ``all_reduce of 1 float``, ``recv from 2 of 4
     floats`` (no number: a rank's count may miss the collectives torch issued that it never read)."""
     said = size(call)
@@ -294,7 +295,7 @@ def _not_there(joining: list[Rank], missing: list[Rank]) -> Finding:
 _SKIP_FIX = ("Every rank of a group must make the same collectives: a collective inside a branch on something "
              "only this rank knows (its own loss, its own batch) is skipped by the ranks where it is false; decide "
              "on values every rank agrees on (all_reduce them first).")
-_ASPECTS: tuple[tuple[str, Callable[[Call], object], str], ...] = (
+_ASPECTS: tuple[tuple[str, Callable[[Record], object], str], ...] = (
     ("op", lambda c: canonical(c.op),
      "Every rank of a group must make the same collectives in the same order: look for a collective in a branch "
      "on the rank, or a loop that runs more times on some ranks (uneven data: DDP's join(), drop_last=True)."),
@@ -312,7 +313,7 @@ _ASPECTS: tuple[tuple[str, Callable[[Call], object], str], ...] = (
 def _mismatch(ranks: dict[int, Rank]) -> Finding | None:
     """The first call of a group (by when it began) that ranks made in different ops, or with different
     sizes, dtypes, reduce ops or roots; gloo turns some of these into crashes, the records still show them."""
-    slots: dict[tuple[str, int], dict[int, Call]] = {}
+    slots: dict[tuple[str, int], dict[int, Record]] = {}
     for k, r in ranks.items():
         for c in r.calls:
             if c.direction == "collective":
@@ -326,7 +327,7 @@ def _mismatch(ranks: dict[int, Rank]) -> Finding | None:
     return None
 
 
-def _against_torch(calls: dict[int, Call]) -> Finding | None:
+def _against_torch(calls: dict[int, Record]) -> Finding | None:
     """At one call, some ranks in a collective of the program's own and the others in one torch issued
     (DDP's gradient all_reduce): the former make a collective the others do not."""
     own = {k: c for k, c in calls.items() if not c.by}
@@ -340,7 +341,7 @@ def _against_torch(calls: dict[int, Call]) -> Finding | None:
     return Finding("collective-mismatch", headline, _OWN_COLLECTIVE, calls)
 
 
-def _skipped(ranks: dict[int, Rank], calls: dict[int, Call]) -> Finding | None:
+def _skipped(ranks: dict[int, Rank], calls: dict[int, Record]) -> Finding | None:
     """Ranks in different collectives at one call, where the fewer are already in a call the others
     made before at the same line: those skipped the others' call (a collective in a branch on the
     rank's own data), rather than making another one in its place."""
@@ -362,7 +363,7 @@ def _skipped(ranks: dict[int, Rank], calls: dict[int, Call]) -> Finding | None:
     return Finding("missing-rank", headline, _SKIP_FIX, calls)
 
 
-def _disagree(aspect: str, group: str, seq: int, calls: dict[int, Call], values: dict[int, object]) -> str:
+def _disagree(aspect: str, group: str, seq: int, calls: dict[int, Record], values: dict[int, object]) -> str:
     sides: dict[object, list[int]] = {}
     for k, v in sorted(values.items()):
         sides.setdefault(v, []).append(k)
@@ -400,7 +401,7 @@ class _Waited:
         return "failed waiting" if all(not r.running for r in self.there) else verb(self.there, "waits", "wait")
 
     @property
-    def call(self) -> Call:
+    def call(self) -> Record:
         call = self.there[0].stuck
         assert call is not None  # (a rank is there because it is stuck in it)
         return call
@@ -445,7 +446,7 @@ def _missing(ranks: dict[int, Rank]) -> Finding | None:
     return None
 
 
-def _by(call: Call) -> str:
+def _by(call: Record) -> str:
     return f"{call.by} " if call.by else ""
 
 

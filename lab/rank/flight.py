@@ -15,31 +15,9 @@ rank is not in does nothing and is not recorded. What reaches the backend withou
 (:meth:`Flight.read_torch`, lab.rank.torchfr) and recorded as torch's (``by``), numbered among the
 group's collectives where it came; a rank whose main thread waits in one is in a call.
 
-A record (:func:`to_json`)::
-
-    {"seq": 3, "group": "world", "op": "all_reduce", "numel": 256, "shape": [256], "dtype": "float32",
-     "peer": null, "root": null, "tag": null, "reduce_op": "SUM", "async": false, "where": "train.py:42",
-     "state": "done", "error": null, "t0": 1732530000.12, "t1": 1732530000.13}
-
-and, where they apply: ``by`` (who issued a collective the program did not call: "DDP's gradient",
-"DDP's", "torch's"), ``caller`` (for one of those, the program's line in another file that led to
-``where``: "train.py:21"), ``world_size`` (init_process_group's, where the program gave one).
-
-* ``seq`` counts from 1 this rank's calls on the group of one kind: collectives among collectives,
-  point-to-point calls among point-to-point ones, so that the n-th collective of a group is the same
-  call on every rank, whatever each sent to whom before it. The world's collective 1 is
-  ``init_process_group`` (no tensor); the count goes on over ``destroy_process_group`` and the
-  next ``init_process_group``.
-* ``group``: "world", or ``g<its global ranks, sorted, joined by ,>#<n>``, n the groups of those
-  ranks this rank made before (every rank makes its groups in the same order); a group made
-  otherwise (``split_group``): ``g<ranks>@<its torch group name>``.
-* ``peer`` (dst or src; None: any source) and ``root`` are global ranks; ``tag`` is a p2p call's.
-* ``async``: the call returned a Work (isend, irecv, ``async_op=True``, a ProcessGroup method).
-* ``where``: the first frame outside torch and the lab (the user's); for a call the lab makes itself
-  (the worker's rendezvous and barrier), its first frame outside torch, as ``lab/...py:LINE``.
-* ``state``: "in_flight" (running, or async and not waited), "waiting" (in its Work's ``wait()``),
-  "done", "raised" (``error``: ``Type: message``). An async call whose Work completes without a
-  wait is "done" when the recorder sees it (``t1`` then).
+A record (:func:`to_json`) is one of ``lab.rank.record``'s schema, which says what each field holds.
+Its ``where`` is the user's frame (the first outside torch and the lab), and an async call whose Work
+completes without a wait is "done" when the recorder sees it (``t1`` then).
 
 Bounded whatever the program does: the last RING_MAX records, the async calls not yet waited (at
 most ASYNC_MAX: the oldest are let go of, and counted), per group (at most GROUPS_MAX) the calls
@@ -90,6 +68,7 @@ from lab.rank import lastcall, protocol, tcpinfo, torchfr
 from lab.rank.callspec import INIT_PROCESS_GROUP, NEW_GROUP, Spec, get
 from lab.rank.ops import BATCHES, P2P
 from lab.rank.protocol import EVENT_MAX
+from lab.rank.record import Record, to_wire
 
 RING_MAX = 64  # records of the last calls kept
 STEPS_MAX = 128  # a DDP program's last forwards and backward passes kept
@@ -135,16 +114,14 @@ Call: TypeAlias = "list[Any]"
 
 
 def to_json(call: list[Any]) -> dict[str, Any]:
-    """A record as the events carry it (see the module)."""
+    """A record as the events carry it (``lab.rank.record``'s schema)."""
     shape = _shape(call[SHAPE])
-    return {"seq": call[SEQ], "group": call[GROUP].gid, "op": call[OP],
-            "numel": None if shape is None else math.prod(shape), "shape": shape,
-            "dtype": None if call[DTYPE] is None else str(call[DTYPE]).removeprefix("torch."),
-            "peer": _rank(call[PEER]), "root": _rank(call[ROOT]), "tag": _rank(call[TAG]),
-            "reduce_op": _op_name(call[REDUCE_OP]), "async": call[ASYNC], "where": _where(call[CODE], call[LASTI]),
-            "state": call[STATE], "error": call[ERROR], "t0": call[T0], "t1": call[T1],
-            **({"by": call[BY]} if call[BY] else {}), **({"world_size": call[WORLD]} if call[WORLD] else {}),
-            **({"caller": call[CALLER]} if call[CALLER] else {})}
+    return to_wire(Record(
+        call[SEQ], call[GROUP].gid, call[OP], call[STATE], call[T0], call[T1],
+        None if shape is None else math.prod(shape), None if shape is None else tuple(shape),
+        None if call[DTYPE] is None else str(call[DTYPE]).removeprefix("torch."), _rank(call[PEER]),
+        _rank(call[ROOT]), _rank(call[TAG]), _op_name(call[REDUCE_OP]), call[ASYNC], _where(call[CODE], call[LASTI]),
+        call[ERROR], call[BY], call[WORLD], call[CALLER]))
 
 
 def _shape(shape: Any) -> list[int] | None:

@@ -8,7 +8,7 @@ recorder's record of a call the program makes, written as the call begins and cl
 outlives it; and the relay opens the kernel's log (``/dev/kmsg``, where the host lets it: root, or
 ``kernel.dmesg_restrict=0``) as the rank starts, at its end. Once the rank's streams have closed,
 the relay (:meth:`Page.tell`) sends a ``died`` event {rank, call, oom} on the rank's channel where
-the page holds a call in flight (``call``: a record as ``lab.rank.flight.to_json`` makes them, its
+the page holds a call in flight (``call``: a record of ``lab.rank.record``'s schema, its
 state "in_flight") or the kernel logged that it killed the rank's process for memory (``oom``: the
 kernel's line); a rank that ended with neither sends nothing.
 
@@ -29,6 +29,7 @@ import struct
 from typing import Any
 
 from lab.rank import protocol
+from lab.rank.record import Record, to_wire
 
 # state (0: no call in flight, 1: in flight), seq, t0, peer, root (-1: none), numel (-1: unknown), ndim
 # (-1: no tensor), the first DIMS dimensions, op, dtype, group, where, async (the last byte)
@@ -107,11 +108,10 @@ class Page:
         if state != 1:
             return None
         shape = None if ndim < 0 else list(dims[:min(ndim, DIMS)]) if ndim <= DIMS else None
-        return {"seq": seq, "group": _text(group), "op": _text(op), "numel": numel if numel >= 0 else None,
-                "shape": shape, "dtype": _text(dtype) or None, "peer": peer if peer >= 0 else None,
-                "root": root if root >= 0 else None, "tag": None, "reduce_op": None, "async": is_async,
-                "where": _text(where), "state": "in_flight", "error": None,
-                "t0": t0 if math.isfinite(t0) else 0.0, "t1": None}
+        return to_wire(Record(seq, _text(group), _text(op), "in_flight", t0 if math.isfinite(t0) else 0.0, None,
+                              numel if numel >= 0 else None, None if shape is None else tuple(shape),
+                              _text(dtype) or None, peer if peer >= 0 else None, root if root >= 0 else None,
+                              is_async=is_async, where=_text(where)))
 
     def oom_line(self) -> str:
         """The kernel's line that it killed the rank's process for memory, logged since the rank began."""
