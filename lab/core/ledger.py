@@ -35,6 +35,7 @@ from lab.core.preflight import EVENTS as PREFLIGHT_EVENTS
 from lab.core.preflight import Preflight
 from lab.core.rankview import LOST
 from lab.core.streams import claimed_rank
+from lab.rank import steps
 from lab.rank.events import (
     Alive,
     Bad,
@@ -60,6 +61,7 @@ from lab.rank.events import (
     parse_event,
 )
 from lab.rank.protocol import LAUNCHER_EVENTS, RANK_EVENTS
+from lab.rank.steps import STARTUP, RankStep
 from lab.suite.check import Carried
 
 log = logging.getLogger(__name__)
@@ -136,19 +138,19 @@ class Ledger:
             if runs[event.exercise].reported(rank):
                 self.violation(state, f"reported on {event.exercise} twice")
                 return
-        if isinstance(event, Step) and not self._known_step(event.step):
-            self.violation(state, f"began a step the run does not have: {event.step[:100]!r}")
+        if isinstance(event, Step):
+            step = steps.parse(event.step, runs)
+            if step is None:
+                self.violation(state, f"began a step the run does not have: {event.step[:100]!r}")
+                return
+            self.moved_at = now
+            self._took_step(state, step, now)
             return
         self._handle(launch, state, event, now)
 
     def first_rank(self, launch: LaunchState) -> RankState:
         """The rank a broken event of ``launch``'s is the failure of when it names none that the run has."""
         return self.states[launch.launch.ranks[0]]
-
-    def _known_step(self, step: str) -> bool:
-        """A worker's step: ``init:<method>``, an exercise's name, or ``wait:<exercise>``."""
-        runs = self.runs
-        return step in runs or step.removeprefix("wait:") in runs or (step.startswith("init:") and len(step) < 100)
 
     def _cpu_seen(self, whose: int, cpu: float, now: float) -> None:
         """A start-up's CPU seconds (a rank's, or ``-1 - i`` for launch i's launcher): grown, the run moved."""
@@ -166,8 +168,6 @@ class Ledger:
             case Alive(cpu=cpu):
                 state.startup_cpu = cpu
                 self._cpu_seen(rank, cpu, now)
-            case Step(step=step):
-                self._took_step(state, step, now)
             case Hello():
                 self._said_hello(launch, state, event, now)
             case Result(exercise=name, value=value, seconds=seconds, calls=calls):
@@ -203,15 +203,15 @@ class Ledger:
             case End():
                 state.end, state.end_at = event, now
 
-    def _took_step(self, state: RankState, step: str, now: float) -> None:
+    def _took_step(self, state: RankState, step: RankStep, now: float) -> None:
         """The rank began ``step``. A step it is in already keeps its clock; so do steps past the
         plan's count of them, and an exercise's deadline runs from when the rank first began it
         (``_past_deadline``)."""
         state.steps += 1
         if step != state.step and state.steps <= self._step_budget():
             state.step, state.step_started = step, now
-            if state.step in self.runs:
-                state.entered.setdefault(state.step, now)
+            if step.kind == "exercise":
+                state.entered.setdefault(step.name, now)
 
     def _said_hello(self, launch: LaunchState, state: RankState, hello: Hello, now: float) -> None:
         """The rank started: note what it says of itself, and where it runs. A rank says hello once
@@ -258,8 +258,8 @@ class Ledger:
         if not runs:
             state.fatal = state.fatal or what
             return
-        step = state.step.removeprefix("wait:")
-        name = step if step in runs else next((n for n, run in runs.items() if not run.reported(state.spec.rank)),
+        step = state.step.exercise
+        name = step if step is not None else next((n for n, run in runs.items() if not run.reported(state.spec.rank)),
                                               list(runs)[-1])
         runs[name].violations.setdefault(state.spec.rank, what)
 
@@ -290,7 +290,7 @@ class Ledger:
         start-up's CPU seconds grown: a rank starting slowly holds the others' rendezvous up, not
         back), and a start-up that used more CPU seconds than the timeout is late too."""
         timeout = self.plan.timeout
-        if self.plan.is_launch or not (state.step == "startup" or state.step.startswith("init:")):
+        if self.plan.is_launch or not state.step.before_program:
             return now - state.step_started > timeout
         return now - max(state.step_started, self.moved_at) > timeout or state.startup_cpu > timeout
 
@@ -322,18 +322,18 @@ class Ledger:
         """What the run is at, from what its hosts and ranks said so far: (the phase, a line)."""
         if self.preflight is not None and not self.preflight.decided:
             return "preflight", f"checking the network from {len(self.plan.hosts)} host(s) (preflight)"
-        started = sum(1 for s in self.states if s.info and (self.plan.is_launch or s.step != "startup"))
+        started = sum(1 for s in self.states if s.info and (self.plan.is_launch or s.step != STARTUP))
         if started < len(self.states):
             return "starting", f"starting {len(self.states)} rank(s): {started} started"
         steps = [s.step for s in self.states if not s.done and s.ended_at is None]
         if not steps:
             return "finishing", "finishing: every rank has ended"
-        joining = sum(1 for step in steps if step.startswith("init:"))
+        joining = sum(1 for step in steps if step.kind == "rendezvous")
         if joining:
             return "rendezvous", f"rendezvous: {len(self.states) - joining} of {len(self.states)} rank(s) joined"
-        working = [step.removeprefix("wait:") for step in steps]  # (wait:NAME: the lab's barrier after NAME)
-        current = max(set(working), key=working.count) if not self.plan.is_launch else ""
-        return "running", (f"running {current}: {len(steps)} rank(s)" if current and current != "startup"
+        working = [step.exercise for step in steps if step.exercise is not None]  # (the barrier after one too)
+        current = max(set(working), key=working.count) if working and not self.plan.is_launch else ""
+        return "running", (f"running {current}: {len(steps)} rank(s)" if current
                            else f"running: {len(steps)} of {len(self.states)} rank(s) at work")
 
 
@@ -363,6 +363,6 @@ def _ended_how(end: End) -> str:
 
 def _begin_anew(state: RankState, now: float) -> None:
     """A rank torchrun restarted: nothing its last attempt said holds for this one (its output stays)."""
-    state.step, state.step_started, state.steps, state.entered, state.startup_cpu = "startup", now, 0, {}, 0.0
+    state.step, state.step_started, state.steps, state.entered, state.startup_cpu = STARTUP, now, 0, {}, 0.0
     state.progress = state.progress_at = state.flight = state.flight_at = state.end = state.end_at = None
     state.fatal = state.traceback = None

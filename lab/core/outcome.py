@@ -21,6 +21,7 @@ from typing import Any, Literal
 from lab.core.plan import Launch, Plan, RankSpec, bind_macros
 from lab.rank.events import Died, End, Error, Flight, Hello, Progress
 from lab.rank.protocol import LINE_MAX
+from lab.rank.steps import STARTUP, RankStep
 from lab.suite.check import Carried
 from lab.transport import RankProcess
 
@@ -128,7 +129,7 @@ class RankState:
 
     spec: RankSpec
     launch: LaunchState
-    step: str = "startup"
+    step: RankStep = STARTUP
     step_started: float = field(default_factory=time.monotonic)
     startup_cpu: float = 0.0  # the CPU seconds its process had used in start-up, as it last said (alive)
     done: bool = False  # the worker said it finished

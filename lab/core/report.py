@@ -82,7 +82,7 @@ def _ranks(outcome: RunOutcome) -> list[dict[str, Any]]:
              "ended": ended(s.exit_code) if s.exit_code is not None else None,
              "output": {"lines": s.output.lines, "bytes": s.output.size, "shown": s.output.shown,
                         "dropped": s.output.dropped},
-             "step": s.step, "stopped_at": s.stopped_at, "fatal": s.fatal,
+             "step": s.step.wire(), "stopped_at": s.stopped_at, "fatal": s.fatal,
              "torch": s.info.torch or None if s.info else None} for s in outcome.ranks]
 
 

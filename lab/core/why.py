@@ -599,7 +599,7 @@ def facts_of(state: RankState, runs: Mapping[str, ExerciseRun], arrival: int | N
         how, error, traceback = "raised", raised.error, raised.traceback
         failed_at = time.time() - (time.monotonic() - state.step_started)
         records, inflight = _program_calls(records), _program_calls(inflight)
-    stage: Stage = "starting" if not state.info else "rendezvous" if state.step.startswith("init:") else "joined"
+    stage: Stage = "starting" if not state.info else "rendezvous" if state.step.kind == "rendezvous" else "joined"
     stopped_at, aborted_in, died_in, oom = state.stopped_at, None, None, None
     died = state.last_call
     if died is not None and ended_by_itself and state.exit_code is not None and _by_signal(state.exit_code):
@@ -647,7 +647,7 @@ def _exit_call(state: RankState, runs: Mapping[str, ExerciseRun]) -> str | None:
 
 def _exercise_error(state: RankState, runs: Mapping[str, ExerciseRun]) -> Error | None:
     """The error the rank reported in the exercise it was in (or in the barrier after), if any."""
-    run = runs.get(state.step.removeprefix("wait:"))
+    run = runs.get(state.step.exercise or "")
     return run.errors.get(state.spec.rank) if run is not None else None
 
 

@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
-from lab.rank import inputs, protocol
+from lab.rank import inputs, protocol, steps
 from lab.rank.protocol import EVENT_MAX, Channel, EventKind, emit, event_line
 
 GROUP_TIMEOUT_MARGIN = 30.0  # seconds
@@ -316,7 +316,7 @@ class Rank:
             if stage["init"] == "file":
                 ensure_shared_path(stage["path"], self.rank, self.size, self.timeout)
             if shared:
-                self.emit("step", step=f"init:{stage['init']}")
+                self.emit("step", step=steps.rendezvous(stage["init"]).wire())
                 # The controller's watchdog stops a hung rank at the lab's timeout and locates
                 # it; the group's own timeout is only the backstop, so it comes later.
                 dist.init_process_group(self.backend, init_method=init_method, rank=self.rank,
@@ -332,7 +332,7 @@ class Rank:
             for exercise in stage["exercises"]:
                 failures += not self.run_exercise(exercise, init_method)
                 if shared:  # keep one exercise's messages out of the next
-                    self.emit("step", step=f"wait:{exercise['name']}")
+                    self.emit("step", step=steps.barrier(exercise["name"]).wire())
                     dist.barrier()
         finally:
             if shared and dist.is_initialized():
@@ -366,7 +366,7 @@ class Rank:
         from lab.rank.calls import RECORDER
 
         name = exercise["name"]
-        self.emit("step", step=name)
+        self.emit("step", step=steps.exercise(name).wire())
         started = time.monotonic()
         reference, writes, some = exercise.get("reference"), tuple(exercise.get("writes", ())), \
             bool(exercise.get("writes_some"))
