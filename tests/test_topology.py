@@ -1,7 +1,9 @@
 """Labs side by side: each lab's names, paths and subnets are its own (pure; the engine is a fake
-that lists networks, as `docker network ls` would)."""
+that lists networks, as `docker network ls` would), and two labs made at once on the real engine
+never share a subnet."""
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -10,6 +12,7 @@ import pytest
 import yaml
 
 from lab.containerlab import networks, state
+from lab.containerlab.resources import lab_networks
 from lab.containerlab.topology import LABEL, NAME_LABEL, LabPaths, Topology, default_inventory, inventory_text
 from lab.errors import UsageError
 
@@ -76,3 +79,46 @@ def test_subnets_are_chosen_free_on_the_engine_and_kept_once_made(monkeypatch: p
     cross = networks.with_free_subnets(engine, Topology(kind="cross-vpc", lab="x"))  # type: ignore[arg-type]
     assert cross.subnets[1:] == ("10.20.0.0/24", "10.99.0.0/24") and cross.subnets[0] != "10.10.0.0/24"
     assert len(set(cross.subnets)) == 3
+    # on an engine with no network yet, another lab than the default one keeps off the default lab's
+    assert networks.with_free_subnets(FakeEngine(), Topology(lab="b")).subnets == ("10.213.1.0/24",)  # type: ignore[arg-type]
+    assert networks.with_free_subnets(FakeEngine(), Topology()).subnets == ("10.213.0.0/24",)  # type: ignore[arg-type]
+
+
+@pytest.mark.docker
+def test_two_labs_that_choose_one_subnet_at_once_get_two(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two labs' networks made at once on the real engine, each having chosen its subnets before
+    either made a network (held at a barrier): the engine refuses the second, which chooses again."""
+    from .test_lab_docker import _client
+
+    client = _client()
+    choose, both_chose = networks.with_free_subnets, threading.Barrier(2, timeout=30)
+    chosen: list[tuple[str, ...]] = []
+
+    def choose_together(engine: Any, topology: Topology) -> Topology:
+        found = choose(engine, topology)
+        chosen.append(found.subnets)
+        if len(chosen) <= 2:
+            both_chose.wait()
+        return found
+
+    monkeypatch.setattr(networks, "with_free_subnets", choose_together)
+    said: list[str] = []
+    made: dict[str, Topology] = {}
+    labs = [Topology(lab=f"race{n}") for n in (1, 2)]
+    threads = [threading.Thread(target=lambda t=t: made.__setitem__(t.lab, networks.claim_networks(
+        client, t, said.append))) for t in labs]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+        assert chosen[0] == chosen[1]  # (the race: both chose the same free subnet)
+        assert sorted(made) == ["race1", "race2"] and made["race1"].subnets != made["race2"].subnets
+        assert any("choosing again" in line for line in said), said
+        for lab, topology in made.items():
+            net = client.networks.get(topology.networks()[0].name)
+            assert networks.subnets_of(net) == list(topology.subnets), lab
+    finally:
+        for topology in labs:
+            for net in lab_networks(client, topology.lab):
+                networks.remove_network(net, said.append)

@@ -49,7 +49,6 @@ class EngineLab(Lab):
                             scheduler=request.scheduler)  # (checked before anything starts)
         paths = self.paths
         client = engine.ensure_engine(say)
-        topology = networks.with_free_subnets(client, topology)
         sshd.ensure_key(paths.key, say)
         tag = image.ensure_image(client, request.base, paths.state, say, progress)
         gpus = request.gpus == "all" or (request.gpus == "auto" and "nvidia" in client.info().get("Runtimes", {}))
@@ -57,7 +56,7 @@ class EngineLab(Lab):
         if topology.scheduler == "slurm":
             slurm.write_files(topology, paths)
         try:
-            networks.ensure_networks(client, topology, say)
+            topology = networks.claim_networks(client, topology, say)
             hosts = list(zip(topology.indices(), _start_hosts(client, topology, tag, paths, gpus, request.limits, say)))
             if topology.kind == "cross-vpc":
                 crossvpc.start_gateway(client, topology, tag, request.peering, say)

@@ -7,6 +7,8 @@ PyPI). See ../shared/ENVIRONMENT.md and images/lab-host/Dockerfile.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -16,7 +18,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import docker
@@ -60,12 +62,30 @@ Progress = Callable[[str], None]  # one line of a long step (debootstrap, the bu
 def ensure_image(client: docker.DockerClient, base: str, state_dir: Path, say: Say,
                  progress: Progress) -> str:
     """The tag of an up-to-date lab host image, building what is missing."""
-    base_ref = resolve_base(client, base, state_dir, say, progress)
-    wheels = ensure_wheelhouse(state_dir / "wheels", say)
-    tag = ensure_built(client, HOST_IMAGE, base_ref, _context_files(wheels), say, progress, wheels)
-    client.images.get(tag).tag(HOST_IMAGE, "latest")  # what compose/lab.yml starts
-    _untag_older(client, tag)
+    with _one_maker(state_dir, say):
+        base_ref = resolve_base(client, base, state_dir, say, progress)
+        wheels = ensure_wheelhouse(state_dir / "wheels", say)
+        tag = ensure_built(client, HOST_IMAGE, base_ref, _context_files(wheels), say, progress, wheels)
+        client.images.get(tag).tag(HOST_IMAGE, "latest")  # what compose/lab.yml starts
+        _untag_older(client, tag)
     return tag
+
+
+@contextlib.contextmanager
+def _one_maker(state_dir: Path, say: Say) -> Iterator[None]:
+    """The image and what it is made of (the base, the wheelhouse in ``state_dir``) made by one command
+    at a time: another that makes them (a second ``lab up``, ``lab grade``'s sandbox) waits, then
+    finds them made. The lock goes with its holder, however it ends."""
+    fd = os.open(state.ensure_dir(state_dir) / "image.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say("another lab command is making the host image: waiting for it")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (which lets go of the lock)
 
 
 def ensure_built(client: docker.DockerClient, repository: str, base_ref: str, files: dict[str, Path], say: Say,

@@ -14,10 +14,11 @@ from docker.models.networks import Network
 from lab.containerlab.crossvpc import untrack_bridge
 from lab.containerlab.engine import EngineError, Say
 from lab.containerlab.resources import lab_containers, lab_networks
-from lab.containerlab.topology import DEFAULT_SUBNETS, LABEL, NAME_LABEL, Topology
+from lab.containerlab.topology import DEFAULT_LAB, DEFAULT_SUBNETS, LABEL, NAME_LABEL, Topology
 from lab.net.subnets import Subnet, free_subnets, routes_in
 
 ROUTES_COMMAND = ["ip", "-j", "-4", "route"]
+CLAIM_TRIES = 5  # times a lab chooses its subnets again after another took one between its choice and its network
 
 
 def subnets_of(net: Network) -> list[str]:
@@ -27,13 +28,36 @@ def subnets_of(net: Network) -> list[str]:
 def with_free_subnets(client: docker.DockerClient, topology: Topology) -> Topology:
     """The topology on subnets of its own: those its networks have where they all exist already,
     else /24s that no other network of the engine, and no route of the engine's host, overlaps
-    (the kind's defaults first)."""
+    (the kind's defaults first). A lab of another name than the default keeps off the default plain
+    lab's subnet, so that the default lab comes up where the repository's inventory.yaml and
+    compose/lab.yml say it is, whichever lab came up first."""
     own = {n.name: subnets_of(n) for n in lab_networks(client, topology.lab)}
     wanted = [n.name for n in topology.networks()]
     if all(own.get(name) for name in wanted):
         return replace(topology, subnets=tuple(own[name][0] for name in wanted))
     taken = engine_subnets(client, spare=own) + host_routes()
+    if topology.lab != DEFAULT_LAB:
+        taken += [ipaddress.ip_network(s) for s in DEFAULT_SUBNETS["plain"]]
     return replace(topology, subnets=free_subnets(DEFAULT_SUBNETS[topology.kind], taken))
+
+
+def claim_networks(client: docker.DockerClient, topology: Topology, say: Say) -> Topology:
+    """The topology's networks made on subnets free on the engine (:func:`with_free_subnets`), and the
+    topology on them. Two labs started at once (by two commands, or two controllers of one engine) may
+    choose the same free subnet: the engine refuses the second one's network ("Pool overlaps"), and
+    that lab chooses again among what is free now."""
+    for attempt in range(1, CLAIM_TRIES + 1):
+        chosen = with_free_subnets(client, topology)
+        try:
+            ensure_networks(client, chosen, say)
+            return chosen
+        except APIError as exc:
+            if "overlap" not in str(exc.explanation or exc).lower() or attempt == CLAIM_TRIES:
+                raise EngineError(f"cannot create the networks of lab {topology.lab} on "
+                                  f"{', '.join(chosen.subnets)}: {exc.explanation or exc}") from None
+            say(f"another network took one of {', '.join(chosen.subnets)} as lab {topology.lab} chose it: "
+                "choosing again")
+    raise AssertionError("unreachable")  # (the last attempt returns or raises)
 
 
 def engine_subnets(client: docker.DockerClient, spare: Collection[str] = ()) -> list[Subnet]:
