@@ -20,6 +20,7 @@ import fcntl
 import os
 import stat
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -169,6 +170,20 @@ def write_new(path: Path, data: bytes, mode: int = 0o600) -> Path:
     return path
 
 
+HOLDER_WAIT = 1.0  # seconds a refused command waits for the lock's holder to say who it is
+
+
+def _holder(fd: int) -> str:
+    """Who holds a lock: its holder writes its pid and command once it has the lock, so a command
+    refused in between waits a moment for the words."""
+    deadline = time.monotonic() + HOLDER_WAIT
+    while True:
+        said = os.pread(fd, 100, 0).decode(errors="replace").strip()
+        if said or time.monotonic() > deadline:
+            return said or "?"
+        time.sleep(0.02)
+
+
 @contextlib.contextmanager
 def locked(name: str, doing: str) -> Iterator[None]:
     """Lab ``name`` changed by this command alone (``doing``: "up", "down"); StateError at once
@@ -179,7 +194,7 @@ def locked(name: str, doing: str) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 100, 0).decode(errors="replace").strip() or "?"
+            holder = _holder(fd)
             raise StateError(f"lab {name} is being changed by another lab command ({holder}): wait for it to "
                              "end") from None
         os.ftruncate(fd, 0)
