@@ -11,6 +11,10 @@ NAME ?= lab
 LAB_UP_ARGS ?=
 BENCH ?=
 REPEAT ?= 3
+# the suite on several workers (pytest-xdist): most of its time is waiting on processes, containers
+# and timeouts, not the CPU; tests/conftest.py groups what must run one at a time (the default lab)
+WORKERS ?= 4
+PYTEST := $(PY) -m pytest -q -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
 
 .DEFAULT_GOAL := help
 .PHONY: help venv python-venv test test-host test-unit lint docs bench run list lab-up lab-down lab-status clean
@@ -27,8 +31,8 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps --editable .
 	touch $@
 
-test: venv test-host ## run every test (installs what the Docker and sshd tiers need, as root on Debian)
-	$(PY) -m pytest -q
+test: venv test-host ## run every test on WORKERS=4 workers (installs what the Docker and sshd tiers need, as root on Debian)
+	$(PYTEST)
 
 test-host:
 	@tests/setup-host.sh
@@ -41,7 +45,7 @@ docs: venv ## regenerate docs/reference.md from the parser (a test fails when it
 	$(PY) -m docs.reference
 
 test-unit: venv ## run the fast tests only (no processes, sshd or Docker)
-	$(PY) -m pytest -q -m "not local and not sshd and not docker and not machines"
+	$(PYTEST) -m "not local and not sshd and not docker and not machines"
 
 bench: venv test-host ## time the lab against its baselines, as ratios (benchmarks/lab_speed.py; BENCH=name..., REPEAT=3)
 	$(PY) benchmarks/lab_speed.py $(BENCH) --repeat $(REPEAT)

@@ -24,6 +24,34 @@ from .sshd import SSHServer, require_sshd, start_sshd
 REPO = Path(__file__).resolve().parents[1]
 WRONG = Path(__file__).resolve().parent / "wrong"
 
+# -- the suite on several workers (make test: pytest-xdist, --dist loadgroup) -------------------------
+# A module's tests run in one worker, one after another, so that its module fixtures (a lab up, an
+# sshd, a batch of launches) are made once. The modules of the default container lab share a group
+# (one worker, one test at a time): they change the lab named "lab" (up, down, faults, shaped links,
+# a cross-VPC lab of that name), and the lab's hosts are theirs alone while a test counts what is
+# left on them. The groups that take longest go first, one to a worker, so that none is left to run
+# two of them at the end (their times as CI ran them one by one on 2026-12-01, in seconds: the
+# default lab's 870, the machines' 270, Slurm's 160, ...); the rest are dealt out as workers free up.
+DEFAULT_LAB_MODULES = ("test_cross_vpc", "test_lab_docker")
+DEFAULT_LAB_FIXTURE = "container_lab"  # (test_doctor's: the lab up, as those modules leave it or find it)
+LONGEST_FIRST = ("default-lab", "test_machines", "test_local_run", "test_slurm", "test_grade", "test_launchers",
+                 "test_why_fixtures", "test_ssh_hosts", "test_train_programs", "test_flight")
+
+
+def group_of(item: pytest.Item) -> str:
+    """The xdist group a test runs in: the default lab's, or its module's."""
+    module = Path(item.nodeid.split("::", 1)[0]).stem
+    uses_lab = DEFAULT_LAB_FIXTURE in getattr(item, "fixturenames", ())
+    return "default-lab" if module in DEFAULT_LAB_MODULES or uses_lab else module
+
+
+@pytest.hookimpl(tryfirst=True)  # (before xdist's own hook, which reads the groups)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    first = {group: n for n, group in enumerate(LONGEST_FIRST)}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group_of(item)))
+    items.sort(key=lambda item: first.get(group_of(item), len(first)))  # (stable: the rest in their order)
+
 
 @dataclass
 class Result:

@@ -38,7 +38,7 @@ def xvpc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lab, Path]]
     yield lab, inventory
     result = lab("down", timeout=300)
     assert result.code == 0, result.text
-    assert resources.lab_containers(client, None) == []
+    assert resources.lab_containers(client, TOPOLOGY.lab) == []
     assert not any(b in raw_rules() for b in bridges)  # and gone again
 
 

@@ -56,9 +56,10 @@ def lab_up() -> Iterator[Lab]:
     yield lab
     result = lab("down", timeout=300)
     assert result.code == 0, result.text
-    assert resources.lab_containers(client, None) == []
-    assert client.networks.list(filters={"label": topology.LABEL}) == []
-    assert client.volumes.list(filters={"label": topology.LABEL}) == []
+    # (the lab's own: other tiers' labs may stand beside it on the engine as the suite runs)
+    assert resources.lab_containers(client, TOPOLOGY.lab) == []
+    assert resources.lab_networks(client, TOPOLOGY.lab) == []
+    assert resources.lab_volumes(client, TOPOLOGY.lab) == []
 
 
 def workers_on(container: str) -> list[str]:
@@ -820,6 +821,6 @@ def test_a_lab_up_that_fails_removes_what_it_started(lab_up: Lab) -> None:
                             result.err.strip()), result.err
         assert "removed container lab-node1" in result.out and "removed volume lab-shared" in result.out
         assert resources.lab_containers(client) == []
-        assert [n.id for n in client.networks.list(filters={"label": topology.LABEL})] == [network.id]
+        assert [n.id for n in resources.lab_networks(client, TOPOLOGY.lab)] == [network.id]
     finally:
         blocker.remove(force=True)
