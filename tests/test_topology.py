@@ -94,8 +94,8 @@ def test_two_labs_that_choose_one_subnet_at_once_get_two(monkeypatch: pytest.Mon
     choose, both_chose = networks.with_free_subnets, threading.Barrier(2, timeout=30)
     chosen: list[tuple[str, ...]] = []
 
-    def choose_together(engine: Any, topology: Topology) -> Topology:
-        found = choose(engine, topology)
+    def choose_together(engine: Any, topology: Topology, refused: Any = ()) -> Topology:
+        found = choose(engine, topology, refused)
         chosen.append(found.subnets)
         if len(chosen) <= 2:
             both_chose.wait()

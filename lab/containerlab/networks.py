@@ -25,17 +25,18 @@ def subnets_of(net: Network) -> list[str]:
     return [c["Subnet"] for c in (net.attrs.get("IPAM") or {}).get("Config") or [] if c.get("Subnet")]
 
 
-def with_free_subnets(client: docker.DockerClient, topology: Topology) -> Topology:
+def with_free_subnets(client: docker.DockerClient, topology: Topology, refused: Collection[str] = ()) -> Topology:
     """The topology on subnets of its own: those its networks have where they all exist already,
     else /24s that no other network of the engine, and no route of the engine's host, overlaps
     (the kind's defaults first). A lab of another name than the default keeps off the default plain
     lab's subnet, so that the default lab comes up where the repository's inventory.yaml and
-    compose/lab.yml say it is, whichever lab came up first."""
+    compose/lab.yml say it is, whichever lab came up first; and off ``refused``, those the engine
+    refused it already."""
     own = {n.name: subnets_of(n) for n in lab_networks(client, topology.lab)}
     wanted = [n.name for n in topology.networks()]
     if all(own.get(name) for name in wanted):
         return replace(topology, subnets=tuple(own[name][0] for name in wanted))
-    taken = engine_subnets(client, spare=own) + host_routes()
+    taken = engine_subnets(client, spare=own) + host_routes() + [ipaddress.ip_network(s) for s in refused]
     if topology.lab != DEFAULT_LAB:
         taken += [ipaddress.ip_network(s) for s in DEFAULT_SUBNETS["plain"]]
     return replace(topology, subnets=free_subnets(DEFAULT_SUBNETS[topology.kind], taken))
@@ -44,10 +45,12 @@ def with_free_subnets(client: docker.DockerClient, topology: Topology) -> Topolo
 def claim_networks(client: docker.DockerClient, topology: Topology, say: Say) -> Topology:
     """The topology's networks made on subnets free on the engine (:func:`with_free_subnets`), and the
     topology on them. Two labs started at once (by two commands, or two controllers of one engine) may
-    choose the same free subnet: the engine refuses the second one's network ("Pool overlaps"), and
-    that lab chooses again among what is free now."""
+    choose the same free subnet: the engine refuses the second one's network ("Pool overlaps": the
+    first one's may not be listed yet, as the engine makes it), and that lab chooses again, off the
+    subnets refused."""
+    refused: list[str] = []
     for attempt in range(1, CLAIM_TRIES + 1):
-        chosen = with_free_subnets(client, topology)
+        chosen = with_free_subnets(client, topology, refused)
         try:
             ensure_networks(client, chosen, say)
             return chosen
@@ -57,6 +60,7 @@ def claim_networks(client: docker.DockerClient, topology: Topology, say: Say) ->
                                   f"{', '.join(chosen.subnets)}: {exc.explanation or exc}") from None
             say(f"another network took one of {', '.join(chosen.subnets)} as lab {topology.lab} chose it: "
                 "choosing again")
+            refused += chosen.subnets
     raise AssertionError("unreachable")  # (the last attempt returns or raises)
 
 
