@@ -61,6 +61,7 @@ from lab.rank.events import (
     parse_event,
 )
 from lab.rank.protocol import LAUNCHER_EVENTS, RANK_EVENTS
+from lab.rank.quiet import quiet_enough
 from lab.rank.steps import STARTUP, RankStep
 from lab.suite.check import Carried
 
@@ -309,8 +310,8 @@ class Ledger:
         hang: the others wait on it (a straggler); neither is a slow collective, whose bytes move."""
         live = [s for s in self.states if s.exit_code is None]
         said = [(s.progress, s.progress_at or now) for s in live]
-        if not self.plan.options.hang_after or not live or any(
-                p is None or p.inflight is None or p.quiet < self.plan.options.hang_after for p, _ in said):
+        if not live or any(p is None or p.inflight is None or not quiet_enough(p.quiet, self.plan.options.hang_after)
+                           for p, _ in said):
             return []
         # A host that has not answered since then may have gone silent, not its ranks: that is for
         # its transport to tell (a lost host), not a hang.

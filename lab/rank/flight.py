@@ -24,16 +24,13 @@ most ASYNC_MAX: the oldest are let go of, and counted), per group (at most GROUP
 completed per op (``counts``: done, not raised). Per call only objects are kept (the shape, the
 dtype, the code and offset of the user's frame); they become text when a dump is sent.
 
-A daemon thread sends on the rank's channel (``lab.rank.protocol.CHANNEL``), every PROGRESS_EVERY
-seconds when it changed, and while a call blocks each time until it has been quiet for the run's
---hang-after, ``progress`` {rank, completed, inflight, moved, quiet}: the calls completed (or
-raised) so far, the blocking call the rank is in (the oldest, if several threads are) and, while
-one is, the bytes the process's TCP connections carried (``lab.rank.tcpinfo.traffic``; the
-rendezvous stores' connections left out: polling them is no progress) and for how many seconds (on
-the rank's own clock) none of that changed: two looks that found the same counts are the kernel's
-word that nothing moved in between, which a busy machine delaying the looks cannot fake (the counts
-are looked at every second, so a call that begins between two looks is quiet from its start; the
-look that reaches --hang-after is timed to it). Once per blocking call in flight FLIGHT_AFTER
+A daemon thread sends on the rank's channel (``lab.rank.protocol.CHANNEL``) ``progress`` {rank,
+completed, inflight, moved, quiet}: the calls completed (or raised) so far, the blocking call the
+rank is in (the oldest, if several threads are) and, while one is, the bytes the process's TCP
+connections carried (``lab.rank.tcpinfo.traffic``; the rendezvous stores' connections left out:
+polling them is no progress) and for how many seconds (on the rank's own clock) none of that
+changed; when it is news and when to look next is the rule of quiet's (``lab.rank.quiet``), which
+the thread only feeds and obeys. Once per blocking call in flight FLIGHT_AFTER
 seconds, right after the progress that says a call has been quiet for --hang-after, and at the end
 (:meth:`Flight.finish`: the worker's "done", atexit), a ``flight`` dump {rank, records, inflight,
 counts, dropped, [steps]} that fits an event line (the oldest records go first; ``dropped`` counts
@@ -68,14 +65,13 @@ from lab.rank import lastcall, protocol, tcpinfo, torchfr
 from lab.rank.callspec import INIT_PROCESS_GROUP, NEW_GROUP, Spec, get
 from lab.rank.ops import BATCHES, P2P
 from lab.rank.protocol import EVENT_MAX
+from lab.rank.quiet import PROGRESS_EVERY, Look, Quiet
 from lab.rank.record import Record, to_wire
 
 RING_MAX = 64  # records of the last calls kept
 STEPS_MAX = 128  # a DDP program's last forwards and backward passes kept
 ASYNC_MAX = 256  # async calls not yet waited kept; the oldest past it are dropped and counted
 GROUPS_MAX = 256  # groups whose counts are kept
-PROGRESS_EVERY = 1.0  # seconds between two looks of the progress thread
-LOOK_LATE = 0.02  # seconds past the moment a blocking call's quiet reaches --hang-after that it is looked at
 HANG_AFTER_VAR = "LAB_HANG_AFTER"  # the run's --hang-after, in every rank's environment
 TRACE_VAR = "LAB_TRACE"  # "1": send every record as it begins and ends (``trace`` events: the run's --trace)
 TORCH_DUMPS_VAR = "LAB_TORCH_DUMPS"  # "1": send torch's own recorder with each dump (the run's --fr-dir)
@@ -231,13 +227,8 @@ class Flight:
         self.pid = 0
         self.thread: threading.Thread | None = None
         self.stop = threading.Event()
-        self.said: tuple[int, int, str] | None = None  # (completed, id, state of its call) of the last progress
-        self.told_quiet = False  # the last progress said the blocking call has been quiet for hang_after
-        self.seen: tuple[Any, ...] | None = None  # the same and the connections' mark, at the last look
-        self.mark: tuple[tuple[int, int], ...] | None = None  # the connections' mark at the last look
-        self.still_since = 0.0  # since when (time.monotonic) nothing moved, as far as the looks and records tell
+        self.quiet = Quiet()  # how long nothing moved, look after look (the run's --hang-after: HANG_AFTER_VAR)
         self.changed_at = -math.inf  # when (time.time) the newest call ended
-        self.hang_after = 0.0  # the run's --hang-after (HANG_AFTER_VAR): how long a call blocks before it is news
         self.store_ports: set[int] = set()  # a tcp:// rendezvous' port (MASTER_PORT's is read as it is)
         self.finished: tuple[Call, int] | None = None  # (the newest record, completed) at the last final dump
         self.dump_bytes = 0
@@ -814,7 +805,7 @@ class Flight:
             return
         self.rank, self.pid = rank, os.getpid()
         with contextlib.suppress(ValueError):
-            self.hang_after = float(os.environ.get(HANG_AFTER_VAR) or 0)
+            self.quiet = Quiet(float(os.environ.get(HANG_AFTER_VAR) or 0))
         self.tracing = os.environ.get(TRACE_VAR) == "1"
         self.torch_dumps = os.environ.get(TORCH_DUMPS_VAR) == "1"
         self.thread = threading.Thread(target=self._run, name="lab-flight", daemon=True)
@@ -871,39 +862,22 @@ class Flight:
         channel.write(line)
 
     def _progress(self, blocking: list[tuple[Call, float]]) -> float:
-        """Send ``progress`` if it changed since the last one, or a call blocks (with how long nothing
-        moved: see the module); return the seconds to the next look: PROGRESS_EVERY, or less when
-        the blocking call's quiet reaches --hang-after sooner (a hang is said when it is due, not at
-        the next whole second)."""
+        """Look at the rank's calls and connections, and send ``progress`` where the rule of quiet
+        (``lab.rank.quiet``) says it is news; the seconds to the next look."""
         oldest = min(blocking, key=lambda entry: entry[1], default=None)
         inflight = None if oldest is None else oldest[0]
         completed = self.completed + self.completed_async + self.completed_torch
-        said = (completed, id(inflight), "" if inflight is None else inflight[STATE])
         moved, mark = tcpinfo.traffic(self._stores())
-        now, wall = time.monotonic(), time.time()
-        if mark != self.mark:  # bytes moved since the last look: when, only the kernel knew
-            self.mark, self.still_since = mark, now
-        # The records time the rest: the newest call's end and the blocking call's start (or its
-        # wait's). Equal marks at the last look and this one say no byte moved in between, so a call
-        # that began between two looks has been quiet since it began, not since this look.
-        changed = max(self.changed_at, -math.inf if oldest is None else oldest[1])
-        self.still_since = max(self.still_since, now - max(0.0, wall - changed))
-        quiet = now - self.still_since
-        if (*said, mark) != self.seen:
-            self.seen, self.told_quiet = (*said, mark), False
-        # While a call blocks, a look each second until the quiet is long enough to be a hang, then
-        # silence until something changes (output every second would keep a partitioned host's sshd
-        # from ever finding its client gone, and the ranks with it).
-        watching = inflight is not None and self.hang_after > 0
-        if said != self.said or watching and not self.told_quiet:
-            self.said, self.told_quiet = said, watching and quiet >= self.hang_after
+        verdict = self.quiet.look(Look(completed, None if inflight is None else id(inflight),
+                                       "" if inflight is None else inflight[STATE],
+                                       None if oldest is None else oldest[1], mark, self.changed_at,
+                                       time.monotonic(), time.time()))
+        if verdict.say:
             self._send("progress", completed=completed, inflight=None if inflight is None else to_json(inflight),
-                       moved=moved if inflight is not None else 0, quiet=round(quiet, 2), at=time.time())
-            if self.told_quiet:  # the records as they are at a hang, for the verdict to read at once
+                       moved=moved if inflight is not None else 0, quiet=round(verdict.quiet, 2), at=time.time())
+            if verdict.quiet_enough:  # the records as they are at a hang, for the verdict to read at once
                 self._dump(last=False)
-        if watching and not self.told_quiet:
-            return min(PROGRESS_EVERY, max(0.0, self.hang_after - quiet) + LOOK_LATE)
-        return PROGRESS_EVERY
+        return verdict.next_look
 
     def _stores(self) -> frozenset[int]:
         """The ports of the rendezvous stores: their traffic is the ranks polling them (init's
