@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -23,8 +24,8 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from lab.containerlab import engine, state
-from lab.containerlab.topology import ROLE
+from lab.containerlab import engine, resources, state
+from lab.containerlab.topology import DEFAULT_LAB, LABEL, NAME_LABEL, OWNER_LABEL, ROLE
 from lab.errors import UsageError
 from lab.grading.feedback import feedback
 from lab.grading.grade import Grade, Gradebook, Submission, find_submissions
@@ -584,3 +585,21 @@ def test_the_class_page_renders_in_a_real_browser_sorts_and_shows_what_students_
     assert shown.returncode == 0, shown.stderr[-3000:]
     assert "<h1>ring-allreduce: " in shown.stdout and "<strong>fail</strong>" in shown.stdout, shown.stdout
     assert "<img" not in shown.stdout and "<script>" not in shown.stdout
+
+
+@pytest.mark.docker
+def test_a_live_graders_sandbox_is_no_labs_but_a_killed_graders_is(docker_client) -> None:  # type: ignore[no-untyped-def]
+    """`lab down` and `lab up` of the default lab leave the sandboxes of a grader that still runs (it
+    grades in them), and take those a killed grader left (the owner label says whose)."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    made = [docker_client.containers.create(IMAGE, ["true"], name=f"lab-sandbox-test-{n}", network_mode="none",
+                                            labels={**labels, OWNER_LABEL: f"{socket.gethostname()}:{pid}"})
+            for n, pid in (("live", os.getpid()), ("dead", dead.pid))
+            for labels in [{LABEL: "1", NAME_LABEL: DEFAULT_LAB, ROLE: ROLE_NAME}]]
+    try:
+        names = [c.name for c in resources.lab_containers(docker_client)]
+        assert "lab-sandbox-test-dead" in names and "lab-sandbox-test-live" not in names
+    finally:
+        for container in made:
+            container.remove(force=True)

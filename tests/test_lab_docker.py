@@ -189,8 +189,8 @@ def test_a_second_lab_up_reuses_the_image_and_keeps_no_older_one(lab_up: Lab) ->
     second = lab_up.popen("up", "--no-smoke")
     refused = None
     while second.poll() is None and refused is None:
-        if lock_held(state.home() / "locks" / TOPOLOGY.lab):
-            second.send_signal(signal.SIGSTOP)  # (held, whatever the load: the third surely comes while it is)
+        if lock_held(state.home() / "locks" / TOPOLOGY.lab):  # (held, and its holder has said who it is)
+            second.send_signal(signal.SIGSTOP)  # (whatever the load: the third surely comes while it is)
             try:
                 refused = lab_up("up", "--no-smoke", timeout=120)
             finally:
@@ -210,7 +210,8 @@ def test_a_second_lab_up_reuses_the_image_and_keeps_no_older_one(lab_up: Lab) ->
 
 
 def lock_held(path: Path) -> bool:
-    """Whether a lab command holds the lock at ``path`` (lab.containerlab.state.locked)."""
+    """Whether a lab command holds the lock at ``path`` (lab.containerlab.state.locked) and has written
+    who it is (it writes that once it holds the lock: a holder stopped in between says nothing)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -219,7 +220,7 @@ def lock_held(path: Path) -> bool:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         return False
     except BlockingIOError:
-        return True
+        return bool(os.pread(fd, 100, 0).strip())
     finally:
         os.close(fd)
 

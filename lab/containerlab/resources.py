@@ -3,6 +3,8 @@
 engine alone."""
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Mapping
 
 import docker
@@ -11,7 +13,7 @@ from docker.models.networks import Network
 from docker.models.volumes import Volume
 
 from lab.containerlab.engine import EngineError
-from lab.containerlab.topology import DEFAULT_LAB, LABEL, NAME_LABEL
+from lab.containerlab.topology import DEFAULT_LAB, LABEL, NAME_LABEL, OWNER_LABEL, ROLE, SANDBOX_ROLE
 
 
 def of_lab(labels: Mapping[str, str] | None, lab: str | None) -> bool:
@@ -28,10 +30,28 @@ def claim(c: Container, lab: str, where: str = "") -> None:
                           f"the lab another --name")
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` of this machine is alive (one of another user's too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def graded_now(labels: Mapping[str, str]) -> bool:
+    """Whether a container is a sandbox whose grader still runs on this machine (its owner label): the
+    grader's to remove as the submission ends, not a lab's (a killed grader's is the lab's again)."""
+    host, _, pid = labels.get(OWNER_LABEL, "").rpartition(":")
+    return labels.get(ROLE) == SANDBOX_ROLE and host == socket.gethostname() and pid.isdigit() and alive(int(pid))
+
+
 def lab_containers(client: docker.DockerClient, lab: str | None = DEFAULT_LAB) -> list[Container]:
-    """The containers of ``lab`` (None: of every lab), by name."""
+    """The containers of ``lab`` (None: of every lab), by name; a live grader's sandboxes are its own."""
     found = client.containers.list(all=True, filters={"label": LABEL})
-    return sorted((c for c in found if of_lab(c.labels, lab)), key=lambda c: c.name)
+    return sorted((c for c in found if of_lab(c.labels, lab) and not graded_now(c.labels)), key=lambda c: c.name)
 
 
 def lab_networks(client: docker.DockerClient, lab: str | None = DEFAULT_LAB) -> list[Network]:

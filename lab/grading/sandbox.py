@@ -8,7 +8,8 @@ capability dropped, no new privileges, a clean environment (the image's own), an
 machine's), scratch space, and what its PID 1 writes kept to LOG_MAX by the engine. The grader starts
 the ranks in it through the docker transport (one ``docker exec`` each) and removes it after:
 whatever the submission started, daemons included, goes with it. Sandboxes carry the lab's
-labels (role ``sandbox``), so one a killed grader left behind is removed by ``lab down``.
+labels (role ``sandbox``), so one a killed grader left behind is removed by ``lab down``; one whose
+grader still runs is not the lab's (``lab down`` and ``lab up`` leave it to its grader).
 """
 from __future__ import annotations
 
@@ -29,15 +30,15 @@ from docker.types import LogConfig
 from lab.containerlab import image
 from lab.containerlab.engine import EngineError, Say
 from lab.containerlab.image import HOST_IMAGE, Progress
-from lab.containerlab.topology import DEFAULT_LAB, LABEL, NAME_LABEL, ROLE
+from lab.containerlab.resources import alive
+from lab.containerlab.topology import DEFAULT_LAB, LABEL, NAME_LABEL, OWNER_LABEL, ROLE, SANDBOX_ROLE
 from lab.model.inventory import Host, Inventory
 from lab.rank.wire import Mode as WireMode
 
 log = logging.getLogger(__name__)
 
 IMAGE = f"{HOST_IMAGE}:latest"
-ROLE_NAME = "sandbox"
-OWNER_LABEL = "lab.owner"  # "<hostname>:<pid>" of the grader that made it
+ROLE_NAME = SANDBOX_ROLE
 PYTHON = "/usr/bin/python3"  # the image's interpreter, with torch
 OVERHEAD_MB = 256  # the reapers, the port holder, docker-init
 LOG_MAX = "1m"  # of what the sandbox's PID 1 writes, kept by the engine (a rank can write there: /proc/1/fd/1)
@@ -168,21 +169,11 @@ def remove_orphans(client: docker.DockerClient) -> int:
     here = socket.gethostname()
     for c in client.containers.list(all=True, filters={"label": [f"{ROLE}={ROLE_NAME}"]}):
         host, _, pid = c.labels.get(OWNER_LABEL, "").rpartition(":")
-        if host == here and pid.isdigit() and not _alive(int(pid)):
+        if host == here and pid.isdigit() and not alive(int(pid)):
             with contextlib.suppress(NotFound, APIError):
                 c.remove(force=True)
                 removed += 1
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @contextlib.contextmanager
