@@ -1,6 +1,7 @@
 """The cross-VPC lab for real: two private networks, a NAT gateway, the doctor and the
 tutorial's failure, on a real engine. Under CI=true these run; elsewhere they skip
-without an engine."""
+without an engine. The lab is one of its own name (NAME), beside the default one, which other
+tests change as these run."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.containerlab import resources, topology
+from lab.containerlab import containers, resources, topology
 from lab.errors import ExitCode
 
 from .conftest import Lab
@@ -18,7 +19,16 @@ from .load import cpu_hog
 from .test_lab_docker import _client
 
 pytestmark = pytest.mark.docker
-TOPOLOGY = topology.Topology(kind="cross-vpc")
+NAME = "xvpc"
+TOPOLOGY = topology.Topology(kind="cross-vpc", lab=NAME)  # (its names: its subnets are the engine's choice)
+NAMED = ("up", "down", "net", "break", "fix", "status")  # the commands that take the lab's --name
+
+
+class CrossVpcLab(Lab):
+    """The CLI on this module's lab: every command about a lab names it."""
+
+    def argv(self, *args: str) -> list[str]:
+        return super().argv(*args, *(("--name", NAME) if args and args[0] in NAMED else ()))
 
 
 def raw_rules() -> str:
@@ -30,7 +40,7 @@ def raw_rules() -> str:
 def xvpc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Lab, Path]]:
     client = _client()
     inventory = tmp_path_factory.mktemp("xvpc") / "inventory.yaml"
-    lab = Lab()
+    lab = CrossVpcLab()
     result = lab("up", "--topology", "cross-vpc", "--inventory", str(inventory), timeout=1500)
     assert result.code == 0, result.text[-4000:]
     bridges = [f"br-{client.networks.get(n.name).id[:12]}" for n in TOPOLOGY.networks()]
@@ -52,7 +62,7 @@ def test_a_host_sees_only_its_private_address(xvpc: tuple[Lab, Path]) -> None:
     out = subprocess.run(["docker", "exec", TOPOLOGY.container(3), "ip", "-o", "-4", "addr"],
                          capture_output=True, text=True, timeout=30).stdout
     addresses = {line.split()[3].split("/")[0] for line in out.splitlines()}
-    assert addresses == {"127.0.0.1", TOPOLOGY.address(3)}
+    assert addresses == {"127.0.0.1", containers.running_topology(_client(), NAME).address(3)}
     gateway = subprocess.run(["docker", "inspect", "-f", "{{.HostConfig.CapAdd}}", TOPOLOGY.gateway_container],
                              capture_output=True, text=True, timeout=30).stdout
     host = subprocess.run(["docker", "inspect", "-f", "{{json .HostConfig}}", TOPOLOGY.container(1)],
@@ -101,7 +111,7 @@ def in_host(i: int, *argv: str, user: str = "lab") -> subprocess.CompletedProces
 
 
 def overlay_sidecars() -> list[str]:
-    return [c.name for c in resources.lab_containers(_client(), None) if c.labels.get(topology.ROLE) == "overlay"]
+    return [c.name for c in resources.lab_containers(_client(), NAME) if c.labels.get(topology.ROLE) == "overlay"]
 
 
 def assert_no_overlay_left() -> None:
@@ -158,7 +168,7 @@ def test_the_hosts_stay_unprivileged_and_never_see_a_key(xvpc: tuple[Lab, Path])
     lab, inventory = xvpc
     assert lab("net", "overlay", "up", "--inventory", str(inventory.parent / OVERLAY), timeout=300).code == 0
     try:
-        sidecar = json.loads(subprocess.run(["docker", "inspect", "lab-wg-node1"], capture_output=True, text=True,
+        sidecar = json.loads(subprocess.run(["docker", "inspect", f"{NAME}-wg-node1"], capture_output=True, text=True,
                                             timeout=30).stdout)[0]["HostConfig"]
         assert sidecar["CapDrop"] == ["ALL"] and sidecar["CapAdd"] == ["NET_ADMIN"] and not sidecar["Privileged"]
         assert sidecar["SecurityOpt"] == ["no-new-privileges"] and sidecar["PidsLimit"] == 128
@@ -166,7 +176,7 @@ def test_the_hosts_stay_unprivileged_and_never_see_a_key(xvpc: tuple[Lab, Path])
         changed = in_host(1, "ip", "link", "set", "labwg0", "mtu", "1300", user="root")
         assert changed.returncode != 0 and "Operation not permitted" in changed.stderr
         assert in_host(1, "wg", "show", "labwg0", user="root").returncode != 0  # its peers: root in the sidecar only
-        key = subprocess.run(["docker", "exec", "lab-wg-node1", "stat", "-c", "%a %U", "/run/lab-wg/private.key"],
+        key = subprocess.run(["docker", "exec", f"{NAME}-wg-node1", "stat", "-c", "%a %U", "/run/lab-wg/private.key"],
                              capture_output=True, text=True, timeout=30).stdout.split()
         assert key == ["600", "root"]
         assert in_host(1, "ls", "/run/lab-wg", user="root").returncode != 0  # not in the host's filesystem
