@@ -190,3 +190,11 @@ def test_rich_is_imported_only_by_the_cli_s_views() -> None:
             if any(within(n, "rich") for n in names) and not within(name, VIEWS):
                 offenders.append(f"{name}:{node.lineno}")
     assert offenders == []
+
+
+def test_what_a_run_comes_to_is_plain_data() -> None:
+    """The outcome, the judge and the analysis hold no process or connection: they import no transport
+    (the runner keeps its processes; what it hands on is data)."""
+    package = modules(PACKAGE_DIR)
+    for name in ("lab.core.outcome", "lab.core.judge", "lab.core.why", "lab.core.ledger"):
+        assert not any(within(imported, "lab.transport") for imported in imports_of(package[name], name)), name

@@ -23,7 +23,6 @@ from lab.rank.events import Died, End, Error, Flight, Hello, Progress
 from lab.rank.protocol import LINE_MAX
 from lab.rank.steps import STARTUP, RankStep
 from lab.suite.check import Carried
-from lab.transport import RankProcess
 
 TAIL_LINES = 200  # the last lines of each rank's output kept (for the report)
 SHOWN_LINES = 1000  # lines of each rank's output passed on to ``on_line``; the rest is counted, not shown
@@ -100,7 +99,6 @@ class LaunchState:
 
     launch: Launch
     launcher: str
-    process: RankProcess | None = None
     exit_code: int | None = None
     exited_at: float | None = None
     settled: bool = False  # its ranks were told it ended (once its last lines were read)

@@ -118,6 +118,7 @@ class Run:
         self.hang_found: float | None = None  # when the hang finder found the ranks hung
         self.ledger = Ledger(plan, self.started)  # what the run's launches, ranks and exercises are, and its rules
         self.launcher, self.launches = self.ledger.launcher, self.ledger.launches
+        self.processes: list[RankProcess | None] = [None] * len(self.launches)  # each launch's, once started
         self.states, self.runs = self.ledger.states, self.ledger.runs
         self.events: Events = queue.Queue(QUEUE_MAX)
         self.dumping = threading.Event()  # set while hung ranks dump their stacks: their stderr goes through whole
@@ -190,12 +191,13 @@ class Run:
 
     def _start_launches(self, run_dirs: dict[str, str]) -> None:
         """Start every launch at once, each with its host's run directory and the run's ports."""
-        def start(launch: LaunchState) -> None:  # recorded at once, so `clean_up` stops it
+        def start(i: int, launch: LaunchState) -> None:  # recorded at once, so `clean_up` stops it
             host = launch.launch.host
-            launch.process = self._start_launch(launch.launch.bound(run_dirs[host], self.ports), self.transports[host])
+            self.processes[i] = self._start_launch(launch.launch.bound(run_dirs[host], self.ports),
+                                                   self.transports[host])
 
         with ThreadPoolExecutor(max_workers=min(32, len(self.launches))) as pool:
-            for future in [pool.submit(start, launch) for launch in self.launches]:
+            for future in [pool.submit(start, i, launch) for i, launch in enumerate(self.launches)]:
                 future.result()
 
     def _start_launch(self, launch: Launch, transport: Transport) -> RankProcess:
@@ -208,9 +210,9 @@ class Run:
     def _start_readers(self) -> None:
         """A reader thread for each stream of each launch; every rank's first step starts now."""
         now = time.monotonic()
-        for i, launch in enumerate(self.launches):
-            assert launch.process is not None
-            for stream_name, stream in (("out", launch.process.stdout), ("err", launch.process.stderr)):
+        for i, (launch, process) in enumerate(zip(self.launches, self.processes)):
+            assert process is not None
+            for stream_name, stream in (("out", process.stdout), ("err", process.stderr)):
                 reader = StreamReader(i, stream_name, launch, self.states, self.events, self.plan.token,
                                       self.dumping, self.stopped)
                 threading.Thread(target=reader.pump, args=(stream,), name=f"lab-read-{i}-{stream_name}",
@@ -281,9 +283,9 @@ class Run:
         """Note the launches that ended, and tell their ranks once their last lines are read; when
         the first of them left a rank unfinished (a crash), if one did."""
         crashed_at: float | None = None
-        for launch in self.launches:
-            if launch.exit_code is None and launch.process is not None:
-                launch.exit_code = launch.process.poll()
+        for launch, process in zip(self.launches, self.processes):
+            if launch.exit_code is None and process is not None:
+                launch.exit_code = process.poll()
                 launch.exited_at = now if launch.exit_code is not None else None
             # Its ranks end with it once its last lines are read: they may say how each one ended.
             # (Its readers may be still busy with a flood it printed: the grace runs from their last line.)
@@ -316,10 +318,10 @@ class Run:
         preflight = self.ledger.preflight
         assert preflight is not None
         lines = preflight.lines()
-        for launch in self.launches:
-            if launch.launch.host in lines and launch.process is not None:
+        for launch, process in zip(self.launches, self.processes):
+            if launch.launch.host in lines and process is not None:
                 with contextlib.suppress(OSError, EOFError):  # (a launcher that is gone is seen as such)
-                    launch.process.send(lines[launch.launch.host])
+                    process.send(lines[launch.launch.host])
         return preflight.cause is not None
 
     # -- stopping ---------------------------------------------------------------------------
@@ -327,9 +329,9 @@ class Run:
     def _locate_hangs(self) -> None:
         """Ask every live rank for its stacks and note where each one stopped."""
         self.dumping.set()  # from now on the readers pass on every line of stderr, shown or not
-        alive = [launch for launch in self.launches if launch.exit_code is None and launch.process is not None]
-        for launch in alive:
-            launch.process.signal(signal.SIGUSR1)  # type: ignore[union-attr]
+        for launch, process in zip(self.launches, self.processes):
+            if launch.exit_code is None and process is not None:
+                process.signal(signal.SIGUSR1)
         live = [s for s in self.states if s.exit_code is None]
         deadline = time.monotonic() + DUMP_WAIT
         last = time.monotonic()  # when the last line of a dump came
@@ -354,7 +356,7 @@ class Run:
         if self.holder is not None:
             self.holder.kill()
         self._stop_all()
-        if self.launches[0].process is not None:
+        if self.processes[0] is not None:
             self.launcher.clean_up(plan, self.transports[plan.hosts[0].name], status == "completed")
         also = [plan.shared_run_dir] if plan.shared_run_dir else []
         for_each_host(self.transports, lambda t: release(t, keep, also))
@@ -362,15 +364,14 @@ class Run:
     def _stop_all(self) -> None:
         """Kill every launch's process group, on all hosts at once: one command per host for all its
         groups (``Transport.kill_all``: a session per rank would pass sshd's MaxSessions)."""
-        started = [launch for launch in self.launches if launch.process is not None]
+        started = [(launch, process) for launch, process in zip(self.launches, self.processes) if process is not None]
         by_host: dict[str, tuple[Transport, list[RankProcess]]] = {}
-        for launch in started:
-            assert launch.process is not None
-            by_host.setdefault(launch.launch.host, (self.transports[launch.launch.host], []))[1].append(launch.process)
+        for launch, process in started:
+            by_host.setdefault(launch.launch.host, (self.transports[launch.launch.host], []))[1].append(process)
         for_each_host(by_host, lambda host: host[0].kill_all(host[1]))
-        for launch in started:
+        for launch, process in started:
             if launch.exit_code is None:
-                launch.exit_code = launch.process.poll()  # type: ignore[union-attr]
+                launch.exit_code = process.poll()
         for state in self.states:
             if state.exit_code is None:
                 state.exit_code = state.launch.exit_code
