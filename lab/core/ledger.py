@@ -27,6 +27,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 from lab.core import launchers
 from lab.core.outcome import SYS_EXIT, ExerciseRun, LaunchState, RankState, Restart
@@ -34,6 +35,7 @@ from lab.core.plan import Plan
 from lab.core.preflight import EVENTS as PREFLIGHT_EVENTS
 from lab.core.preflight import Preflight
 from lab.core.rankview import LOST
+from lab.core.stacks import is_stack_line, where_stopped
 from lab.core.streams import claimed_rank
 from lab.rank import steps
 from lab.rank.events import (
@@ -68,6 +70,8 @@ from lab.suite.check import Carried
 log = logging.getLogger(__name__)
 
 VIOLATIONS_KEPT = 10  # of one rank's
+DUMP_MAX = 10_000  # lines of one rank's stack dump kept
+STREAM_GRACE = 1.0  # seconds to wait for the last lines of a process that ended
 HeardSince = Callable[[str, float], bool]  # (host, since when): whether its transport heard from it since
 
 
@@ -265,6 +269,45 @@ class Ledger:
         runs[name].violations.setdefault(state.spec.rank, what)
 
     # -- ends and rules ---------------------------------------------------------------------
+
+    def exited(self, launch: LaunchState, code: int | None, now: float) -> None:
+        """``launch``'s process ended with status ``code`` (None: it runs still), as the runner saw it."""
+        if launch.exit_code is None and code is not None:
+            launch.exit_code, launch.exited_at = code, now
+
+    def settle(self, now: float) -> float | None:
+        """Tell the ranks of the launches that ended, once their last lines are read (they may say how
+        each one ended; readers still busy with a flood it printed get STREAM_GRACE from their last
+        line); ``now`` when the first of them left a rank unfinished (a crash), else None."""
+        crashed_at: float | None = None
+        for launch in self.launches:
+            if launch.exited_at is not None and not launch.settled and (
+                    launch.open_streams == 0 or now - max(launch.exited_at, launch.active_at) > STREAM_GRACE):
+                launch.settled = True
+                crashed_at = crashed_at or self.ended(launch, now)
+        return crashed_at
+
+    def killed(self, launch: LaunchState, code: int | None) -> None:
+        """The runner ended ``launch`` (the run is over): its status, and its ranks' that had none."""
+        if launch.exit_code is None:
+            launch.exit_code = code
+        for state in self.states:
+            if state.launch is launch and state.exit_code is None:
+                state.exit_code = launch.exit_code
+
+    def dumped(self, state: RankState, line: str) -> bool:
+        """A line of stderr from a rank asked for its stacks: kept, and True, where it is one of a
+        stack's (a rank that floods stderr floods no dump: DUMP_MAX lines)."""
+        if len(state.dump) >= DUMP_MAX or not is_stack_line(line):
+            return False
+        state.dump.append(line)
+        return True
+
+    def located(self, programs: dict[str, Path]) -> None:
+        """Where each live rank stopped, from its stacks (``programs``: the run's, lab.core.stacks.program_files)."""
+        for state in self.states:
+            if state.exit_code is None:
+                state.stopped_at = where_stopped(state.dump, programs)
 
     def ended(self, launch: LaunchState, now: float) -> float | None:
         """``launch``'s ranks ended with it; ``now`` if one of them had not finished (a crash)."""

@@ -56,7 +56,7 @@ from lab.core.outcome import LaunchState, OnLine, RankState, RunOutcome, RunStat
 from lab.core.plan import Launch, Plan
 from lab.core.portholder import hold_ports
 from lab.core.preflight import Preflight
-from lab.core.stacks import is_stack_line, program_files, where_stopped
+from lab.core.stacks import program_files
 from lab.core.streams import QUEUE_MAX, Events, Item, StreamReader
 from lab.core.why import explain_run
 from lab.errors import HostsUnreachable, HostUnreachable, LabError, RunError
@@ -67,12 +67,10 @@ from lab.transport.ssh import SSHSettings
 log = logging.getLogger(__name__)
 
 BATCH = 256  # queued items handled between two looks at the processes and the clock
-DUMP_MAX = 10_000  # lines of one rank's stack dump kept
 DUMP_WAIT = 1.5  # seconds to wait for stack dumps after SIGUSR1, at most
 DUMP_SETTLE = 0.3  # seconds with no line of a dump after every live rank's came: the dumps are whole
 FLIGHT_WAIT = 3.0  # seconds to wait for hung ranks' flight dumps (each sends one with its quiet progress)
 CRASH_GRACE = 5.0  # seconds peers get to report after a rank died
-STREAM_GRACE = 1.0  # seconds to wait for the last lines of a process that ended
 VIOLATIONS_KEPT = 10  # of one rank's
 
 
@@ -282,19 +280,10 @@ class Run:
     def _settle_ended(self, now: float) -> float | None:
         """Note the launches that ended, and tell their ranks once their last lines are read; when
         the first of them left a rank unfinished (a crash), if one did."""
-        crashed_at: float | None = None
         for launch, process in zip(self.launches, self.processes):
             if launch.exit_code is None and process is not None:
-                launch.exit_code = process.poll()
-                launch.exited_at = now if launch.exit_code is not None else None
-            # Its ranks end with it once its last lines are read: they may say how each one ended.
-            # (Its readers may be still busy with a flood it printed: the grace runs from their last line.)
-            if launch.exited_at is not None and not launch.settled and (
-                    launch.open_streams == 0 or now - max(launch.exited_at, launch.active_at) > STREAM_GRACE):
-                launch.settled = True
-                ended = self.ledger.ended(launch, now)
-                crashed_at = crashed_at or ended
-        return crashed_at
+                self.ledger.exited(launch, process.poll(), now)
+        return self.ledger.settle(now)
 
     def _late(self, now: float) -> list[int]:
         """The live ranks past a step's timeout or an exercise's deadline (the ledger's rules); all of
@@ -339,14 +328,9 @@ class Run:
         while time.monotonic() < deadline and not (
                 all(s.dump for s in live) and time.monotonic() - last > DUMP_SETTLE):
             for _, kind, whose, line in self._take(0.05):
-                if kind == "err" and isinstance(whose, RankState) and len(whose.dump) < DUMP_MAX and is_stack_line(
-                        line):  # a rank that floods stderr floods no dump
-                    whose.dump.append(line)
+                if kind == "err" and isinstance(whose, RankState) and self.ledger.dumped(whose, line):
                     last = time.monotonic()
-        programs = program_files(self.plan)
-        for s in self.states:
-            if s.exit_code is None:
-                s.stopped_at = where_stopped(s.dump, programs)
+        self.ledger.located(program_files(self.plan))
 
     def clean_up(self, status: RunStatus, keep: bool) -> None:
         """Leave nothing running: stop the readers waiting, free the ports, kill every launch, cancel
@@ -370,11 +354,7 @@ class Run:
             by_host.setdefault(launch.launch.host, (self.transports[launch.launch.host], []))[1].append(process)
         for_each_host(by_host, lambda host: host[0].kill_all(host[1]))
         for launch, process in started:
-            if launch.exit_code is None:
-                launch.exit_code = process.poll()
-        for state in self.states:
-            if state.exit_code is None:
-                state.exit_code = state.launch.exit_code
+            self.ledger.killed(launch, process.poll())
 
     # -- after ------------------------------------------------------------------------------
 
