@@ -148,7 +148,7 @@ def test_the_overlay_lesson_end_to_end(xvpc: tuple[Lab, Path]) -> None:
         reported = {f["subject"]: f["message"] for f in diagnosis["findings"] if f["check"] == "overlay"}
         assert sorted(reported) == [TOPOLOGY.name(i) for i in TOPOLOGY.indices()]
         for i in TOPOLOGY.indices():
-            assert reported[f"node{i}"].startswith(f"labwg0 10.77.0.1{i}/24 MTU 1420 (lab lab's WireGuard overlay)")
+            assert reported[f"node{i}"].startswith(f"labwg0 10.77.0.1{i}/24 MTU 1420 (lab {NAME}'s WireGuard overlay)")
             peers = [f"node{j} " for j in TOPOLOGY.indices() if j != i]
             assert all(p in reported[f"node{i}"] for p in peers) and "never" not in reported[f"node{i}"]
         shown = lab("net", "overlay", "show")

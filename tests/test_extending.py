@@ -10,6 +10,9 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from xml.etree import ElementTree as ET
+
+import pytest
 
 from .conftest import REPO
 
@@ -55,15 +58,45 @@ def the_pages_code(section: str) -> str:
     return textwrap.dedent(part.split("```python\n", 1)[1].split("```", 1)[0].replace("\n   ", "\n"))
 
 
-def unit_tier(copy: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
-                           "--ignore=tests/test_extending.py", "-m",
+def unit_tier(copy: Path) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    """The unit tier run in ``copy``: how it ended, and the names of the tests that passed."""
+    report = copy / "unit.xml"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
+                           "--ignore=tests/test_extending.py", f"--junitxml={report}", "-m",
                            "not local and not sshd and not docker and not machines"], cwd=copy, capture_output=True,
                           text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(copy)})
+    passed = {case.get("name", "") for case in ET.parse(report).iter("testcase") if not len(case)} \
+        if report.exists() else set()
+    return done, passed
 
 
-def test_the_launcher_recipe_makes_a_launcher_the_unit_tier_accepts(tmp_path: Path) -> None:
-    copy = copy_of_the_repository(tmp_path / "repo")
+@pytest.fixture(scope="module")
+def followed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str], set[str]]:
+    """A copy of the repository with both recipes followed (a launcher, a cause), and its unit tier run once."""
+    copy = copy_of_the_repository(tmp_path_factory.mktemp("recipes") / "repo")
+    add_a_launcher(copy)
+    add_a_cause(copy)
+    return (copy, *unit_tier(copy))
+
+
+def test_the_launcher_recipe_makes_a_launcher_the_unit_tier_accepts(
+        followed: tuple[Path, subprocess.CompletedProcess[str], set[str]]) -> None:
+    copy, done, passed = followed
+    assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
+    assert {"test_every_launcher_makes_its_launches_as_data", "test_the_reference_is_up_to_date"} <= passed
+    assert "relay (one process per host that mp.spawns its ranks)" in (copy / "docs/reference.md").read_text()
+
+
+def test_the_cause_recipe_makes_a_cause_the_unit_tier_accepts(
+        followed: tuple[Path, subprocess.CompletedProcess[str], set[str]]) -> None:
+    _, done, passed = followed
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert {"test_ranks_on_islands_are_said_to_be", "test_every_kind_is_covered",
+            "test_every_fixture_has_a_valid_expectation[islands]"} <= passed
+
+
+def add_a_launcher(copy: Path) -> None:
+    """docs/extending.md's launcher recipe, step by step."""
     # 1. the module: the page's own example, as another launcher
     code = the_pages_code("A launcher").replace("class Spawn", "class Relay").replace('"spawn"', '"relay"', 1)
     (copy / "lab/core/launchers/relay.py").write_text(
@@ -81,13 +114,10 @@ def test_the_launcher_recipe_makes_a_launcher_the_unit_tier_accepts(tmp_path: Pa
                    env={**os.environ, "PYTHONPATH": str(copy)})
     last = '    "srun-torchrun": [("a", "srun", (0, 1, 2, 3))],\n'
     edit(copy / "tests/test_plan.py", last, last + '    "relay": [("a", "spawn", (0, 1)), ("b", "spawn", (2, 3))],\n')
-    done = unit_tier(copy)
-    assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "relay (one process per host that mp.spawns its ranks)" in (copy / "docs/reference.md").read_text()
 
 
-def test_the_cause_recipe_makes_a_cause_the_unit_tier_accepts(tmp_path: Path) -> None:
-    copy = copy_of_the_repository(tmp_path / "repo")
+def add_a_cause(copy: Path) -> None:
+    """docs/extending.md's cause recipe, step by step."""
     # 1. the kind
     edit(copy / "lab/core/outcome.py", '"uneven-counts", ', '"uneven-counts", "islands", ')
     # 2. the rule, and its place in explain's order
@@ -119,5 +149,3 @@ def test_ranks_on_islands_are_said_to_be() -> None:
     cause = explain([replace(rank(r, records=loop(2)), host=f"island{r}") for r in range(2)])
     assert (cause.kind, cause.headline, cause.fix) == ("islands", "2 ranks on islands.", "build a bridge")
 ''')
-    done = unit_tier(copy)
-    assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
