@@ -131,7 +131,8 @@ def kept(client: docker.DockerClient, host: HostContainer) -> Container | None:
         claim(c, host.lab, host.on_machine)
         if keeps(c, host):
             return c
-        for shaper in client.containers.list(all=True, filters={"label": f"{SHAPED_LABEL}={host.name}"}):
+        shaped = {"label": f"{SHAPED_LABEL}={host.name}"}
+        for shaper in client.containers.list(all=True, ignore_removed=True, filters=shaped):
             shaper.remove(force=True)  # (in the namespace of the container going away)
         c.remove(force=True)
     except NotFound:

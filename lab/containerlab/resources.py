@@ -50,7 +50,7 @@ def graded_now(labels: Mapping[str, str]) -> bool:
 
 def lab_containers(client: docker.DockerClient, lab: str | None = DEFAULT_LAB) -> list[Container]:
     """The containers of ``lab`` (None: of every lab), by name; a live grader's sandboxes are its own."""
-    found = client.containers.list(all=True, filters={"label": LABEL})
+    found = client.containers.list(all=True, ignore_removed=True, filters={"label": LABEL})
     return sorted((c for c in found if of_lab(c.labels, lab) and not graded_now(c.labels)), key=lambda c: c.name)
 
 

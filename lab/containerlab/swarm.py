@@ -144,7 +144,7 @@ def leave_if_unused(engines: Sequence[Engine], manager: Engine, lab: str, say: S
 
 
 def _hosts_other_labs(engine: Engine, lab: str) -> bool:
-    found = engine.client.containers.list(all=True, filters={"label": LABEL})
+    found = engine.client.containers.list(all=True, ignore_removed=True, filters={"label": LABEL})
     return any(c.labels.get(NAME_LABEL) != lab for c in found)
 
 

@@ -167,7 +167,7 @@ def remove_orphans(client: docker.DockerClient) -> int:
     """Remove the sandboxes of graders on this machine that are gone (killed before they could)."""
     removed = 0
     here = socket.gethostname()
-    for c in client.containers.list(all=True, filters={"label": [f"{ROLE}={ROLE_NAME}"]}):
+    for c in client.containers.list(all=True, ignore_removed=True, filters={"label": [f"{ROLE}={ROLE_NAME}"]}):
         host, _, pid = c.labels.get(OWNER_LABEL, "").rpartition(":")
         if host == here and pid.isdigit() and not alive(int(pid)):
             with contextlib.suppress(NotFound, APIError):
@@ -183,6 +183,6 @@ def sandboxes_of(client: docker.DockerClient) -> Iterator[None]:
     try:
         yield
     finally:
-        for c in client.containers.list(all=True, filters={"label": [f"{OWNER_LABEL}={owner()}"]}):
+        for c in client.containers.list(all=True, ignore_removed=True, filters={"label": [f"{OWNER_LABEL}={owner()}"]}):
             with contextlib.suppress(NotFound, APIError):
                 c.remove(force=True)
