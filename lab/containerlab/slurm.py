@@ -34,7 +34,7 @@ CONTROLLER = 1  # the host slurmctld runs on
 PARTITION = "lab"
 CONF_PATH = "/etc/slurm/slurm.conf"  # where a host finds the lab's slurm.conf (mounted read-only)
 START_TIMEOUT = 30.0  # seconds for one host's lab-slurm-start
-IDLE_TIMEOUT = 90.0  # seconds for every node to be idle after the daemons start
+IDLE_TIMEOUT = 180.0  # seconds for every node to be idle after the daemons start (a busy machine: 90 fell short)
 SINFO = ["sinfo", "--noheader", "--Node", "--format", "%N %T"]
 KEY_IN_HOST = "/run/lab-munge/munge.key"  # where lab-slurm-start puts the lab's key (munge's, 0400)
 
