@@ -563,7 +563,7 @@ def test_shaped_links_delay_lose_and_limit_then_clear_leaves_nothing(lab_up: Lab
             "node1: none", "node2: delay 40ms", "node3: loss 100%", "node4: rate 16mbit"]
         lost, rtt = ping(1, 2)
         assert lost == 0 and rtt is not None and 40 <= rtt < 80, rtt
-        assert 40 <= connect_ms(1, 2) < 80 and 40 <= connect_ms(2, 1) < 80  # TCP's round trips too, either way
+        assert 40 <= connect_ms(1, 2) < 120 and 40 <= connect_ms(2, 1) < 120  # TCP round trips too, either way
         assert connect_ms(1, 4) < 40
         assert ping(1, 3) == (1.0, None)  # every reply lost
         assert tcp_seconds(1, 3, 1024) == float("inf")  # and every TCP packet: no connection
