@@ -3,7 +3,9 @@ test_slurm): each task's lines put back together from srun's labelled pieces, Sl
 as one line, and the doctor's Slurm findings."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
@@ -14,7 +16,7 @@ from lab.doctor.slurm import SlurmAnswers
 from lab.errors import ExitCode, UsageError
 from lab.jobs import submit
 from lab.model.inventory import Host
-from lab.rank import srun
+from lab.rank import node, srun
 from lab.rank.events import Exit, Step, parse_event
 from lab.rank.node import per_node_counts
 from lab.rank.output import HOLD
@@ -60,6 +62,15 @@ def test_a_line_longer_than_any_event_goes_on_in_lines_of_bounded_size() -> None
     out = b"".join(unlabel.feed(line) for line in pieces(3, b"f" * (3 * HOLD) + b"\n"))
     most = HOLD + srun.SRUN_PIECE  # (the piece that took it past HOLD goes with it)
     assert [len(line) for line in out.splitlines()] == [most, most, 3 * HOLD - 2 * most]
+
+
+def test_a_host_launcher_runs_the_modes_the_launchers_name_and_refuses_another_in_one_line(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    assert set(get_args(node.ModeName)) == set(node.MODES)
+    assert node.command("spawn", "--nprocs", "2") == ("-m", "lab.rank.node", "spawn", "--nprocs", "2")
+    monkeypatch.setattr(sys, "argv", ["lab.rank.node", "forks", "--nprocs", "2"])
+    assert node.main() == 2
+    assert capsys.readouterr().err == "usage: python -m lab.rank.node {fork,torchrun,spawn,srun,task} ARGS\n"
 
 
 def test_tasks_per_node_from_slurms_count() -> None:

@@ -39,8 +39,10 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Literal, NoReturn
 
 from lab.rank import inputs, preflight
 from lab.rank.protocol import report_exits
@@ -149,26 +151,55 @@ def _rank(local_rank: int, first_rank: int, module: str, args: list[str]) -> Non
     sys.exit(importlib.import_module(module).main())
 
 
+@dataclass(frozen=True)
+class Mode:
+    """One way a host's launcher starts its ranks (the module lists them)."""
+
+    start: Callable[[list[str], preflight.StartupHelper | None], int]
+    checks_network: bool  # forks the start-up helper before it imports torch (lab.rank.preflight)
+    watches_stdin: bool  # it stops itself when the controller goes away (the zygote); else main() sees to it
+
+
+def _fork(args: list[str], helper: preflight.StartupHelper | None) -> int:
+    from lab.rank import zygote  # (it watches stdin itself: it forks, so it leaves no thread running)
+
+    return zygote.main(host_ranks("fork", args), helper=helper)
+
+
+def _srun(args: list[str], helper: preflight.StartupHelper | None) -> int:
+    from lab.rank import srun
+
+    return srun.main(args)
+
+
+ModeName = Literal["fork", "torchrun", "spawn", "srun", "task"]  # (MODES' keys: a test holds them equal)
+MODES: dict[str, Mode] = {
+    "fork": Mode(_fork, checks_network=True, watches_stdin=True),
+    "torchrun": Mode(torchrun, checks_network=True, watches_stdin=False),
+    "spawn": Mode(spawn, checks_network=True, watches_stdin=False),
+    "srun": Mode(_srun, checks_network=False, watches_stdin=False),
+    "task": Mode(lambda args, helper: task(args), checks_network=False, watches_stdin=True),
+}
+
+
+def command(mode: ModeName, *args: str) -> tuple[str, ...]:
+    """The arguments of ``python`` that start a host's launcher in ``mode`` (the lab's launchers'
+    processes, ``lab.core.launchers``)."""
+    return ("-m", "lab.rank.node", mode, *args)
+
+
 def main() -> int:
+    if len(sys.argv) < 2 or sys.argv[1] not in MODES:
+        print(f"usage: python -m lab.rank.node {{{','.join(MODES)}}} ARGS", file=sys.stderr)
+        return 2
     # Not dumpable from the start (execve made it so again): this process holds the launch's
     # streams, where only the launcher speaks, and no rank of this user may open them in /proc.
     inputs.not_dumpable()
-    kind, *args = sys.argv[1:]
-    if kind == "task":  # (the zygote watches stdin itself)
-        return task(args)
-    if kind == "srun":
-        from lab.rank import srun
-
-        stop_when_orphaned()
-        return srun.main(args)
-    helper = preflight.begin()  # (fork, torchrun and spawn: before they import torch)
-    if kind == "fork":  # (it watches stdin itself: it forks, so it leaves no thread running)
-        from lab.rank import zygote
-
-        return zygote.main(host_ranks(kind, args), helper=helper)
-    if helper is None:
-        stop_when_orphaned()
-    return {"torchrun": torchrun, "spawn": spawn}[kind](args, helper)
+    mode, args = MODES[sys.argv[1]], sys.argv[2:]
+    helper = preflight.begin() if mode.checks_network else None  # (before it imports torch)
+    if helper is None and not mode.watches_stdin:
+        stop_when_orphaned()  # (else once torch is imported: ready())
+    return mode.start(args, helper)
 
 
 def ready(helper: preflight.StartupHelper | None) -> None:

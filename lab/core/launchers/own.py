@@ -9,6 +9,7 @@ from typing import ClassVar
 from lab.core.launchers.base import Launcher, rendezvous_env
 from lab.core.plan import Plan
 from lab.model.inventory import Host
+from lab.rank import node
 
 
 class OwnLauncher(Launcher):
@@ -22,4 +23,4 @@ class OwnLauncher(Launcher):
     def node_args(self, plan: Plan, node_rank: int, host: Host, ranks: tuple[int, ...],
                   env: dict[str, str]) -> tuple[str, ...]:
         env.update(rendezvous_env(plan, ranks[0]))
-        return ("-m", "lab.rank.node", "fork", "--nprocs", str(host.slots), "--first-rank", str(ranks[0]))
+        return node.command("fork", "--nprocs", str(host.slots), "--first-rank", str(ranks[0]))

@@ -7,6 +7,7 @@ from typing import ClassVar
 from lab.core.launchers.base import Launcher, rendezvous_env
 from lab.core.plan import Plan
 from lab.model.inventory import Host
+from lab.rank import node
 from lab.suite.check import Launched
 
 
@@ -19,4 +20,4 @@ class Spawn(Launcher):
     def node_args(self, plan: Plan, node_rank: int, host: Host, ranks: tuple[int, ...],
                   env: dict[str, str]) -> tuple[str, ...]:
         env.update(rendezvous_env(plan, ranks[0]))
-        return ("-m", "lab.rank.node", "spawn", "--nprocs", str(host.slots), "--first-rank", str(ranks[0]))
+        return node.command("spawn", "--nprocs", str(host.slots), "--first-rank", str(ranks[0]))

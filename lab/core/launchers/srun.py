@@ -15,6 +15,7 @@ from lab.core.launchers.torchrun import torchrun_args
 from lab.core.plan import Launch, Plan, interface_env
 from lab.errors import LabError, RunError, UsageError
 from lab.model.inventory import Host
+from lab.rank import node
 from lab.suite.check import Launched
 
 if TYPE_CHECKING:
@@ -54,19 +55,20 @@ class Srun(Launcher):
         login = plan.hosts[0]
         shared = set.intersection(*(set(h.env) for h in plan.hosts))
         env = {**plan.launcher_env(dict(shared), plan.own_settings()), **interface_env(login)}
-        per_node, task = self.task(plan, login, env)
+        per_node, mode, task = self.task(plan, login, env)
         # (every count given: srun run from inside a step of an allocation would take that step's from its environment)
-        srun = ("-m", "lab.rank.node", "srun", f"--nodes={len(plan.hosts)}", f"--ntasks={len(plan.hosts) * per_node}",
-                f"--ntasks-per-node={per_node}", "--distribution=block",
-                f"--nodelist={','.join(h.name for h in plan.hosts)}", f"--job-name={plan.job_name}",
-                f"--immediate={srun_wait(plan.timeout)}",
-                *((f"--partition={plan.options.partition}",) if plan.options.partition else ()), "--")
+        srun = node.command(
+            "srun", f"--nodes={len(plan.hosts)}", f"--ntasks={len(plan.hosts) * per_node}",
+            f"--ntasks-per-node={per_node}", "--distribution=block", f"--nodelist={','.join(h.name for h in plan.hosts)}",
+            f"--job-name={plan.job_name}", f"--immediate={srun_wait(plan.timeout)}",
+            *((f"--partition={plan.options.partition}",) if plan.options.partition else ()), "--", mode)
         return (Launch(login.name, tuple(r.rank for r in plan.ranks), (*srun, *task, *plan.program), env),)
 
-    def task(self, plan: Plan, login: Host, env: dict[str, str]) -> tuple[int, tuple[str, ...]]:
-        """The tasks per node and what each task runs before the program: a rank."""
+    def task(self, plan: Plan, login: Host, env: dict[str, str]) -> tuple[int, node.ModeName, tuple[str, ...]]:
+        """The tasks per node, and what each task runs before the program (``lab.rank.node``'s mode and
+        its arguments): a rank."""
         env.update(rendezvous_env(plan, 0))
-        return login.slots, ("task",)
+        return login.slots, "task", ()
 
     def host_of(self, plan: Plan, launch_host: str, hostname: str) -> str:
         """The host its hostname names (one launch for every node)."""
@@ -104,6 +106,6 @@ class SrunTorchrun(Srun):
         sorted order of their hosts' names."""
         return tuple(sorted(hosts, key=lambda h: h.name))
 
-    def task(self, plan: Plan, login: Host, env: dict[str, str]) -> tuple[int, tuple[str, ...]]:
+    def task(self, plan: Plan, login: Host, env: dict[str, str]) -> tuple[int, node.ModeName, tuple[str, ...]]:
         env[TAG_OUTPUT_VAR] = "1"
-        return 1, torchrun_args(plan, login.slots)
+        return 1, "torchrun", torchrun_args(plan, login.slots)

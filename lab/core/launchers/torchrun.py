@@ -9,6 +9,7 @@ from typing import ClassVar
 from lab.core.launchers.base import Launcher
 from lab.core.plan import RUN_DIR, Plan, public_id
 from lab.model.inventory import Host
+from lab.rank import node
 from lab.suite.check import Launched
 
 TORCHRUN_DIR = "torchelastic"  # in the run's directory: torchrun's --log-dir
@@ -29,15 +30,15 @@ class Torchrun(Launcher):
 
     def node_args(self, plan: Plan, node_rank: int, host: Host, ranks: tuple[int, ...],
                   env: dict[str, str]) -> tuple[str, ...]:
-        return ("-m", "lab.rank.node", *torchrun_args(plan, host.slots), "--node-rank", str(node_rank),
-                "--local-addr", host.peer_address)
+        return node.command("torchrun", *torchrun_args(plan, host.slots), "--node-rank", str(node_rank),
+                            "--local-addr", host.peer_address)
 
 
 def torchrun_args(plan: Plan, slots: int) -> tuple[str, ...]:
-    """``torchrun`` and the arguments a host's agent shares with the others' (``slots``: its ranks).
+    """The arguments of torchrun that a host's agent shares with the others' (``slots``: its ranks).
     Its own files (the ranks' error files) go in the run's directory, which the run removes, not in
     a folder of the host's temp directory that nothing does."""
-    return ("torchrun", "--nnodes", str(len(plan.hosts)), "--nproc-per-node", str(slots),
+    return ("--nnodes", str(len(plan.hosts)), "--nproc-per-node", str(slots),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", str(plan.rdzv_endpoint),
             "--rdzv-id", public_id(plan.token), "--max-restarts", str(plan.options.max_restarts),
             "--log-dir", f"{RUN_DIR}/{TORCHRUN_DIR}")
