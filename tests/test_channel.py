@@ -8,7 +8,7 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
@@ -156,6 +156,13 @@ def test_valid_events_pass_as_their_kinds_class() -> None:
 def test_every_kind_of_event_has_its_class_and_every_field_a_check() -> None:
     assert {cls.KIND for cls in EVENT_TYPES.values()} | PROBE_EVENTS == EVENT_KINDS
     assert {"facts", "runtime", "links", "heard", "closed"} == PROBE_EVENTS
+    senders: dict[str, set[str]] = {}
+    for kind, cls in EVENT_TYPES.items():  # (the zygote passes on a rank's alone; the ledger takes its launcher's too)
+        senders.setdefault(cls.SENDER, set()).add(kind)
+    assert senders == {"rank": {"hello", "step", "result", "error", "fatal", "done", "progress", "flight", "trace",
+                                "torchdump", "died", "end", "alive"},
+                       "launcher": {"exit", "bad"}, "host": {"wire"}, "holder": {"ports"}, "preflight": {"pulse"}}
+    assert Probe.SENDER == "probe" and set(get_args(events.Sender)) == {*senders, "probe"}
     for cls in EVENT_TYPES.values():  # (an annotation the checks do not know would make every such event malformed)
         assert all(str(f.type) in events._CHECKS for f in dataclasses.fields(cls)), cls
 

@@ -62,7 +62,6 @@ from lab.rank.events import (
     WireMeasure,
     parse_event,
 )
-from lab.rank.protocol import LAUNCHER_EVENTS, RANK_EVENTS
 from lab.rank.quiet import quiet_enough
 from lab.rank.steps import STARTUP, RankStep
 from lab.suite.check import Carried
@@ -128,7 +127,7 @@ class Ledger:
                 return
             launch.carried = Carried(event.carried, event.lost, event.error, event.failed)
             return
-        if event.kind not in RANK_EVENTS | LAUNCHER_EVENTS or not isinstance(event, RankEvent):
+        if event.SENDER not in ("rank", "launcher") or not isinstance(event, RankEvent):
             self.violation(self.first_rank(launch), f"sent a {event.kind!r} event, which no rank sends")
             return
         rank = event.rank

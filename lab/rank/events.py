@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass
 from dataclasses import fields as dataclass_fields
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, Literal
 
 from lab.rank.protocol import EVENT_KINDS, EVENT_MAX, MARK
 
@@ -27,11 +27,18 @@ class MalformedEvent(ValueError):
 
 # The events as the controller takes them: a frozen class a kind, whose fields (their names and types)
 # are what :func:`check_event` asks of an event of that kind; one with a default may be left out.
+# Who sends an event of a kind: a rank (or its relay, on the rank's channel); a host's launcher, of one of
+# its ranks; a host's launcher of its own (the lab's: ``wire``, which no rank can send: the launcher drops
+# it); the port holder; a host's launcher in its preflight; the doctor's probe.
+Sender = Literal["rank", "launcher", "host", "holder", "preflight", "probe"]
+
+
 @dataclass(frozen=True)
 class Event:
     """An event of the run, its fields checked (:func:`parse_event`)."""
 
     KIND: ClassVar[str] = ""
+    SENDER: ClassVar[Sender] = "rank"
 
     @property
     def kind(self) -> str:
@@ -148,24 +155,28 @@ class End(RankEvent):
 @dataclass(frozen=True)
 class Exit(RankEvent):
     KIND: ClassVar[str] = "exit"
+    SENDER: ClassVar[Sender] = "launcher"
     code: int
 
 
 @dataclass(frozen=True)
 class Bad(RankEvent):
     KIND: ClassVar[str] = "bad"
+    SENDER: ClassVar[Sender] = "launcher"
     what: str
 
 
 @dataclass(frozen=True)
 class Ports(Event):
     KIND: ClassVar[str] = "ports"
+    SENDER: ClassVar[Sender] = "holder"
     ports: list[Any]
 
 
 @dataclass(frozen=True)
 class WireMeasure(RankEvent):
     KIND: ClassVar[str] = "wire"
+    SENDER: ClassVar[Sender] = "host"
     carried: int
     lost: int
     error: str = ""
@@ -181,6 +192,7 @@ class Alive(RankEvent):
 @dataclass(frozen=True)
 class Pulse(Event):
     KIND: ClassVar[str] = "pulse"
+    SENDER: ClassVar[Sender] = "preflight"
     cpu: float
 
 
@@ -189,6 +201,7 @@ class Probe(Event):
     """An event of the doctor's probe, or of a host's launcher in its preflight (facts, runtime, links,
     heard, closed): its fields as sent, which the doctor's own checks read (``lab.netcheck``)."""
 
+    SENDER: ClassVar[Sender] = "probe"
     what: str
     fields: dict[str, Any]
 

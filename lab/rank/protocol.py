@@ -143,13 +143,7 @@ FLIGHT_RATE: Final = 4096  # bytes a second of them, for each rank, allowed past
 EventKind = Literal["hello", "step", "result", "error", "fatal", "done", "progress", "flight", "trace", "torchdump",
                     "died", "end", "exit", "bad", "ports", "facts", "runtime", "links", "heard", "closed", "wire",
                     "alive", "pulse"]
-EVENT_KINDS: Final[frozenset[str]] = frozenset(get_args(EventKind))
-RANK_EVENTS: Final = frozenset({"hello", "step", "result", "error", "fatal", "done", "progress",
-                                "flight", "trace", "torchdump", "died", "end", "alive"})  # what a rank sends
-LAUNCHER_EVENTS: Final = frozenset({"exit", "bad"})  # what a host's launcher says of one of its ranks
-# What the lab's launcher (lab.rank.zygote) says of its host's connections (lab.rank.wire), its ``rank`` the
-# host's first: no rank can send it (the launcher drops it), so it is taken from that launcher alone.
-WIRE_EVENT: Final = "wire"
+EVENT_KINDS: Final[frozenset[str]] = frozenset(get_args(EventKind))  # (who sends each: lab.rank.events)
 
 
 def event_line(token: str, event: EventKind, **fields: Any) -> str:

@@ -56,9 +56,7 @@ from lab.rank.protocol import (
     EVENT_MAX,
     LINE_MAX,
     NEUTRAL,
-    RANK_EVENTS,
     UNIT_SEPARATOR,
-    WIRE_EVENT,
     EventBudget,
     event_line,
     rank_tag,
@@ -169,7 +167,7 @@ class StreamFilter:
             return self._bad(f"sent a malformed event: {exc}")
         if event is None:  # (a line of its own: output before a mark ends where the mark starts)
             return self.tag + line.replace(UNIT_SEPARATOR, NEUTRAL) + b"\n"
-        if event.kind not in RANK_EVENTS or not isinstance(event, RankEvent):
+        if event.SENDER != "rank" or not isinstance(event, RankEvent):
             return self._bad(f"sent a {event.kind!r} event, which no rank sends")
         if event.rank != self.rank:
             return self._bad(f"sent an event as rank {event.rank} (a rank speaks for itself only)")
@@ -274,7 +272,7 @@ def main(options: argparse.Namespace, first_local_rank: int = 0,
         os.close(fd)
     _pass_on(ranks, token, measure)
     if measure.asked:
-        _write(1, event_line(token, WIRE_EVENT, rank=options.first_rank, **measure.end()).encode())
+        _write(1, event_line(token, "wire", rank=options.first_rank, **measure.end()).encode())
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0 if all(r.code == 0 for r in ranks) else 1)

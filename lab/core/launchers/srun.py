@@ -59,8 +59,9 @@ class Srun(Launcher):
         # (every count given: srun run from inside a step of an allocation would take that step's from its environment)
         srun = node.command(
             "srun", f"--nodes={len(plan.hosts)}", f"--ntasks={len(plan.hosts) * per_node}",
-            f"--ntasks-per-node={per_node}", "--distribution=block", f"--nodelist={','.join(h.name for h in plan.hosts)}",
-            f"--job-name={plan.job_name}", f"--immediate={srun_wait(plan.timeout)}",
+            f"--ntasks-per-node={per_node}", "--distribution=block",
+            f"--nodelist={','.join(h.name for h in plan.hosts)}", f"--job-name={plan.job_name}",
+            f"--immediate={srun_wait(plan.timeout)}",
             *((f"--partition={plan.options.partition}",) if plan.options.partition else ()), "--", mode)
         return (Launch(login.name, tuple(r.rank for r in plan.ranks), (*srun, *task, *plan.program), env),)
 
