@@ -7,6 +7,7 @@ import dataclasses
 import json
 import re
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, get_args
 
@@ -19,9 +20,22 @@ from lab.core.plan import Options
 from lab.core.planner import build_plan
 from lab.errors import ExitCode
 from lab.rank import events
-from lab.rank.events import EVENT_TYPES, PROBE_EVENTS, Done, Event, Hello, MalformedEvent, Probe, Progress, parse_event
+from lab.rank.events import (
+    EVENT_TYPES,
+    PROBE_EVENTS,
+    Done,
+    Event,
+    Flight,
+    Hello,
+    MalformedEvent,
+    Probe,
+    Progress,
+    parse_event,
+)
+from lab.rank.flightrecords import Calls, StepMark, Steps
 from lab.rank.output import tagged
 from lab.rank.protocol import EVENT_KINDS, EVENTS_MAX, FLIGHT_RATE, NEUTRAL, EventBudget, event_line
+from lab.rank.record import Record, to_wire
 from lab.suite import registry
 
 from .conftest import WRONG, Lab
@@ -137,6 +151,10 @@ def event(payload: str) -> Event | None:
     ('{"event": "hack"}', "no known 'event'"),
     ("[" * 100_000, "nested too deeply"),
     ("{", "not JSON"),
+    ('{"event": "flight", "rank": 0, "records": [], "inflight": {}, "counts": {}, "dropped": 0}',
+     "the 'inflight' of a 'flight' event is an object {}, not a list of flight records"),
+    ('{"event": "progress", "rank": 0, "completed": 1, "inflight": {"op": "recv"}, "moved": 0, "quiet": 1}',
+     "the 'inflight' of a 'progress' event is an object {'op': 'recv'}, not a flight record or null"),
 ])
 def test_malformed_events_are_named(payload: str, says: str) -> None:
     with pytest.raises(MalformedEvent, match=re.escape(says)):
@@ -150,6 +168,15 @@ def test_valid_events_pass_as_their_kinds_class() -> None:
     assert event('{"event": "progress", "rank": 2, "completed": 3, "inflight": null, "moved": 9, "quiet": 1}') == \
         Progress(rank=2, completed=3, inflight=None, moved=9, quiet=1)
     assert event('{"event": "facts", "anything": [1]}') == Probe("facts", {"anything": [1]})  # the doctor checks it
+    call = Record(3, "world", "all_reduce", "in_flight", 1.5, numel=4, shape=(4,), where="\x1b[2Jtrain.py:9")
+    flight = event(json.dumps({"event": "flight", "rank": 1, "records": [None, {"seq": 0}, to_wire(call)],
+                               "inflight": [], "counts": {"world": {"all_reduce": 2, "recv": -1}}, "dropped": 0,
+                               "steps": [[1, "forward", True, "train.py:8"], "junk"]}))
+    assert isinstance(flight, Flight)  # (its payload read as the analysis takes it: malformed parts skipped, counted)
+    shown = dataclasses.replace(call, where="\\x1b[2Jtrain.py:9")  # (its texts made printable)
+    assert flight.records == Calls((shown,), sent=3, refused=(("not an object", 1), ("seq", 1)))
+    assert (flight.counts.by_group, flight.counts.malformed) == ({"world": Counter(all_reduce=2)}, True)
+    assert flight.steps == Steps((StepMark(1, "forward", True, "train.py:8"),), malformed=1)
     assert parse_event("plain output", TOKEN) is None
 
 
@@ -164,7 +191,8 @@ def test_every_kind_of_event_has_its_class_and_every_field_a_check() -> None:
                        "launcher": {"exit", "bad"}, "host": {"wire"}, "holder": {"ports"}, "preflight": {"pulse"}}
     assert Probe.SENDER == "probe" and set(get_args(events.Sender)) == {*senders, "probe"}
     for cls in EVENT_TYPES.values():  # (an annotation the checks do not know would make every such event malformed)
-        assert all(str(f.type) in events._CHECKS for f in dataclasses.fields(cls)), cls
+        assert all(str(f.type) in events._READERS and str(f.type) in events._TYPE_WORDS
+                   for f in dataclasses.fields(cls)), cls
 
 
 def test_the_relay_neutralizes_every_mark() -> None:

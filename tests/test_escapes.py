@@ -15,10 +15,10 @@ from rich.console import Console
 
 from lab.cli.views.doctor import print_diagnosis
 from lab.cli.views.grades import print_gradebook
-from lab.core.text import printable
 from lab.errors import ExitCode
 from lab.grading.grade import Grade, Gradebook
 from lab.netcheck.model import Diagnosis
+from lab.rank.text import printable
 
 from .conftest import WRONG, Lab
 from .test_doctor import MASTER, link, report

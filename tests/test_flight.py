@@ -36,11 +36,11 @@ def test_progress_and_flight_events_are_rank_events_with_their_fields_checked() 
     progress = event_line(TOKEN, "progress", rank=1, completed=3, inflight=record(4, state="in_flight"),
                           moved=4096, quiet=1.5)
     said = parse_event(progress.rstrip("\n"), TOKEN)
-    assert isinstance(said, Progress) and said.inflight is not None and said.inflight["seq"] == 4
+    assert isinstance(said, Progress) and said.inflight is not None and said.inflight.seq == 4
     flight = event_line(TOKEN, "flight", rank=1, records=[record(1)], inflight=[], counts={"world": {"x": 1}},
                         dropped=0)
     dump = parse_event(flight.rstrip("\n"), TOKEN)
-    assert isinstance(dump, Flight) and dump.counts == {"world": {"x": 1}}
+    assert isinstance(dump, Flight) and dump.counts.by_group == {"world": {"x": 1}}
     for bad, says in ((event_line(TOKEN, "progress", rank=1, completed="3", inflight=None, moved=0,
                                   quiet=0), "'completed'"),
                       (event_line(TOKEN, "flight", rank=1, records={}, inflight=[], counts={}, dropped=0),
@@ -59,10 +59,10 @@ def test_a_dump_too_large_for_an_event_line_leaves_out_its_oldest_records_and_co
     assert len(line) <= EVENT_MAX
     event = parse_event(line.decode().rstrip("\n"), TOKEN)
     assert isinstance(event, Flight)
-    kept = [r["seq"] for r in event.records]
+    kept = [r.seq for r in event.records.records]
     assert kept == list(range(65 - len(kept), 65)) and 0 < len(kept) < 64  # the newest kept, in order
     assert event.dropped == 2 + 64 - len(kept)
-    assert event.inflight[0]["seq"] == 65 and event.counts == {"world": {"all_reduce": 64}}
+    assert event.inflight.records[0].seq == 65 and event.counts.by_group == {"world": {"all_reduce": 64}}
     small = {"rank": 0, "records": [record(1)], "inflight": [], "counts": {}, "dropped": 0}
     assert json.loads(fit(TOKEN, dict(small)).decode().split(" ", 1)[1])["records"] == [record(1)]
 
@@ -366,11 +366,11 @@ def test_the_controller_keeps_each_ranks_progress_and_last_dump_of_a_hang(tmp_pa
         assert state.progress is not None and state.flight is not None
         inflight = state.progress.inflight
         assert inflight is not None
-        assert (inflight["op"], inflight["state"], inflight["where"]) == (op, "in_flight", f"hang.py:{line}")
+        assert (inflight.op, inflight.state, inflight.where) == (op, "in_flight", f"hang.py:{line}")
         assert state.progress.completed == 2  # the rendezvous and the all_reduce
-        assert [(r["op"], r["where"]) for r in state.flight.inflight] == [(op, f"hang.py:{line}")]
-        assert state.flight.counts == {"world": {"init_process_group": 1, "all_reduce": 1}}
-    assert outcome.ranks[1].progress.inflight["peer"] == 0  # type: ignore[union-attr, index]
+        assert [(r.op, r.where) for r in state.flight.inflight.records] == [(op, f"hang.py:{line}")]
+        assert state.flight.counts.by_group == {"world": {"init_process_group": 1, "all_reduce": 1}}
+    assert outcome.ranks[1].progress.inflight.peer == 0  # type: ignore[union-attr]
 
 
 @pytest.mark.local

@@ -198,3 +198,28 @@ def test_what_a_run_comes_to_is_plain_data() -> None:
     package = modules(PACKAGE_DIR)
     for name in ("lab.core.outcome", "lab.core.judge", "lab.core.why", "lab.core.ledger"):
         assert not any(within(imported, "lab.transport") for imported in imports_of(package[name], name)), name
+
+
+def test_the_ledger_alone_writes_the_ranks_and_launches_states() -> None:
+    """What the controller knows of a rank or a launch (RankState, LaunchState) has one writer: the
+    ledger. A module that holds them (imports either) assigns none of their fields; the stream readers
+    fill the buffers the states hold (Output, Reading), whose fields are other names."""
+    from dataclasses import fields
+
+    from lab.core.outcome import LaunchState, RankState
+
+    names = {f.name for cls in (RankState, LaunchState) for f in fields(cls)}
+    writes = []
+    for name, path in modules(PACKAGE_DIR).items():
+        if name == "lab.core.ledger" or not {"lab.core.outcome.RankState", "lab.core.outcome.LaunchState"} & \
+                imports_of(path, name):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+                if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+            for target in targets:
+                for part in target.elts if isinstance(target, ast.Tuple) else [target]:
+                    if isinstance(part, ast.Attribute) and part.attr in names and not (
+                            isinstance(part.value, ast.Name) and part.value.id == "self"):
+                        writes.append(f"{name}:{part.lineno} writes .{part.attr}")
+    assert writes == []

@@ -14,6 +14,7 @@ from lab.core.plan import Options
 from lab.core.planner import build_launch_plan, build_plan
 from lab.errors import UsageError
 from lab.rank.protocol import event_line
+from lab.rank.record import Record, to_wire
 from lab.suite import registry
 
 HANG_AFTER = 10.0
@@ -34,7 +35,8 @@ def send(run: Ledger, now: float, kind: str, rank: int, **fields: Any) -> None:
 
 def blocked(run: Ledger, now: float, rank: int, quiet: float, call: str | None = "all_reduce") -> None:
     """Rank ``rank`` says it blocks in ``call`` (None: in no call) and nothing moved for ``quiet`` s."""
-    send(run, now, "progress", rank, completed=3, inflight={"op": call} if call else None, moved=0, quiet=quiet)
+    inflight = to_wire(Record(4, "world", call, "in_flight", now)) if call else None
+    send(run, now, "progress", rank, completed=3, inflight=inflight, moved=0, quiet=quiet)
 
 
 def started(run: Ledger, now: float, step: str) -> None:
@@ -203,5 +205,5 @@ def test_a_rank_s_clock_is_the_least_gap_seen_and_its_trace_keeps_the_newest_wor
     record = {"seq": 2, "group": "world", "op": "all_reduce", "state": "in_flight", "t0": 5001.0}
     send(run, 104.0, "trace", 0, records=[record, "not a record"], dropped=3)
     send(run, 105.0, "trace", 0, records=[{**record, "state": "done", "t1": 5001.1}], dropped=2)
-    assert list(run.states[0].trace.values()) == [{**record, "state": "done", "t1": 5001.1}]
+    assert list(run.states[0].trace.values()) == [Record(2, "world", "all_reduce", "done", 5001.0, t1=5001.1)]
     assert run.states[0].trace_dropped == 3  # (the rank's count only grows)

@@ -9,8 +9,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lab.core.flightrecords import read_record
 from lab.rank import lastcall
+from lab.rank.flightrecords import read_record
 from lab.rank.record import INT_MAX, SCHEMA, STATES, Record, from_wire, to_wire
 
 counts = st.integers(0, INT_MAX)

@@ -4,9 +4,9 @@ untrusted data. The real path (DDP's C++ collectives in a running job, torch's a
 dumps) is in test_train_programs.py and test_trace.py."""
 from __future__ import annotations
 
-from lab.core.flightrecords import read_record
 from lab.core.rankview import describe, place
 from lab.rank import torchfr
+from lab.rank.flightrecords import read_record
 from lab.rank.record import Record
 
 ENTRY = {"record_id": 3, "collective_seq_id": 4, "p2p_seq_id": 0, "process_group": ["0", "default_pg"],

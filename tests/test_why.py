@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from lab.core.flightrecords import RECORDS_MAX, read_record
 from lab.core.rankview import ordinal, ranks_named
 from lab.core.why import Cause, RankFacts, explain
+from lab.rank.flightrecords import RECORDS_MAX, read_calls, read_counts, read_record, read_steps
 
 LOST = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:41234"
 LOST_SHOWN = "RuntimeError: Connection closed by peer [10.0.0.2]:41234"  # as a headline shows it: no C++ place
@@ -36,9 +36,20 @@ def loop(n: int, op: str = "all_reduce", **fields: Any) -> list[dict[str, Any]]:
 
 
 def rank(r: int, records: Any = (), inflight: Any = (), counts: Any = None, **facts: Any) -> RankFacts:
-    """A rank on host node<r+1>; records and inflight as lists (None: no dump came)."""
-    return RankFacts(r, f"node{r + 1}", records=None if records is None else list(records),
-                     inflight=None if inflight is None else list(inflight), counts=counts, **facts)
+    """A rank on host node<r+1>, its flight dump's fields as it sent them (records and inflight as lists,
+    None: no dump came; steps, died_in), read as the events read them."""
+    return read(r, f"node{r + 1}", records=records, inflight=inflight, counts=counts, **facts)
+
+
+def read(r: int, host: str, records: Any = None, inflight: Any = None, counts: Any = None, steps: Any = None,
+         died_in: Any = None, **facts: Any) -> RankFacts:
+    """The facts of a rank that sent these fields (raw), read by the events' readers (lab.rank.flightrecords)."""
+    died = None if died_in is None else read_record(died_in)
+    assert not isinstance(died, str), died
+    return RankFacts(r, host, records=None if records is None else read_calls(list(records)),
+                     inflight=None if inflight is None else read_calls(list(inflight)),
+                     counts=None if counts is None else read_counts(counts),
+                     steps=None if steps is None else read_steps(steps), died_in=died, **facts)
 
 
 def lines(cause: Cause) -> list[str]:
@@ -691,15 +702,14 @@ def test_every_malformed_field_skips_its_record() -> None:
 def test_malformed_records_are_skipped_and_said() -> None:
     junk: list[Any] = [None, 7, "x", [], {"seq": -1}, {**rec(2, "recv"), "peer": -1}, {**rec(3, "x"), "numel": "4"}]
     ranks = [rank(0, records=junk + loop(1), ended="exited", exit_code=0),
-             RankFacts(1, "node2", records=loop(1), inflight={"not": "a list"}, counts=["no"], ended="exited",
-                       exit_code=0),
+             rank(1, records=loop(1), counts={"world": {"all_reduce": "no"}}, ended="exited", exit_code=0),
              rank(-1), rank(1)]
     cause = explain(ranks)
     assert cause.kind == "none"
     assert cause.notes == (
         "rank 0: 7 malformed flight records skipped (4 not an object, 1 with a bad numel, 1 with a bad peer, "
         "1 with a bad seq)",
-        "rank 1: its flight inflight are not a list: skipped", "rank 1: its call counts are not an object: skipped",
+        "rank 1: malformed or too many call counts skipped",
         "rank -1: a negative rank: skipped", "rank 1: given twice: skipped")
 
 
@@ -755,14 +765,13 @@ def test_random_junk_never_raises(seed: int) -> None:
             record[key] = chance.choice(values)
         return record
 
-    facts = [RankFacts(r, f"n{r}", records=[junk_record() for _ in range(chance.randint(0, 12))],
-                       inflight=[junk_record() for _ in range(chance.randint(0, 3))],
-                       counts=chance.choice([None, {"world": {"all_reduce": chance.choice(values)}}, [1]]),
-                       ended=chance.choice(["running", "exited", "raised"]),
-                       exit_code=chance.choice([None, 0, 1, -9, 137]),
-                       error=chance.choice([None, "ValueError: x", LOST, SIZE_CHECK]),
-                       stage=chance.choice(["starting", "rendezvous", "joined"]),
-                       failed_at=chance.choice([None, 1.0, float("nan")]), arrival=chance.choice([None, 0, 1]))
+    facts = [read(r, f"n{r}", records=[junk_record() for _ in range(chance.randint(0, 12))],
+                  inflight=[junk_record() for _ in range(chance.randint(0, 3))],
+                  counts=chance.choice([None, {"world": {"all_reduce": chance.choice(values)}}, {3: [1]}]),
+                  ended=chance.choice(["running", "exited", "raised"]), exit_code=chance.choice([None, 0, 1, -9, 137]),
+                  error=chance.choice([None, "ValueError: x", LOST, SIZE_CHECK]),
+                  stage=chance.choice(["starting", "rendezvous", "joined"]),
+                  failed_at=chance.choice([None, 1.0, float("nan")]), arrival=chance.choice([None, 0, 1]))
              for r in range(chance.randint(1, 5))]
     cause = explain(facts)
     assert cause.headline.endswith(".") and len(cause.evidence) == len(facts)

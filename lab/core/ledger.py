@@ -62,6 +62,7 @@ from lab.rank.events import (
     WireMeasure,
     parse_event,
 )
+from lab.rank.flightrecords import Calls
 from lab.rank.quiet import quiet_enough
 from lab.rank.steps import STARTUP, RankStep
 from lab.suite.check import Carried
@@ -274,6 +275,10 @@ class Ledger:
         if launch.exit_code is None and code is not None:
             launch.exit_code, launch.exited_at = code, now
 
+    def stream_ended(self, launch: LaunchState) -> None:
+        """One of ``launch``'s streams was read to its end."""
+        launch.open_streams -= 1
+
     def settle(self, now: float) -> float | None:
         """Tell the ranks of the launches that ended, once their last lines are read (they may say how
         each one ended; readers still busy with a flood it printed get STREAM_GRACE from their last
@@ -281,7 +286,7 @@ class Ledger:
         crashed_at: float | None = None
         for launch in self.launches:
             if launch.exited_at is not None and not launch.settled and (
-                    launch.open_streams == 0 or now - max(launch.exited_at, launch.active_at) > STREAM_GRACE):
+                    launch.open_streams == 0 or now - max(launch.exited_at, launch.read.active_at) > STREAM_GRACE):
                 launch.settled = True
                 crashed_at = crashed_at or self.ended(launch, now)
         return crashed_at
@@ -313,7 +318,8 @@ class Ledger:
         mine = [state for state in self.states if state.launch is launch]
         # when it ended: its streams' end, as its readers met it (so the first of several ranks
         # to die is told apart from those that followed it within the same look), else now
-        ended = launch.closed_at if launch.open_streams == 0 and launch.closed_at is not None else now
+        closed_at = launch.read.closed_at
+        ended = closed_at if launch.open_streams == 0 and closed_at is not None else now
         for state in mine:
             if state.exit_code is None:  # (a host's launcher may have said already how a rank ended)
                 state.exit_code, state.step_started, state.ended_at = launch.exit_code, now, ended
@@ -383,13 +389,10 @@ class Ledger:
 TRACE_MAX = 100_000  # records of a rank kept for --trace; the rest are counted as left out
 
 
-def _traced(state: RankState, records: list[object], dropped: int) -> None:
-    """A rank's trace records (untrusted: checked as the trace is written), the newest of each call."""
-    for record in records:
-        if not isinstance(record, dict):
-            continue
-        key = tuple(record.get(k) if isinstance(record.get(k), (str, int, float)) else None
-                    for k in ("group", "op", "t0"))  # (a call's number may move: torch's calls found later)
+def _traced(state: RankState, records: Calls, dropped: int) -> None:
+    """A rank's trace records (as read: lab.rank.flightrecords), the newest of each call."""
+    for record in records.records:
+        key = (record.group, record.op, record.t0)  # (a call's number may move: torch's calls found later)
         if key in state.trace or len(state.trace) < TRACE_MAX:
             state.trace[key] = record
         else:

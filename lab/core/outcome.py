@@ -21,6 +21,7 @@ from typing import Any, Literal
 from lab.core.plan import Launch, Plan, RankSpec, bind_macros
 from lab.rank.events import Died, End, Error, Flight, Hello, Progress
 from lab.rank.protocol import LINE_MAX
+from lab.rank.record import Record
 from lab.rank.steps import STARTUP, RankStep
 from lab.suite.check import Carried
 
@@ -94,6 +95,16 @@ def kept_text(raw: bytes, size: int, whole: bool = True) -> str:
 
 
 @dataclass
+class Reading:
+    """When a launch's stream readers (lab.core.streams) last read or queued one of its lines, and last
+    met the end of one of its streams: the readers' to write (like the Output buffers they fill), the
+    ledger's to read. Every other field of a LaunchState or a RankState is the ledger's alone to write."""
+
+    active_at: float = 0.0
+    closed_at: float | None = None
+
+
+@dataclass
 class LaunchState:
     """One started process: a rank, or a host's launcher and the ranks it started."""
 
@@ -103,8 +114,7 @@ class LaunchState:
     exited_at: float | None = None
     settled: bool = False  # its ranks were told it ended (once its last lines were read)
     open_streams: int = 2
-    active_at: float = 0.0  # when a reader last read or queued one of its lines
-    closed_at: float | None = None  # when a reader last met the end of one of its streams
+    read: Reading = field(default_factory=Reading)  # when its readers last read, and met an end
     output: Output = field(default_factory=Output)  # a launcher's own lines (torchrun's)
     carried: Carried | None = None  # where the plan measures the connections (Plan.wire): the launcher's word
 
@@ -123,7 +133,8 @@ class LaunchState:
 
 @dataclass
 class RankState:
-    """What the controller knows about one rank while and after it runs."""
+    """What the controller knows about one rank while and after it runs: the ledger's alone to write
+    (lab.core.ledger), but for its Output buffer, which the stream readers fill."""
 
     spec: RankSpec
     launch: LaunchState
@@ -151,7 +162,7 @@ class RankState:
     # Its clock against the controller's (time.monotonic() here less time.time() there, the least seen as its
     # progress events came): a record's time plus this is when it happened on the controller's clock.
     clock: float | None = None
-    trace: dict[tuple[Any, ...], Any] = field(default_factory=dict)  # --trace: its records, the newest of each call
+    trace: dict[tuple[str, str, float], Record] = field(default_factory=dict)  # --trace: the newest record of each call
     trace_said_dropped: int = 0  # calls it said it left out of its trace
     trace_overflow: int = 0  # records of its the controller left out (past TRACE_MAX)
     torch_dump: dict[str, Any] | None = None  # --fr-dir: torch's own recorder, as it last sent it

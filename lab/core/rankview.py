@@ -1,7 +1,7 @@
 """Each rank as the analysis of lab.core.why sees it, and the words it says ranks and calls in.
 
 :class:`RankFacts` is what the controller knows of one rank (the runner builds it); :func:`build`
-turns it into a :class:`Rank`: its records checked (lab.core.flightrecords), the call it is blocked
+turns it into a :class:`Rank`: its records checked (lab.rank.flightrecords), the call it is blocked
 in now, the call its failure came from, and whether that failure was its own or a consequence of
 another rank's (a lost connection, a timeout: what every peer of a rank that died says).
 Pure: no I/O.
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 from typing import Literal
 
-from lab.core.flightrecords import TEXT_MAX, StepMark, read_calls, read_counts, read_record, read_steps, text
 from lab.core.outcome import CauseKind, ended
+from lab.rank.flightrecords import TEXT_MAX, Calls, Counts, StepMark, Steps, merged, text
 from lab.rank.ops import FROM_ROOT, canonical
 from lab.rank.record import Record
 
@@ -42,16 +42,16 @@ GROUP_SHOWN = 60  # characters of a group's name shown in a call
 
 @dataclass(frozen=True)
 class RankFacts:
-    """What the controller knows of one rank. ``records``, ``inflight`` and ``counts`` are its last
-    flight dump's fields as the rank sent them (untrusted: checked here; where only a progress event
-    came, ``inflight`` may be its one call in a list); the rest is the runner's. ``ended`` and
-    ``exit_code`` say how it ended by itself: a rank the lab stopped (a hang, the timeout) is running."""
+    """What the controller knows of one rank. ``records``, ``inflight``, ``counts`` and ``steps`` are its
+    last flight dump's, as read (untrusted: lab.rank.flightrecords; where only a progress event came,
+    ``inflight`` may be its one call); the rest is the runner's. ``ended`` and ``exit_code`` say how it
+    ended by itself: a rank the lab stopped (a hang, the timeout) is running."""
 
     rank: int
     host: str
-    records: object = None  # None: no flight dump came (the rank is unseen, not guessed)
-    inflight: object = None
-    counts: object = None  # {group: {op: completed calls}}
+    records: Calls | None = None  # None: no flight dump came (the rank is unseen, not guessed)
+    inflight: Calls | None = None
+    counts: Counts | None = None  # its completed calls per group and op
     ended: Ended = "running"  # raised: its program raised (error, traceback); exited: ended otherwise
     exit_code: int | None = None  # as Popen gives it: negative, killed by that signal; 128+N, by signal N
     error: str | None = None  # "ExceptionType: message"
@@ -63,9 +63,9 @@ class RankFacts:
     exit_call: str | None = None  # where its program called sys.exit or os._exit ("file.py:LINE"), if it did
     world_asked: int | None = None  # the world_size its program passed to init_process_group, if it passed one
     aborted_in: str | None = None  # the torch.distributed function its stacks showed it in as it was aborted
-    died_in: object = None  # the record of the call it was in as it died by a signal (its relay's word)
+    died_in: Record | None = None  # the call it was in as it died by a signal (its relay's word)
     oom: str | None = None  # the kernel's line that it killed the rank for memory (its relay's word)
-    steps: object = None  # its last dump's training steps (a DDP program's forwards and backward passes)
+    steps: Steps | None = None  # its last dump's training steps (a DDP program's forwards and backward passes)
 
 
 @dataclass(frozen=True)
@@ -136,8 +136,12 @@ class Finding:
 def build(facts: RankFacts, notes: list[str]) -> Rank:
     """A rank's facts, its records checked (what is skipped goes to ``notes``)."""
     who = f"rank {facts.rank}"
-    calls = read_calls(facts.records, facts.inflight, who, notes)
-    counts = read_counts(facts.counts, who, notes)
+    calls = merged({name: given for name, given in (("records", facts.records), ("inflight", facts.inflight))
+                    if given is not None}, who, notes)
+    if facts.counts is not None and facts.counts.malformed:
+        notes.append(f"{who}: malformed or too many call counts skipped")
+    if facts.steps is not None and facts.steps.malformed:
+        notes.append(f"{who}: {facts.steps.malformed} malformed steps skipped")
     # init_process_group says where a rank is in the rendezvous, and is no call that ranks meet in
     joining = next((c for c in calls if c.op == JOIN and c.blocking), None) if facts.ended == "running" else None
     calls = [c for c in calls if c.op != JOIN]
@@ -150,9 +154,8 @@ def build(facts: RankFacts, notes: list[str]) -> Rank:
     failed_in = None
     if facts.ended != "running" and raised and not any(c.state == "done" and c.t0 > raised[-1].t0 for c in calls):
         failed_in = raised[-1]  # its last call raised: its failure came from there
-    died_in = read_record(facts.died_in) if facts.died_in is not None else None
-    return Rank(facts, tuple(calls), counts, position, failed_in, _failure(facts, failed_in),
-                died_in if isinstance(died_in, Record) else None, read_steps(facts.steps, who, notes))
+    return Rank(facts, tuple(calls), facts.counts.by_group if facts.counts is not None else None, position, failed_in,
+                _failure(facts, failed_in), facts.died_in, facts.steps.marks if facts.steps is not None else None)
 
 
 def _failure(facts: RankFacts, failed_in: Record | None) -> Failure | None:

@@ -2,7 +2,7 @@
 is the CLI's: lab.cli.views.run).
 
 Whatever a rank printed or raised is untrusted: the JUnit XML shows it through
-:func:`lab.core.text.printable` (escapes made visible); JSON escapes control characters itself."""
+:func:`lab.rank.text.printable` (escapes made visible); JSON escapes control characters itself."""
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
@@ -10,7 +10,7 @@ from typing import Any
 
 from lab.core.judge import ExerciseReport
 from lab.core.outcome import RunOutcome, ended
-from lab.core.text import printable
+from lab.rank.text import printable
 
 TAIL_SHOWN = 12
 

@@ -269,7 +269,7 @@ class Run:
         index, kind, whose, line = item
         launch = self.launches[index]
         if kind == "end":
-            launch.open_streams -= 1
+            self.ledger.stream_ended(launch)
         elif kind == "event":
             self.ledger.apply(launch, line, time.monotonic())
         elif kind == "bad":

@@ -61,7 +61,7 @@ class StreamReader:
         budget = EventBudget()
         try:
             for raw, size, kind in read_lines(stream, prefix, self._in_blocks, self._block):
-                self.launch.active_at = time.monotonic()
+                self.launch.read.active_at = time.monotonic()
                 if kind == "lines":  # one rank's lines (_block)
                     rank = untag(raw[:TAG_MAX])[0]
                     assert rank is not None
@@ -86,7 +86,7 @@ class StreamReader:
         except (OSError, ValueError):
             pass
         finally:
-            self.launch.closed_at = time.monotonic()
+            self.launch.read.closed_at = time.monotonic()
             self._put("end", None, "")
 
     def _sender(self, raw: bytes) -> RankState | LaunchState:
@@ -117,7 +117,7 @@ class StreamReader:
                 self.events.put((self.index, kind, whose, text), timeout=0.5)
             except queue.Full:
                 continue
-            self.launch.active_at = time.monotonic()
+            self.launch.read.active_at = time.monotonic()
             return
 
 

@@ -8,7 +8,7 @@ when its progress events were sent, on its clock, and when they came), so ranks 
 up. A call still in flight when the run ended is drawn to that end; a blocked send or receive has an
 arrow to the rank it waits for; the lab's verdict (a hang, a crash) is a mark across the ranks at the
 run's end, with its headline and fix. The records are the ranks' (untrusted: each is checked as
-lab.core.flightrecords checks a dump) from their ``trace`` events and last dump. No I/O but
+lab.rank.flightrecords checks a dump) from their ``trace`` events and last dump. No I/O but
 :func:`write`'s (and this machine's clocks, read for a run where no rank said its own).
 """
 from __future__ import annotations
@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lab.core.flightrecords import read_record
 from lab.core.outcome import RankState, RunOutcome
 from lab.core.rankview import describe, named
 from lab.rank.record import Record
@@ -83,15 +82,13 @@ def _default_clock(ranks: list[RankState]) -> float:
 
 
 def _calls(state: RankState) -> list[Record]:
-    """A rank's calls, checked, the newest word on each: its trace records, then its last dump's."""
+    """A rank's calls, the newest word on each: its trace records, then its last dump's."""
     found: dict[tuple[str, str, float], Record] = {}
-    raw: list[object] = list(state.trace.values())
+    said = [*state.trace.values()]
     if state.flight is not None:
-        raw += [*state.flight.records, *state.flight.inflight]
-    for record in raw:
-        call = read_record(record)
-        if isinstance(call, Record):
-            found[(call.group, call.op, call.t0)] = call  # (its number may have moved: the newest says)
+        said += [*state.flight.records.records, *state.flight.inflight.records]
+    for call in said:
+        found[(call.group, call.op, call.t0)] = call  # (its number may have moved: the newest says)
     return sorted(found.values(), key=lambda c: c.t0)
 
 

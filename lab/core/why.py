@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab.core import waitfor
-from lab.core.flightrecords import text
 from lab.core.outcome import SYS_EXIT, Cause, CauseKind, Evidence, ExerciseRun, RankState, RunOutcome, ended
 from lab.core.rankview import (
     Ended,
@@ -52,6 +51,7 @@ from lab.core.rankview import (
 )
 from lab.core.stacks import called_in, is_stack_line, program_files, where_stopped
 from lab.rank.events import Error
+from lab.rank.flightrecords import Calls, text
 from lab.rank.ops import FROM_ROOT, REDUCING, ROOTED, SIZES_DIFFER, canonical
 from lab.rank.record import Record
 
@@ -595,10 +595,11 @@ def facts_of(state: RankState, runs: Mapping[str, ExerciseRun], arrival: int | N
     raised = _exercise_error(state, runs) if not ended_by_itself else None
     if raised is not None and not raised.error.startswith(SYS_EXIT):
         # Its exercise raised, and it waits in the lab's barrier after it: its program failed there, and
-        # what the lab does after that is no party to the cause (nor are its calls: see _program_calls).
+        # what the lab does after that is no party to the cause (nor are its calls: Calls.of_the_program).
         how, error, traceback = "raised", raised.error, raised.traceback
         failed_at = time.time() - (time.monotonic() - state.step_started)
-        records, inflight = _program_calls(records), _program_calls(inflight)
+        records = records.of_the_program() if records is not None else None
+        inflight = inflight.of_the_program() if inflight is not None else None
     stage: Stage = "starting" if not state.info else "rendezvous" if state.step.kind == "rendezvous" else "joined"
     stopped_at, aborted_in, died_in, oom = state.stopped_at, None, None, None
     died = state.last_call
@@ -617,23 +618,16 @@ def facts_of(state: RankState, runs: Mapping[str, ExerciseRun], arrival: int | N
                      died_in=died_in, oom=oom, steps=state.flight.steps if state.flight else None)
 
 
-def _flight_of(state: RankState) -> tuple[object, object]:
+def _flight_of(state: RankState) -> tuple[Calls | None, Calls | None]:
     """A rank's records and calls in flight: its last dump's, the newer progress event's call in flight
     in place of the dump's where the progress came after it; (None, None) where it sent neither."""
-    records: object = state.flight.records if state.flight else None
-    inflight: object = state.flight.inflight if state.flight else None
+    records = state.flight.records if state.flight else None
+    inflight = state.flight.inflight if state.flight else None
     progress = state.progress
     if progress is not None and (state.flight_at is None or (state.progress_at or 0.0) > state.flight_at):
-        inflight = [progress.inflight] if progress.inflight else []
-        records = [] if records is None else records
+        inflight = Calls((progress.inflight,) if progress.inflight else (), 1 if progress.inflight else 0)
+        records = Calls() if records is None else records
     return records, inflight
-
-
-def _program_calls(records: object) -> object:
-    """The records but the lab's own calls (the worker's barriers: made at ``lab/...``)."""
-    if not isinstance(records, list):
-        return records
-    return [r for r in records if not (isinstance(r, dict) and str(r.get("where") or "").startswith("lab/"))]
 
 
 def _exit_call(state: RankState, runs: Mapping[str, ExerciseRun]) -> str | None:

@@ -19,7 +19,7 @@ from markdown_it import MarkdownIt
 from lab.core.judge import ExerciseReport
 from lab.core.outcome import RunOutcome
 from lab.core.stacks import users_lines, users_traceback
-from lab.core.text import printable
+from lab.rank.text import printable
 from lab.suite.check import distinct
 
 MISMATCHES_SHOWN = 10

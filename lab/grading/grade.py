@@ -36,11 +36,11 @@ from lab.core.plan import Options
 from lab.core.planner import build_plan
 from lab.core.report import to_junit
 from lab.core.runner import run_plan
-from lab.core.text import printable
 from lab.errors import ExitCode, LabError, UsageError
 from lab.grading.feedback import feedback, feedback_page
 from lab.grading.page import Row, class_page
 from lab.grading.places import PlaceMaker
+from lab.rank.text import printable
 from lab.transport.ssh import SSHSettings
 
 GradeVerdict = Literal["pass", "fail", "timeout", "error"]

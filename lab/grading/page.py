@@ -13,7 +13,7 @@ import html
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lab.core.text import printable
+from lab.rank.text import printable
 
 BINS = 5  # histogram bars: scores 0-0.2, ..., 0.8-1
 

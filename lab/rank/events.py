@@ -17,7 +17,9 @@ from dataclasses import MISSING, dataclass
 from dataclasses import fields as dataclass_fields
 from typing import Any, ClassVar, Final, Literal
 
+from lab.rank.flightrecords import Calls, Counts, Steps, read_calls, read_counts, read_record, read_steps
 from lab.rank.protocol import EVENT_KINDS, EVENT_MAX, MARK
+from lab.rank.record import Record
 
 
 class MalformedEvent(ValueError):
@@ -101,12 +103,13 @@ class Done(RankEvent):
     failures: int
 
 
-# (what the records in progress and flight hold is the controller's analysis to check: lab.rank.flight)
+# (the records of progress, flight, trace and died are read as lab.rank.flightrecords reads them: a malformed
+# record in a list is skipped, and counted; the one of a progress or died event makes the event malformed)
 @dataclass(frozen=True)
 class Progress(RankEvent):
     KIND: ClassVar[str] = "progress"
     completed: int
-    inflight: dict[str, Any] | None
+    inflight: Record | None
     moved: int
     quiet: float
     at: float = 0.0  # the rank's clock (time.time()) as it sent it: the controller puts the ranks on one clock
@@ -115,17 +118,17 @@ class Progress(RankEvent):
 @dataclass(frozen=True)
 class Flight(RankEvent):
     KIND: ClassVar[str] = "flight"
-    records: list[Any]
-    inflight: list[Any]
-    counts: dict[str, Any]
+    records: Calls
+    inflight: Calls
+    counts: Counts
     dropped: int
-    steps: list[Any] | None = None  # a DDP program's last forwards and backward passes (lab.rank.flight)
+    steps: Steps | None = None  # a DDP program's last forwards and backward passes (lab.rank.flight)
 
 
 @dataclass(frozen=True)
 class Trace(RankEvent):
     KIND: ClassVar[str] = "trace"
-    records: list[Any]
+    records: Calls
     dropped: int  # calls that began and left the recorder's ring before a trace event took them
 
 
@@ -138,7 +141,7 @@ class TorchDump(RankEvent):
 @dataclass(frozen=True)
 class Died(RankEvent):
     KIND: ClassVar[str] = "died"
-    call: dict[str, Any] | None  # the call the rank was in as it died, a flight record (lab.rank.lastcall)
+    call: Record | None  # the call the rank was in as it died, a flight record (lab.rank.lastcall)
     oom: str = ""  # the kernel's line that it killed the rank for memory, where the host let the relay read it
 
 
@@ -250,37 +253,59 @@ def check_event(event: Any) -> Event:
     unknown = sorted(name for name in event if name != "event" and name not in fields)
     if unknown:
         raise MalformedEvent(f"a {kind!r} event has no field {_short(unknown[0])}")
+    read: dict[str, Any] = {}
     for name, (type_, optional) in fields.items():
         if name not in event:
             if optional:
                 continue
             raise MalformedEvent(f"a {kind!r} event without its {name!r}")
-        if not _CHECKS[type_](event[name]):
+        value = _READERS[type_](event[name])
+        if value is _REFUSED:
             raise MalformedEvent(f"the {name!r} of a {kind!r} event is {_kind_of(event[name])} "
                                  f"{_short(event[name])}, not {_TYPE_WORDS[type_]}")
-    return cls(**{name: value for name, value in event.items() if name != "event"})
+        read[name] = value
+    return cls(**read)
+
+
+_REFUSED: Final = object()  # what a reader gives for a value that is not of its type
 
 
 def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-# A field's type, as its class declares it -> (what a value of it is, said in words)
-_CHECKS: Final[dict[str, Callable[[Any], bool]]] = {
-    "int": _whole,
-    "bool": lambda value: isinstance(value, bool),
-    "str": lambda value: isinstance(value, str),
-    "float": lambda value: (_whole(value) or isinstance(value, float)) and math.isfinite(value),
-    "object": lambda value: True,
-    "list[Any]": lambda value: isinstance(value, list),
-    "list[Any] | None": lambda value: value is None or isinstance(value, list),
-    "dict[str, Any]": lambda value: isinstance(value, dict),
-    "dict[str, Any] | None": lambda value: value is None or isinstance(value, dict),
+def _checked(check: Callable[[Any], bool]) -> Callable[[Any], Any]:
+    return lambda value: value if check(value) else _REFUSED
+
+
+def _record(value: Any) -> Any:
+    if value is None:
+        return None
+    found = read_record(value)
+    return _REFUSED if isinstance(found, str) else found
+
+
+# A field's type, as its class declares it -> its reader (the value as the event holds it, or _REFUSED),
+# and what a value of it is, said in words
+_READERS: Final[dict[str, Callable[[Any], Any]]] = {
+    "int": _checked(_whole),
+    "bool": _checked(lambda value: isinstance(value, bool)),
+    "str": _checked(lambda value: isinstance(value, str)),
+    "float": _checked(lambda value: (_whole(value) or isinstance(value, float)) and math.isfinite(value)),
+    "object": lambda value: value,
+    "list[Any]": _checked(lambda value: isinstance(value, list)),
+    "dict[str, Any]": _checked(lambda value: isinstance(value, dict)),
+    "dict[str, Any] | None": _checked(lambda value: value is None or isinstance(value, dict)),
+    "Record | None": _record,
+    "Calls": lambda value: read_calls(value) if isinstance(value, list) else _REFUSED,
+    "Counts": lambda value: read_counts(value) if isinstance(value, dict) else _REFUSED,
+    "Steps | None": lambda value: None if value is None else read_steps(value) if isinstance(value, list) else _REFUSED,
 }
 _TYPE_WORDS: Final[dict[str, str]] = {
     "int": "an integer", "bool": "true or false", "str": "a string", "float": "a finite number", "object": "a value",
-    "list[Any]": "a list", "list[Any] | None": "a list or null", "dict[str, Any]": "an object",
-    "dict[str, Any] | None": "an object or null"}
+    "list[Any]": "a list", "dict[str, Any]": "an object", "dict[str, Any] | None": "an object or null",
+    "Record | None": "a flight record or null", "Calls": "a list of flight records", "Counts": "an object",
+    "Steps | None": "a list or null"}
 # each class's fields: name -> (its type, whether it may be left out)
 _FIELDS: Final[dict[type[Event], dict[str, tuple[str, bool]]]] = {
     cls: {f.name: (str(f.type), f.default is not MISSING) for f in dataclass_fields(cls)}

@@ -1,6 +1,6 @@
 """torch.distributed's communication operations, in one table: what each one is, for the recorder
 that wraps them (``lab.rank.calls``, ``lab.rank.callspec``), the records' reader
-(``lab.core.flightrecords``) and the analysis of a hang or a crash (``lab.core.why``,
+(``lab.rank.flightrecords``) and the analysis of a hang or a crash (``lab.core.why``,
 ``lab.core.rankview``). Standard library only: it runs on every host.
 
 An operation is named as the public function names it (``all_reduce``); a record may carry an

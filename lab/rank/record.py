@@ -1,6 +1,6 @@
 """A flight record: one torch.distributed call as a rank recorded it, in the one schema that every
 writer of records (the rank's recorder, ``lab.rank.flight``; the page its relay tells after a death,
-``lab.rank.lastcall``) and their reader (the controller's, ``lab.core.flightrecords``) are made from.
+``lab.rank.lastcall``) and their reader (the controller's, ``lab.rank.flightrecords``) are made from.
 
 A record on the wire (:func:`to_wire`)::
 

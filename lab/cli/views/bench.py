@@ -8,8 +8,8 @@ from rich.table import Table
 from rich.text import Text
 
 from lab.cli.views import screen
-from lab.core.text import printable
 from lab.jobs import bench
+from lab.rank.text import printable
 
 
 def console(stderr: bool) -> Console:

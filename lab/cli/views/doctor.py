@@ -9,13 +9,13 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from lab.core.text import printable
 from lab.netcheck.model import SEVERITIES, Diagnosis
 from lab.netcheck.rules import SLOW_LOOKUP
 from lab.rank.netfacts import (
     Advertised,
     is_loopback,
 )
+from lab.rank.text import printable
 
 MATRIX_MAX = 12  # hosts up to which the mesh prints as a matrix
 SEVERITY_STYLES = {"error": "bold red", "warning": "yellow", "info": "cyan"}

@@ -1,7 +1,7 @@
 """What ``lab grade`` shows: a line per submission as it is graded (under a progress bar), the
 gradebook as a table, where it was written.
 
-Students' names and reasons are untrusted: shown through :func:`lab.core.text.printable` and as
+Students' names and reasons are untrusted: shown through :func:`lab.rank.text.printable` and as
 ``Text`` (a str cell would be read as rich markup)."""
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.text import Text
 
-from lab.core.text import printable
 from lab.grading.grade import Grade
+from lab.rank.text import printable
 
 GRADE_STYLES = {"pass": "bold green", "fail": "bold red", "timeout": "bold red", "error": "yellow"}
 

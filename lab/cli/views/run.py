@@ -2,7 +2,7 @@
 (a line per exercise, the failures with their ranks' last lines, the summary), the known causes.
 
 Whatever a rank printed or raised is untrusted: it is shown through
-:func:`lab.core.text.printable` (escapes made visible) and as ``Text`` (no rich markup)."""
+:func:`lab.rank.text.printable` (escapes made visible) and as ``Text`` (no rich markup)."""
 from __future__ import annotations
 
 import contextlib
@@ -21,7 +21,7 @@ from lab.core.outcome import Cause, LaunchState, RankState, RunOutcome, ended
 from lab.core.report import TAIL_SHOWN, dropped_output, status, summary
 from lab.core.runner import OnPhase
 from lab.core.stacks import is_labs_frame, users_traceback
-from lab.core.text import printable
+from lab.rank.text import printable
 from lab.suite import registry
 from lab.suite.check import distinct
 

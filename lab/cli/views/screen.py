@@ -17,7 +17,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from lab.core.text import printable
+from lab.rank.text import printable
 
 Say = Callable[[str], None]
 
