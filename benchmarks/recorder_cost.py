@@ -1,17 +1,18 @@
 """Benchmark: what the flight recorders cost a rank, as throughput ratios: the lab's (lab.rank.flight,
-which now reads torch's), and torch's own (TORCH_FR_BUFFER_SIZE: on, as the lab leaves it, or 0: off).
+which reads torch's: lab.rank.torchcalls), and torch's own (TORCH_FR_BUFFER_SIZE: on, as the lab
+leaves it, or 0: off).
 
 Two workloads of two local gloo ranks, each run with torch's recorder on and off in turn (on, off,
 off, on, ...: a shared machine drifts more over a run than the recorders cost):
 
 * ``all_reduce``: CALLS all_reduces of 1 KiB with the lab's wrappers (lab.rank.calls.install: the
-  method check and the flight recorder, its progress thread running, its events going to /dev/null)
+  method check and the flight recorder, its watcher's thread running, its events going to /dev/null)
   and CALLS without them (torch's own functions put back), in blocks of BLOCK calls taken in turn
   (ABBA) in the same processes. Ratio: calls per second with the lab's recorder / without.
 * ``ddp``: STEPS training steps of a small DDP model (its gradient all_reduce issued by DDP's reducer
   from C++, which the lab reads from torch's recorder) with the lab's recorder and without it, in
   blocks of STEP_BLOCK steps taken in turn (ABBA) in the same processes: without, torch's functions
-  are put back and the progress thread's looks do nothing. Ratio: steps per second with / without.
+  are put back and the watcher's looks do nothing. Ratio: steps per second with / without.
 
 And, for each workload, torch's recorder on / off: calls (steps) per second with it on / with it off,
 the lab's recorder on in both. Each figure is the median of --repeat runs' medians. Goal: >= 0.97 for
@@ -60,13 +61,14 @@ def start_rank(rank: int, port: int) -> list[tuple[Any, str, Any, Any]]:
     import torch.distributed as dist
 
     from lab.rank import protocol
-    from lab.rank.flight import FLIGHT, PROGRESS_EVERY, Flight
+    from lab.rank.quiet import PROGRESS_EVERY
+    from lab.rank.watcher import WATCHER, Watcher
 
     protocol.CHANNEL = protocol.Channel(os.open(os.devnull, os.O_WRONLY), "bench")
     wrapped = install()
-    # (the progress thread's looks, as an attribute of the recorder that a block without it replaces)
-    wrapped.append((FLIGHT, "_tick", lambda now: PROGRESS_EVERY, Flight._tick.__get__(FLIGHT)))
-    FLIGHT.watch(rank)
+    # (the watcher's looks, as an attribute of the watcher that a block without it replaces)
+    wrapped.append((WATCHER, "_tick", lambda now: PROGRESS_EVERY, Watcher._tick.__get__(WATCHER)))
+    WATCHER.watch(rank)
     dist.init_process_group("gloo")
     return wrapped
 

@@ -1,7 +1,7 @@
-"""The flight recorder (lab.rank.flight): what a rank records of its torch.distributed calls and
-what it tells the controller, on real gloo ranks started as ``lab launch`` starts them
-(``python -m lab.rank.script``) or as the lab's worker, and through the controller
-(lab.core.runner) for a real hang; the events' formats and bounds on synthetic data."""
+"""The flight recorder (lab.rank.flight, and its watcher: lab.rank.watcher): what a rank records of
+its torch.distributed calls and what it tells the controller, on real gloo ranks started as ``lab
+launch`` starts them (``python -m lab.rank.script``) or as the lab's worker, and through the
+controller (lab.core.runner) for a real hang; the events' formats and bounds on synthetic data."""
 from __future__ import annotations
 
 import json
@@ -16,8 +16,9 @@ from lab.core.planner import build_launch_plan
 from lab.core.runner import run_plan
 from lab.rank.callspec import P2P
 from lab.rank.events import Flight, MalformedEvent, Progress, parse_event
-from lab.rank.flight import RING_MAX, fit
+from lab.rank.flight import RING_MAX
 from lab.rank.protocol import EVENT_MAX, event_line
+from lab.rank.watcher import fit
 
 from .conftest import REPO, lines_of, run_ranks_as_the_lab_does
 

@@ -13,7 +13,7 @@ import pytest
 
 from lab.rank import lastcall
 from lab.rank.events import Died, parse_event
-from lab.rank.flight import Group
+from lab.rank.groups import Group
 from lab.rank.protocol import MARK
 
 from .conftest import Lab

@@ -30,8 +30,8 @@ from typing import Any, Literal, get_args
 
 from lab.core.random_inputs import VALUE_BYTES
 from lab.model.inventory import Host
-from lab.rank.flight import HANG_AFTER_VAR, TORCH_DUMPS_VAR, TRACE_VAR
 from lab.rank.script import MODULE_VAR, WORKDIR_VAR
+from lab.rank.watcher import HANG_AFTER_VAR, TORCH_DUMPS_VAR, TRACE_VAR
 from lab.rank.wire import Mode as WireMode
 from lab.suite.registry import Exercise, Rendezvous
 

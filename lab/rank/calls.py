@@ -58,6 +58,7 @@ from typing import Any
 from lab.rank.callspec import Spec, method_spec, spec_for
 from lab.rank.flight import FLIGHT
 from lab.rank.ops import FUNCTIONS, GROUP_METHODS, TENSOR_SENDS
+from lab.rank.torchcalls import TORCH_CALLS
 
 WRAPPED = "__lab_calls__"  # set on every wrapper: never wrapped twice
 # The namespaces of torch.ops whose ops communicate: c10d's (what ProcessGroup's methods dispatch to) and
@@ -360,7 +361,8 @@ _installed = False
 def install(recorder: Recorder = RECORDER) -> None:
     """Wrap torch.distributed's communication functions and ProcessGroup's methods (once), for the
     method check and the flight recorder, and for the latter ``new_group`` and ``init_process_group``
-    (and ``Work.wait``, once the program makes an async call: ``lab.rank.flight``)."""
+    (and ``Work.wait``, once the program makes an async call: ``lab.rank.flight``); and bind the
+    recorder, its reading of torch's own recorder with it (``lab.rank.torchcalls``)."""
     global _installed
     if _installed:
         return
@@ -368,6 +370,7 @@ def install(recorder: Recorder = RECORDER) -> None:
     import torch.distributed.distributed_c10d as c10d
 
     FLIGHT.bind()
+    TORCH_CALLS.bind()
     modules = (dist, c10d)
     # (the flight recorder's wrapper outermost: it takes the program's frame as its caller's)
     flight_only = {"new_group": lambda fn: FLIGHT.wrap_new_group(recorder.wrap_group_maker(fn)),

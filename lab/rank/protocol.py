@@ -64,7 +64,7 @@ progress  rank, completed, inflight, moved, quiet,    the rank's torch.distribut
           [at]                                        far and the one it blocks in (or null), when
                                                       they changed and each second one blocks, with
                                                       the bytes its connections carried and the
-                                                      seconds none moved (``lab.rank.flight``), and
+                                                      seconds none moved (``lab.rank.watcher``), and
                                                       the rank's clock as it sent it
 flight    rank, records, inflight, counts, dropped,   the rank's flight recorder: its last calls, those
           [steps]                                     in flight, completed calls per group and op,
@@ -153,7 +153,7 @@ def event_line(token: str, event: EventKind, **fields: Any) -> str:
 
 class EventBudget:
     """How many bytes of event lines a rank (or a launch's stream, for ``ranks`` ranks) may send: the
-    flight recorder's events (lab.rank.flight: progress at most once a second, dumps within their own
+    flight recorder's events (lab.rank.watcher: progress at most once a second, dumps within their own
     budget) go on for as long as a job runs, so they are counted apart, against EVENTS_MAX and
     FLIGHT_RATE more bytes a second for each rank: an honest job of days never passes it. The others
     against EVENTS_MAX. Past either, the rest of that kind is dropped: the sender's failure, said once."""

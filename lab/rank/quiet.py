@@ -1,8 +1,9 @@
 """The rule of quiet: from what a rank's looks find (the calls it completed, the call it blocks in,
 what its TCP connections carried) and when (its own clocks), for how long nothing moved, whether a
 ``progress`` event is news, and when to look next. Pure: told the counts and the time, so it is
-tested on made-up counters and a made-up clock; ``lab.rank.flight``'s thread looks and sends, and
-the controller's ledger holds a run hung with :func:`quiet_enough` on what every rank said.
+tested on made-up counters and a made-up clock; the flight recorder's watcher (``lab.rank.watcher``)
+looks and sends, and the controller's ledger holds a run hung with :func:`quiet_enough` on what
+every rank said.
 
 Two looks that found the same counters are the kernel's word that no byte moved in between, which
 a busy machine delaying the looks cannot fake. The records time the rest: the newest call's end and
@@ -22,7 +23,7 @@ import math
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-PROGRESS_EVERY = 1.0  # seconds between two looks of the progress thread
+PROGRESS_EVERY = 1.0  # seconds between two looks of the flight recorder's watcher
 LOOK_LATE = 0.02  # seconds past the moment a blocking call's quiet reaches --hang-after that it is looked at
 
 

@@ -48,7 +48,9 @@ from types import FrameType, ModuleType, TracebackType
 from typing import NoReturn
 
 from lab.rank import protocol
-from lab.rank.flight import FLIGHT, LAB_DIR
+from lab.rank.flight import LAB_DIR
+from lab.rank.torchcalls import TORCH_CALLS
+from lab.rank.watcher import WATCHER
 from lab.rank.worker import capped, error_text, start_rank
 
 WORKDIR_VAR = "LAB_WORKDIR"  # lab launch: the folder its ranks start in (the project's copy)
@@ -106,7 +108,7 @@ def run(start: Callable[[], object], rank: int) -> None:
     except BaseException as exc:  # (KeyboardInterrupt too: the program did not catch it)
         text = "".join(traceback.format_exception(without_lab(exc)))
         where = raised_at(exc.__traceback__)
-        FLIGHT.raised(exc)
+        TORCH_CALLS.raised(exc)
         if isinstance(exc, SyntaxError) and exc.filename and not exc.filename.startswith("<") and exc.lineno:
             where = f"{os.path.basename(exc.filename)}:{exc.lineno}"  # (the line that is wrong, in a file)
         say_end(rank, "raised", 1, error_text(exc), where, text)
@@ -242,7 +244,7 @@ def _last_words(rank: int, status: int, where: str) -> None:
     """``end``, then the flight recorder's last dump (it has no atexit to send it)."""
     try:
         say_end(rank, "exited", status & 0xFF, f"os._exit({status})", where, "")
-        FLIGHT.finish()
+        WATCHER.finish()
     except Exception:  # (best effort: nothing of the lab's on the stderr of a program that ends itself)
         pass
 
@@ -258,7 +260,7 @@ def record_calls(rank: int) -> None:
     except ImportError:  # a torch built without torch.distributed: nothing to record
         return
     if rank >= 0:
-        FLIGHT.watch(rank)
+        WATCHER.watch(rank)
 
 
 def keep_attempts_apart(restart: int) -> None:

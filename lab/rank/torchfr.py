@@ -5,9 +5,10 @@ collectives), as torch records them (``TORCH_FR_BUFFER_SIZE`` entries, on by def
 On gloo an entry's ``state`` stays "scheduled" and its completion times stay empty: ``retired`` is what
 says it completed. No send or receive is recorded. The dump is read as JSON, without the entries' Python
 frames: torch's first dump with frames costs seconds; the rank's own stack says where a call it is in
-was made (``lab.rank.flight``). A read costs about 20 us an entry, so the rank reads it only when it must
-(a call blocks, a dump is sent) and torch keeps BUFFER_DEFAULT entries unless the program's environment
-says otherwise. Standard library only until :func:`read` is called (torch is imported by then).
+was made (``lab.rank.torchcalls``, which merges the entries with the rank's records). A read costs
+about 20 us an entry, so the rank reads it only when it must (a call blocks, a dump is sent) and
+torch keeps BUFFER_DEFAULT entries unless the program's environment says otherwise. Standard
+library only until :func:`read` is called (torch is imported by then).
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ own that nothing the exercise program prints can write to (``start_rank``): ``he
 (the rank begins something: ``init:env``, an exercise), ``result`` (an exercise's returned
 dict), ``error`` (an exercise raised), ``fatal``, ``done``, and its flight recorder's
 ``progress`` and ``flight`` (``lab.rank.flight``: every torch.distributed call the rank makes,
-the lab's own too). ``result`` and ``error`` carry
+the lab's own too; sent by its watcher, ``lab.rank.watcher``). ``result`` and ``error`` carry
 ``calls``: the torch.distributed calls the exercise made on this rank and the bytes it sent to
 each peer (``lab.rank.calls``, installed before any exercise program is imported; it records
 only while the exercise loads and runs, never the lab's own rendezvous and barriers).
@@ -279,7 +279,7 @@ class Rank:
         import torch
 
         from lab.rank.calls import install
-        from lab.rank.flight import FLIGHT
+        from lab.rank.watcher import WATCHER
 
         install()  # before any exercise program is imported: it binds the recorded functions
         keep_files_private()
@@ -287,11 +287,11 @@ class Rank:
         limit_processes(self.plan.get("pids"), int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
         self.emit("hello", pid=os.getpid(), hostname=socket.gethostname(), local_rank=self.local_rank,
                   python=sys.version.split()[0], torch=torch.__version__)
-        FLIGHT.watch(self.rank)
+        WATCHER.watch(self.rank)
         failures = 0
         for stage in self.plan["stages"]:
             failures += self.run_stage(stage)
-        FLIGHT.finish()  # its last dump, before the controller hears it is done
+        WATCHER.finish()  # its last dump, before the controller hears it is done
         self.emit("done", failures=failures)
         return 0
 

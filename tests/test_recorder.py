@@ -1,0 +1,374 @@
+"""The parts of a rank's flight recorder, each on its own and without processes, threads or torch: the
+groups named from made-up process groups (lab.rank.groups), the program's calls as the recorder keeps
+them (lab.rank.flight), torch's own recorder merged from made-up dumps (lab.rank.torchcalls), and the
+watcher's ``flight`` fields made from the three (lab.rank.watcher)."""
+from __future__ import annotations
+
+import gc
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from lab.rank import torchfr
+from lab.rank.callspec import Spec, spec_for
+from lab.rank.flight import ASYNC_MAX, RETURNED, RING_MAX, SEQ, STATE, T0, T1, Call, Flight, to_json
+from lab.rank.groups import GROUPS_MAX, Group, Groups
+from lab.rank.torchcalls import TorchCalls
+from lab.rank.watcher import Watcher
+
+NON_GROUP_MEMBER = -100  # (torch's GroupMember.NON_GROUP_MEMBER: an int, not a group)
+
+
+class ProcessGroup:
+    """A made-up process group: its global ranks, torch's name for it, its sequence number."""
+
+    def __init__(self, ranks: list[int], name: str) -> None:
+        self.ranks, self.group_name, self.seq = ranks, name, 0
+
+    def _get_sequence_number_for_group(self) -> int:
+        return self.seq
+
+
+def c10d(world: ProcessGroup, *others: ProcessGroup, rank: int = 0) -> SimpleNamespace:
+    """A made-up ``distributed_c10d`` for rank ``rank`` of ``world``, which knows ``others`` too."""
+    names = {pg: pg.group_name for pg in (world, *others)}
+    return SimpleNamespace(GroupMember=SimpleNamespace(WORLD=world), _world=SimpleNamespace(pg_names=names),
+                           get_process_group_ranks=lambda pg: pg.ranks, get_world_size=lambda: len(world.ranks),
+                           get_rank=lambda: rank, _get_default_group=lambda: world)
+
+
+def bound_groups(world: ProcessGroup, *others: ProcessGroup, rank: int = 0) -> Groups:
+    groups = Groups()
+    groups.bind(c10d(world, *others, rank=rank))
+    return groups
+
+
+# the functions whose signatures say where a call's arguments are, as torch.distributed's do
+def all_reduce(tensor: Any, op: Any = None, group: Any = None, async_op: bool = False) -> None: ...
+def send(tensor: Any, dst: Any = None, group: Any = None, tag: int = 0, group_dst: Any = None) -> None: ...
+
+
+ALL_REDUCE: Spec = spec_for("all_reduce", all_reduce)
+SEND: Spec = spec_for("send", send)
+TENSOR = SimpleNamespace(shape=(2, 3), dtype="torch.float32")
+
+
+def call(flight: Flight, spec: Spec = ALL_REDUCE, *args: Any, **kwargs: Any) -> Call:
+    """A call the program makes here (this test's line is the user's)."""
+    made = flight.begin(spec, args or (TENSOR,), kwargs, sys._getframe(1))
+    assert made is not None
+    return made
+
+
+# --- the groups ------------------------------------------------------------------------------------
+
+
+def test_a_new_group_is_named_by_its_ranks_and_the_groups_of_them_made_before() -> None:
+    groups = bound_groups(ProcessGroup([0, 1, 2, 3], "0"), rank=2)
+    first, member = groups.new_group(([2, 0],), {})
+    assert first is not None and (first.gid, member) == ("g0,2#0", True)
+    again, _ = groups.new_group((), {"ranks": [0, 2]})
+    assert again is not None and again.gid == "g0,2#1" and again is not first
+    other, member = groups.new_group(([1, 3],), {})
+    assert other is not None and (other.gid, member) == ("g1,3#0", False)  # (rank 2 is not in it)
+    everyone, member = groups.new_group((), {})
+    assert everyone is not None and (everyone.gid, member) == ("g0,1,2,3#0", True)
+
+
+def test_a_new_group_before_the_world_formed_is_not_known() -> None:
+    def not_formed() -> int:
+        raise ValueError("Default process group has not been initialized")
+
+    groups = Groups()
+    groups.bind(SimpleNamespace(get_world_size=not_formed))
+    assert groups.new_group((), {}) == (None, False)
+
+
+def test_a_process_group_is_known_by_its_id_while_it_lives() -> None:
+    world = ProcessGroup([0, 1, 2, 3], "0")
+    groups = bound_groups(world)
+    made, _ = groups.new_group(([0, 1],), {})
+    assert made is not None
+    pg = ProcessGroup([0, 1], "1")
+    groups.remember(pg, made)
+    assert groups.of(pg) is made and groups.by_name["1"] is made
+    assert groups.of(None) is groups.world and groups.of(world) is groups.world
+    assert groups.of(NON_GROUP_MEMBER) is None  # (a call on a group this rank is not in)
+    key = id(pg)
+    assert key in groups.by_group
+    del pg
+    gc.collect()
+    assert key not in groups.by_group  # (another group may come at its address)
+
+
+def test_a_group_made_otherwise_is_named_by_its_ranks_and_torchs_name() -> None:
+    split = ProcessGroup([3, 1], "7")
+    groups = bound_groups(ProcessGroup([0, 1, 2, 3], "0"), split)
+    group = groups.of(split)
+    assert group is not None and group.gid == "g1,3@7"
+    assert groups.of(split) is group
+    unknown = groups.of(object())  # (no group torch knows: the call will say so)
+    assert unknown is not None and unknown.gid == "g?"
+
+
+def test_torchs_names_cover_the_groups_the_program_has_not_used_yet() -> None:
+    world, mesh = ProcessGroup([0, 1, 2, 3], "0"), ProcessGroup([1, 3], "2")
+    groups = bound_groups(world, mesh)
+    groups.remember_world()
+    named = groups.by_torch_name()
+    assert named["0"] is groups.world and named["2"].gid == "g1,3@2"
+    assert groups.ranks_by_name() == {"0": [0, 1, 2, 3], "2": [1, 3]}
+
+
+def test_at_most_GROUPS_MAX_groups_are_kept_the_oldest_going_first_never_the_world() -> None:
+    groups = bound_groups(ProcessGroup(list(range(GROUPS_MAX + 10)), "0"))
+    made = [groups.new_group(([n, n + 1],), {})[0] for n in range(GROUPS_MAX + 5)]
+    assert len(groups.by_gid) == GROUPS_MAX and "world" in groups.by_gid
+    assert made[0] is not None and made[0].gid not in groups.by_gid
+    assert made[-1] is not None and groups.by_gid[made[-1].gid] is made[-1]
+
+
+def test_the_counts_are_of_the_groups_that_completed_a_call() -> None:
+    groups = Groups()
+    groups.world.counts["all_reduce"] = 2
+    groups.by_gid["g0,1#0"] = Group("g0,1#0")
+    assert groups.counts() == {"world": {"all_reduce": 2}}
+
+
+# --- the program's calls ---------------------------------------------------------------------------
+
+
+def test_a_blocking_call_is_in_flight_until_it_returns_then_done_and_counted() -> None:
+    flight = Flight(Groups())
+    line = sys._getframe().f_lineno + 1
+    made = call(flight)
+    assert flight.blocking() == [(made, made[T0])]
+    said = to_json(made)
+    assert (said["seq"], said["group"], said["op"], said["state"], said["shape"], said["numel"], said["dtype"]) == \
+        (1, "world", "all_reduce", "in_flight", [2, 3], 6, "float32")
+    assert said["where"] == f"test_recorder.py:{line}"
+    flight.ended(made, None)
+    assert to_json(made)["state"] == "done" and made[T1] == flight.changed_at
+    assert flight.blocking() == [] and flight.completed == 1 and flight.groups.counts() == {"world": {"all_reduce": 1}}
+
+
+def test_a_call_that_raises_says_its_error_and_is_not_counted_done() -> None:
+    flight = Flight(Groups())
+    made = call(flight)
+    flight.failed(made, RuntimeError("Connection closed by peer"))
+    said = to_json(made)
+    assert (said["state"], said["error"]) == ("raised", "RuntimeError: Connection closed by peer")
+    assert flight.completed == 1 and flight.groups.counts() == {}
+
+
+def test_collectives_and_point_to_point_calls_are_numbered_apart_per_group() -> None:
+    world = ProcessGroup([0, 1, 2, 3], "0")
+    flight = Flight(bound_groups(world))
+    pair, _ = flight.groups.new_group(([0, 1],), {})
+    assert pair is not None
+    pg = ProcessGroup([0, 1], "1")
+    flight.groups.remember(pg, pair)
+    calls = [call(flight, SEND, TENSOR, 1), call(flight), call(flight, SEND, TENSOR, 3),
+             call(flight, ALL_REDUCE, TENSOR, group=pg)]
+    assert [(c["op"], c["group"], c["seq"], c["peer"]) for c in map(to_json, calls)] == [
+        ("send", "world", 1, 1), ("all_reduce", "world", 1, None), ("send", "world", 2, 3),
+        ("all_reduce", "g0,1#0", 1, None)]
+    assert flight.begin(ALL_REDUCE, (TENSOR,), {"group": NON_GROUP_MEMBER}, sys._getframe()) is None
+
+
+def test_the_ring_keeps_the_last_RING_MAX_records() -> None:
+    flight = Flight(Groups())
+    for _ in range(RING_MAX + 5):
+        flight.ended(call(flight), None)
+    assert len(flight.ring) == RING_MAX and flight.begun == RING_MAX + 5
+    assert flight.ring[0][SEQ] == 6 and flight.ring[-1][SEQ] == RING_MAX + 5
+
+
+class Work:
+    """A made-up Work: completed or not, its exception, and what the recorder said while it waited."""
+
+    def __init__(self, flight: Flight, completed: bool = False, exception: BaseException | None = None) -> None:
+        self.flight, self.completed, self.error = flight, completed, exception
+        self.seen_waiting: list[tuple[Call, str]] = []
+
+    def is_completed(self) -> bool:
+        return self.completed
+
+    def exception(self) -> BaseException | None:
+        return self.error
+
+    def wait(self) -> bool:
+        self.seen_waiting = [(call, call[STATE]) for call, _ in self.flight.blocking()]
+        return True
+
+
+def async_flight() -> Flight:
+    flight = Flight(Groups())
+    flight.work_class = type("WorkClass", (Work,), {})  # (a class of its own: the recorder wraps its wait)
+    return flight
+
+
+def test_an_async_call_is_in_flight_until_waited_and_waiting_while_it_is() -> None:
+    flight = async_flight()
+    made = call(flight)
+    work = flight.work_class(flight)
+    flight.ended(made, work)
+    assert to_json(made)["async"] is True and to_json(made)["state"] == "in_flight"
+    assert flight.blocking() == [] and flight.not_waited() == ([made], 0)
+    work.wait()
+    assert work.seen_waiting == [(made, "waiting")]
+    assert to_json(made)["state"] == "done" and flight.not_waited() == ([], 0)
+    assert flight.completed_async == 1 and flight.groups.counts() == {"world": {"all_reduce": 1}}
+
+
+def test_an_async_call_whose_work_completed_unwaited_is_done_when_polled() -> None:
+    flight = async_flight()
+    done, failed, running = call(flight), call(flight), call(flight)
+    flight.ended(done, flight.work_class(flight, completed=True))
+    flight.ended(failed, flight.work_class(flight, completed=True, exception=RuntimeError("gloo: timed out")))
+    flight.ended(running, flight.work_class(flight))
+    flight.poll()
+    assert [to_json(c)["state"] for c in (done, failed, running)] == ["done", "raised", "in_flight"]
+    assert to_json(failed)["error"] == "RuntimeError: gloo: timed out"
+    assert flight.not_waited() == ([running], 0) and flight.completed_async == 2
+
+
+def test_at_most_ASYNC_MAX_unwaited_calls_are_kept_the_oldest_let_go_of_and_counted() -> None:
+    flight = async_flight()
+    calls = [call(flight) for _ in range(ASYNC_MAX + 3)]
+    for made in calls:
+        flight.ended(made, flight.work_class(flight))
+    kept, dropped = flight.not_waited()
+    assert dropped == 3 and kept == calls[3:]
+
+
+def test_a_batchs_calls_are_each_their_works_or_all_one_works() -> None:
+    flight = async_flight()
+    flight.begin_batch()
+    one, two = call(flight, SEND, TENSOR, 1), call(flight, SEND, TENSOR, 2)
+    works = [flight.work_class(flight), flight.work_class(flight)]
+    flight.ended(one, works[0])
+    flight.ended(two, works[1])
+    assert flight.not_waited() == ([], 0)  # (paired with their Works when the batch returns)
+    flight.end_batch(works)
+    assert sorted(map(id, flight.not_waited()[0])) == sorted([id(one), id(two)])
+    works[0].wait()
+    assert flight.not_waited()[0] == [two]
+    flight.begin_batch()
+    three, four = call(flight, SEND, TENSOR, 1), call(flight, SEND, TENSOR, 2)
+    coalesced = flight.work_class(flight)
+    flight.ended(three, coalesced)
+    flight.ended(four, coalesced)
+    flight.end_batch([coalesced])  # (a backend that coalesces: one Work for the batch)
+    coalesced.wait()
+    assert [to_json(c)["state"] for c in (three, four)] == ["done", "done"]
+
+
+# --- torch's own recorder, merged -----------------------------------------------------------------
+
+
+def entry(record_id: int, at: float, seq: int = 1, retired: bool = False, group: str = "0",
+          op: str = "gloo:all_reduce") -> dict[str, Any]:
+    """An entry of torch's recorder, as its JSON dump gives it."""
+    return {"record_id": record_id, "collective_seq_id": seq, "time_created_ns": int(at * 1e9),
+            "process_group": [group, "default_pg"], "profiling_name": op, "input_sizes": [[256]],
+            "input_dtypes": ["Float"], "retired": retired}
+
+
+@pytest.fixture
+def dump(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """torch's recorder as the next read finds it (set its entries); the reads are counted."""
+    found: dict[str, Any] = {"entries": [], "reads": 0}
+
+    def read() -> dict[str, Any]:
+        found["reads"] += 1
+        return {"entries": list(found["entries"])}
+
+    monkeypatch.setattr(torchfr, "read", read)
+    return found
+
+
+def at(made: Call, t0: float, returned: float | None = None, t1: float | None = None) -> Call:
+    """The record as if the call began at ``t0``, returned at ``returned`` (None: not yet) and ended at
+    ``t1`` (None: it has not, or it is async and not waited)."""
+    made[T0], made[RETURNED], made[T1] = t0, returned, t1
+    return made
+
+
+def torch_flight(world: ProcessGroup) -> tuple[Flight, TorchCalls]:
+    groups = bound_groups(world)
+    groups.remember_world()
+    flight = Flight(groups)
+    return flight, TorchCalls(flight, groups)
+
+
+def test_a_collective_torch_issued_is_numbered_among_its_groups_where_it_came(dump: dict[str, Any]) -> None:
+    flight, torch = torch_flight(ProcessGroup([0, 1], "0"))
+    first = call(flight)
+    flight.ended(first, None)
+    at(first, 100.0, 100.5, 100.5)
+    later = at(call(flight), 102.0)  # (begun after torch issued its own: it moves one number on)
+    dump["entries"] = [entry(0, 100.2), entry(1, 101.0, seq=2)]  # (the first, made inside the program's call)
+    inflight = torch.read(103.0)
+    assert [(c["seq"], c["op"], c["by"], c["state"], c["shape"], c["dtype"], c["t0"]) for c in map(to_json, inflight)] \
+        == [(2, "all_reduce", "torch's", "in_flight", [256], "float32", 101.0)]
+    assert list(torch.issued) == inflight and to_json(later)["seq"] == 3 and flight.groups.world.collectives == 3
+    dump["entries"] = [entry(0, 100.2, retired=True), entry(1, 101.0, seq=2, retired=True)]
+    assert torch.read(104.0) == []
+    assert (to_json(inflight[0])["state"], to_json(inflight[0])["t1"]) == ("done", 104.0)
+    assert torch.completed == 1 and torch.changed_at == 104.0
+    assert flight.groups.counts() == {"world": {"all_reduce": 2}}  # (the program's first and torch's)
+
+
+def test_entries_of_no_known_group_or_no_collective_are_left_out(dump: dict[str, Any]) -> None:
+    flight, torch = torch_flight(ProcessGroup([0, 1], "0"))
+    dump["entries"] = [entry(0, 100.0, seq=0), entry(1, 100.0, group="9"), {"record_id": "x"},
+                       entry(2, 100.0, retired=True, op="gloo:broadcast")]
+    assert torch.read(101.0) == []
+    assert [(c["seq"], c["op"], c["state"], c["t1"]) for c in map(to_json, torch.issued)] == \
+        [(1, "broadcast", "done", None)]  # (retired before any read saw it: when, gloo does not say)
+    assert torch.changed_at == float("-inf")
+
+
+def test_a_ddp_programs_collectives_from_torch_are_ddps(dump: dict[str, Any]) -> None:
+    flight, torch = torch_flight(ProcessGroup([0, 1], "0"))
+    flight.ddp = True  # (as the wrapped DistributedDataParallel.__init__ says)
+    dump["entries"] = [entry(0, 100.0)]
+    assert [to_json(c)["by"] for c in torch.read(101.0)] == ["DDP's"]
+
+
+def test_torchs_recorder_is_read_again_only_when_it_may_say_something_new(dump: dict[str, Any]) -> None:
+    world = ProcessGroup([0, 1], "0")
+    flight, torch = torch_flight(world)
+    torch.c10d = flight.groups.c10d  # (its groups' sequence numbers: the mark)
+    dump["entries"] = [entry(0, 100.0, retired=True)]
+    torch.read(101.0)
+    torch.read(102.0)
+    assert dump["reads"] == 1  # (the groups' numbers stood still and nothing was in flight)
+    world.seq += 1
+    dump["entries"].append(entry(1, 102.5, seq=2))
+    assert len(torch.read(103.0)) == 1 and torch.read(104.0) != [] and dump["reads"] == 3  # (one in flight)
+    assert len(torch.issued) == 2  # (each entry once, however often it is read)
+
+
+# --- the watcher's dump, from the three --------------------------------------------------------------
+
+
+def test_a_dump_holds_the_programs_records_and_torchs_oldest_first_and_every_call_in_flight(
+        dump: dict[str, Any]) -> None:
+    flight, torch = torch_flight(ProcessGroup([0, 1], "0"))
+    flight.work_class = type("WorkClass", (Work,), {})
+    done, unwaited, blocked = call(flight), call(flight), call(flight)
+    flight.ended(done, None)
+    flight.ended(unwaited, flight.work_class(flight))
+    at(done, 100.0, 100.5, 100.5)
+    at(unwaited, 101.0, 101.1)
+    at(blocked, 103.0)
+    dump["entries"] = [entry(0, 102.0, seq=3)]
+    fields = Watcher(flight, flight.groups, torch).snapshot()
+    issued = list(torch.issued)
+    assert fields["records"] == [to_json(c) for c in (done, unwaited, issued[0], blocked)]
+    assert fields["inflight"] == [to_json(c) for c in (unwaited, issued[0], blocked)]
+    assert (fields["counts"], fields["dropped"], "steps" in fields) == ({"world": {"all_reduce": 1}}, 0, False)
