@@ -2,6 +2,7 @@
 ranks on this machine as the lab starts each one, and read their events."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -11,13 +12,14 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from lab.rank.events import Event, Probe, parse_event
+from lab.rank.events import parse_event
+from lab.rank.protocol import MARK
 
 from .sshd import SSHServer, require_sshd, start_sshd
 
@@ -28,15 +30,17 @@ WRONG = Path(__file__).resolve().parent / "wrong"
 # A module's tests run in one worker, one after another, so that its module fixtures (a lab up, an
 # sshd, a batch of launches) are made once. The tests of the default container lab share a group
 # (one worker, one test at a time): they change the lab named "lab" (up, down, faults, shaped links),
-# and its hosts are theirs alone while a test counts what is left on them; the cross-VPC, Slurm and
-# machines labs have names of their own and run beside it. The groups that take longest go first,
-# one to a worker, so that none is left to run two of them at the end (as CI ran them one by one on
-# 2026-12-01, in seconds: the default lab's 620, the cross-VPC lab's 250, the machines' 270, ...);
-# the rest are dealt out as workers free up.
+# and its hosts are theirs alone while a test counts what is left on them; the tests that only run jobs
+# on a container lab (test_lab_jobs), the cross-VPC, Slurm and machines labs have labs of their own
+# name and run beside it. The groups that take longest go first, one to a worker, so that none is left
+# to run two of them at the end (as CI ran them one by one on 2026-12-01, in seconds: the default lab's
+# 620 before the jobs' 280 left it, the cross-VPC lab's 250, the machines' 270, ...); the rest are dealt
+# out as workers free up.
 DEFAULT_LAB_MODULES = ("test_lab_docker",)
 DEFAULT_LAB_FIXTURE = "container_lab"  # (test_doctor's: the lab up, as those modules leave it or find it)
-LONGEST_FIRST = ("default-lab", "test_machines", "test_cross_vpc", "test_local_run", "test_slurm", "test_grade",
-                 "test_launchers", "test_why_fixtures", "test_ssh_hosts", "test_train_programs", "test_flight")
+LONGEST_FIRST = ("default-lab", "test_lab_jobs", "test_machines", "test_cross_vpc", "test_local_run", "test_slurm",
+                 "test_grade", "test_launchers", "test_why_fixtures", "test_ssh_hosts", "test_train_programs",
+                 "test_flight")
 
 
 def group_of(item: pytest.Item) -> str:
@@ -95,13 +99,13 @@ def run_ranks_as_the_lab_does(cwd: Path, n: int, argv: list[str], token: str, en
             p.kill()
         os.close(stdin)
         os.close(held_open)
-    return [Ended(p.returncode, [as_sent(e) for line in out.decode().splitlines() if (e := parse_event(line, token))],
-                  err.decode()) for p, (out, err) in zip(procs, outs)]
+    return [Ended(p.returncode, [as_sent(line, token) for line in out.decode().splitlines()
+                                 if parse_event(line, token)], err.decode()) for p, (out, err) in zip(procs, outs)]
 
 
-def as_sent(event: Event) -> dict[str, Any]:
-    """A checked event as the JSON object its line held (the fields that may be left out, as checked)."""
-    return {"event": event.kind, **(event.fields if isinstance(event, Probe) else asdict(event))}
+def as_sent(line: str, token: str) -> dict[str, Any]:
+    """A checked event line's JSON object, as the rank sent it (what these tests look at: the rank's side)."""
+    return json.loads(line[len(f"{MARK}{token} "):])
 
 
 def lines_of(program: str) -> dict[str, int]:
