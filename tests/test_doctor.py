@@ -42,8 +42,10 @@ from lab.rank.netfacts import (
     plain_address,
 )
 from lab.rank.protocol import LINE_MAX, event_line
-from lab.transport import RankProcess, Transport, transport_for
-from lab.transport.ssh import SSHSettings, SSHTransport
+from lab.transport.base import RankProcess, Transport
+from lab.transport.reach import transport_for
+from lab.transport.ssh.connections import SSHSettings
+from lab.transport.ssh.transport import SSHTransport
 
 from .conftest import REPO, live_pids_with
 from .sshd import SSHServer

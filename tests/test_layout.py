@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lab.transport import PACKAGE_DIR, code_uploads
+from lab.transport.base import PACKAGE_DIR, code_uploads
 
 CONTROLLER_SIDE = ("lab.cli", "lab.core", "lab.net", "lab.transport", "lab.doctor", "lab.containerlab", "lab.grading",
                    "lab.errors", "lab.model")

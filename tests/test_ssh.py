@@ -28,8 +28,10 @@ from lab.core.runner import run_plan
 from lab.errors import ExitCode, HostUnreachable, RunError
 from lab.model.inventory import Host, Inventory
 from lab.suite import registry
-from lab.transport import RankProcess, code_uploads, transport_for, with_master_address
-from lab.transport.ssh import RANKS_PER_CONNECTION, SSHSettings, SSHTransport
+from lab.transport.base import RankProcess, code_uploads
+from lab.transport.reach import transport_for, with_master_address
+from lab.transport.ssh.connections import RANKS_PER_CONNECTION, SSHSettings
+from lab.transport.ssh.transport import SSHTransport
 
 from .conftest import live_pids_with
 from .sshd import SSHServer, free_port, keygen, start_sshd

@@ -20,7 +20,7 @@ from lab.errors import ExitCode, UsageError
 from lab.model.inventory import Inventory
 from lab.suite import registry
 from lab.transport.local import local_gpu_count
-from lab.transport.ssh import SSHSettings
+from lab.transport.ssh.connections import SSHSettings
 
 if TYPE_CHECKING:
     from lab.core.outcome import RunOutcome

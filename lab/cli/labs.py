@@ -18,7 +18,7 @@ from lab.core.inventory import load_inventory
 from lab.core.plan import Options
 from lab.errors import ExitCode, UsageError
 from lab.suite import registry
-from lab.transport.ssh import SSHSettings
+from lab.transport.ssh.connections import SSHSettings
 
 # -- up ---------------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from lab.core.inventory import load_inventory
 from lab.errors import ExitCode, UsageError
 from lab.net import overlay_hosts, wireguard
 from lab.net.overlay import HostOverlay, Say
-from lab.transport.ssh import SSHSettings
+from lab.transport.ssh.connections import SSHSettings
 
 
 def add_overlay(net_commands: Commands) -> tuple[argparse.ArgumentParser, ...]:

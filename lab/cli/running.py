@@ -43,8 +43,8 @@ from lab.doctor.run import explain_hang
 from lab.errors import ExitCode, UsageError
 from lab.jobs import submit as batch
 from lab.model.inventory import Inventory
-from lab.transport import with_master_address
-from lab.transport.ssh import SSHSettings
+from lab.transport.reach import with_master_address
+from lab.transport.ssh.connections import SSHSettings
 
 DEFAULT_LAUNCH_TIMEOUT = 3600.0  # seconds a `launch` may run unless --timeout says otherwise
 

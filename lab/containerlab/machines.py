@@ -40,7 +40,8 @@ from lab.core.ansible import Key, integer, invalid_value, read_ansible, read_tex
 from lab.core.inventory import HOST_KEYS
 from lab.errors import HostsUnreachable, HostUnreachable, InventoryError
 from lab.model.inventory import Host
-from lab.transport.ssh import SSHSettings, SSHTransport
+from lab.transport.ssh.connections import SSHSettings
+from lab.transport.ssh.transport import SSHTransport
 
 API_VERSION = "1.41"  # Docker 20.10's API, which every later engine still speaks
 MIN_ENGINE = (20, 10)

@@ -17,7 +17,7 @@ from lab.core.ansible import HOST_NAME, PLAIN_PATH
 from lab.errors import ExitCode, LabError, UsageError
 from lab.model.inventory import Host, Inventory
 from lab.rank.node import per_node_counts
-from lab.transport import Transport
+from lab.transport.base import Transport
 
 log = logging.getLogger(__name__)
 

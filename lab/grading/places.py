@@ -30,8 +30,9 @@ from lab.grading.sandbox import Limits
 from lab.model.inventory import Host, Inventory
 from lab.rank.wire import Mode as WireMode
 from lab.suite.registry import Exercise
-from lab.transport import for_each_host, transport_for, with_master_address
-from lab.transport.ssh import SSHSettings
+from lab.transport.base import for_each_host
+from lab.transport.reach import transport_for, with_master_address
+from lab.transport.ssh.connections import SSHSettings
 
 DEFAULT_WALL = 300.0  # seconds one submission may take in all
 SandboxChoice = Literal["container", "none"]

@@ -22,7 +22,7 @@ from lab.rank.wire import WIRE_VAR
 from lab.suite.check import Launched
 
 if TYPE_CHECKING:
-    from lab.transport import Transport
+    from lab.transport.base import Transport
 
 TAG_OUTPUT_VAR = "LAB_TAG_OUTPUT"  # set: the ranks' relay tags their lines (lab.rank.output), the launcher does not
 

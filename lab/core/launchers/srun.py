@@ -18,7 +18,7 @@ from lab.model.inventory import Host
 from lab.suite.check import Launched
 
 if TYPE_CHECKING:
-    from lab.transport import Transport
+    from lab.transport.base import Transport
 
 
 SRUN_SAYS = 2  # seconds left, after srun gives up waiting for the nodes, for its word to reach the lab
