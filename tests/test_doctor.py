@@ -22,10 +22,10 @@ import pytest
 import yaml
 
 from lab.cli.views.doctor import print_diagnosis
-from lab.core.inventory import load_inventory, local_inventory
 from lab.doctor.run import _ProbeRun, diagnose, explain_hang
 from lab.errors import ExitCode
-from lab.model.inventory import Host, Inventory
+from lab.inventory.hosts import load_inventory, local_inventory
+from lab.inventory.model import Host, Inventory
 from lab.netcheck.model import Diagnosis, Finding, HostFacts, HostReport, Master, Runtime
 from lab.netcheck.rules import NO_NETWORK_CAUSE, SAME_NETWORK_FIX, analyse, hang_causes, plan_targets
 from lab.rank.netfacts import (

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from lab.errors import RunError
-from lab.model.inventory import Host
+from lab.inventory.model import Host
 from lab.transport.ssh.connections import SSHSettings
 from lab.transport.ssh.transport import SSHTransport
 

@@ -14,8 +14,8 @@ from lab.cli.views import screen
 from lab.containerlab import containers, engine, state
 from lab.containerlab import overlay as lab_overlay
 from lab.containerlab.topology import LabPaths
-from lab.core.inventory import load_inventory
 from lab.errors import ExitCode, UsageError
+from lab.inventory.hosts import load_inventory
 from lab.net import overlay_hosts, wireguard
 from lab.net.overlay import HostOverlay, Say
 from lab.transport.ssh.connections import SSHSettings

@@ -36,10 +36,11 @@ from docker.transport.sshconn import SSHConnectionPool
 from yaml.nodes import Node
 
 from lab.containerlab.engine import API_TIMEOUT, EngineError, Say, each, reason
-from lab.core.ansible import Key, integer, invalid_value, read_ansible, read_text, text_value
-from lab.core.inventory import HOST_KEYS
 from lab.errors import HostsUnreachable, HostUnreachable, InventoryError
-from lab.model.inventory import Host
+from lab.inventory.ansible import read_ansible, read_text
+from lab.inventory.hosts import HOST_KEYS
+from lab.inventory.keys import Key, integer, invalid_value, text_value
+from lab.inventory.model import Host
 from lab.transport.ssh.connections import SSHSettings
 from lab.transport.ssh.transport import SSHTransport
 

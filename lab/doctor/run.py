@@ -30,7 +30,7 @@ from lab.core.streams import read_events
 from lab.doctor import slurm
 from lab.doctor.overlay import overlay_findings
 from lab.errors import HostUnreachable
-from lab.model.inventory import Host, Inventory
+from lab.inventory.model import Host, Inventory
 from lab.netcheck.model import (
     SEVERITIES,
     Diagnosis,

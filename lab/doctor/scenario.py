@@ -26,7 +26,7 @@ from lab.core.plan import Options
 from lab.core.planner import build_plan
 from lab.core.runner import run_plan
 from lab.doctor.run import diagnose
-from lab.model.inventory import Inventory
+from lab.inventory.model import Inventory
 from lab.netcheck.model import Diagnosis
 from lab.transport.ssh.connections import SSHSettings
 

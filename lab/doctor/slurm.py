@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from lab.core.slurm import WORKING
 from lab.errors import LabError
-from lab.model.inventory import Host
+from lab.inventory.model import Host
 from lab.netcheck.model import Finding
 from lab.transport.base import Transport, for_each_host
 

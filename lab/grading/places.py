@@ -21,13 +21,13 @@ from lab.containerlab import engine, shares
 from lab.containerlab.engine import Say
 from lab.containerlab.image import Progress
 from lab.containerlab.topology import DEFAULT_LAB, LabPaths, default_inventory
-from lab.core.inventory import load_inventory, local_inventory
 from lab.core.plan import DEFAULT_TIMEOUT, Backend, Options
 from lab.core.planner import checked_part
 from lab.errors import UsageError
 from lab.grading import sandbox
 from lab.grading.sandbox import Limits
-from lab.model.inventory import Host, Inventory
+from lab.inventory.hosts import load_inventory, local_inventory
+from lab.inventory.model import Host, Inventory
 from lab.rank.wire import Mode as WireMode
 from lab.suite.registry import Exercise
 from lab.transport.base import for_each_host

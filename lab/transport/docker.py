@@ -10,7 +10,7 @@ from docker.errors import DockerException, NotFound
 from docker.models.containers import Container
 
 from lab.errors import HostUnreachable, RunError
-from lab.model.inventory import Host
+from lab.inventory.model import Host
 from lab.transport.prefixed import PrefixedTransport
 
 API_TIMEOUT = 30  # seconds for one engine call

@@ -8,7 +8,7 @@ import ipaddress
 import logging
 from dataclasses import replace
 
-from lab.model.inventory import Host, Inventory
+from lab.inventory.model import Host, Inventory
 from lab.transport.base import Transport
 from lab.transport.local import LocalTransport
 from lab.transport.slurm import SlurmTransport

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from lab.core.plan import Launch, Plan, interface_env
 from lab.errors import LabError, UsageError
-from lab.model.inventory import Host
+from lab.inventory.model import Host
 from lab.rank.preflight import PREFLIGHT_VAR
 from lab.rank.wire import WIRE_VAR
 from lab.suite.check import Launched

@@ -14,7 +14,7 @@ from lab.core.launchers.base import TAG_OUTPUT_VAR, Launcher, rendezvous_env
 from lab.core.launchers.torchrun import torchrun_args
 from lab.core.plan import Launch, Plan, interface_env
 from lab.errors import LabError, RunError, UsageError
-from lab.model.inventory import Host
+from lab.inventory.model import Host
 from lab.suite.check import Launched
 
 if TYPE_CHECKING:

@@ -1,6 +1,7 @@
 """Reading an inventory: which hosts the lab runs on, from an Ansible-style YAML file (read by
-``lab.core.ansible``: layout, inheritance, bounds, ``file:line`` errors) into the model's
-``Host``s (``lab.model.inventory``), so an existing Ansible inventory works.
+``lab.inventory.ansible``: layout, inheritance, bounds, ``file:line`` errors) into the model's
+``Host``s (``lab.inventory.model``), so an existing Ansible inventory works; and writing one back
+(``inventory_text``).
 
 ``HOST_KEYS`` is every variable a host or a group may set: the ``Host`` field it fills, how its
 value is read, and what it means (the reference's inventory section is made from it). The values
@@ -18,7 +19,9 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from lab.core import rankenv
-from lab.core.ansible import (
+from lab.errors import UsageError
+from lab.inventory.ansible import read_ansible, read_text
+from lab.inventory.keys import (
     COMMAND,
     CONTAINER,
     INTERFACE,
@@ -32,13 +35,10 @@ from lab.core.ansible import (
     integer,
     invalid_value,
     matching,
-    read_ansible,
-    read_text,
     shown,
     text_value,
 )
-from lab.errors import UsageError
-from lab.model.inventory import CONNECTIONS, DEFAULT_PYTHON, Host, Inventory
+from lab.inventory.model import CONNECTIONS, DEFAULT_PYTHON, Host, Inventory
 
 _AUTO_PYTHON = ("auto", "auto_silent", "auto_legacy", "auto_legacy_silent")  # Ansible's discovery
 
@@ -167,7 +167,7 @@ def _known_hosts_file(key: str, node: Node, base_dir: str) -> str:
 
 
 # Each key a host or group may set: the Host field it fills, how its value is read, what it means.
-# (Ansible's older names for the first four, lab.core.ansible.SYNONYMS, are read as these.)
+# (Ansible's older names for the first four, lab.inventory.ansible.SYNONYMS, are read as these.)
 HOST_KEYS: dict[str, Key] = {
     "ansible_host": Key("address", address, "the host's address, where SSH reaches it: an IPv4 or IPv6 address or a "
                                             "DNS host name (default: the host's name)"),
