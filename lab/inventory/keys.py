@@ -1,19 +1,23 @@
 """How a host's variables are declared and their values read: a ``Key`` says which field a variable
 fills, how its value is read and checked, and what it means; the readers here are what keys are
 made of, with the strict patterns that the values the lab passes to hosts (addresses, user names,
-interfaces, commands) must match. The inventory's keys (``lab.inventory.hosts``) and the machines
-file's (``lab.containerlab.machines``) are declared with them, and the Ansible-style reader
+interfaces, commands) must match.
+
+Each transport declares the keys it reads with them, beside its own code (``lab.transport.ssh.keys``,
+``lab.transport.docker.keys``), as pyinfra's connectors declare their data; the inventory's table
+(``lab.inventory.hosts.HOST_KEYS``) is those declarations and its own keys, ``merged``; the machines
+file's (``lab.containerlab.machines``) is made of them too. The Ansible-style reader
 (``lab.inventory.ansible``) reads a file with such a table.
 
 A reader is given the variable's name, its YAML node and the directory that relative paths start
 from; it returns the field's value, or raises ``InvalidValue``, to which the reader of the file
-adds the file and the line. Nothing here reads a file.
+adds the file and the line. Nothing here reads a file, and nothing here imports a transport.
 """
 from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import yaml
@@ -51,6 +55,25 @@ class Key:
     attribute: str
     read: Reader
     meaning: str
+
+
+def merged(*tables: Mapping[str, Key]) -> dict[str, Key]:
+    """The keys of ``tables`` in one table, each where it is first declared. A key that several
+    tables declare (``ansible_user``: the SSH transport's login, the docker transport's user in the
+    container) must fill the same field and be read by the same reader, or ValueError names it;
+    its meaning is each declaration's, joined by "; "."""
+    found: dict[str, Key] = {}
+    for table in tables:
+        for name, key in table.items():
+            known = found.get(name)
+            if known is None:
+                found[name] = key
+            elif (known.attribute, known.read) != (key.attribute, key.read):
+                raise ValueError(f"{name} is declared twice, to fill {known.attribute} and {key.attribute} or with "
+                                 "two readers: a key is read one way")
+            else:
+                found[name] = Key(key.attribute, key.read, f"{known.meaning}; {key.meaning}")
+    return found
 
 
 # -- nodes in messages ----------------------------------------------------------------
@@ -129,6 +152,10 @@ def matching(pattern: re.Pattern[str], allowed: str) -> Reader:
         return value
 
     return read
+
+
+user_name = matching(USER_NAME, "a user name: up to 32 of letters, digits, '_', '.' and '-', not starting with "
+                                "'-', perhaps ending in '$'")
 
 
 def address(key: str, node: Node, base_dir: str) -> str:

@@ -49,7 +49,8 @@ def transport_for(host: Host, ssh: SSHSettings | None = None) -> Transport:
     if host.connection == "local":
         return LocalTransport(host)
     if host.connection == "docker":
-        from lab.transport.docker import DockerTransport  # (the Docker SDK: a fifth of the CLI's start, else)
+        # (imported here: the Docker SDK is a fifth of the CLI's start)
+        from lab.transport.docker.transport import DockerTransport
 
         return DockerTransport(host)
     if host.connection == "slurm":

@@ -1,6 +1,7 @@
 """The docker transport: ranks are processes in a named container, started with ``docker exec -i``
 (for containers without sshd; see ``lab.transport.prefixed``). Files go in through ``tar`` in the
-container, which sees its tmpfs mounts, unlike the engine's archive API."""
+container, which sees its tmpfs mounts, unlike the engine's archive API. The host keys it reads
+(the container, the user) are declared in ``lab.transport.docker.keys``."""
 from __future__ import annotations
 
 import shutil
