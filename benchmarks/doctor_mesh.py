@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lab.core.inventory import load_inventory
 from lab.doctor.run import diagnose
+from lab.inventory.hosts import load_inventory
 from lab.rank.netfacts import Target
 from lab.rank.probe import DELAY_VAR, Listener, check_link
 

@@ -2,7 +2,7 @@
 an inventory and of a machines file.
 
 The reference is made from the parser itself (``lab.cli.build_parser``), from ``lab.errors.ExitCode`` and from
-the readers' schemas (``lab.core.inventory.HOST_KEYS``, ``lab.containerlab.machines.MACHINE_KEYS``), so it
+the readers' schemas (``lab.inventory.hosts.HOST_KEYS``, ``lab.containerlab.machines.MACHINE_KEYS``), so it
 says what the code does; tests/test_reference.py fails when the file is stale. Regenerate it from the
 repository root with
 
@@ -21,9 +21,10 @@ from pathlib import Path
 
 from lab.cli import build_parser
 from lab.containerlab.machines import MACHINE_KEYS
-from lab.core.ansible import SYNONYMS, Key
-from lab.core.inventory import HOST_KEYS
 from lab.errors import ExitCode
+from lab.inventory.ansible import SYNONYMS
+from lab.inventory.hosts import HOST_KEYS
+from lab.inventory.keys import Key
 
 REFERENCE = Path(__file__).resolve().parent / "reference.md"
 REGENERATE = "make docs (or, from the repository root: .venv/bin/python -m docs.reference)"

@@ -13,12 +13,12 @@ from typing import Any, get_args
 
 import pytest
 
-from lab.core.inventory import local_inventory
 from lab.core.ledger import Ledger
 from lab.core.outcome import OUTPUT_MAX, Output
 from lab.core.plan import Options
 from lab.core.planner import build_plan
 from lab.errors import ExitCode
+from lab.inventory.hosts import local_inventory
 from lab.rank import events
 from lab.rank.events import (
     EVENT_TYPES,

@@ -22,10 +22,10 @@ import pytest
 import yaml
 
 from lab.cli.views.doctor import print_diagnosis
-from lab.core.inventory import load_inventory, local_inventory
 from lab.doctor.run import _ProbeRun, diagnose, explain_hang
 from lab.errors import ExitCode
-from lab.model.inventory import Host, Inventory
+from lab.inventory.hosts import load_inventory, local_inventory
+from lab.inventory.model import Host, Inventory
 from lab.netcheck.model import Diagnosis, Finding, HostFacts, HostReport, Master, Runtime
 from lab.netcheck.rules import NO_NETWORK_CAUSE, SAME_NETWORK_FIX, analyse, hang_causes, plan_targets
 from lab.rank.netfacts import (
@@ -42,8 +42,10 @@ from lab.rank.netfacts import (
     plain_address,
 )
 from lab.rank.protocol import LINE_MAX, event_line
-from lab.transport import RankProcess, Transport, transport_for
-from lab.transport.ssh import SSHSettings, SSHTransport
+from lab.transport.base import RankProcess, Transport
+from lab.transport.reach import transport_for
+from lab.transport.ssh.connections import SSHSettings
+from lab.transport.ssh.transport import SSHTransport
 
 from .conftest import REPO, live_pids_with
 from .sshd import SSHServer

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from lab.core.inventory import local_inventory
 from lab.core.planner import build_launch_plan
 from lab.core.runner import run_plan
+from lab.inventory.hosts import local_inventory
 from lab.rank.callspec import P2P
 from lab.rank.events import Flight, MalformedEvent, Progress, parse_event
 from lab.rank.flight import RING_MAX

@@ -31,7 +31,7 @@ from lab.grading.feedback import feedback
 from lab.grading.grade import Grade, Gradebook, Submission, find_submissions
 from lab.grading.places import one_user_hosts, split_inventory
 from lab.grading.sandbox import IMAGE, LOG_MAX, ROLE_NAME, Limits, Sandbox, ensure_sandbox_image
-from lab.model.inventory import Host, Inventory
+from lab.inventory.model import Host, Inventory
 
 from .conftest import REPO, Lab
 from .tutorials import ring_allreduce_fragment

@@ -1,4 +1,4 @@
-"""lab.core.inventory: valid Ansible-style inventories, and every error with its exact line."""
+"""lab.inventory.hosts: valid Ansible-style inventories, and every error with its exact line."""
 from __future__ import annotations
 
 import logging
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from lab.core.inventory import load_inventory, local_inventory, parse_inventory
 from lab.errors import ExitCode, InventoryError, UsageError
-from lab.model.inventory import Host, Inventory
+from lab.inventory.hosts import load_inventory, local_inventory, parse_inventory
+from lab.inventory.model import Host, Inventory
 
 REPO_INVENTORY = Path(__file__).resolve().parent.parent / "inventory.yaml"
 HOSTILE = Path(__file__).resolve().parent / "hostile"
@@ -878,7 +878,7 @@ def test_shared_dir_is_an_absolute_host_path(tmp_path: Path) -> None:
 
 def test_variables_the_lab_does_not_use_are_ignored_and_named_once_in_the_log(
         caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="lab.model"):
+    with caplog.at_level(logging.INFO, logger="lab.inventory"):
         inventory = hosts(parse("""\
             all:
               vars:
@@ -893,16 +893,16 @@ def test_variables_the_lab_does_not_use_are_ignored_and_named_once_in_the_log(
                   hosts: {h2: {slots: 2}}
             """))
     assert (inventory["h1"].address, inventory["h2"].slots) == ("10.0.0.1", 2)
-    records = [r for r in caplog.records if r.name == "lab.model"]
+    records = [r for r in caplog.records if r.name == "lab.inventory"]
     assert [(r.levelno, r.getMessage()) for r in records] == [
         (logging.INFO, "inv.yaml: ignored variables the lab does not use: ntp_server, ansible_become_user, "
                        "ansible_ssh_common_args, rack, http_port, packages, ansible_become_method")]
 
 
 def test_an_inventory_with_nothing_to_ignore_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.DEBUG, logger="lab.model"):
+    with caplog.at_level(logging.DEBUG, logger="lab.inventory"):
         parse("all:\n  hosts: {h1: {slots: 2}}\n")
-    assert [r for r in caplog.records if r.name == "lab.model"] == []
+    assert [r for r in caplog.records if r.name == "lab.inventory"] == []
 
 
 def test_ansibles_older_names_are_read_as_the_current_ones(tmp_path: Path) -> None:

@@ -22,13 +22,11 @@ import yaml
 from lab.containerlab import containers, engine, resources, sshd, state, topology
 from lab.errors import ExitCode
 
-from .conftest import DDP_SERIES, REPO, WRONG, Lab, Result, assert_ddp_series_trained, said_apart_from_phases
+from .conftest import REPO, WRONG, Lab, Result, said_apart_from_phases
 from .load import cpu_hog
 from .test_compose import compose_tools
-from .test_launchers import FAILS_IN_ITS_FIRST_ATTEMPTS
 from .test_train_programs import OTHER_LAUNCHERS
 from .test_why_fixtures import WHY, assert_report_names_the_cause
-from .tutorials import assert_prints_as_shown, tutorial_scripts
 
 pytestmark = pytest.mark.docker
 TOPOLOGY = topology.Topology()
@@ -70,8 +68,8 @@ def workers_on(container: str) -> list[str]:
     return done.stdout.split("\n") if done.stdout.strip() else []
 
 
-def assert_no_workers_anywhere() -> None:
-    left = {c: workers_on(c) for c in (TOPOLOGY.container(i) for i in TOPOLOGY.indices())}
+def assert_no_workers_anywhere(lab: topology.Topology = TOPOLOGY) -> None:
+    left = {c: workers_on(c) for c in (lab.container(i) for i in lab.indices())}
     assert {c: w for c, w in left.items() if w} == {}
 
 
@@ -102,23 +100,6 @@ def test_status_shows_every_host_answering(lab_up: Lab) -> None:
     for i in TOPOLOGY.indices():
         assert TOPOLOGY.container(i) in result.out and TOPOLOGY.address(i) in result.out
     assert result.out.count("answers") == TOPOLOGY.hosts
-
-
-def test_run_all_across_four_hosts(lab_up: Lab) -> None:
-    code, report = run_json(lab_up, "all", "--hosts", str(INVENTORY))
-    failed = {e["name"]: e["reason"] for e in report["exercises"] if e["status"] != "pass"}
-    assert (code, failed) == (0, {})
-    assert [(r["host"], r["hostname"]) for r in report["ranks"]] == [
-        (f"node{i}", f"node{i}") for i in TOPOLOGY.indices()]  # each rank in its own container
-    assert_no_workers_anywhere()
-
-
-def test_run_all_on_two_hosts_with_two_slots(lab_up: Lab, tmp_path: Path) -> None:
-    code, report = run_json(lab_up, "all", "--hosts", str(inventory_variant(tmp_path, 2, 2)))
-    failed = {e["name"]: e["reason"] for e in report["exercises"] if e["status"] != "pass"}
-    assert (code, failed) == (0, {})
-    assert [r["hostname"] for r in report["ranks"]] == ["node1", "node1", "node2", "node2"]
-    assert report["plan"]["master_addr"] == TOPOLOGY.address(1)
 
 
 def test_a_host_stopped_mid_run_is_named_and_nothing_is_left(lab_up: Lab) -> None:
@@ -293,68 +274,6 @@ def test_a_named_cross_vpc_lab_stands_beside_the_default_one(lab_up: Lab, tmp_pa
     assert lab_up("status").code == 0
 
 
-def test_the_docker_transport_runs_ranks_by_docker_exec(lab_up: Lab, tmp_path: Path) -> None:
-    inventory = tmp_path / "docker.yaml"
-    inventory.write_text(yaml.safe_dump({"all": {
-        "vars": {"ansible_connection": "docker", "ansible_python_interpreter": topology.PYTHON,
-                 "shared_dir": topology.SHARED_DIR, "slots": 2},
-        "hosts": {TOPOLOGY.name(i): {"docker_container": TOPOLOGY.container(i),
-                                     "data_address": TOPOLOGY.address(i)} for i in (1, 2)}}}))
-    code, report = run_json(lab_up, "p2p", "all-reduce", "init-file", "--hosts", str(inventory))
-    assert code == 0, report
-    assert [r["hostname"] for r in report["ranks"]] == ["node1", "node1", "node2", "node2"]
-    code, report = run_json(lab_up, "p2p", "--hosts", str(inventory), "--timeout", "15",
-                            "--solution", str(WRONG / "p2p_never_sends.py"))
-    assert code == 4 and "p2p_never_sends.py" in report["exercises"][0]["reason"]
-    assert_no_workers_anywhere()
-
-
-def test_a_class_graded_across_the_lab_two_shares_at_once(lab_up: Lab, tmp_path: Path) -> None:
-    """`lab grade --hosts`: the 4 hosts split in two shares of 2 ranks, a submission on each at
-    once; the memory hog stopped by its rank's limit, the fork bomb by its share user's, the
-    dishonest ones named for what they did, the daemons gone from every host."""
-    from .test_grade import CLASS, EXPECTED, read_grades
-
-    submissions = tmp_path / "class"
-    submissions.mkdir()
-    expected = {"alice": ("pass", ""), "carol": ("timeout", "carol.py:11 in ring_allreduce"),
-                "dave": ("fail", "out of memory (the limit is 768 MB per rank)"), "frank": ("pass", ""),
-                "grace": ("fail", "exited with status 0 during ring-allreduce"),
-                "ivan": ("fail", "called all_reduce")}
-    section_1 = ("mallory", "olga", "peggy", "trent", "victor", "walter", "sybil")
-    expected.update({s: EXPECTED[s] for s in section_1})
-    for student in expected:
-        (submissions / f"{student}.py").write_text((CLASS / f"{student}.py").read_text())
-    # mallet would kill the reaper above its sleeper, but /proc shows it none of its ancestors (hidepid):
-    # it kills its rank, the reaper takes in the sleeper and ends it with the launch (none left below)
-    (submissions / "mallet.py").write_text((CLASS.parent / "hosts" / "mallet.py").read_text())
-    expected["mallet"] = ("fail", "was killed by SIGKILL during ring-allreduce")
-    # oscar forks until its share user's process limit stops it; its children go with its rank
-    (submissions / "oscar.py").write_text((CLASS.parent / "hosts" / "oscar.py").read_text())
-    expected["oscar"] = ("fail", "raised BlockingIOError: [Errno 11] Resource temporarily unavailable at oscar.py")
-    # kate signals every process her share user may, her SSH sessions to the host too: her ranks end
-    # (a fail of hers, not a lost host), and she, who outlives her own signal, is swept
-    (submissions / "kate.py").write_text((CLASS.parent / "hosts" / "kate.py").read_text())
-    expected["kate"] = ("fail", "was killed by a signal or lost its connection (no exit status) during ring-allreduce")
-    out = tmp_path / "book"
-    result = lab_up("grade", str(submissions), "--exercise", "ring-allreduce", "--hosts", str(INVENTORY),
-                    "--parallel", "2", "--timeout", "15", "--memory", "768", "--out", str(out), timeout=600)
-    assert result.code == 0, result.text[-4000:]
-    grades = read_grades(out)
-    assert {s: grades[s]["verdict"] for s in expected} == {s: v for s, (v, _) in expected.items()}, grades
-    for student, (_, words) in expected.items():
-        assert words in grades[student]["reason"], grades[student]
-    assert_no_workers_anywhere()
-    for i in TOPOLOGY.indices():
-        left = subprocess.run(["docker", "exec", TOPOLOGY.container(i), "pgrep", "-af", "sleep 90[07]"],
-                              capture_output=True, text=True, timeout=30).stdout
-        assert left.strip() == "", f"{TOPOLOGY.container(i)}: {left}"
-    # nor can a submission leave a file in the lab user's home for the next one (a .bashrc...)
-    planted = subprocess.run(["docker", "exec", "--user", "lab", TOPOLOGY.container(1), "sh", "-c",
-                              "echo exit >> ~/.bashrc"], capture_output=True, text=True, timeout=30)
-    assert planted.returncode != 0 and "Permission denied" in planted.stderr
-
-
 def test_a_share_cannot_reach_another_shares_listeners_on_its_host(lab_up: Lab, tmp_path: Path) -> None:
     """ann and eve graded at once on node1's four slots: eve connects to every listener of another
     user it sees (ann's store, her gloo ports) and writes junk, looks for ann's processes to signal
@@ -450,59 +369,6 @@ def test_hosts_refuse_root_and_keep_only_the_capabilities_sshd_needs(lab_up: Lab
 # the bits of linux/capability.h for the capabilities a lab host keeps
 CAPABILITY_BITS = {"CHOWN": 0, "KILL": 5, "SETGID": 6, "SETUID": 7, "NET_BIND_SERVICE": 10, "SYS_CHROOT": 18,
                    "AUDIT_WRITE": 29}
-
-
-@pytest.mark.parametrize("launcher", ["torchrun", "spawn"])
-def test_run_all_across_hosts_under_each_host_launcher(lab_up: Lab, tmp_path: Path, launcher: str) -> None:
-    code, report = run_json(lab_up, "all", "--hosts", str(inventory_variant(tmp_path, 2, 2)),
-                            "--launcher", launcher)
-    failed = {e["name"]: e["reason"] for e in report["exercises"] if e["status"] != "pass"}
-    assert (code, failed) == (0, {})
-    # Each host's launcher started its two ranks; c10d orders the hosts by address, as the inventory does.
-    assert [r["host"] for r in sorted(report["ranks"], key=lambda r: r["rank"])] == ["node1", "node1", "node2", "node2"]
-    assert len({r["hostname"] for r in report["ranks"]}) == 2
-    assert_no_workers_anywhere()
-
-
-@pytest.mark.parametrize("launcher", ["lab", "torchrun", "spawn"])
-def test_the_tutorials_scripts_run_unchanged_across_hosts(lab_up: Lab, tmp_path: Path, launcher: str) -> None:
-    for script in tutorial_scripts(tmp_path):
-        n = script.nproc  # on 2 hosts, as the tutorial's 2 nodes (ranks 0..n/2-1 on node1)
-        inventory = inventory_variant(tmp_path, 2, n // 2)
-        result = lab_up("launch", "--hosts", str(inventory), "--launcher", launcher, "--timeout", "120",
-                        str(script.path))
-        assert result.code == 0, result.text
-        assert f"{script.name}: {n} of {n} ranks succeeded" in result.out
-        assert f"[node2 r{n - 1}] " in result.out  # the last rank ran, and printed, on the second host
-        assert_prints_as_shown(script, result.out)
-    assert_no_workers_anywhere()
-
-
-def test_a_real_project_runs_across_hosts_under_torchrun(lab_up: Lab, tmp_path: Path) -> None:
-    """tests/projects/ddp_series (a package, a config and a data file beside its script) on two
-    hosts of two ranks each, torchrun starting them; a second launch finds the project kept."""
-    for kept in (False, True):
-        result = lab_up("launch", "--hosts", str(INVENTORY), "--nnodes", "2", "--nproc-per-node", "2", "--launcher",
-                        "torchrun", "--env", "SERIES_TAG=series-1", "-v", str(DDP_SERIES / "train.py"), "--epochs",
-                        "2", timeout=300)
-        assert result.code == 0, result.text[-3000:]
-        assert_ddp_series_trained(result.out, 4)
-        assert result.err.count("as the host kept it, unchanged") == (2 if kept else 0), result.err[-3000:]
-    assert_no_workers_anywhere()
-
-
-def test_torchruns_agents_restart_every_hosts_ranks_and_the_restart_is_said(lab_up: Lab, tmp_path: Path) -> None:
-    """A rank that fails in the first attempt: every host's agent restarts its ranks, the job ends
-    well in the second, and the restart is said with the failure that caused it."""
-    script = tmp_path / "flaky.py"
-    script.write_text(FAILS_IN_ITS_FIRST_ATTEMPTS)
-    result = lab_up("launch", "--hosts", str(INVENTORY), "--nnodes", "2", "--launcher", "torchrun", "--max-restarts",
-                    "1", "--env", "FAILING_ATTEMPTS=1", str(script), timeout=300)
-    assert result.code == 0, result.text[-3000:]
-    assert re.search(r"torchrun restarted the ranks \(1 of --max-restarts 1\): rank 1 \(node\d\) raised ValueError: "
-                     r"boom in attempt 0 at flaky.py:6", result.out), result.out
-    assert result.out.count("trained in attempt 1") == 2, result.out[-3000:]
-    assert_no_workers_anywhere()
 
 
 def ping(source: int, target: int, count: int = 5, interval: float = 0.2) -> tuple[float, float | None]:

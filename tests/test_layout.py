@@ -8,19 +8,22 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lab.transport import PACKAGE_DIR, code_uploads
+from lab.transport.base import PACKAGE_DIR, code_uploads
 
 CONTROLLER_SIDE = ("lab.cli", "lab.core", "lab.net", "lab.transport", "lab.doctor", "lab.containerlab", "lab.grading",
-                   "lab.errors", "lab.model")
+                   "lab.errors", "lab.inventory")
 THIRD_PARTY = ("yaml", "paramiko", "docker", "rich", "cryptography")
-# The floors, lowest first: a module imports only from its own floor and the ones below it.
+# The floors, lowest first: a module imports only from its own floor and the ones below it. A module
+# is on the lowest floor that names it or a package above it: the inventory's room stands on two, its
+# model and the vocabulary its keys are declared in below the transports (which import them), its
+# reading with the core (it reads the keys the transports declare, and the ranks' settings' names).
 FLOORS = (
     ("lab.suite",),
     ("lab.rank",),
-    ("lab.errors", "lab.model"),
+    ("lab.errors", "lab.inventory.model", "lab.inventory.keys"),
     ("lab.transport",),
     ("lab.netcheck",),
-    ("lab.core",),
+    ("lab.core", "lab.inventory"),
     ("lab.jobs",),
     ("lab.net",),
     ("lab.containerlab",),

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from lab.core.inventory import local_inventory
 from lab.core.ledger import Ledger
 from lab.core.plan import Options
 from lab.core.planner import build_launch_plan, build_plan
 from lab.errors import UsageError
+from lab.inventory.hosts import local_inventory
 from lab.rank.protocol import event_line
 from lab.rank.record import Record, to_wire
 from lab.suite import registry

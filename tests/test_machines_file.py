@@ -21,7 +21,7 @@ from lab.containerlab.machines_lab import MachinesLab, Spread, place
 from lab.core.plan import Options
 from lab.core.planner import without_unshared
 from lab.errors import InventoryError, UsageError
-from lab.model.inventory import Host
+from lab.inventory.model import Host
 from lab.suite import registry
 
 from .conftest import REPO

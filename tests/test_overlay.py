@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.core.inventory import inventory_text, load_inventory
 from lab.errors import InventoryError
+from lab.inventory.hosts import inventory_text, load_inventory
 from lab.net import wireguard
 from lab.net.wireguard import Member, PeerState
 from lab.netcheck.model import Master

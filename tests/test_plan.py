@@ -8,12 +8,12 @@ import pytest
 import yaml
 
 from lab.cli.common import launcher_option
-from lab.core.inventory import local_inventory
 from lab.core.launchers import LAUNCHERS
 from lab.core.plan import RUN_DIR, Launch, Options, bind_macros, default_backend, port_macro, public_id
 from lab.core.planner import build_launch_plan, build_plan
 from lab.errors import UsageError
-from lab.model.inventory import Host, Inventory
+from lab.inventory.hosts import local_inventory
+from lab.inventory.model import Host, Inventory
 from lab.suite import registry
 
 TOKEN = "t0k3n"

@@ -22,7 +22,7 @@ import pytest
 from lab.core.planner import build_launch_plan
 from lab.core.preflight import Preflight
 from lab.errors import ExitCode
-from lab.model.inventory import Host, Inventory
+from lab.inventory.model import Host, Inventory
 from lab.netcheck.rules import SAME_NETWORK_FIX
 from lab.rank import ports, probe
 from lab.rank.events import Probe, Pulse, parse_event

@@ -8,8 +8,8 @@ import pytest
 from docs.reference import REFERENCE, REGENERATE, Command, render, walk
 from lab.cli import build_parser
 from lab.containerlab.machines import MACHINE_KEYS
-from lab.core.inventory import HOST_KEYS
 from lab.errors import ExitCode
+from lab.inventory.hosts import HOST_KEYS
 
 
 def test_the_reference_is_up_to_date() -> None:

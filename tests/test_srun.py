@@ -14,8 +14,8 @@ from lab.core.slurm import allocation_inventory, expand_nodelist
 from lab.doctor import slurm as doctor_slurm
 from lab.doctor.slurm import SlurmAnswers
 from lab.errors import ExitCode, UsageError
+from lab.inventory.model import Host
 from lab.jobs import submit
-from lab.model.inventory import Host
 from lab.rank import node, srun
 from lab.rank.events import Exit, Step, parse_event
 from lab.rank.node import per_node_counts

@@ -19,17 +19,19 @@ from pathlib import Path
 
 import pytest
 
-from lab.core.inventory import load_inventory
 from lab.core.judge import judge
 from lab.core.outcome import RunOutcome
 from lab.core.plan import Options
 from lab.core.planner import build_plan
 from lab.core.runner import run_plan
 from lab.errors import ExitCode, HostUnreachable, RunError
-from lab.model.inventory import Host, Inventory
+from lab.inventory.hosts import load_inventory
+from lab.inventory.model import Host, Inventory
 from lab.suite import registry
-from lab.transport import RankProcess, code_uploads, transport_for, with_master_address
-from lab.transport.ssh import RANKS_PER_CONNECTION, SSHSettings, SSHTransport
+from lab.transport.base import RankProcess, code_uploads
+from lab.transport.reach import transport_for, with_master_address
+from lab.transport.ssh.connections import RANKS_PER_CONNECTION, SSHSettings
+from lab.transport.ssh.transport import SSHTransport
 
 from .conftest import live_pids_with
 from .sshd import SSHServer, free_port, keygen, start_sshd

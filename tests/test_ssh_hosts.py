@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 from lab.errors import RunError
-from lab.model.inventory import Host
-from lab.transport.ssh import SSHSettings, SSHTransport
+from lab.inventory.model import Host
+from lab.transport.ssh.connections import SSHSettings
+from lab.transport.ssh.transport import SSHTransport
 
 from .conftest import REPO, said_apart_from_phases
 from .sshd import SSHServer, require_sshd, start_sshd

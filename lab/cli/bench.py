@@ -26,7 +26,7 @@ from lab.core.runner import run_plan
 from lab.errors import ExitCode, UsageError
 from lab.jobs import bench
 from lab.suite import registry
-from lab.transport import with_master_address
+from lab.transport.reach import with_master_address
 
 
 def add_bench(commands: Commands) -> None:

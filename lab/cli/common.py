@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, NoReturn, TypeAlias
 from lab.cli.views import run as run_views
 from lab.containerlab.topology import DEFAULT_LAB, check_lab_name
 from lab.core import launchers, rankenv
-from lab.core.inventory import load_inventory, local_inventory
 from lab.core.plan import DEFAULT_HANG_AFTER, RUN_DIR, WORK_DIR
 from lab.core.slurm import ALLOCATION, allocation_inventory
 from lab.errors import ExitCode, UsageError
-from lab.model.inventory import Inventory
+from lab.inventory.hosts import load_inventory, local_inventory
+from lab.inventory.model import Inventory
 from lab.suite import registry
 from lab.transport.local import local_gpu_count
-from lab.transport.ssh import SSHSettings
+from lab.transport.ssh.connections import SSHSettings
 
 if TYPE_CHECKING:
     from lab.core.outcome import RunOutcome

@@ -7,7 +7,7 @@ from lab.cli.common import Commands, add_command, check_timeout, cluster, cluste
 from lab.cli.views import screen
 from lab.cli.views.doctor import print_diagnosis
 from lab.doctor.run import diagnose
-from lab.transport import with_master_address
+from lab.transport.reach import with_master_address
 
 
 def add_doctor(commands: Commands) -> None:

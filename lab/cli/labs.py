@@ -14,11 +14,11 @@ from lab.containerlab.image import DEFAULT_BASE, OFFLINE
 from lab.containerlab.labs import down_every_lab, find_lab, known_labs
 from lab.containerlab.lifecycle import NETWORK_MODES, UpRequest
 from lab.containerlab.topology import SCHEDULERS, TOPOLOGIES, HostLimits
-from lab.core.inventory import load_inventory
 from lab.core.plan import Options
 from lab.errors import ExitCode, UsageError
+from lab.inventory.hosts import load_inventory
 from lab.suite import registry
-from lab.transport.ssh import SSHSettings
+from lab.transport.ssh.connections import SSHSettings
 
 # -- up ---------------------------------------------------------------------------------------
 

@@ -14,11 +14,11 @@ from lab.cli.views import screen
 from lab.containerlab import containers, engine, state
 from lab.containerlab import overlay as lab_overlay
 from lab.containerlab.topology import LabPaths
-from lab.core.inventory import load_inventory
 from lab.errors import ExitCode, UsageError
+from lab.inventory.hosts import load_inventory
 from lab.net import overlay_hosts, wireguard
 from lab.net.overlay import HostOverlay, Say
-from lab.transport.ssh import SSHSettings
+from lab.transport.ssh.connections import SSHSettings
 
 
 def add_overlay(net_commands: Commands) -> tuple[argparse.ArgumentParser, ...]:

@@ -41,10 +41,10 @@ from lab.core.slurm import SlurmError
 from lab.doctor.known import printed_causes, run_causes
 from lab.doctor.run import explain_hang
 from lab.errors import ExitCode, UsageError
+from lab.inventory.model import Inventory
 from lab.jobs import submit as batch
-from lab.model.inventory import Inventory
-from lab.transport import with_master_address
-from lab.transport.ssh import SSHSettings
+from lab.transport.reach import with_master_address
+from lab.transport.ssh.connections import SSHSettings
 
 DEFAULT_LAUNCH_TIMEOUT = 3600.0  # seconds a `launch` may run unless --timeout says otherwise
 

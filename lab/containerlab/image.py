@@ -26,7 +26,7 @@ from docker.errors import APIError, DockerException, ImageNotFound
 
 from lab.containerlab import state
 from lab.containerlab.engine import EngineError, Say, reason, require_tool
-from lab.transport import code_uploads
+from lab.transport.base import code_uploads
 
 log = logging.getLogger(__name__)
 

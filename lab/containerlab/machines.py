@@ -1,7 +1,8 @@
 """Docker machines: the engines a lab spreads its hosts over (``lab up --machines FILE``).
 
-The file is an Ansible-style inventory of machines, read like a lab inventory (same layout,
-groups, inheritance, and ``file:line`` errors)::
+The file is an Ansible-style inventory of machines, read like a lab inventory, by the same reader
+(``lab.inventory.ansible``: same layout, groups, inheritance, and ``file:line`` errors), and each
+machine is logged in to with the keys the SSH transport declares (``lab.transport.ssh.keys``)::
 
     all:
       vars: {ansible_user: root, ansible_ssh_private_key_file: ~/.ssh/id_ed25519}
@@ -36,11 +37,14 @@ from docker.transport.sshconn import SSHConnectionPool
 from yaml.nodes import Node
 
 from lab.containerlab.engine import API_TIMEOUT, EngineError, Say, each, reason
-from lab.core.ansible import Key, integer, invalid_value, read_ansible, read_text, text_value
-from lab.core.inventory import HOST_KEYS
 from lab.errors import HostsUnreachable, HostUnreachable, InventoryError
-from lab.model.inventory import Host
-from lab.transport.ssh import SSHSettings, SSHTransport
+from lab.inventory.ansible import read_ansible, read_text
+from lab.inventory.hosts import HOST_KEYS
+from lab.inventory.keys import Key, integer, invalid_value, text_value
+from lab.inventory.model import Host
+from lab.transport.ssh.connections import SSHSettings
+from lab.transport.ssh.keys import SSH_KEYS
+from lab.transport.ssh.transport import SSHTransport
 
 API_VERSION = "1.41"  # Docker 20.10's API, which every later engine still speaks
 MIN_ENGINE = (20, 10)
@@ -74,20 +78,21 @@ def _lab_host_only(key: str, node: Node, base_dir: str) -> object:
                                                               "lab up --hosts and --slots, or lab_hosts, shape the lab")
 
 
-_LOGIN = ("ansible_port", "ansible_user", "ansible_ssh_private_key_file", "ssh_known_hosts_file")
-_LAB_HOST_ONLY = ("slots", "gpus", "data_address", "network_interface", "shared_dir", "docker_container",
-                  "grade_users", "machine")
-# What machines.yaml reads: how to log in (as in a lab inventory), and the machine's own settings,
-# each with the Machine field it fills, how its value is read and what it means (as HOST_KEYS).
-# What only a lab's hosts have is an error here (a Docker machine is not a lab host); other
+# A lab host's keys that a machine has not: an error here (a Docker machine is not a lab host).
+LAB_HOST_ONLY = ("slots", "gpus", "data_address", "network_interface", "shared_dir", "docker_container",
+                 "grade_users", "machine")
+# What machines.yaml reads: where the machine is (the inventory's ansible_host, its meaning said for a
+# machine), how to log in to it (the SSH transport's keys, as they are: a machine is reached over SSH
+# as a lab host is), and the machine's own settings, each with the Machine field it fills, how its
+# value is read and what it means (as HOST_KEYS). What only a lab's hosts have is refused; other
 # variables are ignored, as in a lab inventory.
 MACHINE_KEYS: dict[str, Key] = {
     "ansible_host": replace(HOST_KEYS["ansible_host"], meaning=(
         "the machine's address, where SSH reaches it and its hosts' sshd: an IPv4 or IPv6 address or a DNS host "
         "name (default: docker_host's host, else the machine's name)")),
-    **{name: HOST_KEYS[name] for name in _LOGIN},
+    **SSH_KEYS,
     **{name: Key(name, _lab_host_only, "a lab host's variable, refused here: `lab up --hosts` and `--slots`, or "
-                                       "lab_hosts, shape the lab") for name in _LAB_HOST_ONLY},
+                                       "lab_hosts, shape the lab") for name in LAB_HOST_ONLY},
     "docker_host": Key("docker_host", _docker_host, "how the Docker SDK reaches the machine's engine: "
                                                     "`ssh://[USER@]HOST[:PORT]` (default: the machine's own SSH "
                                                     "login) or `tcp://HOST:PORT` with TLS"),

@@ -15,8 +15,8 @@ from typing import Literal, get_args
 import yaml
 
 from lab.containerlab import state
-from lab.core.inventory import LAB_NAME
 from lab.errors import UsageError
+from lab.inventory.hosts import LAB_NAME
 
 LABEL = "lab.managed"
 NAME_LABEL = "lab.name"  # which lab a container, network or volume belongs to

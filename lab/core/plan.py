@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, get_args
 
 from lab.core.random_inputs import VALUE_BYTES
-from lab.model.inventory import Host
+from lab.inventory.model import Host
 from lab.rank.script import MODULE_VAR, WORKDIR_VAR
 from lab.rank.watcher import HANG_AFTER_VAR, TORCH_DUMPS_VAR, TRACE_VAR
 from lab.rank.wire import Mode as WireMode

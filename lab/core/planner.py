@@ -33,7 +33,7 @@ from lab.core.plan import (
 from lab.core.random_inputs import draw, new_seed
 from lab.core.workdir import Workdir
 from lab.errors import UsageError
-from lab.model.inventory import Host, Inventory
+from lab.inventory.model import Host, Inventory
 from lab.suite.registry import Exercise, Rendezvous
 
 

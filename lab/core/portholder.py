@@ -11,7 +11,7 @@ from lab.errors import RunError
 from lab.rank.events import Event, Ports
 from lab.rank.ports import EXCLUSIVE
 from lab.rank.protocol import LINE_MAX
-from lab.transport import RankProcess, Transport
+from lab.transport.base import RankProcess, Transport
 
 PORTS_WAIT = 30.0  # seconds for rank 0's host to report the ports it holds
 

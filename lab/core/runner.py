@@ -61,8 +61,9 @@ from lab.core.streams import QUEUE_MAX, Events, Item, StreamReader
 from lab.core.why import explain_run
 from lab.errors import HostsUnreachable, HostUnreachable, LabError, RunError
 from lab.rank.inputs import file_of
-from lab.transport import RankProcess, Transport, code_uploads, for_each_host, release, transport_for
-from lab.transport.ssh import SSHSettings
+from lab.transport.base import RankProcess, Transport, code_uploads, for_each_host, release
+from lab.transport.reach import transport_for
+from lab.transport.ssh.connections import SSHSettings
 
 log = logging.getLogger(__name__)
 

@@ -13,11 +13,11 @@ import re
 import shlex
 from collections.abc import Iterable, Mapping
 
-from lab.core.ansible import HOST_NAME, PLAIN_PATH
 from lab.errors import ExitCode, LabError, UsageError
-from lab.model.inventory import Host, Inventory
+from lab.inventory.keys import HOST_NAME, PLAIN_PATH
+from lab.inventory.model import Host, Inventory
 from lab.rank.node import per_node_counts
-from lab.transport import Transport
+from lab.transport.base import Transport
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from lab.core.plan import WORK_DIR, Plan
 from lab.rank.ops import FUNCTIONS
-from lab.transport import PACKAGE_DIR
+from lab.transport.base import PACKAGE_DIR
 
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 _THREAD = ("Thread 0x", "Current thread 0x")  # how faulthandler starts each thread's stack

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from lab.core.plan import WORK_DIR
 from lab.errors import RunError
-from lab.transport import Transport
+from lab.transport.base import Transport
 
 log = logging.getLogger(__name__)
 

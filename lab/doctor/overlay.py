@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from lab.model.inventory import Host
+from lab.inventory.model import Host
 from lab.net.overlay import HostOverlay
 from lab.net.wireguard import INTERFACE, STALE
 from lab.netcheck.model import Finding

@@ -30,7 +30,7 @@ from lab.core.streams import read_events
 from lab.doctor import slurm
 from lab.doctor.overlay import overlay_findings
 from lab.errors import HostUnreachable
-from lab.model.inventory import Host, Inventory
+from lab.inventory.model import Host, Inventory
 from lab.netcheck.model import (
     SEVERITIES,
     Diagnosis,
@@ -48,14 +48,9 @@ from lab.rank.netfacts import (
 )
 from lab.rank.probe import PROBE_VAR
 from lab.rank.protocol import LINE_MAX
-from lab.transport import (
-    RankProcess,
-    code_uploads,
-    for_each_host,
-    release,
-    transport_for,
-)
-from lab.transport.ssh import SSHSettings
+from lab.transport.base import RankProcess, code_uploads, for_each_host, release
+from lab.transport.reach import transport_for
+from lab.transport.ssh.connections import SSHSettings
 
 log = logging.getLogger(__name__)
 

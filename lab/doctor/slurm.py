@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 from lab.core.slurm import WORKING
 from lab.errors import LabError
-from lab.model.inventory import Host
+from lab.inventory.model import Host
 from lab.netcheck.model import Finding
-from lab.transport import Transport, for_each_host
+from lab.transport.base import Transport, for_each_host
 
 MARK = "lab-slurm:"
 # whether the host is configured as a Slurm client (its commands read $SLURM_CONF, else these)

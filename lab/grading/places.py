@@ -21,17 +21,18 @@ from lab.containerlab import engine, shares
 from lab.containerlab.engine import Say
 from lab.containerlab.image import Progress
 from lab.containerlab.topology import DEFAULT_LAB, LabPaths, default_inventory
-from lab.core.inventory import load_inventory, local_inventory
 from lab.core.plan import DEFAULT_TIMEOUT, Backend, Options
 from lab.core.planner import checked_part
 from lab.errors import UsageError
 from lab.grading import sandbox
 from lab.grading.sandbox import Limits
-from lab.model.inventory import Host, Inventory
+from lab.inventory.hosts import load_inventory, local_inventory
+from lab.inventory.model import Host, Inventory
 from lab.rank.wire import Mode as WireMode
 from lab.suite.registry import Exercise
-from lab.transport import for_each_host, transport_for, with_master_address
-from lab.transport.ssh import SSHSettings
+from lab.transport.base import for_each_host
+from lab.transport.reach import transport_for, with_master_address
+from lab.transport.ssh.connections import SSHSettings
 
 DEFAULT_WALL = 300.0  # seconds one submission may take in all
 SandboxChoice = Literal["container", "none"]

@@ -32,7 +32,7 @@ from lab.containerlab.engine import EngineError, Say
 from lab.containerlab.image import HOST_IMAGE, Progress
 from lab.containerlab.resources import alive
 from lab.containerlab.topology import DEFAULT_LAB, LABEL, NAME_LABEL, OWNER_LABEL, ROLE, SANDBOX_ROLE
-from lab.model.inventory import Host, Inventory
+from lab.inventory.model import Host, Inventory
 from lab.rank.wire import Mode as WireMode
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from typing import TypeVar
 from lab.errors import HostUnreachable, LabError
 from lab.net import wireguard
 from lab.net.wireguard import INTERFACE, Member, PeerState
-from lab.transport import for_each_host
+from lab.transport.base import for_each_host
 
 HANDSHAKE_WAIT = 20.0  # seconds for every pair of hosts to complete a handshake
 POLL = 0.3

@@ -11,13 +11,14 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
-from lab.core.inventory import inventory_text
 from lab.errors import LabError, UsageError
-from lab.model.inventory import Host, Inventory
+from lab.inventory.hosts import inventory_text
+from lab.inventory.model import Host, Inventory
 from lab.net import overlay, wireguard
 from lab.net.overlay import End, HostOverlay, Say
 from lab.net.subnets import Subnet, free_subnets, routes_in
-from lab.transport.ssh import SSHSettings, SSHTransport
+from lab.transport.ssh.connections import SSHSettings
+from lab.transport.ssh.transport import SSHTransport
 
 ROUTES = "ip -j -4 route"
 

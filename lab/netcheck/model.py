@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
 from lab.errors import ExitCode
-from lab.model.inventory import Host
+from lab.inventory.model import Host
 from lab.rank.netfacts import (
     Advertised,
     Interface,

@@ -1,67 +1,8 @@
 """Transports: how a command reaches a host (``local``, ``ssh``, ``docker``, ``slurm``; the interface
-in ``base``).
+in ``base``); ``reach`` picks one from the host's ``connection``. A transport that reads host keys
+of its own declares them beside it, in a light module (``lab.transport.ssh.keys``,
+``lab.transport.docker.keys``); ``local`` and ``slurm`` read none but the inventory's own.
 
-``transport_for`` picks one from the host's ``connection``.
+This file imports nothing, so that a transport's declaration of its keys can be imported without
+the transports themselves (paramiko, the Docker SDK).
 """
-from __future__ import annotations
-
-import ipaddress
-import logging
-from dataclasses import replace
-
-from lab.model.inventory import Host, Inventory
-from lab.transport.base import (
-    PACKAGE_DIR,
-    RankProcess,
-    Transport,
-    code_uploads,
-    for_each_host,
-    release,
-)
-from lab.transport.local import LocalTransport
-from lab.transport.slurm import SlurmTransport
-from lab.transport.ssh import SSHSettings, SSHTransport
-
-__all__ = ["PACKAGE_DIR", "RankProcess", "Transport", "code_uploads", "for_each_host", "release",
-           "transport_for", "with_master_address"]
-
-log = logging.getLogger(__name__)
-
-
-def with_master_address(inventory: Inventory, ssh: SSHSettings | None = None) -> Inventory:
-    """The inventory with rank 0's data-plane address filled in, asked of the host itself,
-    when the inventory gives none and names the host by a name its peers may not resolve
-    (an ssh-config alias, say). MASTER_ADDR is that address."""
-    host = inventory.hosts[0] if inventory.hosts else None
-    if host is None or host.is_local or host.data_address or _is_ip(host.address):
-        return inventory
-    transport = transport_for(host, ssh)
-    try:
-        found = transport.own_address()
-    finally:
-        transport.close()
-    if not found:
-        return inventory
-    log.info("host %s: MASTER_ADDR is its address %s (asked of the host)", host.name, found)
-    return Inventory(inventory.path, (replace(host, data_address=found), *inventory.hosts[1:]))
-
-
-def _is_ip(address: str) -> bool:
-    try:
-        ipaddress.ip_address(address)
-    except ValueError:
-        return False
-    return True
-
-
-def transport_for(host: Host, ssh: SSHSettings | None = None) -> Transport:
-    """The transport that reaches ``host`` (``ssh`` settings apply to SSH hosts)."""
-    if host.connection == "local":
-        return LocalTransport(host)
-    if host.connection == "docker":
-        from lab.transport.docker import DockerTransport  # (the Docker SDK: a fifth of the CLI's start, else)
-
-        return DockerTransport(host)
-    if host.connection == "slurm":
-        return SlurmTransport(host)
-    return SSHTransport(host, ssh or SSHSettings())

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO, TypeVar
 
 from lab.errors import RunError
-from lab.model.inventory import Host
+from lab.inventory.model import Host
 from lab.rank.protocol import PID_MARK
 from lab.rank.reaper import ENV_ON_STDIN
 

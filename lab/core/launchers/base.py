@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, ClassVar
 
 from lab.core.plan import Launch, Plan, interface_env
 from lab.errors import LabError, UsageError
-from lab.model.inventory import Host
+from lab.inventory.model import Host
 from lab.rank.preflight import PREFLIGHT_VAR
 from lab.rank.wire import WIRE_VAR
 from lab.suite.check import Launched
 
 if TYPE_CHECKING:
-    from lab.transport import Transport
+    from lab.transport.base import Transport
 
 TAG_OUTPUT_VAR = "LAB_TAG_OUTPUT"  # set: the ranks' relay tags their lines (lab.rank.output), the launcher does not
 

@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from lab.core.launchers.base import Launcher, rendezvous_env
 from lab.core.plan import Plan
-from lab.model.inventory import Host
+from lab.inventory.model import Host
 from lab.rank import node
 
 

@@ -14,12 +14,12 @@ from lab.core.launchers.base import TAG_OUTPUT_VAR, Launcher, rendezvous_env
 from lab.core.launchers.torchrun import torchrun_args
 from lab.core.plan import Launch, Plan, interface_env
 from lab.errors import LabError, RunError, UsageError
-from lab.model.inventory import Host
+from lab.inventory.model import Host
 from lab.rank import node
 from lab.suite.check import Launched
 
 if TYPE_CHECKING:
-    from lab.transport import Transport
+    from lab.transport.base import Transport
 
 
 SRUN_SAYS = 2  # seconds left, after srun gives up waiting for the nodes, for its word to reach the lab

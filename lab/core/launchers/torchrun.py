@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from lab.core.launchers.base import Launcher
 from lab.core.plan import RUN_DIR, Plan, public_id
-from lab.model.inventory import Host
+from lab.inventory.model import Host
 from lab.rank import node
 from lab.suite.check import Launched
 

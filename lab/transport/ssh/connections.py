@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import paramiko
 
 from lab.errors import HostUnreachable, LabError
-from lab.model.inventory import Host
+from lab.inventory.model import Host
 from lab.transport.ssh.config import (
     Endpoint,
     identity_files,

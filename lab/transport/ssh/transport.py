@@ -49,7 +49,7 @@ from typing import IO, ClassVar, cast
 import paramiko
 
 from lab.errors import HostUnreachable, LabError, RunError
-from lab.model.inventory import Host
+from lab.inventory.model import Host
 from lab.rank.protocol import PID_MARK
 from lab.transport.base import (
     RUN_DIR_MARK,

@@ -1,7 +1,7 @@
 """The Ansible-style YAML reader: the hosts of a file laid out as Ansible's YAML inventory, each
-with the variables a table of keys reads, and the value readers those tables are made of. The
-inventory (``lab.core.inventory``) and the machines file (``lab.containerlab.machines``) are
-both read by it, each with its own table of keys.
+with the variables a table of keys reads (``lab.inventory.keys``: the field each fills and how its
+value is read). The inventory (``lab.inventory.hosts``) and the machines file
+(``lab.containerlab.machines``) are both read by it, each with its own table of keys.
 
 The layout is Ansible's YAML inventory::
 
@@ -22,7 +22,7 @@ under another group to make it a child there, and a host bare (``h1:``) to add i
 to one more group; defining the same host or group with content twice is an error.
 
 Variables the table does not name (an Ansible inventory's own: ``ntp_server``,
-``ansible_become_user``...) are ignored, and logged once at INFO on the "lab.model"
+``ansible_become_user``...) are ignored, and logged once at INFO on the "lab.inventory"
 logger (``-v``); a name one edit from one the table names (``slot``, ``ansible_hots``) is an
 error that says which was meant. Ansible's older names (``SYNONYMS``) are read as the new ones,
 and passwords are refused.
@@ -35,21 +35,16 @@ exhaust the stack. Every problem raises ``InventoryError`` (``file:line: ...``).
 """
 from __future__ import annotations
 
-import ipaddress
 import logging
-import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from lab.errors import InventoryError
+from lab.inventory.keys import BOOL_TAG, NAME, NULL_TAG, InvalidValue, Key, is_null, one_line, shown
 
-_STR = "tag:yaml.org,2002:str"
-_INT = "tag:yaml.org,2002:int"
-_BOOL = "tag:yaml.org,2002:bool"
-_NULL = "tag:yaml.org,2002:null"
 _MERGE = "tag:yaml.org,2002:merge"
 
 _GROUP_KEYS = ("hosts", "vars", "children")
@@ -57,41 +52,12 @@ _PASSWORDS = ("ansible_password", "ansible_ssh_pass")
 # Ansible's older names, still read by its ssh connection: the lab reads them as the new ones.
 SYNONYMS = {"ansible_ssh_host": "ansible_host", "ansible_ssh_port": "ansible_port",
             "ansible_ssh_user": "ansible_user", "ansible_private_key_file": "ansible_ssh_private_key_file"}
-_INTS = yaml.constructor.SafeConstructor()
 _MAX_YAML_DEPTH = 100  # nested YAML collections
 _MAX_GROUP_DEPTH = 50  # groups under groups
 _MAX_MERGE_DEPTH = 50  # mappings merged into mappings merged into...
 _MAX_MERGED = 10_000  # entries one mapping's merges bring in, counted as often as they are merged
 _MAX_MERGE_WORK = 1_000_000  # entries copied by every merge of the file
-_log = logging.getLogger("lab.model")  # (the machines file's ignored variables are logged there too)
-
-# Values that reach a host's command line or environment match these before they go anywhere.
-NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")  # a host's or a group's name
-INTERFACE = re.compile(r"(?!\.\.?\Z)[A-Za-z0-9_.:][A-Za-z0-9_.:-]{0,14}\Z")  # Linux: < 16 bytes, no '/'
-_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
-HOST_NAME = re.compile(rf"(?=.{{1,253}}\Z){_LABEL}(?:\.{_LABEL})*\.?\Z")
-USER_NAME = re.compile(r"(?=.{1,32}\Z)[A-Za-z0-9_][A-Za-z0-9_.-]*\$?\Z")  # POSIX portable user names (and Samba's $)
-PLAIN_PATH = re.compile(r"/[A-Za-z0-9_./+@,=-]*\Z")
-CONTAINER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}\Z")  # Docker's container names (and ids)
-COMMAND = re.compile(r"/[A-Za-z0-9_./+-]*\Z|[A-Za-z0-9_.+][A-Za-z0-9_.+-]*\Z")  # absolute path, or a bare name
-
-
-class InvalidValue(Exception):
-    """A variable's value is wrong; the reader adds the file and the line."""
-
-
-Reader = Callable[[str, Node, str], object]  # (key, value node, base dir) -> the field's value
-
-
-@dataclass(frozen=True)
-class Key:
-    """A variable a host or a group may set: the field it fills, how its value is read and
-    checked, and what it means (one line, for a person: the reference lists it)."""
-
-    attribute: str
-    read: Reader
-    meaning: str
-
+_log = logging.getLogger("lab.inventory")  # (the machines file's ignored variables are logged there too)
 
 Entry = tuple[str, dict[str, object], tuple[str, ...], str]  # name, its variables, its groups, "file:line"
 
@@ -118,10 +84,10 @@ def read_ansible(text: str, source: str, base_dir: str, keys: Mapping[str, Key],
                  what: str = "the inventory") -> list[Entry]:
     """The hosts of an Ansible-style YAML file (``what`` names it in errors), each with the
     variables ``keys`` reads (name -> the field it fills and its reader; see
-    ``lab.core.inventory.HOST_KEYS``), inherited through its groups; ``base_dir`` anchors
+    ``lab.inventory.hosts.HOST_KEYS``), inherited through its groups; ``base_dir`` anchors
     relative paths."""
     root = _compose(text, source)
-    if root is None or _is_null(root):
+    if root is None or is_null(root):
         raise InventoryError(source, 1, f"{what} is empty")
     parser = _Parser(source, base_dir, keys)
     try:
@@ -133,7 +99,7 @@ def read_ansible(text: str, source: str, base_dir: str, keys: Mapping[str, Key],
         raise InventoryError(source, _line(root), f"{what} defines no hosts")
     if parser.ignored:
         _log.info("%s: ignored variables the lab does not use: %s", source,
-                  ", ".join(_one_line(name) for name in parser.ignored))
+                  ", ".join(one_line(name) for name in parser.ignored))
     return hosts
 
 
@@ -185,93 +151,7 @@ def _line(node: Node) -> int:
     return node.start_mark.line + 1
 
 
-def _is_null(node: Node) -> bool:
-    return isinstance(node, ScalarNode) and node.tag == _NULL
-
-
-def _one_line(text: str) -> str:
-    """``text`` for a message: control characters and line breaks escaped, long text cut."""
-    text = "".join(char if char.isprintable() else repr(char)[1:-1] for char in text)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def shown(node: Node) -> str:
-    """How a value reads in a message: one line, never a Python repr."""
-    if isinstance(node, MappingNode):
-        return "a mapping"
-    if isinstance(node, SequenceNode):
-        return "a list"
-    if node.tag == _NULL and not node.value:
-        return "nothing"
-    text = _one_line(node.value)
-    return f"'{text}'" if node.tag == _STR else text
-
-
-# -- values ---------------------------------------------------------------------------
-
-
-def invalid_value(key: str, value: str, allowed: str) -> InvalidValue:
-    """The error for ``key``'s ``value``, saying what is ``allowed``."""
-    return InvalidValue(f"invalid {key} '{_one_line(value)}' ({allowed})")
-
-
-def text_value(key: str, node: Node, base_dir: str) -> str:
-    """A one-line string, stripped."""
-    value = node.value.strip() if isinstance(node, ScalarNode) and node.tag not in (_NULL, _BOOL) else ""
-    if not value or "\n" in value:
-        raise InvalidValue(f"{key} must be a one-line string, got {shown(node)}")
-    return value
-
-
-def integer(minimum: int, maximum: int | None = None) -> Reader:
-    """A reader of an integer from ``minimum`` (to ``maximum``)."""
-    wanted = f"an integer >= {minimum}" if maximum is None else f"an integer from {minimum} to {maximum}"
-
-    def read(key: str, node: Node, base_dir: str) -> int:
-        value = _INTS.construct_yaml_int(node) if isinstance(node, ScalarNode) and node.tag == _INT else None
-        if value is None or value < minimum or (maximum is not None and value > maximum):
-            raise InvalidValue(f"{key} must be {wanted}, got {shown(node)}")
-        return value
-
-    return read
-
-
-_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
-
-
-def boolean(key: str, node: Node, base_dir: str) -> bool:
-    """A YAML boolean, or one of Ansible's words for one (yes/no, on/off, 1/0, in any case)."""
-    value = node.value.strip().lower() if isinstance(node, ScalarNode) and node.tag in (_BOOL, _STR, _INT) else ""
-    if value in _TRUE or value in _FALSE:
-        return value in _TRUE
-    raise InvalidValue(f"{key} must be true or false, got {shown(node)}")
-
-
-def matching(pattern: re.Pattern[str], allowed: str) -> Reader:
-    """A reader of a string that must match ``pattern`` (``allowed`` says what that is)."""
-
-    def read(key: str, node: Node, base_dir: str) -> str:
-        value = text_value(key, node, base_dir)
-        if not pattern.match(value):
-            raise invalid_value(key, value, allowed)
-        return value
-
-    return read
-
-
-def address(key: str, node: Node, base_dir: str) -> str:
-    """An IPv4 or IPv6 address, or a DNS host name."""
-    value = text_value(key, node, base_dir)
-    try:
-        ipaddress.ip_address(value)
-        if INTERFACE.match(value.partition("%")[2] or "lo"):  # (Python takes any scope: fe80::1%ANY)
-            return value
-    except ValueError:
-        pass
-    if not HOST_NAME.match(value) or value.rstrip(".").replace(".", "").isdigit():  # (999.1.2.3: no address)
-        raise invalid_value(key, value, "an IPv4 or IPv6 address, or a DNS host name: labels of letters, digits, "
-                                        "'-' and '_' joined by dots")
-    return value
+# -- near misses ----------------------------------------------------------------------
 
 
 def _one_edit(a: str, b: str) -> bool:
@@ -358,7 +238,7 @@ class _Parser:
                 mean = f": did you mean '{near}'?" if near else ""
                 hint = "; put variables under vars:" if word in self.keys or word in SYNONYMS else ""
                 known = ", ".join(_GROUP_KEYS)
-                raise self.error(word_key, f"unknown key '{_one_line(word)}'{mean} (known: {known}{hint})")
+                raise self.error(word_key, f"unknown key '{one_line(word)}'{mean} (known: {known}{hint})")
 
     def read_host(self, key: ScalarNode, value: Node, group: str) -> None:
         entry = self.enter(self.hosts, "host", key, value, group)
@@ -368,15 +248,15 @@ class _Parser:
     def enter(self, table: dict[str, _Entry], kind: str, key: ScalarNode, value: Node,
               parent: str | None) -> _Entry | None:
         """Note ``key`` listed under ``parent``; the entry if ``value`` defines it (first time)."""
-        if key.tag == _BOOL:
+        if key.tag == BOOL_TAG:
             raise self.error(key, f"{kind} name {key.value} reads as a YAML boolean; quote it")
         if not NAME.match(key.value):
-            raise self.error(key, f"invalid {kind} name '{_one_line(key.value)}': "
+            raise self.error(key, f"invalid {kind} name '{one_line(key.value)}': "
                                   "use letters, digits, '.', '-' and '_'")
         entry = table.setdefault(key.value, _Entry(_line(key)))
         if parent is not None:
             entry.parents.setdefault(parent, _line(key))
-        bare = _is_null(value) or (isinstance(value, MappingNode) and not value.value)
+        bare = is_null(value) or (isinstance(value, MappingNode) and not value.value)
         if bare or entry.node is value:  # a reference, or the same mapping again through an alias
             return None
         if entry.node is not None:
@@ -402,7 +282,7 @@ class _Parser:
             if lab_name not in self.keys:
                 near = _did_you_mean(name, [*self.keys, *SYNONYMS])
                 if near is not None:
-                    raise self.error(key, f"unknown key '{_one_line(name)}': did you mean '{near}'?")
+                    raise self.error(key, f"unknown key '{one_line(name)}': did you mean '{near}'?")
                 self.ignored.setdefault(name)
                 continue
             wanted = self.keys[lab_name]
@@ -426,7 +306,7 @@ class _Parser:
         that copies merges would make: 8 mappings that each merge the one before ten times
         are 10**7 entries), and by the entries copied in all.
         """
-        if _is_null(node):
+        if is_null(node):
             return []
         if not isinstance(node, MappingNode):
             raise self.error(node, f"{what} must be a mapping, got {shown(node)}")
@@ -454,11 +334,11 @@ class _Parser:
                     for name, merged_key, merged_value in entries:
                         merged.setdefault(name, (merged_key, merged_value))
                 continue
-            if not isinstance(key, ScalarNode) or key.tag == _NULL:
+            if not isinstance(key, ScalarNode) or key.tag == NULL_TAG:
                 raise self.error(key, f"a key must be a name, got {shown(key)}")
             if key.value in own:
                 first = _line(own[key.value][0])
-                raise self.error(key, f"duplicate key '{_one_line(key.value)}' (first at line {first})")
+                raise self.error(key, f"duplicate key '{one_line(key.value)}' (first at line {first})")
             own[key.value] = (key, value)
             weight += 1
         found = [(name, key, value) for name, (key, value) in {**merged, **own}.items()]

@@ -1,6 +1,6 @@
 """The inventory's model: the hosts the lab runs on, how each is reached and what it holds.
 
-Data only, and the standard library only: ``lab.core.inventory`` reads an inventory file into
+Data only, and the standard library only: ``lab.inventory.hosts`` reads an inventory file into
 it, ``lab.transport`` reaches the hosts it names, and everything above passes it around.
 """
 from __future__ import annotations

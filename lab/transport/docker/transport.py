@@ -1,6 +1,7 @@
 """The docker transport: ranks are processes in a named container, started with ``docker exec -i``
 (for containers without sshd; see ``lab.transport.prefixed``). Files go in through ``tar`` in the
-container, which sees its tmpfs mounts, unlike the engine's archive API."""
+container, which sees its tmpfs mounts, unlike the engine's archive API. The host keys it reads
+(the container, the user) are declared in ``lab.transport.docker.keys``."""
 from __future__ import annotations
 
 import shutil
@@ -10,7 +11,7 @@ from docker.errors import DockerException, NotFound
 from docker.models.containers import Container
 
 from lab.errors import HostUnreachable, RunError
-from lab.model.inventory import Host
+from lab.inventory.model import Host
 from lab.transport.prefixed import PrefixedTransport
 
 API_TIMEOUT = 30  # seconds for one engine call

@@ -1,26 +1,31 @@
 """Reading an inventory: which hosts the lab runs on, from an Ansible-style YAML file (read by
-``lab.core.ansible``: layout, inheritance, bounds, ``file:line`` errors) into the model's
-``Host``s (``lab.model.inventory``), so an existing Ansible inventory works.
+``lab.inventory.ansible``: layout, inheritance, bounds, ``file:line`` errors) into the model's
+``Host``s (``lab.inventory.model``), so an existing Ansible inventory works; and writing one back
+(``inventory_text``).
 
 ``HOST_KEYS`` is every variable a host or a group may set: the ``Host`` field it fills, how its
-value is read, and what it means (the reference's inventory section is made from it). The values
-the lab passes to hosts (addresses, user, NIC, interpreter) must match strict patterns, and a
-private key file must not be open to others.
+value is read, and what it means (the reference's inventory section is made from it). It is the
+keys each transport declares beside itself (``TRANSPORT_KEYS``: the SSH transport's login, the
+docker transport's container) and the inventory's own (the address, the connection, slots,
+GPUs, the data plane...), merged; so the reader checks a host's keys (an unknown one ignored, a
+near miss refused, a wrong value refused) as the transports declare them. The values the lab
+passes to hosts (addresses, user, NIC, interpreter) must match strict patterns, and a private
+key file must not be open to others.
 """
 from __future__ import annotations
 
 import os
 import re
-import stat
 from collections.abc import Mapping, Sequence
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from lab.core import rankenv
-from lab.core.ansible import (
+from lab.errors import UsageError
+from lab.inventory.ansible import read_ansible, read_text
+from lab.inventory.keys import (
     COMMAND,
-    CONTAINER,
     INTERFACE,
     NAME,
     PLAIN_PATH,
@@ -32,13 +37,13 @@ from lab.core.ansible import (
     integer,
     invalid_value,
     matching,
-    read_ansible,
-    read_text,
+    merged,
     shown,
     text_value,
 )
-from lab.errors import UsageError
-from lab.model.inventory import CONNECTIONS, DEFAULT_PYTHON, Host, Inventory
+from lab.inventory.model import CONNECTIONS, DEFAULT_PYTHON, Connection, Host, Inventory
+from lab.transport.docker.keys import DOCKER_KEYS
+from lab.transport.ssh.keys import SSH_KEYS
 
 _AUTO_PYTHON = ("auto", "auto_silent", "auto_legacy", "auto_legacy_silent")  # Ansible's discovery
 
@@ -95,10 +100,6 @@ def _connection(key: str, node: Node, base_dir: str) -> str:
 LAB_NAME = re.compile(r"[a-z][a-z0-9-]{0,23}\Z")  # a container lab's name (lab up --name)
 _interface = matching(INTERFACE, "a network interface name: 1 to 15 of letters, digits, '_', '.', ':' and '-', "
                                  "not starting with '-'")
-_login = matching(USER_NAME, "a user name: up to 32 of letters, digits, '_', '.' and '-', not starting with '-', "
-                             "perhaps ending in '$'")
-_container = matching(CONTAINER, "a Docker container name or id: letters, digits, '_', '.' and '-', starting "
-                                 "with a letter or digit")
 
 
 def _python(key: str, node: Node, base_dir: str) -> str:
@@ -109,19 +110,6 @@ def _python(key: str, node: Node, base_dir: str) -> str:
         raise invalid_value(key, value, "an absolute path or a command name, of letters, digits and '_', '.', '/', "
                                         "'+', '-' only")
     return value
-
-
-def _key_file(key: str, node: Node, base_dir: str) -> str:
-    path = os.path.abspath(os.path.join(base_dir, os.path.expanduser(text_value(key, node, base_dir))))
-    if not os.path.exists(path):
-        raise InvalidValue(f"{key}: {path} does not exist")
-    if not os.path.isfile(path):
-        raise InvalidValue(f"{key}: {path} is not a file")
-    status = os.stat(path)
-    if status.st_uid == os.getuid() and status.st_mode & 0o077:  # as OpenSSH refuses it (sshkey_perm_ok)
-        raise InvalidValue(f"{key}: key file {path} has mode {stat.S_IMODE(status.st_mode):04o}; a private key "
-                           f"must not be readable by others (chmod 600 {path})")
-    return path
 
 
 def _user_names(key: str, node: Node, base_dir: str) -> tuple[str, ...]:
@@ -156,57 +144,48 @@ def _environment(key: str, node: Node, base_dir: str) -> tuple[tuple[str, str], 
     return tuple(pairs)
 
 
-def _known_hosts_file(key: str, node: Node, base_dir: str) -> str:
-    """A known_hosts path; the file itself may be missing (--accept-new-host-keys creates it)."""
-    path = os.path.abspath(os.path.join(base_dir, os.path.expanduser(text_value(key, node, base_dir))))
-    if os.path.isdir(path):
-        raise InvalidValue(f"{key}: {path} is a directory, not a file")
-    if not os.path.isdir(os.path.dirname(path)):
-        raise InvalidValue(f"{key}: directory {os.path.dirname(path)} does not exist")
-    return path
+# The keys each transport reads, declared beside it; `local` and `slurm` read none but the
+# inventory's own (a local host is this machine, a Slurm node is named by the host's name).
+TRANSPORT_KEYS: dict[Connection, Mapping[str, Key]] = {"ssh": SSH_KEYS, "local": {}, "docker": DOCKER_KEYS,
+                                                      "slurm": {}}
 
-
-# Each key a host or group may set: the Host field it fills, how its value is read, what it means.
-# (Ansible's older names for the first four, lab.core.ansible.SYNONYMS, are read as these.)
-HOST_KEYS: dict[str, Key] = {
-    "ansible_host": Key("address", address, "the host's address, where SSH reaches it: an IPv4 or IPv6 address or a "
-                                            "DNS host name (default: the host's name)"),
-    "ansible_port": Key("port", integer(1, 65535), "the port SSH reaches the host on (default 22)"),
-    "ansible_user": Key("user", _login, "the user SSH logs in as (default: `~/.ssh/config`'s User, else yours)"),
-    "ansible_ssh_private_key_file": Key("key_file", _key_file, "the private key SSH logs in with (key-based auth "
-                                                               "only), which others may not read; relative to the "
-                                                               "file's directory"),
-    "ssh_known_hosts_file": Key("known_hosts", _known_hosts_file, "a known_hosts file for the host's key, relative to "
-                                                                  "the file's directory (`~/.ssh/known_hosts` is read "
-                                                                  "too)"),
-    "ansible_connection": Key("connection", _connection, "how the lab reaches the host: `ssh` (default), `local` (this "
-                                                         "machine), `docker` (a container), `slurm` (a job step on a "
-                                                         "node of the Slurm allocation)"),
-    "ansible_python_interpreter": Key("python", _python, "the Python that has torch on the host (default `python3`; "
-                                                         "Ansible's `auto` values mean `python3`)"),
-    "slots": Key("slots", integer(1), "ranks on the host (default 1); ranks are numbered host by host in file order"),
-    "gpus": Key("gpus", integer(0), "GPUs on the host (default 0)"),
-    "data_address": Key("data_address", address, "the address peers use for the data plane, when it differs from "
-                                                  "the one SSH reaches; rank 0's is MASTER_ADDR"),
-    "network_interface": Key("network_interface", _interface, "the NIC for the data plane (sets GLOO_SOCKET_IFNAME / "
-                                                              "NCCL_SOCKET_IFNAME)"),
-    "shared_dir": Key("shared_dir", _host_directory, "an absolute directory every host mounts (NFS, a shared "
-                                                     "volume): where `file://` rendezvous goes"),
-    "docker_container": Key("container", _container, "the container of a `docker` host (default: the host's name)"),
-    "grade_users": Key("grade_users", _user_names, "users `lab grade --parallel K` logs in as, share N as the Nth, "
-                                                   "so the submissions graded at once on a host are different users "
-                                                   "(a list, or names split by commas)"),
-    "env": Key("env", _environment, "settings for the host's ranks, a mapping (NCCL_DEBUG: INFO); a host's replaces "
-                                    "its group's, as any variable's; `--env` and `--env-file` come over them"),
-    "ansible_become": Key("become", boolean, "become root with `sudo -n` (passwordless) where the lab needs root on "
-                                             "the host: `lab net overlay --hosts` (default false)"),
-    "overlay": Key("overlay", matching(LAB_NAME, "a lab's name: a lowercase letter, then up to 23 lowercase letters, "
-                                                 "digits or '-'"),
-                   "the container lab whose WireGuard overlay carries the host's data plane (`lab net overlay up` "
-                   "writes it): `lab doctor` reports the overlay's state"),
-    "machine": Key("machine", matching(NAME, "a machine's name in machines.yaml"),
-                   "the Docker machine of machines.yaml the host's container runs on (`lab up --machines` writes it)"),
-}
+# Each key a host or group may set: the transports' and the inventory's own, each with the Host field
+# it fills, how its value is read, what it means. In this order: the reference lists them so,
+# inventory_text writes them so, and a near miss of two keys is taken for the first.
+# (Ansible's older names, lab.inventory.ansible.SYNONYMS, are read as theirs.)
+HOST_KEYS: dict[str, Key] = merged(
+    {"ansible_host": Key("address", address, "the host's address, where SSH reaches it: an IPv4 or IPv6 address or "
+                                             "a DNS host name (default: the host's name)")},
+    SSH_KEYS,
+    {"ansible_connection": Key("connection", _connection, "how the lab reaches the host: `ssh` (default), `local` "
+                                                          "(this machine), `docker` (a container), `slurm` (a job "
+                                                          "step on a node of the Slurm allocation)"),
+     "ansible_python_interpreter": Key("python", _python, "the Python that has torch on the host (default `python3`; "
+                                                          "Ansible's `auto` values mean `python3`)"),
+     "slots": Key("slots", integer(1), "ranks on the host (default 1); ranks are numbered host by host in file order"),
+     "gpus": Key("gpus", integer(0), "GPUs on the host (default 0)"),
+     "data_address": Key("data_address", address, "the address peers use for the data plane, when it differs from "
+                                                   "the one SSH reaches; rank 0's is MASTER_ADDR"),
+     "network_interface": Key("network_interface", _interface, "the NIC for the data plane (sets "
+                                                               "GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME)"),
+     "shared_dir": Key("shared_dir", _host_directory, "an absolute directory every host mounts (NFS, a shared "
+                                                      "volume): where `file://` rendezvous goes")},
+    DOCKER_KEYS,
+    {"grade_users": Key("grade_users", _user_names, "users `lab grade --parallel K` logs in as, share N as the Nth, "
+                                                    "so the submissions graded at once on a host are different users "
+                                                    "(a list, or names split by commas)"),
+     "env": Key("env", _environment, "settings for the host's ranks, a mapping (NCCL_DEBUG: INFO); a host's replaces "
+                                     "its group's, as any variable's; `--env` and `--env-file` come over them"),
+     "ansible_become": Key("become", boolean, "become root with `sudo -n` (passwordless) where the lab needs root on "
+                                              "the host: `lab net overlay --hosts` (default false)"),
+     "overlay": Key("overlay", matching(LAB_NAME, "a lab's name: a lowercase letter, then up to 23 lowercase letters, "
+                                                  "digits or '-'"),
+                    "the container lab whose WireGuard overlay carries the host's data plane (`lab net overlay up` "
+                    "writes it): `lab doctor` reports the overlay's state"),
+     "machine": Key("machine", matching(NAME, "a machine's name in machines.yaml"),
+                    "the Docker machine of machines.yaml the host's container runs on (`lab up --machines` writes "
+                    "it)")},
+)
 
 
 def inventory_text(hosts: Sequence[Host], about: str, changes: Mapping[str, Mapping[str, object]]) -> str:

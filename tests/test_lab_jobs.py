@@ -1,0 +1,188 @@
+"""The container lab's hosts running jobs: every exercise, the tutorials' scripts, a real project,
+torchrun's restarts, another transport and a class graded on shares, across the four hosts of a lab
+of their own name (``jobs``). These tests only run jobs on it and leave it as they found it, so they
+run beside the tests of the default lab, which change that one (up, down, faults, shaped links): see
+test_lab_docker, whose helpers they share.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lab.containerlab import containers, resources, topology
+
+from .conftest import DDP_SERIES, WRONG, Lab, assert_ddp_series_trained
+from .test_lab_docker import _client, assert_no_workers_anywhere, inventory_variant, run_json
+from .test_launchers import FAILS_IN_ITS_FIRST_ATTEMPTS
+from .tutorials import assert_prints_as_shown, tutorial_scripts
+
+pytestmark = pytest.mark.docker
+NAME = "jobs"
+NAMED = ("up", "down", "status", "net")  # the commands about a lab, which name it
+
+
+class JobsLab(Lab):
+    """The CLI on this module's lab: every command about a lab names it."""
+
+    def argv(self, *args: str) -> list[str]:
+        return super().argv(*args, *(("--name", NAME) if args and args[0] in NAMED else ()))
+
+
+@dataclass(frozen=True)
+class Jobs:
+    lab: JobsLab
+    inventory: Path  # the one its `lab up` wrote
+    topology: topology.Topology  # as it runs (its subnet the engine's choice)
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jobs]:
+    client = _client()
+    inventory = tmp_path_factory.mktemp("jobs") / "inventory.yaml"
+    lab = JobsLab()
+    result = lab("up", "--inventory", str(inventory), timeout=1500)
+    assert result.code == 0, result.text[-4000:]
+    assert "PASS" in result.out and "p2p" in result.out  # the smoke check ran across the hosts
+    yield Jobs(lab, inventory, containers.running_topology(client, NAME))
+    result = lab("down", timeout=300)
+    assert result.code == 0, result.text
+    assert resources.lab_containers(client, NAME) == [] and resources.lab_networks(client, NAME) == []
+    assert resources.lab_volumes(client, NAME) == []
+
+
+def test_run_all_across_four_hosts(jobs: Jobs) -> None:
+    code, report = run_json(jobs.lab, "all", "--hosts", str(jobs.inventory))
+    failed = {e["name"]: e["reason"] for e in report["exercises"] if e["status"] != "pass"}
+    assert (code, failed) == (0, {})
+    assert [(r["host"], r["hostname"]) for r in report["ranks"]] == [
+        (f"node{i}", f"node{i}") for i in jobs.topology.indices()]  # each rank in its own container
+    assert_no_workers_anywhere(jobs.topology)
+
+
+def test_run_all_on_two_hosts_with_two_slots(jobs: Jobs, tmp_path: Path) -> None:
+    code, report = run_json(jobs.lab, "all", "--hosts", str(inventory_variant(tmp_path, 2, 2, jobs.inventory)))
+    failed = {e["name"]: e["reason"] for e in report["exercises"] if e["status"] != "pass"}
+    assert (code, failed) == (0, {})
+    assert [r["hostname"] for r in report["ranks"]] == ["node1", "node1", "node2", "node2"]
+    assert report["plan"]["master_addr"] == jobs.topology.address(1)
+
+
+def test_the_docker_transport_runs_ranks_by_docker_exec(jobs: Jobs, tmp_path: Path) -> None:
+    inventory = tmp_path / "docker.yaml"
+    inventory.write_text(yaml.safe_dump({"all": {
+        "vars": {"ansible_connection": "docker", "ansible_python_interpreter": topology.PYTHON,
+                 "shared_dir": topology.SHARED_DIR, "slots": 2},
+        "hosts": {jobs.topology.name(i): {"docker_container": jobs.topology.container(i),
+                                          "data_address": jobs.topology.address(i)} for i in (1, 2)}}}))
+    code, report = run_json(jobs.lab, "p2p", "all-reduce", "init-file", "--hosts", str(inventory))
+    assert code == 0, report
+    assert [r["hostname"] for r in report["ranks"]] == ["node1", "node1", "node2", "node2"]
+    code, report = run_json(jobs.lab, "p2p", "--hosts", str(inventory), "--timeout", "15",
+                            "--solution", str(WRONG / "p2p_never_sends.py"))
+    assert code == 4 and "p2p_never_sends.py" in report["exercises"][0]["reason"]
+    assert_no_workers_anywhere(jobs.topology)
+
+
+def test_a_class_graded_across_the_lab_two_shares_at_once(jobs: Jobs, tmp_path: Path) -> None:
+    """`lab grade --hosts`: the 4 hosts split in two shares of 2 ranks, a submission on each at
+    once; the memory hog stopped by its rank's limit, the fork bomb by its share user's, the
+    dishonest ones named for what they did, the daemons gone from every host."""
+    from .test_grade import CLASS, EXPECTED, read_grades
+
+    submissions = tmp_path / "class"
+    submissions.mkdir()
+    expected = {"alice": ("pass", ""), "carol": ("timeout", "carol.py:11 in ring_allreduce"),
+                "dave": ("fail", "out of memory (the limit is 768 MB per rank)"), "frank": ("pass", ""),
+                "grace": ("fail", "exited with status 0 during ring-allreduce"),
+                "ivan": ("fail", "called all_reduce")}
+    section_1 = ("mallory", "olga", "peggy", "trent", "victor", "walter", "sybil")
+    expected.update({s: EXPECTED[s] for s in section_1})
+    for student in expected:
+        (submissions / f"{student}.py").write_text((CLASS / f"{student}.py").read_text())
+    # mallet would kill the reaper above its sleeper, but /proc shows it none of its ancestors (hidepid):
+    # it kills its rank, the reaper takes in the sleeper and ends it with the launch (none left below)
+    (submissions / "mallet.py").write_text((CLASS.parent / "hosts" / "mallet.py").read_text())
+    expected["mallet"] = ("fail", "was killed by SIGKILL during ring-allreduce")
+    # oscar forks until its share user's process limit stops it; its children go with its rank
+    (submissions / "oscar.py").write_text((CLASS.parent / "hosts" / "oscar.py").read_text())
+    expected["oscar"] = ("fail", "raised BlockingIOError: [Errno 11] Resource temporarily unavailable at oscar.py")
+    # kate signals every process her share user may, her SSH sessions to the host too: her ranks end
+    # (a fail of hers, not a lost host), and she, who outlives her own signal, is swept
+    (submissions / "kate.py").write_text((CLASS.parent / "hosts" / "kate.py").read_text())
+    expected["kate"] = ("fail", "was killed by a signal or lost its connection (no exit status) during ring-allreduce")
+    out = tmp_path / "book"
+    result = jobs.lab("grade", str(submissions), "--exercise", "ring-allreduce", "--hosts", str(jobs.inventory),
+                      "--parallel", "2", "--timeout", "15", "--memory", "768", "--out", str(out), timeout=600)
+    assert result.code == 0, result.text[-4000:]
+    grades = read_grades(out)
+    assert {s: grades[s]["verdict"] for s in expected} == {s: v for s, (v, _) in expected.items()}, grades
+    for student, (_, words) in expected.items():
+        assert words in grades[student]["reason"], grades[student]
+    assert_no_workers_anywhere(jobs.topology)
+    for i in jobs.topology.indices():
+        left = subprocess.run(["docker", "exec", jobs.topology.container(i), "pgrep", "-af", "sleep 90[07]"],
+                              capture_output=True, text=True, timeout=30).stdout
+        assert left.strip() == "", f"{jobs.topology.container(i)}: {left}"
+    # nor can a submission leave a file in the lab user's home for the next one (a .bashrc...)
+    planted = subprocess.run(["docker", "exec", "--user", "lab", jobs.topology.container(1), "sh", "-c",
+                              "echo exit >> ~/.bashrc"], capture_output=True, text=True, timeout=30)
+    assert planted.returncode != 0 and "Permission denied" in planted.stderr
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "spawn"])
+def test_run_all_across_hosts_under_each_host_launcher(jobs: Jobs, tmp_path: Path, launcher: str) -> None:
+    code, report = run_json(jobs.lab, "all", "--hosts", str(inventory_variant(tmp_path, 2, 2, jobs.inventory)),
+                            "--launcher", launcher)
+    failed = {e["name"]: e["reason"] for e in report["exercises"] if e["status"] != "pass"}
+    assert (code, failed) == (0, {})
+    # Each host's launcher started its two ranks; c10d orders the hosts by address, as the inventory does.
+    assert [r["host"] for r in sorted(report["ranks"], key=lambda r: r["rank"])] == ["node1", "node1", "node2", "node2"]
+    assert len({r["hostname"] for r in report["ranks"]}) == 2
+    assert_no_workers_anywhere(jobs.topology)
+
+
+@pytest.mark.parametrize("launcher", ["lab", "torchrun", "spawn"])
+def test_the_tutorials_scripts_run_unchanged_across_hosts(jobs: Jobs, tmp_path: Path, launcher: str) -> None:
+    for script in tutorial_scripts(tmp_path):
+        n = script.nproc  # on 2 hosts, as the tutorial's 2 nodes (ranks 0..n/2-1 on node1)
+        inventory = inventory_variant(tmp_path, 2, n // 2, jobs.inventory)
+        result = jobs.lab("launch", "--hosts", str(inventory), "--launcher", launcher, "--timeout", "120",
+                        str(script.path))
+        assert result.code == 0, result.text
+        assert f"{script.name}: {n} of {n} ranks succeeded" in result.out
+        assert f"[node2 r{n - 1}] " in result.out  # the last rank ran, and printed, on the second host
+        assert_prints_as_shown(script, result.out)
+    assert_no_workers_anywhere(jobs.topology)
+
+
+def test_a_real_project_runs_across_hosts_under_torchrun(jobs: Jobs, tmp_path: Path) -> None:
+    """tests/projects/ddp_series (a package, a config and a data file beside its script) on two
+    hosts of two ranks each, torchrun starting them; a second launch finds the project kept."""
+    for kept in (False, True):
+        result = jobs.lab("launch", "--hosts", str(jobs.inventory), "--nnodes", "2", "--nproc-per-node", "2",
+                          "--launcher", "torchrun", "--env", "SERIES_TAG=series-1", "-v", str(DDP_SERIES / "train.py"),
+                          "--epochs", "2", timeout=300)
+        assert result.code == 0, result.text[-3000:]
+        assert_ddp_series_trained(result.out, 4)
+        assert result.err.count("as the host kept it, unchanged") == (2 if kept else 0), result.err[-3000:]
+    assert_no_workers_anywhere(jobs.topology)
+
+
+def test_torchruns_agents_restart_every_hosts_ranks_and_the_restart_is_said(jobs: Jobs, tmp_path: Path) -> None:
+    """A rank that fails in the first attempt: every host's agent restarts its ranks, the job ends
+    well in the second, and the restart is said with the failure that caused it."""
+    script = tmp_path / "flaky.py"
+    script.write_text(FAILS_IN_ITS_FIRST_ATTEMPTS)
+    result = jobs.lab("launch", "--hosts", str(jobs.inventory), "--nnodes", "2", "--launcher", "torchrun",
+                      "--max-restarts", "1", "--env", "FAILING_ATTEMPTS=1", str(script), timeout=300)
+    assert result.code == 0, result.text[-3000:]
+    assert re.search(r"torchrun restarted the ranks \(1 of --max-restarts 1\): rank 1 \(node\d\) raised ValueError: "
+                     r"boom in attempt 0 at flaky.py:6", result.out), result.out
+    assert result.out.count("trained in attempt 1") == 2, result.out[-3000:]
+    assert_no_workers_anywhere(jobs.topology)
