@@ -26,12 +26,14 @@ import pytest
 
 from lab.containerlab import engine, resources, state
 from lab.containerlab.topology import DEFAULT_LAB, LABEL, NAME_LABEL, OWNER_LABEL, ROLE
+from lab.core.plan import Options
 from lab.errors import UsageError
 from lab.grading.feedback import feedback
-from lab.grading.grade import Grade, Gradebook, Submission, find_submissions
+from lab.grading.grade import Grade, Gradebook, Submission, find_submissions, grade_all
 from lab.grading.places import one_user_hosts, split_inventory
 from lab.grading.sandbox import IMAGE, LOG_MAX, ROLE_NAME, Limits, Sandbox, ensure_sandbox_image
 from lab.inventory.model import Host, Inventory
+from lab.suite import registry
 
 from .conftest import REPO, Lab
 from .tutorials import ring_allreduce_fragment
@@ -133,11 +135,71 @@ def test_submissions_are_files_or_folders_named_after_their_students(tmp_path: P
         "dan": Submission("dan", tmp_path / "dan" / "mine.py"),
         "eve": Submission("eve", None, "no .py file in eve/"),
         "fay": Submission("fay", None, "2 .py files in fay/ and none is ring_allreduce.py or solution.py"),
+        ".git": Submission(".git", None, "no .py file in .git/"),  # (every entry is a row: see below)
+        "__pycache__": Submission("__pycache__", None, "no .py file in __pycache__/"),
+        "notes.txt": Submission("notes.txt", None, "not graded: notes.txt is not a .py file (hand in NAME.py, or a "
+                                                   "folder NAME/ holding ring_allreduce.py)"),
     }
     with pytest.raises(UsageError, match="no submissions"):
         find_submissions(tmp_path / "eve", "ring_allreduce")
     with pytest.raises(UsageError, match="not a directory"):
         find_submissions(tmp_path / "ann.py", "ring_allreduce")
+
+
+def test_every_entry_of_the_folder_is_one_row_under_a_name_of_its_own_whatever_it_holds(tmp_path: Path) -> None:
+    """Nothing handed in vanishes from the gradebook: hidden and underscored files are graded, other
+    entries are rows that say why they were not run, a name a file system cannot take whole is cut
+    (and stays unique), and a file larger than a submission may be (sparse: 4 KB on disk) is not read."""
+    for name in ("visible.py", "_x.py", ".x.py", "x.zip", "x.py.txt", "alice.py", "y" * 252 + ".py"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "alice").mkdir()
+    (tmp_path / "alice" / "solution.py").write_text("")
+    os.mkfifo(tmp_path / "pipe.py")
+    with (tmp_path / "huge.py").open("wb") as f:
+        f.truncate(1 << 40)
+    found = {s.student: s for s in find_submissions(tmp_path, "ring_allreduce")}
+    assert len(found) == len(list(tmp_path.iterdir())) == 10
+    assert {name: s.path.name for name, s in found.items() if s.path} == {
+        "visible": "visible.py", "_x": "_x.py", ".x": ".x.py", "alice": "solution.py", "alice.py": "alice.py",
+        "y" * 252: "y" * 252 + ".py"}
+    assert {name: s.problem for name, s in found.items() if not s.path} == {
+        "x.zip": "not graded: x.zip is not a .py file (hand in NAME.py, or a folder NAME/ holding ring_allreduce.py)",
+        "x.py.txt": "not graded: x.py.txt is not a .py file (hand in NAME.py, or a folder NAME/ holding "
+                    "ring_allreduce.py)",
+        "pipe": "not graded: pipe.py is not a regular file",
+        "huge": "not graded: huge.py has 1099511627776 bytes, more than a submission may (1 MiB)"}
+    book = Gradebook(tmp_path / "book", list(found), {"exercise": "ring-allreduce"})
+    for student in found:
+        book.write_feedback(student, "# feedback")
+        book.record(Grade(student, "ring-allreduce", "error", found[student].problem, 0.0), found[student].digest())
+    assert set(read_grades(tmp_path / "book")) == set(found)
+    assert len({book.junit_path(s) for s in found}) == 10 and len(book.junit_path("y" * 252).name) <= 255
+
+
+def test_a_submission_the_lab_fails_on_is_a_row_that_says_so_and_the_class_goes_on(tmp_path: Path) -> None:
+    """An exception of the lab's own while one submission is graded (here: its place breaks) is that
+    row's "not graded: internal error", not the end of the class: every other row is there."""
+    root = tmp_path / "class"
+    root.mkdir()
+    for student in ("ann", "ben", "cat"):
+        (root / f"{student}.py").write_text("")
+    submissions = find_submissions(root, "p2p")
+    book = Gradebook(tmp_path / "book", [s.student for s in submissions], {})
+
+    class Broken:
+        def __enter__(self) -> None:
+            raise OverflowError("int too large to convert to float\nand a second line")
+
+        def __exit__(self, *_: object) -> None:
+            pass
+
+    options = Options((registry.EXERCISES["p2p"],))
+    grade_all(submissions, options, [Broken], book)  # type: ignore[list-item]
+    rows = read_grades(tmp_path / "book")
+    assert set(rows) == {"ann", "ben", "cat"}
+    assert {row["reason"] for row in rows.values()} == {
+        "not graded: internal error (OverflowError: int too large to convert to float)"}
+    assert not any(g.graded for g in book.grades.values()) and {g.exit_code for g in book.grades.values()} == {5}
 
 
 def test_links_and_files_outside_the_folder_are_refused_never_run_as_the_students(tmp_path: Path) -> None:
@@ -534,8 +596,8 @@ def test_feedback_shows_what_a_student_controls_as_text() -> None:
 
     report = ExerciseReport("p2p", "fail", 1.0, "rank 0 raised <b>x</b>", (0,), notes=("a | b",))
     page = feedback("<script>alert(1)</script>", "p2p", "fail", 0.0, "rank 0 raised <b>x</b>\x1b[2J", report)
-    assert page.startswith("# p2p: &lt;script&gt;alert(1)&lt;/script&gt;\n")
-    assert "rank 0 raised &lt;b&gt;x&lt;/b&gt;\\x1b[2J" in page and "<" not in page.replace("&lt;", "")
+    assert page.startswith("# p2p: \\<script\\>alert\\(1\\)\\<\\/script\\>\n")
+    assert "rank 0 raised \\<b\\>x\\<\\/b\\>\\\\x1b\\[2J" in page and "<" not in page.replace("\\<", "")
 
 
 def chromium() -> str:
@@ -549,12 +611,14 @@ def chromium() -> str:
 
 
 HOSTILE = '<img src=x onerror="document.title=1">'
+# Markdown that would be a link, an image and a forged verdict where it not shown as text
+PHISHING = "see [your regrade](http://evil.example/login) ![](http://evil.example/t.png) **regraded: pass, score 1**"
 
 
 def test_the_class_page_renders_in_a_real_browser_sorts_and_shows_what_students_control_as_text(
         tmp_path: Path) -> None:
     students = {"alice": ("pass", ""), HOSTILE: ("fail", f"</td><script>document.title=2</script>{HOSTILE}"),
-                "bob": ("fail", "ring_allreduce(): not written"), "carol": ("timeout", "hung")}
+                "bob": ("fail", "ring_allreduce(): not written"), "carol": ("timeout", f"hung; {PHISHING}")}
     book = Gradebook(tmp_path, list(students), {"exercise": "ring-allreduce"})
     for i, (student, (verdict, reason)) in enumerate(students.items()):
         book.write_feedback(student, feedback(student, "ring-allreduce", verdict, 0.0, reason))
@@ -585,6 +649,17 @@ def test_the_class_page_renders_in_a_real_browser_sorts_and_shows_what_students_
     assert shown.returncode == 0, shown.stderr[-3000:]
     assert "<h1>ring-allreduce: " in shown.stdout and "<strong>fail</strong>" in shown.stdout, shown.stdout
     assert "<img" not in shown.stdout and "<script>" not in shown.stdout
+    # carol's: her program's Markdown shows as the characters it holds; the only emphasis is the lab's verdict
+    carol = re.search(r'<a href="(feedback/carol\.html)">', dom)
+    assert carol is not None
+    shown = subprocess.run([chromium(), "--headless=new", "--no-sandbox", "--disable-gpu", "--dump-dom",
+                            (tmp_path / carol[1]).as_uri()], capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    body = shown.stdout.split("<body>", 1)[1]
+    assert "<a " not in body and "<img" not in body and re.findall(r"<strong>[^<]*</strong>", body) == [
+        "<strong>timeout</strong>"], body
+    assert "[your regrade](http://evil.example/login) ![](http://evil.example/t.png) **regraded: pass, score 1**" \
+        in html.unescape(body)
 
 
 @pytest.mark.docker

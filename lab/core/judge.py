@@ -10,6 +10,7 @@ from lab.core.random_inputs import values
 from lab.errors import ExitCode
 from lab.rank import steps
 from lab.rank.events import Error
+from lab.rank.text import printable
 from lab.suite.check import Mismatch, PartVerdict, Verdict, World, ranks_named
 from lab.suite.registry import EXERCISES
 
@@ -79,10 +80,21 @@ def _judge_one(run: ExerciseRun, outcome: RunOutcome, world: World) -> ExerciseR
         return ExerciseReport(run.name, "fail", seconds, causes[0] + more, ranks,
                               details={r: e.traceback for r, e in run.errors.items()})
     if len(run.results) == world.world_size:
-        verdict: Verdict = EXERCISES[run.name].judge(run.results, run.calls, world, outcome.plan.options.part)
-        return ExerciseReport(run.name, "pass" if verdict.passed else "fail", seconds, verdict.reason,
-                              verdict.failed_ranks, verdict.mismatches, verdict.notes, parts=verdict.parts)
+        return checked(run, world, outcome.plan.options.part, seconds)
     return _unfinished(run, outcome, seconds)
+
+
+def checked(run: ExerciseRun, world: World, part: str | None, seconds: float | None = None) -> ExerciseReport:
+    """Every rank's results and calls for ``run`` checked (the exercise's own checks, lab.suite). What
+    the ranks reported is theirs, whatever it holds: one that a check cannot compute with (a shape
+    that overflows, a value of no type it knows) fails the exercise, said in one line, and never the
+    grader."""
+    try:
+        verdict: Verdict = EXERCISES[run.name].judge(run.results, run.calls, world, part)
+    except Exception as exc:
+        return ExerciseReport(run.name, "fail", seconds, f"its results could not be checked: {_unreadable(exc)}")
+    return ExerciseReport(run.name, "pass" if verdict.passed else "fail", seconds, verdict.reason,
+                          verdict.failed_ranks, verdict.mismatches, verdict.notes, parts=verdict.parts)
 
 
 def _unfinished(run: ExerciseRun, outcome: RunOutcome, seconds: float | None) -> ExerciseReport:
@@ -113,6 +125,12 @@ def _unfinished(run: ExerciseRun, outcome: RunOutcome, seconds: float | None) ->
         reason = f"not run: {who} {ended(first.exit_code)} during {first.step}"
     return ExerciseReport(run.name, "not run", seconds, reason, (first.spec.rank,))
 
+
+
+def _unreadable(exc: Exception) -> str:
+    """What a check met in the ranks' results that it could not compare, in one line."""
+    said = printable(str(exc).strip().split("\n", 1)[0])[:200]
+    return f"{type(exc).__name__}{': ' + said if said else ''}"
 
 
 def _named(state: RankState) -> str:

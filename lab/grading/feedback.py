@@ -6,8 +6,9 @@ evidence per rank, the fix), the values that were wrong, what the method check s
 rank sent, whether the ring is bandwidth-optimal), and for each rank the failure is about its
 traceback (the program's frames and torch's last, never the lab's) or else its last lines. Pure: text from the
 grade and the judged run. Whatever the student controls (names, reasons that quote their output,
-their ranks' lines) is shown as text: control characters escaped, HTML's specials as entities
-outside code, and their lines in a fence longer than any run of backticks in them.
+their ranks' lines) is shown as text: control characters escaped, every Markdown punctuation
+character backslash-escaped outside code (no link, image or emphasis of theirs is ever one), and
+their lines in a fence longer than any run of backticks in them.
 """
 from __future__ import annotations
 
@@ -33,11 +34,11 @@ def feedback(student: str, exercise: str, verdict: str, score: float, reason: st
              f"**{verdict}**, score {score:g}" + (f": {_text(reason)}" if reason else ""), ""]
     seed = outcome.plan.seed if outcome is not None else None
     if seed and verdict != "pass":
-        lines += [f"Its inputs were drawn from seed `{seed}`: `python -m lab run {_text(exercise)} --solution "
-                  f"YOUR_FILE.py --seed {seed}` runs it again with the same values.", ""]
+        lines += [f"Its inputs were drawn from seed `{seed}`: `python -m lab run {exercise} --solution "
+                  f"YOUR_FILE.py --seed {seed}` runs it again with the same values.", ""]  # (the lab's words)
     if report is not None and report.parts:
         lines += ["| part | verdict | why |", "|---|---|---|"]
-        lines += [f"| `{part.name}()` | {'pass' if part.passed else 'fail'} | {_cell(part.reason)} |"
+        lines += [f"| `{part.name}()` | {'pass' if part.passed else 'fail'} | {_text(part.reason)} |"
                   for part in report.parts]
         lines.append("")
     cause = outcome.cause if outcome is not None else None
@@ -65,13 +66,15 @@ def feedback(student: str, exercise: str, verdict: str, score: float, reason: st
     return "\n".join(lines)
 
 
+# CommonMark: "any ASCII punctuation character may be backslash-escaped", and is then that character,
+# never syntax: no link, image, emphasis, code, HTML or table cell can start in a text so escaped.
+_PUNCTUATION = re.compile(r"[!-/:-@\[-`{-~]")
+
+
 def _text(value: str) -> str:
-    """Untrusted text in Markdown: printable, and HTML's specials as entities."""
-    return html.escape(printable(value), quote=False)
-
-
-def _cell(value: str) -> str:
-    return _text(value).replace("|", "\\|")
+    """Untrusted text in Markdown, shown as the characters it holds: printable, every ASCII
+    punctuation character backslash-escaped (CommonMark's rule)."""
+    return _PUNCTUATION.sub(lambda found: "\\" + found.group(), printable(value))
 
 
 def _fenced(lines: list[str]) -> list[str]:

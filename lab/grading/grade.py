@@ -51,6 +51,10 @@ CSV_FIELDS = ("student", "exercise", "verdict", "score", "reason", "seconds", "s
 LOAD_ERRORS = ("SyntaxError", "IndentationError", "TabError", "ImportError", "ModuleNotFoundError")
 
 
+SUBMISSION_MAX = 1 << 20  # bytes a submission's file may have (a solution is a few KB): a larger one is not run
+DIGEST_CHUNK = 1 << 16  # bytes read at a time as a submission's file is digested
+
+
 @dataclass(frozen=True)
 class Submission:
     student: str
@@ -58,13 +62,20 @@ class Submission:
     problem: str = ""  # why there is none
 
     def digest(self) -> str:
-        """What the submission is, for a grader started again: its file's SHA-256 (or its problem)."""
+        """What the submission is, for a grader started again: its file's SHA-256 (or its problem), read
+        in chunks and no further than SUBMISSION_MAX bytes (the file was found no larger)."""
         if self.path is None:
             return f"none: {self.problem}"
+        sha = hashlib.sha256()
         try:
-            return hashlib.sha256(self.path.read_bytes()).hexdigest()
+            with self.path.open("rb") as f:
+                for chunk in iter(lambda: f.read(DIGEST_CHUNK), b""):
+                    sha.update(chunk)
+                    if f.tell() > SUBMISSION_MAX:
+                        return f"grown past {SUBMISSION_MAX} bytes"
         except OSError as exc:
             return f"unreadable: {exc.strerror}"
+        return sha.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -98,28 +109,63 @@ class Grade:
 
 
 def find_submissions(root: Path, program: str) -> list[Submission]:
-    """The submissions in ``root``: each ``NAME.py`` is student NAME's; each folder NAME holds
-    student NAME's file: ``<program>.py`` (the exercise's own file name), else ``solution.py``,
-    else its only ``.py`` file. Hidden entries and caches are not submissions. A symbolic link, or
-    a path that resolves outside ``root``, is refused (its row says so): only what the students
-    handed in is run as theirs, never a file of someone else's it points to."""
+    """One submission for every entry of ``root``, whatever it holds: each ``NAME.py`` file is student
+    NAME's; each folder NAME holds student NAME's file: ``<program>.py`` (the exercise's own file
+    name), else ``solution.py``, else its only ``.py`` file. Any other entry (a .zip, a file of another
+    kind, a link) is a submission that is not run, and says why, as are a folder without such a file
+    and a file over SUBMISSION_MAX bytes: none is left out of the gradebook. A symbolic link, or a path
+    that resolves outside ``root``, is refused: only what the students handed in is run as theirs,
+    never a file of someone else's it points to. Each student's name is unique: where ``NAME.py`` and
+    a folder NAME are both there, the file's student is ``NAME.py``."""
     if not root.is_dir():
         raise UsageError(f"{root}: not a directory of submissions")
-    found = []
-    for entry in sorted(root.iterdir(), key=lambda p: p.name):
-        if entry.name.startswith((".", "_")):
-            continue
-        student = entry.stem if entry.suffix == ".py" and not entry.is_dir() else entry.name
-        refused = _refused(entry, root)
-        if refused and (entry.suffix == ".py" or entry.is_dir()):
-            found.append(Submission(student, None, refused))
-        elif entry.is_file() and entry.suffix == ".py":
-            found.append(Submission(student, entry))
-        elif entry.is_dir():
-            found.append(_in_folder(entry, program, root))
-    if not found:
+    entries = sorted(root.iterdir(), key=lambda p: p.name)
+    if not entries:
         raise UsageError(f"{root}: no submissions (a NAME.py file or a NAME/ folder per student)")
-    return found
+    full = {entry: entry.name for entry in entries}
+    names = {entry: entry.stem if _is_py_file(entry) else entry.name for entry in entries}
+    while True:  # (an entry's full name is unique in its folder: moving to it ends every clash)
+        seen: dict[str, int] = {}
+        for name in names.values():
+            seen[name] = seen.get(name, 0) + 1
+        clashing = [e for e, name in names.items() if seen[name] > 1 and name != full[e]]
+        if not clashing:
+            break
+        for entry in clashing:
+            names[entry] = full[entry]
+    return [_submission(entry, names[entry], program, root) for entry in entries]
+
+
+def _is_py_file(entry: Path) -> bool:
+    return entry.suffix == ".py" and not entry.is_dir()
+
+
+def _submission(entry: Path, student: str, program: str, root: Path) -> Submission:
+    shown = entry.relative_to(root)
+    refused = _refused(entry, root)
+    if refused:
+        return Submission(student, None, refused)
+    if entry.is_dir():
+        return _in_folder(entry, student, program, root)
+    if not entry.is_file():
+        return Submission(student, None, f"not graded: {shown} is not a regular file")
+    if entry.suffix != ".py":
+        return Submission(student, None, f"not graded: {shown} is not a .py file (hand in NAME.py, or a folder "
+                                         f"NAME/ holding {program}.py)")
+    return _sized(Submission(student, entry), shown)
+
+
+def _sized(submission: Submission, shown: Path) -> Submission:
+    """The submission, or, where its file is larger than SUBMISSION_MAX bytes, why it is not run."""
+    assert submission.path is not None
+    try:
+        size = submission.path.stat().st_size
+    except OSError as exc:
+        return Submission(submission.student, None, f"not graded: {shown} cannot be read ({exc.strerror})")
+    if size > SUBMISSION_MAX:
+        return Submission(submission.student, None, f"not graded: {shown} has {size} bytes, more than a "
+                                                    f"submission may ({SUBMISSION_MAX >> 20} MiB)")
+    return submission
 
 
 def _refused(path: Path, root: Path) -> str | None:
@@ -134,25 +180,27 @@ def _refused(path: Path, root: Path) -> str | None:
     return None
 
 
-def _in_folder(folder: Path, program: str, root: Path) -> Submission:
+def _in_folder(folder: Path, student: str, program: str, root: Path) -> Submission:
     wanted = (folder / f"{program}.py", folder / "solution.py")
     chosen = next((p for p in wanted if p.is_symlink() or p.is_file()), None)
     if chosen is None:
         files = sorted(p for p in folder.glob("*.py") if p.is_symlink() or p.is_file())
         if not files:
-            return Submission(folder.name, None, f"no .py file in {folder.name}/")
+            return Submission(student, None, f"no .py file in {folder.name}/")
         if len(files) > 1:
-            return Submission(folder.name, None, f"{len(files)} .py files in {folder.name}/ and none is "
-                                                 f"{program}.py or solution.py")
+            return Submission(student, None, f"{len(files)} .py files in {folder.name}/ and none is "
+                                             f"{program}.py or solution.py")
         chosen = files[0]
     refused = _refused(chosen, root)
-    return Submission(folder.name, None, refused) if refused else Submission(folder.name, chosen)
+    return Submission(student, None, refused) if refused else _sized(Submission(student, chosen),
+                                                                       chosen.relative_to(root))
 
 
 # -- grading ----------------------------------------------------------------------------------
 
 
 SPREADSHEET_FORMULA = ("=", "+", "-", "@", "\t", "\r")  # a cell starting so is a formula to a spreadsheet
+FILE_NAME_MAX = 200  # characters of a student's file names in the book (a file system takes 255 bytes)
 JOURNAL = ".gradebook.json"  # what a grader started again reads: the settings, each row and its file's digest
 
 
@@ -298,18 +346,32 @@ def grade_all(submissions: Sequence[Submission], options: Options, places: Seque
         todo.put(submission)
     stop = threading.Event()
 
+    broke: list[BaseException] = []  # what kept a row from the book: the class stops, and it is raised here
+
     def work(make_place: PlaceMaker) -> None:
         while not stop.is_set():
             try:
                 submission = todo.get_nowait()
             except queue.Empty:
                 return
+            started = time.monotonic()
             digest = submission.digest()  # (before the run: the file as it was graded)
-            grade = grade_one(submission, options, make_place, book, ssh, wall, stop)
+            try:
+                grade = grade_one(submission, options, make_place, book, ssh, wall, stop)
+            except KeyboardInterrupt:
+                stop.set()
+                return
+            except Exception as exc:  # (the lab's own failure on one submission: its row says so)
+                grade = internal_error(submission, options.exercises[0].name, exc, time.monotonic() - started)
             if stop.is_set():
                 return
-            book.record(grade, digest)
-            on_graded(grade)
+            try:
+                book.record(grade, digest)
+                on_graded(grade)
+            except BaseException as exc:
+                broke.append(exc)
+                stop.set()
+                return
 
     threads = [threading.Thread(target=work, args=(p,), name=f"lab-grade-{i}", daemon=True)
                for i, p in enumerate(places)]
@@ -324,6 +386,16 @@ def grade_all(submissions: Sequence[Submission], options: Options, places: Seque
         for t in threads:
             t.join()
         raise
+    if broke:
+        raise broke[0]
+
+
+def internal_error(submission: Submission, exercise: str, exc: Exception, seconds: float) -> Grade:
+    """The row of a submission the lab failed to grade by a fault of its own (not the student's):
+    the exception in one line; the class goes on, and ``lab grade`` exits RUN_ERROR."""
+    said = printable(str(exc).strip().split("\n", 1)[0])[:300]
+    return Grade(submission.student, exercise, "error", f"not graded: internal error ({type(exc).__name__}"
+                 f"{': ' + said if said else ''})", seconds, graded=False, exit_code=ExitCode.RUN_ERROR)
 
 
 def grade_one(submission: Submission, options: Options, make_place: PlaceMaker, book: Gradebook,
@@ -378,5 +450,6 @@ def _verdict(outcome: RunOutcome, reports: list[ExerciseReport]) -> tuple[GradeV
 
 
 def _file_name(student: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", student).lstrip(".") or "_"
+    """A name safe in a path and short enough for any file system (with the suffixes the book adds)."""
+    return (re.sub(r"[^A-Za-z0-9_.-]", "_", student).lstrip(".") or "_")[:FILE_NAME_MAX]
 

@@ -229,12 +229,25 @@ def parse_event(line: str, token: str) -> Event | None:
     if len(line.encode("utf-8", "replace")) > EVENT_MAX:
         raise MalformedEvent(f"longer than {EVENT_MAX} bytes")
     try:
-        event = json.loads(line[len(prefix):])
+        event = json.loads(line[len(prefix):], parse_int=_bounded_int)
     except RecursionError:
         raise MalformedEvent("nested too deeply") from None
+    except MalformedEvent:
+        raise
     except ValueError as exc:
         raise MalformedEvent(f"not JSON: {exc}") from None
     return check_event(event)
+
+
+INT_DIGITS = 19  # digits of the largest whole number an event may hold (any 64-bit integer's)
+
+
+def _bounded_int(digits: str) -> int:
+    """A whole number of an event line, bounded: a rank's sizes, counts, shapes and values are 64-bit
+    numbers, and a larger one (10**400) would be the overflow of every check that computes with it."""
+    if len(digits.lstrip("-")) > INT_DIGITS:
+        raise MalformedEvent(f"it holds a number of {len(digits.lstrip('-'))} digits (at most {INT_DIGITS})")
+    return int(digits)
 
 
 def check_event(event: Any) -> Event:

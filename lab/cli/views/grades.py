@@ -70,8 +70,12 @@ def print_gradebook(console: Console, grades: list[Grade]) -> None:
     for row in rows:
         table.add_row(*row)
     console.print(table)
-    counts = {v: sum(g.verdict == v for g in grades) for v in GRADE_STYLES}
-    console.print(f"{len(grades)} graded: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n))
+    graded = [g for g in grades if g.graded]
+    counts = {v: sum(g.verdict == v for g in graded) for v in GRADE_STYLES}
+    not_graded = len(grades) - len(graded)
+    console.print(f"{len(graded)} graded: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n)
+                  + (f"; {not_graded} not graded (the lab failed there, not the student: see each reason)"
+                     if not_graded else ""))
 
 
 def print_written(console: Console, csv_path: Path, grades: int, junit: Path) -> None:
