@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
+from lab.core.judge import the_network_may_be_why
 from lab.core.ledger import Ledger
+from lab.core.outcome import Cause, RunOutcome
 from lab.core.plan import Options
 from lab.core.planner import build_launch_plan, build_plan
 from lab.errors import UsageError
@@ -207,3 +209,16 @@ def test_a_rank_s_clock_is_the_least_gap_seen_and_its_trace_keeps_the_newest_wor
     send(run, 105.0, "trace", 0, records=[{**record, "state": "done", "t1": 5001.1}], dropped=2)
     assert list(run.states[0].trace.values()) == [Record(2, "world", "all_reduce", "done", 5001.0, t1=5001.1)]
     assert run.states[0].trace_dropped == 3  # (the rank's count only grows)
+
+
+@pytest.mark.parametrize("cause, asked", [(None, True), ("rendezvous", True), ("unknown", True),
+                                          ("p2p-cycle", False), ("missing-rank", False)])
+def test_the_doctor_is_asked_of_a_hang_at_the_rendezvous_unless_the_run_named_its_programs_cause(
+        cause: str | None, asked: bool) -> None:
+    run = ledger("ring-allreduce")
+    for rank in range(3):
+        send(run, 1.0, "hello", rank, pid=100 + rank, hostname="local", local_rank=rank)
+        send(run, 1.0, "step", rank, step="init:env")
+    outcome = RunOutcome(run.plan, run.states, run.runs, "hung", 30.0, hung=[0, 1, 2],
+                         cause=Cause(cause, "What the analysis said.") if cause else None)  # type: ignore[arg-type]
+    assert the_network_may_be_why(outcome) is asked

@@ -107,6 +107,21 @@ def test_a_rank_that_raised_in_its_exercise_is_the_cause_said_first_in_its_own_f
     assert lab.leftovers() == []
 
 
+def test_a_students_own_hang_is_said_in_their_frames_and_the_doctor_is_not_asked(lab: Lab) -> None:
+    """A ring whose every rank receives first: the cycle named, each rank's last lines without a frame
+    of the lab's (the stacks every rank dumps as it is stopped), and no "likely cause" from the doctor,
+    whose checks of the run's own port would find it held by the run's own ranks."""
+    result = lab("run", "ring-allreduce", "--part", "allreduce", "--solution",
+                 str(WRONG / "ring_allreduce_receives_first.py"), "--nproc", "3", "--timeout", "60",
+                 "--hang-after", "3", timeout=180)
+    assert result.code == 4, result.text[-3000:]
+    assert "every rank receives first" in result.out and "ring_allreduce_receives_first.py:10" in result.out, result.out
+    assert "last lines of rank" in result.out, result.out
+    assert not re.search(r"lab/(rank|suite)/|zygote|worker\.py", result.out), result.out
+    assert "likely cause" not in result.out and "MASTER_PORT" not in result.out, result.out
+    assert lab.leftovers() == []
+
+
 def test_a_solution_with_its_own_run_is_refused_where_the_exercise_asks_for_functions(lab: Lab) -> None:
     code, report = run_json(lab, "ring-allreduce", "--nproc", "3", "--solution", str(WRONG / "ring_own_run.py"))
     entry = by_name(report)["ring-allreduce"]

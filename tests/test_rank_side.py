@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from lab.core.stacks import users_traceback, where_stopped
+from lab.core.stacks import users_lines, users_traceback, where_stopped
 from lab.rank.events import End, MalformedEvent, parse_event
 from lab.rank.protocol import RANK_TAG, event_line, rank_tag, untag
 from lab.rank.script import EXIT_WAIT
@@ -38,6 +38,16 @@ def test_where_stopped_names_the_program_line_with_its_source(tmp_path: Path) ->
     program = tmp_path / "mine.py"
     program.write_text("def run(rank):\n    t = 0\n    dist.recv(t, src=0)\n")
     assert where_stopped(DUMP, {"mine.py": program}) == "mine.py:3 in run: dist.recv(t, src=0)"
+
+
+def test_a_ranks_last_lines_keep_its_programs_stack_and_none_of_the_labs() -> None:
+    """The lab's frames go, and the thread that ran nothing but the lab and Python (the recorder's)
+    goes whole: what is left is the program's own thread, from torch down to its line."""
+    assert users_lines(["it printed this", *DUMP, "and this"]) == [
+        "it printed this", "",
+        "Current thread 0x00007f0000000002 (most recent call first):",
+        '  File "/home/u/.venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2601 in recv',
+        '  File "/srv/run/mine.py", line 3 in run', "and this"]
 
 
 def test_where_stopped_outside_any_program_names_the_exercise_threads_innermost_frame() -> None:

@@ -30,7 +30,7 @@ from lab.cli.views import run as views
 from lab.cli.views import screen
 from lab.cli.views.doctor import print_diagnosis
 from lab.core import launchers, random_inputs, workdir
-from lab.core.judge import exit_code, hung_at_start, judge, stopped_exit
+from lab.core.judge import exit_code, judge, stopped_exit, the_network_may_be_why
 from lab.core.logdir import LogDir
 from lab.core.outcome import LaunchState, RankState, RunOutcome
 from lab.core.plan import BACKENDS, DEFAULT_TIMEOUT, INIT_METHODS, Options
@@ -135,7 +135,7 @@ def run_and_report(inventory: Inventory, options: Options, settings: SSHSettings
         write_records(records, outcome)
     reports = judge(outcome)
     code = exit_code(outcome, reports)
-    causes = explain_hang(inventory, settings, outcome.master_port) if hung_at_start(outcome) else []
+    causes = explain_hang(inventory, settings) if the_network_may_be_why(outcome) else []
     printed = run_causes(outcome, reports)
     if junit:
         Path(junit).write_bytes(to_junit(outcome, reports))

@@ -179,11 +179,18 @@ def _who(states: list[RankState]) -> str:
     return "ranks " + ", ".join(f"{s.spec.rank} ({s.spec.host})" for s in sorted(states, key=lambda s: s.spec.rank))
 
 
-def hung_at_start(outcome: RunOutcome) -> bool:
-    """The run hung or timed out in a rendezvous or in the first exercise of its shared group:
-    where the network, not the program, is the usual cause (the doctor can tell); not where a rank's
-    exercise raised (its program failed, and the others wait on it)."""
+# What the analysis of a run (lab.core.why) says when it cannot tell the program's fault: the network may be why
+NETWORK_MAY_BE_WHY = ("rendezvous", "network", "unknown")
+
+
+def the_network_may_be_why(outcome: RunOutcome) -> bool:
+    """The run hung or timed out in a rendezvous or in the first exercise of its shared group, where the
+    network, not the program, is the usual cause (the doctor can tell), and the run's own analysis named
+    no cause of the program's (a cycle of receives, a collective some rank did not make...); not where a
+    rank's exercise raised (its program failed, and the others wait on it)."""
     if not outcome.stopped or any(run.errors for run in outcome.exercises.values()):
+        return False
+    if outcome.cause is not None and outcome.cause.kind not in NETWORK_MAY_BE_WHY:
         return False
     first_shared = next((s.exercises[0]["name"] for s in outcome.plan.stages if s.rendezvous == "shared"), None)
     return any(s.step.kind == "rendezvous" or first_shared is not None and s.step == steps.exercise(first_shared)

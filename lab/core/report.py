@@ -10,6 +10,7 @@ from typing import Any
 
 from lab.core.judge import ExerciseReport
 from lab.core.outcome import RunOutcome, ended
+from lab.core.stacks import users_lines
 from lab.rank.text import printable
 
 TAIL_SHOWN = 12
@@ -129,8 +130,8 @@ def to_junit(outcome: RunOutcome, reports: list[ExerciseReport], suite_name: str
             ET.SubElement(case, "skipped", message=reason)
         if not r.passed:
             tails = [f"--- rank {rank} ({outcome.ranks[rank].spec.host})\n"
-                     + "\n".join(printable(line) for line in list(tail)[-TAIL_SHOWN:])
-                     for rank in r.ranks if rank < len(outcome.ranks) and (tail := outcome.ranks[rank].tail)]
+                     + "\n".join(printable(line) for line in tail[-TAIL_SHOWN:]) for rank in r.ranks
+                     if rank < len(outcome.ranks) and (tail := users_lines(outcome.ranks[rank].tail))]
             if tails:
                 ET.SubElement(case, "system-out").text = "\n".join(tails)
     ET.indent(root)

@@ -15,6 +15,7 @@ _TRACEBACK_FRAME = re.compile(r'^  File "(?P<path>[^"]+)", line \d+')
 # the lab's own frames: its rank side, an exercise's driver, runpy
 _LABS = re.compile(r"/lab/rank/|/lab/suite/|^<frozen runpy>$|/runpy\.py$")
 _TORCHS = re.compile(r"/torch/")
+_PYTHONS = re.compile(r"/lib/python3[^/]*/(?!site-packages/|dist-packages/)|<frozen ")  # Python's own modules
 _C10D = "/torch/distributed/distributed_c10d.py"
 
 
@@ -24,9 +25,29 @@ def is_stack_line(line: str) -> bool:
 
 
 def users_lines(lines: list[str]) -> list[str]:
-    """A rank's last lines without the frames of the lab's own in its stack dumps (the worker, the
-    launcher, an exercise's driver): what its program's author should read."""
-    return [line for line in lines if not is_labs_frame(line)]
+    """A rank's last lines without the lab's in its stack dumps: no frame of the lab's own (the worker,
+    the launcher, an exercise's driver), and no thread whose stack holds nothing but the lab's and
+    Python's (the recorder's, the relay's): what its program's author should read."""
+    kept: list[str] = []
+    thread: list[str] = []  # the stack being read: its heading, then its frames but the lab's
+
+    def end_thread() -> None:
+        if any(not _PYTHONS.search(frame) for frame in thread[1:]):
+            kept.extend(thread)
+        thread.clear()
+
+    for line in lines:
+        if line.startswith(_THREAD):
+            end_thread()
+            thread.append(line)
+        elif _FRAME.match(line) is not None:
+            if not is_labs_frame(line):
+                (thread if thread else kept).append(line)
+        else:
+            end_thread()
+            kept.append(line)
+    end_thread()
+    return kept
 
 
 def is_labs_frame(line: str) -> bool:

@@ -241,10 +241,10 @@ def _gather_heard(probe: _ProbeRun | None, report: HostReport, timeout: float) -
         report.heard = tuple(Lookup(**{**lookup, "answer": tuple(lookup["answer"])}) for lookup in data["lookups"])
 
 
-def explain_hang(inventory: Inventory, ssh: SSHSettings | None = None, master_port: int | None = None,
-                 timeout: float = 5.0) -> list[str]:
-    """After a run timed out in its rendezvous or first collective: :func:`diagnose` the
-    cluster (the run's ranks must be gone: ``master_port`` is tried again) and return the
-    likely causes as short lines; one line saying the network is fine when it is."""
-    return hang_causes(diagnose(inventory, ssh, master_port, timeout))
+def explain_hang(inventory: Inventory, ssh: SSHSettings | None = None, timeout: float = 5.0) -> list[str]:
+    """After a run timed out in its rendezvous or first collective: :func:`diagnose` the cluster and
+    return the likely causes as short lines; one line saying the network is fine when it is. The
+    run's own MASTER_PORT is not tried again: its store held it (a port another program held would
+    have failed the run's rank 0, which says so), and its closed connections may hold it a while."""
+    return hang_causes(diagnose(inventory, ssh, timeout=timeout))
 

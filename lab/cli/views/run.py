@@ -20,7 +20,7 @@ from lab.core.judge import ExerciseReport
 from lab.core.outcome import Cause, LaunchState, RankState, RunOutcome, ended
 from lab.core.report import TAIL_SHOWN, dropped_output, status, summary
 from lab.core.runner import OnPhase
-from lab.core.stacks import is_labs_frame, users_traceback
+from lab.core.stacks import is_labs_frame, users_lines, users_traceback
 from lab.rank.text import printable
 from lab.suite import registry
 from lab.suite.check import distinct
@@ -164,7 +164,7 @@ def _print_failure(console: Console, outcome: RunOutcome, r: ExerciseReport) -> 
             console.print(f"  ... {len(errors) - MISMATCHES_SHOWN} more distinct error(s)", markup=False)
     for rank in r.ranks[:2]:
         state = outcome.ranks[rank]
-        lines = list(state.tail)[-TAIL_SHOWN:]
+        lines = users_lines(list(state.tail))[-TAIL_SHOWN:]
         if rank in r.details and r.details[rank]:
             lines = users_traceback(r.details[rank]).rstrip().splitlines()[-TAIL_SHOWN:]
         if lines:
