@@ -13,7 +13,7 @@ BENCH ?=
 REPEAT ?= 3
 # the suite on several workers (pytest-xdist): most of its time is waiting on processes, containers
 # and timeouts, not the CPU; tests/conftest.py groups what must run one at a time (the default lab)
-WORKERS ?= 4
+WORKERS ?= 1
 PYTEST := $(PY) -m pytest -q -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
 
 .DEFAULT_GOAL := help
@@ -31,7 +31,7 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps --editable .
 	touch $@
 
-test: venv test-host ## run every test, on WORKERS=4 pytest workers (WORKERS=1: one at a time) (installs what the Docker and sshd tiers need, as root on Debian)
+test: venv test-host ## run every test, one at a time (WORKERS=2: on 2 pytest workers) (installs what the Docker and sshd tiers need, as root on Debian)
 	$(PYTEST)
 
 test-host:

@@ -269,11 +269,11 @@ class Gradebook:
             self._write()
 
     def _write(self) -> None:
-        rows = [grade.row() for _, grade in sorted(self.grades.items())]
-        text = _csv_text([{key: _cell(value) for key, value in row.items()} for row in rows])
-        _replace(self.csv_path, text)
+        # the journal first: a row a reader of grades.csv sees is one a grader started again keeps
         _replace(self.out / JOURNAL, json.dumps({"settings": self.settings, "grades": {
             student: {"digest": self.digests[student], **asdict(grade)} for student, grade in self.grades.items()}}))
+        rows = [grade.row() for _, grade in sorted(self.grades.items())]
+        _replace(self.csv_path, _csv_text([{key: _cell(value) for key, value in row.items()} for row in rows]))
         exercise = next((g.exercise for g in self.grades.values()), str(self.settings.get("exercise", "")))
         _replace(self.out / "index.html", class_page(exercise, self.notes, [
             Row(g.student, g.verdict, g.score, g.seconds, g.reason, g.parts,
