@@ -11,8 +11,8 @@ NAME ?= lab
 LAB_UP_ARGS ?=
 BENCH ?=
 REPEAT ?= 3
-# the suite on several workers (pytest-xdist): most of its time is waiting on processes, containers
-# and timeouts, not the CPU; tests/conftest.py groups what must run one at a time (the default lab)
+# the suite on several workers (pytest-xdist; tests/conftest.py groups what must run one at a time):
+# one by default, since on a 2-core machine its CPU-heavy tests starve each other side by side (README)
 WORKERS ?= 1
 PYTEST := $(PY) -m pytest -q -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
 
@@ -31,7 +31,7 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps --editable .
 	touch $@
 
-test: venv test-host ## run every test, one at a time (WORKERS=2: on 2 pytest workers) (installs what the Docker and sshd tiers need, as root on Debian)
+test: venv test-host ## run every test, one at a time (WORKERS=N: on N pytest workers) (installs what the Docker and sshd tiers need, as root on Debian)
 	$(PYTEST)
 
 test-host:
