@@ -6,9 +6,9 @@ evidence per rank, the fix), the values that were wrong, what the method check s
 rank sent, whether the ring is bandwidth-optimal), and for each rank the failure is about its
 traceback (the program's frames and torch's last, never the lab's) or else its last lines. Pure: text from the
 grade and the judged run. Whatever the student controls (names, reasons that quote their output,
-their ranks' lines) is shown as text: control characters escaped, every Markdown punctuation
-character backslash-escaped outside code (no link, image or emphasis of theirs is ever one), and
-their lines in a fence longer than any run of backticks in them.
+their ranks' lines) is shown as text: control characters escaped, every character of theirs that
+Markdown reads as syntax backslash-escaped outside code (no link, image, emphasis or block of
+theirs is ever one), and their lines in a fence longer than any run of backticks in them.
 """
 from __future__ import annotations
 
@@ -66,15 +66,22 @@ def feedback(student: str, exercise: str, verdict: str, score: float, reason: st
     return "\n".join(lines)
 
 
-# CommonMark: "any ASCII punctuation character may be backslash-escaped", and is then that character,
-# never syntax: no link, image, emphasis, code, HTML or table cell can start in a text so escaped.
-_PUNCTUATION = re.compile(r"[!-/:-@\[-`{-~]")
+# What makes Markdown of text (CommonMark, and GFM's tables, strikethrough and bare links): a character
+# that starts inline syntax (code, emphasis, links and images, autolinks, e-mail links and HTML, entities, a table's
+# cells), a block's marker at the start of a line (a heading, a quote, a list item), a bare link. Each is
+# backslash-escaped ("any ASCII punctuation character may be backslash-escaped", and is then itself).
+_INLINE = re.compile(r"[\\`*\[\]<>&|~@]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")  # (snake_case is no emphasis)
+_BLOCK_START = re.compile(r"^(\s*)(?:([#>+=-])|(\d+)([.)]))")
+_BARE_LINK = re.compile(r"(?i)(:)(//)|(www)(\.)")
 
 
 def _text(value: str) -> str:
-    """Untrusted text in Markdown, shown as the characters it holds: printable, every ASCII
-    punctuation character backslash-escaped (CommonMark's rule)."""
-    return _PUNCTUATION.sub(lambda found: "\\" + found.group(), printable(value))
+    """Untrusted text in Markdown, shown as the characters it holds (printable), however it is read:
+    no link, image, emphasis, code, HTML, table cell or block of its own."""
+    text = _INLINE.sub(lambda found: "\\" + found.group(), printable(value))
+    text = _BARE_LINK.sub(lambda found: f"{found[1]}\\/\\/" if found[1] else f"{found[3]}\\.", text)
+    return _BLOCK_START.sub(lambda found: f"{found[1]}\\{found[2]}" if found[2] else
+                            f"{found[1]}{found[3]}\\{found[4]}", text, count=1)
 
 
 def _fenced(lines: list[str]) -> list[str]:
