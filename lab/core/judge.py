@@ -10,7 +10,7 @@ from lab.core.random_inputs import values
 from lab.errors import ExitCode
 from lab.rank import steps
 from lab.rank.events import Error
-from lab.rank.text import printable
+from lab.rank.text import exception_line
 from lab.suite.check import Mismatch, PartVerdict, Verdict, World, ranks_named
 from lab.suite.registry import EXERCISES
 
@@ -92,7 +92,7 @@ def checked(run: ExerciseRun, world: World, part: str | None, seconds: float | N
     try:
         verdict: Verdict = EXERCISES[run.name].judge(run.results, run.calls, world, part)
     except Exception as exc:
-        return ExerciseReport(run.name, "fail", seconds, f"its results could not be checked: {_unreadable(exc)}")
+        return ExerciseReport(run.name, "fail", seconds, f"its results could not be checked: {exception_line(exc)}")
     return ExerciseReport(run.name, "pass" if verdict.passed else "fail", seconds, verdict.reason,
                           verdict.failed_ranks, verdict.mismatches, verdict.notes, parts=verdict.parts)
 
@@ -125,12 +125,6 @@ def _unfinished(run: ExerciseRun, outcome: RunOutcome, seconds: float | None) ->
         reason = f"not run: {who} {ended(first.exit_code)} during {first.step}"
     return ExerciseReport(run.name, "not run", seconds, reason, (first.spec.rank,))
 
-
-
-def _unreadable(exc: Exception) -> str:
-    """What a check met in the ranks' results that it could not compare, in one line."""
-    said = printable(str(exc).strip().split("\n", 1)[0])[:200]
-    return f"{type(exc).__name__}{': ' + said if said else ''}"
 
 
 def _named(state: RankState) -> str:

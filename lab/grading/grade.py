@@ -40,7 +40,7 @@ from lab.errors import ExitCode, LabError, UsageError
 from lab.grading.feedback import feedback, feedback_page
 from lab.grading.page import Row, class_page
 from lab.grading.places import PlaceMaker
-from lab.rank.text import printable
+from lab.rank.text import exception_line, printable
 from lab.transport.ssh.connections import SSHSettings
 
 GradeVerdict = Literal["pass", "fail", "timeout", "error"]
@@ -123,7 +123,7 @@ def find_submissions(root: Path, program: str) -> list[Submission]:
     if not entries:
         raise UsageError(f"{root}: no submissions (a NAME.py file or a NAME/ folder per student)")
     full = {entry: entry.name for entry in entries}
-    names = {entry: entry.stem if _is_py_file(entry) else entry.name for entry in entries}
+    names = {entry: entry.stem if _named_as_py(entry) else entry.name for entry in entries}
     while True:  # (an entry's full name is unique in its folder: moving to it ends every clash)
         seen: dict[str, int] = {}
         for name in names.values():
@@ -136,7 +136,8 @@ def find_submissions(root: Path, program: str) -> list[Submission]:
     return [_submission(entry, names[entry], program, root) for entry in entries]
 
 
-def _is_py_file(entry: Path) -> bool:
+def _named_as_py(entry: Path) -> bool:
+    """Whether an entry is named as a student's file, NAME.py, and is no folder: its student is NAME."""
     return entry.suffix == ".py" and not entry.is_dir()
 
 
@@ -393,9 +394,8 @@ def grade_all(submissions: Sequence[Submission], options: Options, places: Seque
 def internal_error(submission: Submission, exercise: str, exc: Exception, seconds: float) -> Grade:
     """The row of a submission the lab failed to grade by a fault of its own (not the student's):
     the exception in one line; the class goes on, and ``lab grade`` exits RUN_ERROR."""
-    said = printable(str(exc).strip().split("\n", 1)[0])[:300]
-    return Grade(submission.student, exercise, "error", f"not graded: internal error ({type(exc).__name__}"
-                 f"{': ' + said if said else ''})", seconds, graded=False, exit_code=ExitCode.RUN_ERROR)
+    return Grade(submission.student, exercise, "error", f"not graded: internal error ({exception_line(exc)})", seconds,
+                 graded=False, exit_code=ExitCode.RUN_ERROR)
 
 
 def grade_one(submission: Submission, options: Options, make_place: PlaceMaker, book: Gradebook,

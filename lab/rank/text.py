@@ -32,3 +32,9 @@ def printable(text: str, newlines: bool = False) -> str:
     """``text`` with every control character shown as its escape (``\\x1b``); tabs are kept, and
     line breaks too when ``newlines``."""
     return (_IN_LINES if newlines else _IN_LINE).sub(_escape, text)
+
+
+def exception_line(exc: BaseException, limit: int = 200) -> str:
+    """An exception as one line: its type, then the first line of its message (printable, cut)."""
+    said = printable(str(exc).strip().split("\n", 1)[0])[:limit]
+    return f"{type(exc).__name__}{': ' + said if said else ''}"
