@@ -121,28 +121,28 @@ def ring_world(n: int) -> World:
     return replace(World.local(n), inputs=ring_inputs(n))
 
 
-def ring_sum(n: int, shape: tuple[int, ...], position: int) -> int:
-    """The SUM over the ranks of their inputs at ``position`` of ``shape``'s case."""
-    at = ring_cases.starts()[shape] + position
+def ring_sum(n: int, shape: tuple[int, ...], position: int, function: str = "ring_allreduce") -> int:
+    """The SUM over the ranks of their inputs at ``position`` of ``shape``'s case of ``function``."""
+    at = ring_cases.starts(function)[shape] + position
     return sum(values[at] for values in ring_inputs(n).values())
 
 
-def ring_input(n: int, rank: int, shape: tuple[int, ...], position: int) -> int:
-    return ring_inputs(n)[rank][ring_cases.starts()[shape] + position]
+def ring_input(n: int, rank: int, shape: tuple[int, ...], position: int, function: str = "ring_allreduce") -> int:
+    return ring_inputs(n)[rank][ring_cases.starts(function)[shape] + position]
 
 
-def inputs_there(n: int, shape: tuple[int, ...], positions: tuple[int, ...]) -> str:
+def inputs_there(n: int, shape: tuple[int, ...], positions: tuple[int, ...], function: str = "ring_allreduce") -> str:
     """How a reason shows the ranks' inputs at the wrong positions."""
-    return "(the inputs there: " + "; ".join(f"rank {r} {[ring_input(n, r, shape, i) for i in positions]}"
+    return "(the inputs there: " + "; ".join(f"rank {r} {[ring_input(n, r, shape, i, function) for i in positions]}"
                                             for r in range(n)) + ")"
 
 
 @cache
-def _ring_cases(n: int) -> dict[str, dict]:
-    """Every case's correct report, as the rank program makes it (floats for float dtypes)."""
+def _ring_cases(n: int, function: str) -> dict[str, dict]:
+    """Every case's correct report of ``function``, as the rank program makes it (floats for float dtypes)."""
     cases = {}
     for shape in ring_cases.SHAPES:
-        want = ring_cases.digest([ring_sum(n, shape, i) for i in range(ring_cases.numel(shape))], n)
+        want = ring_cases.digest([ring_sum(n, shape, i, function) for i in range(ring_cases.numel(shape))], n)
         for dtype in ring_cases.DTYPES:
             as_dtype = float if dtype.startswith("float") else int
             case: dict[str, Any] = {"shape": list(shape), "dtype": dtype}
@@ -156,7 +156,7 @@ def _ring_cases(n: int) -> dict[str, dict]:
 
 
 def ring_ok(n: int) -> Results:
-    return {r: {"allreduce": copy.deepcopy(_ring_cases(n)), "ring_allreduce": copy.deepcopy(_ring_cases(n))}
+    return {r: {function: copy.deepcopy(_ring_cases(n, function)) for function in ring_cases.FUNCTIONS}
             for r in range(n)}
 
 
@@ -591,10 +591,11 @@ def test_ring_small_case_compares_every_value_and_shows_floats_as_floats() -> No
     results[0]["allreduce"]["size 5 float32"]["values"][4] = 0.0
     results[0]["allreduce"]["size 3x7 float64"]["values"][20] = 1.0
     v = verdict("ring-allreduce", results, 3)
-    assert_fails(v, 0, f"rank 0: allreduce(send, recv), size 5 float32: positions [4] {inputs_there(3, (5,), (4,))}: "
-                       f"expected [{float(ring_sum(3, (5,), 4))}], got [0.0]")
+    want_5, want_21 = float(ring_sum(3, (5,), 4, "allreduce")), float(ring_sum(3, (3, 7), 20, "allreduce"))
+    assert_fails(v, 0, f"rank 0: allreduce(send, recv), size 5 float32: positions [4] "
+                       f"{inputs_there(3, (5,), (4,), 'allreduce')}: expected [{want_5}], got [0.0]")
     assert (f"rank 0: allreduce(send, recv), size 3x7 float64: positions (flattened) [20] "
-            f"{inputs_there(3, (3, 7), (20,))}: expected [{float(ring_sum(3, (3, 7), 20))}], got [1.0]") \
+            f"{inputs_there(3, (3, 7), (20,), 'allreduce')}: expected [{want_21}], got [1.0]") \
         in map(str, v.mismatches)
 
 
@@ -633,13 +634,13 @@ def test_ring_a_rank_counted_twice_fails_everywhere() -> None:
     for r in range(n):
         values = results[r]["allreduce"]["size 2 int64"]["values"]
         for i in range(2):
-            values[i] += ring_input(n, r, (2,), i)
+            values[i] += ring_input(n, r, (2,), i, "allreduce")
     v = verdict("ring-allreduce", results, n)
     assert v.failed_ranks == (0, 1, 2)
-    want = [ring_sum(n, (2,), i) for i in range(2)]
-    got = [w + ring_input(n, 0, (2,), i) for i, w in enumerate(want)]
+    want = [ring_sum(n, (2,), i, "allreduce") for i in range(2)]
+    got = [w + ring_input(n, 0, (2,), i, "allreduce") for i, w in enumerate(want)]
     assert v.reason.startswith(f"rank 0: allreduce(send, recv), size 2 int64: positions [0, 1] "
-                               f"{inputs_there(n, (2,), (0, 1))}: expected {want}, got {got}")
+                               f"{inputs_there(n, (2,), (0, 1), 'allreduce')}: expected {want}, got {got}")
 
 
 # --- dsgd ---

@@ -66,6 +66,13 @@ EXPECTED = {
     "xavier": ("fail", "went by calls the call recorder did not see"),
     # nor can it stop that measure: its ranks kill the launcher that takes it
     "zed": ("fail", "the launcher of sandbox ended before it said what the connections carried"),
+    # the answer is nowhere in the process: each function's inputs are drawn apart, so the caller's frame holds
+    # the sum of others
+    "quentin": ("fail", "rank 0: ring_allreduce(tensor), size 1 float32: positions [0]"),
+    # every rank's inputs sent ahead in 2 bytes a value, the sums looked up: fewer bytes than any all-reduce moves
+    "rupert": ("fail", "less than ring-allreduce's functions must move to compute their results"),
+    # a hidden all_reduce, its records forged to look like two honest rings: they claim more than was carried
+    "ursula": ("fail", "records that claim more than went over the wire are no evidence of the method"),
     "nobody": ("error", "no .py file in nobody/"),
 }
 

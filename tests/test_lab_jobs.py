@@ -102,7 +102,9 @@ def test_a_class_graded_across_the_lab_two_shares_at_once(jobs: Jobs, tmp_path: 
                 "grace": ("fail", "exited with status 0 during ring-allreduce"),
                 "ivan": ("fail", "called all_reduce")}
     section_1 = ("mallory", "olga", "peggy", "trent", "victor", "walter", "sybil")
-    expected.update({s: EXPECTED[s] for s in section_1})
+    # (ursula is not among them: with 2 ranks the records she forges are what gloo's all-reduce carries)
+    section_2 = ("quentin", "rupert")
+    expected.update({s: EXPECTED[s] for s in section_1 + section_2})
     for student in expected:
         (submissions / f"{student}.py").write_text((CLASS / f"{student}.py").read_text())
     # mallet would kill the reaper above its sleeper, but /proc shows it none of its ancestors (hidepid):

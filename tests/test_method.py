@@ -442,6 +442,19 @@ def test_a_function_that_wraps_the_reference_is_not_the_students(lab: Lab, tmp_p
 
 
 @pytest.mark.local
+def test_a_solution_may_define_only_the_functions_the_exercise_asks_for(lab: Lab, tmp_path: Path) -> None:
+    """The case driver and what it reports are the lab's: a solution that replaces it is refused, named."""
+    solution = tmp_path / "driver.py"
+    solution.write_text("from lab.suite.exercises.ring_allreduce import allreduce, ring_allreduce  # noqa: F401\n"
+                        "from lab.suite.exercises.ring_cases import starts  # noqa: F401  (the very one: kept)\n\n\n"
+                        "def run_cases(rank, size, device, inputs, allreduce, ring_allreduce):\n    return {}\n")
+    code, entry = run_json(lab, "ring-allreduce", solution, nproc=2)
+    assert (code, entry["status"]) == (1, "fail"), entry
+    assert ("driver.py defines run_cases(), which is the exercise's own: it asks for allreduce(), ring_allreduce() "
+            "only; rename or remove it") in entry["reason"], entry
+
+
+@pytest.mark.local
 def test_a_solution_with_nothing_of_the_exercise_names_what_it_asks_for(lab: Lab) -> None:
     code, entry = run_json(lab, "ring-allreduce", SOLUTIONS / "nothing_to_grade.py", nproc=2)
     assert (code, entry["status"]) == (1, "fail"), entry

@@ -19,7 +19,9 @@ import pytest
 
 from lab.rank.zygote import Measure
 from lab.suite.check import Carried, World
+from lab.suite.exercises import ring_cases
 from lab.suite.method import check_carried, nonblocking, point_to_point, uses
+from lab.suite.registry import EXERCISES
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -159,6 +161,46 @@ def test_more_carried_than_recorded_fails_every_rank_and_says_how_much_went_unse
     # barriers are allowed their small messages to every rank
     calls = {r: ring_calls(0, 0, barriers=20) for r in range(3)}
     assert check_carried("p2p", point_to_point(), calls, world({"sandbox": Carried(100_000)})).passed
+
+
+def test_records_that_claim_more_than_was_carried_fail_as_no_evidence() -> None:
+    # a hidden all_reduce, its counters padded to look like a ring's: the records say more than went over the wire
+    calls = {r: ring_calls(14_000_000, 288) for r in range(3)}
+    verdict = check_carried("ring-allreduce", point_to_point(), calls, world({"sandbox": Carried(13_878_848)}))
+    assert not verdict.passed
+    assert verdict.reason.startswith("the ranks' records say they sent 42.0 MB but their connections carried 13.9 MB: "
+                                     "records that claim more than went over the wire are no evidence of the method")
+    # an honest run's records never do: every byte they count went, and its headers with it
+    calls = {r: ring_calls(5_664_320, 288) for r in range(3)}
+    assert check_carried("ring-allreduce", point_to_point(), calls, world({"sandbox": Carried(17_124_620)})).passed
+
+
+def test_the_ring_carries_at_least_what_its_functions_must_move_and_at_most_what_they_may() -> None:
+    method, tensors = EXERCISES["ring-allreduce"].method, ring_cases.TENSOR_BYTES
+    assert method is not None and tensors == 1_699_296
+    honest = {r: ring_calls(5_664_320, 288) for r in range(3)}  # the tutorial's 2 tensors and the chunked 2 * 2/3
+    assert check_carried("ring-allreduce", method, honest, world({"sandbox": Carried(17_124_620)})).passed
+    # the sums looked up from inputs sent (in 2 bytes a value) before any graded function ran, a token round
+    # the ring in each: every byte recorded, and far fewer than an all-reduce of the tensors must move
+    early = {r: ring_calls(2 * 2 * ring_cases.DRAWN + 96 * 8, 96 + 2) for r in range(3)}
+    verdict = check_carried("ring-allreduce", method, early, world({"sandbox": Carried(3 * 2 * 2 * ring_cases.DRAWN
+                                                                                          + 60_000)}))
+    assert not verdict.passed
+    assert verdict.reason.startswith("the ranks' connections carried 1.8 MB, less than ring-allreduce's functions must "
+                                     "move to compute their results (2(n-1) = 4 times the 1,699,296 bytes of each "
+                                     "function's tensors on a rank, for each of the 2 functions: 13.6 MB)")
+    assert (verdict.mismatches[0].expected, verdict.mismatches[0].got) == ("at least 13.6 MB", "1.8 MB")
+    # whole tensors to every rank in both functions, and every byte recorded: more than they may move
+    every = {r: ring_calls(2 * 2 * tensors, 2 * 2 * 96) for r in range(3)}
+    verdict = check_carried("ring-allreduce", method, every, world({"sandbox": Carried(3 * 2 * 2 * tensors + 150_000)}))
+    assert not verdict.passed
+    assert verdict.reason.startswith("the ranks' connections carried 20.5 MB, more than ring-allreduce's functions may "
+                                     "move (allreduce(): whole tensors to each of the n-1 others, n(n-1) = 6 times")
+    assert "what a rank sends outside them counts too" in verdict.reason
+    # with 2 ranks an exchange is the whole of both rings: exactly the least, and it passes
+    pair = {r: ring_calls(2 * tensors, 2 * 96) for r in range(2)}
+    two = World(2, "gloo", ("sandbox",) * 2, (0, 1), carried={"sandbox": Carried(2 * 2 * tensors + 40_000)})
+    assert check_carried("ring-allreduce", method, pair, two).passed
 
 
 def test_a_host_that_said_nothing_lost_count_or_stopped_measuring_fails_one_that_could_not_begin_is_a_note() -> None:

@@ -173,8 +173,9 @@ def load_solution(program: str, reference: str | None, writes: tuple[str, ...] =
     """The program to run, and which of ``writes`` the solution did not define. A solution may be
     a whole program (it defines ``run``) or the functions a student writes (``writes``, the
     exercise's parts: ``allreduce`` and ``ring_allreduce``, ``average_gradients``...): those then
-    replace the reference program's own (so do other functions of the reference it defines), and
-    the reference's ``run`` drives them.
+    replace the reference program's own, and the reference's ``run`` drives them. Where the exercise
+    asks for functions, a solution that defines another function of the reference (its case driver,
+    say) is refused (ImportError, naming it): the driver and what it reports are the lab's.
 
     One of ``writes`` the solution lacks keeps the reference's own, so that the others are still
     graded: it is named among the missing, and its part is "not written". (Importing the
@@ -192,8 +193,14 @@ def load_solution(program: str, reference: str | None, writes: tuple[str, ...] =
     if (hasattr(module, "run") and not some) or reference is None:
         return module, ()
     base = load_program(reference)
-    names = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
-             and callable(getattr(base, n, None)) and (n in writes or not some)]
+    replaced = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
+                and callable(getattr(base, n, None))]
+    unasked = [n for n in replaced if n not in writes and getattr(module, n) is not getattr(base, n)]
+    if writes and not some and unasked:
+        raise ImportError(f"{file} defines {_listed(unasked)}, which {'is' if len(unasked) == 1 else 'are'} the "
+                          f"exercise's own: it asks for {_listed(writes)} only; rename or remove "
+                          f"{'it' if len(unasked) == 1 else 'them'}")
+    names = [n for n in replaced if n in writes or not some]  # (one it imported from the reference: "uses")
     if part is not None:  # (--part: that function alone is the solution's; the others stay the reference's)
         return _replaced(base, module, [n for n in names if n == part]), () if part in names else (part,)
     if not names:

@@ -26,6 +26,21 @@ from lab.suite.check import Mismatch, Verdict, World, ranks_named
 Calls = Mapping[int, Any]  # rank -> its calls summary (JSON data, untrusted)
 TrafficCheck = Callable[[Calls, World], Verdict]
 
+
+@dataclass(frozen=True)
+class WireBudget:
+    """What a run's connections must carry, over all its ranks, for the exercise's functions to have
+    done their work (``least``) and may carry at most (``most``), computed from the exercise's cases
+    and the world size alone, never from what a rank says; each with why, as a reason shows it."""
+
+    least: int
+    least_why: str
+    most: int
+    most_why: str
+
+
+Budget = Callable[[World], WireBudget]
+
 # The point-to-point calls: a message from one rank to one other. The *_object variants are
 # point-to-point too (a pickled object in a tensor), and so are a group's own send/recv.
 P2P: frozenset[str] = frozenset({
@@ -51,11 +66,13 @@ class Method:
     needs: frozenset[str] = frozenset()  # every rank makes at least one of these
     traffic: TrafficCheck | None = None  # more about the bytes sent (e.g. the ring's bandwidth)
     sends: bool = False  # with more than one rank, every rank sends (in each function it writes)
+    budget: Budget | None = None  # what the connections must and may carry, where they are measured
 
 
-def point_to_point(traffic: TrafficCheck | None = None) -> Method:
+def point_to_point(traffic: TrafficCheck | None = None, budget: Budget | None = None) -> Method:
     """Only point-to-point calls (and barriers, which move no data)."""
-    return Method(f"must be built from point-to-point calls ({P2P_NAMES})", P2P | SYNC, traffic=traffic, sends=True)
+    return Method(f"must be built from point-to-point calls ({P2P_NAMES})", P2P | SYNC, traffic=traffic, sends=True,
+                  budget=budget)
 
 
 def nonblocking() -> Method:
@@ -145,12 +162,23 @@ CARRIED_PER_GROUP = 1024  # for each (rank, peer) pair, for each group made (mea
 CARRIED_SLACK = 0.01
 
 
+def lab_overhead(world_size: int, messages: int, groups: int = 0, barriers: int = 0) -> int:
+    """What a run's connections may carry beyond its tensors' bytes: gloo's headers of ``messages``
+    messages, the lab's own traffic for ``world_size`` ranks, ``groups`` groups made and ``barriers``
+    barriers called (over all ranks)."""
+    return (CARRIED_FIXED + (CARRIED_PER_RANK_PAIR + CARRIED_PER_GROUP * groups) * world_size ** 2
+            + CARRIED_PER_MESSAGE * messages + CARRIED_PER_BARRIER * world_size * barriers)
+
+
 def check_carried(exercise: str, method: Method | None, calls: Calls, world: World) -> Verdict:
-    """Whether the bytes every rank's records say it sent account for what the run's connections carried,
-    as each host's launcher measured them outside the ranks (``world.carried``): where more went, calls
-    the recorder did not see carried it (switched off however it was, torch's C++ bindings called
-    directly, a socket or the store of the program's own). Only for a method of point-to-point calls,
-    whose every byte a rank's record counts."""
+    """Whether what the run's connections carried, as each host's launcher measured them outside the
+    ranks (``world.carried``), and what the ranks' records say they sent agree both ways: where more
+    went, calls the recorder did not see carried it (switched off however it was, torch's C++ bindings
+    called directly, a socket or the store of the program's own); where the records say more, they
+    were written to look like the method. And, where the method has a budget, whether the connections
+    carried at least what the exercise's functions must move and at most what they may (every byte
+    counts, sent inside the functions or not). Only for a method of point-to-point calls, whose every
+    byte a rank's record counts."""
     if world.carried is None or method is None or not method.sends or world.world_size < 2:
         return Verdict(True)
     hosts = sorted(set(world.hosts))
@@ -173,9 +201,7 @@ def check_carried(exercise: str, method: Method | None, calls: Calls, world: Wor
     messages = sum(_whole(s.get("messages")) for s in summaries)
     groups = max((_whole(s.get("groups")) for s in summaries), default=0)  # (every rank makes every group)
     barriers = sum(n for s in summaries for name, n in (counts_of(s) or {}).items() if name in SYNC)
-    allowed = (recorded + CARRIED_FIXED + (CARRIED_PER_RANK_PAIR + CARRIED_PER_GROUP * groups) * world.world_size ** 2
-               + CARRIED_PER_MESSAGE * messages
-               + CARRIED_PER_BARRIER * world.world_size * barriers + int(CARRIED_SLACK * recorded))
+    allowed = recorded + lab_overhead(world.world_size, messages, groups, barriers) + int(CARRIED_SLACK * recorded)
     notes = (f"the connections carried {_size(carried)}; the ranks' records account for {_size(recorded)} in "
              f"{messages} message(s)",)
     lost = [h for h in hosts if world.carried[h].lost]
@@ -183,15 +209,36 @@ def check_carried(exercise: str, method: Method | None, calls: Calls, world: Wor
         return Verdict(False, f"the launcher of {', '.join(lost)} lost count of the connections the ranks closed "
                               f"(more at once than the kernel could report): {exercise}'s method is not shown",
                        (Mismatch(None, "closed connections counted", "all", "not all"),), notes)
-    if carried <= allowed:
-        return Verdict(True, notes=notes)
-    unseen = carried - recorded
-    return Verdict(False, f"the ranks' connections carried {_size(carried)} but their records account for "
-                          f"{_size(recorded)}: {_size(unseen)} went by calls the call recorder did not see "
-                          f"(measured outside the ranks, by each host's launcher)",
-                   (Mismatch(None, "bytes the connections carried", f"at most {_size(allowed)} (the records' "
-                             f"{_size(recorded)}, headers and the lab's own)", _size(carried)),
-                    *_by_host(calls, world, hosts)), notes)
+    if recorded > carried * (1 + CARRIED_SLACK):
+        return Verdict(False, f"the ranks' records say they sent {_size(recorded)} but their connections carried "
+                              f"{_size(carried)}: records that claim more than went over the wire are no evidence "
+                              f"of the method (measured outside the ranks, by each host's launcher)",
+                       (Mismatch(None, "bytes the records say were sent", f"at most what the connections carried, "
+                                 f"{_size(carried)}", _size(recorded)),), notes)
+    if carried > allowed:
+        unseen = carried - recorded
+        return Verdict(False, f"the ranks' connections carried {_size(carried)} but their records account for "
+                              f"{_size(recorded)}: {_size(unseen)} went by calls the call recorder did not see "
+                              f"(measured outside the ranks, by each host's launcher)",
+                       (Mismatch(None, "bytes the connections carried", f"at most {_size(allowed)} (the records' "
+                                 f"{_size(recorded)}, headers and the lab's own)", _size(carried)),
+                        *_by_host(calls, world, hosts)), notes)
+    if method.budget is not None:
+        budget = method.budget(world)
+        if carried < budget.least:
+            return Verdict(False, f"the ranks' connections carried {_size(carried)}, less than {exercise}'s functions "
+                                  f"must move to compute their results ({budget.least_why}: {_size(budget.least)}): "
+                                  f"the results came some other way than over the wire (measured outside the "
+                                  f"ranks, by each host's launcher)",
+                           (Mismatch(None, "bytes the connections carried", f"at least {_size(budget.least)}",
+                                     _size(carried)),), notes)
+        if carried > budget.most:
+            return Verdict(False, f"the ranks' connections carried {_size(carried)}, more than {exercise}'s functions "
+                                  f"may move ({budget.most_why}: {_size(budget.most)}): what a rank sends outside "
+                                  f"them counts too (measured outside the ranks, by each host's launcher)",
+                           (Mismatch(None, "bytes the connections carried", f"at most {_size(budget.most)}",
+                                     _size(carried)),), notes)
+    return Verdict(True, notes=notes)
 
 
 def _by_host(calls: Calls, world: World, hosts: list[str]) -> tuple[Mismatch, ...]:

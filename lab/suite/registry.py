@@ -152,7 +152,7 @@ def _exercises() -> dict[str, Exercise]:
         Exercise("ring-allreduce", "ring all-reduce from isend/recv: the tutorial's, then chunked "
                  "(reduce-scatter + all-gather)", "lab.suite.exercises.ring_allreduce", ring.check_ring_allreduce,
                  min_ranks=2, writes=("allreduce", "ring_allreduce"),
-                 method=point_to_point(ring.check_ring_traffic), check_part=ring.check_ring_part,
+                 method=point_to_point(ring.check_ring_traffic, ring.ring_budget), check_part=ring.check_ring_part,
                  drawn=ring_cases.DRAWN),
         Exercise("dsgd", "distributed synchronous SGD: average_gradients with all_reduce, vs one "
                  "process and DistributedDataParallel", "lab.suite.exercises.dsgd", dsgd.check_dsgd,

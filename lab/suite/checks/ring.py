@@ -12,6 +12,12 @@ homework, 2(n-1)/n. A ``ring_allreduce`` above :data:`NOT_OPTIMAL` times that fa
 the homework's ring (whole tensors passed n - 1 times are n/2 times the optimal: 1.5x with 3
 ranks; with 2 ranks both send one tensor, so they cannot be told apart). Between
 :data:`OPTIMAL_SLACK` and that, a note says it sends more than the optimal.
+
+Where ``lab grade`` measures what the connections carried (outside the ranks), :func:`ring_budget`
+bounds it without a rank's word: an all-reduce of n tensors moves at least 2(n-1) of them over all
+ranks (each value must reach a sum, and the sums every rank), whatever the algorithm; the tutorial's
+ring whole tensors to each of the n-1 others, n(n-1), at most; the chunked ring at most
+:data:`NOT_OPTIMAL` times its 2(n-1); and gloo's headers and the lab's own traffic beside them.
 """
 from __future__ import annotations
 
@@ -21,54 +27,48 @@ from typing import Any
 
 from lab.suite.check import Expect, Mismatch, Results, Verdict, World, ranks_named
 from lab.suite.checks import reported
+from lab.suite.exercises import ring_cases
 from lab.suite.exercises.ring_cases import DRAWN, DTYPES, case_name, digest, numel, starts
-from lab.suite.method import function_summary
+from lab.suite.method import CARRIED_SLACK, WireBudget, function_summary, lab_overhead
 
 FUNCTIONS = {"allreduce": "allreduce(send, recv)", "ring_allreduce": "ring_allreduce(tensor)"}
 SHOW = 6  # wrong positions named in a reason
 INPUTS_SHOWN = 4  # ranks whose inputs at the wrong positions a reason shows
 OPTIMAL_SLACK = 1.05  # up to this times 2(n-1)/n is bandwidth-optimal (chunks of unequal size)
 NOT_OPTIMAL = 1.25  # ring_allreduce fails above this times 2(n-1)/n
+MESSAGES_SLACK = 4  # a function may send its tensors in up to this many times the chunked ring's messages
 
 
 Draws = tuple[tuple[int, ...], ...]  # each rank's drawn values, by rank
 Cases = dict[tuple[int, ...], tuple[list[int], dict[str, Any]]]  # shape -> its expected sums and their digest
 
 
-def expected_sums(world: World) -> list[int] | None:
-    """The SUM over the ranks of the values drawn for them, position by position; None when the run
-    did not draw each rank's (a run that was not the lab's)."""
-    return _summed(_draws(world))
-
-
 def _draws(world: World) -> Draws:
     return tuple(tuple(world.inputs.get(rank, ())) for rank in range(world.world_size))
 
 
-def _summed(draws: Draws) -> list[int] | None:
+@lru_cache(maxsize=2)
+def _expected(draws: Draws) -> dict[str, Cases] | None:
+    """Each function's cases' expected sums and their digest, for one draw (None when the run did not
+    draw each rank's: a run that was not the lab's): the judge checks the whole exercise, then each
+    part, against the same draw, which is summed once."""
     if any(len(d) != DRAWN for d in draws):
         return None
-    return [sum(column) for column in zip(*draws)]
-
-
-@lru_cache(maxsize=2)
-def _expected(draws: Draws) -> Cases | None:
-    """Each case's expected sums and their digest, for one draw: the judge checks the whole exercise,
-    then each part, against the same draw, which is summed once."""
-    sums = _summed(draws)
-    if sums is None:
-        return None
-    cases = {shape: sums[start:start + numel(shape)] for shape, start in starts().items()}
-    return {shape: (values, digest(values, len(draws))) for shape, values in cases.items()}
+    sums = [sum(column) for column in zip(*draws)]
+    expected: dict[str, Cases] = {}
+    for function in FUNCTIONS:
+        cases = {shape: sums[start:start + numel(shape)] for shape, start in starts(function).items()}
+        expected[function] = {shape: (values, digest(values, len(draws))) for shape, values in cases.items()}
+    return expected
 
 
 def check_ring_allreduce(results: Results, world: World, functions: tuple[str, ...] = tuple(FUNCTIONS)) -> Verdict:
     """Every rank holds, for each case and each of ``functions``, the SUM over the ranks' inputs."""
-    expected = _expected(_draws(world))
+    draws = _draws(world)
+    expected = _expected(draws)
     if expected is None:
         return Verdict(False, "no inputs were drawn for the ranks: nothing to check the sums against")
     e = Expect()
-    draws, first = _draws(world), starts()
     for rank, result in reported(e, results, world).items():
         for function, label in FUNCTIONS.items():
             if function not in functions:
@@ -77,7 +77,8 @@ def check_ring_allreduce(results: Results, world: World, functions: tuple[str, .
             if not e.true(rank, f"{label} results", isinstance(cases, Mapping),
                           expected="a dict of case -> result", got=cases):
                 continue
-            for shape, want in expected.items():
+            first = starts(function)
+            for shape, want in expected[function].items():
                 for dtype in DTYPES:
                     name = case_name(shape, dtype)
                     _check_case(e, rank, f"{label}, {name}", shape, dtype, want, cases.get(name),
@@ -213,3 +214,20 @@ def _destinations(sent: dict[int, dict[int, int]], n: int) -> str:
     each = "; ".join(f"rank {rank} " + ", ".join(f"{b:,} B to {dst}" for dst, b in sorted(to.items()))
                      for rank, to in sorted(sent.items()))
     return f"to rank r+1 only ({each})" if ring else f"not only to rank r+1 ({each})"
+
+
+def ring_budget(world: World) -> WireBudget:
+    """What the run's connections must and may carry over all its ranks, for both functions' cases
+    (see the module): computed from the cases and the world size alone."""
+    n, tensors = world.world_size, ring_cases.TENSOR_BYTES
+    cases = len(ring_cases.SHAPES) * len(DTYPES)
+    messages = MESSAGES_SLACK * 2 * (n - 1) * n * cases * len(FUNCTIONS)  # the chunked ring's: 2(n-1) a rank a case
+    least = 2 * (n - 1) * tensors * len(FUNCTIONS)
+    most = (n * (n - 1) * tensors + int(NOT_OPTIMAL * 2 * (n - 1) * tensors)) * (1 + CARRIED_SLACK)
+    return WireBudget(least, f"2(n-1) = {2 * (n - 1)} times the {tensors:,} bytes of each function's tensors on "
+                             f"a rank, for each of the {len(FUNCTIONS)} functions",
+                      int(most) + lab_overhead(n, messages),
+                      f"allreduce(): whole tensors to each of the n-1 others, n(n-1) = {n * (n - 1)} times the "
+                      f"{tensors:,} bytes of a rank's; ring_allreduce(): {NOT_OPTIMAL:g} times 2(n-1) = "
+                      f"{2 * (n - 1)} times them; and the headers and the lab's own")
+

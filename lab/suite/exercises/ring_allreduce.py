@@ -14,13 +14,13 @@ To grade your own: copy this file, rewrite ``allreduce`` and/or ``ring_allreduce
 ``python -m lab run ring-allreduce --solution mine.py --nproc 5``. Both are tried on every
 case of ``lab/suite/exercises/ring_cases.py``: sizes 0 and 1, sizes no world size divides, a 2-D
 tensor and a few large ones, in float32, float64, int64 and int32. The inputs are random values
-drawn afresh for every rank of every run, so a chunk in the wrong place or a lost remainder
-shows, and no rank knows another's values without receiving them.
+drawn afresh for every rank of every run, and for each function apart, so a chunk in the wrong place
+or a lost remainder shows, and no rank knows another's values without receiving them.
 """
 import torch
 import torch.distributed as dist
 
-from lab.suite.exercises.ring_cases import DTYPES, case_name, digest, numel, starts
+from lab.suite.exercises.ring_cases import DTYPES, SHAPES, case_name, digest, numel, starts
 
 
 def allreduce(send, recv):
@@ -81,22 +81,23 @@ def ring_allreduce(tensor):
 
 def run_cases(rank, size, device, inputs, allreduce, ring_allreduce):
     """Every case through both functions, from this rank's drawn ``inputs`` (int16 values, the
-    cases' one after another); a digest of each result for the checker."""
+    cases' one after another, each function's apart: ring_cases); a digest of each result for the checker."""
     if inputs is None:
         raise RuntimeError("no inputs were drawn for this rank: run the exercise with python -m lab run")
     drawn = torch.frombuffer(bytearray(inputs), dtype=torch.int16).to(torch.int64)
     reports = {"allreduce": {}, "ring_allreduce": {}}
-    for shape, start in starts().items():
-        values = drawn[start:start + numel(shape)]
+    for shape in SHAPES:
+        sent, reduced = (drawn[at:at + numel(shape)]
+                         for at in (starts("allreduce")[shape], starts("ring_allreduce")[shape]))
         for dtype_name in DTYPES:
             name = case_name(shape, dtype_name)
-            send = values.to(dtype=getattr(torch, dtype_name), device=device).reshape(shape)
-
+            dtype = getattr(torch, dtype_name)
+            send = sent.to(dtype=dtype, device=device, copy=True).reshape(shape)
             recv = torch.zeros_like(send)
             allreduce(send, recv)
             reports["allreduce"][name] = _report(recv, size)
 
-            tensor = send.clone()
+            tensor = reduced.to(dtype=dtype, device=device, copy=True).reshape(shape)
             ring_allreduce(tensor)
             reports["ring_allreduce"][name] = _report(tensor, size)
             if name == "size 7 int64":

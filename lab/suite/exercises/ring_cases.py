@@ -6,10 +6,12 @@ Shared by the rank program (``lab/suite/exercises/ring_allreduce.py``) and the c
 
 A rank's inputs are fresh random values the controller draws for that rank and that run
 (``lab.core.random_inputs``; the rank takes its own: ``lab.rank.inputs``): :data:`DRAWN` integers in
-[-32768, 32767], the cases' inputs one after another in :data:`SHAPES` order (every dtype of a
-shape starts from the same values). So no rank can know another's input without receiving it,
-and the sum at each position is an integer exact in float32 (below 2**24 up to 512 ranks) and
-int32: the checker compares exactly.
+[-32768, 32767]. Each function of :data:`FUNCTIONS` has inputs of its own (:data:`CASE_VALUES` each,
+the cases' one after another in :data:`SHAPES` order; every dtype of a shape starts from the same
+values), so the answer of one function's case is nowhere in the process when the other's runs: a
+function that looks it up in its caller's frame finds the sum of other values. So no rank can know
+another's input without receiving it, and the sum at each position is an integer exact in float32
+(below 2**24 up to 512 ranks) and int32: the checker compares exactly.
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from typing import Any
 SHAPES: tuple[tuple[int, ...], ...] = ((0,), (1,), (2,), (3,), (5,), (7,), (3, 7), (64,), (65,),
                                        (1000,), (4099,), (65537,))
 DTYPES: tuple[str, ...] = ("float32", "float64", "int64", "int32")
+ITEM_BYTES = {"float32": 4, "float64": 8, "int64": 8, "int32": 4}
+FUNCTIONS: tuple[str, ...] = ("allreduce", "ring_allreduce")  # the functions a student writes, in the order run
 LIST_LIMIT = 64  # a result of at most this many elements is reported whole
 WEIGHTS = 13  # the digest's weights are 1..13, by position
 
@@ -29,16 +33,19 @@ def numel(shape: tuple[int, ...] | list[int]) -> int:
     return math.prod(shape)
 
 
-def starts() -> dict[tuple[int, ...], int]:
-    """Where each shape's inputs start among a rank's drawn values."""
-    offsets, at = {}, 0
+CASE_VALUES = sum(numel(shape) for shape in SHAPES)  # the values one function's cases take
+DRAWN = len(FUNCTIONS) * CASE_VALUES  # values drawn for each rank
+# the bytes of the tensors one function is given on each rank, over every case
+TENSOR_BYTES = sum(numel(shape) * ITEM_BYTES[dtype] for shape in SHAPES for dtype in DTYPES)
+
+
+def starts(function: str) -> dict[tuple[int, ...], int]:
+    """Where each shape's inputs for ``function`` start among a rank's drawn values."""
+    offsets, at = {}, FUNCTIONS.index(function) * CASE_VALUES
     for shape in SHAPES:
         offsets[shape] = at
         at += numel(shape)
     return offsets
-
-
-DRAWN = sum(numel(shape) for shape in SHAPES)  # values drawn for each rank
 
 
 def case_name(shape: tuple[int, ...] | list[int], dtype: str) -> str:
