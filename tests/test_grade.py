@@ -30,8 +30,9 @@ from lab.core.plan import Options
 from lab.errors import UsageError
 from lab.grading.feedback import feedback
 from lab.grading.grade import Grade, Gradebook, Submission, find_submissions, grade_all
-from lab.grading.places import one_user_hosts, split_inventory
+from lab.grading.places import Hosts, one_user_hosts, split_inventory
 from lab.grading.sandbox import IMAGE, LOG_MAX, ROLE_NAME, Limits, Sandbox, ensure_sandbox_image
+from lab.inventory.hosts import local_inventory
 from lab.inventory.model import Host, Inventory
 from lab.suite import registry
 
@@ -207,6 +208,62 @@ def test_a_submission_the_lab_fails_on_is_a_row_that_says_so_and_the_class_goes_
     assert {row["reason"] for row in rows.values()} == {
         "not graded: internal error (OverflowError: int too large to convert to float)"}
     assert not any(g.graded for g in book.grades.values()) and {g.exit_code for g in book.grades.values()} == {5}
+
+
+@pytest.mark.local
+def test_a_place_not_back_to_nothing_takes_no_other_submission_and_the_last_one_out_leaves_rows_that_say_so(
+        tmp_path: Path) -> None:
+    """Real runs on a local cluster (``--sandbox none``), whose place says what stayed after each
+    submission: that place grades no other, the rest go to the places left, a line says why, and
+    once none is left every submission not graded is a row that says so."""
+    root = tmp_path / "class"
+    root.mkdir()
+    for student in ("ann", "ben", "cat", "dan"):
+        (root / f"{student}.py").write_text((CLASS / "heidi.py").read_text())  # (a syntax error: a quick row)
+    submissions = find_submissions(root, "ring_allreduce")
+    options = Options((registry.EXERCISES["ring-allreduce"],), timeout=15)
+    place = Hosts(local_inventory(2))
+
+    class Stays:
+        def __init__(self, what: str) -> None:
+            self.what = what
+
+        def __call__(self) -> Stays:
+            return self
+
+        def __enter__(self) -> Hosts:
+            return replace_unclean(place, self.what)
+
+        def __exit__(self, *_: object) -> None:
+            pass
+
+    said: list[str] = []
+    book = Gradebook(tmp_path / "one", [s.student for s in submissions], {})
+    grade_all(submissions, options, [Stays("node1: its memory group holds 900 MB"), Stays("")], book,  # type: ignore[list-item]
+              say=said.append)
+    rows = read_grades(tmp_path / "one")
+    assert {row["verdict"] for row in rows.values()} == {"error"} and all(g.graded for g in book.grades.values())
+    assert len(said) == 1 and said[0].startswith("a place taken out of the class after ")
+    assert said[0].endswith("'s submission: node1: its memory group holds 900 MB") and book.notes == said
+    book = Gradebook(tmp_path / "none", [s.student for s in submissions], {})
+    grade_all(submissions, options, [Stays("node1: 2 file(s) of share1 in /tmp stayed")], book,  # type: ignore[list-item]
+              say=print)
+    rows = read_grades(tmp_path / "none")
+    graded = [g for g in book.grades.values() if g.graded]
+    assert len(rows) == 4 and len(graded) == 1
+    assert {g.reason for g in book.grades.values() if not g.graded} == {
+        f"not graded: every place was taken out of the class (a place taken out of the class after "
+        f"{graded[0].student}'s submission: node1: 2 file(s) of share1 in /tmp stayed)"}
+    assert {g.exit_code for g in book.grades.values() if not g.graded} == {5}
+
+
+def replace_unclean(place: Hosts, what: str) -> Hosts:
+    """``place``, saying ``what`` stayed after each submission."""
+    class Unclean(Hosts):
+        def unclean(self) -> str:
+            return what
+
+    return Unclean(place.inventory, place.ssh, place.lab)
 
 
 def test_links_and_files_outside_the_folder_are_refused_never_run_as_the_students(tmp_path: Path) -> None:

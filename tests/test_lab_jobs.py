@@ -89,6 +89,29 @@ def test_the_docker_transport_runs_ranks_by_docker_exec(jobs: Jobs, tmp_path: Pa
     assert_no_workers_anywhere(jobs.topology)
 
 
+# As root on a host: what of the share users is still there (a file of theirs anywhere they may write, a System V
+# IPC object they own or made, memory over 32 MB still charged to a share's group), one line each.
+SHARE_REMAINS = r"""
+users=$(seq -f 'share%g' 8 | tr '\n' ' ')
+for u in $users; do
+  uid=$(id -u "$u" 2>/dev/null) || continue
+  find /tmp /var/tmp /dev/shm /shared -xdev -mindepth 1 -user "$u" -printf "file: %p\n" 2>/dev/null | head -3
+  for f in /proc/sysvipc/shm /proc/sysvipc/sem /proc/sysvipc/msg; do
+    awk -v uid="$uid" -v u="$u" 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
+      $c["uid"] == uid || $c["cuid"] == uid { print "ipc: " u " " FILENAME " " $2 }' "$f"
+  done
+  m=/run/lab-groups/memory/$u/memory.usage_in_bytes
+  [ ! -r "$m" ] || [ "$(cat "$m")" -le $((32 << 20)) ] || echo "memory: $u holds $(cat "$m") bytes"
+done
+"""
+
+
+def share_remains(container: str) -> str:
+    """What the share users left on a lab host, as root there sees it ("" when nothing)."""
+    return subprocess.run(["docker", "exec", "-u", "root", container, "sh", "-c", SHARE_REMAINS],
+                          capture_output=True, text=True, timeout=60).stdout.strip()
+
+
 def test_a_class_graded_across_the_lab_two_shares_at_once(jobs: Jobs, tmp_path: Path) -> None:
     """`lab grade --hosts`: the 4 hosts split in two shares of 2 ranks, a submission on each at
     once; the memory hog stopped by its rank's limit, the fork bomb by its share user's, the
@@ -118,6 +141,10 @@ def test_a_class_graded_across_the_lab_two_shares_at_once(jobs: Jobs, tmp_path: 
     # (a fail of hers, not a lost host), and she, who outlives her own signal, is swept
     (submissions / "kate.py").write_text((CLASS.parent / "hosts" / "kate.py").read_text())
     expected["kate"] = ("fail", "was killed by a signal or lost its connection (no exit status) during ring-allreduce")
+    # nina leaves unreadable folders of memory in /tmp and on the shared volume and a shared memory segment:
+    # root's sweep takes them all, and her share grades the next submission as if she had never been
+    (submissions / "nina.py").write_text((CLASS.parent / "hosts" / "nina.py").read_text())
+    expected["nina"] = ("pass", "")
     out = tmp_path / "book"
     result = jobs.lab("grade", str(submissions), "--exercise", "ring-allreduce", "--hosts", str(jobs.inventory),
                       "--parallel", "2", "--timeout", "15", "--memory", "768", "--out", str(out), timeout=600)
@@ -127,10 +154,12 @@ def test_a_class_graded_across_the_lab_two_shares_at_once(jobs: Jobs, tmp_path: 
     for student, (_, words) in expected.items():
         assert words in grades[student]["reason"], grades[student]
     assert_no_workers_anywhere(jobs.topology)
+    assert "taken out" not in result.out, result.out
     for i in jobs.topology.indices():
         left = subprocess.run(["docker", "exec", jobs.topology.container(i), "pgrep", "-af", "sleep 90[07]"],
                               capture_output=True, text=True, timeout=30).stdout
         assert left.strip() == "", f"{jobs.topology.container(i)}: {left}"
+        assert share_remains(jobs.topology.container(i)) == "", jobs.topology.container(i)
     # nor can a submission leave a file in the lab user's home for the next one (a .bashrc...)
     planted = subprocess.run(["docker", "exec", "--user", "lab", jobs.topology.container(1), "sh", "-c",
                               "echo exit >> ~/.bashrc"], capture_output=True, text=True, timeout=30)

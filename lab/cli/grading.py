@@ -102,7 +102,8 @@ def cmd_grade(args: argparse.Namespace) -> int:
                 book.note(note)
                 console.print(f"note: {note}", style="yellow")
             with views.grading_progress(console, request.exercise.name, len(todo)) as graded:
-                grade_all(todo, request.options(), places.makers, book, settings, request.wall, on_graded=graded)
+                grade_all(todo, request.options(), places.makers, book, settings, request.wall, on_graded=graded,
+                          say=lambda line: console.print(f"note: {line}", style="yellow"))
     grades = list(book.grades.values())
     views.print_gradebook(console, grades)
     views.print_written(console, book.csv_path, len(grades), book.out / "junit")

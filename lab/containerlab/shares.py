@@ -38,13 +38,14 @@ says so on the host, written by root after both: the host's network namespace
 (``/proc/self/ns/net``), so that a host restarted since (a new namespace, no filter, no groups)
 no longer shows it. ``lab grade`` runs shares at once only on hosts that show it (:data:`CHECK`),
 and sets both itself on the hosts of a lab of this machine's engine that do not show it yet
-(:func:`keep_apart_on_lab_of`: once, about a second, paid by grading rather than by every
+(:func:`keep_apart`: once, about a second, paid by grading rather than by every
 ``lab up``); elsewhere it grades one share at a time, and says why.
 """
 from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import docker
 from docker.errors import DockerException
@@ -87,22 +88,28 @@ def filter_script(users: tuple[str, ...] = GRADE_USERS) -> str:
     return " && ".join([f"printf %s {shlex.quote(batch)} | iptables-restore -w 5 --noflush", *jumps])
 
 
-def keep_apart_on_lab_of(shares_at: Mapping[str, int], isolate_now: bool) -> str | None:
-    """On the lab of this machine's engine whose hosts have the addresses of ``shares_at`` (an
-    inventory's: address -> how many shares run there at once), if there is one and an engine
-    answers: set the filter and the share groups (``isolate_now``), then give each share on a host
-    its part of the host's memory. The lab's name, else None."""
+def lab_of(addresses: list[str]) -> str | None:
+    """The lab of this machine's engine whose hosts have ``addresses`` (an inventory's), if there is
+    one and an engine answers."""
     try:
-        client = engine.client()
-        name = containers.lab_with_hosts(client, list(shares_at))
-        if name is not None:
-            topology = containers.running_topology(client, name)
-            if isolate_now:
-                isolate(client, topology)
-            share_memory(client, topology, {i: shares_at.get(topology.address(i), 0) for i in topology.indices()})
-        return name
+        return containers.lab_with_hosts(engine.client(), addresses)
     except (EngineError, DockerException):
         return None
+
+
+def keep_apart(lab: str, shares_at: Mapping[str, int], isolate_now: bool) -> bool:
+    """On the hosts of ``lab`` (``shares_at``: a host's address -> how many shares run there at once):
+    set the filter and the share groups (``isolate_now``), then give each share on a host its part of
+    the host's memory. Whether the engine did."""
+    try:
+        client = engine.client()
+        topology = containers.running_topology(client, lab)
+        if isolate_now:
+            isolate(client, topology)
+        share_memory(client, topology, {i: shares_at.get(topology.address(i), 0) for i in topology.indices()})
+        return True
+    except (EngineError, DockerException):
+        return False
 
 
 def isolate(client: docker.DockerClient, topology: Topology) -> None:
@@ -155,3 +162,86 @@ def share_memory(client: docker.DockerClient, topology: Topology, shares_at: Map
                 f"echo {part} > {GROUPS}/memory/{u}/memory.limit_in_bytes" for u in GRADE_USERS))
 
     each(one, [i for i in topology.indices() if shares_at.get(i)])
+
+
+SWEEP_TIMEOUT = 20  # seconds root's sweep of one share on one host may take
+CLEAN_BYTES = 32 << 20  # what a share's memory group may still hold once swept (the kernel's own), at most
+# sh, with $uid (and $u, the user's name) set and $as_user the prefix that runs a command as that user:
+# the System V IPC objects the user owns or made (shared memory, semaphores, queues), each removed as the
+# user (the owner or the maker may; a student's shmctl can hand the ownership to another), one line each.
+IPC_SWEEP = r"""
+for kind in shm:m:shmid sem:s:semid msg:q:msqid; do
+  f=/proc/sysvipc/${kind%%:*}; flag=${kind#*:}; flag=${flag%%:*}
+  [ -r "$f" ] || continue
+  awk -v uid="$uid" -v key="${kind##*:}" 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
+    $c["uid"] == uid || $c["cuid"] == uid { print $c[key] }' "$f" | while read -r id; do
+    $as_user ipcrm "-$flag" "$id" 2>/dev/null && echo "removed: ipc $flag $id of $u"
+  done
+done
+"""
+# As root on a host, after a submission of share user $1 (the folders it may write follow): every
+# process in the share's groups, and of its user, killed until none is left; every file of the user's in the host's
+# temporary folders and the given ones removed, a folder made unreadable first made root's (root
+# here has no right to override a file's mode: chown, then chmod as its owner), the user's group as
+# its group, so that it is known for the user's; the System V IPC objects the user owns or made
+# removed (as the user: root here may not, and none of its processes is left to race it); the
+# share's memory group emptied of what it can give back, and what it still holds said.
+ROOT_SWEEP = r"""
+u=$1; shift; uid=$(id -u "$u") || exit 1; g=$(id -gn "$u")
+procs() { { cat GROUPS/*/"$u"/cgroup.procs; pgrep -U "$uid"; } 2>/dev/null | sort -u; }
+round=0
+while [ -n "$(procs)" ] && [ "$round" -lt 200 ]; do kill -9 $(procs) 2>/dev/null; round=$((round + 1)); sleep 0.02; done
+[ -z "$(procs)" ] || echo "survived: $(procs | wc -l) process(es) of $u"
+for d in /tmp /var/tmp /dev/shm "$@"; do
+  [ -d "$d" ] || continue
+  find "$d" -xdev -mindepth 1 -user "$u" -type d -exec chown "root:$g" {} \; -exec chmod 700 {} \; 2>/dev/null
+  n=$(find "$d" -xdev -mindepth 1 \( -user "$u" -o \( -user 0 -group "$g" \) \) -print -delete 2>/dev/null | wc -l)
+  [ "$n" = 0 ] || echo "removed: $n file(s) of $u in $d"
+  n=$(find "$d" -xdev -mindepth 1 \( -user "$u" -o \( -user 0 -group "$g" \) \) 2>/dev/null | wc -l)
+  [ "$n" = 0 ] || echo "stayed: $n file(s) of $u in $d"
+done
+as_user="setpriv --reuid=$u --regid=$g --clear-groups"
+IPC_SWEEP
+m=GROUPS/memory/$u
+if [ -d "$m" ]; then
+  echo 0 > "$m/memory.force_empty" 2>/dev/null
+  echo "memory: $(cat "$m/memory.usage_in_bytes")"
+fi
+true
+""".replace("GROUPS", GROUPS).replace("IPC_SWEEP", IPC_SWEEP)
+
+
+@dataclass(frozen=True)
+class Swept:
+    """What root's sweep of a share found on one host (:data:`ROOT_SWEEP`)."""
+
+    lines: tuple[str, ...]  # what it removed, and what stayed ("survived: ...", "stayed: ...")
+    memory: int | None  # bytes the share's memory group still holds (None: the host has no such group)
+
+    @property
+    def unclean(self) -> str:
+        """Why the share is not back to nothing on this host ("" when it is)."""
+        stayed = [line.split(": ", 1)[1] for line in self.lines if line.startswith(("survived: ", "stayed: "))]
+        if self.memory is not None and self.memory > CLEAN_BYTES:
+            stayed.append(f"its memory group holds {self.memory >> 20} MB")
+        return "; ".join(stayed)
+
+
+def sweep_share(client: docker.DockerClient, topology: Topology, i: int, user: str,
+                folders: tuple[str, ...] = ()) -> Swept:
+    """Root's sweep of share user ``user`` on host i (:data:`ROOT_SWEEP`), ``folders`` besides the
+    temporary ones (the shared folder); one line naming the host when it cannot run."""
+    host = helper.running_host(client, topology, i)
+    argv = ["timeout", "-s", "KILL", str(SWEEP_TIMEOUT), "sh", "-c", ROOT_SWEEP, "sh", user, *folders]
+    try:
+        code, out = host.exec_run(argv, user="root")
+    except DockerException as exc:
+        raise EngineError(f"host {topology.name(i)}: cannot sweep share {user}: {exc}") from None
+    lines = bytes(out).decode("utf-8", "replace").splitlines()
+    if code != 0:
+        raise EngineError(f"host {topology.name(i)}: the sweep of share {user} ended with status {code}"
+                          + (f": {lines[-1]}" if lines else ""))
+    memory = next((int(line.split()[1]) for line in lines if line.startswith("memory: ")
+                   and line.split()[1].isdigit()), None)
+    return Swept(tuple(line for line in lines if not line.startswith("memory: ")), memory)
+

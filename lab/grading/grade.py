@@ -338,10 +338,12 @@ def _replace(path: Path, text: str) -> None:
 
 def grade_all(submissions: Sequence[Submission], options: Options, places: Sequence[PlaceMaker],
               book: Gradebook, ssh: SSHSettings | None = None, wall: float | None = None,
-              on_graded: Callable[[Grade], None] = lambda _: None) -> None:
+              on_graded: Callable[[Grade], None] = lambda _: None, say: Callable[[str], None] = lambda _: None) -> None:
     """Grade every submission, one at a time on each place, all places at once, each grade into
-    ``book`` as it ends. Ctrl-C (KeyboardInterrupt in the calling thread) stops every run; the
-    book keeps what was graded."""
+    ``book`` as it ends. A place that is not back to nothing after a submission (``Place.unclean``)
+    takes no other: the book notes it and ``say`` says it, and where none is left, every submission
+    not yet graded is a row saying so. Ctrl-C (KeyboardInterrupt in the calling thread) stops every
+    run; the book keeps what was graded."""
     todo: queue.Queue[Submission] = queue.Queue()
     for submission in submissions:
         todo.put(submission)
@@ -357,8 +359,9 @@ def grade_all(submissions: Sequence[Submission], options: Options, places: Seque
                 return
             started = time.monotonic()
             digest = submission.digest()  # (before the run: the file as it was graded)
+            unclean = ""
             try:
-                grade = grade_one(submission, options, make_place, book, ssh, wall, stop)
+                grade, unclean = grade_one(submission, options, make_place, book, ssh, wall, stop)
             except KeyboardInterrupt:
                 stop.set()
                 return
@@ -369,10 +372,33 @@ def grade_all(submissions: Sequence[Submission], options: Options, places: Seque
             try:
                 book.record(grade, digest)
                 on_graded(grade)
+                if unclean:  # (what stayed would be the next submission's: no other runs there)
+                    take_out(f"a place taken out of the class after {submission.student}'s submission: {unclean}")
+                    return
             except BaseException as exc:
                 broke.append(exc)
                 stop.set()
                 return
+
+    out: list[str] = []  # the places taken out, one line each
+    taking_out = threading.Lock()
+
+    def take_out(line: str) -> None:
+        book.note(line)
+        say(line)
+        with taking_out:
+            out.append(line)
+            if len(out) < len(places):
+                return
+        while not stop.is_set():  # (the last place is out: every submission left is a row that says why)
+            try:
+                left = todo.get_nowait()
+            except queue.Empty:
+                return
+            book.record(Grade(left.student, options.exercises[0].name, "error",
+                              f"not graded: every place was taken out of the class ({line})", 0.0, graded=False,
+                              exit_code=ExitCode.RUN_ERROR), left.digest())
+            on_graded(book.grades[left.student])
 
     threads = [threading.Thread(target=work, args=(p,), name=f"lab-grade-{i}", daemon=True)
                for i, p in enumerate(places)]
@@ -399,13 +425,14 @@ def internal_error(submission: Submission, exercise: str, exc: Exception, second
 
 
 def grade_one(submission: Submission, options: Options, make_place: PlaceMaker, book: Gradebook,
-              ssh: SSHSettings | None, wall: float | None, stop: threading.Event) -> Grade:
+              ssh: SSHSettings | None, wall: float | None, stop: threading.Event) -> tuple[Grade, str]:
+    """One submission's grade, and why its place is not back to nothing after it ("" when it is)."""
     exercise = options.exercises[0].name
     started = time.monotonic()
     if submission.path is None:
         book.write_feedback(submission.student, feedback(submission.student, exercise, "error", 0.0,
                                                          submission.problem))
-        return Grade(submission.student, exercise, "error", submission.problem, 0.0)
+        return Grade(submission.student, exercise, "error", submission.problem, 0.0), ""
     try:
         with make_place() as place:
             plan = build_plan(place.inventory, replace(options, solution=str(submission.path.resolve()),
@@ -413,9 +440,10 @@ def grade_one(submission: Submission, options: Options, make_place: PlaceMaker, 
                                                        wire=place.wire))
             outcome = run_plan(plan, ssh=ssh, wall=wall, stop=stop)
             kills, left = place.memory_kills(), place.leftovers()
+            unclean = place.unclean()
     except LabError as exc:
         return Grade(submission.student, exercise, "error", f"not graded: {exc}".splitlines()[0],
-                     time.monotonic() - started, graded=False, exit_code=exc.exit_code)
+                     time.monotonic() - started, graded=False, exit_code=exc.exit_code), ""
     reports = judge(outcome)
     book.junit_path(submission.student).write_bytes(to_junit(outcome, reports, suite_name=submission.student))
     verdict, reason = _verdict(outcome, reports)
@@ -433,7 +461,7 @@ def grade_one(submission: Submission, options: Options, make_place: PlaceMaker, 
                   parts=tuple((p.name, p.passed) for p in report.parts) if report else (), seed=outcome.plan.seed)
     book.write_feedback(submission.student, feedback(submission.student, exercise, verdict, grade.score, reason,
                                                      report, outcome))
-    return grade
+    return grade, unclean
 
 
 def _verdict(outcome: RunOutcome, reports: list[ExerciseReport]) -> tuple[GradeVerdict, str]:

@@ -17,8 +17,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal, Protocol
 
-from lab.containerlab import engine, shares
-from lab.containerlab.engine import Say
+from docker.errors import DockerException
+
+from lab.containerlab import containers, engine, shares
+from lab.containerlab.engine import EngineError, Say
 from lab.containerlab.image import Progress
 from lab.containerlab.topology import DEFAULT_LAB, LabPaths, default_inventory
 from lab.core.plan import DEFAULT_TIMEOUT, Backend, Options
@@ -62,6 +64,11 @@ class Place(Protocol):
         """Which of a host's TCP sockets are the submission's (lab.rank.wire), for each host's launcher to
         measure what they carried; None where others' are among them (a user every share shares)."""
 
+    def unclean(self) -> str:
+        """Why this place is not back to nothing once the submission's run and :meth:`leftovers` are
+        done (files it could not remove, memory still charged to it): then no later submission may run
+        there. "" when it is."""
+
 
 @dataclass(frozen=True)
 class Hosts:
@@ -71,6 +78,7 @@ class Hosts:
 
     inventory: Inventory
     ssh: SSHSettings | None = None
+    lab: str | None = None  # the lab of this machine's engine whose hosts these are: root sweeps its shares
 
     def memory_kills(self) -> int:
         return 0
@@ -95,13 +103,27 @@ class Hosts:
             lines += found if isinstance(found, list) else [f"{name}: could not look: {found}"]
         return lines
 
+    def unclean(self) -> str:
+        """On a lab's hosts, root's sweep of the share (lab.containerlab.shares.ROOT_SWEEP: what the share
+        user's own could not reach, a folder it made unreadable, its IPC objects) and what its memory
+        group still holds after it; elsewhere what the share's memory group holds, where the host has
+        one. Each host where something stayed, with what."""
+        own = self._own_hosts
+        if not own:
+            return ""
+        found = _root_swept(self.lab, own) if self.lab is not None else \
+            for_each_host({h.name: h for h in own}, lambda h: _memory_held(h, self.ssh))
+        return "; ".join(f"{name}: {why if isinstance(why, str) else f'could not sweep: {why}'}"
+                         for name, why in sorted(found.items()) if why)
+
 
 SWEEP_TIMEOUT = 20.0  # seconds for a host to stop a share user's processes and look again
 # As the share user: every process of its own but this command's ancestors (its SSH session) is
 # what a submission left, found in /proc and in the share's groups (which list those /proc hides
 # from their own user: lab.containerlab.shares); each is named and killed, its files in the
-# temporary folders (and the shared folder, the script's arguments) removed, then whatever
-# process is still there is named again.
+# temporary folders (and the shared folder, the script's arguments) removed (a folder it made
+# unreadable opened first: it is the user's own), its System V IPC objects too, then whatever
+# process is still there is named again. (On a lab's hosts root's sweep follows: Hosts.unclean.)
 SWEEP = r"""
 keep=" "; p=$$
 while [ -n "$p" ] && [ "$p" -gt 1 ]; do
@@ -118,7 +140,10 @@ for pid in $(mine); do
   kill -9 "$pid" 2>/dev/null && killed="$killed$pid " && echo "left: $name (pid $pid)"
 done
 sleep 0.3
+find /tmp /var/tmp /dev/shm "$@" -xdev -mindepth 1 -user "$(id -u)" -type d -exec chmod u+rwx {} \; 2>/dev/null
 find /tmp /var/tmp /dev/shm "$@" -xdev -mindepth 1 -user "$(id -u)" -delete 2>/dev/null
+uid=$(id -u); u=$(id -un); as_user=
+IPC_SWEEP
 said=" "
 for pid in $(mine); do
   case "$keep$said" in *" $pid "*) continue ;; esac
@@ -128,7 +153,7 @@ for pid in $(mine); do
   echo "survived: pid $pid ($(cat "/proc/$pid/comm" 2>/dev/null || echo hidden))"
 done
 true
-""".replace("GROUPS", shares.GROUPS)
+""".replace("GROUPS", shares.GROUPS).replace("IPC_SWEEP", shares.IPC_SWEEP)
 
 
 def _sh(host: Host, ssh: SSHSettings | None, script: str, timeout: float, *args: str) -> tuple[int | None, str]:
@@ -150,11 +175,46 @@ def _sweep(host: Host, ssh: SSHSettings | None) -> list[str]:
             f"{host.name}: {line.replace('survived: ', 'could not stop ', 1)}" for line in lines]
 
 
+def _root_swept(lab: str, hosts: list[Host]) -> dict[str, str | BaseException]:
+    """Root's sweep of each host's share user on the lab's hosts (by the engine): host -> what stayed."""
+    try:
+        client = engine.client()
+        topology = containers.running_topology(client, lab)
+    except (EngineError, DockerException) as exc:
+        return {h.name: exc for h in hosts}
+    index = {topology.address(i): i for i in topology.indices()}
+
+    def one(host: Host) -> str | BaseException:
+        if host.address not in index:
+            return f"not a host of lab {lab}"
+        try:
+            return shares.sweep_share(client, topology, index[host.address], host.user or "",
+                                      (host.shared_dir,) if host.shared_dir else ()).unclean
+        except EngineError as exc:
+            return exc
+
+    return dict(zip([h.name for h in hosts], engine.each(one, hosts)))
+
+
+# As the share user: the bytes its memory group still holds that no process is using (its tmpfs files, shared
+# memory) and that its processes held (none should be left); nothing where the host has no such group.
+MEMORY_HELD = f"cat {shares.GROUPS}/memory/\"$(id -un)\"/memory.stat 2>/dev/null || true"
+
+
+def _memory_held(host: Host, ssh: SSHSettings | None) -> str:
+    status, output = _sh(host, ssh, MEMORY_HELD, SWEEP_TIMEOUT)
+    if status is None:
+        return f"could not look: no answer within {SWEEP_TIMEOUT:g}s"
+    held = sum(int(n) for key, n in (line.split()[:2] for line in output.splitlines() if len(line.split()) >= 2)
+               if key in ("total_rss", "total_shmem") and n.isdigit())
+    return f"its memory group holds {held >> 20} MB" if held > shares.CLEAN_BYTES else ""
+
+
 PlaceMaker = Callable[[], AbstractContextManager[Place]]  # a fresh place for each submission
 
 
-def fixed(inventory: Inventory, ssh: SSHSettings | None = None) -> PlaceMaker:
-    return lambda: contextlib.nullcontext(Hosts(inventory, ssh))
+def fixed(inventory: Inventory, ssh: SSHSettings | None = None, lab: str | None = None) -> PlaceMaker:
+    return lambda: contextlib.nullcontext(Hosts(inventory, ssh, lab))
 
 
 # -- sharing the cluster ----------------------------------------------------------------------
@@ -294,13 +354,14 @@ def places_for(request: GradeRequest, ssh: SSHSettings, say: Say, working: Worki
         split = split_inventory(inventory, request.parallel, request.exercise.min_ranks)
         found = sharing(inventory, ssh) if request.parallel > 1 else Sharing([], [])
         shares_at = {h.name: sum(h.name in {x.name for x in share.hosts} for share in split) for h in inventory.hosts}
-        if request.parallel > 1:
-            lab = shares.keep_apart_on_lab_of({h.address: shares_at[h.name] for h in inventory.hosts},
-                                              isolate_now=bool(found.unisolated))
-            if lab is not None and found.unisolated:
+        lab = shares.lab_of([h.address for h in inventory.hosts])  # (its root sweeps each share's hosts)
+        if request.parallel > 1 and lab is not None:
+            kept_apart = shares.keep_apart(lab, {h.address: shares_at[h.name] for h in inventory.hosts},
+                                           isolate_now=bool(found.unisolated))
+            if kept_apart and found.unisolated:
                 say(f"set the packet filter and the share groups that keep shares apart on the hosts of lab {lab}")
                 found = sharing(inventory, ssh)
-        makers = [fixed(share, ssh) for share in split][:1 if found.unisolated else None]
+        makers = [fixed(share, ssh, lab) for share in split][:1 if found.unisolated else None]
         crowded = [name for name, count in shares_at.items() if count > 1 and name in found.ungrouped]
         yield Places(makers, one_user_hosts(inventory), len(makers) > 1, found.unisolated,
                      crowded if len(makers) > 1 else [])

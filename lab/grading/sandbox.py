@@ -123,6 +123,10 @@ class Sandbox:
         """Nothing: whatever the submission started goes with the sandbox."""
         return []
 
+    def unclean(self) -> str:
+        """Nothing stays: the sandbox goes after each submission, its files and memory with it."""
+        return ""
+
     @property
     def own_users(self) -> bool:
         """No: every sandbox runs as ``nobody`` (its processes are bounded by the container's pids limit)."""
