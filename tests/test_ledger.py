@@ -82,6 +82,19 @@ def test_a_step_has_the_timeout_and_an_exercise_a_deadline_no_later_step_moves()
     assert run.late(1.0 + TIMEOUT + 1) == [0, 2]  # rank 1 reported and waits at the barrier: its step is 21 s old
 
 
+def test_a_job_runs_as_long_as_its_timeout_says_and_with_none_for_ever() -> None:
+    """`lab launch` has no wall-clock limit unless --timeout gives one: a job may train for days (what
+    stops a job that hangs is the hang rule, a lost host its keepalives)."""
+    for timeout, late_at in ((30.0, 32.0), (0.0, None)):
+        run = Ledger(build_launch_plan(local_inventory(2), "train.py", (), timeout), 0.0)
+        run.begin(0.0)
+        for rank in range(2):
+            send(run, 1.0, "hello", rank, pid=100 + rank, hostname="local", local_rank=rank)
+        assert run.late(29.0) == []
+        assert run.late(32.0) == ([0, 1] if late_at else [])
+        assert run.late(7 * 24 * 3600.0) == ([0, 1] if late_at else [])  # (a week)
+
+
 def test_the_labs_own_steps_count_only_time_in_which_nothing_of_the_run_moved() -> None:
     """A busy machine slows start-up: its timeout counts from the last news of any rank, and a
     start-up's CPU seconds growing is news; CPU seconds past the timeout are late anyway."""

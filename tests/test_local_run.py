@@ -253,6 +253,7 @@ def test_list_names_every_exercise(lab: Lab) -> None:
     (("run", "nope"), "unknown exercise 'nope'"),
     (("run", "p2p", "--nproc", "0"), "--nproc must be at least 1"),
     (("run", "p2p", "--timeout", "-1"), "--timeout must be positive"),
+    (("launch", "--timeout", "-1", str(WRONG / "p2p_crashes.py")), "--timeout must be 0 (no limit) or more"),
     (("run", "p2p", "broadcast", "--solution", str(WRONG / "p2p_crashes.py")), "exactly one exercise"),
     (("run", "p2p", "--solution", "/no/such/file.py"), "not a readable .py file"),
     (("run", "p2p", "--backend", "mpi"), "invalid choice"),

@@ -46,8 +46,6 @@ from lab.jobs import submit as batch
 from lab.transport.reach import with_master_address
 from lab.transport.ssh.connections import SSHSettings
 
-DEFAULT_LAUNCH_TIMEOUT = 3600.0  # seconds a `launch` may run unless --timeout says otherwise
-
 
 def add_list(commands: Commands) -> None:
     commands.add_parser("list", help="list the exercises, one line each").set_defaults(handler=cmd_list)
@@ -177,8 +175,9 @@ def add_launch(commands: Commands) -> None:
                     "The tutorials' torchrun scripts run unchanged.")
     cluster_options(launch)
     launcher_option(launch)
-    launch.add_argument("--timeout", type=float, default=DEFAULT_LAUNCH_TIMEOUT, metavar="SECONDS",
-                        help=f"stop the job when it runs longer (default {DEFAULT_LAUNCH_TIMEOUT:g}: an hour)")
+    launch.add_argument("--timeout", type=float, default=0.0, metavar="SECONDS",
+                        help="stop the job when it runs longer (default 0: never; a job that hangs is stopped "
+                             "by --hang-after, a lost host by its keepalives)")
     watch_options(launch)
     record_options(launch)
     launch.add_argument("--json", action="store_true", help="print how the job ended, its cause and each rank "
@@ -222,7 +221,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
         root = Path(args.workdir) if args.workdir else script.resolve().parent
         if args.workdir and not script.resolve().is_relative_to(root.resolve()):
             raise UsageError(f"{args.script}: not inside --workdir {args.workdir}")
-    check_timeout(args.timeout)
+    if args.timeout < 0:
+        raise UsageError(f"--timeout must be 0 (no limit) or more, got {args.timeout:g}")
     check_records(args)
     if args.max_restarts < 0:
         raise UsageError(f"--max-restarts must be 0 or more, got {args.max_restarts}")

@@ -339,7 +339,9 @@ class Ledger:
         start-up's CPU seconds grown: a rank starting slowly holds the others' rendezvous up, not
         back), and a start-up that used more CPU seconds than the timeout is late too."""
         timeout = self.plan.timeout
-        if self.plan.is_launch or not state.step.before_program:
+        if self.plan.is_launch:  # (a job's bound, when it has one: 0 is none)
+            return bool(timeout) and now - state.step_started > timeout
+        if not state.step.before_program:
             return now - state.step_started > timeout
         return now - max(state.step_started, self.moved_at) > timeout or state.startup_cpu > timeout
 

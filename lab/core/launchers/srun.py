@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, ClassVar
 from lab.core import slurm
 from lab.core.launchers.base import TAG_OUTPUT_VAR, Launcher, rendezvous_env
 from lab.core.launchers.torchrun import torchrun_args
-from lab.core.plan import Launch, Plan, interface_env
+from lab.core.plan import DEFAULT_TIMEOUT, Launch, Plan, interface_env
 from lab.errors import LabError, RunError, UsageError
 from lab.inventory.model import Host
 from lab.rank import node
@@ -28,8 +28,9 @@ SRUN_SAYS = 2  # seconds left, after srun gives up waiting for the nodes, for it
 def srun_wait(timeout: float) -> int:
     """How long srun waits for the nodes (``--immediate``): the run's start-up timeout, less the time
     for srun's word on why it gave up (a drained node...) to arrive before the lab's own timeout ends
-    the run without it; waiting longer for the nodes would be a hang."""
-    return max(1, round(timeout) - SRUN_SAYS)
+    the run without it; waiting longer for the nodes would be a hang. A job with no timeout (0) waits
+    as long as a run's step may."""
+    return max(1, round(timeout or DEFAULT_TIMEOUT) - SRUN_SAYS)
 
 
 class Srun(Launcher):
