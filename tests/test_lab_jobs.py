@@ -213,7 +213,8 @@ def test_torchruns_agents_restart_every_hosts_ranks_and_the_restart_is_said(jobs
     result = jobs.lab("launch", "--hosts", str(jobs.inventory), "--nnodes", "2", "--launcher", "torchrun",
                       "--max-restarts", "1", "--env", "FAILING_ATTEMPTS=1", str(script), timeout=300)
     assert result.code == 0, result.text[-3000:]
-    assert re.search(r"torchrun restarted the ranks \(1 of --max-restarts 1\): rank 1 \(node\d\) raised ValueError: "
+    assert re.search(r"torchrun restarted the ranks \(1 of --max-restarts 1\) after attempt 1 ran \d+\.\ds: rank 1 "
+                     r"\(node\d\) raised ValueError: "
                      r"boom in attempt 0 at flaky.py:6", result.out), result.out
     assert result.out.count("trained in attempt 1") == 2, result.out[-3000:]
     assert_no_workers_anywhere(jobs.topology)

@@ -157,12 +157,15 @@ def test_torchrun_restarts_the_ranks_up_to_max_restarts_and_each_restart_is_said
     [restart] = report["restarts"]  # rank 1 failed first; rank 0 then lost its connection to it
     assert restart["restart"] == 1 and restart["ended"][0] == "rank 1 (local) raised ValueError: boom in attempt 0 " \
                                                                "at flaky.py:6", restart
+    assert report["attempts"] == 2 and 0 < restart["attempt_seconds"] < report["seconds"], report
     assert report["cause"] is None and report["succeeded"] == 2
     assert recovered.err.count("trained in attempt 1") == 2 and "trained in attempt 0" not in recovered.err
     failed = lab(*launch, "--env", "FAILING_ATTEMPTS=2", str(script))  # it fails again after its one restart
     assert failed.code == 1, failed.text
-    assert ("torchrun restarted the ranks (1 of --max-restarts 1): rank 1 (local) raised ValueError: boom in "
-            "attempt 0 at flaky.py:6 (first; 1 more after it)") in failed.out
+    assert re.search(r"torchrun restarted the ranks \(1 of --max-restarts 1\) after attempt 1 ran \d+\.\ds: rank 1 "
+                     r"\(local\) raised ValueError: boom in attempt 0 at flaky.py:6 \(first; 1 more after it\)",
+                     failed.out), failed.out
+    assert "over 2 attempts" in failed.out, failed.out
     assert "Rank 1 (local) failed first: it raised ValueError: boom in attempt 1 at flaky.py:6" in failed.out
     refused = lab("launch", "--nproc", "2", "--max-restarts", "1", str(script))
     assert (refused.code, refused.err.strip()) == (2, "lab: error: --max-restarts 1: only torchrun's agent "

@@ -189,8 +189,9 @@ def test_a_restart_of_torchruns_begins_each_rank_anew_and_says_what_ended_the_at
     hello(run, 9.5, 0, restart=1)
     assert run.states[0].progress is None and len(run.restarts) == 1  # one restart, however many ranks say it
     hello(run, 20.0, 0, restart=2)  # the second restart: no rank said how the attempt before ended
-    assert run.restarts[-1].line(2) == ("torchrun restarted the ranks (2 of --max-restarts 2): no rank said how it "
-                                        "ended (a signal, or before the lab's recorder)")
+    assert run.restarts[-1].line(2) == ("torchrun restarted the ranks (2 of --max-restarts 2) after attempt 2 ran "
+                                        "11.0s: no rank said how it ended (a signal, or before the lab's recorder)")
+    assert [r.seconds for r in run.restarts] == [9.0, 11.0]  # (the first attempt from the run's start)
     assert not any(s.violations for s in run.states)
 
 

@@ -93,6 +93,7 @@ class Ledger:
         self.moved_at = started
         self.cpu_seen: dict[int, float] = {}
         self.restarts: list[Restart] = []  # torchrun's restarts of the ranks (--max-restarts), in order
+        self.attempt_began = started  # when the attempt the ranks are in began (the run, or its last restart)
 
     def begin(self, now: float) -> None:
         """The launches started: every rank's first step (its start-up) begins now."""
@@ -230,7 +231,8 @@ class Ledger:
             self.violation(state, "said hello a second time in one attempt")
             return
         if hello.restart > len(self.restarts):  # the first rank of a new attempt: what ended the one before
-            self.restarts.append(Restart(hello.restart, self._attempt_ended()))
+            self.restarts.append(Restart(hello.restart, self._attempt_ended(), now - self.attempt_began))
+            self.attempt_began = now
         if state.info is not None:
             _begin_anew(state, now)
         state.info = hello

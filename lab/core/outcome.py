@@ -248,17 +248,20 @@ CauseKind = Literal["network", "crash", "rendezvous", "collective-mismatch", "p2
 
 @dataclass(frozen=True)
 class Restart:
-    """torchrun restarted the ranks (``--max-restarts``): which restart (1: the first), and how the
-    ranks of the attempt before ended, as far as they said, in the order they said it (none: no rank said)."""
+    """torchrun restarted the ranks (``--max-restarts``): which restart (1: the first), how long the
+    attempt before ran, and how its ranks ended, as far as they said, in the order they said it (none:
+    no rank said)."""
 
     count: int
     ended: tuple[str, ...]
+    seconds: float = 0.0  # how long the attempt before ran, from its start to the restart
 
     def line(self, limit: int) -> str:
         why = "no rank said how it ended (a signal, or before the lab's recorder)"
         if self.ended:
             why = self.ended[0] + (f" (first; {len(self.ended) - 1} more after it)" if len(self.ended) > 1 else "")
-        return f"torchrun restarted the ranks ({self.count} of --max-restarts {limit}): {why}"
+        return (f"torchrun restarted the ranks ({self.count} of --max-restarts {limit}) after attempt {self.count} "
+                f"ran {self.seconds:.1f}s: {why}")
 
 
 @dataclass

@@ -74,7 +74,9 @@ def launch_json(outcome: RunOutcome, script: str, exit_code: int) -> dict[str, A
     return {"script": script, "exit_code": exit_code, "status": outcome.status, "seconds": round(outcome.seconds, 3),
             "succeeded": sum(s.done for s in outcome.ranks), "world_size": outcome.plan.world_size,
             "cause": outcome.cause.to_json() if outcome.cause else None, "ranks": _ranks(outcome),
-            "restarts": [{"restart": r.count, "ended": list(r.ended)} for r in outcome.restarts]}
+            "attempts": len(outcome.restarts) + 1,
+            "restarts": [{"restart": r.count, "attempt_seconds": round(r.seconds, 3), "ended": list(r.ended)}
+                         for r in outcome.restarts]}
 
 
 def _ranks(outcome: RunOutcome) -> list[dict[str, Any]]:
