@@ -283,6 +283,13 @@ class RunOutcome:
         """The lab stopped it: a hang it found, or a timeout."""
         return self.status in ("hung", "timeout")
 
+    def ended_early(self) -> list[RankState]:
+        """The ranks that ended with status 0 in a job that did not succeed (another rank failed, hung or
+        was lost): no success of theirs, for the job went on without them."""
+        if all(s.done for s in self.ranks):
+            return []
+        return [s for s in self.ranks if s.done]
+
     @property
     def master_port(self) -> int | None:
         """The port rank 0's store (or torchrun's rendezvous) listened on."""

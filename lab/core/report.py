@@ -72,7 +72,8 @@ def to_json(outcome: RunOutcome, reports: list[ExerciseReport], exit_code: int) 
 def launch_json(outcome: RunOutcome, script: str, exit_code: int) -> dict[str, Any]:
     """``lab launch --json``: how the job ended, why (its cause across ranks), and each rank."""
     return {"script": script, "exit_code": exit_code, "status": outcome.status, "seconds": round(outcome.seconds, 3),
-            "succeeded": sum(s.done for s in outcome.ranks), "world_size": outcome.plan.world_size,
+            "succeeded": sum(s.done for s in outcome.ranks) - len(early := outcome.ended_early()),
+            "ended_early": [s.spec.rank for s in early], "world_size": outcome.plan.world_size,
             "cause": outcome.cause.to_json() if outcome.cause else None, "ranks": _ranks(outcome),
             "attempts": len(outcome.restarts) + 1,
             "restarts": [{"restart": r.count, "attempt_seconds": round(r.seconds, 3), "ended": list(r.ended)}

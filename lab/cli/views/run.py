@@ -205,9 +205,17 @@ def print_launch(console: Console, script: str, outcome: RunOutcome, failed: lis
             why = (f"stopped after {plan.timeout:g}s" + (f" at {s.stopped_at}" if s.stopped_at else "")
                    if s.spec.rank in outcome.hung else ended(s.exit_code))
             console.print(Text(f"rank {s.spec.rank} ({s.spec.host}) {why}", style="red"), soft_wrap=True)
+    early = outcome.ended_early()
+    for s in early:
+        how = f"called {s.end.error.removeprefix('SystemExit: ')}" + (f" at {s.end.where}" if s.end.where else "") \
+            if s.end is not None else "its script returned"
+        console.print(Text(printable(f"rank {s.spec.rank} ({s.spec.host}) ended early: {how} (status 0) while the "
+                                     f"job went on without it"), style="yellow"), soft_wrap=True)
     attempts = f" over {len(outcome.restarts) + 1} attempts" if outcome.restarts else ""
-    console.print(Text(f"{script}: {plan.world_size - len(failed)} of {plan.world_size} ranks succeeded "
-                       f"in {outcome.seconds:.1f}s{attempts} ({status(outcome)})", style="bold"), highlight=False)
+    apart = f", {len(early)} ended early" if early else ""
+    console.print(Text(f"{script}: {plan.world_size - len(failed) - len(early)} of {plan.world_size} ranks succeeded"
+                       f"{apart} in {outcome.seconds:.1f}s{attempts} ({status(outcome)})", style="bold"),
+                  highlight=False)
 
 
 def print_job_output(output: str) -> None:
