@@ -254,6 +254,9 @@ def test_list_names_every_exercise(lab: Lab) -> None:
     (("run", "p2p", "--nproc", "0"), "--nproc must be at least 1"),
     (("run", "p2p", "--timeout", "-1"), "--timeout must be positive"),
     (("launch", "--timeout", "-1", str(WRONG / "p2p_crashes.py")), "--timeout must be 0 (no limit) or more"),
+    (("launch", "--node_rank", "1", str(WRONG / "p2p_crashes.py")), "--node_rank: torchrun's flag; the lab starts "
+                                                                     "every host's ranks itself"),
+    (("launch", "--master-port", "29500", str(WRONG / "p2p_crashes.py")), "the lab chooses the rendezvous itself"),
     (("run", "p2p", "broadcast", "--solution", str(WRONG / "p2p_crashes.py")), "exactly one exercise"),
     (("run", "p2p", "--solution", "/no/such/file.py"), "not a readable .py file"),
     (("run", "p2p", "--backend", "mpi"), "invalid choice"),
@@ -265,6 +268,15 @@ def test_bad_input_is_one_line_and_exit_2(lab: Lab, args: tuple[str, ...], fragm
     assert fragment in result.err
     assert len(result.err.strip().splitlines()) == 1, result.err
     assert "Traceback" not in result.err
+
+
+def test_torchruns_own_spelling_of_the_flags_that_mean_the_same_is_understood(lab: Lab, tmp_path: Path) -> None:
+    script = tmp_path / "ranks.py"
+    script.write_text("import os\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'])\n")
+    result = lab("launch", "--standalone", "--nproc_per_node", "2", "--max_restarts", "0", "--log_dir",
+                 str(tmp_path / "logs"), str(script))
+    assert result.code == 0, result.text
+    assert "rank 1 of 2" in result.out and (tmp_path / "logs" / "rank_1.log").exists(), result.text
 
 
 def test_bad_inventory_names_file_and_line(lab: Lab, tmp_path) -> None:

@@ -54,7 +54,7 @@ def cluster_options(parser: argparse.ArgumentParser, shaped: bool = True) -> Non
     parser.add_argument("--nproc", type=int, metavar="N", help=f"ranks of the local cluster (default {DEFAULT_NPROC}); "
                         "with --hosts, the ranks the inventory must have (it is an error when it disagrees)")
     if shaped:
-        parser.add_argument("--nproc-per-node", type=int, metavar="N",
+        parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, metavar="N",
                             help="ranks on each host, as torchrun's: with --hosts, in place of the inventory's slots; "
                                  "without, the local cluster's ranks")
         parser.add_argument("--nnodes", type=int, metavar="N", help="with --hosts: the first N of its hosts, as "

@@ -184,13 +184,13 @@ def add_launch(commands: Commands) -> None:
                         "as JSON on stdout (rank output goes to stderr)")
     launch.add_argument("--keep", action="store_true", help="keep the run directory on every host")
     restarting = [launcher.name for launcher in launchers.LAUNCHERS.values() if launcher.restarts_ranks]
-    launch.add_argument("--max-restarts", type=int, default=0, metavar="N",
+    launch.add_argument("--max-restarts", "--max_restarts", type=int, default=0, metavar="N",
                         help=f"with --launcher {' or '.join(restarting)}: restart every rank up to N times after one "
                              "fails, as torchrun's --max-restarts (default 0); each restart is said, with what "
                              "ended the attempt before it")
-    launch.add_argument("--log-dir", metavar="DIR", help="also write each rank's output to DIR/rank_N.log (its "
-                        "stderr's lines marked [err]), a launcher's to DIR/launcher_HOST.log, and how the job "
-                        "ended to DIR/summary.json")
+    launch.add_argument("--log-dir", "--log_dir", metavar="DIR",
+                        help="also write each rank's output to DIR/rank_N.log (its stderr's lines marked [err]), "
+                             "a launcher's to DIR/launcher_HOST.log, and how the job ended to DIR/summary.json")
     env_options(launch)
     launch.add_argument("--workdir", metavar="DIR", help="the project folder every host gets a copy of, where the "
                         "ranks start (default: the script's folder; with -m, this one)")
@@ -201,12 +201,44 @@ def add_launch(commands: Commands) -> None:
                         help=f"refuse a workdir larger than this (default {workdir.DEFAULT_MAX_MB} MiB)")
     launch.add_argument("-m", "--module", action="store_true",
                         help="SCRIPT is a module of the workdir, run as `python -m` runs it (as torchrun's -m)")
+    torchrun_flags(launch)
     launch.add_argument("script", metavar="SCRIPT.py", help="the script every rank runs (with -m: a module name)")
     launch.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     launch.set_defaults(handler=cmd_launch)
 
 
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
+RENDEZVOUS = ("the lab chooses the rendezvous itself: rank 0's host (the first of --hosts) and a port it holds "
+              "there for the run; to have it reached at another address, give that host master_addr in the inventory")
+# torchrun's own flags that mean nothing, or another thing, under the lab: what the lab does instead
+TORCHRUN_FLAGS = {
+    ("--node-rank", "--node_rank"): "the lab starts every host's ranks itself and numbers the hosts (GROUP_RANK): "
+                                    "run one lab launch, from any machine, with --hosts",
+    ("--rdzv-endpoint", "--rdzv_endpoint"): RENDEZVOUS,
+    ("--master-addr", "--master_addr"): RENDEZVOUS,
+    ("--master-port", "--master_port"): RENDEZVOUS,
+    ("--rdzv-backend", "--rdzv_backend"): "under --launcher torchrun the lab runs torchrun's c10d rendezvous, on "
+                                          "rank 0's host",
+    ("--rdzv-id", "--rdzv_id"): "the lab gives each run a rendezvous id of its own",
+}
+
+
+class _TorchrunFlag(argparse.Action):
+    """One of torchrun's flags the lab answers with its own way (TORCHRUN_FLAGS), as a usage error."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option: str | None = None) -> None:
+        parser.error(f"{option}: torchrun's flag; {self.help}")
+
+
+def torchrun_flags(parser: argparse.ArgumentParser) -> None:
+    """torchrun's flags, understood where they mean what the lab's do (--nproc_per_node, --nnodes,
+    --max_restarts, --log_dir: the lab's own take them), a no-op where the lab does it anyway
+    (--standalone), and answered with the lab's way where they do not."""
+    parser.add_argument("--standalone", action="store_true", help="as torchrun's: nothing to do (a cluster of one "
+                        "machine meets on it without it)")
+    for names, answer in TORCHRUN_FLAGS.items():
+        parser.add_argument(*names, action=_TorchrunFlag, metavar="VALUE", help=answer)
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
