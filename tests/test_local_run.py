@@ -279,6 +279,23 @@ def test_torchruns_own_spelling_of_the_flags_that_mean_the_same_is_understood(la
     assert "rank 1 of 2" in result.out and (tmp_path / "logs" / "rank_1.log").exists(), result.text
 
 
+def test_data_the_ignore_rules_leave_out_is_named_at_launch_and_include_carries_it(lab: Lab, tmp_path: Path) -> None:
+    """A project whose prepared data its .gitignore lists: the launch names what it left out and how to
+    carry it, and --include carries it."""
+    root = tmp_path / "proj"
+    (root / "data").mkdir(parents=True)
+    (root / ".gitignore").write_text("*.bin\n")
+    (root / "data" / "train.bin").write_bytes(b"\0" * 4096)
+    (root / "train.py").write_text("import os\nprint('data', 'found' if os.path.exists('data/train.bin') else "
+                                   "'missing')\n")
+    left = lab("launch", "--nproc", "1", str(root / "train.py"))
+    assert left.code == 0 and "data missing" in left.out, left.text
+    assert ("left out by the workdir's ignore rules (.gitignore), and a program may read them: data/train.bin "
+            "(0.0 MiB); carry them with --include PATTERN (e.g. --include '*.bin')") in left.err, left.err
+    brought = lab("launch", "--nproc", "1", "--include", "*.bin", str(root / "train.py"))
+    assert brought.code == 0 and "data found" in brought.out and "left out" not in brought.err, brought.text
+
+
 def test_bad_inventory_names_file_and_line(lab: Lab, tmp_path) -> None:
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text("all:\n  hosts:\n    a:\n      slots: 0\n")

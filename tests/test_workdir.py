@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,39 @@ def test_a_project_over_the_cap_is_one_line_naming_its_largest_files(tmp_path: P
 def test_a_workdir_that_is_no_folder_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="not a folder"):
         workdir.collect(tmp_path / "nope")
+
+
+NESTED = {"train.py": "", ".gitignore": "*.bin\n*.pkl\nbuild/\n", "x.bin": "", "data/.gitignore": "!*.bin\n",
+          "data/train.bin": "", "data/meta.pkl": "", "build/.gitignore": "!keep.txt\n", "build/keep.txt": ""}
+
+
+def carried(found: workdir.Workdir) -> list[str]:
+    return [r for r, _ in found.files]
+
+
+def test_ignore_rules_are_gits_the_deepest_file_decides_and_a_folder_left_out_keeps_its_files_out(
+        tmp_path: Path) -> None:
+    root = project(tmp_path / "proj", NESTED)
+    # (no repository: the .gitignore files read as git reads them; data/'s negation brings its .bin back)
+    assert carried(workdir.collect(root)) == [".gitignore", "data/.gitignore", "data/train.bin", "train.py"]
+
+
+def test_in_a_git_work_tree_git_itself_says_what_is_left_out(tmp_path: Path) -> None:
+    root = project(tmp_path / "proj", {**NESTED, "notes.md": "", "local.cfg": ""})
+    for command in (["init", "-q"], ["add", "-f", "data/meta.pkl"]):  # (a tracked file is carried, whatever its name)
+        subprocess.run(["git", "-C", str(root), *command], check=True, capture_output=True, timeout=30)
+    (root / ".git" / "info" / "exclude").write_text("local.cfg\n")
+    assert carried(workdir.collect(root)) == [".gitignore", "data/.gitignore", "data/meta.pkl", "data/train.bin",
+                                              "notes.md", "train.py"]
+
+
+def test_include_brings_back_what_the_ignore_rules_leave_out_and_the_data_they_leave_out_is_named(
+        tmp_path: Path) -> None:
+    root = project(tmp_path / "proj", {"train.py": "", ".gitignore": "*.bin\n*.pkl\nout/\n*.log\n",
+                                       "data/train.bin": "x" * 10, "data/meta.pkl": "x", "run.log": "", "out/c.pt": ""})
+    found = workdir.collect(root)
+    assert carried(found) == [".gitignore", "train.py"]
+    assert found.ignored_data == (("data/meta.pkl", 1), ("data/train.bin", 10))  # (not run.log, nor out/ whole)
+    found = workdir.collect(root, includes=("data/*.bin", "out/"), excludes=("*.pt",))
+    assert carried(found) == [".gitignore", "data/train.bin", "train.py"]  # (--exclude wins over --include)
+    assert found.ignored_data == (("data/meta.pkl", 1),)

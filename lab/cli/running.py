@@ -197,6 +197,9 @@ def add_launch(commands: Commands) -> None:
     launch.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
                         help="leave files matching PATTERN (.gitignore's syntax) out of the workdir, as its "
                              ".gitignore files do (repeatable)")
+    launch.add_argument("--include", action="append", default=[], metavar="PATTERN",
+                        help="carry files matching PATTERN (.gitignore's syntax) that the workdir's ignore rules "
+                             "leave out: its data, say (repeatable; --exclude still wins)")
     launch.add_argument("--max-workdir-size", type=float, default=workdir.DEFAULT_MAX_MB, metavar="MB",
                         help=f"refuse a workdir larger than this (default {workdir.DEFAULT_MAX_MB} MiB)")
     launch.add_argument("-m", "--module", action="store_true",
@@ -258,8 +261,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
     check_records(args)
     if args.max_restarts < 0:
         raise UsageError(f"--max-restarts must be 0 or more, got {args.max_restarts}")
-    project = workdir.collect(root, tuple(args.exclude), args.max_workdir_size)
+    project = workdir.collect(root, tuple(args.exclude), args.max_workdir_size, tuple(args.include))
     views.print_skipped(project.root, project.skipped)
+    views.print_ignored_data(project.ignored_data)
     settings = ssh_settings(args)
     inventory = with_master_address(cluster(args), settings)
     console = screen.console(stderr=args.json)

@@ -78,6 +78,18 @@ def print_skipped(root: Path, skipped: Sequence[str]) -> None:
               "read)", file=sys.stderr)
 
 
+def print_ignored_data(ignored: Sequence[tuple[str, int]]) -> None:
+    """One line naming what the workdir's ignore rules left out that the program may read (its data),
+    and how to carry it."""
+    if ignored:
+        shown = ", ".join(f"{path} ({size / 2**20:.1f} MiB)" for path, size in ignored[:4])
+        more = f" and {len(ignored) - 4} more" if len(ignored) > 4 else ""
+        example = next((f"*{Path(p).suffix}" for p, _ in ignored if Path(p).suffix), ignored[0][0])
+        print(printable(f"lab: left out by the workdir's ignore rules (.gitignore), and a program may read them: "
+                        f"{shown}{more}; carry them with --include PATTERN (e.g. --include '{example}')"),
+              file=sys.stderr)
+
+
 def print_reserved(names: Iterable[str]) -> None:
     names = list(names)
     if names:
