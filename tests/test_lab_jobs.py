@@ -205,6 +205,24 @@ def test_a_real_project_runs_across_hosts_under_torchrun(jobs: Jobs, tmp_path: P
     assert_no_workers_anywhere(jobs.topology)
 
 
+def test_data_a_projects_gitignore_lists_is_named_at_launch_and_include_carries_it(jobs: Jobs, tmp_path: Path) -> None:
+    """Prepared data the project's .gitignore lists: the launch says in one line what it left out and
+    how to carry it; with --include the hosts have it."""
+    project = tmp_path / "proj"
+    (project / "data").mkdir(parents=True)
+    (project / ".gitignore").write_text("*.bin\n")
+    (project / "data" / "train.bin").write_bytes(b"\0" * 4096)
+    (project / "train.py").write_text("import os\nprint('data', 'found' if os.path.exists('data/train.bin') else "
+                                      "'missing')\n")
+    launch = ("launch", "--hosts", str(jobs.inventory), "--nnodes", "1", "--nproc-per-node", "1")
+    left = jobs.lab(*launch, str(project / "train.py"), timeout=120)
+    assert left.code == 0 and "data missing" in left.out, left.text[-3000:]
+    assert ("left out by the workdir's ignore rules (.gitignore), and a program may read them: data/train.bin "
+            "(0.0 MiB); carry them with --include PATTERN (e.g. --include '*.bin')") in left.err, left.err
+    brought = jobs.lab(*launch, "--include", "*.bin", str(project / "train.py"), timeout=120)
+    assert brought.code == 0 and "data found" in brought.out and "left out" not in brought.err, brought.text[-3000:]
+
+
 def test_torchruns_agents_restart_every_hosts_ranks_and_the_restart_is_said(jobs: Jobs, tmp_path: Path) -> None:
     """A rank that fails in the first attempt: every host's agent restarts its ranks, the job ends
     well in the second, and the restart is said with the failure that caused it."""

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pty
 import re
+import shutil
 import subprocess
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -13,6 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from lab.core import workdir
+from lab.core.planner import build_launch_plan
+from lab.core.runner import run_plan
+from lab.inventory.hosts import local_inventory
 from lab.suite import registry
 
 from .conftest import DDP_SERIES, REPO, WRONG, Lab, assert_ddp_series_trained
@@ -279,23 +286,6 @@ def test_torchruns_own_spelling_of_the_flags_that_mean_the_same_is_understood(la
     assert "rank 1 of 2" in result.out and (tmp_path / "logs" / "rank_1.log").exists(), result.text
 
 
-def test_data_the_ignore_rules_leave_out_is_named_at_launch_and_include_carries_it(lab: Lab, tmp_path: Path) -> None:
-    """A project whose prepared data its .gitignore lists: the launch names what it left out and how to
-    carry it, and --include carries it."""
-    root = tmp_path / "proj"
-    (root / "data").mkdir(parents=True)
-    (root / ".gitignore").write_text("*.bin\n")
-    (root / "data" / "train.bin").write_bytes(b"\0" * 4096)
-    (root / "train.py").write_text("import os\nprint('data', 'found' if os.path.exists('data/train.bin') else "
-                                   "'missing')\n")
-    left = lab("launch", "--nproc", "1", str(root / "train.py"))
-    assert left.code == 0 and "data missing" in left.out, left.text
-    assert ("left out by the workdir's ignore rules (.gitignore), and a program may read them: data/train.bin "
-            "(0.0 MiB); carry them with --include PATTERN (e.g. --include '*.bin')") in left.err, left.err
-    brought = lab("launch", "--nproc", "1", "--include", "*.bin", str(root / "train.py"))
-    assert brought.code == 0 and "data found" in brought.out and "left out" not in brought.err, brought.text
-
-
 def test_bad_inventory_names_file_and_line(lab: Lab, tmp_path) -> None:
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text("all:\n  hosts:\n    a:\n      slots: 0\n")
@@ -437,10 +427,13 @@ def test_a_launch_says_what_it_is_doing_live_on_a_terminal_and_a_line_a_phase_in
     assert "work.py: 2 of 2 ranks succeeded" in screen.rsplit("\x1b[2K", 1)[-1], screen[-500:]  # the line gone
 
 
-def test_a_project_is_carried_once_and_its_kept_copy_never_written(lab: Lab, tmp_path: Path) -> None:
-    """A second launch of an unchanged project takes the host's kept copy (nothing carried); what
-    the ranks write in their folder stays in their run; a changed file is carried anew; a folder of
-    kept copies that is not safely the user's is not used."""
+def test_a_project_is_carried_once_and_its_kept_copy_never_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """How a launch carries a project to a host that is not this machine (lab.core.workcache), on
+    this machine's own processes: a second launch of an unchanged project takes the host's kept copy
+    (nothing carried); what the ranks write in their folder stays in their run; a changed file is
+    carried anew; a folder of kept copies that is not safely the user's is not used. (Over SSH and
+    on the container lab: test_lab_jobs.py.)"""
     project = tmp_path / "proj"
     project.mkdir()
     (project / "helper.py").write_text("VALUE = 1\n")
@@ -451,14 +444,19 @@ def test_a_project_is_carried_once_and_its_kept_copy_never_written(lab: Lab, tmp
         "open(out, 'w').write('written by a rank')\n")
     temp = tmp_path / "tmp"
     temp.mkdir()
-    env = {**lab.env, "TMPDIR": str(temp)}
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # (this process's own temporary folder: tempfile's cache)
+    caplog.set_level(logging.DEBUG, logger="lab.core")
 
     def launch() -> str:
-        done = subprocess.run(lab.argv("launch", "--nproc", "2", "-v", str(project / "train.py")), cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-        assert done.stdout.count("seen-before False") == 2, done.stdout
-        return done.stdout + done.stderr
+        caplog.clear()
+        lines: list[str] = []
+        plan = build_launch_plan(local_inventory(2), str(project / "train.py"), (), 120.0,
+                                 workdir=workdir.collect(project))
+        outcome = run_plan(plan, on_line=lambda _state, _stream, line: lines.append(line))
+        assert outcome.status == "completed" and all(s.done for s in outcome.ranks), lines[-20:]
+        assert sum("seen-before False" in line for line in lines) == 2, lines
+        return "\n".join(lines) + "\n" + caplog.text
 
     assert "the project (2 file(s)) carried there" in launch()
     again = launch()
@@ -467,42 +465,59 @@ def test_a_project_is_carried_once_and_its_kept_copy_never_written(lab: Lab, tmp
     changed = launch()
     assert "carried there" in changed and "value 22" in changed
     kept = temp / f"lab-work-{os.getuid()}"
-    assert len(list(kept.iterdir())) == 2 and not list(kept.glob("*/out-*.txt"))
+    assert len(list(kept.iterdir())) == 2 and not list(kept.glob("*/out-*.txt")) and not list(project.glob("out-*"))
     kept.chmod(0o755)  # (not safely the user's: others may look in)
     unsafe = launch()
     assert "no kept projects (unsafe)" in unsafe and "value 22" in unsafe
-    assert lab.leftovers() == []
 
 
-def test_the_callers_python_path_in_the_project_travels_with_it(lab: Lab, tmp_path: Path) -> None:
-    """A project whose code is under src/ (PYTHONPATH=src, as a src-layout project runs): the
-    caller's PYTHONPATH entries in the project reach the ranks as the same folders of its copy; one
-    outside it is left out, said in one line."""
+def test_in_place_the_ranks_start_in_the_project_and_keep_the_callers_python_path(lab: Lab, tmp_path: Path) -> None:
+    """On this machine a launch runs its ranks in the project folder itself (nothing carried): what
+    they write there is there after the job, a second launch sees it, and the caller's PYTHONPATH
+    (a src-layout project's src/, a folder outside the project) is theirs whole."""
     project = tmp_path / "proj"
     (project / "src" / "pkg").mkdir(parents=True)
     (project / "src" / "pkg" / "__init__.py").write_text("")
     (project / "src" / "pkg" / "mod.py").write_text("VALUE = 7\n")
-    (project / "train.py").write_text("import sys\nfrom pkg.mod import VALUE\n"
-                                      "print('value', VALUE, [p for p in sys.path if p.endswith('/work/src')] != [])\n")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "other.py").write_text("OTHER = 8\n")
+    (project / "train.py").write_text(
+        "import os\nfrom pkg.mod import VALUE\nfrom other import OTHER\n"
+        "out = f\"out/rank-{os.environ['RANK']}.txt\"\n"
+        "print('value', VALUE, OTHER, 'in', os.getcwd(), 'seen-before', os.path.exists(out))\n"
+        "os.makedirs('out', exist_ok=True)\nopen(out, 'w').write('written by a rank')\n")
     env = {**lab.env, "PYTHONPATH": f"{project / 'src'}:{tmp_path / 'elsewhere'}"}
-    done = subprocess.run(lab.argv("launch", "--nproc", "2", str(project / "train.py")), cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and done.stdout.count("value 7 True") == 2, done.stdout[-2000:] + done.stderr[-2000:]
-    assert f"lab: PYTHONPATH: {tmp_path / 'elsewhere'} left out (not in the project the launch carries" \
-        in done.stderr, done.stderr
+
+    def launch(*options: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(lab.argv("launch", "--nproc", "2", *options, str(project / "train.py")), cwd=REPO,
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        return done
+
+    first = launch()
+    assert first.stdout.count(f"value 7 8 in {project} seen-before False") == 2, first.stdout[-2000:]
+    assert "left out" not in first.stderr, first.stderr
+    assert sorted(p.name for p in (project / "out").iterdir()) == ["rank-0.txt", "rank-1.txt"]
+    again = launch("--exclude", "out/")  # (what a copy would leave out: here there is no copy)
+    assert again.stdout.count("seen-before True") == 2
+    assert (f"lab: --exclude changed nothing: on this machine the ranks run in the project itself ({project}), as "
+            f"under torchrun; nothing is carried") in again.stderr, again.stderr
     assert lab.leftovers() == []
 
 
 def test_a_real_project_runs_as_torchrun_would_run_it(lab: Lab, tmp_path: Path) -> None:
     """A project shaped as pytorch/examples' DDP series (a launcher script, a trainer and a data
     module in a package, a config and a data file), launched with --nproc-per-node, --env and
-    --log-dir; its snapshot stays in the run (not in the project)."""
+    --log-dir on this machine: its ranks run in the project itself, as under torchrun, so the snapshot
+    it writes to a relative path is in the project when the job has ended, for the next to resume."""
+    project = tmp_path / "ddp_series"
+    shutil.copytree(DDP_SERIES, project)
     result = lab("launch", "--nproc-per-node", "2", "--env", "SERIES_TAG=series-1", "--log-dir",
-                 str(tmp_path / "logs"), str(DDP_SERIES / "train.py"), "--epochs", "2", timeout=300)
+                 str(tmp_path / "logs"), str(project / "train.py"), "--epochs", "2", timeout=300)
     assert result.code == 0, result.text[-3000:]
     assert_ddp_series_trained(result.out, 2)
     assert "trained 2 epoch(s)" in (tmp_path / "logs" / "rank_0.log").read_text()
-    assert not (DDP_SERIES / "snapshots").exists()
+    assert (project / "snapshots" / "latest.pt").is_file()
     assert lab.leftovers() == []
 
 

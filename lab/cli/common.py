@@ -162,12 +162,15 @@ def env_options(parser: argparse.ArgumentParser) -> None:
                              f"MY_*; repeatable); {', '.join(rankenv.FORWARDED)} go when set")
 
 
-def rank_env(args: argparse.Namespace, project: Path | None = None) -> dict[str, str]:
+def rank_env(args: argparse.Namespace, project: Path | None = None, carried: bool = True) -> dict[str, str]:
     """The settings of ``env_options`` for every rank, later ones winning, without the run's own
-    (each left out named on stderr, in one line); with the ``project`` folder a launch carries, the
-    caller's PYTHONPATH inside it, as its copy on the hosts has it (the rest named on stderr)."""
+    (each left out named on stderr, in one line); with the ``project`` folder of a launch, the
+    caller's PYTHONPATH: where the project is ``carried``, its entries inside it, as its copy on the
+    hosts has them (the rest named on stderr), else (its ranks start in it, on this machine) whole."""
     env = rankenv.forwarded(os.environ, args.forward_env)
-    if project is not None and os.environ.get("PYTHONPATH"):
+    if project is not None and os.environ.get("PYTHONPATH") and not carried:
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    elif project is not None and os.environ.get("PYTHONPATH"):
         python_path, outside = rankenv.project_python_path(os.environ["PYTHONPATH"], project, f"{RUN_DIR}/{WORK_DIR}")
         if python_path:
             env["PYTHONPATH"] = python_path

@@ -261,17 +261,22 @@ def cmd_launch(args: argparse.Namespace) -> int:
     check_records(args)
     if args.max_restarts < 0:
         raise UsageError(f"--max-restarts must be 0 or more, got {args.max_restarts}")
-    project = workdir.collect(root, tuple(args.exclude), args.max_workdir_size, tuple(args.include))
-    views.print_skipped(project.root, project.skipped)
-    views.print_ignored_data(project.ignored_data)
     settings = ssh_settings(args)
     inventory = with_master_address(cluster(args), settings)
+    in_place = root.resolve() if all(h.is_local for h in inventory.hosts) else None  # (torchrun's way: see docs)
+    project = None
+    if in_place is not None and (args.include or args.exclude):
+        views.print_in_place(in_place, ("--include",) * bool(args.include) + ("--exclude",) * bool(args.exclude))
+    if in_place is None:
+        project = workdir.collect(root, tuple(args.exclude), args.max_workdir_size, tuple(args.include))
+        views.print_skipped(project.root, project.skipped)
+        views.print_ignored_data(project.ignored_data)
     console = screen.console(stderr=args.json)
     plan = build_launch_plan(inventory, args.script if args.module else str(script.resolve()), args.args,
                              args.timeout, launcher(args), partition=args.partition, hang_after=args.hang_after,
-                             preflight=args.preflight, rank_env=rank_env(args, project.root), workdir=project,
-                             module=args.module, max_restarts=args.max_restarts, trace=bool(args.trace),
-                             torch_dumps=bool(args.fr_dir))
+                             preflight=args.preflight, rank_env=rank_env(args, root.resolve(), in_place is None),
+                             workdir=project, module=args.module, max_restarts=args.max_restarts,
+                             trace=bool(args.trace), torch_dumps=bool(args.fr_dir), in_place=in_place)
     name = args.script if args.module else script.name
     streamer = views.LineStreamer(console)
     logs = LogDir(args.log_dir, (r.rank for r in plan.ranks)) if args.log_dir else None

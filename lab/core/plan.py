@@ -168,6 +168,9 @@ class Plan:
     module: str | None = None  # lab launch -m: the module its ranks run (``script`` holds its arguments)
     work: dict[str, str] = field(default_factory=dict, hash=False)  # the project: its path -> the local file
     work_key: str = ""  # what names that state of the project (lab.core.workcache); "": no project, a script alone
+    # lab launch on this machine's own ranks alone: the project folder itself, where they start and write,
+    # as under torchrun (nothing carried, so nothing a job writes is left behind in a copy)
+    in_place: str = ""
     # Options.preflight, where the launcher has one (not under srun, where Slurm starts the tasks)
     checks_network: bool = True
     # What each host's connections carried is measured by its launcher (Options.wire): only the lab's
@@ -236,6 +239,8 @@ class Plan:
             env["LAB_RANK_PLAN"] = json.dumps(self.rank_plan())
         if self.work_key:  # (a project: its ranks start in its copy)
             env[WORKDIR_VAR] = f"{RUN_DIR}/{WORK_DIR}"
+        elif self.in_place:
+            env[WORKDIR_VAR] = self.in_place
         if self.module:
             env[MODULE_VAR] = self.module
         return env

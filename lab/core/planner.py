@@ -172,9 +172,11 @@ def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], ti
                       hang_after: float = DEFAULT_HANG_AFTER, preflight: bool = True,
                       rank_env: Mapping[str, str] | None = None, workdir: Workdir | None = None,
                       module: bool = False, max_restarts: int = 0, trace: bool = False,
-                      torch_dumps: bool = False) -> Plan:
+                      torch_dumps: bool = False, in_place: Path | None = None) -> Plan:
     """``lab launch``: the user's script on every rank, the rendezvous in its environment
-    (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE), set by the launcher."""
+    (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE), set by the launcher. The
+    ranks start in a copy of the project (``workdir``) on every host, or in the project folder
+    itself (``in_place``: this machine's ranks alone)."""
     options = Options((), timeout=timeout, launcher=launcher, partition=partition, hang_after=hang_after,
                       preflight=preflight, rank_env=dict(rank_env or {}), max_restarts=max_restarts, trace=trace,
                       torch_dumps=torch_dumps)
@@ -183,8 +185,10 @@ def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], ti
     port = port_macro(0)
     backend = default_backend(hosts)
     uploads: dict[str, str] = {}
-    if workdir is not None:  # (the project, in the run directory's work/: its ranks start there)
-        program: tuple[str, ...] = () if module else (f"{RUN_DIR}/{WORK_DIR}/{workdir.relative(Path(script))}",)
+    if in_place is not None:  # (this machine's ranks alone: they start in the project itself)
+        program: tuple[str, ...] = () if module else (str(Path(script).resolve()),)
+    elif workdir is not None:  # (the project, in the run directory's work/: its ranks start there)
+        program = () if module else (f"{RUN_DIR}/{WORK_DIR}/{workdir.relative(Path(script))}",)
     else:
         relative = f"script/{script.rsplit('/', 1)[-1]}"
         uploads, program = {relative: script}, (f"{RUN_DIR}/{relative}",)
@@ -194,7 +198,7 @@ def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], ti
         ranks=_lay_out_ranks(hosts, master, port, backend, starter), stages=(), uploads=uploads,
         script=(*program, *args), module=script if module else None,
         work={relative: str(path) for relative, path in workdir.files} if workdir is not None else {},
-        work_key=workdir.key if workdir is not None else "",
+        work_key=workdir.key if workdir is not None else "", in_place=str(in_place.resolve()) if in_place else "",
         rdzv_endpoint=_endpoint(master, port) if starter.forms_group else None, port_count=1,
         checks_network=preflight and starter.checks_network))
 

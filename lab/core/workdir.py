@@ -8,7 +8,8 @@ syntax) bring back what those leave out (its data), ``--exclude`` patterns and w
 ranks' (.git, __pycache__) leave out whatever they name. What the ignore rules left out that a
 program may read (data-like names, large files) is said at every launch (``Workdir.ignored_data``).
 On every host the ranks start in its copy, so sibling imports and relative paths work as they do
-under torchrun in the folder. A folder larger than the cap (``--max-workdir-size``)
+under torchrun in the folder. (On this machine alone a launch carries nothing: its ranks run in the
+project itself, ``Plan.in_place``.) A folder larger than the cap (``--max-workdir-size``)
 is one line naming its largest files, never a silent cut. Symbolic links are carried as the files
 they point to when those lie inside the folder; others are left out, and said (``Workdir.skipped``).
 """

@@ -90,6 +90,12 @@ def print_ignored_data(ignored: Sequence[tuple[str, int]]) -> None:
               file=sys.stderr)
 
 
+def print_in_place(project: Path, options: Sequence[str]) -> None:
+    """``options`` (what a project's copy carries) change nothing where the ranks start in the project."""
+    print(printable(f"lab: {' and '.join(options)} changed nothing: on this machine the ranks run in the project "
+                    f"itself ({project}), as under torchrun; nothing is carried"), file=sys.stderr)
+
+
 def print_reserved(names: Iterable[str]) -> None:
     names = list(names)
     if names:
