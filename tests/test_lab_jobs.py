@@ -7,6 +7,7 @@ test_lab_docker, whose helpers they share.
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,12 +18,13 @@ import yaml
 
 from lab.containerlab import containers, resources, topology
 
-from .conftest import DDP_SERIES, WRONG, Lab, assert_ddp_series_trained
+from .conftest import DDP_SERIES, REPO, WRONG, Lab, assert_ddp_series_trained
 from .test_lab_docker import _client, assert_no_workers_anywhere, inventory_variant, run_json
 from .test_launchers import FAILS_IN_ITS_FIRST_ATTEMPTS
 from .tutorials import assert_prints_as_shown, tutorial_scripts
 
 pytestmark = pytest.mark.docker
+RESUME = REPO / "tests" / "projects" / "resume"  # a trainer that checkpoints and resumes
 NAME = "jobs"
 NAMED = ("up", "down", "status", "net")  # the commands about a lab, which name it
 
@@ -203,6 +205,37 @@ def test_a_real_project_runs_across_hosts_under_torchrun(jobs: Jobs, tmp_path: P
         assert_ddp_series_trained(result.out, 4)
         assert result.err.count("as the host kept it, unchanged") == (2 if kept else 0), result.err[-3000:]
     assert_no_workers_anywhere(jobs.topology)
+
+
+def test_a_trainer_stopped_on_the_hosts_resumes_from_the_checkpoint_that_came_back(jobs: Jobs, tmp_path: Path) -> None:
+    """tests/projects/resume (a config file, a checkpoint to a relative out_dir, --init-from resume) on
+    two hosts: 6 steps under torchrun; then 3 steps, and 3 more resumed from the checkpoint the first
+    part wrote on the hosts, which came back into the project: the same losses, step for step. Each
+    host's own note of where it ran comes back too, rank 0's host's in its place, the other's beside."""
+    project = tmp_path / "resume"
+    shutil.copytree(RESUME, project)
+    on_hosts = ("launch", "--hosts", str(jobs.inventory), "--nnodes", "2", "--nproc-per-node", "1")
+
+    def losses(*args: str) -> list[str]:
+        result = jobs.lab(*on_hosts, *args, timeout=300)
+        assert result.code == 0, result.text[-3000:]
+        assert "brought back 3 file(s)" in result.out and "out/ckpt.pt" in result.out, result.out[-2000:]
+        return re.findall(r"step \d+ loss \d+\.\d+", result.out)
+
+    whole = losses("--launcher", "torchrun", str(project / "train.py"), "--steps", "6")
+    first = losses(str(project / "train.py"), "--steps", "3")
+    resumed = losses(str(project / "train.py"), "--steps", "6", "--init-from", "resume")
+    assert len(whole) == 6 and first + resumed == whole, (whole, first, resumed)
+    assert torch_step(project / "out" / "ckpt.pt") == 6
+    assert (project / "out" / "ran-on.txt").read_text() == "node1"  # (rank 0's host's, in its place)
+    assert (project / ".lab" / "hosts" / "node2" / "out" / "ran-on.txt").read_text() == "node2"
+    assert_no_workers_anywhere(jobs.topology)
+
+
+def torch_step(checkpoint: Path) -> int:
+    import torch
+
+    return int(torch.load(checkpoint)["step"])
 
 
 def test_data_a_projects_gitignore_lists_is_named_at_launch_and_include_carries_it(jobs: Jobs, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 import yaml
 
 from lab.core import workdir
+from lab.core.outcome import RunOutcome
 from lab.core.planner import build_launch_plan
 from lab.core.runner import run_plan
 from lab.inventory.hosts import local_inventory
@@ -431,8 +433,8 @@ def test_a_project_is_carried_once_and_its_kept_copy_never_written(tmp_path: Pat
                                                                     caplog: pytest.LogCaptureFixture) -> None:
     """How a launch carries a project to a host that is not this machine (lab.core.workcache), on
     this machine's own processes: a second launch of an unchanged project takes the host's kept copy
-    (nothing carried); what the ranks write in their folder stays in their run; a changed file is
-    carried anew; a folder of kept copies that is not safely the user's is not used. (Over SSH and
+    (nothing carried); what the ranks write in their folder never reaches the kept copy; a changed
+    file is carried anew; a folder of kept copies that is not safely the user's is not used. (Over SSH and
     on the container lab: test_lab_jobs.py.)"""
     project = tmp_path / "proj"
     project.mkdir()
@@ -452,7 +454,7 @@ def test_a_project_is_carried_once_and_its_kept_copy_never_written(tmp_path: Pat
         caplog.clear()
         lines: list[str] = []
         plan = build_launch_plan(local_inventory(2), str(project / "train.py"), (), 120.0,
-                                 workdir=workdir.collect(project))
+                                 workdir=workdir.collect(project), bring_back_max=0)  # (the copy's part alone)
         outcome = run_plan(plan, on_line=lambda _state, _stream, line: lines.append(line))
         assert outcome.status == "completed" and all(s.done for s in outcome.ranks), lines[-20:]
         assert sum("seen-before False" in line for line in lines) == 2, lines
@@ -469,6 +471,52 @@ def test_a_project_is_carried_once_and_its_kept_copy_never_written(tmp_path: Pat
     kept.chmod(0o755)  # (not safely the user's: others may look in)
     unsafe = launch()
     assert "no kept projects (unsafe)" in unsafe and "value 22" in unsafe
+
+
+def test_what_the_ranks_write_in_a_carried_project_comes_back_into_it(tmp_path: Path) -> None:
+    """A project carried to its host (lab.core.bringback, on this machine's own processes): what the
+    ranks wrote in their copy is in the project when the job ends, but a file of the project changed
+    here while the job ran, which stays as it is (the host's beside it, under .lab/hosts/); more than
+    the bound stays on the host, in its run directory, said. (Across hosts: test_lab_jobs.py.)"""
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "notes.txt").write_text("mine\n")
+    (project / "train.py").write_text(
+        "import os, time\nr = os.environ['RANK']\nos.makedirs('out', exist_ok=True)\n"
+        "open('out/ckpt.pt', 'wb').write(b'step 10' * 1000)\nopen(f'out/log-{r}.txt', 'w').write('rank ' + r)\n"
+        "open('notes.txt', 'w').write('the job\\'s\\n')\ntime.sleep(1)\n")
+
+    def launch(**options: object) -> RunOutcome:
+        plan = build_launch_plan(local_inventory(2), str(project / "train.py"), (), 120.0,
+                                 workdir=workdir.collect(project), **options)  # type: ignore[arg-type]
+        outcome = run_plan(plan)
+        assert outcome.status == "completed" and all(s.done for s in outcome.ranks), outcome
+        return outcome
+
+    def change_notes_meanwhile() -> None:
+        time.sleep(0.5)
+        (project / "notes.txt").write_text("mine, changed while the job ran\n")
+
+    changer = threading.Thread(target=change_notes_meanwhile)
+    changer.start()
+    outcome = launch()
+    changer.join()
+    assert outcome.brought_back == [
+        "brought back 4 file(s), 6.9 KiB, that the ranks wrote into the project: out/ckpt.pt, out/log-0.txt, "
+        "out/log-1.txt, .lab/hosts/local/notes.txt (1 of them under .lab/hosts/: their hosts disagree, or the "
+        "project's own changed meanwhile)"]
+    assert (project / "out" / "ckpt.pt").read_bytes() == b"step 10" * 1000
+    assert (project / "out" / "log-1.txt").read_text() == "rank 1"
+    assert (project / "notes.txt").read_text() == "mine, changed while the job ran\n"
+    assert (project / ".lab" / "hosts" / "local" / "notes.txt").read_text() == "the job's\n"
+    shutil.rmtree(project / "out")
+    over = launch(bring_back_max=1000)
+    [line] = over.brought_back
+    assert re.fullmatch(r"not brought back: local: 6\.9 KiB in 4 file\(s\), more than --bring-back-max 1000 bytes "
+                        r"in all; they stay in (/\S+)/work on local", line), line
+    kept = Path(line.split("they stay in ")[1].split(" on local")[0])
+    assert (kept / "out" / "ckpt.pt").is_file() and not (project / "out").exists()
+    shutil.rmtree(kept.parent)
 
 
 def test_in_place_the_ranks_start_in_the_project_and_keep_the_callers_python_path(lab: Lab, tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ from lab.cli.common import (
 from lab.cli.views import run as views
 from lab.cli.views import screen
 from lab.cli.views.doctor import print_diagnosis
-from lab.core import launchers, random_inputs, workdir
+from lab.core import bringback, launchers, random_inputs, workdir
 from lab.core.judge import exit_code, judge, stopped_exit, the_network_may_be_why
 from lab.core.logdir import LogDir
 from lab.core.outcome import LaunchState, RankState, RunOutcome
@@ -200,6 +200,10 @@ def add_launch(commands: Commands) -> None:
     launch.add_argument("--include", action="append", default=[], metavar="PATTERN",
                         help="carry files matching PATTERN (.gitignore's syntax) that the workdir's ignore rules "
                              "leave out: its data, say (repeatable; --exclude still wins)")
+    launch.add_argument("--bring-back-max", type=float, default=bringback.DEFAULT_MAX_MB, metavar="MB",
+                        help="on hosts other than this machine, bring back into the project at the end what the "
+                             "ranks wrote in their copies of it, up to this much in all (default "
+                             f"{bringback.DEFAULT_MAX_MB} MiB; more stays on the hosts, said; 0: nothing)")
     launch.add_argument("--max-workdir-size", type=float, default=workdir.DEFAULT_MAX_MB, metavar="MB",
                         help=f"refuse a workdir larger than this (default {workdir.DEFAULT_MAX_MB} MiB)")
     launch.add_argument("-m", "--module", action="store_true",
@@ -258,6 +262,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
             raise UsageError(f"{args.script}: not inside --workdir {args.workdir}")
     if args.timeout < 0:
         raise UsageError(f"--timeout must be 0 (no limit) or more, got {args.timeout:g}")
+    if args.bring_back_max < 0:
+        raise UsageError(f"--bring-back-max must be 0 (nothing) or more, got {args.bring_back_max:g}")
     check_records(args)
     if args.max_restarts < 0:
         raise UsageError(f"--max-restarts must be 0 or more, got {args.max_restarts}")
@@ -276,7 +282,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
                              args.timeout, launcher(args), partition=args.partition, hang_after=args.hang_after,
                              preflight=args.preflight, rank_env=rank_env(args, root.resolve(), in_place is None),
                              workdir=project, module=args.module, max_restarts=args.max_restarts,
-                             trace=bool(args.trace), torch_dumps=bool(args.fr_dir), in_place=in_place)
+                             trace=bool(args.trace), torch_dumps=bool(args.fr_dir), in_place=in_place,
+                             bring_back_max=int(args.bring_back_max * 2**20))
     name = args.script if args.module else script.name
     streamer = views.LineStreamer(console)
     logs = LogDir(args.log_dir, (r.rank for r in plan.ranks)) if args.log_dir else None

@@ -277,6 +277,7 @@ class RunOutcome:
     cause: Cause | None = None  # why it hung or failed, across ranks (lab.core.why); None when it completed
     restarts: list[Restart] = field(default_factory=list)  # torchrun's restarts of the ranks, in order
     hang_found: float | None = None  # when (time.monotonic(), the controller's) the hang finder found it hung
+    brought_back: list[str] = field(default_factory=list)  # what the ranks wrote came back (lab.core.bringback)
 
     @property
     def stopped(self) -> bool:

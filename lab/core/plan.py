@@ -106,6 +106,9 @@ class Options:
     # --trace, --fr-dir: every rank sends each record as it begins and ends, and torch's own flight recorder
     trace: bool = False
     torch_dumps: bool = False
+    # lab launch of a project carried to its hosts: bytes of what the ranks wrote in their copies that come
+    # back into it at the end, at most (lab.core.bringback; 0: nothing comes back)
+    bring_back_max: int = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,7 @@ class Plan:
     # lab launch on this machine's own ranks alone: the project folder itself, where they start and write,
     # as under torchrun (nothing carried, so nothing a job writes is left behind in a copy)
     in_place: str = ""
+    work_root: str = ""  # the project folder on this machine, where what the ranks write in their copies comes back
     # Options.preflight, where the launcher has one (not under srun, where Slurm starts the tasks)
     checks_network: bool = True
     # What each host's connections carried is measured by its launcher (Options.wire): only the lab's

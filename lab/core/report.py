@@ -75,7 +75,7 @@ def launch_json(outcome: RunOutcome, script: str, exit_code: int) -> dict[str, A
             "succeeded": sum(s.done for s in outcome.ranks) - len(early := outcome.ended_early()),
             "ended_early": [s.spec.rank for s in early], "world_size": outcome.plan.world_size,
             "cause": outcome.cause.to_json() if outcome.cause else None, "ranks": _ranks(outcome),
-            "attempts": len(outcome.restarts) + 1,
+            "attempts": len(outcome.restarts) + 1, "brought_back": list(outcome.brought_back),
             "restarts": [{"restart": r.count, "attempt_seconds": round(r.seconds, 3), "ended": list(r.ended)}
                          for r in outcome.restarts]}
 

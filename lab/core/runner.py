@@ -50,7 +50,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from lab.core import random_inputs, workcache
+from lab.core import bringback, random_inputs, workcache
+from lab.core.bringback import BroughtBack
 from lab.core.ledger import Ledger
 from lab.core.outcome import LaunchState, OnLine, RankState, RunOutcome, RunStatus
 from lab.core.plan import Launch, Plan
@@ -114,6 +115,8 @@ class Run:
         self.on_phase = on_phase
         self.phase = ("", "")  # the last told
         self.started = time.monotonic()
+        self.began_at = time.time()  # (a file of the project changed after this is the user's: never overwritten)
+        self.brought: BroughtBack | None = None  # what the ranks wrote that came back into the project
         self.hang_found: float | None = None  # when the hang finder found the ranks hung
         self.ledger = Ledger(plan, self.started)  # what the run's launches, ranks and exercises are, and its rules
         self.launcher, self.launches = self.ledger.launcher, self.ledger.launches
@@ -170,6 +173,8 @@ class Run:
                 run_dir, carried = workcache.carry(transport, self.plan.run_name, own, work, self.plan.work_key)
                 log.debug("host %s: the project (%d file(s)) %s", transport.host.name, len(work),
                           "carried there" if carried else "as the host kept it, unchanged")
+                if self.plan.options.bring_back_max:
+                    bringback.mark(transport, run_dir)
             log.debug("host %s: %d file(s) carried to %s in %.2fs", transport.host.name, len(own), run_dir,
                       time.monotonic() - began)
             return run_dir
@@ -344,7 +349,12 @@ class Run:
         if self.processes[0] is not None:
             self.launcher.clean_up(plan, self.transports[plan.hosts[0].name], status == "completed")
         also = [plan.shared_run_dir] if plan.shared_run_dir else []
-        for_each_host(self.transports, lambda t: release(t, keep, also))
+        kept: set[str] = set()
+        if plan.work and plan.options.bring_back_max and self.processes[0] is not None:
+            self._tell("finishing", "bringing back what the ranks wrote into the project")
+            self.brought, kept = bringback.bring_back(self.transports, Path(plan.work_root), self.states[0].spec.host,
+                                                      self.began_at, plan.options.bring_back_max)
+        for_each_host(self.transports, lambda t: release(t, keep or t.host.name in kept, also))
 
     def _stop_all(self) -> None:
         """Kill every launch's process group, on all hosts at once: one command per host for all its
@@ -371,7 +381,8 @@ class Run:
         wall = self.wall
         walled = wall if status == "timeout" and wall and time.monotonic() - self.started >= wall else None
         outcome = RunOutcome(self.plan, self.states, self.runs, status, time.monotonic() - self.started, hung,
-                             self.ports, walled, restarts=self.ledger.restarts, hang_found=self.hang_found)
+                             self.ports, walled, restarts=self.ledger.restarts, hang_found=self.hang_found,
+                             brought_back=self.brought.lines() if self.brought else [])
         preflight = self.ledger.preflight
         outcome.cause = preflight.cause if status == "preflight" and preflight else explain_run(outcome)
         return outcome

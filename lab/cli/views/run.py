@@ -223,6 +223,9 @@ def print_launch(console: Console, script: str, outcome: RunOutcome, failed: lis
             why = (f"stopped after {plan.timeout:g}s" + (f" at {s.stopped_at}" if s.stopped_at else "")
                    if s.spec.rank in outcome.hung else ended(s.exit_code))
             console.print(Text(f"rank {s.spec.rank} ({s.spec.host}) {why}", style="red"), soft_wrap=True)
+    for line in outcome.brought_back:
+        console.print(Text(printable(line), style="cyan" if line.startswith("brought back") else "yellow"),
+                      soft_wrap=True)
     early = outcome.ended_early()
     for s in early:
         how = f"called {s.end.error.removeprefix('SystemExit: ')}" + (f" at {s.end.where}" if s.end.where else "") \
