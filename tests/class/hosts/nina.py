@@ -7,9 +7,8 @@ submission's to meet: a share full of memory, a volume filling up."""
 import ctypes
 import os
 
+import torch
 import torch.distributed as dist
-
-from lab.suite.exercises.ring_allreduce import allreduce, ring_allreduce  # noqa: F401
 
 HOARD = 48 << 20
 IPC_CREAT, IPC_PRIVATE = 0o1000, 0
@@ -36,3 +35,35 @@ if dist.get_rank() == 0:
     if os.access("/shared", os.W_OK):
         _hoard(f"/shared/nina-{os.getpid()}")
     _segment()
+
+
+def allreduce(send, recv):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    left, right = (rank - 1) % size, (rank + 1) % size
+    total, outgoing, incoming = send.clone(), send.clone(), torch.empty_like(send)
+    for _ in range(size - 1):
+        request = dist.isend(outgoing, right)
+        dist.recv(incoming, left)
+        request.wait()
+        total += incoming
+        outgoing, incoming = incoming, outgoing
+    recv.copy_(total)
+
+
+def ring_allreduce(tensor):
+    rank, size = dist.get_rank(), dist.get_world_size()
+    left, right = (rank - 1) % size, (rank + 1) % size
+    flat = tensor.view(-1)
+    chunks = list(torch.tensor_split(flat, size))
+    for s in range(size - 1):
+        out, into = chunks[(rank - s) % size], chunks[(rank - s - 1) % size]
+        incoming = torch.empty_like(into)
+        request = dist.isend(out, right)
+        dist.recv(incoming, left)
+        request.wait()
+        into += incoming
+    for s in range(size - 1):
+        out, into = chunks[(rank + 1 - s) % size], chunks[(rank - s) % size]
+        request = dist.isend(out, right)
+        dist.recv(into, left)
+        request.wait()
