@@ -131,16 +131,17 @@ def wire_cost(sockets: int = 24, repeat: int = 200) -> float:
 
 def _correct(world: World) -> dict[int, dict[str, Any]]:
     """Every rank's correct report of ``world``'s draw, as the rank program makes it."""
-    sums = ring.expected_sums(world)
-    assert sums is not None
-    cases = {}
-    for shape, start in ring_cases.starts().items():
-        values = sums[start:start + ring_cases.numel(shape)]
-        for dtype in ring_cases.DTYPES:
-            as_dtype = float if dtype.startswith("float") else int
-            reported = ring_cases.digest([as_dtype(v) for v in values], world.world_size)
-            cases[ring_cases.case_name(shape, dtype)] = {"shape": list(shape), "dtype": dtype, **reported}
-    return {r: {"allreduce": cases, "ring_allreduce": cases} for r in range(world.world_size)}
+    sums = [sum(column) for column in zip(*(world.inputs[r] for r in range(world.world_size)))]
+    reports: dict[str, dict[str, Any]] = {}
+    for function in ring_cases.FUNCTIONS:
+        cases = reports.setdefault(function, {})
+        for shape, start in ring_cases.starts(function).items():
+            values = sums[start:start + ring_cases.numel(shape)]
+            for dtype in ring_cases.DTYPES:
+                as_dtype = float if dtype.startswith("float") else int
+                reported = ring_cases.digest([as_dtype(v) for v in values], world.world_size)
+                cases[ring_cases.case_name(shape, dtype)] = {"shape": list(shape), "dtype": dtype, **reported}
+    return {r: reports for r in range(world.world_size)}
 
 
 def main() -> None:
