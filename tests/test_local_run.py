@@ -483,6 +483,7 @@ def test_what_the_ranks_write_in_a_carried_project_comes_back_into_it(tmp_path: 
     (project / "notes.txt").write_text("mine\n")
     (project / "train.py").write_text(
         "import os, time\nr = os.environ['RANK']\nos.makedirs('out', exist_ok=True)\n"
+        "os.makedirs('__pycache__', exist_ok=True)\nopen('__pycache__/x.pyc', 'w').write('never the job\\'s')\n"
         "open('out/ckpt.pt', 'wb').write(b'step 10' * 1000)\nopen(f'out/log-{r}.txt', 'w').write('rank ' + r)\n"
         "open('notes.txt', 'w').write('the job\\'s\\n')\ntime.sleep(1)\n")
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lab.core.plan import WORK_DIR
+from lab.core.workdir import NEVER
 from lab.transport.base import Transport, for_each_host
 
 log = logging.getLogger(__name__)
@@ -143,10 +144,13 @@ def _written(transport: Transport) -> dict[str, int]:
                                    posixpath.join(transport.run_dir, MARK)], LIST_TIMEOUT)
     if status != 0:
         raise OSError(f"no answer within {LIST_TIMEOUT:g}s" if status is None else f"status {status}")
+    import pathspec
+
+    never = pathspec.GitIgnoreSpec.from_lines(NEVER)  # (what is never a rank's: Python's caches, the lab's own)
     files = {}
     for entry in filter(None, said.split("\0")):
         size, _, path = entry.partition(" ")
-        if size.isdigit() and path and not path.startswith(("/", "../")):
+        if size.isdigit() and path and not path.startswith(("/", "../")) and not never.match_file(path):
             files[path] = int(size)
     return files
 
