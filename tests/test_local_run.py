@@ -520,6 +520,27 @@ def test_what_the_ranks_write_in_a_carried_project_comes_back_into_it(tmp_path: 
     shutil.rmtree(kept.parent)
 
 
+def test_what_cannot_come_back_stays_on_the_host_said_and_the_run_still_ends_clean(tmp_path: Path) -> None:
+    """A path the job wrote that cannot land in the project (a folder of the project's there): the
+    job's files stay in the host's run directory, a line says where, and nothing is left running."""
+    project = tmp_path / "proj"
+    (project / "out" / "ckpt.pt").mkdir(parents=True)  # (here a folder; on the host the job writes a file)
+    (project / "out" / "ckpt.pt" / "keep.txt").write_text("the user's\n")
+    (project / "train.py").write_text("import os, shutil\nif os.environ['RANK'] == '0':\n"
+                                      "    shutil.rmtree('out')\n    os.makedirs('out')\n"
+                                      "    open('out/ckpt.pt', 'w').write('step 10')\n")
+    plan = build_launch_plan(local_inventory(1), str(project / "train.py"), (), 120.0, workdir=workdir.collect(project))
+    outcome = run_plan(plan)
+    assert outcome.status == "completed", outcome
+    [line] = outcome.brought_back
+    assert re.fullmatch(r"not brought back: what the ranks wrote, for the lab could not bring it back "
+                        r"\(\w+Error: .+\): it stays in local:(/\S+)", line), line
+    kept = Path(line.rsplit("local:", 1)[1])
+    assert (kept / "work" / "out" / "ckpt.pt").read_text() == "step 10"
+    assert (project / "out" / "ckpt.pt" / "keep.txt").read_text() == "the user's\n"
+    shutil.rmtree(kept)
+
+
 def test_in_place_the_ranks_start_in_the_project_and_keep_the_callers_python_path(lab: Lab, tmp_path: Path) -> None:
     """On this machine a launch runs its ranks in the project folder itself (nothing carried): what
     they write there is there after the job, a second launch sees it, and the caller's PYTHONPATH

@@ -181,11 +181,11 @@ def _fetch(transport: Transport, paths: Sequence[str], max_bytes: int) -> bytes:
         status = process.poll()
     finally:
         process.kill()
-    if reader.is_alive() or status is None:
-        raise OSError(f"not sent within {FETCH_TIMEOUT:g}s")
     data = b"".join(chunks)
     if len(data) > limit:
         raise OSError(f"sent more than the {_size(max_bytes)} it listed")
+    if reader.is_alive() or status is None:
+        raise OSError(f"not sent within {FETCH_TIMEOUT:g}s")
     if status != 0:
         raise OSError(f"its tar ended with status {status}")
     return data

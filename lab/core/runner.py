@@ -62,6 +62,7 @@ from lab.core.streams import QUEUE_MAX, Events, Item, StreamReader
 from lab.core.why import explain_run
 from lab.errors import HostsUnreachable, HostUnreachable, LabError, RunError
 from lab.rank.inputs import file_of
+from lab.rank.text import exception_line
 from lab.transport.base import RankProcess, Transport, code_uploads, for_each_host, release
 from lab.transport.reach import transport_for
 from lab.transport.ssh.connections import SSHSettings
@@ -352,8 +353,16 @@ class Run:
         kept: set[str] = set()
         if plan.work and plan.options.bring_back_max and self.processes[0] is not None:
             self._tell("finishing", "bringing back what the ranks wrote into the project")
-            self.brought, kept = bringback.bring_back(self.transports, Path(plan.work_root), self.states[0].spec.host,
-                                                      self.began_at, plan.options.bring_back_max)
+            try:
+                self.brought, kept = bringback.bring_back(self.transports, Path(plan.work_root),
+                                                          self.states[0].spec.host, self.began_at,
+                                                          plan.options.bring_back_max)
+            except Exception as exc:  # (whatever it was, the hosts' copies stay: nothing the job wrote is lost)
+                log.debug("bringing back what the ranks wrote", exc_info=True)
+                kept = set(self.transports)
+                where = ", ".join(f"{name}:{t.run_dir}" for name, t in sorted(self.transports.items()))
+                self.brought = BroughtBack(left=[f"what the ranks wrote, for the lab could not bring it back "
+                                                 f"({exception_line(exc)}): it stays in {where}"])
         for_each_host(self.transports, lambda t: release(t, keep or t.host.name in kept, also))
 
     def _stop_all(self) -> None:
