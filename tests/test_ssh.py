@@ -312,6 +312,9 @@ def test_kill_leaves_no_process_of_the_group(server: SSHServer, tmp_path: Path) 
         process = t.start(["sh", "-c", "sleep 300 & sleep 300 & echo started; wait"],
                           {"LAB_TEST_MARKER": marker}, "/")
         assert process.stdout.readline() == b"started\n"
+        deadline = time.monotonic() + 5.0  # (a process in the middle of its exec shows no environment for a moment)
+        while len(live_pids_with(marker)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert len(live_pids_with(marker)) == 3  # the shell, two sleeps (the reaper read the settings on stdin)
         process.signal(signal.SIGCONT)  # harmless, and the group exists
         started = time.monotonic()

@@ -93,16 +93,30 @@ def called_in(dump: list[str]) -> str | None:
     return None
 
 
+INSTALLED = ("/site-packages/", "/dist-packages/")  # a library's file, even where it lies in the project (its venv)
+
+
 def _program_of(path: str, programs: dict[str, Path]) -> Path | None:
-    """The local file of the run's program at ``path`` on a host, if it is one."""
-    return next((local for tail, local in programs.items() if path.endswith(f"/{tail}")), None)
+    """The local file of the run's program at ``path`` on a host, if it is one: a tail of its path, or
+    (a folder, its key ending in "/": a launch in the project itself) any file of ours under it."""
+    for tail, local in programs.items():
+        if tail.endswith("/"):
+            if path.startswith(tail) and not any(part in path for part in INSTALLED) \
+                    and not Path(path).is_relative_to(PACKAGE_DIR):
+                return Path(path)
+        elif path.endswith(f"/{tail}"):
+            return local
+    return None
 
 
 def program_files(plan: Plan) -> dict[str, Path]:
     """Every program the plan runs, by the tail of its path on a host (``script/x.py``,
-    ``work/pkg/model.py``, ``lab/suite/exercises/ring_allreduce.py``) -> its local file."""
+    ``work/pkg/model.py``, ``lab/suite/exercises/ring_allreduce.py``) -> its local file; a launch in
+    the project itself (``Plan.in_place``) by its folder ("/home/me/proj/": every file in it)."""
     files = {tail: Path(local) for tail, local in plan.uploads.items() if tail.endswith(".py")}
     files.update({f"{WORK_DIR}/{tail}": Path(local) for tail, local in plan.work.items() if tail.endswith(".py")})
+    if plan.in_place:
+        files[plan.in_place.rstrip("/") + "/"] = Path(plan.in_place)
     for stage in plan.stages:
         for exercise in stage.exercises:
             program = exercise["program"]
