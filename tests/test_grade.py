@@ -16,6 +16,7 @@ import re
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -301,6 +302,30 @@ def test_the_gradebook_neutralises_formulas_and_never_shares_a_junit_file(tmp_pa
     files = [book.junit_path(s).name for s in students]
     assert len(set(files)) == len(files) and book.junit_path("a_b").name == "a_b.xml"
     assert book.junit_path("ok").name == "ok.xml" and all("/" not in f and not f.startswith(".") for f in files)
+
+
+def test_rows_and_notes_written_at_once_by_many_threads_all_land_whole(tmp_path: Path) -> None:
+    """Each share records its rows from a thread of its own, and one taken out notes why from
+    its own: the book's files are written by one of them at a time, and every row and note lands."""
+    students = [f"s{i}" for i in range(40)]
+    book = Gradebook(tmp_path, students, {})
+    start = threading.Barrier(8)
+
+    def write(first: int) -> None:
+        start.wait()
+        for student in students[first::8]:
+            book.record(Grade(student, "p2p", "pass", "", 1.0), "digest")
+            book.note(f"{student} noted")
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert set(read_grades(tmp_path)) == set(students)
+    assert set(json.loads((tmp_path / ".gradebook.json").read_text())["grades"]) == set(students)
+    assert sorted(book.notes) == sorted(f"{s} noted" for s in students)
+    assert not list(tmp_path.glob(".*.part"))
 
 
 def test_a_grader_started_again_keeps_the_rows_of_unchanged_files_under_the_same_settings(tmp_path: Path) -> None:

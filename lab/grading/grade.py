@@ -222,7 +222,7 @@ class Gradebook:
         self.digests: dict[str, str] = {}
         self.notes: list[str] = []  # how the class was graded, for its page (lab.grading.page)
         self.earlier = self._read_journal()  # student -> (its file's digest, its grade) from a grader before
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held by whoever writes the book: one writer of its files at a time
 
     @property
     def csv_path(self) -> Path:
@@ -236,8 +236,9 @@ class Gradebook:
 
     def note(self, text: str) -> None:
         """Something the class page says of how the class was graded (one share at a time, and why)."""
-        self.notes.append(text)
-        self._write()
+        with self._lock:  # a share is taken out by its own thread while others record rows
+            self.notes.append(text)
+            self._write()
 
     def write_feedback(self, student: str, markdown: str) -> None:
         """The student's feedback, as Markdown (``feedback_path``) and as the HTML page the class page
