@@ -214,6 +214,7 @@ def lab() -> Lab:
 
 
 DDP_SERIES = REPO / "tests" / "projects" / "ddp_series"  # a project shaped as pytorch/examples' DDP series
+TOKENIZED = REPO / "tests" / "projects" / "tokenized"  # a trainer that needs a package the hosts lack
 
 
 def assert_ddp_series_trained(out: str, ranks: int) -> None:

@@ -807,6 +807,26 @@ def test_error_missing_key_file(tmp_path: Path) -> None:
     assert_error(err, 4, f"ansible_ssh_private_key_file: {tmp_path / 'keys' / 'missing'} does not exist")
 
 
+def test_a_hosts_requirements_file_is_read_relative_to_the_inventory_and_must_be_there(tmp_path: Path) -> None:
+    (tmp_path / "requirements.txt").write_text("tqdm\n")
+    (tmp_path / "gpu.txt").write_text("tqdm\n")
+    inventory = parse("""\
+        all:
+          vars: {requirements: requirements.txt}
+          hosts: {h1: , h2: {requirements: gpu.txt}, h3: }
+        """, tmp_path)
+    assert [h.requirements for h in inventory.hosts] == [str(tmp_path / "requirements.txt"), str(tmp_path / "gpu.txt"),
+                                                         str(tmp_path / "requirements.txt")]
+    err = parse_error("""\
+        all:
+          vars: {requirements: requirements.txt}
+          hosts:
+            h1:
+            h2: {requirements: extra.txt}
+        """, tmp_path)
+    assert_error(err, 5, f"requirements: {tmp_path / 'extra.txt'} does not exist")
+
+
 def test_error_key_file_in_group_vars_is_reported_where_it_is_written(tmp_path: Path) -> None:
     err = parse_error("""\
         all:

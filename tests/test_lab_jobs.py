@@ -18,10 +18,11 @@ import yaml
 
 from lab.containerlab import containers, resources, topology
 
-from .conftest import DDP_SERIES, REPO, WRONG, Lab, assert_ddp_series_trained
+from .conftest import DDP_SERIES, REPO, TOKENIZED, WRONG, Lab, assert_ddp_series_trained
 from .test_lab_docker import _client, assert_no_workers_anywhere, inventory_variant, run_json
 from .test_launchers import FAILS_IN_ITS_FIRST_ATTEMPTS
 from .tutorials import assert_prints_as_shown, tutorial_scripts
+from .wheels import tokenized_project
 
 pytestmark = pytest.mark.docker
 RESUME = REPO / "tests" / "projects" / "resume"  # a trainer that checkpoints and resumes
@@ -229,6 +230,38 @@ def test_a_trainer_stopped_on_the_hosts_resumes_from_the_checkpoint_that_came_ba
     assert torch_step(project / "out" / "ckpt.pt") == 6
     assert (project / "out" / "ran-on.txt").read_text() == "node1"  # (rank 0's host's, in its place)
     assert (project / ".lab" / "hosts" / "node2" / "out" / "ran-on.txt").read_text() == "node2"
+    assert_no_workers_anywhere(jobs.topology)
+
+
+def test_a_trainer_that_needs_a_package_gets_it_on_every_host_once_and_resumes_as_torchrun_trains(
+        jobs: Jobs, tmp_path: Path) -> None:
+    """tests/projects/tokenized on two hosts, its tokenizer a package they lack: under torchrun, 4
+    steps, the package installed on each host from the wheels this machine carried (said); under the
+    lab, the inventory's `requirements:` naming the file, 2 steps and 2 more resumed from the
+    checkpoint that came back (each host's environment kept: nothing said): the same losses."""
+    project = tmp_path / "tokenized"
+    shutil.copytree(TOKENIZED, project)
+    version = tokenized_project(project)
+    inventory = inventory_variant(tmp_path, 2, 1, jobs.inventory, requirements=str(project / "requirements.txt"))
+    jobs.lab.env, before = {**jobs.lab.env, "XDG_CACHE_HOME": str(tmp_path / "cache")}, jobs.lab.env
+    try:
+        whole = jobs.lab("launch", "--hosts", str(jobs.inventory), "--nnodes", "2", "--nproc-per-node", "1",
+                         "--launcher", "torchrun", "--requirements", str(project / "requirements.txt"),
+                         str(project / "train.py"), "--steps", "4", timeout=300)
+        first = jobs.lab("launch", "--hosts", str(inventory), str(project / "train.py"), "--steps", "2", timeout=300)
+        resumed = jobs.lab("launch", "--hosts", str(inventory), str(project / "train.py"), "--steps", "4",
+                           "--init-from", "resume", timeout=300)
+    finally:
+        jobs.lab.env = before
+    for result in (whole, first, resumed):
+        assert result.code == 0, result.text[-3000:]
+    assert "installed the requirements on node1, node2: kept there for the next launches" in whole.err, whole.err
+    assert "installed the requirements" not in first.err + resumed.err, first.err + resumed.err
+    steps = re.compile(r"step \d+ loss \d+\.\d+")
+    assert len(steps.findall(whole.out)) == 4 and steps.findall(first.out) + steps.findall(resumed.out) == \
+        steps.findall(whole.out), (whole.out, first.out, resumed.out)
+    assert f"labtok {version} from /tmp/lab-run-" in resumed.out and "/requirements-env/labtok/" in resumed.out
+    assert torch_step(project / "out" / "ckpt.pt") == 4
     assert_no_workers_anywhere(jobs.topology)
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import platform
 import pty
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -17,16 +19,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab.core import workdir
+from lab.core import requirements, workdir
 from lab.core.outcome import RunOutcome
 from lab.core.planner import build_launch_plan
 from lab.core.runner import run_plan
 from lab.inventory.hosts import local_inventory
 from lab.suite import registry
 
-from .conftest import DDP_SERIES, REPO, WRONG, Lab, assert_ddp_series_trained
+from .conftest import DDP_SERIES, REPO, TOKENIZED, WRONG, Lab, assert_ddp_series_trained
 from .load import cpu_hog
 from .tutorials import assert_prints_as_shown, ring_allreduce_fragment, tutorial_scripts
+from .wheels import tokenized_project
 
 pytestmark = pytest.mark.local
 SOLUTIONS = REPO / "tests" / "solutions"
@@ -589,6 +592,70 @@ def test_a_real_project_runs_as_torchrun_would_run_it(lab: Lab, tmp_path: Path) 
     assert "trained 2 epoch(s)" in (tmp_path / "logs" / "rank_0.log").read_text()
     assert (project / "snapshots" / "latest.pt").is_file()
     assert lab.leftovers() == []
+
+
+def test_a_trainer_that_needs_a_package_gets_it_once_and_resumes_as_torchrun_trains(lab: Lab, tmp_path: Path) -> None:
+    """tests/projects/tokenized (its tokenizer a package this machine's Python lacks, named in its
+    requirements.txt): under torchrun with the package on its path, 4 steps; under the lab with
+    --requirements, 2 steps (the environment installed, said) and 2 more resumed from its checkpoint
+    (the environment kept: nothing said): the same losses, the package imported from the environment."""
+    project = tmp_path / "tokenized"
+    shutil.copytree(TOKENIZED, project)
+    version = tokenized_project(project)
+    installed = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--target", str(installed),
+                    *(str(w) for w in (project / "wheels").glob("*.whl"))], check=True)
+    torchrun = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "train.py",
+                               "--steps", "4"], cwd=project, env={**os.environ, "PYTHONPATH": str(installed)},
+                              capture_output=True, text=True, timeout=300)
+    assert torchrun.returncode == 0, torchrun.stderr[-3000:]
+    shutil.rmtree(project / "out")
+    env = {**lab.env, "XDG_CACHE_HOME": str(tmp_path / "cache")}  # (this machine's wheels: the test's own)
+    lab.env, before = env, lab.env
+    try:
+        first = lab("launch", "--nproc", "2", "--requirements", str(project / "requirements.txt"),
+                    str(project / "train.py"), "--steps", "2", timeout=300)
+        resumed = lab("launch", "--nproc", "2", "--requirements", str(project / "requirements.txt"),
+                      str(project / "train.py"), "--steps", "4", "--init-from", "resume", timeout=300)
+    finally:
+        lab.env = before
+        key = requirements.read(project / "requirements.txt").key
+        shutil.rmtree(Path(tempfile.gettempdir(), f"lab-env-{os.getuid()}", key), ignore_errors=True)
+    assert first.code == 0 and resumed.code == 0, (first.text[-3000:], resumed.text[-3000:])
+    assert "installed the requirements on local: kept there for the next launches" in first.err, first.err
+    assert "installed the requirements" not in resumed.err, resumed.err
+    steps = re.compile(r"step \d+ loss \d+\.\d+")
+    assert len(steps.findall(torchrun.stdout)) == 4
+    assert steps.findall(first.out) + steps.findall(resumed.out) == steps.findall(torchrun.stdout)
+    assert f"labtok {version} from " in resumed.out and "/requirements-env/labtok/" in resumed.out, resumed.out
+    assert (tmp_path / "cache" / "lab" / "wheels").is_dir()
+    assert lab.leftovers() == []
+
+
+def test_a_requirement_nobody_has_is_one_line_naming_it_and_the_host(lab: Lab, tmp_path: Path) -> None:
+    """A package no index nor wheel holds: the launch fails before any rank starts, in one line
+    naming the package and the host; a line the lab cannot install names its file and line."""
+    (tmp_path / "train.py").write_text("print('never')\n")
+    (tmp_path / "requirements.txt").write_text("--no-index\nnosuchpackage-lab-test>=2\n")
+    (tmp_path / "editable.txt").write_text("numpy\n-e ./tokenizer\n")
+    env = {**lab.env, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    lab.env, before = env, lab.env
+    try:
+        missing = lab("launch", "--nproc", "2", "--requirements", str(tmp_path / "requirements.txt"),
+                      str(tmp_path / "train.py"))
+        editable = lab("launch", "--nproc", "2", "--requirements", str(tmp_path / "editable.txt"),
+                       str(tmp_path / "train.py"))
+    finally:
+        lab.env = before
+    assert missing.code == 5 and "never" not in missing.out, missing.text[-2000:]
+    assert [line for line in missing.err.splitlines() if line.startswith("lab: error")] == [
+        f"lab: error: host local: cannot get the packages of {tmp_path / 'requirements.txt'} for its Python "
+        f"{sys.version_info[0]}.{sys.version_info[1]} on {platform.machine()}: No matching distribution found for "
+        "nosuchpackage-lab-test>=2"], missing.err
+    assert editable.code == 2 and editable.err.strip() == (
+        f"lab: error: {tmp_path / 'editable.txt'}:2: -e: not what the lab can install on the hosts (it installs "
+        "wheels: build one and name its file)"), editable.err
+    assert "Traceback" not in missing.err + editable.err and lab.leftovers() == []
 
 
 def test_a_program_that_makes_its_own_store_gets_the_held_port(lab: Lab) -> None:

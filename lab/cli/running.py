@@ -29,13 +29,14 @@ from lab.cli.common import (
 from lab.cli.views import run as views
 from lab.cli.views import screen
 from lab.cli.views.doctor import print_diagnosis
-from lab.core import bringback, launchers, random_inputs, workdir
+from lab.core import bringback, launchers, random_inputs, requirements, workdir
 from lab.core.judge import exit_code, judge, stopped_exit, the_network_may_be_why
 from lab.core.logdir import LogDir
 from lab.core.outcome import LaunchState, RankState, RunOutcome
 from lab.core.plan import BACKENDS, DEFAULT_TIMEOUT, INIT_METHODS, Options
 from lab.core.planner import build_launch_plan, build_plan, without_unshared
 from lab.core.report import launch_json, to_json, to_junit
+from lab.core.requirements import Requirements
 from lab.core.runner import run_plan
 from lab.core.slurm import SlurmError
 from lab.doctor.known import printed_causes, run_causes
@@ -200,6 +201,10 @@ def add_launch(commands: Commands) -> None:
     launch.add_argument("--include", action="append", default=[], metavar="PATTERN",
                         help="carry files matching PATTERN (.gitignore's syntax) that the workdir's ignore rules "
                              "leave out: its data, say (repeatable; --exclude still wins)")
+    launch.add_argument("--requirements", metavar="FILE",
+                        help="install what FILE (pip's requirements format) names on every host, once, for the ranks "
+                             "(an environment each host keeps by FILE's content; this machine gets the wheels: a "
+                             "second launch with it costs nothing); over the inventory's `requirements:`")
     launch.add_argument("--bring-back-max", type=float, default=bringback.DEFAULT_MAX_MB, metavar="MB",
                         help="on hosts other than this machine, bring back into the project at the end what the "
                              "ranks wrote in their copies of it, up to this much in all (default "
@@ -283,7 +288,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
                              preflight=args.preflight, rank_env=rank_env(args, root.resolve(), in_place is None),
                              workdir=project, module=args.module, max_restarts=args.max_restarts,
                              trace=bool(args.trace), torch_dumps=bool(args.fr_dir), in_place=in_place,
-                             bring_back_max=int(args.bring_back_max * 2**20))
+                             bring_back_max=int(args.bring_back_max * 2**20),
+                             requirements=_requirements(args.requirements, inventory))
     name = args.script if args.module else script.name
     streamer = views.LineStreamer(console)
     logs = LogDir(args.log_dir, (r.rank for r in plan.ranks)) if args.log_dir else None
@@ -311,6 +317,13 @@ def cmd_launch(args: argparse.Namespace) -> int:
         views.print_launch(console, name, outcome, failed)
         views.print_causes(console, "what the ranks printed means:", printed)
     return code
+
+
+def _requirements(given: str | None, inventory: Inventory) -> dict[str, Requirements]:
+    """What each host's ranks need beyond torch: ``--requirements``, else the host's in the inventory."""
+    files = {host.name: given or host.requirements for host in inventory.hosts if given or host.requirements}
+    read = {path: requirements.read(path) for path in set(files.values()) if path}
+    return {host: read[path] for host, path in files.items() if path}
 
 
 def _launch_exit(outcome: RunOutcome, failed: list[RankState]) -> ExitCode:

@@ -26,7 +26,7 @@ import re
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from lab.core.random_inputs import VALUE_BYTES
 from lab.inventory.model import Host
@@ -34,6 +34,9 @@ from lab.rank.script import MODULE_VAR, WORKDIR_VAR
 from lab.rank.watcher import HANG_AFTER_VAR, TORCH_DUMPS_VAR, TRACE_VAR
 from lab.rank.wire import Mode as WireMode
 from lab.suite.registry import Exercise, Rendezvous
+
+if TYPE_CHECKING:
+    from lab.core.requirements import Requirements
 
 Backend = Literal["gloo", "nccl"]
 InitMethod = Literal["env", "tcp", "file"]
@@ -43,6 +46,7 @@ DEFAULT_TIMEOUT = 60.0
 DEFAULT_HANG_AFTER = 10.0  # seconds every live rank waits in a call, none completing one, before it is a hang
 RUN_DIR = "${run_dir}"
 WORK_DIR = "work"  # lab launch: the project's copy, in the run directory
+REQUIREMENTS_ENV = "requirements-env"  # lab launch: the host's environment of its requirements, linked there
 _MACRO = re.compile(r"\$\{(run_dir|port(\d+))\}")
 
 
@@ -175,6 +179,8 @@ class Plan:
     # as under torchrun (nothing carried, so nothing a job writes is left behind in a copy)
     in_place: str = ""
     work_root: str = ""  # the project folder on this machine, where what the ranks write in their copies comes back
+    # lab launch --requirements (or the inventory's): by host, what its ranks need beyond torch (lab.core.requirements)
+    requirements: dict[str, Requirements] = field(default_factory=dict, hash=False)
     # Options.preflight, where the launcher has one (not under srun, where Slurm starts the tasks)
     checks_network: bool = True
     # What each host's connections carried is measured by its launcher (Options.wire): only the lab's
@@ -252,9 +258,10 @@ class Plan:
     def launcher_env(self, host_env: Mapping[str, str], own: Mapping[str, str]) -> dict[str, str]:
         """A host's launcher's settings, which its ranks inherit: the lab's defaults, the host's own
         (the inventory's ``env``), the run's ``rank_env`` over them, then the run's ``own`` (the
-        user's PYTHONPATH after the lab's code)."""
+        user's PYTHONPATH after the lab's code and the requirements' environment)."""
         user = {**host_env, **self.options.rank_env}
-        python_path = ":".join(p for p in (self.code_dir, user.pop("PYTHONPATH", "")) if p)
+        environment = f"{RUN_DIR}/{REQUIREMENTS_ENV}" if self.requirements else ""  # (the host's, where it has one)
+        python_path = ":".join(p for p in (self.code_dir, environment, user.pop("PYTHONPATH", "")) if p)
         return {"OMP_NUM_THREADS": "1", **user, "PYTHONPATH": python_path, **own}
 
     @property
@@ -273,6 +280,7 @@ class Plan:
                           "drawn for this run", "seed": self.seed} if self.inputs else {}),
             **({"part": self.options.part} if self.options.part else {}),
             **({"memory_mb": self.options.memory_mb} if self.options.memory_mb else {}),
+            **({"requirements": {host: r.path for host, r in self.requirements.items()}} if self.requirements else {}),
             **({"pids_per_rank": self.options.pids} if self.options.pids else {}),
             "run_dir": f"{RUN_DIR} = <each host's temp dir>/{self.run_name}",
             **({"ports": f"{', '.join(port_macro(i) for i in range(self.port_count))}: chosen free and "

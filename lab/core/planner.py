@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from lab.core import launchers
 from lab.core.launchers import Launcher
@@ -35,6 +35,9 @@ from lab.core.workdir import Workdir
 from lab.errors import UsageError
 from lab.inventory.model import Host, Inventory
 from lab.suite.registry import Exercise, Rendezvous
+
+if TYPE_CHECKING:
+    from lab.core.requirements import Requirements
 
 
 def without_unshared(options: Options, hosts: Sequence[Host]) -> tuple[Options, tuple[Exercise, ...]]:
@@ -173,11 +176,13 @@ def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], ti
                       rank_env: Mapping[str, str] | None = None, workdir: Workdir | None = None,
                       module: bool = False, max_restarts: int = 0, trace: bool = False,
                       torch_dumps: bool = False, in_place: Path | None = None,
-                      bring_back_max: int = 1 << 30) -> Plan:
+                      bring_back_max: int = 1 << 30,
+                      requirements: Mapping[str, Requirements] | None = None) -> Plan:
     """``lab launch``: the user's script on every rank, the rendezvous in its environment
     (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE), set by the launcher. The
     ranks start in a copy of the project (``workdir``) on every host, or in the project folder
-    itself (``in_place``: this machine's ranks alone)."""
+    itself (``in_place``: this machine's ranks alone), with each host's ``requirements`` (by host
+    name) on their path."""
     options = Options((), timeout=timeout, launcher=launcher, partition=partition, hang_after=hang_after,
                       preflight=preflight, rank_env=dict(rank_env or {}), max_restarts=max_restarts, trace=trace,
                       torch_dumps=torch_dumps, bring_back_max=bring_back_max)
@@ -200,7 +205,7 @@ def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], ti
         script=(*program, *args), module=script if module else None,
         work={relative: str(path) for relative, path in workdir.files} if workdir is not None else {},
         work_key=workdir.key if workdir is not None else "", in_place=str(in_place.resolve()) if in_place else "",
-        work_root=str(workdir.root) if workdir is not None else "",
+        work_root=str(workdir.root) if workdir is not None else "", requirements=dict(requirements or {}),
         rdzv_endpoint=_endpoint(master, port) if starter.forms_group else None, port_count=1,
         checks_network=preflight and starter.checks_network))
 

@@ -50,7 +50,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from lab.core import bringback, random_inputs, workcache
+from lab.core import bringback, hostenv, random_inputs, workcache
 from lab.core.bringback import BroughtBack
 from lab.core.ledger import Ledger
 from lab.core.outcome import LaunchState, OnLine, RankState, RunOutcome, RunStatus
@@ -138,8 +138,13 @@ class Run:
         """Carry the run's files to every host, hold its ports, start every launch and read its streams."""
         hosts = len(self.plan.hosts)
         self._tell("reaching", f"reaching {hosts} host(s) and carrying the run's files"
-                               + (f" and the project ({len(self.plan.work)} file(s))" if self.plan.work else ""))
-        run_dirs = self._prepare_all()
+                               + (f" and the project ({len(self.plan.work)} file(s))" if self.plan.work else "")
+                               + (", with the environment of its requirements" if self.plan.requirements else ""))
+        installed: list[str] = []  # the hosts that had no environment of their requirements: installed now
+        run_dirs = self._prepare_all(installed)
+        if installed:
+            self._tell("installed", f"installed the requirements on {', '.join(sorted(installed))}: kept there for "
+                                    "the next launches")
         self.launcher.check_run_dirs(self.plan, run_dirs)
         if self.plan.port_count:
             self._tell("ports", f"holding the rendezvous port(s) on {self.plan.hosts[0].name}")
@@ -158,9 +163,10 @@ class Run:
             log.debug("%s", text)
             self.on_phase(phase, text)
 
-    def _prepare_all(self) -> dict[str, str]:
-        """Reach every host at once and carry the run's files there; each host's run directory. A
-        group never stops at the first failure: every host is tried, and every one that failed is named."""
+    def _prepare_all(self, installed: list[str]) -> dict[str, str]:
+        """Reach every host at once and carry the run's files there, and its requirements' environment
+        (the hosts that had to install it go in ``installed``); each host's run directory. A group
+        never stops at the first failure: every host is tried, and every one that failed is named."""
         uploads = {**code_uploads(), **{rel: Path(local) for rel, local in self.plan.uploads.items()}}
         work = {relative: Path(local) for relative, local in self.plan.work.items()}
 
@@ -176,6 +182,9 @@ class Run:
                           "carried there" if carried else "as the host kept it, unchanged")
                 if self.plan.options.bring_back_max:
                     bringback.mark(transport, run_dir)
+            needs = self.plan.requirements.get(transport.host.name)
+            if needs is not None and hostenv.ensure(transport, self.plan.run_name, run_dir, needs):
+                installed.append(transport.host.name)
             log.debug("host %s: %d file(s) carried to %s in %.2fs", transport.host.name, len(own), run_dir,
                       time.monotonic() - began)
             return run_dir

@@ -90,6 +90,14 @@ def _host_directory(key: str, node: Node, base_dir: str) -> str:
     return value.rstrip("/") or "/"
 
 
+def _local_file(key: str, node: Node, base_dir: str) -> str:
+    """A file on this machine, relative to the inventory's directory."""
+    path = os.path.abspath(os.path.join(base_dir, os.path.expanduser(text_value(key, node, base_dir))))
+    if not os.path.isfile(path):
+        raise InvalidValue(f"{key}: {path} is not a file" if os.path.exists(path) else f"{key}: {path} does not exist")
+    return path
+
+
 def _connection(key: str, node: Node, base_dir: str) -> str:
     value = text_value(key, node, base_dir)
     if value not in CONNECTIONS:
@@ -176,6 +184,9 @@ HOST_KEYS: dict[str, Key] = merged(
                                                     "(a list, or names split by commas)"),
      "env": Key("env", _environment, "settings for the host's ranks, a mapping (NCCL_DEBUG: INFO); a host's replaces "
                                      "its group's, as any variable's; `--env` and `--env-file` come over them"),
+     "requirements": Key("requirements", _local_file, "a requirements file (pip's format) on this machine, relative "
+                                                      "to the file's directory: what `lab launch` installs on the "
+                                                      "host for its ranks, once (`--requirements` comes over it)"),
      "ansible_become": Key("become", boolean, "become root with `sudo -n` (passwordless) where the lab needs root on "
                                               "the host: `lab net overlay --hosts` (default false)"),
      "overlay": Key("overlay", matching(LAB_NAME, "a lab's name: a lowercase letter, then up to 23 lowercase letters, "

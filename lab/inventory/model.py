@@ -36,6 +36,7 @@ class Host:
     become: bool = False  # root by `sudo -n` where the lab needs root there (ansible_become)
     grade_users: tuple[str, ...] = ()  # lab grade's share N logs in as the Nth (else as `user`)
     env: tuple[tuple[str, str], ...] = ()  # settings for the host's ranks (the inventory's `env:`), in order
+    requirements: str | None = None  # a requirements file on this machine (absolute): what its ranks need beyond torch
     groups: tuple[str, ...] = ()  # every group the host is in, `all` left out, in file order
     source: str = ""  # "inventory.yaml:12": where the host is defined
 
