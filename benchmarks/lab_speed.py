@@ -20,6 +20,12 @@
     cross-vpc     `lab run p2p` on the cross-VPC lab without peering, to its verdict (the
                   preflight stops it, exit 6) / 5 s                                    goal <= 1.00
     cross-vpc-busy  the same with twice as many busy processes as cores / 10 s          goal <= 1.00
+    requirements  what `--requirements` adds to `lab launch` of an unchanged project on 4 container
+                  hosts that keep its environment (with it, less the median without it) / 0.2 s
+                                                                                        goal <= 1.00
+    bring-back    what bringing back a 50 MiB checkpoint that the ranks of 2 container hosts wrote
+                  adds to their launch (less the median with --bring-back-max 0)
+                  / an `scp` of it from rank 0's host                                    goal <= 1.20
     busy          false verdicts / runs of healthy jobs on 4 container hosts with twice as many
                   busy processes as cores (`run p2p`, `launch` under the lab's launcher and
                   torchrun: 10 runs of each, at least)                                  goal  = 0
@@ -59,6 +65,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.doctor_mesh import parallel_mesh  # noqa: E402
 from lab.containerlab.topology import PYTHON, Topology  # noqa: E402
 from tests.load import cpu_hog  # noqa: E402
+from tests.wheels import LABTOK, make_wheel  # noqa: E402
 
 LAB = [sys.executable, "-m", "lab"]
 TIMEOUT = 600
@@ -308,6 +315,78 @@ def preflight(repeat: int) -> Figure:
                   added, [PREFLIGHT_GOAL] * repeat, 1.0, False)
 
 
+REQUIREMENTS_GOAL = 0.2  # seconds a requirements file the hosts keep may add to a launch
+
+
+def requirements(repeat: int) -> Figure:
+    with ContainerLab("bench4", 4) as lab, tempfile.TemporaryDirectory() as folder:
+        project = Path(folder)  # (one project for both: its tokenizer used where it is there)
+        (project / "train.py").write_text("try:\n    import labtok\nexcept ImportError:\n    labtok = None\n")
+        make_wheel(project / "wheels", "labtok", "1.0", LABTOK)
+        (project / "requirements.txt").write_text("--no-index\n--find-links wheels\nlabtok==1.0\n")
+
+        def launch(*extra: str) -> Timing:
+            return lambda: timed([*LAB, "launch", "--hosts", str(lab.inventory), *extra, str(project / "train.py")],
+                                 "lab launch")[0]
+
+        with_it = launch("--requirements", str(project / "requirements.txt"))
+        with_it()  # (the hosts keep the project and install its environment, once)
+        kept, plain = alternating(repeat, with_it, launch())
+    added = [t - statistics.median(plain) for t in kept]
+    return Figure("requirements", f"launch (4 hosts) with a kept requirements file less without it / "
+                                  f"{REQUIREMENTS_GOAL:g} s", added, [REQUIREMENTS_GOAL] * repeat, 1.0, False)
+
+
+CHECKPOINT_MB = 50
+# Each rank writes the same checkpoint of CHECKPOINT_MB MiB to a relative out/.
+CHECKPOINT = f"""\
+import os, random
+os.makedirs("out", exist_ok=True)
+with open("out/ckpt.bin", "wb") as f:
+    f.write(random.Random(0).randbytes({CHECKPOINT_MB} << 20))
+"""
+
+
+def bring_back(repeat: int) -> Figure:
+    with ContainerLab("bench4", 2) as lab, tempfile.TemporaryDirectory() as folder:
+        project, copies = Path(folder, "project"), Path(folder, "scp")
+        project.mkdir()
+        copies.mkdir()
+        (project / "train.py").write_text(CHECKPOINT)
+        hosts = yaml.safe_load(lab.inventory.read_text())["all"]
+        login = hosts["vars"]
+        ssh = ["-i", str(lab.inventory.parent / os.path.expanduser(login["ansible_ssh_private_key_file"])), "-o",
+               f"UserKnownHostsFile={lab.inventory.parent / os.path.expanduser(login['ssh_known_hosts_file'])}",
+               "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-q"]
+
+        def launch(*extra: str) -> Timing:
+            def once() -> float:
+                seconds = timed([*LAB, "launch", "--hosts", str(lab.inventory), *extra, str(project / "train.py")],
+                                "lab launch (a checkpoint)")[0]
+                shutil.rmtree(project / "out", ignore_errors=True)  # (the next launch carries the same project)
+                shutil.rmtree(project / ".lab", ignore_errors=True)
+                return seconds
+            return once
+
+        user, first = login.get("ansible_user", "lab"), lab.topology.name(1)
+        timed(["docker", "exec", "-u", user, lab.topology.container(1), PYTHON, "-c",
+               CHECKPOINT.replace('"out', '"/tmp/bench-out')], "the checkpoint on rank 0's host, for scp")
+
+        def scp() -> float:
+            return timed(["scp", *ssh, f"{user}@{hosts['hosts'][first]['ansible_host']}:/tmp/bench-out/ckpt.bin",
+                          str(copies / "ckpt.bin")], "scp")[0]
+
+        launch()()  # (the hosts keep the project)
+        brought, plain, copied = [], [], []
+        for _ in range(repeat):
+            brought.append(launch()())
+            plain.append(launch("--bring-back-max", "0")())
+            copied.append(scp())
+    added = [t - statistics.median(plain) for t in brought]
+    return Figure("bring-back", f"bringing back a {CHECKPOINT_MB} MiB checkpoint from 2 hosts / an scp of it",
+                  added, copied, 1.2, False)
+
+
 CROSS_VPC_BUSY_GOAL = 10.0  # seconds to that verdict with the CPU hog
 FALSE_VERDICT_RUNS = 10  # runs of each healthy job, at least
 
@@ -374,7 +453,7 @@ def p2p_eight(repeat: int) -> Figure:
 
 def main() -> int:
     names = ("launch-ssh", "run-all", "up", "doctor", "launch-local", "hang-verdict", "hang-training", "preflight",
-             "cross-vpc", "busy", "p2p-8")
+             "requirements", "bring-back", "cross-vpc", "busy", "p2p-8")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"of {', '.join(names)} (default all)")
     parser.add_argument("--repeat", type=int, default=3)
@@ -393,7 +472,8 @@ def main() -> int:
                 "launch-local": lambda: launch_local(args.repeat, script),
                 "hang-verdict": lambda: hang_verdict(args.repeat, script),
                 "hang-training": lambda: hang_training(args.repeat),
-                "preflight": lambda: preflight(args.repeat), "cross-vpc": lambda: cross_vpc(args.repeat),
+                "preflight": lambda: preflight(args.repeat), "requirements": lambda: requirements(args.repeat),
+                "bring-back": lambda: bring_back(args.repeat), "cross-vpc": lambda: cross_vpc(args.repeat),
                 "busy": lambda: busy(args.repeat, script), "p2p-8": lambda: p2p_eight(args.repeat)}
         for name in args.names or names:
             made = runs[name]()

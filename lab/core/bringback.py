@@ -1,10 +1,14 @@
 """What a launch's ranks wrote in their project's copy on the hosts, brought back into the project
 folder on this machine when the job ends, as if they had run in it (as torchrun's ranks do).
 
-Each host's copy gets a mark once the project is in it (:data:`MARK`, beside it in the run's
-directory); what is newer than the mark when the job ends (a checkpoint, a log, a file the job
-changed) is what its ranks wrote. Each host's files come back in one tar stream (its own ``tar``,
-read no further than the bound), and land in the project:
+Each host's copy gets a mark once the project is in it (``lab.core.workcache.MARK``, beside it in
+the run's directory); what is newer than the mark when the job ends (a checkpoint, a log, a file the job
+changed) is what its ranks wrote. Rank 0's host sends its files at once, in one command's tar
+stream (its own ``find`` and ``tar``), while the others say the digest of each of theirs
+(``sha256sum``); then each other host sends only what rank 0's did not write, or wrote otherwise
+(ranks that save the same checkpoint send it once). What comes is read no further than the bound
+and written as it comes into a folder in the project's ``.lab/`` (each file's digest taken on the
+way), whence each file is renamed into place:
 
 * a path written on one host, or the same on every host that wrote it, at its place;
 * a path whose hosts disagree: rank 0's host's at its place, each other host's under
@@ -17,12 +21,12 @@ that host's is brought back, its run directory stays where it is, and a line say
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import logging
 import os
 import posixpath
-import shutil
 import tarfile
 import tempfile
 import threading
@@ -30,28 +34,28 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO, Any
 
 from lab.core.plan import WORK_DIR
+from lab.core.workcache import MARK
 from lab.core.workdir import NEVER
-from lab.transport.base import Transport, for_each_host
+from lab.transport.base import RankProcess, Transport, for_each_host
 
 log = logging.getLogger(__name__)
 
-MARK = ".lab-carried"  # in the run's directory: touched once the project's copy is whole
 ASIDE = Path(".lab") / "hosts"  # in the project: what a host wrote that does not go in its place
 DEFAULT_MAX_MB = 1024
-LIST_TIMEOUT = 30.0  # seconds for a host to list what its ranks wrote
+LIST_TIMEOUT = 60.0  # seconds for a host to list what its ranks wrote (and their digests)
+LIST_MAX = 64 << 20  # bytes of that list
 FETCH_TIMEOUT = 600.0  # seconds for a host to send it
 # sh, $1 the copy, $2 the mark: each file newer than the mark, as "SIZE PATH" and a NUL
 LIST = r'cd "$1" 2>/dev/null && find . -type f -newer "$2" -printf "%s %P\0" 2>/dev/null; true'
-
-
-def mark(transport: Transport, run_dir: str) -> None:
-    """Mark the project's copy on the host as whole: what its ranks write is newer than this."""
-    status, said = transport.call(["touch", posixpath.join(run_dir, MARK)], LIST_TIMEOUT)
-    if status != 0:
-        log.debug("host %s: cannot mark the project's copy (%s): nothing will be brought back", transport.host.name,
-                  said.strip())
+# sh, the same: each of those files' sha256 and path, a NUL after each
+DIGESTS = r'cd "$1" 2>/dev/null || exit 0; find . -type f -newer "$2" -printf "%P\0" | xargs -0 -r sha256sum -z --'
+# sh, the same: those files in one tar stream (nothing at all where the copy is gone); or, with $3,
+# the files whose paths come on stdin (a NUL after each)
+SEND = (r'cd "$1" 2>/dev/null || exit 0; if [ -n "$3" ]; then exec tar --null --no-recursion -T - -cf -; fi; '
+        r'find . -type f -newer "$2" -printf "%P\0" | tar --null --no-recursion -T - -cf -')
 
 
 @dataclass
@@ -82,68 +86,187 @@ def bring_back(transports: Mapping[str, Transport], project: Path, first: str, s
     0's host (where it ran: torchrun may place it); ``since``: when the job began (time.time(): a file
     of the project changed after it is kept). What came back, and the hosts whose run directories must
     stay (what they wrote did not come back)."""
+    budget = _Budget(max_bytes)
+    (project / ".lab").mkdir(exist_ok=True)
+    try:
+        with tempfile.TemporaryDirectory(prefix="incoming-", dir=project / ".lab") as scratch:
+            return _land_all(transports, project, first, since, budget, Path(scratch))
+    finally:
+        with contextlib.suppress(OSError):  # (made for the files on their way: gone with them, unless it has more)
+            (project / ".lab").rmdir()
+
+
+def _land_all(transports: Mapping[str, Transport], project: Path, first: str, since: float, budget: _Budget,
+              scratch: Path) -> tuple[BroughtBack, set[str]]:
+    """Each host's files fetched into ``scratch`` (its own folder there), then each renamed into place."""
     brought = BroughtBack()
-    listed = for_each_host(dict(transports), _written)
-    hosts: dict[str, dict[str, int]] = {}
     keep: set[str] = set()
-    for name, found in listed.items():
-        if isinstance(found, BaseException):
-            brought.left.append(f"{name}: could not list what its ranks wrote ({found}); its run directory stays")
-            keep.add(name)
-        elif found:
-            hosts[name] = found
-    total = sum(sum(files.values()) for files in hosts.values())
-    if total > max_bytes:
-        for name, files in sorted(hosts.items()):
-            brought.left.append(f"{name}: {_size(sum(files.values()))} in {len(files)} file(s), more than "
-                                f"--bring-back-max {_size(max_bytes)} in all; they stay in "
+    lead = first if first in transports else sorted(transports)[0]  # (its files at their places)
+    staged = {name: scratch / name for name in transports}
+    said = for_each_host(dict(transports), lambda t: _fetch(t, staged[lead], budget) if t.host.name == lead
+                         else _digests(t))
+    lead_sent = said[lead]
+    lead_has = lead_sent if not isinstance(lead_sent, BaseException) else {}
+    wanted = {name: [path for path, digest in listed.items() if lead_has.get(path) != digest]  # (its own alone)
+              for name, listed in said.items() if name != lead and not isinstance(listed, BaseException)}
+    fetched: dict[str, dict[str, bytes] | BaseException] = {
+        name: said[name] if name == lead or name not in wanted else {} for name in said}  # (what each sent)
+    fetched.update(for_each_host({n: transports[n] for n in wanted if wanted[n]},
+                                 lambda t: _fetch(t, staged[t.host.name], budget, wanted[t.host.name])))
+    if budget.over:
+        _say_over(transports, budget.most, brought)
+        return brought, set(transports)
+    versions: dict[str, dict[str, bool]] = {}  # path -> each host that wrote it -> whether it sent it
+    for name, got in sorted(fetched.items()):
+        if isinstance(got, BaseException):
+            brought.left.append(f"{name}: could not send what its ranks wrote ({got}); it stays in "
                                 f"{_copy_of(transports[name])} on {name}")
             keep.add(name)
-        return brought, keep
-    fetched = for_each_host({n: transports[n] for n in hosts}, lambda t: _fetch(t, sorted(hosts[t.host.name]),
-                                                                                max_bytes))
-    versions: dict[str, dict[str, bytes]] = {}  # path -> host -> the digest of what it wrote there
-    staged: dict[str, Path] = {}
-    with tempfile.TemporaryDirectory(prefix="lab-brought-") as scratch:
-        for name, got in sorted(fetched.items()):
-            if isinstance(got, BaseException):
-                brought.left.append(f"{name}: could not send what its ranks wrote ({got}); it stays in "
-                                    f"{_copy_of(transports[name])} on {name}")
-                keep.add(name)
+            continue
+        listed = said[name]
+        for path in got if isinstance(listed, BaseException) else listed:  # (another host's: all it wrote)
+            versions.setdefault(path, {})[name] = path in got
+    for path, by_host in sorted(versions.items()):
+        target = project / path
+        changed_here = target.exists() and target.stat().st_mtime > since
+        placed = lead if lead in by_host else sorted(by_host)[0]
+        for name, sent in sorted(by_host.items()):
+            if not sent:  # (the same as rank 0's host's)
                 continue
-            staged[name] = Path(scratch) / name
-            staged[name].mkdir()
-            with tarfile.open(fileobj=io.BytesIO(got), mode="r:") as archive:
-                archive.extractall(staged[name], filter="data")
-            for path in hosts[name]:
-                if (staged[name] / path).is_file():
-                    versions.setdefault(path, {})[name] = _digest(staged[name] / path)
-        for path, by_host in sorted(versions.items()):
-            placed = first if first in by_host else sorted(by_host)[0]
-            agree = len(set(by_host.values())) == 1
-            target = project / path
-            changed_here = target.exists() and target.stat().st_mtime > since
-            for name in sorted(by_host):
-                source = staged[name] / path
-                if name == placed and not changed_here:
-                    _put(source, target)
-                    brought.files.append(path)
-                elif not agree or changed_here:
-                    _put(source, project / ASIDE / name / path)
-                    brought.aside.append((ASIDE / name / path).as_posix())
-                else:
-                    continue
-                brought.size += source.stat().st_size
+            source = staged[name] / path
+            size = source.stat().st_size
+            if name == placed and not changed_here:
+                _put(source, target)
+                brought.files.append(path)
+            else:
+                _put(source, project / ASIDE / name / path)
+                brought.aside.append((ASIDE / name / path).as_posix())
+            brought.size += size
     return brought, keep
+
+
+class _Budget:
+    """The bytes the hosts may send in all, taken as they come: once over, every host's sending stops."""
+
+    def __init__(self, most: int) -> None:
+        self.most, self.left, self.over = most, most, False
+        self._lock = threading.Lock()
+
+    def take(self, count: int) -> None:
+        with self._lock:
+            self.left -= count
+            self.over = self.over or self.left < 0
+            if self.over:
+                raise _OverBound
+
+
+class _OverBound(Exception):
+    pass
+
+
+class _Counted(io.RawIOBase):
+    """A host's stream, each byte read taken from the budget (the tar's headers and padding too)."""
+
+    def __init__(self, stream: IO[bytes], budget: _Budget) -> None:
+        self.stream, self.budget = stream, budget
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.stream.read(min(len(buffer), 1 << 16))
+        self.budget.take(len(data))
+        buffer[:len(data)] = data
+        return len(data)
+
+
+def _fetch(transport: Transport, into: Path, budget: _Budget, paths: Sequence[str] = ()) -> dict[str, bytes]:
+    """The files the host's ranks wrote in their copy (``paths`` of them, where given), in ``into``, as
+    they come in its one tar stream (stopped where the budget runs out, or after FETCH_TIMEOUT): path
+    -> the digest of its bytes. What is never a rank's (Python's caches, the lab's own) is not kept."""
+    assert transport.run_dir is not None
+    import pathspec
+
+    never = pathspec.GitIgnoreSpec.from_lines(NEVER)
+    process = transport.start(["/bin/sh", "-c", SEND, "sh", posixpath.join(transport.run_dir, WORK_DIR),
+                               posixpath.join(transport.run_dir, MARK), "listed" if paths else ""], {}, "/")
+    expired = threading.Event()
+
+    def expire() -> None:  # (its stream then ends)
+        expired.set()
+        process.kill()
+
+    timer = threading.Timer(FETCH_TIMEOUT, expire)
+    timer.start()
+    got: dict[str, bytes] = {}
+    stream = io.BufferedReader(_Counted(process.stdout, budget), 1 << 16)
+    try:
+        if paths:
+            process.send(b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in paths))
+        process.close_stdin()
+        if stream.peek(1):  # (nothing at all: the copy is gone)
+            with tarfile.open(fileobj=stream, mode="r|") as archive:
+                for member in archive:
+                    name = _own_path(member)
+                    if not never.match_file(name):
+                        got[name] = _land(archive, tarfile.data_filter(member, str(into)), into)
+        status = _status(process)
+    except _OverBound:
+        return got
+    except tarfile.FilterError as exc:
+        raise OSError(f"it sent {exc}") from exc
+    except tarfile.TarError as exc:
+        if expired.is_set():
+            raise OSError(f"not sent within {FETCH_TIMEOUT:g}s") from exc
+        raise OSError(f"its tar stream broke off ({exc})") from exc
+    finally:
+        timer.cancel()
+        process.kill()
+    if expired.is_set():
+        raise OSError(f"not sent within {FETCH_TIMEOUT:g}s")
+    if status != 0:
+        raise OSError(f"its tar ended with status {status}")
+    return got
+
+
+def _own_path(member: tarfile.TarInfo) -> str:
+    """``member``'s path, where it is one its host's ``find`` lists (a file, at a plain relative path in
+    the copy); else the host sent what it was not asked for: OSError, and nothing of it is kept."""
+    parts = member.name.split("/")
+    if not member.isfile() or member.name.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise OSError(f"it sent {member.name!r}, {'not a file' if not member.isfile() else 'not a path in its copy'}")
+    return member.name
+
+
+def _land(archive: tarfile.TarFile, member: tarfile.TarInfo, into: Path) -> bytes:
+    """``member``'s bytes written under ``into`` as they come; their digest."""
+    target = into / member.name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    source = archive.extractfile(member)
+    assert source is not None
+    sha = hashlib.sha256()
+    with target.open("wb") as f:
+        for chunk in iter(lambda: source.read(1 << 20), b""):
+            f.write(chunk)
+            sha.update(chunk)
+    return sha.digest()
+
+
+def _say_over(transports: Mapping[str, Transport], max_bytes: int, brought: BroughtBack) -> None:
+    """Each host's lines when what they wrote is more than the bound: how much it is, and where it stays."""
+    listed = for_each_host(dict(transports), _written)
+    for name, found in sorted(listed.items()):
+        where = f"they stay in {_copy_of(transports[name])} on {name}"
+        if isinstance(found, BaseException):
+            brought.left.append(f"{name}: more than --bring-back-max {_size(max_bytes)} in all; {where}")
+        elif found:
+            brought.left.append(f"{name}: {_size(sum(found.values()))} in {len(found)} file(s), more than "
+                                f"--bring-back-max {_size(max_bytes)} in all; {where}")
 
 
 def _written(transport: Transport) -> dict[str, int]:
     """The files the host's ranks wrote in their copy: path -> bytes."""
-    assert transport.run_dir is not None
-    status, said = transport.call(["/bin/sh", "-c", LIST, "sh", posixpath.join(transport.run_dir, WORK_DIR),
-                                   posixpath.join(transport.run_dir, MARK)], LIST_TIMEOUT)
-    if status != 0:
-        raise OSError(f"no answer within {LIST_TIMEOUT:g}s" if status is None else f"status {status}")
+    said = _output(transport, LIST)
     import pathspec
 
     never = pathspec.GitIgnoreSpec.from_lines(NEVER)  # (what is never a rank's: Python's caches, the lab's own)
@@ -155,56 +278,55 @@ def _written(transport: Transport) -> dict[str, int]:
     return files
 
 
-def _fetch(transport: Transport, paths: Sequence[str], max_bytes: int) -> bytes:
-    """The host's ``paths`` (in its copy) as one tar stream, no more than ``max_bytes`` and its headers."""
+def _digests(transport: Transport) -> dict[str, bytes]:
+    """The files the host's ranks wrote in their copy: path -> the sha256 of its bytes, as the host says."""
     assert transport.run_dir is not None
-    process = transport.start(["tar", "-C", posixpath.join(transport.run_dir, WORK_DIR), "--null", "-T", "-",
-                               "-cf", "-"], {}, "/")
-    chunks: list[bytes] = []
-    limit = max_bytes + (len(paths) + 2) * 1536  # (a tar member's headers, padded)
+    said = _output(transport, DIGESTS)
+    import pathspec
 
-    def read() -> None:
-        taken = 0
-        while taken <= limit and (chunk := process.stdout.read(1 << 20)):
-            chunks.append(chunk)
-            taken += len(chunk)
+    never = pathspec.GitIgnoreSpec.from_lines(NEVER)
+    digests = {}
+    for entry in filter(None, said.split("\0")):
+        digest, _, path = entry.partition("  ")
+        if len(digest) == 64 and path and not path.startswith(("/", "../")) and not never.match_file(path):
+            digests[path] = bytes.fromhex(digest)
+    return digests
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+
+def _output(transport: Transport, script: str) -> str:
+    """What ``script`` (sh: $1 the host's copy, $2 its mark) prints, whole (a list of every file the
+    ranks wrote is never cut), within LIST_TIMEOUT and LIST_MAX bytes; OSError where it is not."""
+    assert transport.run_dir is not None
+    process = transport.start(["/bin/sh", "-c", script, "sh", posixpath.join(transport.run_dir, WORK_DIR),
+                               posixpath.join(transport.run_dir, MARK)], {}, "/")
+    timer = threading.Timer(LIST_TIMEOUT, process.kill)  # (its stream then ends, and its status is not 0)
+    timer.start()
     try:
-        process.send(b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in paths))
         process.close_stdin()
-        reader.join(FETCH_TIMEOUT)
-        deadline = time.monotonic() + 5.0
-        while process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        status = process.poll()
+        said = process.stdout.read(LIST_MAX + 1)
+        status = _status(process)
     finally:
+        timer.cancel()
         process.kill()
-    data = b"".join(chunks)
-    if len(data) > limit:
-        raise OSError(f"sent more than the {_size(max_bytes)} it listed")
-    if reader.is_alive() or status is None:
-        raise OSError(f"not sent within {FETCH_TIMEOUT:g}s")
+    if len(said) > LIST_MAX:
+        raise OSError(f"it listed more than {_size(LIST_MAX)} of paths")
     if status != 0:
-        raise OSError(f"its tar ended with status {status}")
-    return data
+        raise OSError(f"no list within {LIST_TIMEOUT:g}s" if status is None else f"its list ended with status {status}")
+    return said.decode("utf-8", "surrogateescape")
 
 
-def _digest(path: Path) -> bytes:
-    sha = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            sha.update(chunk)
-    return sha.digest()
+def _status(process: RankProcess) -> int | None:
+    """``process``'s exit status, once it ends (its streams have): None if it has not within 5 s."""
+    deadline = time.monotonic() + 5.0
+    while process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return process.poll()
 
 
 def _put(source: Path, target: Path) -> None:
-    """``source`` at ``target``, whole (a new file renamed over the old), its folders made."""
+    """``source`` (whole, beside the project) renamed over ``target``, its folders made."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    part = target.with_name(f".{target.name}.{os.getpid()}.part")
-    shutil.copyfile(source, part)
-    os.replace(part, target)
+    os.replace(source, target)
 
 
 def _copy_of(transport: Transport) -> str:

@@ -180,8 +180,6 @@ class Run:
                 run_dir, carried = workcache.carry(transport, self.plan.run_name, own, work, self.plan.work_key)
                 log.debug("host %s: the project (%d file(s)) %s", transport.host.name, len(work),
                           "carried there" if carried else "as the host kept it, unchanged")
-                if self.plan.options.bring_back_max:
-                    bringback.mark(transport, run_dir)
             needs = self.plan.requirements.get(transport.host.name)
             if needs is not None and hostenv.ensure(transport, self.plan.run_name, run_dir, needs):
                 installed.append(transport.host.name)

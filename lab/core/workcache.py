@@ -8,7 +8,9 @@ check). Once the run's directory is made, one short command copies the kept proj
 (``WORK_DIR``, renamed into place whole: hosts of one machine share it), where the ranks may write as
 they like without touching the kept copy; where the host has no such project, it says so, the
 files go there once (into a folder of their own, renamed to the key when whole, so a copy cut short
-is never taken for one) and the same command copies it. The newest KEEP projects are kept.
+is never taken for one) and the same command copies it. The newest KEEP projects are kept. Once the
+copy is whole, the same command marks it (:data:`MARK`): what is newer than the mark when the job
+ends is what its ranks wrote (``lab.core.bringback``).
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from lab.transport.base import Transport
 log = logging.getLogger(__name__)
 
 KEEP = 4  # projects kept on a host
+MARK = ".lab-carried"  # in the run's directory: touched once the project's copy is whole
 CALL_TIMEOUT = 60.0  # seconds for a host's copy of a project into the run's directory
 
 # sh, $1 the key, $2 the project's folder in the run directory, $3 the folder the project was just
@@ -32,6 +35,7 @@ CALL_TIMEOUT = 60.0  # seconds for a host's copy of a project into the run's dir
 # project of that key, else the project copied into $2 by way of a folder renamed into place (two hosts
 # of one machine may share the run directory), "copied", and the oldest kept projects let go. A kept
 # project's folder appears whole (renamed into place once its files are in): being there is being complete.
+# The copy whole, MARK beside it in the run's directory is touched.
 _COPY = r"""
 u=$(id -u); c="${TMPDIR:-/tmp}/lab-work-$u"
 [ -e "$c" ] || [ -L "$c" ] || mkdir -m 700 "$c" 2>/dev/null
@@ -43,16 +47,17 @@ if [ ! -d "$2" ]; then
   mv -T "$t" "$2" 2>/dev/null || rm -rf "$t"
 fi
 [ -d "$2" ] || exit 1
+touch "${2%/*}/MARK" || exit 1
 echo copied
 ls -1dt "$c"/*/ 2>/dev/null | tail -n +KEEP | while read -r old; do rm -rf "$old"; done
-""".replace("KEEP", str(KEEP + 1))
+""".replace("KEEP", str(KEEP + 1)).replace("MARK", MARK)
 
 
 def carry(transport: Transport, run_name: str, uploads: Mapping[str, Path], work: Mapping[str, Path],
           key: str) -> tuple[str, bool]:
     """Make the run's directory on the host with ``uploads`` and the project (``work``: its files,
-    by path in it) in its ``work/``, the project from the host's kept copy when it has ``key``; the
-    run directory, and whether the project went over the network. A kept project costs the host two
+    by path in it) in its ``work/``, the project from the host's kept copy when it has ``key``, and
+    mark it (MARK); the run directory, and whether the project went over the network. A kept project costs the host two
     commands (the run's files; the copy), a new one two more (its files, kept; the copy)."""
     run_dir = transport.prepare(run_name, uploads)
     project = posixpath.join(run_dir, WORK_DIR)
@@ -70,6 +75,10 @@ def carry(transport: Transport, run_name: str, uploads: Mapping[str, Path], work
         log.debug("host %s: no kept projects (%s): the project goes into the run's directory", transport.host.name,
                   " ".join(said))
         transport.prepare(run_name, {f"{WORK_DIR}/{p}": f for p, f in work.items()})
+        status, output = transport.call(["touch", posixpath.join(run_dir, MARK)], CALL_TIMEOUT)
+        if status != 0:
+            raise RunError(f"host {transport.host.name}: cannot mark the project's copy in {run_dir}: "
+                           f"{output.strip() or f'exit {status}'}")
         return run_dir, True
     return run_dir, False
 
