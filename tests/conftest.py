@@ -124,9 +124,11 @@ class Lab:
     def argv(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "lab", *args]
 
-    def __call__(self, *args: str, timeout: float = 240) -> Result:
-        proc = subprocess.run(self.argv(*args), cwd=REPO, env=self.env, capture_output=True,
-                              text=True, timeout=timeout)
+    def __call__(self, *args: str, timeout: float = 240, stdin: str | None = None) -> Result:
+        """The command's end; ``stdin``: what it reads on its stdin (else nothing: /dev/null)."""
+        proc = subprocess.run(self.argv(*args), cwd=REPO, env=self.env, capture_output=True, text=True,
+                              timeout=timeout, **({"input": stdin} if stdin is not None else
+                                                  {"stdin": subprocess.DEVNULL}))
         return Result(proc.returncode, proc.stdout, proc.stderr)
 
     def measured(self, *args: str, timeout: float = 240) -> tuple[Result, int]:

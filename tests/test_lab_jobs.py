@@ -6,6 +6,7 @@ test_lab_docker, whose helpers they share.
 """
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ from lab.containerlab import containers, resources, topology
 from .conftest import DDP_SERIES, REPO, TOKENIZED, WRONG, Lab, assert_ddp_series_trained
 from .test_lab_docker import _client, assert_no_workers_anywhere, inventory_variant, run_json
 from .test_launchers import FAILS_IN_ITS_FIRST_ATTEMPTS
+from .test_local_run import STDIN_ECHO
 from .tutorials import assert_prints_as_shown, tutorial_scripts
 from .wheels import tokenized_project
 
@@ -262,6 +264,20 @@ def test_a_trainer_that_needs_a_package_gets_it_on_every_host_once_and_resumes_a
         steps.findall(whole.out), (whole.out, first.out, resumed.out)
     assert f"labtok {version} from /tmp/lab-run-" in resumed.out and "/requirements-env/labtok/" in resumed.out
     assert torch_step(project / "out" / "ckpt.pt") == 4
+    assert_no_workers_anywhere(jobs.topology)
+
+
+def test_rank_0_on_its_host_reads_the_launchs_stdin(jobs: Jobs, tmp_path: Path) -> None:
+    """Across hosts as on this machine: what `lab launch` reads on its stdin goes over SSH, after the
+    preflight, to rank 0 on node1, whole; rank 1 on node2 reads nothing."""
+    script = tmp_path / "echo.py"
+    script.write_text(STDIN_ECHO)
+    text = "".join(f"line {i} of the launch's stdin\n" for i in range(100_000))
+    result = jobs.lab("launch", "--hosts", str(jobs.inventory), "--nnodes", "2", "--nproc-per-node", "1",
+                      str(script), stdin=text, timeout=120)
+    assert result.code == 0, result.text[-3000:]
+    assert f"[node1 r0] rank 0 read {len(text)} bytes {hashlib.sha256(text.encode()).hexdigest()[:16]}" in result.out
+    assert "[node2 r1] rank 1 read 0 bytes" in result.out, result.out
     assert_no_workers_anywhere(jobs.topology)
 
 

@@ -1,6 +1,7 @@
 """The local cluster end to end: the real CLI, real processes, real torch.distributed (gloo)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -629,6 +630,28 @@ def test_a_trainer_that_needs_a_package_gets_it_once_and_resumes_as_torchrun_tra
     assert steps.findall(first.out) + steps.findall(resumed.out) == steps.findall(torchrun.stdout)
     assert f"labtok {version} from " in resumed.out and "/requirements-env/labtok/" in resumed.out, resumed.out
     assert (tmp_path / "cache" / "lab" / "wheels").is_dir()
+    assert lab.leftovers() == []
+
+
+STDIN_ECHO = """\
+import hashlib, os, sys
+data = sys.stdin.buffer.read()
+print("rank", os.environ["RANK"], "read", len(data), "bytes", hashlib.sha256(data).hexdigest()[:16], flush=True)
+"""
+
+
+def test_rank_0_reads_the_launchs_stdin_and_the_others_read_nothing(lab: Lab, tmp_path: Path) -> None:
+    """As under torchrun: what `lab launch` reads on its stdin, 6 MiB of it, is rank 0's, whole and
+    in order, and its end is rank 0's end of file; the other ranks' stdin is empty."""
+    script = tmp_path / "echo.py"
+    script.write_text(STDIN_ECHO)
+    text = "".join(f"line {i} of the launch's stdin\n" for i in range(200_000))
+    result = lab("launch", "--nproc", "3", str(script), stdin=text)
+    assert result.code == 0, result.text[-3000:]
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    assert f"[local r0] rank 0 read {len(text)} bytes {digest}" in result.out, result.out
+    empty = hashlib.sha256(b"").hexdigest()[:16]
+    assert f"[local r1] rank 1 read 0 bytes {empty}" in result.out and f"rank 2 read 0 bytes {empty}" in result.out
     assert lab.leftovers() == []
 
 

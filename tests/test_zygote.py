@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from lab.rank import stdin
 from lab.rank.events import Bad, Done, Event, Exit, WireMeasure, parse_event
 from lab.rank.protocol import EVENT_MAX, LINE_MAX, NEUTRAL, event_line, rank_tag, untag
+from lab.rank.stdin import Frames, frame
 from lab.rank.wire import WIRE_VAR
 from lab.rank.zygote import StreamFilter
 
@@ -146,3 +148,29 @@ def test_the_zygote_forks_its_ranks_and_reports_each_ones_end(tmp_path: Path) ->
     assert {(r, f"rank {r} local {r - 4} torch True".encode()) for r in (4, 5, 6)} <= output, output
     assert {(4, b"atexit of 4"), (5, b"atexit of 5")} <= output  # the program ended as the interpreter would
     assert not json.dumps(sorted(str(x) for x in output)).count("atexit of 6")  # (killed: no atexit)
+
+
+def test_rank_0s_stdin_frames_come_whole_in_any_pieces_and_end_once() -> None:
+    """What the controller sends of its stdin (lab.rank.stdin): frames cut anywhere give back the
+    bytes in order; a frame of length 0 ends them; a frame with no length is refused."""
+    sent = frame(b"hello\n") + frame(b"") + frame(b"after the end")
+    for cut in range(1, len(sent)):
+        frames = Frames()
+        assert frames.feed(sent[:cut]) + frames.feed(sent[cut:]) == b"hello\n" and frames.ended
+    with pytest.raises(ValueError):
+        Frames().feed(b"x" * 40)
+    with pytest.raises(ValueError):
+        Frames().feed(b"12a\nhello")
+
+
+def test_stdin_rank_0_does_not_read_is_held_to_its_bound_and_the_pipe_closes_at_the_end(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stdin, "HOLD_MAX", 10)
+    read, write = os.pipe()
+    feeder = stdin.Feeder(write)
+    feeder.take(frame(b"0123456789abcdef"))
+    assert feeder.held == b"0123456789" and feeder.dropped == 6 and feeder.waiting
+    feeder.take(frame(b""))
+    feeder.write()
+    assert os.read(read, 100) == b"0123456789" and feeder.fd is None and os.read(read, 100) == b""
+    os.close(read)

@@ -3,6 +3,7 @@ script, torchrun-style), ``submit`` (a run as a Slurm batch job)."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from dataclasses import asdict
 from pathlib import Path
@@ -173,7 +174,8 @@ def add_launch(commands: Commands) -> None:
         description="Run SCRIPT on every rank of the cluster with MASTER_ADDR, MASTER_PORT, RANK, "
                     "WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE in its environment, set by the lab, by "
                     "torchrun or by mp.spawn on each host (--launcher), across the hosts of an inventory. "
-                    "The tutorials' torchrun scripts run unchanged.")
+                    "The tutorials' torchrun scripts run unchanged. Under --launcher lab, rank 0 reads this "
+                    "command's stdin, as under torchrun; the other ranks read nothing.")
     cluster_options(launch)
     launcher_option(launch)
     launch.add_argument("--timeout", type=float, default=0.0, metavar="SECONDS",
@@ -301,7 +303,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
     try:
         with views.phases(console) as on_phase:
-            outcome = run_plan(plan, on_line=on_line, keep=args.keep, ssh=settings, on_phase=on_phase)
+            outcome = run_plan(plan, on_line=on_line, keep=args.keep, ssh=settings, on_phase=on_phase,
+                               stdin=_stdin())
     finally:
         if logs is not None:
             logs.close()
@@ -317,6 +320,15 @@ def cmd_launch(args: argparse.Namespace) -> int:
         views.print_launch(console, name, outcome, failed)
         views.print_causes(console, "what the ranks printed means:", printed)
     return code
+
+
+def _stdin() -> int | None:
+    """This process's stdin, for rank 0 (as torchrun gives it its own); None where it has none."""
+    try:
+        os.fstat(0)
+    except OSError:
+        return None
+    return 0
 
 
 def _requirements(given: str | None, inventory: Inventory) -> dict[str, Requirements]:

@@ -42,7 +42,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
+import select
 import signal
 import threading
 import time
@@ -62,6 +64,7 @@ from lab.core.streams import QUEUE_MAX, Events, Item, StreamReader
 from lab.core.why import explain_run
 from lab.errors import HostsUnreachable, HostUnreachable, LabError, RunError
 from lab.rank.inputs import file_of
+from lab.rank.stdin import STDIN_VAR, frame
 from lab.rank.text import exception_line
 from lab.transport.base import RankProcess, Transport, code_uploads, for_each_host, release
 from lab.transport.reach import transport_for
@@ -82,15 +85,18 @@ OnPhase = Callable[[str, str], None]  # (the phase, what it is at: "starting", "
 
 def run_plan(plan: Plan, on_line: OnLine = lambda *_: None, keep: bool = False,
              ssh: SSHSettings | None = None, wall: float | None = None,
-             stop: threading.Event | None = None, on_phase: OnPhase = lambda *_: None) -> RunOutcome:
+             stop: threading.Event | None = None, on_phase: OnPhase = lambda *_: None,
+             stdin: int | None = None) -> RunOutcome:
     """Run ``plan`` to the end, a timeout or an interrupt; leave nothing running.
 
     ``wall``: the longest the whole run may take (a timeout, like a step's). ``stop``: another
     thread's way to interrupt the run (as Ctrl-C does in this one). ``on_phase``: told what the run
     is doing whenever that changes (reaching the hosts, the ports, the preflight, starting the
-    ranks, running), so that no command is silent while it works."""
+    ranks, running), so that no command is silent while it works. ``stdin``: a descriptor whose
+    bytes go to rank 0's stdin, where the launcher passes it one (lab.rank.stdin)."""
     run = Run(plan, {h.name: transport_for(h, ssh) for h in plan.hosts}, on_line, wall, stop or threading.Event(),
               on_phase)
+    run.stdin = stdin
     status: RunStatus = "completed"
     hung: list[int] = []
     try:
@@ -131,6 +137,7 @@ class Run:
         self.ports: tuple[int, ...] = ()
         self.wall = wall
         self.deadline = self.started + wall if wall else None  # when the whole run's time is up
+        self.stdin: int | None = None  # what goes to rank 0's stdin, where its launch takes it
 
     # -- starting ---------------------------------------------------------------------------
 
@@ -155,6 +162,33 @@ class Run:
         self._tell("starting", f"starting {len(self.launches)} launcher(s) for {self.plan.world_size} rank(s)")
         self._start_launches(run_dirs)
         self._start_readers()
+
+    def _stdin_once_rank_0_runs(self) -> None:
+        """Once rank 0 said hello (its launcher's start-up, which reads the same stdin for the
+        preflight, has ended), what comes on ``stdin`` goes to its launch."""
+        taking = [p for launch, p in zip(self.launches, self.processes) if STDIN_VAR in launch.launch.env]
+        if self.stdin is not None and taking and taking[0] is not None and self.states[0].info is not None:
+            threading.Thread(target=self._pass_stdin, args=(self.stdin, taking[0]), name="lab-stdin",
+                             daemon=True).start()
+            self.stdin = None
+
+    def _pass_stdin(self, fd: int, process: RankProcess) -> None:
+        """What comes on ``fd`` to rank 0's launch, in frames (lab.rank.stdin), until it ends (the
+        end said) or the run does. A terminal is read only while this process is in its foreground,
+        as a shell's job reads it."""
+        while not self.stopped.is_set():
+            try:
+                if not select.select([fd], [], [], 0.5)[0]:
+                    continue
+                if os.isatty(fd) and os.tcgetpgrp(fd) != os.getpgrp():
+                    time.sleep(0.5)
+                    continue
+                data = os.read(fd, 1 << 16)
+                process.send(frame(data))
+            except OSError:
+                return
+            if not data:
+                return
 
     def _tell(self, phase: str, text: str) -> None:
         """Tell ``on_phase`` what the run is doing, when that changed."""
@@ -286,6 +320,8 @@ class Run:
             self.ledger.stream_ended(launch)
         elif kind == "event":
             self.ledger.apply(launch, line, time.monotonic())
+            if self.stdin is not None:
+                self._stdin_once_rank_0_runs()
         elif kind == "bad":
             self.ledger.violation(whose if isinstance(whose, RankState) else self.ledger.first_rank(launch), line)
         elif whose is not None:

@@ -62,6 +62,7 @@ from lab.rank.protocol import (
     rank_tag,
     write_all,
 )
+from lab.rank.stdin import HOLD_MAX, STDIN_VAR, Feeder
 from lab.rank.wire import MODES, WIRE_VAR, Wire
 from lab.rank.worker import RELAY_WAIT, TOKEN_VAR, WATCHED_BY_PARENT
 
@@ -264,13 +265,19 @@ def main(options: argparse.Namespace, first_local_rank: int = 0,
     token = os.environ.get(TOKEN_VAR, "")
     held = inputs.hold(range(options.first_rank, options.first_rank + options.nprocs))
     measure = Measure.begin(os.environ.get(WIRE_VAR))
+    # rank 0's stdin, where the controller passes it its own (lab.rank.stdin): read end, write end
+    stdin = os.pipe() if os.environ.pop(STDIN_VAR, "") and options.first_rank == 0 else None
     ranks: list[Rank] = []
     for local_rank in range(options.nprocs):
-        ranks.append(_fork(options.first_rank + local_rank, first_local_rank + local_rank, options.module, options.args,
-                           token, [fd for r in ranks for fd in r.pipes] + measure.fds, held))
+        rank = options.first_rank + local_rank
+        ranks.append(_fork(rank, first_local_rank + local_rank, options.module, options.args, token,
+                           [fd for r in ranks for fd in r.pipes] + measure.fds + ([stdin[1]] if stdin else []), held,
+                           stdin[0] if stdin and rank == 0 else None))
+        if stdin and rank == 0:
+            os.close(stdin[0])  # (rank 0 has it; no rank after it does)
     for fd in held.values():
         os.close(fd)
-    _pass_on(ranks, token, measure)
+    _pass_on(ranks, token, measure, Feeder(stdin[1]) if stdin else None)
     if measure.asked:
         _write(1, event_line(token, "wire", rank=options.first_rank, **measure.end()).encode())
     sys.stdout.flush()
@@ -279,9 +286,10 @@ def main(options: argparse.Namespace, first_local_rank: int = 0,
 
 
 def _fork(rank: int, local_rank: int, module: str, args: list[str], token: str, others: list[int],
-          held: dict[int, int]) -> Rank:
-    """Start rank ``rank``: a child with pipes of its own for fds 1 and 2, /dev/null for stdin, and
-    the descriptor of its own inputs of those ``held`` (rank -> fd; the others' it closes)."""
+          held: dict[int, int], stdin: int | None = None) -> Rank:
+    """Start rank ``rank``: a child with pipes of its own for fds 1 and 2, ``stdin`` for its stdin
+    (else /dev/null), and the descriptor of its own inputs of those ``held`` (rank -> fd; the
+    others' it closes, and ``others``)."""
     sys.stdout.flush()
     sys.stderr.flush()
     out_r, out_w = os.pipe()
@@ -295,9 +303,9 @@ def _fork(rank: int, local_rank: int, module: str, args: list[str], token: str, 
                 os.close(fd)
             if rank in held:
                 os.environ[inputs.FD_VAR] = str(held[rank])
-            devnull = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(devnull, 0)
-            os.close(devnull)
+            given = os.open(os.devnull, os.O_RDONLY) if stdin is None else stdin
+            os.dup2(given, 0)
+            os.close(given)
             os.environ.update(RANK=str(rank), LOCAL_RANK=str(local_rank))
             sys.argv = [module, *args]
         except BaseException:
@@ -342,19 +350,27 @@ def _status(code: object) -> int:
     return 1
 
 
-def _pass_on(ranks: list[Rank], token: str, measure: Measure) -> None:
+def _pass_on(ranks: list[Rank], token: str, measure: Measure, feeder: Feeder | None) -> None:
     """Pass the ranks' streams on, reap them and report each one's end, until all have ended,
-    measuring the host's connections all the while (where asked). Stdin closing (the controller is
-    gone) or the controller's streams breaking kills the group."""
-    stdin_open = True
+    measuring the host's connections all the while (where asked), and rank 0's stdin from the
+    controller's frames (``feeder``: lab.rank.stdin). Stdin closing (the controller is gone) or the
+    controller's streams breaking kills the group."""
+    stdin_open, dropped_said = True, False
     while not all(r.reported for r in ranks):
         measured = measure.fds  # (taken once: a measure that fails in look() has none after it)
         fds = [fd for r in ranks for fd in r.pipes] + ([0] if stdin_open else []) + measured
-        ready = select.select(fds, [], [], 0.1)[0]
+        feeding = [feeder.fd] if feeder is not None and feeder.fd is not None and feeder.waiting else []
+        ready, writable, _ = select.select(fds, feeding, [], 0.1)
         measure.look(closed=any(fd in measured for fd in ready))
+        if writable and feeder is not None:
+            feeder.write()
         for fd in ready:
             if fd == 0:
-                stdin_open = _stdin_is_open()
+                stdin_open = _stdin_is_open(feeder)
+                if feeder is not None and feeder.dropped and not dropped_said:
+                    _write(2, f"lab: rank 0 has not read {HOLD_MAX >> 20} MiB of its stdin: the rest of it is "
+                              "dropped\n".encode())
+                    dropped_said = True
                 continue
             if fd in measured:
                 continue
@@ -375,11 +391,15 @@ def _pass_on(ranks: list[Rank], token: str, measure: Measure) -> None:
                 rank.reported = True
 
 
-def _stdin_is_open() -> bool:
+def _stdin_is_open(feeder: Feeder | None) -> bool:
+    """Read what the controller sent (rank 0's stdin, where ``feeder``), whether it is still there."""
     try:
-        if os.read(0, 4096):
+        data = os.read(0, READ)
+        if data:
+            if feeder is not None:
+                feeder.take(data)
             return True
-    except OSError:
+    except (OSError, ValueError):  # (ValueError: not the frames of lab.rank.stdin)
         pass
     os.killpg(0, signal.SIGKILL)  # the controller is gone: so are we, and every rank
     return False

@@ -1,7 +1,8 @@
 """``--launcher lab``: one process per host imports torch once and forks the host's ranks from
 itself, each with its settings in its environment (``lab.rank.node fork``, ``lab.rank.zygote``).
 No rank can reach it: it checks every event against the rank whose pipe it came through, tags its
-ranks' lines, takes the held ports from the holder and measures what its connections carried."""
+ranks' lines, takes the held ports from the holder, measures what its connections carried and
+passes rank 0 the launch's stdin."""
 from __future__ import annotations
 
 from typing import ClassVar
@@ -19,6 +20,7 @@ class OwnLauncher(Launcher):
     hands_over_ports: ClassVar[bool] = True
     measures_wire: ClassVar[bool] = True
     tags_output: ClassVar[bool] = True
+    passes_stdin: ClassVar[bool] = True
 
     def node_args(self, plan: Plan, node_rank: int, host: Host, ranks: tuple[int, ...],
                   env: dict[str, str]) -> tuple[str, ...]:
