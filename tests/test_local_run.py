@@ -524,6 +524,44 @@ def test_what_the_ranks_write_in_a_carried_project_comes_back_into_it(tmp_path: 
     shutil.rmtree(kept.parent)
 
 
+def test_a_checkpoint_comes_back_as_it_is_saved_while_the_job_goes_on(tmp_path: Path) -> None:
+    """--sync-back on a project carried to its host: each torch.save of its ranks that the patterns
+    match is in the project while the job still runs (the test sees step 0 there before it lets the
+    job save step 1), said in a line; a file they do not match comes at the end, with the last saves.
+    (What ranks of other hosts than rank 0's save comes at the end too.)"""
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text(
+        "import os, time, torch\nrank = os.environ['RANK']\nos.makedirs('out', exist_ok=True)\n"
+        "torch.save({'step': 0, 'rank': rank}, f'out/ckpt-{rank}.pt')\ntorch.save([0], 'out/other.bin')\n"
+        "while not os.path.exists('../go') and time.time() < float(os.environ['UNTIL']):\n    time.sleep(0.1)\n"
+        "torch.save({'step': 1, 'rank': rank}, f'out/ckpt-{rank}.pt')\n")
+    plan = build_launch_plan(local_inventory(2), str(project / "train.py"), (), 120.0,
+                             workdir=workdir.collect(project), sync_back=("*.pt",),
+                             rank_env={"UNTIL": str(time.time() + 60)})
+    notes: list[str] = []
+    outcomes: list[RunOutcome] = []
+    job = threading.Thread(target=lambda: outcomes.append(run_plan(plan, on_note=notes.append)))
+    job.start()
+    deadline = time.monotonic() + 60
+    while len(notes) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    import torch
+
+    assert job.is_alive() and torch.load(project / "out" / "ckpt-0.pt") == {"step": 0, "rank": "0"}, notes
+    assert torch.load(project / "out" / "ckpt-1.pt") == {"step": 0, "rank": "1"} and \
+        not (project / "out" / "other.bin").exists()
+    (Path(tempfile.gettempdir()) / plan.run_name / "go").touch()  # (beside the copy: the job goes on)
+    job.join(60)
+    [outcome] = outcomes
+    assert outcome.status == "completed", outcome
+    assert set(notes) == {f"brought back out/ckpt-{r}.pt (1.2 KiB) from local, as its rank saved it"
+                          for r in (0, 1)}, notes  # (step 1's saves as well, where the job had not ended first)
+    assert torch.load(project / "out" / "ckpt-0.pt") == {"step": 1, "rank": "0"}  # (the end's: the last)
+    assert (project / "out" / "other.bin").is_file()
+    assert outcome.brought_back[0].startswith("brought back 3 file(s)"), outcome.brought_back
+
+
 def test_what_cannot_come_back_stays_on_the_host_said_and_the_run_still_ends_clean(tmp_path: Path) -> None:
     """A path the job wrote that cannot land in the project (a folder of the project's there): the
     job's files stay in the host's run directory, a line says where, and nothing is left running."""

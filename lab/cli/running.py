@@ -211,6 +211,11 @@ def add_launch(commands: Commands) -> None:
                         help="on hosts other than this machine, bring back into the project at the end what the "
                              "ranks wrote in their copies of it, up to this much in all (default "
                              f"{bringback.DEFAULT_MAX_MB} MiB; more stays on the hosts, said; 0: nothing)")
+    launch.add_argument("--sync-back", action="append", default=[], metavar="PATTERN",
+                        help="on hosts other than this machine, bring back a file matching PATTERN (.gitignore's "
+                             "syntax; '*': any) that rank 0's host's ranks save with torch.save as soon as it is "
+                             "saved, while the job goes on (a checkpoint); said in a line (repeatable; within "
+                             "--bring-back-max)")
     launch.add_argument("--max-workdir-size", type=float, default=workdir.DEFAULT_MAX_MB, metavar="MB",
                         help=f"refuse a workdir larger than this (default {workdir.DEFAULT_MAX_MB} MiB)")
     launch.add_argument("-m", "--module", action="store_true",
@@ -278,8 +283,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
     inventory = with_master_address(cluster(args), settings)
     in_place = root.resolve() if all(h.is_local for h in inventory.hosts) else None  # (torchrun's way: see docs)
     project = None
-    if in_place is not None and (args.include or args.exclude):
-        views.print_in_place(in_place, ("--include",) * bool(args.include) + ("--exclude",) * bool(args.exclude))
+    if in_place is not None and (args.include or args.exclude or args.sync_back):
+        views.print_in_place(in_place, ("--include",) * bool(args.include) + ("--exclude",) * bool(args.exclude)
+                             + ("--sync-back",) * bool(args.sync_back))
     if in_place is None:
         project = workdir.collect(root, tuple(args.exclude), args.max_workdir_size, tuple(args.include))
         views.print_skipped(project.root, project.skipped)
@@ -290,7 +296,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
                              preflight=args.preflight, rank_env=rank_env(args, root.resolve(), in_place is None),
                              workdir=project, module=args.module, max_restarts=args.max_restarts,
                              trace=bool(args.trace), torch_dumps=bool(args.fr_dir), in_place=in_place,
-                             bring_back_max=int(args.bring_back_max * 2**20),
+                             bring_back_max=int(args.bring_back_max * 2**20), sync_back=args.sync_back,
                              requirements=_requirements(args.requirements, inventory))
     name = args.script if args.module else script.name
     streamer = views.LineStreamer(console)
@@ -304,7 +310,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     try:
         with views.phases(console) as on_phase:
             outcome = run_plan(plan, on_line=on_line, keep=args.keep, ssh=settings, on_phase=on_phase,
-                               stdin=_stdin())
+                               stdin=_stdin(), on_note=views.print_note)
     finally:
         if logs is not None:
             logs.close()

@@ -31,7 +31,7 @@ import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -80,23 +80,94 @@ class BroughtBack:
         return said
 
 
+Synced = dict[str, tuple[int, int]]  # path in the project -> (mtime_ns, size) of what a sync put there
+
+
 def bring_back(transports: Mapping[str, Transport], project: Path, first: str, since: float,
-               max_bytes: int = DEFAULT_MAX_MB << 20) -> tuple[BroughtBack, set[str]]:
+               max_bytes: int = DEFAULT_MAX_MB << 20, synced: Synced | None = None) -> tuple[BroughtBack, set[str]]:
     """Bring what the ranks wrote on each host back into ``project`` (see the module); ``first``: rank
     0's host (where it ran: torchrun may place it); ``since``: when the job began (time.time(): a file
-    of the project changed after it is kept). What came back, and the hosts whose run directories must
-    stay (what they wrote did not come back)."""
-    budget = _Budget(max_bytes)
+    of the project changed after it is kept, unless it is as a sync put it: ``synced``). What came
+    back, and the hosts whose run directories must stay (what they wrote did not come back)."""
+    with _incoming(project) as scratch:
+        return _land_all(transports, project, first, _Changed(since, synced or {}), _Budget(max_bytes), scratch)
+
+
+@contextlib.contextmanager
+def _incoming(project: Path) -> Iterator[Path]:
+    """A folder in the project's ``.lab/`` for files on their way (on the project's file system:
+    renamed into place, never copied), gone after, and ``.lab/`` with it where it holds nothing else."""
     (project / ".lab").mkdir(exist_ok=True)
     try:
         with tempfile.TemporaryDirectory(prefix="incoming-", dir=project / ".lab") as scratch:
-            return _land_all(transports, project, first, since, budget, Path(scratch))
+            yield Path(scratch)
     finally:
-        with contextlib.suppress(OSError):  # (made for the files on their way: gone with them, unless it has more)
+        with contextlib.suppress(OSError):
             (project / ".lab").rmdir()
 
 
-def _land_all(transports: Mapping[str, Transport], project: Path, first: str, since: float, budget: _Budget,
+@dataclass(frozen=True)
+class _Changed:
+    """Whether a file of the project changed here while the job ran: after ``since``, and not as a
+    sync of the job's own put it there."""
+
+    since: float
+    synced: Synced
+
+    def __call__(self, project: Path, path: str) -> bool:
+        try:
+            status = (project / path).stat()
+        except FileNotFoundError:
+            return False
+        return status.st_mtime > self.since and self.synced.get(path) != (status.st_mtime_ns, status.st_size)
+
+
+def sync(transport: Transport, project: Path, saved: Mapping[str, int], patterns: Sequence[str], since: float,
+         max_bytes: int, synced: Synced) -> list[str]:
+    """Bring back now what a rank on ``transport``'s host said it saved (``saved``: absolute paths
+    there, and the size each had) that lies in its copy of the project and matches ``patterns``,
+    each at its place (one changed here meanwhile under .lab/hosts/HOST/; one sent at another size,
+    caught being saved again, not at all), noting in ``synced`` what it put there; a line for each
+    file, or for what did not come."""
+    import pathspec
+
+    assert transport.run_dir is not None
+    copy, host = posixpath.join(transport.run_dir, WORK_DIR), transport.host.name
+    wanted = pathspec.GitIgnoreSpec.from_lines(patterns)
+    never = pathspec.GitIgnoreSpec.from_lines(NEVER)
+    sizes = {rel: size for path, size in saved.items() if (rel := posixpath.relpath(posixpath.normpath(path), copy))
+             not in (".", "..") and not rel.startswith("../") and wanted.match_file(rel) and not never.match_file(rel)}
+    paths = sorted(sizes)
+    if not paths:
+        return []
+    budget = _Budget(max_bytes)
+    changed = _Changed(since, synced)
+    lines = []
+    with _incoming(project) as scratch:
+        try:
+            got = _fetch(transport, scratch, budget, paths)
+        except OSError as exc:
+            return [f"not brought back as it was saved: {', '.join(paths)} on {host} ({exc}); it comes back at the end"]
+        if budget.over:
+            return [f"not brought back as it was saved: {', '.join(paths)} on {host}, more than --bring-back-max "
+                    f"{_size(max_bytes)}"]
+        for path in sorted(got):
+            size = (scratch / path).stat().st_size
+            if size != sizes.get(path):
+                lines.append(f"not brought back as it was saved: {path} on {host}, being saved again as it was sent "
+                             "(the next save, or the end, brings it)")
+                continue
+            target = project / path if not changed(project, path) else project / ASIDE / host / path
+            _put(scratch / path, target)
+            if target == project / path:
+                status = target.stat()
+                synced[path] = (status.st_mtime_ns, status.st_size)
+            lines.append(f"brought back {target.relative_to(project).as_posix()} ({_size(size)}) from {host}, as "
+                         "its rank saved it")
+    return lines
+
+
+def _land_all(transports: Mapping[str, Transport], project: Path, first: str, changed: _Changed, budget: _Budget,
               scratch: Path) -> tuple[BroughtBack, set[str]]:
     """Each host's files fetched into ``scratch`` (its own folder there), then each renamed into place."""
     brought = BroughtBack()
@@ -128,7 +199,7 @@ def _land_all(transports: Mapping[str, Transport], project: Path, first: str, si
             versions.setdefault(path, {})[name] = path in got
     for path, by_host in sorted(versions.items()):
         target = project / path
-        changed_here = target.exists() and target.stat().st_mtime > since
+        changed_here = changed(project, path)
         placed = lead if lead in by_host else sorted(by_host)[0]
         for name, sent in sorted(by_host.items()):
             if not sent:  # (the same as rank 0's host's)

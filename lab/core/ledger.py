@@ -56,6 +56,7 @@ from lab.rank.events import (
     Pulse,
     RankEvent,
     Result,
+    Saved,
     Step,
     TorchDump,
     Trace,
@@ -87,6 +88,7 @@ class Ledger:
                        for spec in plan.ranks]
         self.runs = {name: ExerciseRun(name) for name in plan.exercise_names}
         self.preflight: Preflight | None = None  # the hosts' check of the network, while it is not decided
+        self.saved: list[tuple[str, str, int]] = []  # (host, path, size) each file a rank said it saved, not yet taken
         # The last time something of the run moved (an event that is news, a start-up's CPU seconds
         # grown), and each start-up's CPU seconds so far (rank, or -1 - launch for its launcher's):
         # what the deadline of the lab's own steps counts from (_step_late).
@@ -208,6 +210,8 @@ class Ledger:
                 state.flight, state.flight_at = event, now
             case End():
                 state.end, state.end_at = event, now
+            case Saved(path=path, size=size):  # (--sync-back: the runner brings it back while the job goes on)
+                self.saved.append((launch.launch.host, path, size))
 
     def _took_step(self, state: RankState, step: RankStep, now: float) -> None:
         """The rank began ``step``. A step it is in already keeps its clock; so do steps past the

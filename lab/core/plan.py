@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from lab.core.random_inputs import VALUE_BYTES
 from lab.inventory.model import Host
+from lab.rank.saves import SYNC_VAR
 from lab.rank.script import MODULE_VAR, WORKDIR_VAR
 from lab.rank.watcher import HANG_AFTER_VAR, TORCH_DUMPS_VAR, TRACE_VAR
 from lab.rank.wire import Mode as WireMode
@@ -113,6 +114,9 @@ class Options:
     # lab launch of a project carried to its hosts: bytes of what the ranks wrote in their copies that come
     # back into it at the end, at most (lab.core.bringback; 0: nothing comes back)
     bring_back_max: int = 1 << 30
+    # lab launch --sync-back: what rank 0's host's ranks save with torch.save that comes back as it is saved,
+    # while the job goes on (.gitignore's patterns; lab.rank.saves, lab.core.bringback.sync)
+    sync_back: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -249,6 +253,8 @@ class Plan:
             env["LAB_RANK_PLAN"] = json.dumps(self.rank_plan())
         if self.work_key:  # (a project: its ranks start in its copy)
             env[WORKDIR_VAR] = f"{RUN_DIR}/{WORK_DIR}"
+            if self.options.sync_back:
+                env[SYNC_VAR] = "1"
         elif self.in_place:
             env[WORKDIR_VAR] = self.in_place
         if self.module:

@@ -86,17 +86,18 @@ OnPhase = Callable[[str, str], None]  # (the phase, what it is at: "starting", "
 def run_plan(plan: Plan, on_line: OnLine = lambda *_: None, keep: bool = False,
              ssh: SSHSettings | None = None, wall: float | None = None,
              stop: threading.Event | None = None, on_phase: OnPhase = lambda *_: None,
-             stdin: int | None = None) -> RunOutcome:
+             stdin: int | None = None, on_note: Callable[[str], None] = lambda _: None) -> RunOutcome:
     """Run ``plan`` to the end, a timeout or an interrupt; leave nothing running.
 
     ``wall``: the longest the whole run may take (a timeout, like a step's). ``stop``: another
     thread's way to interrupt the run (as Ctrl-C does in this one). ``on_phase``: told what the run
     is doing whenever that changes (reaching the hosts, the ports, the preflight, starting the
     ranks, running), so that no command is silent while it works. ``stdin``: a descriptor whose
-    bytes go to rank 0's stdin, where the launcher passes it one (lab.rank.stdin)."""
+    bytes go to rank 0's stdin, where the launcher passes it one (lab.rank.stdin). ``on_note``: told
+    each line the run says as it goes (a checkpoint brought back as it was saved: --sync-back)."""
     run = Run(plan, {h.name: transport_for(h, ssh) for h in plan.hosts}, on_line, wall, stop or threading.Event(),
               on_phase)
-    run.stdin = stdin
+    run.stdin, run.on_note = stdin, on_note
     status: RunStatus = "completed"
     hung: list[int] = []
     try:
@@ -138,6 +139,9 @@ class Run:
         self.wall = wall
         self.deadline = self.started + wall if wall else None  # when the whole run's time is up
         self.stdin: int | None = None  # what goes to rank 0's stdin, where its launch takes it
+        self.on_note: Callable[[str], None] = lambda _: None
+        self.synced: bringback.Synced = {}  # what --sync-back put in the project while the job ran
+        self.syncing: threading.Thread | None = None  # the one sync at work, if any
 
     # -- starting ---------------------------------------------------------------------------
 
@@ -276,6 +280,8 @@ class Run:
                 return "interrupted", []
             for item in self._take(0.2):
                 self._handle_item(item)
+            if self.ledger.saved:
+                self._sync_saved()
             self._tell(*self.ledger.phase())
             preflight = self.ledger.preflight
             if preflight is not None and not preflight.decided and self._preflight_failed():
@@ -298,6 +304,35 @@ class Run:
                 self._locate_hangs()
                 return "hung", hung
         return ("completed" if all(s.done for s in self.states) else "crashed"), []
+
+    def _sync_saved(self) -> None:
+        """What rank 0's host's ranks said they saved, brought back by a thread of its own while the job
+        goes on, where the launch asked (--sync-back): one sync at a time, the next taking what was
+        said meanwhile; what other hosts' ranks saved comes back at the end."""
+        plan = self.plan
+        if not plan.work or not plan.options.sync_back or not plan.options.bring_back_max:
+            self.ledger.saved.clear()
+            return
+        if self.syncing is not None and self.syncing.is_alive():
+            return
+        lead = self.states[0].spec.host
+        saved = {path: size for host, path, size in self.ledger.saved if host == lead}  # (the last said of each)
+        self.ledger.saved.clear()
+        if not saved:
+            return
+
+        def sync() -> None:
+            try:
+                lines = bringback.sync(self.transports[lead], Path(plan.work_root), saved, plan.options.sync_back,
+                                       self.began_at, plan.options.bring_back_max, self.synced)
+            except Exception as exc:  # (the end's bring-back tries again; nothing is lost)
+                log.debug("syncing what rank 0's host saved", exc_info=True)
+                lines = [f"not brought back as it was saved: {exception_line(exc)}; it comes back at the end"]
+            for line in lines:
+                self.on_note(line)
+
+        self.syncing = threading.Thread(target=sync, name="lab-sync", daemon=True)
+        self.syncing.start()
 
     def _take(self, wait: float) -> list[Item]:
         """The queued items, up to BATCH of them, waiting up to ``wait`` seconds for the first."""
@@ -394,12 +429,14 @@ class Run:
             self.launcher.clean_up(plan, self.transports[plan.hosts[0].name], status == "completed")
         also = [plan.shared_run_dir] if plan.shared_run_dir else []
         kept: set[str] = set()
+        if self.syncing is not None:  # (a sync under way ends before the end's bring-back)
+            self.syncing.join(bringback.FETCH_TIMEOUT)
         if plan.work and plan.options.bring_back_max and self.processes[0] is not None:
             self._tell("finishing", "bringing back what the ranks wrote into the project")
             try:
                 self.brought, kept = bringback.bring_back(self.transports, Path(plan.work_root),
                                                           self.states[0].spec.host, self.began_at,
-                                                          plan.options.bring_back_max)
+                                                          plan.options.bring_back_max, self.synced)
             except Exception as exc:  # (whatever it was, the hosts' copies stay: nothing the job wrote is lost)
                 log.debug("bringing back what the ranks wrote", exc_info=True)
                 kept = set(self.transports)

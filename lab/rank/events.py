@@ -170,6 +170,13 @@ class Bad(RankEvent):
 
 
 @dataclass(frozen=True)
+class Saved(RankEvent):
+    KIND: ClassVar[str] = "saved"
+    path: str  # a file torch.save wrote, absolute on the rank's host (lab.rank.saves)
+    size: int  # its size once written
+
+
+@dataclass(frozen=True)
 class Ports(Event):
     KIND: ClassVar[str] = "ports"
     SENDER: ClassVar[Sender] = "holder"
@@ -215,7 +222,7 @@ class Probe(Event):
 
 EVENT_TYPES: Final[dict[str, type[Event]]] = {cls.KIND: cls for cls in (
     Hello, Step, Result, Error, Fatal, Done, Progress, Flight, Trace, TorchDump, Died, End, Exit, Bad, Ports,
-    WireMeasure, Alive, Pulse)}
+    WireMeasure, Alive, Pulse, Saved)}
 PROBE_EVENTS: Final = EVENT_KINDS - set(EVENT_TYPES)
 
 

@@ -89,6 +89,9 @@ end       rank, how, code, error, where, traceback    a script's program (``lab.
                                                       ``error`` the call, ``traceback`` ""); ``where``
                                                       the user's line (``file.py:LINE``) or ""; before
                                                       its last ``flight``
+saved     rank, path, size                            a launch's rank saved ``path`` (``size`` bytes)
+                                                      with torch.save (``--sync-back``:
+                                                      ``lab.rank.saves``), at most once a second
 exit      rank, code                                  a host's launcher (``lab.rank.node``) says how
                                                       one of its ranks ended, before it ends itself
 bad       rank, what                                  the lab's launcher (``lab.rank.zygote``) says
@@ -137,12 +140,13 @@ NEUTRAL: Final = "\u241f".encode()  # what a relay writes in its place: ␟
 EVENT_MAX: Final = 1 << 20  # bytes an event line may have (a result is tens of KB); a longer one is no event
 LINE_MAX: Final = 4096  # bytes the controller keeps of a line of output; the rest of a longer one is counted
 EVENTS_MAX: Final = 64 << 20  # bytes of event lines taken from one rank (or one stream); past it they are dropped
-FLIGHT_EVENTS: Final = (b'{"event": "progress"', b'{"event": "flight"')  # how those lines' JSON starts
+# how those lines' JSON starts (and a launch's saves, at most one a second: lab.rank.saves)
+FLIGHT_EVENTS: Final = (b'{"event": "progress"', b'{"event": "flight"', b'{"event": "saved"')
 FLIGHT_RATE: Final = 4096  # bytes a second of them, for each rank, allowed past EVENTS_MAX (see EventBudget)
 
 EventKind = Literal["hello", "step", "result", "error", "fatal", "done", "progress", "flight", "trace", "torchdump",
                     "died", "end", "exit", "bad", "ports", "facts", "runtime", "links", "heard", "closed", "wire",
-                    "alive", "pulse"]
+                    "alive", "pulse", "saved"]
 EVENT_KINDS: Final[frozenset[str]] = frozenset(get_args(EventKind))  # (who sends each: lab.rank.events)
 
 

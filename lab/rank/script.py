@@ -47,7 +47,7 @@ from collections.abc import Callable
 from types import FrameType, ModuleType, TracebackType
 from typing import NoReturn
 
-from lab.rank import protocol
+from lab.rank import protocol, saves
 from lab.rank.flight import LAB_DIR
 from lab.rank.torchcalls import TORCH_CALLS
 from lab.rank.watcher import WATCHER
@@ -69,6 +69,7 @@ def main() -> None:
     def with_torch() -> None:
         record_calls(rank)
         keep_attempts_apart(restart)
+        saves.install(rank)
 
     after_torch(with_torch)
     workdir = os.environ.pop(WORKDIR_VAR, None)

@@ -93,7 +93,13 @@ def print_ignored_data(ignored: Sequence[tuple[str, int]]) -> None:
 def print_in_place(project: Path, options: Sequence[str]) -> None:
     """``options`` (what a project's copy carries) change nothing where the ranks start in the project."""
     print(printable(f"lab: {' and '.join(options)} changed nothing: on this machine the ranks run in the project "
-                    f"itself ({project}), as under torchrun; nothing is carried"), file=sys.stderr)
+                    f"itself ({project}), as under torchrun; nothing is carried, and what they write is there"),
+          file=sys.stderr)
+
+
+def print_note(line: str) -> None:
+    """A line the run says as it goes (what --sync-back brought back), on stderr with the lab's mark."""
+    print(printable(f"lab: {line}"), file=sys.stderr, flush=True)
 
 
 def print_reserved(names: Iterable[str]) -> None:
