@@ -440,6 +440,26 @@ dist.destroy_process_group()
 
 
 @pytest.mark.sshd
+def test_a_project_in_the_folder_the_hosts_share_runs_in_place_on_them(server: SSHServer, tmp_path: Path,
+                                                                       user_home: dict[str, str]) -> None:
+    """Hosts whose shared_dir (a folder every host mounts, as NFS) holds the project: nothing is
+    carried, the ranks of every host start in the project itself, as torchrun's on NFS, and what
+    they write is there when the job ends. (A host that sees another file there: test_workdir.)"""
+    inv = inventory(tmp_path / "inv", {"a": (server, 1), "b": (server, 1)})
+    inv.write_text(inv.read_text().replace("    data_address: 127.0.0.1\n",
+                                           f"    data_address: 127.0.0.1\n    shared_dir: {tmp_path}\n"))
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "train.py").write_text("import os\nos.makedirs('out', exist_ok=True)\n"
+                                      "open(f\"out/rank-{os.environ['RANK']}.txt\", 'w').write(os.getcwd())\n")
+    result = cli(user_home, "launch", "--hosts", str(inv), "--exclude", "out/", str(project / "train.py"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert [(project / "out" / f"rank-{r}.txt").read_text() for r in (0, 1)] == [str(project)] * 2
+    assert "project (" not in result.stderr and "brought back" not in result.stdout, result.stderr
+    assert (f"lab: --exclude changed nothing: in the folder the hosts share the ranks run in the project itself "
+            f"({project})") in result.stderr, result.stderr
+
+
 def test_a_project_and_its_environment_reach_remote_ranks_and_no_command_line(
         server: SSHServer, tmp_path: Path, user_home: dict[str, str]) -> None:
     """Over real SSH (whose sessions inherit nothing of the caller's), launched as torchrun would

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from lab.core import workdir
-from lab.errors import UsageError
+from lab.core import workcache, workdir
+from lab.errors import RunError, UsageError
+from lab.inventory.model import Host
 
 
 def project(root: Path, files: dict[str, str]) -> Path:
@@ -84,3 +85,32 @@ def test_include_brings_back_what_the_ignore_rules_leave_out_and_the_data_they_l
     found = workdir.collect(root, includes=("data/*.bin", "out/"), excludes=("*.pt",))
     assert carried(found) == [".gitignore", "data/train.bin", "train.py"]  # (--exclude wins over --include)
     assert found.ignored_data == (("data/meta.pkl", 1),)
+
+
+class Sees:
+    """A host as check_shared asks it (``stat`` of a path): what it says, and its status."""
+
+    def __init__(self, status: int, said: str) -> None:
+        self.host = Host("node2", "10.0.0.2", shared_dir="/nfs")
+        self.answer = (status, said)
+
+    def call(self, argv: list[str], timeout: float) -> tuple[int, str]:
+        return self.answer
+
+
+@pytest.mark.parametrize(("status", "said", "seen"), [
+    (1, "stat: cannot stat", "is not there"),
+    (0, "12 1700000000\n", "is another file there (size and time '12 1700000000', here '{expected}')"),
+])
+def test_a_host_that_does_not_see_the_shared_project_is_named_with_the_way_out(tmp_path: Path, status: int,
+                                                                             said: str, seen: str) -> None:
+    probe = tmp_path / "train.py"
+    probe.write_text("print('hi')\n")
+    expected = f"{probe.stat().st_size} {int(probe.stat().st_mtime)}"
+    workcache.check_shared(Sees(0, expected + "\n"), str(tmp_path), probe)  # type: ignore[arg-type]
+    with pytest.raises(RunError) as refused:
+        workcache.check_shared(Sees(status, said), str(tmp_path), probe)  # type: ignore[arg-type]
+    assert str(refused.value) == (
+        f"host node2: the project {tmp_path} lies in its shared_dir /nfs, but {probe} {seen.format(expected=expected)}"
+        ": the host does not share this machine's folder (mount it there, or launch from a folder outside "
+        "shared_dir: the project is then carried)")

@@ -281,11 +281,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-restarts must be 0 or more, got {args.max_restarts}")
     settings = ssh_settings(args)
     inventory = with_master_address(cluster(args), settings)
-    in_place = root.resolve() if all(h.is_local for h in inventory.hosts) else None  # (torchrun's way: see docs)
+    in_place = root.resolve() if _in_place(root.resolve(), inventory) else None  # (torchrun's way: see docs)
     project = None
     if in_place is not None and (args.include or args.exclude or args.sync_back):
         views.print_in_place(in_place, ("--include",) * bool(args.include) + ("--exclude",) * bool(args.exclude)
-                             + ("--sync-back",) * bool(args.sync_back))
+                             + ("--sync-back",) * bool(args.sync_back),
+                             shared=not all(h.is_local for h in inventory.hosts))
     if in_place is None:
         project = workdir.collect(root, tuple(args.exclude), args.max_workdir_size, tuple(args.include))
         views.print_skipped(project.root, project.skipped)
@@ -326,6 +327,14 @@ def cmd_launch(args: argparse.Namespace) -> int:
         views.print_launch(console, name, outcome, failed)
         views.print_causes(console, "what the ranks printed means:", printed)
     return code
+
+
+def _in_place(project: Path, inventory: Inventory) -> bool:
+    """Whether every host's ranks can run in the project itself: they are this machine's, or the project
+    lies in the folder every other host mounts (its ``shared_dir``, seen here at the same path; the
+    runner makes sure each host sees the project there)."""
+    return all(h.is_local or h.shared_dir is not None and project.is_relative_to(h.shared_dir)
+               for h in inventory.hosts)
 
 
 def _stdin() -> int | None:

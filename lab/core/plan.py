@@ -179,8 +179,9 @@ class Plan:
     module: str | None = None  # lab launch -m: the module its ranks run (``script`` holds its arguments)
     work: dict[str, str] = field(default_factory=dict, hash=False)  # the project: its path -> the local file
     work_key: str = ""  # what names that state of the project (lab.core.workcache); "": no project, a script alone
-    # lab launch on this machine's own ranks alone: the project folder itself, where they start and write,
-    # as under torchrun (nothing carried, so nothing a job writes is left behind in a copy)
+    # lab launch on this machine's own ranks, or on hosts whose shared folder (shared_dir) holds the project:
+    # the project folder itself, where they start and write, as under torchrun (nothing carried, so nothing
+    # a job writes is left behind in a copy)
     in_place: str = ""
     work_root: str = ""  # the project folder on this machine, where what the ranks write in their copies comes back
     # lab launch --requirements (or the inventory's): by host, what its ranks need beyond torch (lab.core.requirements)

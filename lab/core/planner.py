@@ -181,8 +181,8 @@ def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], ti
     """``lab launch``: the user's script on every rank, the rendezvous in its environment
     (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE), set by the launcher. The
     ranks start in a copy of the project (``workdir``) on every host, or in the project folder
-    itself (``in_place``: this machine's ranks alone), with each host's ``requirements`` (by host
-    name) on their path."""
+    itself (``in_place``: this machine's ranks, or hosts whose shared folder holds it), with each
+    host's ``requirements`` (by host name) on their path."""
     options = Options((), timeout=timeout, launcher=launcher, partition=partition, hang_after=hang_after,
                       preflight=preflight, rank_env=dict(rank_env or {}), max_restarts=max_restarts, trace=trace,
                       torch_dumps=torch_dumps, bring_back_max=bring_back_max, sync_back=tuple(sync_back))
@@ -191,7 +191,7 @@ def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], ti
     port = port_macro(0)
     backend = default_backend(hosts)
     uploads: dict[str, str] = {}
-    if in_place is not None:  # (this machine's ranks alone: they start in the project itself)
+    if in_place is not None:  # (this machine's ranks, or the hosts' shared folder's: they start in the project)
         program: tuple[str, ...] = () if module else (str(Path(script).resolve()),)
     elif workdir is not None:  # (the project, in the run directory's work/: its ranks start there)
         program = () if module else (f"{RUN_DIR}/{WORK_DIR}/{workdir.relative(Path(script))}",)

@@ -212,6 +212,9 @@ class Run:
             began = time.monotonic()
             own = {**uploads, **{file_of(rank): inputs[rank]
                                  for rank in self.launcher.inputs_for(self.plan, transport.host.name)}}
+            if self.plan.in_place and not transport.host.is_local:  # (the project in the folder the hosts share)
+                script = Path(self.plan.script[0]) if self.plan.script and not self.plan.module else None
+                workcache.check_shared(transport, self.plan.in_place, script or Path(self.plan.in_place))
             if not work:
                 run_dir = transport.prepare(self.plan.run_name, own)
             else:

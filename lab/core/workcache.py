@@ -83,6 +83,22 @@ def carry(transport: Transport, run_name: str, uploads: Mapping[str, Path], work
     return run_dir, False
 
 
+def check_shared(transport: Transport, project: str, probe: Path) -> None:
+    """That the host sees the project in its shared folder where this machine does (``probe``: a file
+    of it, or the project itself): the same size and modification time there; RunError naming the
+    host where it does not (a ``shared_dir`` that is not the one this machine sees at that path)."""
+    mine = probe.stat()
+    expected = f"{mine.st_size} {int(mine.st_mtime)}"
+    status, said = transport.call(["stat", "-c", "%s %Y", str(probe)], CALL_TIMEOUT)
+    if status == 0 and said.strip() == expected:
+        return
+    seen = "not there" if status != 0 else \
+        f"another file there (size and time {said.strip()[:40]!r}, here {expected!r})"
+    raise RunError(f"host {transport.host.name}: the project {project} lies in its shared_dir "
+                   f"{transport.host.shared_dir}, but {probe} is {seen}: the host does not share this machine's "
+                   "folder (mount it there, or launch from a folder outside shared_dir: the project is then carried)")
+
+
 def _copy(transport: Transport, key: str, project: str, part: str) -> list[str]:
     """The host's word on its kept project ``key`` (see _COPY): ["copied"], ["missing", UID], ["unsafe"]."""
     status, said = transport.call(["/bin/sh", "-c", _COPY, "sh", key, project, part], CALL_TIMEOUT)

@@ -90,9 +90,11 @@ def print_ignored_data(ignored: Sequence[tuple[str, int]]) -> None:
               file=sys.stderr)
 
 
-def print_in_place(project: Path, options: Sequence[str]) -> None:
-    """``options`` (what a project's copy carries) change nothing where the ranks start in the project."""
-    print(printable(f"lab: {' and '.join(options)} changed nothing: on this machine the ranks run in the project "
+def print_in_place(project: Path, options: Sequence[str], shared: bool = False) -> None:
+    """``options`` (what a project's copy carries) change nothing where the ranks start in the project
+    (on this machine, or in the folder the hosts share)."""
+    where = "in the folder the hosts share" if shared else "on this machine"
+    print(printable(f"lab: {' and '.join(options)} changed nothing: {where} the ranks run in the project "
                     f"itself ({project}), as under torchrun; nothing is carried, and what they write is there"),
           file=sys.stderr)
 
