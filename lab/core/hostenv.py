@@ -1,7 +1,7 @@
 """The environment of a launch's requirements on each host (``lab.core.requirements``), which
 its ranks import from after the lab's code.
 
-Each host keeps its environments in ``$TMPDIR/lab-env-UID/KEY`` (its user's alone, 0700, as its
+Each host keeps its environments in ``$TMPDIR/lab-env-UID/KEY-PYTHON`` (its user's alone, 0700, as its
 kept projects, ``lab.core.workcache``): one short command says whether the host has ``KEY`` (then
 the run's directory links it, ``requirements-env``, on the ranks' PYTHONPATH), so a second launch
 with the same file costs that command alone. Where it has not, this machine gets the wheels for the
@@ -101,24 +101,25 @@ def _pip_error(said: str) -> str:
 # -- on a host: its environment ---------------------------------------------------------------
 
 # sh, $1 the key, $2 the run's directory, $3 the host's Python, $4 "install" (the wheels are in
-# $2/WHEELS) or "". "unsafe" where the user's folder of environments is not safely its own; else,
+# $2/WHEELS) or "". The environment is KEY-PYTHON (the interpreter's own file's name: python3.11, so
+# another Python has one of its own). "unsafe" where the user's folder of environments is not safely its own; else,
 # with $4, the environment installed (under a lock; into a folder renamed to the key once whole) and
 # "failed" and pip's last ERROR line if it could not be; "missing PYTHON MACHINE" where it has none;
 # else the run's directory linked to its site-packages, the environment marked used, "ready", and
 # the ones unused for UNUSED_DAYS removed.
 _ENSURE = r"""
-u=$(id -u); c="${TMPDIR:-/tmp}/lab-env-$u"; e="$c/$1"
+u=$(id -u); c="${TMPDIR:-/tmp}/lab-env-$u"; p=$(readlink -f "$(command -v "$3")") && e="$c/$1-${p##*/}" || exit 1
 [ -e "$c" ] || [ -L "$c" ] || mkdir -m 700 "$c" 2>/dev/null
 if [ ! -d "$c" ] || [ -L "$c" ] || [ ! -O "$c" ] || [ "$(stat -c %a "$c")" != 700 ]; then echo unsafe; exit 0; fi
 if [ -n "$4" ] && [ ! -d "$e" ]; then
-  exec 9>"$c/$1.lock"; command -v flock >/dev/null && flock -w WAIT 9
+  exec 9>"$e.lock"; command -v flock >/dev/null && flock -w WAIT 9
   if [ ! -d "$e" ]; then
     rm -rf "$e.part"
     if ! "$3" -m pip install --quiet --disable-pip-version-check --no-input --no-cache-dir --no-warn-script-location \
-        --no-index --find-links "$2/WHEELS" --prefix "$e.part" -r "$2/WHEELS/requirements.txt" >"$c/$1.log" 2>&1; then
-      rm -rf "$e.part"; echo failed; grep '^ERROR' "$c/$1.log" | tail -n 1; tail -n 1 "$c/$1.log"; exit 0
+        --no-index --find-links "$2/WHEELS" --prefix "$e.part" -r "$2/WHEELS/requirements.txt" >"$e.log" 2>&1; then
+      rm -rf "$e.part"; echo failed; grep '^ERROR' "$e.log" | tail -n 1; tail -n 1 "$e.log"; exit 0
     fi
-    mv -T "$e.part" "$e"; rm -f "$c/$1.log"
+    mv -T "$e.part" "$e"; rm -f "$e.log"
   fi
 fi
 if [ ! -d "$e" ] || [ -L "$e" ]; then
