@@ -128,3 +128,22 @@ def test_what_hosts_agree_on_comes_once_and_what_they_do_not_comes_from_each(tmp
     assert (project / "out" / "log.txt").read_text() == "rank 0"
     assert (project / ".lab" / "hosts" / "node2" / "out" / "log.txt").read_text() == "rank 1"
     assert not (project / "__pycache__").exists() and sorted(os.listdir(project / ".lab")) == ["hosts"]
+
+
+def test_thousands_of_files_only_another_host_wrote_all_come_back(tmp_path: Path) -> None:
+    """A host's list of what it alone wrote, longer than a pipe holds, goes to its tar while its
+    stream comes back: every file lands (the two never wait on each other)."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    hosts = {}
+    for name in ("node1", "node2"):
+        (tmp_path / name / "work" / "logs").mkdir(parents=True)
+        (tmp_path / name / MARK).touch()
+        os.utime(tmp_path / name / MARK, (1e9, 1e9))
+        hosts[name] = LocalTransport(Host(name, "127.0.0.1", connection="local"))
+        hosts[name].run_dir = str(tmp_path / name)
+    for i in range(3000):
+        (tmp_path / "node2" / "work" / "logs" / f"rank-1-step-{i:05d}-of-a-long-job.txt").write_text(f"step {i}")
+    brought, keep = bringback.bring_back(hosts, project, "node1", since=0.0)
+    assert keep == set() and len(brought.files) == 3000, brought.lines()
+    assert (project / "logs" / "rank-1-step-02999-of-a-long-job.txt").read_text() == "step 2999"

@@ -271,10 +271,17 @@ def _fetch(transport: Transport, into: Path, budget: _Budget, paths: Sequence[st
     timer.start()
     got: dict[str, bytes] = {}
     stream = io.BufferedReader(_Counted(process.stdout, budget), 1 << 16)
-    try:
-        if paths:
-            process.send(b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in paths))
+    listed = b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in paths)
+
+    def send() -> None:  # (beside the reading: a long list and what tar sends meanwhile never wait on each other)
+        with contextlib.suppress(OSError, EOFError, ValueError):
+            if listed:
+                process.send(listed)
         process.close_stdin()
+
+    sender = threading.Thread(target=send, name="lab-bring-back-list", daemon=True)
+    try:
+        sender.start()
         if stream.peek(1):  # (nothing at all: the copy is gone)
             with tarfile.open(fileobj=stream, mode="r|") as archive:
                 for member in archive:
