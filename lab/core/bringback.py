@@ -51,11 +51,12 @@ FETCH_TIMEOUT = 600.0  # seconds for a host to send it
 # sh, $1 the copy, $2 the mark: each file newer than the mark, as "SIZE PATH" and a NUL
 LIST = r'cd "$1" 2>/dev/null && find . -type f -newer "$2" -printf "%s %P\0" 2>/dev/null; true'
 # sh, the same: each of those files' sha256 and path, a NUL after each
-DIGESTS = r'cd "$1" 2>/dev/null || exit 0; find . -type f -newer "$2" -printf "%P\0" | xargs -0 -r sha256sum -z --'
+DIGESTS = (r'cd "$1" 2>/dev/null || exit 0; '
+           r'find . -type f -newer "$2" -printf "%P\0" 2>/dev/null | xargs -0 -r sha256sum -z -- 2>/dev/null')
 # sh, the same: those files in one tar stream (nothing at all where the copy is gone); or, with $3,
 # the files whose paths come on stdin (a NUL after each)
 SEND = (r'cd "$1" 2>/dev/null || exit 0; if [ -n "$3" ]; then exec tar --null --no-recursion -T - -cf -; fi; '
-        r'find . -type f -newer "$2" -printf "%P\0" | tar --null --no-recursion -T - -cf -')
+        r'find . -type f -newer "$2" -printf "%P\0" 2>/dev/null | tar --null --no-recursion -T - -cf -')
 
 
 @dataclass
