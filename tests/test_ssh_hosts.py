@@ -460,6 +460,7 @@ def test_a_project_in_the_folder_the_hosts_share_runs_in_place_on_them(server: S
             f"({project})") in result.stderr, result.stderr
 
 
+@pytest.mark.sshd
 def test_a_project_and_its_environment_reach_remote_ranks_and_no_command_line(
         server: SSHServer, tmp_path: Path, user_home: dict[str, str]) -> None:
     """Over real SSH (whose sessions inherit nothing of the caller's), launched as torchrun would
