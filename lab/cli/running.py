@@ -205,8 +205,9 @@ def add_launch(commands: Commands) -> None:
                              "leave out: its data, say (repeatable; --exclude still wins)")
     launch.add_argument("--requirements", metavar="FILE",
                         help="install what FILE (pip's requirements format) names on every host, once, for the ranks "
-                             "(an environment each host keeps by FILE's content and its Python; this machine gets the wheels: a "
-                             "second launch with it costs a short command per host); over the inventory's `requirements:`")
+                             "(an environment each host keeps by FILE's content and its Python; this machine gets the "
+                             "wheels: a second launch with it costs a short command per host); over the inventory's "
+                             "`requirements:`")
     launch.add_argument("--bring-back-max", type=float, default=bringback.DEFAULT_MAX_MB, metavar="MB",
                         help="on hosts other than this machine, bring back into the project at the end what the "
                              "ranks wrote in their copies of it, up to this much in all (default "
