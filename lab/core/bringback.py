@@ -22,11 +22,13 @@ that host's is brought back, its run directory stays where it is, and a line say
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import logging
 import os
 import posixpath
+import re
 import tarfile
 import tempfile
 import threading
@@ -34,12 +36,15 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from lab.core.plan import WORK_DIR
 from lab.core.workcache import MARK
 from lab.core.workdir import NEVER
 from lab.transport.base import RankProcess, Transport, for_each_host
+
+if TYPE_CHECKING:
+    import pathspec
 
 log = logging.getLogger(__name__)
 
@@ -135,9 +140,8 @@ def sync(transport: Transport, project: Path, saved: Mapping[str, int], patterns
     assert transport.run_dir is not None
     copy, host = posixpath.join(transport.run_dir, WORK_DIR), transport.host.name
     wanted = pathspec.GitIgnoreSpec.from_lines(patterns)
-    never = pathspec.GitIgnoreSpec.from_lines(NEVER)
     sizes = {rel: size for path, size in saved.items() if (rel := posixpath.relpath(posixpath.normpath(path), copy))
-             not in (".", "..") and not rel.startswith("../") and wanted.match_file(rel) and not never.match_file(rel)}
+             != "." and _the_ranks(rel) and wanted.match_file(rel)}
     paths = sorted(sizes)
     if not paths:
         return []
@@ -257,9 +261,6 @@ def _fetch(transport: Transport, into: Path, budget: _Budget, paths: Sequence[st
     they come in its one tar stream (stopped where the budget runs out, or after FETCH_TIMEOUT): path
     -> the digest of its bytes. What is never a rank's (Python's caches, the lab's own) is not kept."""
     assert transport.run_dir is not None
-    import pathspec
-
-    never = pathspec.GitIgnoreSpec.from_lines(NEVER)
     process = transport.start(["/bin/sh", "-c", SEND, "sh", posixpath.join(transport.run_dir, WORK_DIR),
                                posixpath.join(transport.run_dir, MARK), "listed" if paths else ""], {}, "/")
     expired = threading.Event()
@@ -287,7 +288,7 @@ def _fetch(transport: Transport, into: Path, budget: _Budget, paths: Sequence[st
             with tarfile.open(fileobj=stream, mode="r|") as archive:
                 for member in archive:
                     name = _own_path(member)
-                    if not never.match_file(name):
+                    if _the_ranks(name):
                         got[name] = _land(archive, tarfile.data_filter(member, str(into)), into)
         status = _status(process)
     except _OverBound:
@@ -345,31 +346,38 @@ def _say_over(transports: Mapping[str, Transport], max_bytes: int, brought: Brou
 
 def _written(transport: Transport) -> dict[str, int]:
     """The files the host's ranks wrote in their copy: path -> bytes."""
-    said = _output(transport, LIST)
-    import pathspec
-
-    never = pathspec.GitIgnoreSpec.from_lines(NEVER)  # (what is never a rank's: Python's caches, the lab's own)
     files = {}
-    for entry in filter(None, said.split("\0")):
+    for entry in filter(None, _output(transport, LIST).split("\0")):
         size, _, path = entry.partition(" ")
-        if size.isdigit() and path and not path.startswith(("/", "../")) and not never.match_file(path):
+        if size.isdigit() and _the_ranks(path):
             files[path] = int(size)
     return files
 
 
 def _digests(transport: Transport) -> dict[str, bytes]:
     """The files the host's ranks wrote in their copy: path -> the sha256 of its bytes, as the host says."""
-    assert transport.run_dir is not None
-    said = _output(transport, DIGESTS)
-    import pathspec
-
-    never = pathspec.GitIgnoreSpec.from_lines(NEVER)
     digests = {}
-    for entry in filter(None, said.split("\0")):
+    for entry in filter(None, _output(transport, DIGESTS).split("\0")):
         digest, _, path = entry.partition("  ")
-        if len(digest) == 64 and path and not path.startswith(("/", "../")) and not never.match_file(path):
+        if SHA256.fullmatch(digest) and _the_ranks(path):
             digests[path] = bytes.fromhex(digest)
     return digests
+
+
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _the_ranks(path: str) -> bool:
+    """Whether ``path``, as a host named it, is one its ranks may have written in their copy: in it,
+    and not what is never a rank's (Python's caches, the lab's own)."""
+    return path not in ("", "..") and not path.startswith(("/", "../")) and not _never().match_file(path)
+
+
+@functools.cache
+def _never() -> pathspec.GitIgnoreSpec:
+    import pathspec
+
+    return pathspec.GitIgnoreSpec.from_lines(NEVER)
 
 
 def _output(transport: Transport, script: str) -> str:

@@ -13,7 +13,6 @@ once whole. A package nobody can get is one line naming it and the host.
 """
 from __future__ import annotations
 
-import logging
 import os
 import platform
 import posixpath
@@ -22,15 +21,12 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping
 from pathlib import Path
 
 from lab.core.plan import REQUIREMENTS_ENV
 from lab.core.requirements import Requirements
 from lab.errors import RunError
 from lab.transport.base import Transport
-
-log = logging.getLogger(__name__)
 
 WHEELS = "requirements"  # in the run's directory: the wheels carried for the host, and its requirements.txt
 CHECK_TIMEOUT = 30.0  # seconds for a host to say whether it has the environment
@@ -143,7 +139,6 @@ def ensure(transport: Transport, run_name: str, run_dir: str, requirements: Requ
         raise RunError(f"host {transport.host.name}: cannot keep an environment for {requirements.path}: its folder "
                        f"of environments says {' '.join(said)!r}")
     python, machine = said[1], said[2]
-    uploads: Mapping[str, Path]
     with tempfile.TemporaryDirectory(prefix="lab-requirements-") as scratch:
         listed = Path(scratch, "requirements.txt")
         listed.write_text(requirements.text, encoding="utf-8")
@@ -153,8 +148,8 @@ def ensure(transport: Transport, run_name: str, run_dir: str, requirements: Requ
         transport.prepare(run_name, uploads)
     said = _ensure(transport, run_dir, requirements, "install", INSTALL_TIMEOUT)
     if said[0] == "failed":
-        raise RunError(f"host {transport.host.name}: cannot install {requirements.path}: "
-                       f"{_pip_error(' '.join(said[1:]) if said[1:] else 'pip failed')}")
+        pip_said = "\n".join(said[1:]) or "pip failed"
+        raise RunError(f"host {transport.host.name}: cannot install {requirements.path}: {_pip_error(pip_said)}")
     if said[0] != "ready":
         raise RunError(f"host {transport.host.name}: cannot install {requirements.path}: {' '.join(said)!r}")
     return True

@@ -166,13 +166,15 @@ class Run:
         self._tell("starting", f"starting {len(self.launches)} launcher(s) for {self.plan.world_size} rank(s)")
         self._start_launches(run_dirs)
         self._start_readers()
+        if not any(STDIN_VAR in launch.launch.env for launch in self.launches):  # (no launch passes it on)
+            self.stdin = None
 
     def _stdin_once_rank_0_runs(self) -> None:
         """Once rank 0 said hello (its launcher's start-up, which reads the same stdin for the
         preflight, has ended), what comes on ``stdin`` goes to its launch."""
-        taking = [p for launch, p in zip(self.launches, self.processes) if STDIN_VAR in launch.launch.env]
-        if self.stdin is not None and taking and taking[0] is not None and self.states[0].info is not None:
-            threading.Thread(target=self._pass_stdin, args=(self.stdin, taking[0]), name="lab-stdin",
+        taking = next(p for launch, p in zip(self.launches, self.processes) if STDIN_VAR in launch.launch.env)
+        if self.stdin is not None and taking is not None and self.states[0].info is not None:
+            threading.Thread(target=self._pass_stdin, args=(self.stdin, taking), name="lab-stdin",
                              daemon=True).start()
             self.stdin = None
 
