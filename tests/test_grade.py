@@ -16,6 +16,7 @@ import re
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +36,7 @@ from lab.grading.places import Hosts, one_user_hosts, split_inventory
 from lab.grading.sandbox import IMAGE, LOG_MAX, ROLE_NAME, Limits, Sandbox, ensure_sandbox_image
 from lab.inventory.hosts import local_inventory
 from lab.inventory.model import Host, Inventory
+from lab.rank.reaper import STALE_AFTER
 from lab.suite import registry
 
 from .conftest import REPO, Lab
@@ -410,11 +412,18 @@ def test_a_grader_killed_mid_class_and_run_again_grades_each_student_exactly_onc
     out = tmp_path / "book"
     args = ("grade", str(class_of(tmp_path, *students)), "--exercise", "ring-allreduce", "--nproc", "3",
             "--sandbox", "none", "--out", str(out))
+    temp = Path(tempfile.mkdtemp(prefix="lab-t-"))  # (the runs' temp directory: short, for their sockets)
+    lab.env["TMPDIR"] = str(temp)
     before = graded_then_killed(lab, args, out)
     assert 2 <= len(before) < len(students), before
     deadline = time.monotonic() + 30
     while lab.leftovers() and time.monotonic() < deadline:  # (its ranks stop when their controller is gone)
         time.sleep(0.2)
+    left = list(temp.glob("lab-run-*"))  # the killed grader's run directory: nothing of it could clean up
+    assert left
+    for run_dir in left:  # (a day on, nothing of it having lived there since)
+        then = time.time() - STALE_AFTER - 60
+        os.utime(run_dir, (then, then))
     result = lab(*args, timeout=300)
     assert result.code == 0, result.text
     assert f"{len(before)} submission(s) already graded in {out}" in " ".join(result.out.split())
@@ -423,6 +432,8 @@ def test_a_grader_killed_mid_class_and_run_again_grades_each_student_exactly_onc
     assert all(after[student] == row for student, row in before.items())  # kept, not graded again
     assert_graded_as_expected(after, {s: EXPECTED[s] for s in students})
     assert lab.leftovers() == []
+    assert list(temp.iterdir()) == []  # the next grader's first run swept it
+    temp.rmdir()
 
 
 @pytest.mark.local

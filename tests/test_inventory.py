@@ -400,12 +400,14 @@ def test_load_empty_file(tmp_path: Path) -> None:
     assert_error(caught.value, 1, "the inventory is empty", source=str(path))
 
 
-def test_repository_inventory_loads(tmp_path: Path) -> None:
-    """The inventory `lab up` writes is valid (its key files appear with `lab up`: fake them)."""
+def test_repository_inventory_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inventory `lab up` writes is valid (its key files appear with `lab up`, in the lab's state
+    under ~: fake them in a home of the test's own, so that it holds before any lab was up)."""
     copy = tmp_path / "inventory.yaml"
     copy.write_text(REPO_INVENTORY.read_text())
-    (tmp_path / ".lab" / "ssh").mkdir(parents=True)
-    private_key(tmp_path / ".lab" / "ssh" / "id_ed25519")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".local" / "state" / "lab" / "labs" / "lab" / "ssh").mkdir(parents=True)
+    private_key(tmp_path / ".local" / "state" / "lab" / "labs" / "lab" / "ssh" / "id_ed25519")
     inventory = load_inventory(copy)
     assert [h.name for h in inventory.hosts] == ["node1", "node2", "node3", "node4"]
     assert all(h.shared_dir == "/shared" and h.known_hosts for h in inventory.hosts)

@@ -261,8 +261,9 @@ def _fetch(transport: Transport, into: Path, budget: _Budget, paths: Sequence[st
     they come in its one tar stream (stopped where the budget runs out, or after FETCH_TIMEOUT): path
     -> the digest of its bytes. What is never a rank's (Python's caches, the lab's own) is not kept."""
     assert transport.run_dir is not None
-    process = transport.start(["/bin/sh", "-c", SEND, "sh", posixpath.join(transport.run_dir, WORK_DIR),
-                               posixpath.join(transport.run_dir, MARK), "listed" if paths else ""], {}, "/")
+    where = transport.run_dir  # (started there, it holds the run's directory as it sends: lab.rank.reaper)
+    process = transport.start(["/bin/sh", "-c", SEND, "sh", posixpath.join(where, WORK_DIR),
+                               posixpath.join(where, MARK), "listed" if paths else ""], {}, where)
     expired = threading.Event()
 
     def expire() -> None:  # (its stream then ends)
@@ -385,7 +386,7 @@ def _output(transport: Transport, script: str) -> str:
     ranks wrote is never cut), within LIST_TIMEOUT and LIST_MAX bytes; OSError where it is not."""
     assert transport.run_dir is not None
     process = transport.start(["/bin/sh", "-c", script, "sh", posixpath.join(transport.run_dir, WORK_DIR),
-                               posixpath.join(transport.run_dir, MARK)], {}, "/")
+                               posixpath.join(transport.run_dir, MARK)], {}, transport.run_dir)
     timer = threading.Timer(LIST_TIMEOUT, process.kill)  # (its stream then ends, and its status is not 0)
     timer.start()
     try:

@@ -16,15 +16,24 @@ line (``python -S -c CODE ARGV...``, see ``lab.transport.base.supervised``), so 
 host with a Python before anything is uploaded there. With ``--env-on-stdin`` first, the settings
 to start ARGV with come on stdin, ahead of anything else (``LENGTH\nJSON``): what a command line
 would show every user of the host (``ps``) stays between the lab and the process.
+
+A launch started in a run directory (every process of a run is: ``lab.core.runner``) holds that
+directory while it lives (a shared ``flock`` of its ``.lab-live``) and marks it used as it ends. The
+first launch of a run removes the user's run directories beside it that a run left behind, one whose
+controller was killed before it could clean up: nothing holds it, it is not kept (``--keep`` marks it
+``.lab-kept``), and nothing of a run ended in it for STALE_AFTER seconds.
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import json
 import os
 import pwd
+import shutil
 import signal
+import stat
 import sys
 import time
 
@@ -34,6 +43,10 @@ PR_SET_DUMPABLE = 4
 SWEEP_LIMIT = 10.0  # seconds to spend killing what is left before giving up
 LINGER = 1.0  # seconds what is left below an ended child gets to end by itself before it is killed
 ENV_ON_STDIN = "--env-on-stdin"  # the flag before PROGRAM: its settings come on stdin (read_env)
+RUN_DIR_PREFIX = "lab-run-"  # a run directory's name: this and 12 hex digits (= lab.core.plan.run_name's)
+LIVE = ".lab-live"  # in a run directory: each live process of the run holds it (a shared flock)
+KEPT = ".lab-kept"  # in a run directory: the run kept it (--keep), for the user to look at; never swept
+STALE_AFTER = 86400.0  # seconds since anything of a run ended in its directory before it may be swept
 
 
 def become_subreaper() -> bool:
@@ -140,6 +153,70 @@ def read_env() -> dict[str, str]:
     return env
 
 
+def is_run_dir_name(name: str) -> bool:
+    digits = name[len(RUN_DIR_PREFIX):]
+    return name.startswith(RUN_DIR_PREFIX) and len(digits) == 12 and all(c in "0123456789abcdef" for c in digits)
+
+
+def hold_run_dir() -> int | None:
+    """When this launch starts in a run directory, hold it (the descriptor of its LIVE file, under a
+    shared lock), and, as the run's first, sweep the stale run directories beside it. Never blocks
+    (a rank that holds the file under a lock of its own only keeps this one from being held); None
+    where the launch is not in a run directory or the lock cannot be had."""
+    here = os.getcwd()
+    if not is_run_dir_name(os.path.basename(here)):
+        return None
+    try:
+        first = not os.path.exists(LIVE)
+        held = os.open(LIVE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(held, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        os.close(held)
+        return None
+    if first:
+        sweep_stale_run_dirs(os.path.dirname(here))
+    return held
+
+
+def sweep_stale_run_dirs(parent: str) -> list[str]:
+    """Remove the run directories in ``parent`` that are this user's (real directories, not links),
+    not kept, untouched for STALE_AFTER seconds and held by no live process; the paths removed."""
+    removed: list[str] = []
+    try:
+        names = [name for name in os.listdir(parent) if is_run_dir_name(name)]
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(parent, name)
+        try:
+            facts = os.lstat(path)
+            if not (stat.S_ISDIR(facts.st_mode) and facts.st_uid == os.getuid()
+                    and time.time() - facts.st_mtime > STALE_AFTER and not os.path.lexists(os.path.join(path, KEPT))):
+                continue
+            live = os.open(os.path.join(path, LIVE), os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(live, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (held: a process of that run lives)
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        except OSError:
+            pass
+        finally:
+            os.close(live)
+    return removed
+
+
+def mark_used(held: int | None) -> None:
+    """As a launch in a run directory ends: the directory was used now (its age counts from here)."""
+    if held is not None:
+        with contextlib.suppress(OSError):
+            os.utime(".")
+
+
 SHARE_GROUPS = "/run/lab-groups"  # (lab.containerlab.shares makes them) a folder per controller, a group per share user
 SHARE_CONTROLLERS = ("cpu", "memory")
 
@@ -172,6 +249,7 @@ def main(argv: list[str]) -> int:
         return 2
     become_subreaper()
     join_share_group()
+    held = hold_run_dir()
     marked, mark_written = os.pipe()  # the program starts once the pid mark is out, never before it
     child = os.fork()
     if child == 0:  # the program: a process group of its own, the one the lab signals
@@ -204,6 +282,7 @@ def main(argv: list[str]) -> int:
     if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
         linger()
     sweep()
+    mark_used(held)
     if os.WIFSIGNALED(status):  # end the same way, so that whoever waits for us sees the signal
         with contextlib.suppress(OSError, ValueError):  # (SIGKILL and SIGSTOP have no handler to reset)
             signal.signal(os.WTERMSIG(status), signal.SIG_DFL)

@@ -27,7 +27,7 @@ from typing import IO, TypeVar
 from lab.errors import RunError
 from lab.inventory.model import Host
 from lab.rank.protocol import PID_MARK
-from lab.rank.reaper import ENV_ON_STDIN
+from lab.rank.reaper import ENV_ON_STDIN, KEPT
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,8 @@ class Transport(ABC):
 
     @abstractmethod
     def cleanup(self, keep: bool = False, also: Sequence[str] = ()) -> None:
-        """Remove the run directory and the directories ``also`` (unless ``keep``); never raises."""
+        """Remove the run directory and the directories ``also``; with ``keep``, mark the run directory
+        kept instead (:func:`keep_command`), so no later run sweeps it. Never raises."""
 
     @abstractmethod
     def signal_groups(self, pgids: Sequence[int], signum: int) -> None:
@@ -237,6 +238,12 @@ def make_run_dir_command(run_name: str, subdirs: Sequence[str], then: Sequence[s
         script = (f"{{ {script}; }} || {{ cat >/dev/null; exit 1; }}; "
                   f"{shlex.join(then)} || {{ s=$?; cat >/dev/null; exit $s; }}")
     return f"/bin/sh -c {shlex.quote(script)}"
+
+
+def keep_command(run_dir: str) -> str:
+    """A command for the host's ``/bin/sh`` that marks ``run_dir`` kept (the user was told to look
+    there): the runs that sweep what killed runs left behind pass it by (``lab.rank.reaper``)."""
+    return f"/bin/sh -c {shlex.quote(f': > {shlex.quote(posixpath.join(run_dir, KEPT))}')}"
 
 
 def made_run_dir(output: str) -> str | None:

@@ -2,6 +2,7 @@
 session, and the group it names is the one signalled: see lab.rank.reaper)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -10,6 +11,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from lab.rank.reaper import KEPT
 from lab.transport.base import RankProcess, Transport, removable, started_group, supervised
 
 
@@ -77,6 +79,9 @@ class LocalTransport(Transport):
         return self.run_dir
 
     def cleanup(self, keep: bool = False, also: Sequence[str] = ()) -> None:
+        if keep and self.run_dir is not None:
+            with contextlib.suppress(OSError):
+                Path(self.run_dir, KEPT).touch()
         if not keep:
             for directory in removable([self.run_dir, *also]):
                 shutil.rmtree(directory, ignore_errors=True)

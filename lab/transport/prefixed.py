@@ -24,6 +24,7 @@ from lab.transport.base import (
     RankProcess,
     Transport,
     env_payload,
+    keep_command,
     kill_command,
     made_run_dir,
     make_run_dir_command,
@@ -108,8 +109,8 @@ class PrefixedTransport(Transport):
 
     def cleanup(self, keep: bool = False, also: Sequence[str] = ()) -> None:
         directories = removable([self.run_dir, *also])
-        if not keep and directories and self.run_dir is not None:
-            self.exec(f"rm -rf -- {shlex.join(directories)}")
+        if directories and self.run_dir is not None:
+            self.exec(keep_command(self.run_dir) if keep else f"rm -rf -- {shlex.join(directories)}")
 
     def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> RankProcess:
         prefix = self.prefix()  # fail early, and with one line, when it is not there

@@ -56,6 +56,7 @@ from lab.transport.base import (
     RankProcess,
     Transport,
     env_payload,
+    keep_command,
     kill_command,
     made_run_dir,
     make_run_dir_command,
@@ -238,19 +239,21 @@ class SSHTransport(Transport):
     def cleanup(self, keep: bool = False, also: Sequence[str] = ()) -> None:
         """``rm -rf`` the run directory (if ``prepare`` made it) and ``also``; a failure is logged."""
         directories = removable([self.run_dir, *also]) if self.run_dir else []
-        if keep or not directories:
+        if not directories:
             return
         first = self._connections.first
         if self.is_lost or (first is not None and not is_up(first)):
             log.debug("%s: gone; %s is left there", self._connections.where, " ".join(directories))
             return  # (the run's error names the host; its files went down with it)
         try:
-            status, output = self.run(self._connections.main(), f"rm -rf -- {shlex.join(directories)}")
+            status, output = self.run(self._connections.main(), keep_command(directories[0]) if keep
+                                      else f"rm -rf -- {shlex.join(directories)}")
         except LabError as exc:
             log.warning("%s; %s is left on host %s", exc, " ".join(directories), self.host.name)
             return
         if status != 0:
-            log.warning("host %s: cannot remove %s: %s", self.host.name, " ".join(directories), output)
+            log.warning("host %s: cannot %s %s: %s", self.host.name, "mark kept" if keep else "remove",
+                        " ".join(directories), output)
 
     def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> RankProcess:
         """Start ``argv`` on its own channel and read its pid (= its process group)."""
