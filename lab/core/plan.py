@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from lab.core.random_inputs import VALUE_BYTES
 from lab.inventory.model import Host
+from lab.rank.reaper import RUN_DIR_PREFIX
 from lab.rank.saves import SYNC_VAR
 from lab.rank.script import MODULE_VAR, WORKDIR_VAR
 from lab.rank.watcher import HANG_AFTER_VAR, TORCH_DUMPS_VAR, TRACE_VAR
@@ -75,7 +76,7 @@ def public_id(token: str) -> str:
 
 def run_name(token: str) -> str:
     """The name of the run's directory on every host (``Plan.run_name``)."""
-    return f"lab-run-{public_id(token)}"
+    return f"{RUN_DIR_PREFIX}{public_id(token)}"  # (the reaper knows a run directory by it)
 
 
 @dataclass(frozen=True)

@@ -181,14 +181,13 @@ def hold_run_dir() -> int | None:
     return held
 
 
-def sweep_stale_run_dirs(parent: str) -> list[str]:
+def sweep_stale_run_dirs(parent: str) -> None:
     """Remove the run directories in ``parent`` that are this user's (real directories, not links),
-    not kept, untouched for STALE_AFTER seconds and held by no live process; the paths removed."""
-    removed: list[str] = []
+    not kept, untouched for STALE_AFTER seconds and held by no live process."""
     try:
         names = [name for name in os.listdir(parent) if is_run_dir_name(name)]
     except OSError:
-        return removed
+        return
     for name in names:
         path = os.path.join(parent, name)
         try:
@@ -202,12 +201,10 @@ def sweep_stale_run_dirs(parent: str) -> list[str]:
         try:
             fcntl.flock(live, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (held: a process of that run lives)
             shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
         except OSError:
             pass
         finally:
             os.close(live)
-    return removed
 
 
 def mark_used(held: int | None) -> None:

@@ -79,12 +79,12 @@ class LocalTransport(Transport):
         return self.run_dir
 
     def cleanup(self, keep: bool = False, also: Sequence[str] = ()) -> None:
-        if keep and self.run_dir is not None:
-            with contextlib.suppress(OSError):
-                Path(self.run_dir, KEPT).touch()
         if not keep:
             for directory in removable([self.run_dir, *also]):
                 shutil.rmtree(directory, ignore_errors=True)
+        elif self.run_dir is not None:
+            with contextlib.suppress(OSError):
+                Path(self.run_dir, KEPT).touch()
 
     def signal_groups(self, pgids: Sequence[int], signum: int) -> None:
         for pgid in pgids:
