@@ -36,7 +36,7 @@ from lab.grading.places import Hosts, one_user_hosts, split_inventory
 from lab.grading.sandbox import IMAGE, LOG_MAX, ROLE_NAME, Limits, Sandbox, ensure_sandbox_image
 from lab.inventory.hosts import local_inventory
 from lab.inventory.model import Host, Inventory
-from lab.rank.reaper import STALE_AFTER
+from lab.rank.reaper import LIVE, STALE_AFTER, is_run_dir_name
 from lab.suite import registry
 
 from .conftest import REPO, Lab
@@ -414,13 +414,13 @@ def test_a_grader_killed_mid_class_and_run_again_grades_each_student_exactly_onc
             "--sandbox", "none", "--out", str(out))
     temp = Path(tempfile.mkdtemp(prefix="lab-t-"))  # (the runs' temp directory: short, for their sockets)
     lab.env["TMPDIR"] = str(temp)
-    before = graded_then_killed(lab, args, out)
+    before = graded_then_killed(lab, args, out, ready=lambda: any(temp.glob(f"lab-run-*/{LIVE}")))
     assert 2 <= len(before) < len(students), before
     deadline = time.monotonic() + 30
     while lab.leftovers() and time.monotonic() < deadline:  # (its ranks stop when their controller is gone)
         time.sleep(0.2)
-    left = list(temp.glob("lab-run-*"))  # the killed grader's run directory: nothing of it could clean up
-    assert left
+    left = list(temp.iterdir())  # the killed grader's run directory, killed mid-run: nothing of it could clean up
+    assert left and all(is_run_dir_name(run_dir.name) for run_dir in left), left  # (and nothing else of it)
     for run_dir in left:  # (a day on, nothing of it having lived there since)
         then = time.time() - STALE_AFTER - 60
         os.utime(run_dir, (then, then))

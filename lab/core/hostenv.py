@@ -26,7 +26,7 @@ from pathlib import Path
 from lab.core.plan import REQUIREMENTS_ENV
 from lab.core.requirements import Requirements
 from lab.errors import RunError
-from lab.transport.base import Transport
+from lab.transport.base import Transport, Upload
 
 WHEELS = "requirements"  # in the run's directory: the wheels carried for the host, and its requirements.txt
 CHECK_TIMEOUT = 30.0  # seconds for a host to say whether it has the environment
@@ -139,13 +139,10 @@ def ensure(transport: Transport, run_name: str, run_dir: str, requirements: Requ
         raise RunError(f"host {transport.host.name}: cannot keep an environment for {requirements.path}: its folder "
                        f"of environments says {' '.join(said)!r}")
     python, machine = said[1], said[2]
-    with tempfile.TemporaryDirectory(prefix="lab-requirements-") as scratch:
-        listed = Path(scratch, "requirements.txt")
-        listed.write_text(requirements.text, encoding="utf-8")
-        uploads = {posixpath.join(WHEELS, "requirements.txt"): listed,
-                   **{posixpath.join(WHEELS, w.name): w for w in wheels_for(requirements, python, machine,
-                                                                            transport.host.name)}}
-        transport.prepare(run_name, uploads)
+    uploads: dict[str, Upload] = {
+        posixpath.join(WHEELS, "requirements.txt"): requirements.text.encode("utf-8"),
+        **{posixpath.join(WHEELS, w.name): w for w in wheels_for(requirements, python, machine, transport.host.name)}}
+    transport.prepare(run_name, uploads)
     said = _ensure(transport, run_dir, requirements, "install", INSTALL_TIMEOUT)
     if said[0] == "failed":
         pip_said = "\n".join(said[1:]) or "pip failed"

@@ -14,16 +14,10 @@ every rank's file (docs/classroom.md says what that leaves open).
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import re
 import secrets
 import struct
-import tempfile
-from collections.abc import Iterator, Mapping
-from pathlib import Path
-
-from lab.rank.inputs import file_of
 
 VALUE_BYTES = 2
 
@@ -44,16 +38,3 @@ def draw(count: int, seed: str, rank: int) -> bytes:
 def values(data: bytes) -> tuple[int, ...]:
     """The values of one rank's draw."""
     return struct.unpack(f"<{len(data) // VALUE_BYTES}h", data)
-
-
-@contextlib.contextmanager
-def staged(inputs: Mapping[int, bytes]) -> Iterator[dict[int, Path]]:
-    """Each rank's draw in a file of a private temporary directory, for the transports to carry
-    (rank -> file); the directory goes when the block ends."""
-    with tempfile.TemporaryDirectory(prefix="lab-inputs-") as directory:
-        files = {}
-        for rank, data in inputs.items():
-            files[rank] = Path(directory) / file_of(rank)
-            files[rank].parent.mkdir(exist_ok=True)
-            files[rank].write_bytes(data)
-        yield files

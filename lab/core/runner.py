@@ -52,7 +52,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from lab.core import bringback, hostenv, random_inputs, workcache
+from lab.core import bringback, hostenv, workcache
 from lab.core.bringback import BroughtBack
 from lab.core.ledger import Ledger
 from lab.core.outcome import LaunchState, OnLine, RankState, RunOutcome, RunStatus
@@ -66,7 +66,7 @@ from lab.errors import HostsUnreachable, HostUnreachable, LabError, RunError
 from lab.rank.inputs import file_of
 from lab.rank.stdin import STDIN_VAR, frame
 from lab.rank.text import exception_line
-from lab.transport.base import RankProcess, Transport, code_uploads, for_each_host, release
+from lab.transport.base import RankProcess, Transport, Upload, code_uploads, for_each_host, release
 from lab.transport.reach import transport_for
 from lab.transport.ssh.connections import SSHSettings
 
@@ -207,12 +207,13 @@ class Run:
         """Reach every host at once and carry the run's files there, and its requirements' environment
         (the hosts that had to install it go in ``installed``); each host's run directory. A group
         never stops at the first failure: every host is tried, and every one that failed is named."""
-        uploads = {**code_uploads(), **{rel: Path(local) for rel, local in self.plan.uploads.items()}}
+        uploads: dict[str, Upload] = {**code_uploads(),
+                                      **{rel: Path(local) for rel, local in self.plan.uploads.items()}}
         work = {relative: Path(local) for relative, local in self.plan.work.items()}
 
         def prepare(transport: Transport) -> str:
             began = time.monotonic()
-            own = {**uploads, **{file_of(rank): inputs[rank]
+            own = {**uploads, **{file_of(rank): self.plan.inputs[rank]
                                  for rank in self.launcher.inputs_for(self.plan, transport.host.name)}}
             if self.plan.in_place and not transport.host.is_local:  # (the project in the folder the hosts share)
                 script = Path(self.plan.script[0]) if self.plan.script and not self.plan.module else None
@@ -230,8 +231,7 @@ class Run:
                       time.monotonic() - began)
             return run_dir
 
-        with random_inputs.staged(self.plan.inputs) as inputs:
-            outcomes = for_each_host(self.transports, prepare)
+        outcomes = for_each_host(self.transports, prepare)
         unreachable = [e for e in outcomes.values() if isinstance(e, HostUnreachable)]
         failed = [(name, e) for name, e in outcomes.items()
                   if isinstance(e, Exception) and not isinstance(e, HostUnreachable)]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from lab.core.plan import WORK_DIR
 from lab.errors import RunError
-from lab.transport.base import Transport
+from lab.transport.base import Transport, Upload
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ ls -1dt "$c"/*/ 2>/dev/null | tail -n +KEEP | while read -r old; do rm -rf "$old
 """.replace("KEEP", str(KEEP + 1)).replace("MARK", MARK)
 
 
-def carry(transport: Transport, run_name: str, uploads: Mapping[str, Path], work: Mapping[str, Path],
+def carry(transport: Transport, run_name: str, uploads: Mapping[str, Upload], work: Mapping[str, Path],
           key: str) -> tuple[str, bool]:
     """Make the run's directory on the host with ``uploads`` and the project (``work``: its files,
     by path in it) in its ``work/``, the project from the host's kept copy when it has ``key``, and

@@ -9,6 +9,7 @@ started survives) and killed; and carry a run's files to the host (``prepare``) 
 from __future__ import annotations
 
 import ast
+import io
 import json
 import logging
 import posixpath
@@ -16,6 +17,7 @@ import select
 import shlex
 import signal
 import subprocess
+import tarfile
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -31,6 +33,7 @@ from lab.rank.reaper import ENV_ON_STDIN, KEPT
 
 log = logging.getLogger(__name__)
 
+Upload = Path | bytes  # a file to carry to a host: a local file, or what it holds
 CALL_OUTPUT = 1 << 16  # bytes kept of each stream of a ``Transport.call``
 STREAM_WAIT = 5.0  # seconds for the last output of a call that ended
 
@@ -100,10 +103,10 @@ class Transport(ABC):
         return [self.python, "-m", module]
 
     @abstractmethod
-    def prepare(self, run_name: str, uploads: Mapping[str, Path]) -> str:
+    def prepare(self, run_name: str, uploads: Mapping[str, Upload]) -> str:
         """Make the directory ``run_name`` in the host's own temp directory (``$TMPDIR``, else
-        /tmp; only its owner may enter it), put each upload (path in it -> local file) there, and
-        return its path on the host (also kept as ``run_dir``)."""
+        /tmp; only its owner may enter it), put each upload (path in it -> a local file, or the
+        bytes it holds) there, and return its path on the host (also kept as ``run_dir``)."""
 
     @abstractmethod
     def cleanup(self, keep: bool = False, also: Sequence[str] = ()) -> None:
@@ -249,6 +252,28 @@ def keep_command(run_dir: str) -> str:
 def made_run_dir(output: str) -> str | None:
     """The run directory a host printed (after whatever its login scripts print)."""
     return next((line[len(RUN_DIR_MARK):] for line in output.splitlines() if line.startswith(RUN_DIR_MARK)), None)
+
+
+def upload_bytes(source: Upload, relative: str, who: str) -> bytes:
+    """What an upload (the run's ``relative``) holds; RunError naming ``who`` when its file cannot be read."""
+    if isinstance(source, bytes):
+        return source
+    try:
+        return source.read_bytes()
+    except OSError as exc:
+        raise RunError(f"{who}: cannot upload {source} to the run's {relative}: {exc.strerror or exc}") from None
+
+
+def archive(uploads: Mapping[str, Upload], who: str) -> bytes:
+    """The uploads as one tar stream (path in the run directory -> file), each file private to its owner."""
+    stream = io.BytesIO()
+    with tarfile.open(fileobj=stream, mode="w") as tar:
+        for relative, source in uploads.items():
+            data = upload_bytes(source, relative, who)
+            info = tarfile.TarInfo(relative)
+            info.size, info.mode, info.mtime = len(data), 0o600, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    return stream.getvalue()
 
 
 def removable(paths: Sequence[str | None]) -> list[str]:

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from lab.rank.reaper import KEPT
-from lab.transport.base import RankProcess, Transport, removable, started_group, supervised
+from lab.transport.base import RankProcess, Transport, Upload, removable, started_group, supervised
 
 
 def local_gpu_count() -> int:
@@ -68,13 +68,16 @@ class LocalTransport(Transport):
         # The controller's own interpreter has torch; an inventory may name another.
         return self.host.python if self.host.python != "python3" else sys.executable
 
-    def prepare(self, run_name: str, uploads: Mapping[str, Path]) -> str:
+    def prepare(self, run_name: str, uploads: Mapping[str, Upload]) -> str:
         run_dir = Path(tempfile.gettempdir(), run_name)
         run_dir.mkdir(mode=0o700, exist_ok=True)
         for relative, source in uploads.items():
             target = run_dir / relative
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, target)
+            if isinstance(source, bytes):
+                target.write_bytes(source)
+            else:
+                shutil.copyfile(source, target)
         self.run_dir = str(run_dir)
         return self.run_dir
 

@@ -10,19 +10,18 @@ away, which killing the local process alone may not do. Files go in through ``ta
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import shlex
 import subprocess
-import tarfile
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from lab.errors import RunError
 from lab.transport.base import (
     RankProcess,
     Transport,
+    Upload,
+    archive,
     env_payload,
     keep_command,
     kill_command,
@@ -86,19 +85,16 @@ class PrefixedTransport(Transport):
         if pgids:
             self.exec(kill_command(pgids, signum))
 
-    def prepare(self, run_name: str, uploads: Mapping[str, Path]) -> str:
+    def prepare(self, run_name: str, uploads: Mapping[str, Upload]) -> str:
         prefix = self.prefix()  # HostUnreachable, in one line, when it is not there
         run_dir = made_run_dir(self.exec(make_run_dir_command(run_name, [])))
         if run_dir is None:
             raise RunError(f"host {self.host.name}: cannot make the run directory {run_name} in its temp directory")
         self.run_dir = run_dir
-        archive = io.BytesIO()
-        with tarfile.open(fileobj=archive, mode="w") as tar:
-            for relative, source in uploads.items():
-                tar.add(str(source), arcname=relative)
+        files = archive(uploads, f"host {self.host.name}")
         untar = [*prefix, "tar", "-x", "--no-same-owner", "-C", run_dir]
         try:
-            done = subprocess.run(untar, input=archive.getvalue(), capture_output=True, timeout=COMMAND_TIMEOUT)
+            done = subprocess.run(untar, input=files, capture_output=True, timeout=COMMAND_TIMEOUT)
         except subprocess.TimeoutExpired:
             raise RunError(f"host {self.host.name}: copying the run's files to {run_dir} took over "
                            f"{COMMAND_TIMEOUT}s") from None

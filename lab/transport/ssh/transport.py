@@ -33,17 +33,14 @@ Contracts:
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import posixpath
 import shlex
 import signal
-import tarfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import IO, ClassVar, cast
 
 import paramiko
@@ -55,6 +52,8 @@ from lab.transport.base import (
     RUN_DIR_MARK,
     RankProcess,
     Transport,
+    Upload,
+    archive,
     env_payload,
     keep_command,
     kill_command,
@@ -62,6 +61,7 @@ from lab.transport.base import (
     make_run_dir_command,
     remote_command,
     removable,
+    upload_bytes,
 )
 from lab.transport.ssh.connections import Connections, SSHSettings, is_up, reason
 
@@ -174,16 +174,16 @@ class SSHTransport(Transport):
 
     UNPACK: ClassVar[tuple[str, ...]] = ("tar", "-x", "-f", "-", "--no-same-owner")  # the uploads, from stdin
 
-    def prepare(self, run_name: str, uploads: Mapping[str, Path]) -> str:
+    def prepare(self, run_name: str, uploads: Mapping[str, Upload]) -> str:
         """Make the run directory and the directories of the uploads, and put every file there, in
         one command: a tar stream into ``tar -x`` on the host. A host without a working tar gets
         them over one SFTP session instead (closed again: it would hold a session slot), a round
         trip or more per file."""
         client = self._connections.main()
         subdirs = [d for d in (posixpath.dirname(relative) for relative in uploads) if d]
-        archive = self._archive(uploads)
+        files = archive(uploads, self.who)
         with self._talking("carrying the run's files"):
-            status, output = self.run(client, make_run_dir_command(run_name, subdirs, self.UNPACK), archive)
+            status, output = self.run(client, make_run_dir_command(run_name, subdirs, self.UNPACK), files)
         run_dir = made_run_dir(output)
         if run_dir is None:
             raise RunError(f"{self.who}: cannot make the run directory {run_name} in its temp "
@@ -197,7 +197,7 @@ class SSHTransport(Transport):
                 self._put_over_sftp(client, run_dir, uploads)
         return run_dir
 
-    def _put_over_sftp(self, client: paramiko.SSHClient, run_dir: str, uploads: Mapping[str, Path]) -> None:
+    def _put_over_sftp(self, client: paramiko.SSHClient, run_dir: str, uploads: Mapping[str, Upload]) -> None:
         try:
             sftp = client.open_sftp()
         except (paramiko.SSHException, EOFError) as exc:  # no SFTP subsystem: "Channel closed."
@@ -212,29 +212,14 @@ class SSHTransport(Transport):
                 try:
                     with sftp.open(target, "wb") as remote:
                         remote.set_pipelined(True)
-                        remote.write(source.read_bytes())
+                        remote.write(upload_bytes(source, relative, self.who))
                 except (TimeoutError, ConnectionError):
                     raise
-                except OSError as exc:  # a local file, or SFTP's answer (no such file, no space...)
-                    raise RunError(f"{self.who}: cannot upload {source} to {target}: "
+                except OSError as exc:  # SFTP's answer (no such file, no space...)
+                    raise RunError(f"{self.who}: cannot upload the run's {relative} to {target}: "
                                    f"{exc.strerror or exc}") from None
         finally:
             sftp.close()
-
-    def _archive(self, uploads: Mapping[str, Path]) -> bytes:
-        """The uploads as one tar stream, each file private to its owner."""
-        archive = io.BytesIO()
-        with tarfile.open(fileobj=archive, mode="w") as tar:
-            for relative, source in uploads.items():
-                try:
-                    data = source.read_bytes()
-                except OSError as exc:
-                    raise RunError(f"{self.who}: cannot upload {source} to the run's {relative}: "
-                                   f"{exc.strerror or exc}") from None
-                info = tarfile.TarInfo(relative)
-                info.size, info.mode, info.mtime = len(data), 0o600, int(time.time())
-                tar.addfile(info, io.BytesIO(data))
-        return archive.getvalue()
 
     def cleanup(self, keep: bool = False, also: Sequence[str] = ()) -> None:
         """``rm -rf`` the run directory (if ``prepare`` made it) and ``also``; a failure is logged."""
