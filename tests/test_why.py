@@ -10,7 +10,7 @@ import pytest
 
 from lab.core.rankview import ordinal, ranks_named
 from lab.core.why import Cause, RankFacts, explain
-from lab.rank.flightrecords import RECORDS_MAX, read_calls, read_counts, read_record, read_steps
+from lab.rank.flightrecords import RECORDS_MAX, read_calls, read_counts, read_made, read_record, read_steps
 
 LOST = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:41234"
 LOST_SHOWN = "RuntimeError: Connection closed by peer [10.0.0.2]:41234"  # as a headline shows it: no C++ place
@@ -42,18 +42,79 @@ def rank(r: int, records: Any = (), inflight: Any = (), counts: Any = None, **fa
 
 
 def read(r: int, host: str, records: Any = None, inflight: Any = None, counts: Any = None, steps: Any = None,
-         died_in: Any = None, **facts: Any) -> RankFacts:
+         died_in: Any = None, made: Any = None, **facts: Any) -> RankFacts:
     """The facts of a rank that sent these fields (raw), read by the events' readers (lab.rank.flightrecords)."""
     died = None if died_in is None else read_record(died_in)
     assert not isinstance(died, str), died
     return RankFacts(r, host, records=None if records is None else read_calls(list(records)),
                      inflight=None if inflight is None else read_calls(list(inflight)),
                      counts=None if counts is None else read_counts(counts),
-                     steps=None if steps is None else read_steps(steps), died_in=died, **facts)
+                     steps=None if steps is None else read_steps(steps), died_in=died,
+                     made=None if made is None else read_made(made), **facts)
 
 
 def lines(cause: Cause) -> list[str]:
     return [e.line() for e in cause.evidence]
+
+
+def made(*groups: tuple[list[int], int]) -> list[list[Any]]:
+    """A rank's groups made as it sends them: (members, line of train.py) each, in order."""
+    return [[n, members, f"train.py:{line}"] for n, (members, line) in enumerate(groups, 1)]
+
+
+# Groups made (new_group: every rank makes every group, members or not, in the same order)
+
+HUNG = {"inflight": [rec(5, "all_reduce", "in_flight", where="train.py:40")]}
+
+
+def test_ranks_that_have_not_made_a_group_the_others_made_first_are_named_with_both_lines() -> None:
+    ranks = [rank(r, made=made(([0, 1], 20), ([0, 2], 21)) if r < 2 else made(([0, 2], 21)), **HUNG)
+             for r in range(4)]
+    cause = explain(ranks)
+    assert (cause.kind, cause.headline) == ("collective-mismatch", (
+        "Ranks 2, 3 have not made new_group([0, 1]) at train.py:20, the 1st group ranks 0, 1 made: their 1st is "
+        "new_group([0, 2]) at train.py:21, their 2nd, so from there on the ranks' groups are crossed."))
+    assert cause.fix is not None and "members or not" in cause.fix and "use_local_synchronization" in cause.fix
+
+
+def test_ranks_that_have_not_made_several_groups_are_told_them_all() -> None:
+    skipped = [([0, 1], 24), ([2, 3], 24), ([4, 5], 24)]
+    ranks = [rank(r, made=made(*skipped, ([0, 2], 25)) if r < 2 else made(([0, 2], 25)), **HUNG) for r in range(6)]
+    headline = explain(ranks).headline
+    assert headline.startswith("Ranks 2-5 have not made new_group([0, 1]) at train.py:24 and new_group([2, 3]) at "
+                               "train.py:24 and 1 more, the 1st-3rd groups ranks 0, 1 made: their 1st is "
+                               "new_group([0, 2]) at train.py:25, their 4th"), headline
+
+
+def test_the_same_groups_made_in_different_orders_are_told_as_the_order() -> None:
+    ranks = [rank(r, made=made(([0, 1], 9), ([2, 3], 9)) if r < 2 else made(([2, 3], 9), ([0, 1], 9)), **HUNG)
+             for r in range(4)]
+    cause = explain(ranks)
+    assert cause.headline == ("The ranks make their groups in different orders: ranks 0, 1 make new_group([0, 1]) "
+                              "at train.py:9 as their 1st group, ranks 2, 3 make new_group([2, 3]) at train.py:9.")
+    assert cause.fix is not None and "same order" in cause.fix and "not starting from the rank's own" in cause.fix
+
+
+def test_different_groups_at_one_place_are_told_side_by_side() -> None:
+    ranks = [rank(r, made=made(([0, 1] if r < 2 else [2, 3], 12 if r < 2 else 14)), **HUNG) for r in range(4)]
+    assert explain(ranks).headline == (
+        "The ranks make different groups as their 1st: ranks 0, 1 make new_group([0, 1]) at train.py:12; ranks 2, 3 "
+        "make new_group([2, 3]) at train.py:14.")
+
+
+def test_ranks_that_made_fewer_groups_so_far_or_the_same_are_no_finding() -> None:
+    """A rank that has not made its groups yet (made lazily, later) agrees as far as it went."""
+    same = made(([0, 1], 5), ([2, 3], 6))
+    for sent in ([same, same, same[:1], []], [same] * 4):
+        cause = explain([rank(r, made=m, **HUNG) for r, m in enumerate(sent)])
+        assert "new_group" not in cause.headline, cause.headline
+
+
+def test_malformed_groups_made_are_skipped_and_said() -> None:
+    ranks = [rank(0, made=[[1, [0, 1], "train.py:5"], [2, "0,1", "x"], "junk", [3, [-1], "y"]], **HUNG),
+             rank(1, made=made(([0, 1], 5)), **HUNG)]
+    cause = explain(ranks)
+    assert "rank 0: 3 malformed groups made skipped" in cause.notes and "new_group" not in cause.headline
 
 
 # Point to point

@@ -17,7 +17,7 @@ from pathlib import PurePosixPath
 from typing import Literal
 
 from lab.core.outcome import CauseKind, ended
-from lab.rank.flightrecords import TEXT_MAX, Calls, Counts, StepMark, Steps, merged, text
+from lab.rank.flightrecords import TEXT_MAX, Calls, Counts, GroupMade, GroupsMade, StepMark, Steps, merged, text
 from lab.rank.ops import FROM_ROOT, canonical
 from lab.rank.record import Record
 
@@ -66,6 +66,7 @@ class RankFacts:
     died_in: Record | None = None  # the call it was in as it died by a signal (its relay's word)
     oom: str | None = None  # the kernel's line that it killed the rank for memory (its relay's word)
     steps: Steps | None = None  # its last dump's training steps (a DDP program's forwards and backward passes)
+    made: GroupsMade | None = None  # its last dump's groups made (new_group), in order
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class Rank:
     failure: Failure | None
     died_in: Record | None = None  # the call it was in as it died by a signal (its relay's word)
     steps: tuple[StepMark, ...] | None = None  # a DDP program's forwards and backward passes, oldest first
+    made: tuple[GroupMade, ...] | None = None  # the groups it made (new_group), in order
 
     @property
     def rank(self) -> int:
@@ -142,6 +144,8 @@ def build(facts: RankFacts, notes: list[str]) -> Rank:
         notes.append(f"{who}: malformed or too many call counts skipped")
     if facts.steps is not None and facts.steps.malformed:
         notes.append(f"{who}: {facts.steps.malformed} malformed steps skipped")
+    if facts.made is not None and facts.made.malformed:
+        notes.append(f"{who}: {facts.made.malformed} malformed groups made skipped")
     # init_process_group says where a rank is in the rendezvous, and is no call that ranks meet in
     joining = next((c for c in calls if c.op == JOIN and c.blocking), None) if facts.ended == "running" else None
     calls = [c for c in calls if c.op != JOIN]
@@ -155,7 +159,8 @@ def build(facts: RankFacts, notes: list[str]) -> Rank:
     if facts.ended != "running" and raised and not any(c.state == "done" and c.t0 > raised[-1].t0 for c in calls):
         failed_in = raised[-1]  # its last call raised: its failure came from there
     return Rank(facts, tuple(calls), facts.counts.by_group if facts.counts is not None else None, position, failed_in,
-                _failure(facts, failed_in), facts.died_in, facts.steps.marks if facts.steps is not None else None)
+                _failure(facts, failed_in), facts.died_in, facts.steps.marks if facts.steps is not None else None,
+                facts.made.groups if facts.made is not None else None)
 
 
 def _failure(facts: RankFacts, failed_in: Record | None) -> Failure | None:
@@ -206,16 +211,18 @@ def user_frame(traceback: str | None) -> str | None:
 def ranks_named(ranks: Iterable[int]) -> str:
     """``rank 3``, ``ranks 0, 2, 3``, ``ranks 0-2`` (three or more in a row), ``ranks 0-2, 5``."""
     ordered = sorted(set(ranks))
-    if len(ordered) == 1:
-        return f"rank {ordered[0]}"
+    return f"rank {ordered[0]}" if len(ordered) == 1 else f"ranks {rank_list(ordered)}"
+
+
+def rank_list(ranks: Iterable[int]) -> str:
+    """``0, 2, 3``, ``0-2, 5``: ranks, three or more in a row as a range."""
     runs: list[list[int]] = []
-    for n in ordered:
+    for n in sorted(set(ranks)):
         if runs and n == runs[-1][-1] + 1:
             runs[-1].append(n)
         else:
             runs.append([n])
-    parts = [f"{run[0]}-{run[-1]}" if len(run) >= 3 else ", ".join(map(str, run)) for run in runs]
-    return "ranks " + ", ".join(parts)
+    return ", ".join(f"{run[0]}-{run[-1]}" if len(run) >= 3 else ", ".join(map(str, run)) for run in runs)
 
 
 def verb(ranks: Iterable[object], one: str, many: str) -> str:
@@ -232,7 +239,7 @@ def on_group(group: str) -> str:
     if group == "world":
         return ""
     match = _GROUP.fullmatch(group)
-    said = f"[{ranks_named(int(n) for n in match.group(1).split(',')).split(' ', 1)[1]}]" if match else group
+    said = f"[{rank_list(int(n) for n in match.group(1).split(','))}]" if match else group
     return f" on group {text(said, GROUP_SHOWN)}"
 
 

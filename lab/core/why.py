@@ -3,8 +3,9 @@
 :func:`explain` takes what the controller knows of each rank (:class:`RankFacts`: its flight records,
 untrusted, and how it ended) and returns one :class:`Cause`: a kind, a headline (the report's first
 line), evidence per rank, what usually fixes it. The first rule that holds names it, in this order:
-0. a collective mismatch that began before any rank failed for a reason of its own (its failure follows
-   from it: a wrong sum its own check caught). 1. crash: the first rank to fail for a reason of its own
+0. groups the ranks made differently (new_group: skipped by some ranks, made in another order, or
+   others), then a collective mismatch that began before any rank failed for a reason of its own (its
+   failure follows from it: a wrong sum its own check caught). 1. crash: the first rank to fail for a reason of its own
    (not a lost connection, not a timeout): what the others did after it follows from it, never the
    reverse. 2. rendezvous: ranks with no call, not started or still in init_process_group: every other
    rank waits on them. 3. collective mismatch: one group's call #seq in different ops, sizes, dtypes,
@@ -43,6 +44,7 @@ from lab.core.rankview import (
     on_group,
     ordinal,
     place,
+    rank_list,
     ranks_named,
     size,
     state,
@@ -51,7 +53,7 @@ from lab.core.rankview import (
 )
 from lab.core.stacks import called_in, is_stack_line, program_files, where_stopped
 from lab.rank.events import Error
-from lab.rank.flightrecords import Calls, text
+from lab.rank.flightrecords import Calls, GroupMade, text
 from lab.rank.ops import FROM_ROOT, REDUCING, ROOTED, SIZES_DIFFER, canonical
 from lab.rank.record import Record
 
@@ -73,8 +75,8 @@ def explain(facts: Sequence[RankFacts]) -> Cause:
     # In the module's order. A send and a receive that differ only in tag wait for each other too:
     # the tag is their cause, so it is asked before the cycle.
     rules: tuple[Callable[[dict[int, Rank]], Finding | None], ...] = (
-        _mismatch_first, _crash, _rendezvous, _mismatch, waitfor.unmatched, waitfor.cycle, waitfor.crossed,
-        _missing, waitfor.peer_gone,
+        _groups_differ, _mismatch_first, _crash, _rendezvous, _mismatch, waitfor.unmatched, waitfor.cycle,
+        waitfor.crossed, _missing, waitfor.peer_gone,
         _straggler, _nothing)
     found = next((f for f in (rule(ranks) for rule in rules) if f is not None), None) or _unknown(ranks)
     evidence = tuple(_evidence(r, found.shown.get(k)) for k, r in sorted(ranks.items()))
@@ -102,6 +104,61 @@ def _some(ranks: list[Rank], say: Callable[[Rank], str]) -> str:
     if len(ranks) > HEADLINE_RANKS:
         parts.append(f"{len(ranks) - HEADLINE_RANKS} more (below)")
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + ", and " + parts[-1]
+
+
+# 0. Groups made differently
+
+_GROUPS_FIX = ("Every rank must call new_group for every group, members or not, in the same order (torch names a "
+               "group by how many the rank made before it): make the groups outside any branch on the rank, and use "
+               "each only on its members; a group that only its members make needs use_local_synchronization=True.")
+_ORDER_FIX = ("Every rank must make the groups in the same order (torch names a group by how many the rank made "
+              "before it): build the list of groups the same way on every rank, not starting from the rank's own, and "
+              "pick the rank's own from it after.")
+
+
+def _groups_differ(ranks: dict[int, Rank]) -> Finding | None:
+    """The first of the groups the ranks made (new_group, in order) that they made differently: some
+    have not made a group the others made before the one they made in its place (not members of it, in
+    a branch on the rank; said so, as they may still make it later), made the same ones in another
+    order, or made others. Every failure after it may follow from it (torch pairs the n-th
+    group of every rank: from there on the ranks' groups are crossed), so it is asked first."""
+    made = {k: r.made for k, r in ranks.items() if r.made}
+    for n in range(max((len(m) for m in made.values()), default=0)):
+        sides: dict[tuple[int, ...], list[int]] = {}
+        for k, m in sorted(made.items()):
+            if n < len(m):
+                sides.setdefault(m[n].members, []).append(k)
+        if len(sides) < 2:
+            continue
+        ordered = sorted(sides.values(), key=lambda ks: (-len(ks), ks[0]))
+        if len(ordered) == 2:
+            for making, other in (ordered, ordered[::-1]):
+                theirs, ours = made[making[0]], made[other[0]]
+                meets = next((j for j in range(n + 1, len(theirs)) if theirs[j].members == ours[n].members), None)
+                if meets is None:
+                    continue
+                skipped, later = theirs[n:meets], {g.members for g in ours[n + 1:]}
+                if any(g.members in later for g in skipped):
+                    return Finding("collective-mismatch", (
+                        f"the ranks make their groups in different orders: {ranks_named(making)} make "
+                        f"{_made(theirs[n])} as their {ordinal(n + 1)} group, {ranks_named(other)} make "
+                        f"{_made(ours[n])}"), _ORDER_FIX)
+                said = " and ".join(_made(g) for g in skipped[:2]) + (
+                    f" and {len(skipped) - 2} more" if len(skipped) > 2 else "")
+                which = f"the {ordinal(n + 1)}" + (f"-{ordinal(meets)} groups" if meets > n + 1 else " group")
+                return Finding("collective-mismatch", (
+                    f"{ranks_named(other)} {verb(other, 'has', 'have')} not made {said}, {which} {ranks_named(making)} "
+                    f"made: {verb(other, 'its', 'their')} {ordinal(n + 1)} is {_made(ours[n])}, "
+                    f"{verb(making, 'its', 'their')} {ordinal(meets + 1)}, so from there on the ranks' groups are "
+                    "crossed"), _GROUPS_FIX)
+        said = "; ".join(f"{ranks_named(ks)} {verb(ks, 'makes', 'make')} {_made(made[ks[0]][n])}" for ks in ordered)
+        return Finding("collective-mismatch", f"the ranks make different groups as their {ordinal(n + 1)}: {said}",
+                       _GROUPS_FIX)
+    return None
+
+
+def _made(group: GroupMade) -> str:
+    return f"new_group([{rank_list(group.members)}]){at(group.where)}"
 
 
 # 1. A crash
@@ -615,7 +672,8 @@ def facts_of(state: RankState, runs: Mapping[str, ExerciseRun], arrival: int | N
     return RankFacts(state.spec.rank, state.spec.host, records, inflight, state.flight.counts if state.flight
                      else None, how, state.exit_code if ended_by_itself else None, error, traceback,
                      stopped_at, stage, failed_at, arrival, exit_call, aborted_in=aborted_in,
-                     died_in=died_in, oom=oom, steps=state.flight.steps if state.flight else None)
+                     died_in=died_in, oom=oom, steps=state.flight.steps if state.flight else None,
+                     made=state.flight.made if state.flight else None)
 
 
 def _flight_of(state: RankState) -> tuple[Calls | None, Calls | None]:

@@ -61,6 +61,8 @@ from lab.rank.ops import FUNCTIONS, GROUP_METHODS, TENSOR_SENDS
 from lab.rank.torchcalls import TORCH_CALLS
 
 WRAPPED = "__lab_calls__"  # set on every wrapper: never wrapped twice
+# modules that took torch's new_group as their own name at import (a DeviceMesh makes its groups with it)
+MESH_MODULES = ("torch.distributed.device_mesh",)
 # The namespaces of torch.ops whose ops communicate: c10d's (what ProcessGroup's methods dispatch to) and
 # the functional collectives'; their ops that move no data are not recorded.
 OP_NAMESPACES: tuple[str, ...] = ("c10d", "_c10d_functional", "_c10d_functional_autograd")
@@ -372,6 +374,7 @@ def install(recorder: Recorder = RECORDER) -> None:
     FLIGHT.bind()
     TORCH_CALLS.bind()
     modules = (dist, c10d)
+    meshes = [sys.modules[name] for name in MESH_MODULES if name in sys.modules]  # (their own new_group, imported)
     # (the flight recorder's wrapper outermost: it takes the program's frame as its caller's)
     flight_only = {"new_group": lambda fn: FLIGHT.wrap_new_group(recorder.wrap_group_maker(fn)),
                    "init_process_group": FLIGHT.wrap_init}
@@ -382,7 +385,7 @@ def install(recorder: Recorder = RECORDER) -> None:
         wrapper = flight_only[name](fn) if name in flight_only else \
             recorder.wrap(name, fn, sends=name in TENSOR_SENDS, spec=spec_for(name, fn))
         setattr(wrapper, WRAPPED, name)
-        for module in modules:
+        for module in (*modules, *meshes) if name == "new_group" else modules:
             if getattr(module, name, None) is fn:
                 setattr(module, name, wrapper)
                 if name not in flight_only:

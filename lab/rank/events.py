@@ -17,7 +17,17 @@ from dataclasses import MISSING, dataclass
 from dataclasses import fields as dataclass_fields
 from typing import Any, ClassVar, Final, Literal
 
-from lab.rank.flightrecords import Calls, Counts, Steps, read_calls, read_counts, read_record, read_steps
+from lab.rank.flightrecords import (
+    Calls,
+    Counts,
+    GroupsMade,
+    Steps,
+    read_calls,
+    read_counts,
+    read_made,
+    read_record,
+    read_steps,
+)
 from lab.rank.protocol import EVENT_KINDS, EVENT_MAX, MARK
 from lab.rank.record import Record
 
@@ -123,6 +133,7 @@ class Flight(RankEvent):
     counts: Counts
     dropped: int
     steps: Steps | None = None  # a DDP program's last forwards and backward passes (lab.rank.flight)
+    made: GroupsMade | None = None  # the groups the rank made since the world formed, in order (lab.rank.flight)
 
 
 @dataclass(frozen=True)
@@ -320,12 +331,14 @@ _READERS: Final[dict[str, Callable[[Any], Any]]] = {
     "Calls": lambda value: read_calls(value) if isinstance(value, list) else _REFUSED,
     "Counts": lambda value: read_counts(value) if isinstance(value, dict) else _REFUSED,
     "Steps | None": lambda value: None if value is None else read_steps(value) if isinstance(value, list) else _REFUSED,
+    "GroupsMade | None": lambda value: None if value is None else read_made(value) if isinstance(value, list)
+    else _REFUSED,
 }
 _TYPE_WORDS: Final[dict[str, str]] = {
     "int": "an integer", "bool": "true or false", "str": "a string", "float": "a finite number", "object": "a value",
     "list[Any]": "a list", "dict[str, Any]": "an object", "dict[str, Any] | None": "an object or null",
     "Record | None": "a flight record or null", "Calls": "a list of flight records", "Counts": "an object",
-    "Steps | None": "a list or null"}
+    "Steps | None": "a list or null", "GroupsMade | None": "a list or null"}
 # each class's fields: name -> (its type, whether it may be left out)
 _FIELDS: Final[dict[type[Event], dict[str, tuple[str, bool]]]] = {
     cls: {f.name: (str(f.type), f.default is not MISSING) for f in dataclass_fields(cls)}

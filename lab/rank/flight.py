@@ -7,7 +7,10 @@ Runs on every host: the standard library, and torch once :meth:`Flight.bind` is 
 function takes what is recorded (``lab.rank.callspec``). A call torch makes inside another
 (the sends inside ``send_object_list``) is not recorded again; the isends and irecvs
 of ``batch_isend_irecv`` are, each on its own (their peers and waits matter), and it is not.
-``new_group`` is recorded on the group it makes, by its members (the group connects them), and
+``new_group`` is recorded on the group it makes, by its members (the group connects them); and as
+one of the groups the rank made (``made``: every rank must make every group, members or not, in the
+same order, for torch names a group by how many the rank made before it; a ``new_group`` with
+``use_local_synchronization=True`` is named by its ranks and is not counted), and
 ``init_process_group`` on the world (:meth:`Flight.wrap_init`: a rank in the rendezvous is in a
 call); ``destroy_process_group`` is not recorded (nothing is exchanged). A call on a group this
 rank is not in does nothing and is not recorded.
@@ -42,7 +45,10 @@ each forward of a DDP model and each backward pass, as ``[n, "forward" or "backw
 (``n`` counts them from 1; ``sync``: whether a forward syncs the gradients, False under
 ``no_sync()``; ``where`` the user's line), so that where ranks part ways in their steps (a rank that
 skips a backward, or syncs on another schedule) can be told though DDP's collectives are issued from
-C++.
+C++. The groups it made are kept too (``made``, the first MADE_KEPT since the world formed): each
+as ``[n, members, where]`` (``n`` counts them from 1; ``members`` the group's global ranks, sorted),
+so that where ranks made different groups, or the same in another order, can be told (a group of
+more than ``lab.rank.flightrecords.MEMBERS_MAX`` ranks is not kept).
 """
 from __future__ import annotations
 
@@ -61,11 +67,13 @@ from typing import Any, TypeAlias
 
 from lab.rank import lastcall
 from lab.rank.callspec import INIT_PROCESS_GROUP, NEW_GROUP, Spec, get
+from lab.rank.flightrecords import MEMBERS_MAX
 from lab.rank.groups import Group, Groups
 from lab.rank.record import Record, to_wire
 
 RING_MAX = 64  # records of the last calls kept
 STEPS_MAX = 128  # a DDP program's last forwards and backward passes kept
+MADE_KEPT = 64  # the groups a rank made that are kept: its first since the world formed
 ASYNC_MAX = 256  # async calls not yet waited kept; the oldest past it are dropped and counted
 ERROR_MAX = 500  # characters of a call's error kept
 WALK_MAX = 64  # frames looked at to find the user's
@@ -189,6 +197,9 @@ class Flight:
         # (number, "forward" or "backward", whether a forward syncs the gradients, the user's code and offset)
         self.steps: deque[tuple[int, str, bool | None, CodeType | None, int]] = deque(maxlen=STEPS_MAX)
         self.steps_made = 0
+        # the groups the program made since the world formed (its first MADE_KEPT), as new_group was called
+        # on this rank, a member of them or not: (members, the user's code and offset)
+        self.made: list[tuple[tuple[int, ...], CodeType | None, int]] = []
 
     def bind(self) -> None:
         """Take what the recording needs from torch (imported by now), for the groups too."""
@@ -416,20 +427,31 @@ class Flight:
         """The training steps kept, as a ``flight`` dump carries them."""
         return [[n, kind, sync, _where(code, lasti)] for n, kind, sync, code, lasti in list(self.steps)]
 
+    def made_to_json(self) -> list[list[Any]]:
+        """The groups made that are kept, as a ``flight`` dump carries them."""
+        return [[n, list(members), _where(code, lasti)] for n, (members, code, lasti) in enumerate(self.made[:], 1)]
+
     # -- the functions that make groups ---------------------------------------------------------
 
     def wrap_new_group(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``new_group`` recorded on the group it makes, by its members (their group connects them),
-        and the group it returns known by its id."""
+        """``new_group`` recorded on the group it makes, by its members (their group connects them), and
+        counted among the groups this rank made (a member or not; not one named by its ranks, made with
+        ``use_local_synchronization=True``); the group it returns known by its id."""
         groups = self.groups
 
         @functools.wraps(fn)
         def new_group(*args: Any, **kwargs: Any) -> Any:
-            group, member = groups.new_group(args, kwargs)
-            call = self.begin(NEW_GROUP, (), {}, sys._getframe(1), group) if member else None
+            made = groups.new_group(args, kwargs)
+            call = None
+            if made is not None:
+                frame = sys._getframe(1)
+                local = kwargs.get("use_local_synchronization", len(args) > 4 and args[4]) is True
+                if not local and len(self.made) < MADE_KEPT and len(made[1]) <= MEMBERS_MAX:
+                    self.made.append((made[1], *self.user_frame(frame)))
+                call = self.begin(NEW_GROUP, (), {}, frame, made[0]) if made[2] else None
             pg = self._blocking(call, fn, args, kwargs)
-            if group is not None and not isinstance(pg, int):
-                groups.remember(pg, group)
+            if made is not None and not isinstance(pg, int):
+                groups.remember(pg, made[0])
             return pg
 
         return new_group
@@ -446,6 +468,7 @@ class Flight:
             if isinstance(init_method, str) and init_method.startswith("tcp://"):
                 with contextlib.suppress(ValueError):
                     self.store_ports.add(urllib.parse.urlsplit(init_method).port or 0)
+            self.made.clear()  # (a new world: torch counts its groups from none again)
             call = self.begin(INIT_PROCESS_GROUP, (), {}, sys._getframe(1), self.world)
             if call is not None:  # (one the program gives, not the environment's: it may disagree with the launcher)
                 size = kwargs.get("world_size", args[3] if len(args) > 3 else -1)

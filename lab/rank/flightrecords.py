@@ -1,5 +1,6 @@
 """What a rank's recorder sends (``lab.rank.flight``) read as what it is: untrusted data, made into
-the types the events hold (``lab.rank.events``: a ``flight`` event's records, counts and steps, a
+the types the events hold (``lab.rank.events``: a ``flight`` event's records, counts, steps and
+groups made, a
 ``progress`` event's call in flight, a ``died`` event's call).
 
 A rank runs a student's program, which can write anything on the rank's channel, so nothing in
@@ -156,3 +157,37 @@ def read_steps(steps: list[object]) -> Steps:
             continue
         read[raw[0]] = StepMark(raw[0], raw[1], raw[2] if raw[1] == "forward" else None, text(raw[3]))
     return Steps(tuple(read[n] for n in sorted(read)), bad)
+
+
+@dataclass(frozen=True)
+class GroupMade:
+    """One of the groups a rank made, as it recorded it (lab.rank.flight's ``made``): the n-th
+    ``new_group`` it called since the world formed, a member of the group or not."""
+
+    n: int  # from 1
+    members: tuple[int, ...]  # the group's global ranks, sorted
+    where: str
+
+
+@dataclass(frozen=True)
+class GroupsMade:
+    """The groups a rank made as read, in the order it made them, and how many were skipped as malformed."""
+
+    groups: tuple[GroupMade, ...] = ()
+    malformed: int = 0
+
+
+MEMBERS_MAX = 1 << 10  # ranks of a group made (a rank records no larger one: lab.rank.flight)
+
+
+def read_made(made: list[object]) -> GroupsMade:
+    """The groups a rank made as it sent them (``[n, members, where]`` each); malformed ones are skipped."""
+    read: dict[int, GroupMade] = {}
+    bad = 0
+    for raw in made[:RECORDS_MAX]:
+        if not (isinstance(raw, list) and len(raw) == 3 and _is_int(raw[0], 1) and isinstance(raw[1], list)
+                and len(raw[1]) <= MEMBERS_MAX and all(_is_int(k, 0) for k in raw[1]) and isinstance(raw[2], str)):
+            bad += 1
+            continue
+        read[raw[0]] = GroupMade(raw[0], tuple(sorted(raw[1])), text(raw[2]))
+    return GroupsMade(tuple(read[n] for n in sorted(read)), bad)

@@ -74,19 +74,19 @@ class Groups:
         self.remember(pg, group)
         return group
 
-    def new_group(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Group | None, bool]:
-        """The Group that ``new_group(*args, **kwargs)`` makes (None: not known, the world not formed
-        yet), and whether this rank is one of its members."""
+    def new_group(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Group, tuple[int, ...], bool] | None:
+        """The Group that ``new_group(*args, **kwargs)`` makes, its members (global ranks, sorted) and
+        whether this rank is one of them; None when not known (the world not formed yet)."""
         try:
             ranks = args[0] if args else kwargs.get("ranks")
             ranks = tuple(sorted(ranks)) if ranks else tuple(range(self.c10d.get_world_size()))
             member = self.c10d.get_rank() in ranks
         except Exception:  # torch says what is wrong
-            return None, False
+            return None
         made = self.made.get(ranks, 0)
         if len(self.made) < MADE_MAX or ranks in self.made:
             self.made[ranks] = made + 1
-        return self._group(f"g{','.join(map(str, ranks))}#{made}"), member
+        return self._group(f"g{','.join(map(str, ranks))}#{made}"), ranks, member
 
     def remember(self, pg: Any, group: Group) -> None:
         """Process group ``pg`` is ``group``, by its id while it lives and by torch's name for it."""
