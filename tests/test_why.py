@@ -117,6 +117,43 @@ def test_malformed_groups_made_are_skipped_and_said() -> None:
     assert "rank 0: 3 malformed groups made skipped" in cause.notes and "new_group" not in cause.headline
 
 
+# A rank outside any call past the group's timeout
+
+
+def test_ranks_that_timed_out_waiting_for_a_rank_outside_any_call_name_it_and_where_it_was() -> None:
+    gone = "RuntimeError: Timed out waiting 4000ms for recv operation to complete"
+    waited = [rank(r, records=[*loop(8), rec(9, "all_reduce", "raised", error=gone, t1=1013.0)], ended="raised",
+                   error=gone, exit_code=1) for r in (1, 2, 3)]
+    copying = rank(0, records=loop(8), stopped_at="train.py:16 in <module>: time.sleep(9)")
+    cause = explain([copying, *waited])
+    assert (cause.kind, cause.headline) == ("missing-rank", (
+        "Ranks 1-3 timed out after 4 s waiting in all_reduce #9 at train.py:10 for rank 0, which is not in a "
+        "torch.distributed call at train.py:16 in <module>: time.sleep(9) (its last call there, all_reduce #8, "
+        "ended 4.5 s before they gave up)."))
+    assert cause.fix is not None and "timeout" in cause.fix and "checkpoint" in cause.fix
+    assert lines(cause)[1].startswith("rank 1 (node2): all_reduce #9, SUM, 4 floats: timed out: RuntimeError: Timed")
+
+
+def test_a_rank_that_came_after_the_others_timed_out_is_told_late() -> None:
+    gone = "RuntimeError: Timed out waiting 4000ms for send operation to complete"
+    waited = [rank(r, records=[rec(1, "all_reduce", "raised", error=gone, t1=1005.0)], ended="raised", error=gone,
+                   exit_code=1) for r in (0, 1)]
+    closed = "RuntimeError: Connection closed by peer [127.0.0.1]:9918"
+    late = rank(2, records=[rec(1, "all_reduce", "raised", error=closed, t0=1009.5, t1=1009.6)], ended="raised",
+                error=closed, exit_code=1)
+    headline = explain([*waited, late]).headline
+    assert headline.startswith("Ranks 0, 1 timed out after 4 s waiting in all_reduce #1 at train.py:10 for rank 2, "), \
+        headline
+    assert "it began all_reduce #1 only 4.5 s after they gave up" in headline
+
+
+def test_a_timeout_where_every_rank_of_the_group_was_in_the_call_is_not_told_as_a_late_rank() -> None:
+    gone = "RuntimeError: Timed out waiting 4000ms for recv operation to complete"
+    ranks = [rank(r, records=[rec(1, "all_reduce", "raised", error=gone, t1=1005.0)], ended="raised", error=gone,
+                  exit_code=1) for r in (0, 1)]
+    assert "timed out after" not in explain(ranks).headline
+
+
 # Point to point
 
 

@@ -28,6 +28,9 @@ Failure = Literal["own", "lost", "backend"]
 # What a rank says when a peer went away or went silent: the consequence of another rank's failure.
 LOST = re.compile(r"connection (?:closed|reset|refused)|closed by peer|broken pipe|read error|socket closed|"
                   r"enforce fail[^\n]*\bread\b|timed out|timeout|got 0 bytes|communicator was aborted", re.I)
+# A peer that went silent past the process group's timeout (gloo: "Timed out waiting 4000ms for recv
+# operation to complete"): the timeout, in milliseconds, where the error says it
+TIMED_OUT = re.compile(r"Timed out waiting (\d{1,12})ms|timed out|timeout", re.I)
 # What the backend itself raises inside a call (gloo's size checks, NCCL's errors): a symptom of a
 # mismatch between ranks that the records show better, not a reason of the rank's own.
 BACKEND = re.compile(r"gloo|enforce fail|pair\.cc|DistBackendError|NCCL|c10d", re.I)
@@ -319,7 +322,8 @@ def doing(rank: Rank, many: bool = False, where: bool = True) -> str:
         return f"{be} in {describe(rank.position)}{said}"
     if not rank.running:
         if rank.failure == "lost":
-            return f"lost {its} connection: {error_of(rank)}{said}"
+            return f"{'timed out' if TIMED_OUT.search(error_of(rank)) else f'lost {its} connection'}: " \
+                   f"{error_of(rank)}{said}"
         if rank.facts.ended == "raised" or rank.failure == "backend":
             return f"raised {error_of(rank)}{said}"
         how = ended(rank.facts.exit_code)

@@ -297,6 +297,8 @@ class Run:
             if crashed_at is None and any(s.died for s in self.states):  # (a host's launcher said one ended)
                 crashed_at = now
             if crashed_at is not None and now - crashed_at > CRASH_GRACE:
+                if any(state.exit_code is None for state in self.states):
+                    self._locate_hangs()  # (where the ranks still running are: one may be why the others failed)
                 return "crashed", []
             late = self._late(now)
             if late:
@@ -406,20 +408,26 @@ class Run:
     # -- stopping ---------------------------------------------------------------------------
 
     def _locate_hangs(self) -> None:
-        """Ask every live rank for its stacks and note where each one stopped."""
+        """Ask every live rank for its stacks and note where each one stopped (a hang, the timeout, and
+        the ranks still running when others crashed)."""
         self.dumping.set()  # from now on the readers pass on every line of stderr, shown or not
         for launch, process in zip(self.launches, self.processes):
             if launch.exit_code is None and process is not None:
                 process.signal(signal.SIGUSR1)
         live = [s for s in self.states if s.exit_code is None]
+        asked = {id(s) for s in live}
         deadline = time.monotonic() + DUMP_WAIT
         last = time.monotonic()  # when the last line of a dump came
         # Until every live rank's dump came and none went on for DUMP_SETTLE s, or DUMP_WAIT at most
         while time.monotonic() < deadline and not (
                 all(s.dump for s in live) and time.monotonic() - last > DUMP_SETTLE):
-            for _, kind, whose, line in self._take(0.05):
-                if kind == "err" and isinstance(whose, RankState) and self.ledger.dumped(whose, line):
+            for item in self._take(0.05):
+                _, kind, whose, line = item
+                if kind == "err" and id(whose) in asked and isinstance(whose, RankState) and (
+                        not line.strip() or self.ledger.dumped(whose, line)):  # (a dump's, its blank lines too)
                     last = time.monotonic()
+                else:  # (what else came meanwhile: a rank's own lines, its last events, its end)
+                    self._handle_item(item)
         self.ledger.located(program_files(self.plan))
 
     def clean_up(self, status: RunStatus, keep: bool) -> None:

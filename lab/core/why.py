@@ -3,18 +3,27 @@
 :func:`explain` takes what the controller knows of each rank (:class:`RankFacts`: its flight records,
 untrusted, and how it ended) and returns one :class:`Cause`: a kind, a headline (the report's first
 line), evidence per rank, what usually fixes it. The first rule that holds names it, in this order:
-0. groups the ranks made differently (new_group: skipped by some ranks, made in another order, or
-   others), then a collective mismatch that began before any rank failed for a reason of its own (its
-   failure follows from it: a wrong sum its own check caught). 1. crash: the first rank to fail for a reason of its own
-   (not a lost connection, not a timeout): what the others did after it follows from it, never the
-   reverse. 2. rendezvous: ranks with no call, not started or still in init_process_group: every other
-   rank waits on them. 3. collective mismatch: one group's call #seq in different ops, sizes, dtypes,
-   reduce ops or roots. 4. a send and its receive that differ in tag or size, a point-to-point cycle, a
-   wait on a peer that sends to or receives from a third rank: these say why a rank is missing from a
-   collective, so before 5. a rank missing from a collective (elsewhere; exited early; ended after fewer
-   calls: uneven counts). 6. a send or receive whose peer ended. 7. a straggler (a wait, not a hang),
-   nothing wrong, or unknown: what is known, never a guess; a rank with no records is unseen. Records
-   meet by (group, seq), as lab.rank.flight numbers them.
+
+0. groups the ranks made differently (new_group: not made by some, made in another order, or
+   others), then a collective mismatch that began before any rank failed for a reason of its own
+   (its failure follows from it: a wrong sum its own check caught);
+1. crash: the first rank to fail for a reason of its own (not a lost connection, not a timeout):
+   what the others did after it follows from it, never the reverse; then ranks that timed out
+   waiting in a collective for ranks of its group that were not in it (outside any call, where
+   their stacks say, or come too late);
+2. rendezvous: ranks with no call, not started or still in init_process_group: every other rank
+   waits on them;
+3. collective mismatch: one group's call #seq in different ops, sizes, dtypes, reduce ops or roots;
+4. a send and its receive that differ in tag or size, a point-to-point cycle, a wait on a peer that
+   sends to or receives from a third rank: these say why a rank is missing from a collective, so
+   before
+5. a rank missing from a collective (elsewhere; exited early; ended after fewer calls: uneven
+   counts);
+6. a send or receive whose peer ended;
+7. a straggler (a wait, not a hang), nothing wrong, or unknown: what is known, never a guess; a
+   rank with no records is unseen.
+
+Records meet by (group, seq), as lab.rank.flight numbers them.
 """
 from __future__ import annotations
 
@@ -28,6 +37,7 @@ from pathlib import Path
 from lab.core import waitfor
 from lab.core.outcome import SYS_EXIT, Cause, CauseKind, Evidence, ExerciseRun, RankState, RunOutcome, ended
 from lab.core.rankview import (
+    TIMED_OUT,
     Ended,
     Finding,
     Rank,
@@ -75,7 +85,7 @@ def explain(facts: Sequence[RankFacts]) -> Cause:
     # In the module's order. A send and a receive that differ only in tag wait for each other too:
     # the tag is their cause, so it is asked before the cycle.
     rules: tuple[Callable[[dict[int, Rank]], Finding | None], ...] = (
-        _groups_differ, _mismatch_first, _crash, _rendezvous, _mismatch, waitfor.unmatched, waitfor.cycle,
+        _groups_differ, _mismatch_first, _crash, _timed_out, _rendezvous, _mismatch, waitfor.unmatched, waitfor.cycle,
         waitfor.crossed, _missing, waitfor.peer_gone,
         _straggler, _nothing)
     found = next((f for f in (rule(ranks) for rule in rules) if f is not None), None) or _unknown(ranks)
@@ -210,6 +220,54 @@ _TRAINING_ERRORS = (
      "The ranks built different models (a width from the rank's own data, a rank-dependent config): build the "
      "model from what every rank knows (the whole data set's classes, a config file), the same on every rank."),
 )
+
+
+_LATE_FIX = ("A rank that works outside torch.distributed for longer than the process group's timeout (the timeout= of "
+             "init_process_group or new_group) makes the others give up waiting for it: move that work (copying a "
+             "checkpoint, an evaluation) off the path every rank waits on (a background thread, or every rank "
+             "waiting in a barrier of a longer timeout), or give the group a timeout longer than the work.")
+
+
+def _timed_out(ranks: dict[int, Rank]) -> Finding | None:
+    """Ranks that timed out waiting in one collective for ranks of its group that never came to it
+    while they waited (elsewhere, outside any call, or later): those are why, and where they were
+    (their stacks, where the lab took them) is told."""
+    timed = [r for r in ranks.values() if r.failure == "lost" and r.failed_in is not None
+             and r.failed_in.direction == "collective" and TIMED_OUT.search(error_of(r))]
+    if not timed:
+        return None
+    first = min(timed, key=lambda r: r.failed_in.t0 if r.failed_in else 0.0).failed_in
+    assert first is not None
+    waited = [r for r in timed if r.failed_in is not None and (r.failed_in.group, r.failed_in.seq) == (
+        first.group, first.seq)]
+    gave_up = max((r.failed_in.t1 or r.failed_in.t0) for r in waited if r.failed_in is not None)
+
+    def came(r: Rank) -> Record | None:
+        return next((c for c in r.calls if (c.group, c.seq) == (first.group, first.seq)), None)
+
+    absent = [ranks[k] for k in sorted(members(first.group, ranks.values()) & ranks.keys())
+              if ranks[k] not in waited and ((c := came(ranks[k])) is None or c.t0 > gave_up)]
+    if not absent:
+        return None
+    said = next((m.group(1) for r in waited if (m := TIMED_OUT.search(error_of(r))) and m.group(1)), None)
+    after = f" after {int(said) / 1000:g} s" if said else ""
+
+    def where(r: Rank) -> str:
+        c = came(r)
+        late = f"; it began {named(c)} only {c.t0 - gave_up:.1f} s after they gave up" if c is not None else ""
+        if r.running or c is None:
+            last = max((k for k in r.calls if k.group == first.group and k.t0 <= gave_up), key=lambda k: k.t0,
+                       default=None)
+            was = (f"is not in a torch.distributed call{at(r.facts.stopped_at)}" if r.running and r.position is None
+                   else doing(r))
+            before = (f" (its last call there, {named(last)}, ended {gave_up - (last.t1 or last.t0):.1f} s before "
+                      "they gave up)") if last is not None else ""
+            return f"{was}{before}{late}"
+        return f"was not in it while they waited{late}"
+
+    headline = (f"{ranks_named(r.rank for r in waited)} timed out{after} waiting in {named(first)}"
+                f"{at(place(first))} for {_some(absent, where)}")
+    return Finding("missing-rank", headline, _LATE_FIX)
 
 
 def _size_abort(root: Rank, ranks: dict[int, Rank]) -> Finding | None:
