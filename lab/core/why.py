@@ -150,8 +150,9 @@ def _groups_differ(ranks: dict[int, Rank]) -> Finding | None:
                 skipped, later = theirs[n:meets], {g.members for g in ours[n + 1:]}
                 if any(g.members in later for g in skipped):
                     return Finding("collective-mismatch", (
-                        f"the ranks make their groups in different orders: {ranks_named(making)} make "
-                        f"{_made(theirs[n])} as their {ordinal(n + 1)} group, {ranks_named(other)} make "
+                        f"the ranks make their groups in different orders: {ranks_named(making)} "
+                        f"{verb(making, 'makes', 'make')} {_made(theirs[n])} as {verb(making, 'its', 'their')} "
+                        f"{ordinal(n + 1)} group, {ranks_named(other)} {verb(other, 'makes', 'make')} "
                         f"{_made(ours[n])}"), _ORDER_FIX)
                 said = " and ".join(_made(g) for g in skipped[:2]) + (
                     f" and {len(skipped) - 2} more" if len(skipped) > 2 else "")
@@ -168,6 +169,7 @@ def _groups_differ(ranks: dict[int, Rank]) -> Finding | None:
 
 
 def _made(group: GroupMade) -> str:
+    """``new_group([0, 1]) at train.py:20``."""
     return f"new_group([{rank_list(group.members)}]){at(group.where)}"
 
 

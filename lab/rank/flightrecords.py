@@ -1,7 +1,6 @@
 """What a rank's recorder sends (``lab.rank.flight``) read as what it is: untrusted data, made into
 the types the events hold (``lab.rank.events``: a ``flight`` event's records, counts, steps and
-groups made, a
-``progress`` event's call in flight, a ``died`` event's call).
+groups made, a ``progress`` event's call in flight, a ``died`` event's call).
 
 A rank runs a student's program, which can write anything on the rank's channel, so nothing in
 a flight dump is taken on trust: every record is checked field by field (against the one schema of
