@@ -134,7 +134,7 @@ try:
     dist.send(t, dst=rank)  # @raised
 except ValueError:
     pass
-dist.destroy_process_group()
+dist.destroy_process_group()  # @destroy
 """
 
 
@@ -155,6 +155,7 @@ def test_every_call_is_recorded_per_group_with_global_peers_and_the_users_line(t
     assert {r["group"] for r in dumps[0]["records"]} == {"world"}  # not in g: nothing recorded on it
     made = [[1, [1, 2], f"prog.py:{at['newgroup']}"], [2, [1, 2], f"prog.py:{at['newgroup'] + 1}"]]
     assert all(dump["made"] == made for dump in dumps.values())  # every rank made g and again, a member or not
+    assert all(dump["destroyed"] == f"prog.py:{at['destroy']}" for dump in dumps.values())  # (its own, not the lab's)
     for rank in (1, 2):
         p2p = "send" if rank == 1 else "recv"
         assert calls(dumps[rank], "g1,2#0") == [(1, "new_group"), (2, "all_reduce"), (1, p2p), (3, "broadcast"),

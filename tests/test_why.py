@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from lab.core.rankview import ordinal, ranks_named
+from lab.core.rankview import gist, ordinal, ranks_named
 from lab.core.why import Cause, RankFacts, explain
 from lab.rank.flightrecords import RECORDS_MAX, read_calls, read_counts, read_made, read_record, read_steps
 
@@ -152,6 +152,42 @@ def test_a_timeout_where_every_rank_of_the_group_was_in_the_call_is_not_told_as_
     ranks = [rank(r, records=[rec(1, "all_reduce", "raised", error=gone, t1=1005.0)], ended="raised", error=gone,
                   exit_code=1) for r in (0, 1)]
     assert "timed out after" not in explain(ranks).headline
+
+
+def test_a_rank_that_destroyed_the_group_and_returned_early_is_told_so_with_a_fix_for_either_reason() -> None:
+    gone = rank(2, records=loop(4), counts={"world": {"all_reduce": 4}}, ended="exited", exit_code=0,
+                destroyed="train.py:31")
+    waiting = [rank(r, records=loop(4), counts={"world": {"all_reduce": 4}},
+                    inflight=[rec(5, "all_reduce", "in_flight", where="train.py:21")]) for r in (0, 1)]
+    cause = explain([*waiting, gone])
+    assert cause.kind == "uneven-counts"
+    assert cause.headline.endswith("rank 2 finished after 4; rank 2 destroyed the process group at train.py:31 and "
+                                   "returned."), cause.headline
+    assert cause.fix is not None and "all_reduce the stop flag" in cause.fix and "drop_last=True" in cause.fix
+
+
+# What an error says past its first line
+
+
+def test_a_dataloader_workers_exception_is_shown_beneath_its_own_message() -> None:
+    said = ('ValueError: Caught ValueError in DataLoader worker process 0.\nOriginal Traceback (most recent call '
+            'last):\n  File "/usr/lib/python3/dist-packages/torch/utils/data/_utils/worker.py", line 349, in '
+            '_worker_loop\n    data = fetcher.fetch(index)\n  File "/work/proj/data.py", line 12, in __getitem__\n'
+            '    raise ValueError(f"bad sample {i}")\nValueError: bad sample 17\n')
+    assert gist(said) == ("ValueError: Caught ValueError in DataLoader worker process 0. (from there: ValueError: bad "
+                          "sample 17 at data.py:12)")
+
+
+@pytest.mark.parametrize("named", ["Parameter at index 3 with name module.fc.weight has been marked as ready twice",
+                                   "Parameter at index 3 has been marked as ready twice",
+                                   "Parameter indices which did not receive grad for rank 1: 4 5",
+                                   "Parameters which did not receive grad for rank 0: aux.bias, aux.weight"])
+def test_what_a_long_message_of_ddps_names_past_the_cut_is_kept(named: str) -> None:
+    said = f"RuntimeError: Expected to mark a variable ready only once. {'This error is caused by ... ' * 20}\n{named}."
+    shown = gist(said)
+    assert shown.startswith("RuntimeError: Expected to mark a variable ready only once.") and shown.endswith(
+        f"... ({named})"), shown
+    assert gist("RuntimeError: a short one") == "RuntimeError: a short one"
 
 
 # Point to point

@@ -31,8 +31,10 @@ CLAUSE = re.compile(r'(?P<key>kind|nproc|exit|timeout)=(?P<value>\S+)'
                     r'|(?P<part>headline|report) contains "(?P<text>[^"]+)"')
 WHERE = re.compile(r"\b(?P<file>\w+\.py):(?P<line>\d+)\b")
 # What a line named in a report may be: a call of torch.distributed's, a raise, an exit, a wait, a sleep;
-# in a training program, a step that DDP's reducer issues collectives in (backward, the model, DDP itself).
-CALL = re.compile(r"\bdist\.|\braise\b|exit\(|\.wait\(\)|sleep\(|\.backward\(|\bmodel\(|\btrain_step\(|\bDDP\(")
+# in a training program, a step that DDP's reducer issues collectives in (backward, the model, DDP itself),
+# or a loop over a DataLoader (where a worker's exception is raised again).
+CALL = re.compile(r"\bdist\.|\braise\b|exit\(|\.wait\(\)|sleep\(|\.backward\(|\bmodel\(|\btrain_step\(|\bDDP\("
+                  r"|^\s*for .+ in \w*loader\w*:")
 RANK_LINE = re.compile(r"^\[\S+ r\d+\] ")  # a line a rank printed, tagged by the lab, not the lab's own
 
 

@@ -70,6 +70,7 @@ class RankFacts:
     oom: str | None = None  # the kernel's line that it killed the rank for memory (its relay's word)
     steps: Steps | None = None  # its last dump's training steps (a DDP program's forwards and backward passes)
     made: GroupsMade | None = None  # its last dump's groups made (new_group), in order
+    destroyed: str | None = None  # where its program destroyed the world ("file.py:LINE"), as its last dump says
 
 
 @dataclass(frozen=True)
@@ -283,9 +284,36 @@ def describe(call: Record) -> str:
 
 
 def error_of(rank: Rank) -> str:
-    """The error a rank failed with, as shown: without the C++ source places gloo prefixes it with."""
+    """The error a rank failed with, as shown: its first line, without the C++ source places gloo
+    prefixes it with, and what matters of the rest (:func:`gist`)."""
     said = rank.facts.error or (rank.failed_in.error if rank.failed_in else None)
-    return text(_SOURCE_PLACE.sub("", said)) if said else "an exception"
+    return gist(_SOURCE_PLACE.sub("", said)) if said else "an exception"
+
+
+# An exception raised in another process and raised again here with its traceback in the message (a
+# DataLoader worker's: "Caught ValueError in DataLoader worker process 0.")
+_ORIGINAL = "Original Traceback (most recent call last):"
+# What a long message of torch's names past its first line's cut: the parameter DDP saw twice, those
+# that got no gradient (their names, with TORCH_DISTRIBUTED_DEBUG=INFO or DETAIL, else their indices)
+_NAMING = re.compile(r"Parameter at index \d{1,9}(?: with name [^\s]{1,200})? has been marked as ready twice"
+                     r"|Parameters which did not receive grad for rank \d{1,9}: [^\n]{1,300}?(?=\s*Parameter indices|$)"
+                     r"|Parameter indices which did not receive grad for rank \d{1,9}:(?: \d{1,9}){1,40}", re.M)
+
+
+def gist(said: str) -> str:
+    """An error as shown: its first line (cut), then, in brackets, the exception another process
+    raised that it carries (its last line, where in the user's code) and the names a long message of
+    torch's gives past the cut."""
+    head = text(said)
+    also = []
+    if _ORIGINAL in said:
+        original = said.split(_ORIGINAL, 1)[1]
+        lines = [line for line in original.splitlines() if line.strip()]
+        if lines:
+            also.append(f"from there: {text(lines[-1])}{at(user_frame(original))}")
+    also += [text(named, TEXT_MAX * 2) for m in _NAMING.finditer(said[:TRACEBACK_MAX])
+             if (named := m.group(0).strip().rstrip(".")) not in head]
+    return f"{head} ({'; '.join(also)})" if also else head
 
 
 # "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] ", "[enforce fail at .../pair.cc:456] "
@@ -298,7 +326,8 @@ def where_of(rank: Rank) -> str | None:
     for call in (rank.position, rank.failed_in):
         if call is not None and call.where:
             return call.where
-    found = user_frame(rank.facts.traceback) if rank.facts.ended == "raised" else rank.facts.exit_call
+    found = (user_frame(rank.facts.traceback.split(_ORIGINAL, 1)[0] if rank.facts.traceback else None)
+             if rank.facts.ended == "raised" else rank.facts.exit_call)  # (its own frames: not another process's)
     found = found or rank.facts.stopped_at or (rank.died_in.where if rank.died_in else None)
     return text(found) if found else None
 

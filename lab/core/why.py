@@ -584,6 +584,11 @@ def _uneven(slot: _Waited) -> Finding:
         headline = (f"{ranks_named(there)} {slot.waits} in {op} #{call.seq}{on_group(call.group)}; "
                     f"{ranks_named(gone)} exited with status 0 before calling it")
     fix = _UNEVEN
+    torn = [r for r in slot.missing if r.facts.destroyed]
+    if torn:  # (it left on its own decision, not for want of data)
+        headline += "; " + "; ".join(f"{ranks_named([r.rank])} destroyed the process group at {r.facts.destroyed} "
+                                      "and returned" for r in torn[:HEADLINE_RANKS])
+        fix = _LEFT_ALONE
     if parted := _parted([*slot.there, *slot.missing]):
         headline, fix = f"{headline}; where their steps parted: {parted}", _DECIDED_ALONE
     return Finding("uneven-counts", headline, fix, {r.rank: r.stuck for r in slot.there if r.stuck})
@@ -592,6 +597,11 @@ def _uneven(slot: _Waited) -> Finding:
 _UNEVEN = ("Every rank must make the same number of collective calls: give every rank the same number of batches "
            "(a DistributedSampler with drop_last=True), or train under DDP's join() context manager "
            "(`with model.join():`) where the data are uneven.")
+_LEFT_ALONE = ("A rank made fewer collective calls than the others and destroyed the process group while they went "
+               "on. If it stopped on a decision of its own (its own loss stopped improving: a return or break), "
+               "decide on what every rank shares (all_reduce the stop flag, or the loss, first) so that every rank "
+               "leaves at the same step; if it ran out of data, give every rank the same number of batches "
+               "(drop_last=True) or train under DDP's join(). Destroy the group only after the loop, on every rank.")
 _DECIDED_ALONE = ("A rank took a decision that changes its steps on its own data (skipping a step on a non-finite "
                   "loss, when to sync its gradients): take it from what every rank shares, e.g. all_reduce the "
                   "flag (or the token count) first, so that every rank skips or syncs at the same step.")
@@ -733,7 +743,8 @@ def facts_of(state: RankState, runs: Mapping[str, ExerciseRun], arrival: int | N
                      else None, how, state.exit_code if ended_by_itself else None, error, traceback,
                      stopped_at, stage, failed_at, arrival, exit_call, aborted_in=aborted_in,
                      died_in=died_in, oom=oom, steps=state.flight.steps if state.flight else None,
-                     made=state.flight.made if state.flight else None)
+                     made=state.flight.made if state.flight else None,
+                     destroyed=state.flight.destroyed if state.flight else None)
 
 
 def _flight_of(state: RankState) -> tuple[Calls | None, Calls | None]:

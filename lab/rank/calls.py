@@ -362,7 +362,8 @@ _installed = False
 
 def install(recorder: Recorder = RECORDER) -> None:
     """Wrap torch.distributed's communication functions and ProcessGroup's methods (once), for the
-    method check and the flight recorder, and for the latter ``new_group`` and ``init_process_group``
+    method check and the flight recorder, and for the latter ``new_group``, ``init_process_group`` and
+    ``destroy_process_group``
     (and ``Work.wait``, once the program makes an async call: ``lab.rank.flight``); and bind the
     recorder, its reading of torch's own recorder with it (``lab.rank.torchcalls``)."""
     global _installed
@@ -377,7 +378,7 @@ def install(recorder: Recorder = RECORDER) -> None:
     meshes = [sys.modules[name] for name in MESH_MODULES if name in sys.modules]  # (their own new_group, imported)
     # (the flight recorder's wrapper outermost: it takes the program's frame as its caller's)
     flight_only = {"new_group": lambda fn: FLIGHT.wrap_new_group(recorder.wrap_group_maker(fn)),
-                   "init_process_group": FLIGHT.wrap_init}
+                   "init_process_group": FLIGHT.wrap_init, "destroy_process_group": FLIGHT.wrap_destroy}
     for name in (*FUNCTIONS, *flight_only):
         fn = getattr(c10d, name, None) or getattr(dist, name, None)
         if not callable(fn) or getattr(fn, WRAPPED, None) is not None:

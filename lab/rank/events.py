@@ -27,6 +27,7 @@ from lab.rank.flightrecords import (
     read_made,
     read_record,
     read_steps,
+    text,
 )
 from lab.rank.protocol import EVENT_KINDS, EVENT_MAX, MARK
 from lab.rank.record import Record
@@ -134,6 +135,7 @@ class Flight(RankEvent):
     dropped: int
     steps: Steps | None = None  # a DDP program's last forwards and backward passes (lab.rank.flight)
     made: GroupsMade | None = None  # the groups the rank made since the world formed, in order (lab.rank.flight)
+    destroyed: str | None = None  # where its program destroyed the world ("file.py:LINE"), if it did
 
 
 @dataclass(frozen=True)
@@ -322,6 +324,7 @@ _READERS: Final[dict[str, Callable[[Any], Any]]] = {
     "int": _checked(_whole),
     "bool": _checked(lambda value: isinstance(value, bool)),
     "str": _checked(lambda value: isinstance(value, str)),
+    "str | None": lambda value: None if value is None else text(value) if isinstance(value, str) else _REFUSED,
     "float": _checked(lambda value: (_whole(value) or isinstance(value, float)) and math.isfinite(value)),
     "object": lambda value: value,
     "list[Any]": _checked(lambda value: isinstance(value, list)),
@@ -335,7 +338,8 @@ _READERS: Final[dict[str, Callable[[Any], Any]]] = {
     else _REFUSED,
 }
 _TYPE_WORDS: Final[dict[str, str]] = {
-    "int": "an integer", "bool": "true or false", "str": "a string", "float": "a finite number", "object": "a value",
+    "int": "an integer", "bool": "true or false", "str": "a string", "str | None": "a string or null",
+    "float": "a finite number", "object": "a value",
     "list[Any]": "a list", "dict[str, Any]": "an object", "dict[str, Any] | None": "an object or null",
     "Record | None": "a flight record or null", "Calls": "a list of flight records", "Counts": "an object",
     "Steps | None": "a list or null", "GroupsMade | None": "a list or null"}

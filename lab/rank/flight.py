@@ -12,7 +12,9 @@ one of the groups the rank made (``made``: every rank must make every group, mem
 same order, for torch names a group by how many the rank made before it; a ``new_group`` with
 ``use_local_synchronization=True`` is named by its ranks and is not counted), and
 ``init_process_group`` on the world (:meth:`Flight.wrap_init`: a rank in the rendezvous is in a
-call); ``destroy_process_group`` is not recorded (nothing is exchanged). A call on a group this
+call); ``destroy_process_group`` is no call (nothing is exchanged), but where the program tore the
+world down is kept (``destroyed``: a rank that did so and returned early leaves the others
+waiting). A call on a group this
 rank is not in does nothing and is not recorded.
 
 The recorder is four parts, each the one keeper of its own state:
@@ -200,6 +202,8 @@ class Flight:
         # the groups the program made since the world formed (its first MADE_KEPT), as new_group was called
         # on this rank, a member of them or not: (members, the user's code and offset)
         self.made: list[tuple[tuple[int, ...], CodeType | None, int]] = []
+        # where the program's own code destroyed the world (destroy_process_group), since it formed
+        self.destroyed: tuple[CodeType | None, int] | None = None
 
     def bind(self) -> None:
         """Take what the recording needs from torch (imported by now), for the groups too."""
@@ -431,7 +435,11 @@ class Flight:
         """The groups made that are kept, as a ``flight`` dump carries them."""
         return [[n, list(members), _where(code, lasti)] for n, (members, code, lasti) in enumerate(self.made[:], 1)]
 
-    # -- the functions that make groups ---------------------------------------------------------
+    def destroyed_to_json(self) -> str | None:
+        """Where the program destroyed the world, as a ``flight`` dump carries it (None: it has not)."""
+        return None if self.destroyed is None else _where(*self.destroyed)
+
+    # -- the functions that make groups, and unmake the world -------------------------------------
 
     def wrap_new_group(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``new_group`` recorded on the group it makes, by its members (their group connects them), and
@@ -456,6 +464,21 @@ class Flight:
 
         return new_group
 
+    def wrap_destroy(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``destroy_process_group`` of the world: where the program's own code called it is kept
+        (not the lab's: an exercise's stages end with the lab's own)."""
+
+        @functools.wraps(fn)
+        def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+            group = args[0] if args else kwargs.get("group")
+            if group is None or group is self.c10d.GroupMember.WORLD:
+                code, lasti = self.user_frame(sys._getframe(1))
+                if code is not None and not code.co_filename.startswith(LAB_DIR):
+                    self.destroyed = (code, lasti)
+            return fn(*args, **kwargs)
+
+        return destroy_process_group
+
     def wrap_init(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``init_process_group`` recorded as a collective of the world (the recorder's own: torch has
         none before it returns), so that a rank waiting in the rendezvous is in a call. Every rank
@@ -469,6 +492,7 @@ class Flight:
                 with contextlib.suppress(ValueError):
                     self.store_ports.add(urllib.parse.urlsplit(init_method).port or 0)
             self.made.clear()  # (a new world: torch counts its groups from none again)
+            self.destroyed = None
             call = self.begin(INIT_PROCESS_GROUP, (), {}, sys._getframe(1), self.world)
             if call is not None:  # (one the program gives, not the environment's: it may disagree with the launcher)
                 size = kwargs.get("world_size", args[3] if len(args) > 3 else -1)
