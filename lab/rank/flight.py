@@ -14,8 +14,7 @@ same order, for torch names a group by how many the rank made before it; a ``new
 ``init_process_group`` on the world (:meth:`Flight.wrap_init`: a rank in the rendezvous is in a
 call); ``destroy_process_group`` is no call (nothing is exchanged), but where the program tore the
 world down is kept (``destroyed``: a rank that did so and returned early leaves the others
-waiting). A call on a group this
-rank is not in does nothing and is not recorded.
+waiting). A call on a group this rank is not in does nothing and is not recorded.
 
 The recorder is four parts, each the one keeper of its own state:
 
