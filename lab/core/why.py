@@ -584,10 +584,13 @@ def _uneven(slot: _Waited) -> Finding:
         headline = (f"{ranks_named(there)} {slot.waits} in {op} #{call.seq}{on_group(call.group)}; "
                     f"{ranks_named(gone)} exited with status 0 before calling it")
     fix = _UNEVEN
-    torn = [r for r in slot.missing if r.facts.destroyed]
-    if torn:  # (it left on its own decision, not for want of data)
-        headline += "; " + "; ".join(f"{ranks_named([r.rank])} destroyed the process group at {r.facts.destroyed} "
-                                      "and returned" for r in torn[:HEADLINE_RANKS])
+    torn: dict[str, list[int]] = {}  # where -> the ranks that destroyed the process group there before they ended
+    for r in slot.missing:
+        if r.facts.destroyed:
+            torn.setdefault(r.facts.destroyed, []).append(r.rank)
+    if torn:
+        headline += "; " + "; ".join(f"{ranks_named(ks)} destroyed the process group at {where} and returned"
+                                      for where, ks in list(torn.items())[:HEADLINE_RANKS])
         fix = _LEFT_ALONE
     if parted := _parted([*slot.there, *slot.missing]):
         headline, fix = f"{headline}; where their steps parted: {parted}", _DECIDED_ALONE
