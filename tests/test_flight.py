@@ -92,11 +92,12 @@ def calls(dump: dict[str, Any], group: str | None = None) -> list[tuple[int, str
 
 
 CALLS = """\
+import datetime
 import os
 import torch
 import torch.distributed as dist
 
-dist.init_process_group("gloo", init_method=os.environ["STORE"])  # @init
+dist.init_process_group("gloo", init_method=os.environ["STORE"], timeout=datetime.timedelta(seconds=90))  # @init
 rank = dist.get_rank()
 t = torch.ones(8)
 dist.all_reduce(t)  # @world1
@@ -106,7 +107,7 @@ elif rank == 1:
     dist.recv(torch.zeros(3, dtype=torch.float64), src=0, tag=7)  # @recv
 dist.all_reduce(t, op=dist.ReduceOp.MAX)
 g = dist.new_group([1, 2])  # @newgroup
-again = dist.new_group([1, 2])
+again = dist.new_group([1, 2], datetime.timedelta(minutes=2))
 if rank in (1, 2):
     dist.all_reduce(t, group=g)
     if rank == 1:
@@ -156,6 +157,10 @@ def test_every_call_is_recorded_per_group_with_global_peers_and_the_users_line(t
     made = [[1, [1, 2], f"prog.py:{at['newgroup']}"], [2, [1, 2], f"prog.py:{at['newgroup'] + 1}"]]
     assert all(dump["made"] == made for dump in dumps.values())  # every rank made g and again, a member or not
     assert all(dump["destroyed"] == f"prog.py:{at['destroy']}" for dump in dumps.values())  # (its own, not the lab's)
+    world_timeout = ["world", 90.0, f"prog.py:{at['init']}"]  # (a group's on its members alone)
+    assert dumps[0]["timeouts"] == [world_timeout], dumps[0]
+    assert all(dumps[r]["timeouts"] == [world_timeout, ["g1,2#1", 120.0, f"prog.py:{at['newgroup'] + 1}"]]
+               for r in (1, 2))
     for rank in (1, 2):
         p2p = "send" if rank == 1 else "recv"
         assert calls(dumps[rank], "g1,2#0") == [(1, "new_group"), (2, "all_reduce"), (1, p2p), (3, "broadcast"),

@@ -10,7 +10,15 @@ import pytest
 
 from lab.core.rankview import gist, ordinal, ranks_named
 from lab.core.why import Cause, RankFacts, explain
-from lab.rank.flightrecords import RECORDS_MAX, read_calls, read_counts, read_made, read_record, read_steps
+from lab.rank.flightrecords import (
+    RECORDS_MAX,
+    read_calls,
+    read_counts,
+    read_made,
+    read_record,
+    read_steps,
+    read_timeouts,
+)
 
 LOST = "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:41234"
 LOST_SHOWN = "RuntimeError: Connection closed by peer [10.0.0.2]:41234"  # as a headline shows it: no C++ place
@@ -42,7 +50,7 @@ def rank(r: int, records: Any = (), inflight: Any = (), counts: Any = None, **fa
 
 
 def read(r: int, host: str, records: Any = None, inflight: Any = None, counts: Any = None, steps: Any = None,
-         died_in: Any = None, made: Any = None, **facts: Any) -> RankFacts:
+         died_in: Any = None, made: Any = None, timeouts: Any = None, **facts: Any) -> RankFacts:
     """The facts of a rank that sent these fields (raw), read by the events' readers (lab.rank.flightrecords)."""
     died = None if died_in is None else read_record(died_in)
     assert not isinstance(died, str), died
@@ -50,7 +58,8 @@ def read(r: int, host: str, records: Any = None, inflight: Any = None, counts: A
                      inflight=None if inflight is None else read_calls(list(inflight)),
                      counts=None if counts is None else read_counts(counts),
                      steps=None if steps is None else read_steps(steps), died_in=died,
-                     made=None if made is None else read_made(made), **facts)
+                     made=None if made is None else read_made(made),
+                     timeouts=None if timeouts is None else read_timeouts(timeouts), **facts)
 
 
 def lines(cause: Cause) -> list[str]:
@@ -132,6 +141,34 @@ def test_ranks_that_timed_out_waiting_for_a_rank_outside_any_call_name_it_and_wh
         "ended 4.5 s before they gave up)."))
     assert cause.fix is not None and "timeout" in cause.fix and "checkpoint" in cause.fix
     assert lines(cause)[1].startswith("rank 1 (node2): all_reduce #9, SUM, 4 floats: timed out: RuntimeError: Timed")
+
+
+def test_the_line_that_gave_the_group_its_timeout_is_told_with_it() -> None:
+    gone = "RuntimeError: Timed out waiting 4000ms for recv operation to complete"
+    given = [["world", 4.0, "train.py:3"], ["g0,1#0", 9.0, "train.py:5"]]
+    waited = [rank(r, records=[*loop(8), rec(9, "all_reduce", "raised", error=gone, t1=1013.0)], ended="raised",
+                   error=gone, exit_code=1, timeouts=given) for r in (1, 2, 3)]
+    copying = rank(0, records=loop(8), stopped_at="train.py:16 in <module>: time.sleep(9)", timeouts=given)
+    assert explain([copying, *waited]).headline.startswith(
+        "Ranks 1-3 timed out after 4 s (the timeout init_process_group was given at train.py:3) waiting in "
+        "all_reduce #9 at train.py:10 for rank 0, ")
+    unsaid = [rank(r, records=[*loop(8), rec(9, "all_reduce", "raised", error="RuntimeError: timed out", t1=1013.0)],
+                   ended="raised", error="RuntimeError: timed out", exit_code=1, timeouts=[["world", 4.5, "t.py:2"]])
+              for r in (1, 2, 3)]  # (the error says no time: the one the program gave is told)
+    assert explain([copying, *unsaid]).headline.startswith(
+        "Ranks 1-3 timed out after 4.5 s (the timeout init_process_group was given at t.py:2) waiting in ")
+    apart = [rank(r, records=[*loop(8), rec(9, "all_reduce", "raised", error=gone, t1=1013.0)], ended="raised",
+                  error=gone, exit_code=1, timeouts=[["world", 4.0, f"train.py:{r}"]]) for r in (1, 2, 3)]
+    assert explain([copying, *apart]).headline.startswith("Ranks 1-3 timed out after 4 s waiting in ")  # (which line?)
+
+
+def test_malformed_group_timeouts_are_skipped_and_said() -> None:
+    read = read_timeouts([["world", 4, "a.py:1"], ["world", -1, "b"], ["world", True, "c"], "junk", [1, 2, "d"],
+                          ["g", float("inf"), "e"], ["g\nx", 2.5, "f.py:2\nmore"]])
+    assert (read.malformed, [(t.group, t.seconds, t.where) for t in read.timeouts]) == (
+        5, [("world", 4.0, "a.py:1"), ("g", 2.5, "f.py:2")])
+    cause = explain([rank(0, timeouts=[["world", "4", "x"]], **HUNG), rank(1, **HUNG)])
+    assert "rank 0: 1 malformed group timeouts skipped" in cause.notes
 
 
 def test_a_rank_that_came_after_the_others_timed_out_is_told_late() -> None:

@@ -17,7 +17,18 @@ from pathlib import PurePosixPath
 from typing import Literal
 
 from lab.core.outcome import CauseKind, ended
-from lab.rank.flightrecords import TEXT_MAX, Calls, Counts, GroupMade, GroupsMade, StepMark, Steps, merged, text
+from lab.rank.flightrecords import (
+    TEXT_MAX,
+    Calls,
+    Counts,
+    GroupMade,
+    GroupsMade,
+    GroupTimeouts,
+    StepMark,
+    Steps,
+    merged,
+    text,
+)
 from lab.rank.ops import FROM_ROOT, canonical
 from lab.rank.record import Record
 
@@ -71,6 +82,7 @@ class RankFacts:
     steps: Steps | None = None  # its last dump's training steps (a DDP program's forwards and backward passes)
     made: GroupsMade | None = None  # its last dump's groups made (new_group), in order
     destroyed: str | None = None  # where its program destroyed the world ("file.py:LINE"), as its last dump says
+    timeouts: GroupTimeouts | None = None  # the timeouts its program gave its groups, as its last dump says
 
 
 @dataclass(frozen=True)
@@ -150,6 +162,8 @@ def build(facts: RankFacts, notes: list[str]) -> Rank:
         notes.append(f"{who}: {facts.steps.malformed} malformed steps skipped")
     if facts.made is not None and facts.made.malformed:
         notes.append(f"{who}: {facts.made.malformed} malformed groups made skipped")
+    if facts.timeouts is not None and facts.timeouts.malformed:
+        notes.append(f"{who}: {facts.timeouts.malformed} malformed group timeouts skipped")
     # init_process_group says where a rank is in the rendezvous, and is no call that ranks meet in
     joining = next((c for c in calls if c.op == JOIN and c.blocking), None) if facts.ended == "running" else None
     calls = [c for c in calls if c.op != JOIN]

@@ -252,7 +252,12 @@ def _timed_out(ranks: dict[int, Rank]) -> Finding | None:
     if not absent:
         return None
     said = next((m.group(1) for r in waited if (m := TIMED_OUT.search(error_of(r))) and m.group(1)), None)
-    after = f" after {int(said) / 1000:g} s" if said else ""
+    given = {t.where: t for r in waited if r.facts.timeouts and (t := r.facts.timeouts.of(first.group))}
+    seconds = f"{int(said) / 1000:g} s" if said else (f"{next(iter(given.values())).seconds:g} s"
+                                                      if len(given) == 1 else "")
+    set_at = (f" (the timeout {'init_process_group' if first.group == 'world' else 'new_group'} was given at "
+              f"{next(iter(given))})" if len(given) == 1 else "")
+    after = f" after {seconds}{set_at}" if seconds else set_at
 
     def where(r: Rank) -> str:
         c = came(r)
@@ -747,7 +752,8 @@ def facts_of(state: RankState, runs: Mapping[str, ExerciseRun], arrival: int | N
                      stopped_at, stage, failed_at, arrival, exit_call, aborted_in=aborted_in,
                      died_in=died_in, oom=oom, steps=state.flight.steps if state.flight else None,
                      made=state.flight.made if state.flight else None,
-                     destroyed=state.flight.destroyed if state.flight else None)
+                     destroyed=state.flight.destroyed if state.flight else None,
+                     timeouts=state.flight.timeouts if state.flight else None)
 
 
 def _flight_of(state: RankState) -> tuple[Calls | None, Calls | None]:

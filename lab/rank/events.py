@@ -21,12 +21,14 @@ from lab.rank.flightrecords import (
     Calls,
     Counts,
     GroupsMade,
+    GroupTimeouts,
     Steps,
     read_calls,
     read_counts,
     read_made,
     read_record,
     read_steps,
+    read_timeouts,
     text,
 )
 from lab.rank.protocol import EVENT_KINDS, EVENT_MAX, MARK
@@ -136,6 +138,7 @@ class Flight(RankEvent):
     steps: Steps | None = None  # a DDP program's last forwards and backward passes (lab.rank.flight)
     made: GroupsMade | None = None  # the groups the rank made since the world formed, in order (lab.rank.flight)
     destroyed: str | None = None  # where its program destroyed the world ("file.py:LINE"), if it did
+    timeouts: GroupTimeouts | None = None  # the timeouts its program gave its groups, and where (lab.rank.flight)
 
 
 @dataclass(frozen=True)
@@ -336,13 +339,16 @@ _READERS: Final[dict[str, Callable[[Any], Any]]] = {
     "Steps | None": lambda value: None if value is None else read_steps(value) if isinstance(value, list) else _REFUSED,
     "GroupsMade | None": lambda value: None if value is None else read_made(value) if isinstance(value, list)
     else _REFUSED,
+    "GroupTimeouts | None": lambda value: None if value is None else read_timeouts(value) if isinstance(value, list)
+    else _REFUSED,
 }
 _TYPE_WORDS: Final[dict[str, str]] = {
     "int": "an integer", "bool": "true or false", "str": "a string", "str | None": "a string or null",
     "float": "a finite number", "object": "a value",
     "list[Any]": "a list", "dict[str, Any]": "an object", "dict[str, Any] | None": "an object or null",
     "Record | None": "a flight record or null", "Calls": "a list of flight records", "Counts": "an object",
-    "Steps | None": "a list or null", "GroupsMade | None": "a list or null"}
+    "Steps | None": "a list or null", "GroupsMade | None": "a list or null",
+    "GroupTimeouts | None": "a list or null"}
 # each class's fields: name -> (its type, whether it may be left out)
 _FIELDS: Final[dict[type[Event], dict[str, tuple[str, bool]]]] = {
     cls: {f.name: (str(f.type), f.default is not MISSING) for f in dataclass_fields(cls)}

@@ -49,7 +49,9 @@ skips a backward, or syncs on another schedule) can be told though DDP's collect
 C++. The groups it made are kept too (``made``, the first MADE_KEPT since the world formed): each
 as ``[n, members, where]`` (``n`` counts them from 1; ``members`` the group's global ranks, sorted),
 so that where ranks made different groups, or the same in another order, can be told (a group of
-more than ``lab.rank.flightrecords.MEMBERS_MAX`` ranks is not kept).
+more than ``lab.rank.flightrecords.MEMBERS_MAX`` ranks is not kept), and the timeouts the program gave
+them (``timeouts``, ``[group, seconds, where]`` each: ``init_process_group``'s for the world,
+``new_group``'s on its members), so that a rank that timed out can be told where its timeout was set.
 """
 from __future__ import annotations
 
@@ -203,6 +205,9 @@ class Flight:
         self.made: list[tuple[tuple[int, ...], CodeType | None, int]] = []
         # where the program's own code destroyed the world (destroy_process_group), since it formed
         self.destroyed: tuple[CodeType | None, int] | None = None
+        # the timeouts the program gave its groups since the world formed (init_process_group's for the
+        # world, new_group's; the first MADE_KEPT): the group's id -> (seconds, the user's code and offset)
+        self.timeouts: dict[str, tuple[float, CodeType | None, int]] = {}
 
     def bind(self) -> None:
         """Take what the recording needs from torch (imported by now), for the groups too."""
@@ -438,6 +443,19 @@ class Flight:
         """Where the program destroyed the world, as a ``flight`` dump carries it (None: it has not)."""
         return None if self.destroyed is None else _where(*self.destroyed)
 
+    def timeouts_to_json(self) -> list[list[Any]]:
+        """The timeouts the program gave its groups, as a ``flight`` dump carries them."""
+        return [[group, seconds, _where(code, lasti)] for group, (seconds, code, lasti) in list(self.timeouts.items())]
+
+    def _given_timeout(self, group: Group, timeout: Any, frame: FrameType) -> None:
+        """``timeout`` (a timedelta, if the program gave one) is ``group``'s, given at ``frame``."""
+        try:
+            seconds = float(timeout.total_seconds())
+        except Exception:  # (none given, or not a timedelta: torch says what is wrong)
+            return
+        if math.isfinite(seconds) and seconds > 0 and len(self.timeouts) < MADE_KEPT:
+            self.timeouts[group.gid] = (seconds, *self.user_frame(frame))
+
     # -- the functions that make groups, and unmake the world -------------------------------------
 
     def wrap_new_group(self, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -455,6 +473,8 @@ class Flight:
                 local = kwargs.get("use_local_synchronization", len(args) > 4 and args[4]) is True
                 if not local and len(self.made) < MADE_KEPT and len(made[1]) <= MEMBERS_MAX:
                     self.made.append((made[1], *self.user_frame(frame)))
+                if made[2]:
+                    self._given_timeout(made[0], kwargs.get("timeout", args[1] if len(args) > 1 else None), frame)
                 call = self.begin(NEW_GROUP, (), {}, frame, made[0]) if made[2] else None
             pg = self._blocking(call, fn, args, kwargs)
             if made is not None and not isinstance(pg, int):
@@ -492,7 +512,10 @@ class Flight:
                     self.store_ports.add(urllib.parse.urlsplit(init_method).port or 0)
             self.made.clear()  # (a new world: torch counts its groups from none again)
             self.destroyed = None
-            call = self.begin(INIT_PROCESS_GROUP, (), {}, sys._getframe(1), self.world)
+            self.timeouts.clear()
+            frame = sys._getframe(1)
+            self._given_timeout(self.world, kwargs.get("timeout", args[2] if len(args) > 2 else None), frame)
+            call = self.begin(INIT_PROCESS_GROUP, (), {}, frame, self.world)
             if call is not None:  # (one the program gives, not the environment's: it may disagree with the launcher)
                 size = kwargs.get("world_size", args[3] if len(args) > 3 else -1)
                 call[WORLD] = size if is_count(size) and size > 0 else None

@@ -1,6 +1,6 @@
 """What a rank's recorder sends (``lab.rank.flight``) read as what it is: untrusted data, made into
 the types the events hold (``lab.rank.events``: a ``flight`` event's records, counts, steps and
-groups made, a ``progress`` event's call in flight, a ``died`` event's call).
+groups made and the timeouts they were given, a ``progress`` event's call in flight, a ``died`` event's call).
 
 A rank runs a student's program, which can write anything on the rank's channel, so nothing in
 a flight dump is taken on trust: every record is checked field by field (against the one schema of
@@ -190,3 +190,40 @@ def read_made(made: list[object]) -> GroupsMade:
             continue
         read[raw[0]] = GroupMade(raw[0], tuple(sorted(raw[1])), text(raw[2]))
     return GroupsMade(tuple(read[n] for n in sorted(read)), bad)
+
+
+@dataclass(frozen=True)
+class GroupTimeout:
+    """The timeout a rank's program gave a group (``timeout=`` of ``init_process_group`` for the world,
+    of ``new_group`` for another), as it recorded it (lab.rank.flight's ``timeouts``)."""
+
+    group: str  # the group's id, as its records name it ("world", "g0,1#0")
+    seconds: float
+    where: str  # where the program gave it ("file.py:LINE")
+
+
+@dataclass(frozen=True)
+class GroupTimeouts:
+    """The timeouts a rank's program gave its groups, as read, and how many were skipped as malformed."""
+
+    timeouts: tuple[GroupTimeout, ...] = ()
+    malformed: int = 0
+
+    def of(self, group: str) -> GroupTimeout | None:
+        """The timeout given to ``group`` (None: none was, as far as the rank recorded)."""
+        return next((t for t in self.timeouts if t.group == group), None)
+
+
+def read_timeouts(timeouts: list[object]) -> GroupTimeouts:
+    """The timeouts a rank's program gave its groups as it sent them (``[group, seconds, where]`` each);
+    malformed ones are skipped."""
+    read: list[GroupTimeout] = []
+    bad = 0
+    for raw in timeouts[:RECORDS_MAX]:
+        if not (isinstance(raw, list) and len(raw) == 3 and isinstance(raw[0], str)
+                and isinstance(raw[1], (int, float)) and not isinstance(raw[1], bool)
+                and 0 < raw[1] < INT_MAX and isinstance(raw[2], str)):
+            bad += 1
+            continue
+        read.append(GroupTimeout(text(raw[0], GROUP_MAX), float(raw[1]), text(raw[2])))
+    return GroupTimeouts(tuple(read), bad)

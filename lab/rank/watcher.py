@@ -9,10 +9,10 @@ left out: polling them is no progress) and for how many seconds (on the rank's o
 that changed. When it is news and when to look next is the rule of quiet's (``lab.rank.quiet``),
 which the watcher only feeds and obeys.
 
-``flight`` {rank, records, inflight, counts, dropped, [steps], [made], [destroyed]}: the records (the
+``flight`` {rank, records, inflight, counts, dropped, [steps], [made], [destroyed], [timeouts]}: the records (the
 program's and those torch issued, oldest first), the calls in flight, the groups' counts
-(``lab.rank.groups``), a DDP program's steps, the groups the rank made and where it destroyed the
-world (``lab.rank.flight``), made to
+(``lab.rank.groups``), a DDP program's steps, the groups the rank made, where it destroyed the
+world and the timeouts its groups were given (``lab.rank.flight``), made to
 fit an event line (:func:`fit`: the oldest records go first; ``dropped`` counts the calls left out).
 One is sent once per blocking call in flight FLIGHT_AFTER seconds, right after the progress that
 says a call has been quiet for --hang-after, and at the end (:meth:`Watcher.finish`: the worker's
@@ -205,10 +205,11 @@ class Watcher:
         inflight = sorted({id(call): call for call in (*blocking, *waiting, *issued)}.values(),
                           key=lambda call: call[T0])
         steps, made, destroyed = flight.steps_to_json(), flight.made_to_json(), flight.destroyed_to_json()
+        timeouts = flight.timeouts_to_json()
         return {"rank": self.rank, "records": [to_json(call) for call in ring],
                 "inflight": [to_json(call) for call in inflight], "counts": counts, "dropped": dropped,
                 **({"steps": steps} if steps else {}), **({"made": made} if made else {}),
-                **({"destroyed": destroyed} if destroyed else {})}
+                **({"destroyed": destroyed} if destroyed else {}), **({"timeouts": timeouts} if timeouts else {})}
 
     def _dump(self, last: bool) -> None:
         channel = protocol.CHANNEL

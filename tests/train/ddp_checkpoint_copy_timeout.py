@@ -1,8 +1,8 @@
-"""Rank 0 copies its checkpoint to slow storage inside the training loop (15 s) while the process
-group's timeout is 4 s: the others give up waiting in DDP's gradient all_reduce ("Timed out waiting
-4000ms"). The culprit is the rank outside any call, and its stack says where it is.
+"""Rank 0 copies its checkpoint to slow storage in the training loop (15 s) while the group's timeout is
+4 s: the others time out in DDP's gradient all_reduce. Rank 0 is outside any call (its stack says where).
 
 expect: kind=missing-rank; nproc=4; exit=1; headline contains "ranks 1-3 timed out after 4 s";
+        headline contains "(the timeout init_process_group was given at ddp_checkpoint_copy_timeout.py:18)";
         headline contains "DDP's gradient all_reduce"; headline contains "for rank 0";
         report contains "ddp_checkpoint_copy_timeout.py:25"; report contains "ddp_checkpoint_copy_timeout.py:27"
 """
