@@ -252,11 +252,12 @@ def _timed_out(ranks: dict[int, Rank]) -> Finding | None:
     if not absent:
         return None
     said = next((m.group(1) for r in waited if (m := TIMED_OUT.search(error_of(r))) and m.group(1)), None)
-    given = {t.where: t for r in waited if r.facts.timeouts and (t := r.facts.timeouts.of(first.group))}
-    seconds = f"{int(said) / 1000:g} s" if said else (f"{next(iter(given.values())).seconds:g} s"
-                                                      if len(given) == 1 else "")
+    # the timeout the program gave the group, where the ranks that waited agree on it (else none is told)
+    given = {(t.seconds, t.where) for r in waited if r.facts.timeouts and (t := r.facts.timeouts.of(first.group))}
+    timeout = next(iter(given)) if len(given) == 1 else None
+    seconds = f"{int(said) / 1000:g} s" if said else f"{timeout[0]:g} s" if timeout else ""
     set_at = (f" (the timeout {'init_process_group' if first.group == 'world' else 'new_group'} was given at "
-              f"{next(iter(given))})" if len(given) == 1 else "")
+              f"{timeout[1]})" if timeout else "")
     after = f" after {seconds}{set_at}" if seconds else set_at
 
     def where(r: Rank) -> str:
