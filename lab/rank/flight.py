@@ -473,9 +473,9 @@ class Flight:
                 local = kwargs.get("use_local_synchronization", len(args) > 4 and args[4]) is True
                 if not local and len(self.made) < MADE_KEPT and len(made[1]) <= MEMBERS_MAX:
                     self.made.append((made[1], *self.user_frame(frame)))
-                if made[2]:
+                if made[2]:  # (a member: the group's calls and timeout are its own)
                     self._given_timeout(made[0], kwargs.get("timeout", args[1] if len(args) > 1 else None), frame)
-                call = self.begin(NEW_GROUP, (), {}, frame, made[0]) if made[2] else None
+                    call = self.begin(NEW_GROUP, (), {}, frame, made[0])
             pg = self._blocking(call, fn, args, kwargs)
             if made is not None and not isinstance(pg, int):
                 groups.remember(pg, made[0])
