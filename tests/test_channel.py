@@ -28,6 +28,7 @@ from lab.rank.events import (
     Flight,
     Hello,
     MalformedEvent,
+    Ports,
     Probe,
     Progress,
     parse_event,
@@ -155,6 +156,9 @@ def event(payload: str) -> Event | None:
      "the 'inflight' of a 'flight' event is an object {}, not a list of flight records"),
     ('{"event": "progress", "rank": 0, "completed": 1, "inflight": {"op": "recv"}, "moved": 0, "quiet": 1}',
      "the 'inflight' of a 'progress' event is an object {'op': 'recv'}, not a flight record or null"),
+    ('{"event": "ports", "ports": [29500, 0]}', "the 'ports' of a 'ports' event is a list [29500, 0], not a list of "
+     "TCP ports"),
+    ('{"event": "ports", "ports": [true]}', "not a list of TCP ports"),
 ])
 def test_malformed_events_are_named(payload: str, says: str) -> None:
     with pytest.raises(MalformedEvent, match=re.escape(says)):
@@ -167,6 +171,7 @@ def test_valid_events_pass_as_their_kinds_class() -> None:
     assert hello == Hello(rank=0, pid=1, hostname="h", local_rank=0, python="", torch="")  # (those two may be left out)
     assert event('{"event": "progress", "rank": 2, "completed": 3, "inflight": null, "moved": 9, "quiet": 1}') == \
         Progress(rank=2, completed=3, inflight=None, moved=9, quiet=1)
+    assert event('{"event": "ports", "ports": [29500, 65535]}') == Ports(ports=(29500, 65535))
     assert event('{"event": "facts", "anything": [1]}') == Probe("facts", {"anything": [1]})  # the doctor checks it
     call = Record(3, "world", "all_reduce", "in_flight", 1.5, numel=4, shape=(4,), where="\x1b[2Jtrain.py:9")
     flight = event(json.dumps({"event": "flight", "rank": 1, "records": [None, {"seq": 0}, to_wire(call)],

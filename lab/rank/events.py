@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass
 from dataclasses import fields as dataclass_fields
-from typing import Any, ClassVar, Final, Literal
+from typing import Any, ClassVar, Final, Literal, TypeAlias
 
 from lab.rank.flightrecords import (
     Calls,
@@ -46,6 +46,7 @@ class MalformedEvent(ValueError):
 # its ranks; a host's launcher of its own (the lab's: ``wire``, which no rank can send: the launcher drops
 # it); the port holder; a host's launcher in its preflight; the doctor's probe.
 Sender = Literal["rank", "launcher", "host", "holder", "preflight", "probe"]
+PortNumbers: TypeAlias = tuple[int, ...]  # (a ``ports`` event's list, each checked to be a TCP port)
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,7 @@ class Saved(RankEvent):
 class Ports(Event):
     KIND: ClassVar[str] = "ports"
     SENDER: ClassVar[Sender] = "holder"
-    ports: list[Any]
+    ports: PortNumbers  # the ports it holds, each a TCP port (1-65535)
 
 
 @dataclass(frozen=True)
@@ -330,7 +331,8 @@ _READERS: Final[dict[str, Callable[[Any], Any]]] = {
     "str | None": lambda value: None if value is None else text(value) if isinstance(value, str) else _REFUSED,
     "float": _checked(lambda value: (_whole(value) or isinstance(value, float)) and math.isfinite(value)),
     "object": lambda value: value,
-    "list[Any]": _checked(lambda value: isinstance(value, list)),
+    "PortNumbers": lambda value: tuple(value) if isinstance(value, list) and all(
+        _whole(p) and 0 < p < 65536 for p in value) else _REFUSED,
     "dict[str, Any]": _checked(lambda value: isinstance(value, dict)),
     "dict[str, Any] | None": _checked(lambda value: value is None or isinstance(value, dict)),
     "Record | None": _record,
@@ -345,7 +347,7 @@ _READERS: Final[dict[str, Callable[[Any], Any]]] = {
 _TYPE_WORDS: Final[dict[str, str]] = {
     "int": "an integer", "bool": "true or false", "str": "a string", "str | None": "a string or null",
     "float": "a finite number", "object": "a value",
-    "list[Any]": "a list", "dict[str, Any]": "an object", "dict[str, Any] | None": "an object or null",
+    "PortNumbers": "a list of TCP ports", "dict[str, Any]": "an object", "dict[str, Any] | None": "an object or null",
     "Record | None": "a flight record or null", "Calls": "a list of flight records", "Counts": "an object",
     "Steps | None": "a list or null", "GroupsMade | None": "a list or null",
     "GroupTimeouts | None": "a list or null"}
