@@ -554,7 +554,24 @@ def test_a_rank_that_skipped_a_backward_on_its_own_is_named_where_it_did() -> No
     assert (cause.kind, cause.headline) == ("uneven-counts", (
         "Ranks 0, 2, 3 wait in their 7th all_reduce; rank 1 finished after 5; where their steps parted: rank 1 ran "
         "its 5th forward at train.py:18, ranks 0, 2, 3 ran a backward pass after their 4th forward at train.py:25."))
-    assert cause.fix is not None and "all_reduce the flag" in cause.fix
+    assert cause.fix is not None and "all_reduce the flag" in cause.fix and "model.module" not in cause.fix
+
+
+def test_a_forward_only_some_ranks_ran_elsewhere_is_named_and_its_fix_is_the_wrapped_module() -> None:
+    """Rank 0's 5th forward was an evaluation (eval.py:14, no backward pass after it); where a rank skipped the
+    backward pass of the forward every rank made (the test above), it is the decision of its own instead."""
+    done = {"world": {"all_reduce": 6}}
+    evaluated = steps(*"FBFBFBFBFFB")
+    evaluated[8][3] = "eval.py:14"
+    ranks = [rank(0, records=loop(6), inflight=[rec(7, "all_reduce", "in_flight")], counts=done, steps=evaluated)]
+    ranks += [rank(r, records=loop(6), counts=done, ended="exited", exit_code=0, steps=steps(*"FBFBFBFBFBFB"))
+              for r in (1, 2, 3)]
+    cause = explain(ranks)
+    assert cause.headline.endswith(
+        "where their steps parted: rank 0 ran its 6th forward at train.py:18, ranks 1-3 ran a backward pass after "
+        "their 5th forward at train.py:25; the 5th forward of rank 0 at eval.py:14 had no backward pass after it "
+        "(the others' at train.py:18 had)."), cause.headline
+    assert cause.fix is not None and "model.module(x)" in cause.fix and "buffers" in cause.fix
 
 
 def test_ranks_that_sync_their_gradients_on_schedules_of_their_own_are_named_where_they_part() -> None:

@@ -63,7 +63,7 @@ from lab.core.rankview import (
 )
 from lab.core.stacks import called_in, is_stack_line, program_files, where_stopped
 from lab.rank.events import Error
-from lab.rank.flightrecords import Calls, GroupMade, text
+from lab.rank.flightrecords import Calls, GroupMade, StepMark, text
 from lab.rank.ops import FROM_ROOT, REDUCING, ROOTED, SIZES_DIFFER, canonical
 from lab.rank.record import Record
 
@@ -599,7 +599,11 @@ def _uneven(slot: _Waited) -> Finding:
                                       for where, ks in list(torn.items())[:HEADLINE_RANKS])
         fix = _LEFT_ALONE
     if parted := _parted([*slot.there, *slot.missing]):
-        headline, fix = f"{headline}; where their steps parted: {parted}", _DECIDED_ALONE
+        headline += f"; where their steps parted: {parted.said}"
+        fix = _DECIDED_ALONE
+        if parted.extra_forward:
+            headline += f"; {parted.extra_forward}"
+            fix = _FORWARD_ALONE
     return Finding("uneven-counts", headline, fix, {r.rank: r.stuck for r in slot.there if r.stuck})
 
 
@@ -615,8 +619,23 @@ _DECIDED_ALONE = ("A rank took a decision that changes its steps on its own data
                   "loss, when to sync its gradients): take it from what every rank shares, e.g. all_reduce the "
                   "flag (or the token count) first, so that every rank skips or syncs at the same step.")
 
+_FORWARD_ALONE = ("A forward of the DDP model that not every rank runs (an evaluation, a sample, a log on rank 0) is "
+                  "a collective the others never make: DDP's forward broadcasts the module's buffers (a BatchNorm's "
+                  "running statistics) from rank 0 first, and the others' next collective meets it. Run it on the "
+                  "module DDP wraps, `model.module(x)` (its forward makes no collective), or on every rank.")
 
-def _parted(ranks: Sequence[Rank]) -> str | None:
+
+@dataclass(frozen=True)
+class _Parting:
+    """Where the ranks' training steps first differ (:func:`_parted`)."""
+
+    said: str  # each set of ranks and the step it ran there
+    # ranks whose forward was followed by a forward where the others' was by a backward pass, the forward made
+    # at a place other than the others': a forward of their own (an evaluation), said; "" where none was
+    extra_forward: str = ""
+
+
+def _parted(ranks: Sequence[Rank]) -> _Parting | None:
     """Where the ranks' training steps (a DDP program's forwards and backward passes, as each recorded
     them) first differ, among the steps every rank made: "rank 1 ran its 5th forward at train.py:18,
     ranks 0, 2, 3 ran a backward pass after their 4th forward at train.py:25"; None where they do not
@@ -648,8 +667,32 @@ def _parted(ranks: Sequence[Rank]) -> str | None:
             else:
                 what = "ran a backward pass" + (f" after {its} {ordinal(forwards)} forward" if forwards else "")
             said.append(f"{ranks_named(ks)} {what}{at(marks[ks[0]].where)}")
-        return ", ".join(said)
+        return _Parting(", ".join(said), _extra_forward(logs, n, together, whole))
     return None
+
+
+def _extra_forward(logs: dict[int, dict[int, StepMark]], n: int, together: dict[tuple[str, bool | None], list[int]],
+                   whole: bool) -> str:
+    """Where the ranks' steps part at ``n`` into forwards and backward passes: the forward before step ``n`` of
+    the ranks that run a forward at ``n`` (no backward pass followed it), if the others made theirs, the one a
+    backward pass followed, at another place: "the 5th forward of rank 0 at eval.py:14 had no backward pass
+    after it (the others' at train.py:44 had)"; "" where it is not so (a rank that skipped a backward pass after
+    the forward every rank made, at the same place, decided alone: ``_DECIDED_ALONE``)."""
+    kinds = {kind for kind, _ in together}
+    if kinds != {"forward", "backward"}:
+        return ""
+    ahead = [k for (kind, _), ks in together.items() if kind == "forward" for k in ks]
+    rest = [k for (kind, _), ks in together.items() if kind == "backward" for k in ks]
+    before = {k: mark.where for k in (*ahead, *rest) if (mark := logs[k].get(n - 1)) and mark.kind == "forward"}
+    if len(before) < len(ahead) + len(rest):
+        return ""
+    own, theirs = ({before[k] for k in ks} for ks in (ahead, rest))
+    if len(own) != 1 or not own.isdisjoint(theirs):
+        return ""
+    forwards = sum(1 for m in logs[ahead[0]].values() if m.n < n - 1 and m.kind == "forward") + 1 if whole else None
+    nth = f"{ordinal(forwards)} forward" if forwards is not None else "forward before that"
+    others = f" (the others' at {next(iter(theirs))} had)" if len(theirs) == 1 else ""
+    return f"the {nth} of {ranks_named(ahead)}{at(next(iter(own)))} had no backward pass after it{others}"
 
 
 # 7. A straggler, nothing wrong, or what is known
