@@ -159,6 +159,8 @@ def event(payload: str) -> Event | None:
     ('{"event": "ports", "ports": [29500, 0]}', "the 'ports' of a 'ports' event is a list [29500, 0], not a list of "
      "TCP ports"),
     ('{"event": "ports", "ports": [true]}', "not a list of TCP ports"),
+    ('{"event": "flight", "rank": 0, "records": [], "inflight": [], "counts": {}, "dropped": 0, "files": {}}',
+     "the 'files' of a 'flight' event is an object {}, not a list or null"),
 ])
 def test_malformed_events_are_named(payload: str, says: str) -> None:
     with pytest.raises(MalformedEvent, match=re.escape(says)):

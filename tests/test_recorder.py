@@ -1,11 +1,16 @@
 """The parts of a rank's flight recorder, each on its own and without processes, threads or torch: the
 groups named from made-up process groups (lab.rank.groups), the program's calls as the recorder keeps
-them (lab.rank.flight), torch's own recorder merged from made-up dumps (lab.rank.torchcalls), and the
-watcher's ``flight`` fields made from the three (lab.rank.watcher)."""
+them (lab.rank.flight), torch's own recorder merged from made-up dumps (lab.rank.torchcalls), the watcher's ``flight``
+fields made from the three (lab.rank.watcher), and the files saved and missed (lab.rank.files)."""
 from __future__ import annotations
 
 import gc
+import inspect
+import io
+import os
 import sys
+import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -13,6 +18,7 @@ import pytest
 
 from lab.rank import torchfr
 from lab.rank.callspec import Spec, spec_for
+from lab.rank.files import FILES_KEPT, Files
 from lab.rank.flight import ASYNC_MAX, RETURNED, RING_MAX, SEQ, STATE, T0, T1, Call, Flight, to_json
 from lab.rank.groups import GROUPS_MAX, Group, Groups
 from lab.rank.torchcalls import TorchCalls
@@ -368,8 +374,43 @@ def test_a_dump_holds_the_programs_records_and_torchs_oldest_first_and_every_cal
     at(unwaited, 101.0, 101.1)
     at(blocked, 103.0)
     dump["entries"] = [entry(0, 102.0, seq=3)]
-    fields = Watcher(flight, flight.groups, torch).snapshot()
+    fields = Watcher(flight, flight.groups, torch, Files(flight)).snapshot()
     issued = list(torch.issued)
     assert fields["records"] == [to_json(c) for c in (done, unwaited, issued[0], blocked)]
     assert fields["inflight"] == [to_json(c) for c in (unwaited, issued[0], blocked)]
-    assert (fields["counts"], fields["dropped"], "steps" in fields) == ({"world": {"all_reduce": 1}}, 0, False)
+    assert (fields["counts"], fields["dropped"], "steps" in fields, "files" in fields) == \
+        ({"world": {"all_reduce": 1}}, 0, False, False)
+
+
+# --- the files a program saves and misses (lab.rank.files) --------------------------------------------------
+
+
+def test_the_files_saved_and_looked_for_in_vain_are_kept_with_the_programs_line(tmp_path: Path) -> None:
+    files = Files(Flight(Groups()))
+    stored: dict[str, bytes] = {}
+
+    def save(obj: object, f: Any) -> None:
+        if isinstance(f, (str, os.PathLike)):
+            stored[os.fspath(f)] = b"saved"
+
+    def load(f: Any) -> bytes:
+        if os.fspath(f) not in stored:
+            raise FileNotFoundError(2, "No such file or directory", os.fspath(f))
+        return stored[os.fspath(f)]
+
+    saving, loading = files._wrap(save, "saved"), files._wrap(load, "missing")
+    with pytest.raises(FileNotFoundError):
+        loading(tmp_path / "ckpt.pt")  # (each is kept with the line of its call)
+    saving({}, str(tmp_path / "ckpt.pt"))
+    saving({}, io.BytesIO())  # (no path: not kept)
+    assert loading(f=tmp_path / "ckpt.pt") == b"saved"  # (found: not kept)
+    line = inspect.currentframe().f_lineno  # type: ignore[union-attr]
+    kept = files.to_json()
+    assert [k[:3] for k in kept] == [["saved", str(tmp_path / "ckpt.pt"), f"test_recorder.py:{line - 3}"],
+                                     ["missing", str(tmp_path / "ckpt.pt"), f"test_recorder.py:{line - 4}"]]
+    assert all(abs(k[3] - time.time()) < 60 for k in kept)
+    for n in range(FILES_KEPT + 3):
+        saving({}, f"/run/ckpt-{n}.pt")
+    saving({}, "/run/ckpt-5.pt")  # (saved again: the newest)
+    saved = [path for kind, path, _, _ in files.to_json() if kind == "saved"]
+    assert len(saved) == FILES_KEPT and saved[-1] == "/run/ckpt-5.pt" and "/run/ckpt-2.pt" not in saved

@@ -14,6 +14,7 @@ from lab.rank.flightrecords import (
     RECORDS_MAX,
     read_calls,
     read_counts,
+    read_files,
     read_made,
     read_record,
     read_steps,
@@ -50,7 +51,7 @@ def rank(r: int, records: Any = (), inflight: Any = (), counts: Any = None, **fa
 
 
 def read(r: int, host: str, records: Any = None, inflight: Any = None, counts: Any = None, steps: Any = None,
-         died_in: Any = None, made: Any = None, timeouts: Any = None, **facts: Any) -> RankFacts:
+         died_in: Any = None, made: Any = None, timeouts: Any = None, files: Any = None, **facts: Any) -> RankFacts:
     """The facts of a rank that sent these fields (raw), read by the events' readers (lab.rank.flightrecords)."""
     died = None if died_in is None else read_record(died_in)
     assert not isinstance(died, str), died
@@ -59,7 +60,8 @@ def read(r: int, host: str, records: Any = None, inflight: Any = None, counts: A
                      counts=None if counts is None else read_counts(counts),
                      steps=None if steps is None else read_steps(steps), died_in=died,
                      made=None if made is None else read_made(made),
-                     timeouts=None if timeouts is None else read_timeouts(timeouts), **facts)
+                     timeouts=None if timeouts is None else read_timeouts(timeouts),
+                     files=None if files is None else read_files(files), **facts)
 
 
 def lines(cause: Cause) -> list[str]:
@@ -758,6 +760,57 @@ def test_a_crash_names_the_ranks_still_waiting_and_other_failures() -> None:
     cause = explain(ranks)
     assert cause.headline == ("Rank 1 (node2) failed first: it raised KeyError: 'w'; rank 0 still waits in "
                               "all_reduce; rank 2 also failed.")
+
+
+# A file one rank loads that another saves (torch.load, torch.save: lab.rank.files)
+
+MISSED = "FileNotFoundError: [Errno 2] No such file or directory: 'ckpt-0.pt'"
+
+
+def loaded_too_soon(saver_host: str = "node2", saved_at: float = 100.4,
+                    path: str = "/run/ckpt-0.pt") -> list[RankFacts]:
+    """Rank 0 (on rank 1's host, node2) saves ckpt-0.pt at train.py:30 (at ``saved_at``); rank 1 looked for it at
+    train.py:31 at 100.0."""
+    return [read(0, saver_host, inflight=[rec(6, "all_reduce", "in_flight")], files=[
+                ["saved", "/run/old.pt", "train.py:30", 90.0], ["saved", path, "train.py:30", saved_at]]),
+            rank(1, records=loop(5), ended="raised", error=MISSED, exit_code=1, failed_at=100.0,
+                 files=[["missing", "/run/ckpt-0.pt", "train.py:31", 100.0]])]
+
+
+def test_a_file_a_rank_did_not_find_is_named_with_the_save_of_the_rank_that_writes_it_and_when() -> None:
+    cause = explain(loaded_too_soon())
+    assert cause.headline == (
+        "Rank 1 (node2) failed first: it raised " + MISSED + "; rank 0 saved ckpt-0.pt at train.py:30, 0.4 s after "
+        "rank 1 looked for it at train.py:31; rank 0 still waits in all_reduce.")
+    assert cause.fix is not None and "dist.barrier() on every rank" in cause.fix
+    assert "1.2 s before" in explain(loaded_too_soon(saved_at=98.8)).headline
+
+
+def test_a_file_saved_on_another_host_is_said_with_both_hosts_and_no_time_between_their_clocks() -> None:
+    headline = explain(loaded_too_soon(saver_host="node9")).headline
+    assert "rank 0 saved ckpt-0.pt on node9 at train.py:30; rank 1 looked for it on node2 at train.py:31" in headline
+    assert " s after" not in headline
+
+
+@pytest.mark.parametrize("change", ["another path saved", "another error", "the error names another file"])
+def test_no_save_is_named_where_the_records_do_not_tie_it_to_the_failure(change: str) -> None:
+    ranks = loaded_too_soon(path="/run/ckpt-1.pt" if change == "another path saved" else "/run/ckpt-0.pt")
+    if change != "another path saved":
+        error = "ValueError: ckpt-0.pt is bad" if change == "another error" else MISSED.replace("ckpt-0", "data")
+        ranks[1] = rank(1, records=loop(5), ended="raised", error=error, exit_code=1, failed_at=100.0,
+                        files=[["missing", "/run/ckpt-0.pt", "train.py:31", 100.0]])
+    cause = explain(ranks)
+    assert cause.kind == "crash" and "saved" not in cause.headline and "barrier" not in (cause.fix or "")
+
+
+def test_malformed_files_are_skipped_and_said() -> None:
+    ranks = loaded_too_soon()
+    ranks[1] = rank(1, records=loop(5), ended="raised", error=MISSED, exit_code=1, failed_at=100.0, files=[
+        ["missing", "/run/ckpt-0.pt", "train.py:31", 100.0], ["missing", "ckpt-0.pt", "relative.py:1", 1.0],
+        ["opened", "/run/x", "a.py:1", 1.0], ["missing", "/run/\x1b[2J", "a.py:1", 1.0], "junk"])
+    cause = explain(ranks)
+    assert "rank 0 saved ckpt-0.pt at train.py:30" in cause.headline
+    assert "rank 1: 4 malformed files skipped" in cause.notes
 
 
 def test_failures_are_ordered_by_time_then_by_arrival() -> None:

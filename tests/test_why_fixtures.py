@@ -32,9 +32,9 @@ CLAUSE = re.compile(r'(?P<key>kind|nproc|exit|timeout)=(?P<value>\S+)'
 WHERE = re.compile(r"\b(?P<file>\w+\.py):(?P<line>\d+)\b")
 # What a line named in a report may be: a call of torch.distributed's, a raise, an exit, a wait, a sleep;
 # in a training program, a step that DDP's reducer issues collectives in (backward, the model, DDP itself),
-# or a loop over a DataLoader (where a worker's exception is raised again).
+# a loop over a DataLoader (where a worker's exception is raised again), or a save or load of a file.
 CALL = re.compile(r"\bdist\.|\braise\b|exit\(|\.wait\(\)|sleep\(|\.backward\(|\bmodel\(|\btrain_step\(|\bDDP\("
-                  r"|^\s*for .+ in \w*loader\w*:")
+                  r"|torch\.(save|load)\(|^\s*for .+ in \w*loader\w*:")
 RANK_LINE = re.compile(r"^\[\S+ r\d+\] ")  # a line a rank printed, tagged by the lab, not the lab's own
 
 
@@ -117,7 +117,7 @@ def _check(expect: Expectation) -> None:
 
 def lines_named(expect: Expectation, source: str) -> list[str]:
     """What is wrong with the ``FILE.py:LINE`` phrases of an expectation: each names this fixture
-    and a line of it that calls torch.distributed, raises or exits (so an edit that moves the
+    and a line of it that calls torch.distributed, raises, exits, saves or loads (so an edit that moves the
     call shows here, not as a report that misses it)."""
     lines = source.splitlines()
     wrong = []

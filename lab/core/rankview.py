@@ -21,6 +21,7 @@ from lab.rank.flightrecords import (
     TEXT_MAX,
     Calls,
     Counts,
+    FilesSeen,
     GroupMade,
     GroupsMade,
     GroupTimeouts,
@@ -83,6 +84,7 @@ class RankFacts:
     made: GroupsMade | None = None  # its last dump's groups made (new_group), in order
     destroyed: str | None = None  # where its program destroyed the world ("file.py:LINE"), as its last dump says
     timeouts: GroupTimeouts | None = None  # the timeouts its program gave its groups, as its last dump says
+    files: FilesSeen | None = None  # the files its program saved and looked for in vain, as its last dump says
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,8 @@ def build(facts: RankFacts, notes: list[str]) -> Rank:
         notes.append(f"{who}: {facts.made.malformed} malformed groups made skipped")
     if facts.timeouts is not None and facts.timeouts.malformed:
         notes.append(f"{who}: {facts.timeouts.malformed} malformed group timeouts skipped")
+    if facts.files is not None and facts.files.malformed:
+        notes.append(f"{who}: {facts.files.malformed} malformed files skipped")
     # init_process_group says where a rank is in the rendezvous, and is no call that ranks meet in
     joining = next((c for c in calls if c.op == JOIN and c.blocking), None) if facts.ended == "running" else None
     calls = [c for c in calls if c.op != JOIN]

@@ -32,7 +32,7 @@ import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from lab.core import waitfor
 from lab.core.outcome import SYS_EXIT, Cause, CauseKind, Evidence, ExerciseRun, RankState, RunOutcome, ended
@@ -210,7 +210,42 @@ def _crash(ranks: dict[int, Rank]) -> Finding | None:
     headline = f"rank {root.rank} ({text(root.host)}) failed{first}: it {what}"
     said = root.facts.error or ""
     fix = next((fix for pattern, fix in _TRAINING_ERRORS if pattern.search(said)), _OOM_FIX if root.facts.oom else None)
+    if saved := _saved_elsewhere(root, ranks):
+        after.insert(0, saved)
+        fix = _SAVED_ELSEWHERE_FIX
     return Finding("crash", headline + ("; " + "; ".join(after) if after else ""), fix)
+
+
+_SAVED_ELSEWHERE_FIX = (
+    "A rank loaded a file that another rank saves, with nothing to make it wait until the file is there: save on "
+    "the one rank, then dist.barrier() on every rank, then load. A file is on the disk of the host that saved it: "
+    "where the hosts share no file system, send what it holds instead (dist.broadcast_object_list).")
+
+
+def _saved_elsewhere(root: Rank, ranks: dict[int, Rank]) -> str:
+    """Where ``root`` failed for a file it did not find (FileNotFoundError, the file named in the error)
+    that another rank's program saved, before or after it looked: that rank's save, its line and when, or
+    its host when it is another ("rank 0 saved that file at train.py:30, 0.4 s after rank 2 looked for
+    it"); "" where no rank did, as far as their records tell."""
+    if root.facts.files is None or not (root.facts.error or "").startswith("FileNotFoundError"):
+        return ""
+    said = root.facts.error or ""
+    missed = [f for f in root.facts.files.of("missing") if PurePosixPath(f.path).name in said]
+    if not missed:
+        return ""
+    looked = missed[-1]
+    for other in sorted(ranks.values(), key=lambda r: r.rank):
+        saves = [f for f in other.facts.files.of("saved") if f.path == looked.path] if other.facts.files else []
+        if other is root or not saves:
+            continue
+        save, name = saves[-1], PurePosixPath(looked.path).name
+        if other.host != root.host:
+            return (f"rank {other.rank} saved {name} on {text(other.host)}{at(save.where)}; rank {root.rank} looked "
+                    f"for it on {text(root.host)}{at(looked.where)}")
+        gap = save.at - looked.at
+        when = f"{abs(gap):.1f} s {'after' if gap >= 0 else 'before'} rank {root.rank} looked for it"
+        return f"rank {other.rank} saved {name}{at(save.where)}, {when}{at(looked.where)}"
+    return ""
 
 
 # What DDP and FSDP raise of a program's own mistakes, and what fixes each.
@@ -797,7 +832,8 @@ def facts_of(state: RankState, runs: Mapping[str, ExerciseRun], arrival: int | N
                      died_in=died_in, oom=oom, steps=state.flight.steps if state.flight else None,
                      made=state.flight.made if state.flight else None,
                      destroyed=state.flight.destroyed if state.flight else None,
-                     timeouts=state.flight.timeouts if state.flight else None)
+                     timeouts=state.flight.timeouts if state.flight else None,
+                     files=state.flight.files if state.flight else None)
 
 
 def _flight_of(state: RankState) -> tuple[Calls | None, Calls | None]:

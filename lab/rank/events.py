@@ -20,11 +20,13 @@ from typing import Any, ClassVar, Final, Literal, TypeAlias
 from lab.rank.flightrecords import (
     Calls,
     Counts,
+    FilesSeen,
     GroupsMade,
     GroupTimeouts,
     Steps,
     read_calls,
     read_counts,
+    read_files,
     read_made,
     read_record,
     read_steps,
@@ -140,6 +142,7 @@ class Flight(RankEvent):
     made: GroupsMade | None = None  # the groups the rank made since the world formed, in order (lab.rank.flight)
     destroyed: str | None = None  # where its program destroyed the world ("file.py:LINE"), if it did
     timeouts: GroupTimeouts | None = None  # the timeouts its program gave its groups, and where (lab.rank.flight)
+    files: FilesSeen | None = None  # the files its program saved and looked for in vain (lab.rank.files)
 
 
 @dataclass(frozen=True)
@@ -343,6 +346,8 @@ _READERS: Final[dict[str, Callable[[Any], Any]]] = {
     else _REFUSED,
     "GroupTimeouts | None": lambda value: None if value is None else read_timeouts(value) if isinstance(value, list)
     else _REFUSED,
+    "FilesSeen | None": lambda value: None if value is None else read_files(value) if isinstance(value, list)
+    else _REFUSED,
 }
 _TYPE_WORDS: Final[dict[str, str]] = {
     "int": "an integer", "bool": "true or false", "str": "a string", "str | None": "a string or null",
@@ -350,7 +355,7 @@ _TYPE_WORDS: Final[dict[str, str]] = {
     "PortNumbers": "a list of TCP ports", "dict[str, Any]": "an object", "dict[str, Any] | None": "an object or null",
     "Record | None": "a flight record or null", "Calls": "a list of flight records", "Counts": "an object",
     "Steps | None": "a list or null", "GroupsMade | None": "a list or null",
-    "GroupTimeouts | None": "a list or null"}
+    "GroupTimeouts | None": "a list or null", "FilesSeen | None": "a list or null"}
 # each class's fields: name -> (its type, whether it may be left out)
 _FIELDS: Final[dict[type[Event], dict[str, tuple[str, bool]]]] = {
     cls: {f.name: (str(f.type), f.default is not MISSING) for f in dataclass_fields(cls)}

@@ -333,6 +333,10 @@ class Flight:
             frame = frame.f_back
         return first or (None, 0)
 
+    def user_line(self, frame: FrameType | None) -> str:
+        """``file.py:LINE`` of the first frame outside torch and the lab (:meth:`user_frame`)."""
+        return _where(*self.user_frame(frame))
+
     def caller(self, frame: FrameType | None, code: CodeType | None) -> str | None:
         """``file.py:LINE`` of the first of the program's frames outside the file of ``code`` (the
         user's frame) that led to it: where a project's training loop called its own module's step."""

@@ -1,6 +1,7 @@
 """What a rank's recorder sends (``lab.rank.flight``) read as what it is: untrusted data, made into
-the types the events hold (``lab.rank.events``: a ``flight`` event's records, counts, steps and
-groups made and the timeouts they were given, a ``progress`` event's call in flight, a ``died`` event's call).
+the types the events hold (``lab.rank.events``: a ``flight`` event's records, counts, steps, groups
+made and the timeouts they were given, the files saved and missed; a ``progress`` event's call in
+flight, a ``died`` event's call).
 
 A rank runs a student's program, which can write anything on the rank's channel, so nothing in
 a flight dump is taken on trust: every record is checked field by field (against the one schema of
@@ -25,6 +26,7 @@ RECORDS_MAX = 1024  # records read of each list (a ring holds 64, the calls in f
 COUNTS_MAX = 256  # groups read of a rank's counts, and ops of each group
 TEXT_MAX = 160  # characters kept of a text field (an op, a file:line, an error)
 GROUP_MAX = 4096  # characters kept of a group's id ("g0,1,2#0" names its ranks: a thousand fit)
+PATH_MAX = 4096  # characters of a file's path (a longer one is skipped: cut, it would name another file)
 
 
 def text(value: str, limit: int = TEXT_MAX) -> str:
@@ -227,3 +229,40 @@ def read_timeouts(timeouts: list[object]) -> GroupTimeouts:
             continue
         read.append(GroupTimeout(text(raw[0], GROUP_MAX), float(raw[1]), text(raw[2])))
     return GroupTimeouts(tuple(read), bad)
+
+
+@dataclass(frozen=True)
+class FileSeen:
+    """A file a rank's program saved (torch.save) or looked for in vain (torch.load), as it recorded it
+    (lab.rank.files)."""
+
+    kind: Literal["saved", "missing"]
+    path: str  # absolute, on the rank's host
+    where: str  # the program's line ("file.py:LINE")
+    at: float  # the rank's clock (time.time()) as it saved it or looked
+
+
+@dataclass(frozen=True)
+class FilesSeen:
+    """The files a rank's program saved and missed, as read, and how many were skipped as malformed."""
+
+    files: tuple[FileSeen, ...] = ()
+    malformed: int = 0
+
+    def of(self, kind: Literal["saved", "missing"]) -> tuple[FileSeen, ...]:
+        return tuple(f for f in self.files if f.kind == kind)
+
+
+def read_files(files: list[object]) -> FilesSeen:
+    """The files as a rank sent them (``[kind, path, where, at]`` each); malformed ones are skipped."""
+    read: list[FileSeen] = []
+    bad = 0
+    for raw in files[:RECORDS_MAX]:
+        if not (isinstance(raw, list) and len(raw) == 4 and raw[0] in ("saved", "missing")
+                and isinstance(raw[1], str) and raw[1].startswith("/") and len(raw[1]) <= PATH_MAX
+                and raw[1] == printable(raw[1]) and isinstance(raw[2], str)
+                and isinstance(raw[3], (int, float)) and not isinstance(raw[3], bool) and 0 <= raw[3] < INT_MAX):
+            bad += 1
+            continue
+        read.append(FileSeen(raw[0], raw[1], text(raw[2]), float(raw[3])))
+    return FilesSeen(tuple(read), bad)

@@ -48,6 +48,7 @@ from types import FrameType, ModuleType, TracebackType
 from typing import NoReturn
 
 from lab.rank import protocol, saves
+from lab.rank.files import FILES
 from lab.rank.flight import LAB_DIR
 from lab.rank.torchcalls import TORCH_CALLS
 from lab.rank.watcher import WATCHER
@@ -70,6 +71,7 @@ def main() -> None:
         record_calls(rank)
         keep_attempts_apart(restart)
         saves.install(rank)
+        FILES.install()
 
     after_torch(with_torch)
     workdir = os.environ.pop(WORKDIR_VAR, None)

@@ -36,6 +36,7 @@ import time
 from typing import Any
 
 from lab.rank import protocol, tcpinfo, torchfr
+from lab.rank.files import FILES, Files
 from lab.rank.flight import DUMPED, FLIGHT, RING_MAX, STATE, T0, Call, Flight, to_json
 from lab.rank.groups import Groups
 from lab.rank.protocol import EVENT_MAX
@@ -54,8 +55,8 @@ class Watcher:
     """The thread that looks at the calls in flight (``flight``'s and ``torch``'s) and sends what the
     rank says, with ``groups``' counts (one: :data:`WATCHER`)."""
 
-    def __init__(self, flight: Flight, groups: Groups, torch: TorchCalls) -> None:
-        self.flight, self.groups, self.torch = flight, groups, torch
+    def __init__(self, flight: Flight, groups: Groups, torch: TorchCalls, files: Files) -> None:
+        self.flight, self.groups, self.torch, self.files = flight, groups, torch, files
         self.rank = -1
         self.pid = 0
         self.thread: threading.Thread | None = None
@@ -205,11 +206,12 @@ class Watcher:
         inflight = sorted({id(call): call for call in (*blocking, *waiting, *issued)}.values(),
                           key=lambda call: call[T0])
         steps, made, destroyed = flight.steps_to_json(), flight.made_to_json(), flight.destroyed_to_json()
-        timeouts = flight.timeouts_to_json()
+        timeouts, files = flight.timeouts_to_json(), self.files.to_json()
         return {"rank": self.rank, "records": [to_json(call) for call in ring],
                 "inflight": [to_json(call) for call in inflight], "counts": counts, "dropped": dropped,
                 **({"steps": steps} if steps else {}), **({"made": made} if made else {}),
-                **({"destroyed": destroyed} if destroyed else {}), **({"timeouts": timeouts} if timeouts else {})}
+                **({"destroyed": destroyed} if destroyed else {}), **({"timeouts": timeouts} if timeouts else {}),
+                **({"files": files} if files else {})}
 
     def _dump(self, last: bool) -> None:
         channel = protocol.CHANNEL
@@ -251,4 +253,4 @@ def fit(token: str, fields: dict[str, Any]) -> bytes:
         fields["dropped"] += n
 
 
-WATCHER = Watcher(FLIGHT, FLIGHT.groups, TORCH_CALLS)
+WATCHER = Watcher(FLIGHT, FLIGHT.groups, TORCH_CALLS, FILES)
