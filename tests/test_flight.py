@@ -129,6 +129,8 @@ if rank < 2:
     for req in dist.batch_isend_irecv(ops):  # @batch
         req.wait()
 dist.all_gather_object([None] * 3, {"rank": rank})  # @object
+sends, expects = [1 + 2 * rank + j for j in range(3)], [1 + 2 * i + rank for i in range(3)]
+dist.all_to_all_single(torch.zeros(sum(expects)), torch.ones(sum(sends)), expects, sends)  # @a2a
 dist.group.WORLD.allreduce([t]).wait()
 dist.monitored_barrier()
 try:
@@ -144,7 +146,7 @@ def test_every_call_is_recorded_per_group_with_global_peers_and_the_users_line(t
     events = run_ranks(tmp_path, CALLS, 3)
     at, dumps = lines_of(CALLS), {rank: last_dump(e) for rank, e in events.items()}
     world = [(1, "init_process_group"), (2, "all_reduce"), (3, "all_reduce"), (4, "all_gather_object"),
-             (5, "ProcessGroup.allreduce"), (6, "monitored_barrier")]
+             (5, "all_to_all_single"), (6, "ProcessGroup.allreduce"), (7, "monitored_barrier")]
     for rank, dump in dumps.items():  # the n-th collective is the same call on every rank, p2p or not
         assert [(seq, op) for seq, op in calls(dump, "world") if op not in P2P] == world, (rank, calls(dump))
         assert dump["inflight"] == [] and dump["dropped"] == 0
@@ -182,6 +184,10 @@ def test_every_call_is_recorded_per_group_with_global_peers_and_the_users_line(t
     assert [(r["op"], r["peer"], r["async"], r["state"]) for r in batch] == \
         [("isend", 0, True, "done"), ("irecv", 0, True, "done")]
     assert by_where[(2, f"prog.py:{at['object']}")]["op"] == "all_gather_object"  # once: not its inner calls
+    a2a = by_where[(1, f"prog.py:{at['a2a']}")]  # (splits given by position: the output's first)
+    assert (a2a["in_splits"], a2a["out_splits"], a2a["numel"]) == ([3, 4, 5], [2, 4, 6], 12)
+    assert all("in_splits" not in r for dump in dumps.values() for r in dump["records"]
+               if r["op"] != "all_to_all_single")
     raised = by_where[(2, f"prog.py:{at['raised']}")]
     assert raised["state"] == "raised" and raised["error"].startswith("ValueError: ") and raised["t1"] is not None
     assert dumps[1]["counts"]["world"]["all_reduce"] == 2 and "send" not in dumps[2]["counts"]["world"]

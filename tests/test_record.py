@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from lab.rank import lastcall
 from lab.rank.flightrecords import read_record
-from lab.rank.record import INT_MAX, SCHEMA, STATES, Record, from_wire, to_wire
+from lab.rank.record import INT_MAX, SCHEMA, SPLITS_MAX, STATES, Record, from_wire, to_wire
 
 counts = st.integers(0, INT_MAX)
 texts = st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=40)
@@ -22,7 +22,8 @@ records = st.builds(
     dtype=st.none() | texts, peer=st.none() | counts, root=st.none() | counts,
     tag=st.none() | st.integers(-INT_MAX, INT_MAX), reduce_op=st.none() | texts, is_async=st.booleans(),
     where=st.none() | texts, error=st.none() | texts, by=st.none() | texts, world_size=st.none() | st.integers(1, 64),
-    caller=st.none() | texts)
+    caller=st.none() | texts, in_splits=st.none() | st.lists(counts, min_size=1, max_size=64).map(tuple),
+    out_splits=st.none() | st.lists(counts, min_size=1, max_size=64).map(tuple))
 
 
 def as_given(text: str, value: str) -> str:
@@ -45,7 +46,8 @@ def test_the_wire_has_every_field_of_the_schema_but_the_empty_sparse_ones(record
 WRONG: dict[str, list[Any]] = {  # a field's kind -> values that are not of it
     "count": [-1, "1", 1.5, True, 1 << 70], "int": ["1", 1.5, True, 1 << 70],
     "time": ["now", True, float("nan"), float("inf")], "bool": ["yes", 1, 0], "text": [1, ["a"], {"a": 1}],
-    "shape": ["4", [-1], [1] * 17, [1.5]], "state": ["gone", 1, ["done"]]}
+    "shape": ["4", [-1], [1] * 17, [1.5]], "splits": ["4", [-1], [], [1] * (SPLITS_MAX + 1), [True]],
+    "state": ["gone", 1, ["done"]]}
 
 
 @given(records, st.sampled_from(sorted(SCHEMA)), st.data())

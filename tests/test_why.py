@@ -762,6 +762,40 @@ def test_a_crash_names_the_ranks_still_waiting_and_other_failures() -> None:
                               "all_reduce; rank 2 also failed.")
 
 
+# An all_to_all_single's splits (input_split_sizes against the peers' output_split_sizes)
+
+
+def exchanging(splits: dict[int, tuple[list[int], list[int]]], group: str = "world") -> list[RankFacts]:
+    """Ranks in all_to_all_single #2 on ``group`` at moe.py:25 with these (input, output) splits each."""
+    return [rank(r, records=[rec(1, "init_process_group")], inflight=[rec(
+        2, "all_to_all_single", "in_flight", group=group, where="moe.py:25", in_splits=ins, out_splits=outs)])
+        for r, (ins, outs) in splits.items()]
+
+
+def test_splits_that_do_not_meet_are_said_pair_by_pair_with_each_ranks_splits() -> None:
+    cause = explain(exchanging({0: ([2, 3], [2, 2]), 1: ([2, 2], [2, 2])}))
+    assert (cause.kind, cause.headline) == ("collective-mismatch", (
+        "The ranks' splits of all_to_all_single #2 at moe.py:25 do not meet: rank 0 sends rank 1 3 rows "
+        "(input_split_sizes[1]), which expects 2 from it (output_split_sizes[0])."))
+    assert lines(cause) == [
+        "rank 0 (node1): all_to_all_single #2, 4 floats, input splits [2, 3], output splits [2, 2] at moe.py:25",
+        "rank 1 (node2): all_to_all_single #2, 4 floats, input splits [2, 2], output splits [2, 2] at moe.py:25"]
+    assert cause.fix is not None and "exchange the counts first" in cause.fix
+    unrecorded = rank(2, records=[rec(1, "init_process_group")], inflight=[rec(2, "all_to_all_single", "in_flight")])
+    some = explain(exchanging({0: ([2, 3, 1], [2, 2, 1]), 1: ([1, 2, 1], [2, 2, 1])}) + [unrecorded])
+    assert "do not meet (2 of the 4 pairs of ranks 0, 1, whose splits were recorded): " in some.headline
+
+
+def test_uneven_splits_that_meet_are_no_mismatch_and_a_groups_places_are_its_ranks() -> None:
+    met = explain(exchanging({0: ([1, 5], [1, 2]), 1: ([2, 0], [5, 0])}))
+    assert met.kind != "collective-mismatch" and "do not meet" not in met.headline
+    idle = [rank(r, records=[rec(1, "init_process_group")]) for r in (0, 2)]
+    crossed = explain(idle + exchanging({1: ([1, 4], [1, 2]), 3: ([3, 0], [4, 0])}, group="g1,3#0"))
+    assert crossed.headline == (
+        "The ranks' splits of all_to_all_single #2 on group [1, 3] at moe.py:25 do not meet: rank 3 sends rank 1 "
+        "3 rows (input_split_sizes[0]), which expects 2 from it (output_split_sizes[1])."), crossed.headline
+
+
 # A file one rank loads that another saves (torch.load, torch.save: lab.rank.files)
 
 MISSED = "FileNotFoundError: [Errno 2] No such file or directory: 'ckpt-0.pt'"

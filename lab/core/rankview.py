@@ -290,15 +290,24 @@ def named(call: Record) -> str:
 
 
 def describe(call: Record) -> str:
-    """A call as a person reads it: ``recv from 0, tag 0, 4 floats``, ``all_reduce #5, SUM, 1024 floats``."""
+    """A call as a person reads it: ``recv from 0, tag 0, 4 floats``, ``all_reduce #5, SUM, 1024 floats``,
+    ``all_to_all_single #2, 512 floats, input splits [9, 7, 8, 8], output splits [8, 8, 8, 8]``."""
     direction = call.direction
     parts = [named(call), *([call.reduce_op] if call.reduce_op and direction == "collective" else [])]
     if direction in ("send", "recv") and call.tag is not None:
         parts.append(f"tag {call.tag}")
     parts += [s for s in (size(call),) if s]
+    parts += [f"{name} [{_counts(found)}]" for name, found in (("input splits", call.in_splits),
+                                                               ("output splits", call.out_splits)) if found]
     if call.state == "waiting" and not call.by:
         parts.append("in wait()")
     return ", ".join(parts)
+
+
+def _counts(values: tuple[int, ...], shown: int = 8) -> str:
+    """``9, 7, 8, 8``; past ``shown`` of them, ``... (64 in all)``."""
+    more = f", ... ({len(values)} in all)" if len(values) > shown else ""
+    return ", ".join(str(n) for n in values[:shown]) + more
 
 
 def error_of(rank: Rank) -> str:

@@ -482,7 +482,36 @@ def _mismatch(ranks: dict[int, Rank]) -> Finding | None:
             if len(set(values.values())) > 1:
                 return (aspect == "op" and _skipped(ranks, calls)) or _against_torch(calls) or Finding(
                     "collective-mismatch", _disagree(aspect, group, seq, calls, values), fix, calls)
+        if crossed := _splits_crossed(calls, sorted(members(group, ranks.values()))):
+            return Finding("collective-mismatch", crossed, _SPLITS_FIX, calls)
     return None
+
+
+_SPLITS_FIX = ("In all_to_all_single, each rank's output_split_sizes must be what each peer sends it (that peer's "
+               "input_split_sizes): exchange the counts first (an all_to_all_single of a tensor of one count per "
+               "rank), then size the output and its splits from what came.")
+
+
+def _splits_crossed(calls: dict[int, Record], group: list[int]) -> str:
+    """Where the ranks at one all_to_all_single gave splits that do not meet: a rank sends a peer rows
+    (its input_split_sizes) that the peer does not expect from it (its output_split_sizes), said pair by
+    pair; "" where they meet, or were not recorded. A split's place is a rank of ``group``, sorted."""
+    place = {r: n for n, r in enumerate(group)}
+    given = {k: (c.in_splits, c.out_splits) for k, c in calls.items() if k in place and c.in_splits is not None
+             and c.out_splits is not None and len(c.in_splits) == len(c.out_splits) == len(group)}
+    crossed = [(i, j, given[i][0][place[j]], given[j][1][place[i]]) for i in sorted(given) for j in sorted(given)
+               if given[i][0][place[j]] != given[j][1][place[i]]]
+    if not crossed:
+        return ""
+    call = calls[crossed[0][0]]
+    said = [f"rank {i} sends {'itself' if i == j else f'rank {j}'} {sent} row{'' if sent == 1 else 's'} "
+            f"(input_split_sizes[{place[j]}]), {'and' if i == j else 'which'} expects {expected}"
+            f"{'' if i == j else ' from it'} (output_split_sizes[{place[i]}])"
+            for i, j, sent, expected in crossed[:HEADLINE_RANKS]]
+    more = f"; and {len(crossed) - HEADLINE_RANKS} more" if len(crossed) > HEADLINE_RANKS else ""
+    recorded = "" if len(given) == len(group) else f" of {ranks_named(given)}, whose splits were recorded"
+    pairs = f" ({len(crossed)} of the {len(given) ** 2} pairs{recorded})" if len(crossed) > 1 else ""
+    return f"The ranks' splits of {named(call)}{at(call.where)} do not meet{pairs}: {'; '.join(said)}{more}"
 
 
 def _against_torch(calls: dict[int, Record]) -> Finding | None:

@@ -1,6 +1,6 @@
 """Where torch.distributed's functions take what the flight recorder records (``lab.rank.flight``):
-the tensor, the group, the peer or root, the tag, the reduce op; found once per function, from its
-signature, so that each call costs a few lookups. Standard library only: it runs on every host.
+the tensor, the group, the peer or root, the tag, the reduce op, an all_to_all's splits; found once
+per function, from its signature, so that each call costs a few lookups. Standard library only: it runs on every host.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ class Spec:
     tag: Slot | None = None
     reduce_op: Slot | None = None
     extra: bool = False  # any of target, group_target, tag
+    splits: tuple[Slot, Slot] | None = None  # all_to_all_single's input and output split sizes
 
 
 def spec_for(name: str, fn: Callable[..., Any]) -> Spec:
@@ -45,7 +46,9 @@ def spec_for(name: str, fn: Callable[..., Any]) -> Spec:
              "group_target": slots.get(f"group_{side}") if rooted else None, "tag": slots.get("tag")}
     return Spec(name, p2p=name in P2P, batch=name == "batch_isend_irecv",
                 tensor=slots[first] if first not in ("group", "p2p_op_list", "") else None,
-                group=slots.get("group"), reduce_op=slots.get("op"), extra=any(extra.values()), **extra)
+                group=slots.get("group"), reduce_op=slots.get("op"), extra=any(extra.values()),
+                splits=(slots["input_split_sizes"], slots["output_split_sizes"])
+                if "input_split_sizes" in slots and "output_split_sizes" in slots else None, **extra)
 
 
 NEW_GROUP = Spec("new_group")

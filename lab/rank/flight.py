@@ -72,7 +72,7 @@ from lab.rank import lastcall
 from lab.rank.callspec import INIT_PROCESS_GROUP, NEW_GROUP, Spec, get
 from lab.rank.flightrecords import MEMBERS_MAX
 from lab.rank.groups import Group, Groups
-from lab.rank.record import Record, to_wire
+from lab.rank.record import SPLITS_MAX, Record, to_wire
 
 RING_MAX = 64  # records of the last calls kept
 STEPS_MAX = 128  # a DDP program's last forwards and backward passes kept
@@ -89,21 +89,23 @@ _now = time.time
 # (CODE and LASTI: the user's frame's; DUMPED: a dump was sent while the call blocked; BY: who issued
 # a collective the program did not call itself, "DDP's gradient"; RETURNED: when the call returned,
 # its Work if async; WORLD: the world_size init_process_group was given;
-# CALLER: for a collective torch issued, the program's frame that led to the user's, in another file).
+# CALLER: for a collective torch issued, the program's frame that led to the user's, in another file;
+# SPLITS: an all_to_all_single's input and output split sizes, as the program gave them).
 (SEQ, GROUP, OP, SHAPE, DTYPE, PEER, ROOT, TAG, REDUCE_OP, ASYNC, CODE, LASTI, STATE, ERROR, T0, T1,
- DUMPED, BY, RETURNED, WORLD, CALLER) = range(21)
+ DUMPED, BY, RETURNED, WORLD, CALLER, SPLITS) = range(22)
 Call: TypeAlias = "list[Any]"
 
 
 def to_json(call: list[Any]) -> dict[str, Any]:
     """A record as the events carry it (``lab.rank.record``'s schema)."""
     shape = _shape(call[SHAPE])
+    splits = call[SPLITS] or (None, None)
     return to_wire(Record(
         call[SEQ], call[GROUP].gid, call[OP], call[STATE], call[T0], call[T1],
         None if shape is None else math.prod(shape), None if shape is None else tuple(shape),
         None if call[DTYPE] is None else str(call[DTYPE]).removeprefix("torch."), _rank(call[PEER]),
         _rank(call[ROOT]), _rank(call[TAG]), _op_name(call[REDUCE_OP]), call[ASYNC], _where(call[CODE], call[LASTI]),
-        call[ERROR], call[BY], call[WORLD], call[CALLER]))
+        call[ERROR], call[BY], call[WORLD], call[CALLER], *splits))
 
 
 def _shape(shape: Any) -> list[int] | None:
@@ -111,6 +113,16 @@ def _shape(shape: Any) -> list[int] | None:
         return None if shape is None else [int(n) for n in shape]
     except (TypeError, ValueError):
         return None
+
+
+def _splits(value: Any) -> tuple[int, ...] | None:
+    """Split sizes as the program gave them (a list of ints, or a tensor of them); None: not given, or not
+    of whole numbers (torch says what is wrong)."""
+    try:
+        found = tuple(int(n) for n in value) if value is not None and len(value) <= SPLITS_MAX else None
+    except (TypeError, ValueError):
+        return None
+    return found if found and all(n >= 0 for n in found) else None
 
 
 def _rank(value: Any) -> int | None:
@@ -285,9 +297,12 @@ class Flight:
             group.collectives += 1
             seq = group.collectives
         call = [seq, group, spec.op, getattr(tensor, "shape", None), getattr(tensor, "dtype", None), None, None,
-                None, reduce_op, False, code, lasti, "in_flight", None, _now(), None, False, None, None, None, None]
+                None, reduce_op, False, code, lasti, "in_flight", None, _now(), None, False, None, None, None, None,
+                None]
         if spec.extra:
             self._extra(call, spec, args, kwargs)
+        if spec.splits is not None:  # (copied now: the program may change its lists once the call returns)
+            call[SPLITS] = (_splits(get(args, kwargs, spec.splits[0])), _splits(get(args, kwargs, spec.splits[1])))
         if self.page is not None:
             self._on_page(call)
         self.ring.append(call)

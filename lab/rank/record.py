@@ -8,8 +8,8 @@ A record on the wire (:func:`to_wire`)::
      "t1": 1732530000.13, "numel": 256, "shape": [256], "dtype": "float32", "peer": null, "root": null,
      "tag": null, "reduce_op": "SUM", "async": false, "where": "train.py:42", "error": null}
 
-and, where they apply (:data:`SCHEMA` marks them sparse: left out when empty), ``by``, ``world_size``
-and ``caller``.
+and, where they apply (:data:`SCHEMA` marks them sparse: left out when empty), ``by``, ``world_size``,
+``caller``, ``in_splits`` and ``out_splits``.
 
 * ``seq`` counts from 1 the rank's calls on the group of one kind: collectives among collectives,
   point-to-point calls among point-to-point ones, so that the n-th collective of a group is the same
@@ -27,6 +27,9 @@ and ``caller``.
 * ``by``: who issued a collective the program did not call itself ("DDP's gradient", "DDP's",
   "torch's"); ``caller``: for one of those, the program's line in another file that led to ``where``;
   ``world_size``: the one the program gave ``init_process_group``.
+* ``in_splits``, ``out_splits``: an ``all_to_all_single``'s ``input_split_sizes`` and
+  ``output_split_sizes`` as the program gave them (rows to and from each rank of the group), where it
+  gave them.
 
 What a rank sends is its own word, and a rank runs a student's program: the reader
 (:func:`from_wire`) takes nothing on trust. A record is checked field by field against the schema,
@@ -48,6 +51,7 @@ STATES: tuple[str, ...] = get_args(State)  # (a tuple: `in` must not hash what a
 Direction = Literal["send", "recv", "batch", "collective"]
 INT_MAX = 1 << 62  # larger numbers are no sizes, ranks or tags of a real call
 SHAPE_MAX = 16  # dimensions of a shape
+SPLITS_MAX = 4096  # ranks of an all_to_all's splits (a longer list is not recorded)
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,8 @@ class Record:
     by: str | None = None
     world_size: int | None = None
     caller: str | None = None
+    in_splits: tuple[int, ...] | None = None
+    out_splits: tuple[int, ...] | None = None
 
     @property
     def direction(self) -> Direction:
@@ -92,7 +98,7 @@ class Record:
         return self.state == "waiting" or (self.state == "in_flight" and not self.is_async)
 
 
-Kind = Literal["count", "int", "time", "bool", "text", "shape", "state"]
+Kind = Literal["count", "int", "time", "bool", "text", "shape", "splits", "state"]
 
 
 @dataclass(frozen=True)
@@ -127,6 +133,8 @@ SCHEMA: dict[str, Wire] = {
     "by": Wire("by", "text", sparse=True),
     "world_size": Wire("world_size", "count", low=1, sparse=True),
     "caller": Wire("caller", "text", sparse=True),
+    "in_splits": Wire("in_splits", "splits", sparse=True),
+    "out_splits": Wire("out_splits", "splits", sparse=True),
 }
 if list(SCHEMA) != [f.name for f in fields(Record)]:  # (the schema is the class's, field for field)
     raise AssertionError("lab.rank.record: SCHEMA and Record name different fields")
@@ -139,7 +147,7 @@ def to_wire(record: Record) -> dict[str, Any]:
         value = getattr(record, name)
         if wire.sparse and not value:
             continue
-        found[wire.key] = list(value) if wire.kind == "shape" and value is not None else value
+        found[wire.key] = list(value) if wire.kind in ("shape", "splits") and value is not None else value
     return found
 
 
@@ -160,6 +168,8 @@ _CHECKS: dict[Kind, Callable[[object, Wire], bool]] = {
     "bool": lambda value, wire: isinstance(value, bool),
     "text": lambda value, wire: isinstance(value, str),
     "shape": lambda value, wire: _shape(value),
+    "splits": lambda value, wire: isinstance(value, list) and 0 < len(value) <= SPLITS_MAX
+    and all(_whole(n, 0) for n in value),
     "state": lambda value, wire: isinstance(value, str) and value in STATES,
 }
 
@@ -182,7 +192,7 @@ def from_wire(raw: object, text: Callable[[str, str], str]) -> Record | str:
             return wire.key
         if wire.kind == "text":
             value = text(name, value) if value else None
-        elif wire.kind == "shape":
+        elif wire.kind in ("shape", "splits"):
             value = tuple(value)
         elif wire.kind == "time":
             value = float(value)

@@ -164,7 +164,7 @@ class TorchCalls:
             group.collectives += 1
             call = [seq, group, torchfr.op_of(entry), torchfr.shape_of(entry), torchfr.dtype_of(entry),
                     None, None, None, None, True, None, 0, "in_flight", None, created, None, False,
-                    "DDP's" if self.flight.ddp else "torch's", None, None, None]
+                    "DDP's" if self.flight.ddp else "torch's", None, None, None, None]
             self.issued.append(call)
             if entry.get("retired") is True:
                 self._retired(call, None)
