@@ -847,6 +847,34 @@ def test_malformed_files_are_skipped_and_said() -> None:
     assert "rank 1: 4 malformed files skipped" in cause.notes
 
 
+READY_TWICE = ("RuntimeError: Expected to mark a variable ready only once. This error is caused by one of the "
+               "following reasons: 1) Use of a module parameter outside the `forward` function. ...\nParameter at "
+               "index 1 with name inner.0.bias has been marked as ready twice. This means that multiple autograd "
+               "engine  hooks have fired for this particular parameter during this iteration.")
+
+
+@pytest.mark.parametrize("error, fix", [
+    (READY_TWICE, "DDP got the gradient of inner.0.bias twice in one backward pass"),
+    ("RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one.",
+     "pass find_unused_parameters=True"),
+    ("RuntimeError: [3]: params[2] in this process with sizes [3, 64] appears not to match sizes of the same param "
+     "in process 0.", "what every rank knows"),
+    ("RuntimeError: Expected to mark a variable ready only once.", None),  # (no parameter named: no template's)
+    ("ValueError: marked as ready twice", None),
+])
+def test_ddps_own_errors_get_the_fix_their_message_fits_and_no_other(error: str, fix: str | None) -> None:
+    cause = explain([rank(0, records=loop(3), ended="raised", error=error, exit_code=1, failed_at=10.0),
+                     rank(1, records=[*loop(3), rec(4, "all_reduce", "raised", error=LOST)], ended="raised",
+                          error=LOST, exit_code=1)])
+    assert cause.kind == "crash"
+    if fix is None:
+        assert cause.fix is None, cause.fix
+    else:
+        assert cause.fix is not None and fix in cause.fix, cause.fix
+        phrases = ("twice in one backward pass", "pass find_unused_parameters=True", "what every rank knows")
+        assert [p for p in phrases if p in cause.fix] == [p for p in phrases if p in fix]
+
+
 def test_failures_are_ordered_by_time_then_by_arrival() -> None:
     ranks = [rank(0, ended="raised", error="ValueError: a", arrival=1),
              rank(1, ended="raised", error="ValueError: b", arrival=0),

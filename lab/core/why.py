@@ -209,7 +209,8 @@ def _crash(ranks: dict[int, Rank]) -> Finding | None:
     first = " first" if after or len(ranks) > 1 else ""
     headline = f"rank {root.rank} ({text(root.host)}) failed{first}: it {what}"
     said = root.facts.error or ""
-    fix = next((fix for pattern, fix in _TRAINING_ERRORS if pattern.search(said)), _OOM_FIX if root.facts.oom else None)
+    fix = next((fix.format(**{k: text(v) for k, v in found.groupdict().items()}) for pattern, fix in _TRAINING_ERRORS
+                if (found := pattern.search(said))), _OOM_FIX if root.facts.oom else None)
     if saved := _saved_elsewhere(root, ranks):
         after.insert(0, saved)
         fix = _SAVED_ELSEWHERE_FIX
@@ -248,7 +249,8 @@ def _saved_elsewhere(root: Rank, ranks: dict[int, Rank]) -> str:
     return ""
 
 
-# What DDP and FSDP raise of a program's own mistakes, and what fixes each.
+# What DDP and FSDP raise of a program's own mistakes, and what fixes each (a fix may name what its pattern
+# found: {param}).
 _TRAINING_ERRORS = (
     (re.compile(r"Expected to have finished reduction in the prior iteration"),
      "The model has parameters that no loss used in the step (an unused head, a branch not taken): pass "
@@ -256,6 +258,12 @@ _TRAINING_ERRORS = (
     (re.compile(r"appears not to match sizes of the same param in process|DDP expects same model across"),
      "The ranks built different models (a width from the rank's own data, a rank-dependent config): build the "
      "model from what every rank knows (the whole data set's classes, a config file), the same on every rank."),
+    (re.compile(r"Expected to mark a variable ready only once.*?with name (?P<param>\S+) has been marked as ready "
+                r"twice", re.DOTALL),
+     "DDP got the gradient of {param} twice in one backward pass: reentrant activation checkpointing "
+     "(torch.utils.checkpoint with use_reentrant=True) under find_unused_parameters=True, or a module used twice in "
+     "one forward, does that. Checkpoint with use_reentrant=False, or give DDP static_graph=True where the model's "
+     "graph is the same at every step."),
 )
 
 
