@@ -205,3 +205,23 @@ def test_nproc_per_node_and_nnodes_shape_the_hosts_as_torchruns_do(tmp_path: Pat
         assert done.returncode == ExitCode.BAD_INPUT and words in done.stderr, done.stderr
     done = lab("run", "p2p", "--nnodes", "2")
     assert done.returncode == ExitCode.BAD_INPUT and "the local cluster is one node" in done.stderr
+
+
+@pytest.mark.parametrize("argv, unneeded", [
+    (["list"], ("paramiko", "docker", "torch")),
+    (["run", "p2p", "--dry-run"], ("paramiko", "docker", "torch")),
+    (["launch", "--help"], ("paramiko", "docker", "torch")),
+])
+def test_a_command_that_reaches_no_ssh_or_docker_host_imports_neither_sdk(argv: list[str], unneeded: tuple[str, ...],
+                                                                           tmp_path: Path) -> None:
+    """Each CLI start imports only what its command needs: paramiko and the Docker SDK are half of it."""
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    probe = ("import runpy, sys\n"
+             f"sys.argv = ['lab', *{argv!r}]\n"
+             "try:\n    runpy.run_module('lab', run_name='__main__')\n"
+             "except SystemExit as exc:\n    assert exc.code in (0, None), exc.code\n"
+             f"print(sorted(m for m in {unneeded!r} if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout[-500:]

@@ -44,7 +44,7 @@ from lab.rank.netfacts import (
 from lab.rank.protocol import LINE_MAX, event_line
 from lab.transport.base import RankProcess, Transport
 from lab.transport.reach import transport_for
-from lab.transport.ssh.connections import SSHSettings
+from lab.transport.ssh.settings import SSHSettings
 from lab.transport.ssh.transport import SSHTransport
 
 from .conftest import REPO, live_pids_with

@@ -30,7 +30,8 @@ from lab.inventory.model import Host, Inventory
 from lab.suite import registry
 from lab.transport.base import RankProcess, code_uploads
 from lab.transport.reach import transport_for, with_master_address
-from lab.transport.ssh.connections import RANKS_PER_CONNECTION, SSHSettings
+from lab.transport.ssh.connections import RANKS_PER_CONNECTION
+from lab.transport.ssh.settings import SSHSettings
 from lab.transport.ssh.transport import SSHTransport
 
 from .conftest import live_pids_with

@@ -22,7 +22,7 @@ import pytest
 
 from lab.errors import RunError
 from lab.inventory.model import Host
-from lab.transport.ssh.connections import SSHSettings
+from lab.transport.ssh.settings import SSHSettings
 from lab.transport.ssh.transport import SSHTransport
 
 from .conftest import REPO, said_apart_from_phases

@@ -19,8 +19,9 @@ from lab.inventory.keys import Key, integer, merged
 from lab.inventory.model import CONNECTIONS, Connection, Host
 from lab.transport.docker.keys import DOCKER_KEYS
 from lab.transport.docker.transport import DockerTransport
-from lab.transport.ssh.connections import Connections, SSHSettings
+from lab.transport.ssh.connections import Connections
 from lab.transport.ssh.keys import SSH_KEYS
+from lab.transport.ssh.settings import SSHSettings
 
 from .conftest import REPO
 

@@ -20,7 +20,7 @@ from lab.inventory.hosts import load_inventory, local_inventory
 from lab.inventory.model import Inventory
 from lab.suite import registry
 from lab.transport.local import local_gpu_count
-from lab.transport.ssh.connections import SSHSettings
+from lab.transport.ssh.settings import SSHSettings
 
 if TYPE_CHECKING:
     from lab.core.outcome import RunOutcome

@@ -18,7 +18,7 @@ from lab.core.plan import Options
 from lab.errors import ExitCode, UsageError
 from lab.inventory.hosts import load_inventory
 from lab.suite import registry
-from lab.transport.ssh.connections import SSHSettings
+from lab.transport.ssh.settings import SSHSettings
 
 # -- up ---------------------------------------------------------------------------------------
 

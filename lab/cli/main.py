@@ -21,7 +21,7 @@ import lab
 from lab.cli.common import EXIT_CODES, Commands, Parser
 from lab.cli.views import screen
 from lab.errors import ExitCode, LabError, UsageError
-from lab.transport.ssh.connections import WIRE_LOG
+from lab.transport.ssh.settings import WIRE_LOG
 
 
 def add_completion(commands: Commands) -> None:

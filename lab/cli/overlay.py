@@ -18,7 +18,7 @@ from lab.errors import ExitCode, UsageError
 from lab.inventory.hosts import load_inventory
 from lab.net import overlay_hosts, wireguard
 from lab.net.overlay import HostOverlay, Say
-from lab.transport.ssh.connections import SSHSettings
+from lab.transport.ssh.settings import SSHSettings
 
 
 def add_overlay(net_commands: Commands) -> tuple[argparse.ArgumentParser, ...]:

@@ -46,7 +46,7 @@ from lab.errors import ExitCode, UsageError
 from lab.inventory.model import Inventory
 from lab.jobs import submit as batch
 from lab.transport.reach import with_master_address
-from lab.transport.ssh.connections import SSHSettings
+from lab.transport.ssh.settings import SSHSettings
 
 
 def add_list(commands: Commands) -> None:

@@ -42,8 +42,8 @@ from lab.inventory.ansible import read_ansible, read_text
 from lab.inventory.hosts import HOST_KEYS
 from lab.inventory.keys import Key, integer, invalid_value, text_value
 from lab.inventory.model import Host
-from lab.transport.ssh.connections import SSHSettings
 from lab.transport.ssh.keys import SSH_KEYS
+from lab.transport.ssh.settings import SSHSettings
 from lab.transport.ssh.transport import SSHTransport
 
 API_VERSION = "1.41"  # Docker 20.10's API, which every later engine still speaks

@@ -57,7 +57,7 @@ from lab.containerlab.topology import (
 from lab.errors import HostsUnreachable, LabError, UsageError
 from lab.net.subnets import Subnet, free_subnets, routes_in
 from lab.transport.ssh.config import known_hosts_name
-from lab.transport.ssh.connections import SSHSettings
+from lab.transport.ssh.settings import SSHSettings
 
 MACHINE_LABEL = "lab.machine"  # on a host container: the machine it runs on
 GOSSIP_WAIT = 90.0  # seconds with no machine learning of a host before the overlay is said not to work

@@ -68,7 +68,7 @@ from lab.rank.stdin import STDIN_VAR, frame
 from lab.rank.text import exception_line
 from lab.transport.base import RankProcess, Transport, Upload, code_uploads, for_each_host, release
 from lab.transport.reach import transport_for
-from lab.transport.ssh.connections import SSHSettings
+from lab.transport.ssh.settings import SSHSettings
 
 log = logging.getLogger(__name__)
 

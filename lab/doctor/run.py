@@ -50,7 +50,7 @@ from lab.rank.probe import PROBE_VAR
 from lab.rank.protocol import LINE_MAX
 from lab.transport.base import RankProcess, code_uploads, for_each_host, release
 from lab.transport.reach import transport_for
-from lab.transport.ssh.connections import SSHSettings
+from lab.transport.ssh.settings import SSHSettings
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from lab.core.runner import run_plan
 from lab.doctor.run import diagnose
 from lab.inventory.model import Inventory
 from lab.netcheck.model import Diagnosis
-from lab.transport.ssh.connections import SSHSettings
+from lab.transport.ssh.settings import SSHSettings
 
 BROKEN_RUN_TIMEOUT = 20.0  # seconds: long enough for the store, short enough not to wait in vain
 _STORE = re.compile(r"rank (?P<rank>\d+): connected to the store at (?P<master>\S+); I advertise (?P<mine>\S+)")

@@ -41,7 +41,7 @@ from lab.grading.feedback import feedback, feedback_page
 from lab.grading.page import Row, class_page
 from lab.grading.places import PlaceMaker
 from lab.rank.text import exception_line, printable
-from lab.transport.ssh.connections import SSHSettings
+from lab.transport.ssh.settings import SSHSettings
 
 GradeVerdict = Literal["pass", "fail", "timeout", "error"]
 LEFTOVERS_SHOWN = 10  # processes a submission left running, named in its row

@@ -34,7 +34,7 @@ from lab.rank.wire import Mode as WireMode
 from lab.suite.registry import Exercise
 from lab.transport.base import for_each_host
 from lab.transport.reach import transport_for, with_master_address
-from lab.transport.ssh.connections import SSHSettings
+from lab.transport.ssh.settings import SSHSettings
 
 DEFAULT_WALL = 300.0  # seconds one submission may take in all
 SandboxChoice = Literal["container", "none"]

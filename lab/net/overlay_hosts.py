@@ -17,7 +17,7 @@ from lab.inventory.model import Host, Inventory
 from lab.net import overlay, wireguard
 from lab.net.overlay import End, HostOverlay, Say
 from lab.net.subnets import Subnet, free_subnets, routes_in
-from lab.transport.ssh.connections import SSHSettings
+from lab.transport.ssh.settings import SSHSettings
 from lab.transport.ssh.transport import SSHTransport
 
 ROUTES = "ip -j -4 route"

@@ -12,8 +12,7 @@ from lab.inventory.model import Host, Inventory
 from lab.transport.base import Transport
 from lab.transport.local import LocalTransport
 from lab.transport.slurm import SlurmTransport
-from lab.transport.ssh.connections import SSHSettings
-from lab.transport.ssh.transport import SSHTransport
+from lab.transport.ssh.settings import SSHSettings
 
 log = logging.getLogger(__name__)
 
@@ -55,4 +54,6 @@ def transport_for(host: Host, ssh: SSHSettings | None = None) -> Transport:
         return DockerTransport(host)
     if host.connection == "slurm":
         return SlurmTransport(host)
+    from lab.transport.ssh.transport import SSHTransport  # (here: paramiko is a quarter of the CLI's start)
+
     return SSHTransport(host, ssh or SSHSettings())

@@ -16,7 +16,6 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass
 
 import paramiko
 
@@ -32,9 +31,10 @@ from lab.transport.ssh.config import (
     read_config,
 )
 from lab.transport.ssh.known_hosts import CheckHostKey, KnownHosts
+from lab.transport.ssh.settings import WIRE_LOG, SSHSettings
 
 log = logging.getLogger(__name__)
-WIRE_LOG = f"{__name__}.paramiko"  # paramiko's own log lines for the lab's connections
+assert f"{__name__}.paramiko" == WIRE_LOG  # (paramiko's lines for the lab's connections log below this module's)
 
 
 def _only_when_verbose(record: logging.LogRecord) -> bool:
@@ -53,18 +53,6 @@ DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 RANKS_PER_CONNECTION = 8  # sshd allows 10 sessions per connection (MaxSessions); keep two spare
 MAX_JUMPS = 8  # ProxyJump hops before we call it a loop
 KEEPALIVE_REQUEST = "keepalive@openssh.com"  # OpenSSH's own: any server answers it (with "failure")
-
-
-@dataclass(frozen=True)
-class SSHSettings:
-    """How every SSH host of a run is reached."""
-
-    connect_timeout: float = 10.0  # seconds for any one wait: TCP, banner, auth, a channel, a reply
-    keepalive: float = 5.0  # seconds between two keepalives on every connection
-    alive_timeout: float = 30.0  # seconds a keepalive may go unanswered before the host is lost
-    accept_new_host_keys: bool = False  # trust and record a host key seen for the first time
-    known_hosts: str | None = None  # the lab's known_hosts file; a host's own file wins
-    ssh_config: str = "~/.ssh/config"
 
 
 class _Keepalive:

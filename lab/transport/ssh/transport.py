@@ -63,7 +63,8 @@ from lab.transport.base import (
     removable,
     upload_bytes,
 )
-from lab.transport.ssh.connections import Connections, SSHSettings, is_up, reason
+from lab.transport.ssh.connections import Connections, is_up, reason
+from lab.transport.ssh.settings import SSHSettings
 
 log = logging.getLogger(__name__)
 
