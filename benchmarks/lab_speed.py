@@ -237,6 +237,18 @@ def launch_local(repeat: int, script: Path) -> Figure:
     return Figure("launch-local", "lab launch --nproc 4 / torchrun", ours, theirs, 1.0, True)
 
 
+def cli_start(repeat: int) -> Figure:
+    """A command's start: ``lab list`` against a Python that imports what every command prints with."""
+    def lab_list() -> float:
+        return timed([*LAB, "list"], "lab list")[0]
+
+    def python() -> float:
+        return timed([sys.executable, "-c", "import argparse, yaml, rich.console"], "python")[0]
+
+    ours, theirs = alternating(repeat, lab_list, python)
+    return Figure("cli-start", "lab list / python importing yaml and rich", ours, theirs, 4.0, False)
+
+
 HANG_AFTER = 5.0
 VERDICT_WITHIN = 3.0  # seconds past --hang-after
 
@@ -453,7 +465,7 @@ def p2p_eight(repeat: int) -> Figure:
 
 def main() -> int:
     names = ("launch-ssh", "run-all", "up", "doctor", "launch-local", "hang-verdict", "hang-training", "preflight",
-             "requirements", "bring-back", "cross-vpc", "busy", "p2p-8")
+             "requirements", "bring-back", "cross-vpc", "busy", "p2p-8", "cli-start")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"of {', '.join(names)} (default all)")
     parser.add_argument("--repeat", type=int, default=3)
@@ -474,7 +486,8 @@ def main() -> int:
                 "hang-training": lambda: hang_training(args.repeat),
                 "preflight": lambda: preflight(args.repeat), "requirements": lambda: requirements(args.repeat),
                 "bring-back": lambda: bring_back(args.repeat), "cross-vpc": lambda: cross_vpc(args.repeat),
-                "busy": lambda: busy(args.repeat, script), "p2p-8": lambda: p2p_eight(args.repeat)}
+                "busy": lambda: busy(args.repeat, script), "p2p-8": lambda: p2p_eight(args.repeat),
+                "cli-start": lambda: cli_start(args.repeat)}
         for name in args.names or names:
             made = runs[name]()
             for figure in made if isinstance(made, list) else [made]:
