@@ -59,12 +59,13 @@ def the_pages_code(section: str) -> str:
 
 
 def unit_tier(copy: Path) -> tuple[subprocess.CompletedProcess[str], set[str]]:
-    """The unit tier run in ``copy``: how it ended, and the names of the tests that passed."""
+    """The unit tier run in ``copy``: how it ended, and the names of the tests that passed (with its own
+    options alone: not those the outer run was given in PYTEST_ADDOPTS)."""
     report = copy / "unit.xml"
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
                            "--ignore=tests/test_extending.py", f"--junitxml={report}", "-m",
                            "not local and not sshd and not docker and not machines"], cwd=copy, capture_output=True,
-                          text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(copy)})
+                          text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(copy), "PYTEST_ADDOPTS": ""})
     passed = {case.get("name", "") for case in ET.parse(report).iter("testcase") if not len(case)} \
         if report.exists() else set()
     return done, passed

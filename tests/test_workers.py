@@ -3,6 +3,7 @@ another, as tests/conftest.py asks; a pytest or pytest-xdist that stopped groupi
 tests of the default lab change it at once."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +29,8 @@ def test_a_group_runs_in_one_worker(tmp_path: Path) -> None:
     (tmp_path / "test_grouped.py").write_text(GROUPED)
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist",
                            "loadgroup", "--no-loadscope-reorder", "--rootdir", str(tmp_path), str(tmp_path)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTEST_ADDOPTS": ""})  # (its own options alone, not the outer run's)
     assert done.returncode == 0 and "8 passed" in done.stdout, done.stdout + done.stderr
     workers = (tmp_path / "workers.log").read_text().split()
     assert workers.count("grouped") == 4 and len(set(workers) - {"grouped"}) == 1, workers
