@@ -312,6 +312,31 @@ def hang_training(repeat: int) -> Figure:
                   [HANG_AFTER + VERDICT_WITHIN] * repeat, 1.0, False)
 
 
+def crash_training(repeat: int) -> Figure:
+    """Each crashing program of tests/train/ (exit 1), timed by the lab's own clock: from when the first
+    rank that failed was seen to (its end event, or its end) to the verdict (its --trace file's)."""
+    from tests.test_train_programs import PROGRAMS
+    from tests.test_why_fixtures import expectation
+
+    crashes = [(path, expectation(path).nproc) for path in PROGRAMS if expectation(path).exit == 1]
+    slowest = []
+    with tempfile.TemporaryDirectory() as folder:
+        trace = Path(folder) / "trace.json"
+        for _ in range(repeat):
+            delays = []
+            for path, nproc in crashes:
+                done = subprocess.run([*LAB, "launch", "--nproc", str(nproc), "--hang-after", f"{HANG_AFTER:g}",
+                                       "--timeout", "120", "--trace", str(trace), str(path)], cwd=REPO,
+                                      capture_output=True, text=True, timeout=TIMEOUT)
+                said = json.loads(trace.read_text())["otherData"]
+                if done.returncode != 1 or "first_failure" not in said:
+                    sys.exit(f"{path.name}: no crash seen (exit {done.returncode}):\n{done.stdout[-2000:]}")
+                delays.append((said["verdict"] - said["first_failure"]) / 1e6)
+            slowest.append(max(delays))
+    return Figure("crash-training", f"slowest of {len(crashes)} training crashes, from the first rank's failure to "
+                  f"the verdict / {VERDICT_WITHIN:g} s", slowest, [VERDICT_WITHIN] * repeat, 1.0, False)
+
+
 PREFLIGHT_GOAL = 0.3  # seconds the preflight may add to a healthy run
 CROSS_VPC_GOAL = 5.0  # seconds to the verdict on the unpeered cross-VPC lab
 
@@ -465,7 +490,7 @@ def p2p_eight(repeat: int) -> Figure:
 
 def main() -> int:
     names = ("launch-ssh", "run-all", "up", "doctor", "launch-local", "hang-verdict", "hang-training", "preflight",
-             "requirements", "bring-back", "cross-vpc", "busy", "p2p-8", "cli-start")
+             "requirements", "bring-back", "cross-vpc", "busy", "p2p-8", "cli-start", "crash-training")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"of {', '.join(names)} (default all)")
     parser.add_argument("--repeat", type=int, default=3)
@@ -487,7 +512,7 @@ def main() -> int:
                 "preflight": lambda: preflight(args.repeat), "requirements": lambda: requirements(args.repeat),
                 "bring-back": lambda: bring_back(args.repeat), "cross-vpc": lambda: cross_vpc(args.repeat),
                 "busy": lambda: busy(args.repeat, script), "p2p-8": lambda: p2p_eight(args.repeat),
-                "cli-start": lambda: cli_start(args.repeat)}
+                "cli-start": lambda: cli_start(args.repeat), "crash-training": lambda: crash_training(args.repeat)}
         for name in args.names or names:
             made = runs[name]()
             for figure in made if isinstance(made, list) else [made]:

@@ -3,6 +3,7 @@ here by Chrome DevTools' own trace engine, tests/tools/trace_engine.py) and ``--
 flight-recorder dumps, read by torch's own analyzer), from a DDP job that hangs and a receive cycle."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -45,12 +46,25 @@ def test_a_hung_ddp_job_s_trace_and_torch_s_dumps_open_in_their_tools(lab: Lab, 
         assert calls(parsed, rank, 1) == ["init_process_group #1"]
     bounds = parsed["bounds"]
     assert 0 <= bounds["min"] < bounds["max"]
+    said = json.loads(trace.read_text())["otherData"]  # (the moments the benchmarks time the verdicts from)
+    assert "first_failure" not in said and 0 < said["hang_found"] <= said["verdict"], said
     # torch's own analyzer reads the dumps as they are, and names the same call
     analyzed = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(dumps),
                                "-p", "rank_"], capture_output=True, text=True, timeout=120)
     assert sorted(os.listdir(dumps)) == [f"rank_{r}" for r in range(4)]
     assert "Culprit rank 0; Error type: COLLECTIVE_TYPE_MISMATCH" in analyzed.stdout + analyzed.stderr, \
         analyzed.stdout[-3000:] + analyzed.stderr[-3000:]
+
+
+@pytest.mark.local
+def test_a_crash_s_trace_says_when_the_first_rank_failed_and_when_the_verdict_came(lab: Lab, tmp_path: Path) -> None:
+    trace = tmp_path / "crash.json"
+    result = lab("launch", "--nproc", "2", "--timeout", "60", "--trace", str(trace),
+                 str(TRAIN / "ddp_checkpoint_reentrant.py"), timeout=180)
+    assert result.code == 1, result.text
+    said = json.loads(trace.read_text())["otherData"]
+    assert said["status"] == "crashed" and "hang_found" not in said
+    assert 0 < said["first_failure"] <= said["verdict"] < said["first_failure"] + 60e6, said
 
 
 @pytest.mark.local

@@ -278,6 +278,13 @@ class RunOutcome:
     restarts: list[Restart] = field(default_factory=list)  # torchrun's restarts of the ranks, in order
     hang_found: float | None = None  # when (time.monotonic(), the controller's) the hang finder found it hung
     brought_back: list[str] = field(default_factory=list)  # what the ranks wrote came back (lab.core.bringback)
+    ended_at: float | None = None  # when (time.monotonic(), the controller's) the run ended and its verdict was made
+
+    def first_failure(self) -> float | None:
+        """When (the controller's clock) the first rank that failed was seen to: its end event, or its end."""
+        said = [s.end_at if s.end_at is not None else s.ended_at for s in self.ranks
+                if s.died and s.exit_code not in (0, None)]
+        return min((t for t in said if t is not None), default=None)
 
     @property
     def stopped(self) -> bool:

@@ -484,7 +484,7 @@ class Run:
         walled = wall if status == "timeout" and wall and time.monotonic() - self.started >= wall else None
         outcome = RunOutcome(self.plan, self.states, self.runs, status, time.monotonic() - self.started, hung,
                              self.ports, walled, restarts=self.ledger.restarts, hang_found=self.hang_found,
-                             brought_back=self.brought.lines() if self.brought else [])
+                             brought_back=self.brought.lines() if self.brought else [], ended_at=time.monotonic())
         preflight = self.ledger.preflight
         outcome.cause = preflight.cause if status == "preflight" and preflight else explain_run(outcome)
         return outcome

@@ -7,7 +7,10 @@ controller's clock (each rank's offset, :attr:`RankState.clock`: the least diffe
 when its progress events were sent, on its clock, and when they came), so ranks of several hosts line
 up. A call still in flight when the run ended is drawn to that end; a blocked send or receive has an
 arrow to the rank it waits for; the lab's verdict (a hang, a crash) is a mark across the ranks at the
-run's end, with its headline and fix. The records are the ranks' (untrusted: each is checked as
+run's end, with its headline and fix; ``otherData`` holds, on the same clock (microseconds from the
+first call), when the hang finder found the ranks hung, when the first rank that failed was seen to, and
+when the run ended with its verdict (``hang_found``, ``first_failure``, ``verdict``, where they happened:
+``benchmarks/lab_speed.py`` times the verdicts from them). The records are the ranks' (untrusted: each is checked as
 lab.rank.flightrecords checks a dump) from their ``trace`` events and last dump. No I/O but
 :func:`write`'s (and this machine's clocks, read for a run where no rank said its own).
 """
@@ -64,7 +67,8 @@ def chrome_trace(outcome: RunOutcome) -> dict[str, Any]:
         events.append({"ph": "i", "s": "g", "pid": 0, "tid": PROGRAM, "ts": round((end - start) * 1e6, 1),
                        "name": f"lab: {outcome.cause.kind}",
                        "args": {"headline": outcome.cause.headline, "fix": outcome.cause.fix or ""}})
-    found = {} if outcome.hang_found is None else {"hang_found": round((outcome.hang_found - start) * 1e6, 1)}
+    moments = {"hang_found": outcome.hang_found, "first_failure": outcome.first_failure(), "verdict": outcome.ended_at}
+    found = {name: round((t - start) * 1e6, 1) for name, t in moments.items() if t is not None}
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"status": outcome.status, "ranks": len(outcome.ranks), **found}}
 
