@@ -228,9 +228,9 @@ def _saved_elsewhere(root: Rank, ranks: dict[int, Rank]) -> str:
     that another rank's program saved, before or after it looked: that rank's save, its line and when, or
     its host when it is another ("rank 0 saved that file at train.py:30, 0.4 s after rank 2 looked for
     it"); "" where no rank did, as far as their records tell."""
-    if root.facts.files is None or not (root.facts.error or "").startswith("FileNotFoundError"):
-        return ""
     said = root.facts.error or ""
+    if root.facts.files is None or not said.startswith("FileNotFoundError"):
+        return ""
     missed = [f for f in root.facts.files.of("missing") if PurePosixPath(f.path).name in said]
     if not missed:
         return ""

@@ -120,7 +120,7 @@ def _splits(value: Any) -> tuple[int, ...] | None:
     of whole numbers (torch says what is wrong)."""
     try:
         found = tuple(int(n) for n in value) if value is not None and len(value) <= SPLITS_MAX else None
-    except (TypeError, ValueError):
+    except Exception:  # (whatever the program passed: its call goes on as torch takes it)
         return None
     return found if found and all(n >= 0 for n in found) else None
 
