@@ -382,6 +382,27 @@ def test_a_dump_holds_the_programs_records_and_torchs_oldest_first_and_every_cal
         ({"world": {"all_reduce": 1}}, 0, False, False)
 
 
+def all_to_all_single(output: Any, input: Any, output_split_sizes: Any = None, input_split_sizes: Any = None,
+                      group: Any = None, async_op: bool = False) -> None: ...
+
+
+class Unreadable:
+    def __len__(self) -> int:
+        raise RuntimeError("a program's own object")
+
+
+def test_an_all_to_all_keeps_its_splits_as_given_then_and_none_it_cannot_read() -> None:
+    flight, _ = torch_flight(ProcessGroup([0, 1], "0"))
+    spec = spec_for("all_to_all_single", all_to_all_single)
+    sends, expects = [3, 1], [2, 2]
+    made = call(flight, spec, TENSOR, TENSOR, expects, sends)
+    sends[0] = 99  # (changed once the call returned: the record is of the call)
+    assert (to_json(made)["in_splits"], to_json(made)["out_splits"]) == ([3, 1], [2, 2])
+    for odd in (Unreadable(), [1, "x"], [-1, 2], []):
+        assert "in_splits" not in to_json(call(flight, spec, TENSOR, TENSOR, input_split_sizes=odd))
+    assert "in_splits" not in to_json(call(flight, ALL_REDUCE))
+
+
 # --- the files a program saves and misses (lab.rank.files) --------------------------------------------------
 
 
