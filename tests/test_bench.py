@@ -13,6 +13,7 @@ from lab.errors import UsageError
 from lab.jobs import bench
 from lab.suite.check import World
 from lab.suite.checks.bench import check_bench, check_ring_calls
+from lab.suite.method import read_summaries
 
 from .conftest import REPO, Lab
 
@@ -56,10 +57,11 @@ def test_a_ring_that_calls_a_collective_fails_and_an_honest_ones_bytes_are_noted
         return {"counts": counts, "functions": {"ring_allreduce": {
             "calls": 3, "tensor_bytes": 3000, "counts": counts, "sent": {"1": 1500} if "isend" in counts else {}}}}
 
-    cheat = check_ring_calls({0: calls({"all_reduce": 3}), 1: calls({"all_reduce": 3})}, world)
+    cheat = check_ring_calls(read_summaries({0: calls({"all_reduce": 3}), 1: calls({"all_reduce": 3})}), world)
     assert not cheat.passed and cheat.reason.startswith("ring_allreduce(tensor) called all_reduce on ranks 0, 1: "
                                                          "its time is gloo's")
-    honest = check_ring_calls({0: calls({"isend": 3, "recv": 3}), 1: calls({"isend": 3, "recv": 3})}, world)
+    honest = check_ring_calls(read_summaries({0: calls({"isend": 3, "recv": 3}), 1: calls({"isend": 3, "recv": 3})}),
+                              world)
     assert honest.passed and any("0.50x the bytes of its tensor" in n for n in honest.notes), honest.notes
 
 

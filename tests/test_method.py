@@ -15,7 +15,7 @@ import pytest
 from lab.rank.calls import Recorder
 from lab.suite.check import Verdict, World
 from lab.suite.checks.ring import check_ring_traffic
-from lab.suite.method import check_method, combine
+from lab.suite.method import check_method, combine, read_summaries
 from lab.suite.registry import EXERCISES
 
 from .conftest import REPO, WRONG, Lab
@@ -40,7 +40,12 @@ def function(calls: int, tensor_bytes: int, sent: dict[int, int], **extra: Any) 
 
 
 def method_of(name: str, calls: dict[int, Any], n: int) -> Verdict:
-    return check_method(name, EXERCISES[name].method, calls, World.local(n))
+    return check_method(name, EXERCISES[name].method, read_summaries(calls), World.local(n))
+
+
+def ring_traffic(calls: dict[int, Any], world: World) -> Verdict:
+    """The ring's traffic check on summaries as they come (JSON data), read as an exercise's judge reads them."""
+    return check_ring_traffic(read_summaries(calls), world)
 
 
 # --- the method checker, on hand-made summaries ---------------------------------------------
@@ -133,7 +138,7 @@ def ring_calls(n: int, per_tensor: float, to_next: bool = True, size: int = 3000
 
 
 def test_the_chunked_ring_is_noted_bandwidth_optimal_with_its_bytes_per_rank() -> None:
-    v = check_ring_traffic(ring_calls(3, 4 / 3), World.local(3))
+    v = ring_traffic(ring_calls(3, 4 / 3), World.local(3))
     assert v.passed
     tutorial, chunked = v.notes
     assert tutorial.startswith("allreduce(send, recv): each rank sent 2.00x the bytes of its tensor over 2 calls "
@@ -144,23 +149,23 @@ def test_the_chunked_ring_is_noted_bandwidth_optimal_with_its_bytes_per_rank() -
 
 
 def test_a_ring_allreduce_passing_whole_tensors_fails_from_three_ranks() -> None:
-    v = check_ring_traffic(ring_calls(3, 2.0), World.local(3))
+    v = ring_traffic(ring_calls(3, 2.0), World.local(3))
     assert not v.passed and v.failed_ranks == (0, 1, 2)
     assert v.reason.startswith("ring_allreduce(tensor) is not bandwidth-optimal: ranks 0, 1, 2 sent up to 2.00x "
                                "the tensor, over 1.25x the chunked ring's 2(n-1)/n = 1.33x")
     assert (v.mismatches[0].expected, v.mismatches[0].got) == (1.33, 2.0)
     # With 2 ranks a whole tensor is 2(n-1)/n of it: the same bytes, not wrong.
-    assert check_ring_traffic(ring_calls(2, 1.0), World.local(2)).passed
+    assert ring_traffic(ring_calls(2, 1.0), World.local(2)).passed
 
 
 def test_a_little_over_the_optimal_is_a_note_not_a_failure() -> None:
-    v = check_ring_traffic(ring_calls(4, 1.7), World.local(4))  # 1.7 / 1.5 = 1.13x the optimal
+    v = ring_traffic(ring_calls(4, 1.7), World.local(4))  # 1.7 / 1.5 = 1.13x the optimal
     assert v.passed
     assert "more than the bandwidth-optimal 2(n-1)/n = 1.50x" in v.notes[1]
 
 
 def test_sending_elsewhere_than_the_right_neighbour_is_said() -> None:
-    v = check_ring_traffic(ring_calls(3, 4 / 3, to_next=False), World.local(3))
+    v = ring_traffic(ring_calls(3, 4 / 3, to_next=False), World.local(3))
     assert v.passed
     assert "not only to rank r+1 (rank 0 4,000 B to 2;" in v.notes[1]
 
@@ -168,7 +173,7 @@ def test_sending_elsewhere_than_the_right_neighbour_is_said() -> None:
 def test_untrusted_function_summaries_are_skipped() -> None:
     junk: dict[int, Any] = {0: {"functions": {"ring_allreduce": {"tensor_bytes": "x", "sent": {}}}},
                             1: {"functions": []}, 2: None}
-    assert check_ring_traffic(junk, World.local(3)) == Verdict(True)
+    assert ring_traffic(junk, World.local(3)) == Verdict(True)
 
 
 def test_a_function_taken_from_the_reference_or_missing_fails_its_part_and_only_its_part() -> None:
@@ -332,8 +337,8 @@ def test_a_recorder_switched_off_or_unwrapped_says_so_and_fails_the_method(tmp_p
     recorded = json.loads(done.stdout.strip().splitlines()[-1])
     assert recorded == {"counts": {"ProcessGroup.broadcast": 1}, "sent": {}, "messages": 0, "tampered": [
         "switched off 1 time(s)", "its wrappers replaced (torch.distributed.broadcast)"]}
-    v = check_method("ring-allreduce", EXERCISES["ring-allreduce"].method, {0: recorded, 1: {"counts": {}}},
-                     World.local(2))
+    v = check_method("ring-allreduce", EXERCISES["ring-allreduce"].method,
+                     read_summaries({0: recorded, 1: {"counts": {}}}), World.local(2))
     assert not v.passed and v.failed_ranks == (0,)
     assert v.reason == ("rank 0's call recorder was tampered with during the exercise (switched off 1 time(s); its "
                         "wrappers replaced (torch.distributed.broadcast)): its records are no evidence of the method")

@@ -14,13 +14,14 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from lab.rank.zygote import Measure
-from lab.suite.check import Carried, World
+from lab.suite.check import Carried, Verdict, World
 from lab.suite.exercises import ring_cases
-from lab.suite.method import check_carried, nonblocking, point_to_point, uses
+from lab.suite.method import Method, check_carried, nonblocking, point_to_point, read_summaries, uses
 from lab.suite.registry import EXERCISES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -81,6 +82,11 @@ print(json.dumps({mode: [wire.carried(), wire.lost] for mode, wire in wires.item
 """
 
 
+def carried(exercise: str, method: Method | None, calls: dict[int, Any], world: World) -> Verdict:
+    """The wire check on summaries as they come (JSON data), read as an exercise's judge reads them."""
+    return check_carried(exercise, method, read_summaries(calls), world)
+
+
 def _in_a_network_namespace(code: str) -> subprocess.CompletedProcess[str]:
     if os.geteuid() != 0 or not shutil.which("unshare"):
         reason = "a network namespace of the test's own needs root and unshare (util-linux)"
@@ -132,7 +138,7 @@ def world(carried: dict[str, Carried] | None, hosts: tuple[str, ...] = ("sandbox
 def test_the_records_account_for_what_was_carried_headers_and_the_labs_own_traffic_included() -> None:
     # a reference ring of 3 ranks, as measured: 17.0 MB recorded in 864 messages, 17.12 MB carried
     calls = {r: ring_calls(5_664_320, 288) for r in range(3)}
-    verdict = check_carried("ring-allreduce", point_to_point(), calls, world({"sandbox": Carried(17_124_620)}))
+    verdict = carried("ring-allreduce", point_to_point(), calls, world({"sandbox": Carried(17_124_620)}))
     assert verdict.passed, verdict
     assert verdict.notes == ("the connections carried 17.1 MB; the ranks' records account for 17.0 MB in 864 "
                              "message(s)",)
@@ -140,7 +146,7 @@ def test_the_records_account_for_what_was_carried_headers_and_the_labs_own_traff
 
 def test_more_carried_than_recorded_fails_every_rank_and_says_how_much_went_unseen() -> None:
     calls = {r: ring_calls(528, 96) for r in range(3)}
-    verdict = check_carried("ring-allreduce", point_to_point(), calls, world({"sandbox": Carried(13_878_848)}))
+    verdict = carried("ring-allreduce", point_to_point(), calls, world({"sandbox": Carried(13_878_848)}))
     assert not verdict.passed
     assert verdict.reason == ("the ranks' connections carried 13.9 MB but their records account for 1.6 KB: 13.9 MB "
                               "went by calls the call recorder did not see (measured outside the ranks, by each "
@@ -148,42 +154,42 @@ def test_more_carried_than_recorded_fails_every_rank_and_says_how_much_went_unse
     assert verdict.mismatches[0].what == "bytes the connections carried" and verdict.mismatches[0].got == "13.9 MB"
     # each host's measure adds up: two hosts carried it between them
     split = world({"a": Carried(6_000_000), "b": Carried(7_878_848)}, ("a", "b", "b"))
-    verdict = check_carried("p2p", nonblocking(), calls, split)
+    verdict = carried("p2p", nonblocking(), calls, split)
     assert "carried 13.9 MB" in verdict.reason
     assert [(m.what, m.expected, m.got) for m in verdict.mismatches[1:]] == [
         ("bytes a's connections carried (rank 0)", "its records' 528 bytes, and headers", "6.0 MB"),
         ("bytes b's connections carried (ranks 1, 2)", "its records' 1.1 KB, and headers", "7.9 MB")]
     # a program that makes groups is allowed their members' connecting anew (20 groups of 3, as measured)
     made = {r: {"counts": {}, "sent": {}, "messages": 0, "groups": 20} for r in range(3)}
-    assert check_carried("p2p", point_to_point(), made, world({"sandbox": Carried(76_516)})).passed
-    assert not check_carried("p2p", point_to_point(), {r: {**c, "groups": 0} for r, c in made.items()},
+    assert carried("p2p", point_to_point(), made, world({"sandbox": Carried(76_516)})).passed
+    assert not carried("p2p", point_to_point(), {r: {**c, "groups": 0} for r, c in made.items()},
                              world({"sandbox": Carried(76_516)})).passed
     # barriers are allowed their small messages to every rank
     calls = {r: ring_calls(0, 0, barriers=20) for r in range(3)}
-    assert check_carried("p2p", point_to_point(), calls, world({"sandbox": Carried(100_000)})).passed
+    assert carried("p2p", point_to_point(), calls, world({"sandbox": Carried(100_000)})).passed
 
 
 def test_records_that_claim_more_than_was_carried_fail_as_no_evidence() -> None:
     # a hidden all_reduce, its counters padded to look like a ring's: the records say more than went over the wire
     calls = {r: ring_calls(14_000_000, 288) for r in range(3)}
-    verdict = check_carried("ring-allreduce", point_to_point(), calls, world({"sandbox": Carried(13_878_848)}))
+    verdict = carried("ring-allreduce", point_to_point(), calls, world({"sandbox": Carried(13_878_848)}))
     assert not verdict.passed
     assert verdict.reason.startswith("the ranks' records say they sent 42.0 MB but their connections carried 13.9 MB: "
                                      "records that claim more than went over the wire are no evidence of the method")
     # an honest run's records never do: every byte they count went, and its headers with it
     calls = {r: ring_calls(5_664_320, 288) for r in range(3)}
-    assert check_carried("ring-allreduce", point_to_point(), calls, world({"sandbox": Carried(17_124_620)})).passed
+    assert carried("ring-allreduce", point_to_point(), calls, world({"sandbox": Carried(17_124_620)})).passed
 
 
 def test_the_ring_carries_at_least_what_its_functions_must_move_and_at_most_what_they_may() -> None:
     method, tensors = EXERCISES["ring-allreduce"].method, ring_cases.TENSOR_BYTES
     assert method is not None and tensors == 1_699_296
     honest = {r: ring_calls(5_664_320, 288) for r in range(3)}  # the tutorial's 2 tensors and the chunked 2 * 2/3
-    assert check_carried("ring-allreduce", method, honest, world({"sandbox": Carried(17_124_620)})).passed
+    assert carried("ring-allreduce", method, honest, world({"sandbox": Carried(17_124_620)})).passed
     # the sums looked up from inputs sent (in 2 bytes a value) before any graded function ran, a token round
     # the ring in each: every byte recorded, and far fewer than an all-reduce of the tensors must move
     early = {r: ring_calls(2 * 2 * ring_cases.DRAWN + 96 * 8, 96 + 2) for r in range(3)}
-    verdict = check_carried("ring-allreduce", method, early, world({"sandbox": Carried(3 * 2 * 2 * ring_cases.DRAWN
+    verdict = carried("ring-allreduce", method, early, world({"sandbox": Carried(3 * 2 * 2 * ring_cases.DRAWN
                                                                                           + 60_000)}))
     assert not verdict.passed
     assert verdict.reason.startswith("the ranks' connections carried 1.8 MB, less than ring-allreduce's functions must "
@@ -192,7 +198,7 @@ def test_the_ring_carries_at_least_what_its_functions_must_move_and_at_most_what
     assert (verdict.mismatches[0].expected, verdict.mismatches[0].got) == ("at least 13.6 MB", "1.8 MB")
     # whole tensors to every rank in both functions, and every byte recorded: more than they may move
     every = {r: ring_calls(2 * 2 * tensors, 2 * 2 * 96) for r in range(3)}
-    verdict = check_carried("ring-allreduce", method, every, world({"sandbox": Carried(3 * 2 * 2 * tensors + 150_000)}))
+    verdict = carried("ring-allreduce", method, every, world({"sandbox": Carried(3 * 2 * 2 * tensors + 150_000)}))
     assert not verdict.passed
     assert verdict.reason.startswith("the ranks' connections carried 20.5 MB, more than ring-allreduce's functions may "
                                      "move (allreduce(): whole tensors to each of the n-1 others, n(n-1) = 6 times")
@@ -200,25 +206,25 @@ def test_the_ring_carries_at_least_what_its_functions_must_move_and_at_most_what
     # with 2 ranks an exchange is the whole of both rings: exactly the least, and it passes
     pair = {r: ring_calls(2 * tensors, 2 * 96) for r in range(2)}
     two = World(2, "gloo", ("sandbox",) * 2, (0, 1), carried={"sandbox": Carried(2 * 2 * tensors + 40_000)})
-    assert check_carried("ring-allreduce", method, pair, two).passed
+    assert carried("ring-allreduce", method, pair, two).passed
 
 
 def test_a_host_that_said_nothing_lost_count_or_stopped_measuring_fails_one_that_could_not_begin_is_a_note() -> None:
     calls = {r: ring_calls(1000, 10) for r in range(3)}
     hosts = ("a", "b", "b")
-    silent = check_carried("p2p", point_to_point(), calls, world({"a": Carried(3000)}, hosts))
+    silent = carried("p2p", point_to_point(), calls, world({"a": Carried(3000)}, hosts))
     assert not silent.passed and silent.reason.startswith("the launcher of b ended before it said what the "
                                                           "connections carried")
-    unable = check_carried("p2p", point_to_point(), calls, world({"a": Carried(3000), "b": Carried(0, 0, "no")}, hosts))
+    unable = carried("p2p", point_to_point(), calls, world({"a": Carried(3000), "b": Carried(0, 0, "no")}, hosts))
     assert unable.passed and unable.notes == ("the connections were not measured (b: no)",)
     stopped = world({"a": Carried(3000), "b": Carried(0, 0, failed="x")}, hosts)
-    broke = check_carried("p2p", point_to_point(), calls, stopped)
+    broke = carried("p2p", point_to_point(), calls, stopped)
     assert not broke.passed and broke.reason == ("the measure of the connections failed while the ranks ran on b (x): "
                                                  "p2p's method is not shown")
-    lost = check_carried("p2p", point_to_point(), calls, world({"a": Carried(3000, 2), "b": Carried(1000)}, hosts))
+    lost = carried("p2p", point_to_point(), calls, world({"a": Carried(3000, 2), "b": Carried(1000)}, hosts))
     assert not lost.passed and lost.reason == ("the launcher of a lost count of the connections the ranks closed (more "
                                                "at once than the kernel could report): p2p's method is not shown")
     # nothing measured, or a method whose collectives no record counts in bytes: no check
-    assert check_carried("p2p", point_to_point(), calls, world(None)) == check_carried(
+    assert carried("p2p", point_to_point(), calls, world(None)) == carried(
         "all-reduce", uses("all_reduce"), calls, world({"sandbox": Carried(10 ** 9)}))
-    assert check_carried("all-reduce", uses("all_reduce"), calls, world({"sandbox": Carried(10 ** 9)})).passed
+    assert carried("all-reduce", uses("all_reduce"), calls, world({"sandbox": Carried(10 ** 9)})).passed

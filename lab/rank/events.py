@@ -93,7 +93,7 @@ class Result(RankEvent):
     exercise: str
     value: object
     seconds: float
-    calls: dict[str, Any] | None = None
+    calls: dict[str, Any] | None = None  # its calls summary (lab.rank.calls), read where it is judged: Recorded
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ class Error(RankEvent):
     error: str
     where: str
     traceback: str
-    calls: dict[str, Any] | None = None
+    calls: dict[str, Any] | None = None  # its calls summary (lab.rank.calls), read where it is judged: Recorded
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,15 @@ torch.distributed calls its exercise made and the bytes it sent to each peer
 (``lab.rank.calls``); the registry says, per exercise, what the method allows
 (:class:`Method`), and :func:`check_method` holds the calls to it.
 
-A rank's calls summary (JSON data, untrusted, as the checkers' results)::
+A rank's calls summary comes as JSON data, untrusted, as the checkers' results do::
 
     {"counts": {"isend": 4, "recv": 4}, "sent": {"1": 4096},
      "functions": {"ring_allreduce": {"calls": 48, "tensor_bytes": 1699296,
                                       "counts": {...}, "sent": {"1": 2265728}}}}
+
+and is read once (:func:`read_summaries`, where an exercise is judged) into what the checks take: a
+:class:`Recorded` a rank, each field as its checks may use it (a count a positive whole number, a
+part that is not what it should be left out, as if not said).
 
 Pure Python, never torch, like the checkers.
 """
@@ -23,8 +27,57 @@ from typing import Any
 
 from lab.suite.check import Mismatch, Verdict, World, ranks_named
 
-Calls = Mapping[int, Any]  # rank -> its calls summary (JSON data, untrusted)
+TAMPERED_MAX = 300  # characters kept of what a summary says was done to its recorder
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What a rank's call recorder (``lab.rank.calls``) says of its calls during an exercise, in all or
+    inside one of the student's functions, as read (:func:`read_summary`)."""
+
+    counts: dict[str, int] | None = None  # op -> times called (each at least 1); None: not said
+    sent: dict[str, int] | None = None  # peer, as said -> bytes sent to it (each at least 1); None: not said
+    messages: int = 0  # tensors sent point to point
+    groups: int = 0  # process groups the program made
+    tampered: str = ""  # what the program did to the recorder, said in one text
+    functions: dict[str, Recorded] | None = None  # the student's functions, each its own; None: none said
+    calls: int = 0  # a function's: times it was called
+    tensor_bytes: int = 0  # a function's: bytes of its first tensor argument, summed over its calls
+    reference: bool = False  # a function's: the reference program's own
+    missing: bool = False  # a function's: the solution does not define it
+
+    @property
+    def bytes_sent(self) -> int | None:
+        """The bytes it says were sent, to every peer; None when it does not say."""
+        return None if self.sent is None else sum(self.sent.values())
+
+
+Calls = Mapping[int, Recorded]  # rank -> what its recorder says, read (a rank whose summary was none is absent)
 TrafficCheck = Callable[[Calls, World], Verdict]
+
+
+def read_summaries(raw: Mapping[int, Any]) -> dict[int, Recorded]:
+    """Each rank's calls summary as it came (JSON data, untrusted), read; a rank whose summary is no
+    object is left out."""
+    return {rank: found for rank, summary in raw.items() if (found := read_summary(summary)) is not None}
+
+
+def read_summary(summary: Any) -> Recorded | None:
+    """A calls summary (or a function's part of one) read: None when it is no object."""
+    if not isinstance(summary, Mapping):
+        return None
+    counts, sent, functions, tampered = (summary.get(k) for k in ("counts", "sent", "functions", "tampered"))
+    read = {name: found for name, part in functions.items() if (found := read_summary(part)) is not None} \
+        if isinstance(functions, Mapping) and functions else None
+    return Recorded(
+        counts={str(k): v for k, v in counts.items() if _whole(v)} if isinstance(counts, Mapping) else None,
+        sent={str(k): v for k, v in sent.items() if _whole(v)} if isinstance(sent, Mapping) else None,
+        messages=_whole(summary.get("messages")), groups=_whole(summary.get("groups")),
+        tampered="; ".join(str(f) for f in tampered if isinstance(f, str))[:TAMPERED_MAX]
+        if isinstance(tampered, list) else "",
+        functions={str(k): v for k, v in read.items()} if read is not None else None,
+        calls=_whole(summary.get("calls")), tensor_bytes=_whole(summary.get("tensor_bytes")),
+        reference=summary.get("reference") is True, missing=summary.get("missing") is True)
 
 
 @dataclass(frozen=True)
@@ -87,36 +140,19 @@ def uses(*names: str) -> Method:
                   needs=frozenset(names))
 
 
-def counts_of(summary: Any) -> dict[str, int] | None:
-    """The call counts of a rank's summary; None when it is not one."""
-    counts = summary.get("counts") if isinstance(summary, Mapping) else None
-    if not isinstance(counts, Mapping):
-        return None
-    return {str(k): v for k, v in counts.items() if isinstance(v, int) and not isinstance(v, bool) and v > 0}
-
-
-def tampering_of(summary: Any) -> str:
-    """What a rank's summary says its program did to the call recorder (lab.rank.calls), as one text;
-    "" when nothing."""
-    found = summary.get("tampered") if isinstance(summary, Mapping) else None
-    if not isinstance(found, list):
-        return ""
-    return "; ".join(str(f) for f in found if isinstance(f, str))[:300]
-
-
 def check_method(exercise: str, method: Method | None, calls: Calls, world: World) -> Verdict:
     """Whether every rank's calls keep to ``method``: a failing verdict names the forbidden (or
     missing) calls and the ranks, e.g. "rank 0 called all_reduce: ring-allreduce must be built
     from point-to-point calls (send/recv/isend/irecv)"."""
     if method is None:
         return Verdict(True)
-    tampered = {rank: t for rank in range(world.world_size) if (t := tampering_of(calls.get(rank)))}
+    tampered = {rank: t for rank in range(world.world_size) if (t := calls[rank].tampered if rank in calls else "")}
     if tampered:
         tampering = [f"rank {rank}'s call recorder was tampered with during the exercise ({what}): its records "
                      f"are no evidence of the method" for rank, what in tampered.items()]
         return Verdict(False, "; ".join(tampering), tuple(Mismatch(rank, "the call recorder", "left as the lab set it",
                                                                    what) for rank, what in tampered.items()))
-    counts = {rank: c for rank in range(world.world_size) if (c := counts_of(calls.get(rank))) is not None}
+    counts = {rank: c for rank in range(world.world_size) if rank in calls and (c := calls[rank].counts) is not None}
     unrecorded = [r for r in range(world.world_size) if r not in counts]
     notes = ((f"the calls of {ranks_named(unrecorded)} were not recorded: their method is not checked",)
              if unrecorded else ())
@@ -196,11 +232,11 @@ def check_carried(exercise: str, method: Method | None, calls: Calls, world: Wor
     if unmeasured:
         return Verdict(True, notes=(f"the connections were not measured ({'; '.join(unmeasured)})",))
     carried = sum(world.carried[h].carried for h in hosts)
-    summaries = [s for r in range(world.world_size) if isinstance(s := calls.get(r), Mapping)]
-    recorded = sum(_bytes_sent(s) or 0 for s in summaries)
-    messages = sum(_whole(s.get("messages")) for s in summaries)
-    groups = max((_whole(s.get("groups")) for s in summaries), default=0)  # (every rank makes every group)
-    barriers = sum(n for s in summaries for name, n in (counts_of(s) or {}).items() if name in SYNC)
+    summaries = [calls[r] for r in range(world.world_size) if r in calls]
+    recorded = sum(s.bytes_sent or 0 for s in summaries)
+    messages = sum(s.messages for s in summaries)
+    groups = max((s.groups for s in summaries), default=0)  # (every rank makes every group)
+    barriers = sum(n for s in summaries for name, n in (s.counts or {}).items() if name in SYNC)
     allowed = recorded + lab_overhead(world.world_size, messages, groups, barriers) + int(CARRIED_SLACK * recorded)
     notes = (f"the connections carried {_size(carried)}; the ranks' records account for {_size(recorded)} in "
              f"{messages} message(s)",)
@@ -249,13 +285,14 @@ def _by_host(calls: Calls, world: World, hosts: list[str]) -> tuple[Mismatch, ..
     rows = []
     for host in hosts:
         ranks = [r for r in range(world.world_size) if world.hosts[r] == host]
-        recorded = sum(_bytes_sent(s) or 0 for r in ranks if isinstance(s := calls.get(r), Mapping))
+        recorded = sum(calls[r].bytes_sent or 0 for r in ranks if r in calls)
         rows.append(Mismatch(None, f"bytes {host}'s connections carried ({ranks_named(ranks)})",
                              f"its records' {_size(recorded)}, and headers", _size(world.carried[host].carried)))
     return tuple(rows)
 
 
 def _whole(value: Any) -> int:
+    """A count as a summary says it: a whole number of at least 1, else 0."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
@@ -272,36 +309,21 @@ def _silent(calls: Calls, ranks: list[int]) -> list[tuple[int, str]]:
     found = []
     for rank in ranks:
         summary = calls[rank]
-        functions = summary.get("functions")
-        parts = ({f" in {name}()": f for name, f in functions.items() if isinstance(f, Mapping)}
-                 if isinstance(functions, Mapping) and functions else {"": summary})
-        found += [(rank, where) for where, part in parts.items() if _bytes_sent(part) == 0]
+        parts = {f" in {name}()": f for name, f in summary.functions.items()} if summary.functions is not None \
+            else {"": summary}
+        found += [(rank, where) for where, part in parts.items() if part.bytes_sent == 0]
     return found
 
 
-def _bytes_sent(summary: Mapping[str, Any]) -> int | None:
-    """The bytes a summary says were sent, to every peer; None when it does not say."""
-    sent = summary.get("sent")
-    if not isinstance(sent, Mapping):
-        return None
-    return sum(v for v in sent.values() if isinstance(v, int) and not isinstance(v, bool) and v > 0)
+def function_summary(summary: Recorded | None, function: str) -> Recorded | None:
+    """What a rank's summary says of one of the student's functions, if anything."""
+    return None if summary is None or summary.functions is None else summary.functions.get(function)
 
 
-def function_summary(summary: Any, function: str) -> Mapping[str, Any] | None:
-    """What a rank's calls summary (untrusted) says of one of the student's functions, if anything."""
-    functions = summary.get("functions") if isinstance(summary, Mapping) else None
-    inside = functions.get(function) if isinstance(functions, Mapping) else None
-    return inside if isinstance(inside, Mapping) else None
-
-
-def scoped_calls(calls: Calls, function: str) -> dict[int, Any]:
+def scoped_calls(calls: Calls, function: str) -> dict[int, Recorded]:
     """Each rank's calls inside ``function`` alone, as a rank's summary (where they were recorded)."""
-    scoped = {}
-    for rank, summary in calls.items():
-        inside = function_summary(summary, function)
-        if inside is not None:
-            scoped[rank] = {"counts": inside.get("counts"), "sent": inside.get("sent"), "functions": {function: inside}}
-    return scoped
+    return {rank: Recorded(counts=inside.counts, sent=inside.sent, functions={function: inside})
+            for rank, summary in calls.items() if (inside := function_summary(summary, function)) is not None}
 
 
 def unwritten(calls: Calls, world: World, function: str) -> str | None:
@@ -311,7 +333,7 @@ def unwritten(calls: Calls, world: World, function: str) -> str | None:
     for rank in range(world.world_size):
         inside = function_summary(calls.get(rank), function)
         if inside is not None:
-            said |= {key for key in ("missing", "reference") if inside.get(key) is True}
+            said |= {key for key, true in (("missing", inside.missing), ("reference", inside.reference)) if true}
     if "missing" in said:
         return "not written (the solution does not define it)"
     if "reference" in said:

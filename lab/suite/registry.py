@@ -32,9 +32,9 @@ exercise is about the method and not only the values:
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from lab.suite.check import PartVerdict, Results, Verdict, World
 from lab.suite.checks import backends, basics, bench, collectives, dsgd, p2p, ring
@@ -47,6 +47,7 @@ from lab.suite.method import (
     combine,
     nonblocking,
     point_to_point,
+    read_summaries,
     scoped_calls,
     unwritten,
     uses,
@@ -79,11 +80,13 @@ class Exercise:
         """The functions a student writes, each graded as a part of its own (partial credit)."""
         return () if self.writes_some else self.writes
 
-    def judge(self, results: Results, calls: Calls, world: World, part: str | None = None) -> Verdict:
+    def judge(self, results: Results, summaries: Mapping[int, Any], world: World, part: str | None = None) -> Verdict:
         """The values (``check``) and the method (the calls each rank made) together, and each part's
         verdict: a part passes when its own values and calls do and it is the student's (a function
         the solution took from the reference, or lacks, is not). With ``part``, that part alone. Where the run
-        measured its connections, more bytes carried than the records account for fails every part."""
+        measured its connections, more bytes carried than the records account for fails every part. ``summaries``:
+        each rank's calls summary as it came (untrusted), read here once."""
+        calls = read_summaries(summaries)
         carried = check_carried(self.name, self.method, calls, world)  # (the whole run's: every part's evidence)
         if part is not None:
             verdict = combine(self._part(part, results, calls, world), carried)

@@ -6,13 +6,12 @@ anything: :func:`check_ring_calls` fails a ring that called a collective (its ti
 gloo's), and notes the bytes each one sent, as the ring-allreduce exercise does."""
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from lab.suite.check import Expect, Mismatch, Results, Verdict, World, ranks_named
 from lab.suite.checks import is_number, reported
 from lab.suite.checks.ring import FUNCTIONS, check_ring_traffic
-from lab.suite.method import P2P, P2P_NAMES, SYNC, Calls, counts_of
+from lab.suite.method import P2P, P2P_NAMES, SYNC, Calls, function_summary
 
 
 def rows_of(result: Any) -> list[dict[str, Any]] | None:
@@ -65,10 +64,9 @@ def check_ring_calls(calls: Calls, world: World) -> Verdict:
     mismatches: list[Mismatch] = []
     callers: dict[tuple[str, str], list[int]] = {}  # (function, its calls) -> the ranks that made them
     for rank in range(world.world_size):
-        summary = calls.get(rank)
-        functions = summary.get("functions") if isinstance(summary, Mapping) else None
         for function, label in FUNCTIONS.items():
-            made = counts_of(functions.get(function)) if isinstance(functions, Mapping) else None
+            inside = function_summary(calls.get(rank), function)
+            made = inside.counts if inside is not None else None
             wrong = sorted(n for n in made or {} if n not in P2P | SYNC)
             if made and wrong:
                 callers.setdefault((label, ", ".join(wrong)), []).append(rank)

@@ -29,7 +29,7 @@ from lab.suite.check import Expect, Mismatch, Results, Verdict, World, ranks_nam
 from lab.suite.checks import reported
 from lab.suite.exercises import ring_cases
 from lab.suite.exercises.ring_cases import DRAWN, DTYPES, case_name, digest, numel, starts
-from lab.suite.method import CARRIED_SLACK, WireBudget, function_summary, lab_overhead
+from lab.suite.method import CARRIED_SLACK, Calls, Recorded, WireBudget, function_summary, lab_overhead
 
 FUNCTIONS = {"allreduce": "allreduce(send, recv)", "ring_allreduce": "ring_allreduce(tensor)"}
 SHOW = 6  # wrong positions named in a reason
@@ -154,7 +154,7 @@ def check_ring_part(results: Results, world: World, part: str) -> Verdict:
     return check_ring_allreduce(results, world, (part,))
 
 
-def check_ring_traffic(calls: Mapping[int, Any], world: World) -> Verdict:
+def check_ring_traffic(calls: Calls, world: World) -> Verdict:
     """The bytes each rank sent inside each function, per byte of its tensor, and to whom: a note
     per function; a failure if ``ring_allreduce`` sent more than :data:`NOT_OPTIMAL` times the
     bandwidth-optimal 2(n-1)/n."""
@@ -193,19 +193,14 @@ def check_ring_traffic(calls: Mapping[int, Any], world: World) -> Verdict:
     return Verdict(not mismatches, reason, tuple(mismatches), tuple(notes))
 
 
-def _traffic(summary: Any, function: str) -> tuple[int, dict[int, int], int] | None:
+def _traffic(summary: Recorded | None, function: str) -> tuple[int, dict[int, int], int] | None:
     """(bytes of the tensors the function was given, bytes sent to each rank inside it, times it
     was called), from a rank's calls summary; None when it was not recorded (or sent nothing)."""
     f = function_summary(summary, function)
-    if f is None:
+    if f is None or not f.tensor_bytes or f.sent is None:
         return None
-    size, sent = f.get("tensor_bytes"), f.get("sent")
-    if not isinstance(size, int) or isinstance(size, bool) or size <= 0 or not isinstance(sent, Mapping):
-        return None
-    to = {int(dst): int(n) for dst, n in sent.items()
-          if str(dst).lstrip("-").isdigit() and isinstance(n, int) and not isinstance(n, bool) and n > 0}
-    calls = f.get("calls")
-    return (size, to, calls if isinstance(calls, int) else 0) if to else None
+    to = {int(dst): n for dst, n in f.sent.items() if dst.lstrip("-").isdigit()}
+    return (f.tensor_bytes, to, f.calls) if to else None
 
 
 def _destinations(sent: dict[int, dict[int, int]], n: int) -> str:
