@@ -56,6 +56,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -284,56 +285,57 @@ def hang_verdict(repeat: int, script: Path) -> Figure:
                   False)
 
 
-def hang_training(repeat: int) -> Figure:
-    """Each hanging program of tests/train/ (exit 4, found by the hang finder), timed by the lab's own
-    clock: from the newest start of a call a rank hangs in to the verdict (its --trace file's)."""
+def slowest_traced(exit_code: int, what: str, delay: Callable[[dict[str, Any], str], float | None],
+                   repeat: int) -> tuple[int, list[float]]:
+    """Each program of tests/train/ that ends with ``exit_code`` (no timeout= of its own) under ``lab launch
+    --trace``, timed by the lab's own clock: ``delay(trace, stdout)`` in seconds (None: not ``what`` it
+    should be, which ends the benchmark); how many, and the slowest of each round."""
     from tests.test_train_programs import PROGRAMS
     from tests.test_why_fixtures import expectation
 
-    hangs = [(path, e.nproc) for path in PROGRAMS if (e := expectation(path)).exit == 4 and e.timeout is None]
+    runs = [(path, e.nproc) for path in PROGRAMS if (e := expectation(path)).exit == exit_code and e.timeout is None]
     slowest = []
     with tempfile.TemporaryDirectory() as folder:
         trace = Path(folder) / "trace.json"
         for _ in range(repeat):
             delays = []
-            for path, nproc in hangs:
+            for path, nproc in runs:
                 done = subprocess.run([*LAB, "launch", "--nproc", str(nproc), "--hang-after", f"{HANG_AFTER:g}",
                                        "--timeout", "120", "--trace", str(trace), str(path)], cwd=REPO,
                                       capture_output=True, text=True, timeout=TIMEOUT)
-                if done.returncode != 4 or "hung: nothing moved" not in done.stdout:
-                    sys.exit(f"{path.name}: not found hung (exit {done.returncode}):\n{done.stdout[-2000:]}")
-                events = json.loads(trace.read_text())
-                formed = max(e["ts"] for e in events["traceEvents"]
-                             if e["ph"] == "X" and e["name"].endswith("(in flight at the end)"))
-                delays.append((events["otherData"]["hang_found"] - formed) / 1e6)
+                found = delay(json.loads(trace.read_text()), done.stdout) if done.returncode == exit_code else None
+                if found is None:
+                    sys.exit(f"{path.name}: not {what} (exit {done.returncode}):\n{done.stdout[-2000:]}")
+                delays.append(found)
             slowest.append(max(delays))
-    return Figure("hang-training", f"slowest of {len(hangs)} training hangs, from the hang to its verdict / "
+    return len(runs), slowest
+
+
+def hang_training(repeat: int) -> Figure:
+    """Each hanging program of tests/train/ (exit 4, found by the hang finder): from the newest start of a
+    call a rank hangs in to the verdict."""
+    def hung(trace: dict[str, Any], out: str) -> float | None:
+        if "hung: nothing moved" not in out:
+            return None
+        formed = max(e["ts"] for e in trace["traceEvents"]
+                     if e["ph"] == "X" and e["name"].endswith("(in flight at the end)"))
+        return float(trace["otherData"]["hang_found"] - formed) / 1e6
+
+    count, slowest = slowest_traced(4, "found hung", hung, repeat)
+    return Figure("hang-training", f"slowest of {count} training hangs, from the hang to its verdict / "
                   f"--hang-after {HANG_AFTER:g} + {VERDICT_WITHIN:g} s", slowest,
                   [HANG_AFTER + VERDICT_WITHIN] * repeat, 1.0, False)
 
 
 def crash_training(repeat: int) -> Figure:
-    """Each crashing program of tests/train/ (exit 1), timed by the lab's own clock: from when the first
-    rank that failed was seen to (its end event, or its end) to the verdict (its --trace file's)."""
-    from tests.test_train_programs import PROGRAMS
-    from tests.test_why_fixtures import expectation
+    """Each crashing program of tests/train/ (exit 1): from when the first rank that failed was seen to
+    (its end event, or its end) to the verdict."""
+    def crashed(trace: dict[str, Any], out: str) -> float | None:
+        said = trace["otherData"]
+        return float(said["verdict"] - said["first_failure"]) / 1e6 if "first_failure" in said else None
 
-    crashes = [(path, expectation(path).nproc) for path in PROGRAMS if expectation(path).exit == 1]
-    slowest = []
-    with tempfile.TemporaryDirectory() as folder:
-        trace = Path(folder) / "trace.json"
-        for _ in range(repeat):
-            delays = []
-            for path, nproc in crashes:
-                done = subprocess.run([*LAB, "launch", "--nproc", str(nproc), "--hang-after", f"{HANG_AFTER:g}",
-                                       "--timeout", "120", "--trace", str(trace), str(path)], cwd=REPO,
-                                      capture_output=True, text=True, timeout=TIMEOUT)
-                said = json.loads(trace.read_text())["otherData"]
-                if done.returncode != 1 or "first_failure" not in said:
-                    sys.exit(f"{path.name}: no crash seen (exit {done.returncode}):\n{done.stdout[-2000:]}")
-                delays.append((said["verdict"] - said["first_failure"]) / 1e6)
-            slowest.append(max(delays))
-    return Figure("crash-training", f"slowest of {len(crashes)} training crashes, from the first rank's failure to "
+    count, slowest = slowest_traced(1, "a crash", crashed, repeat)
+    return Figure("crash-training", f"slowest of {count} training crashes, from the first rank's failure to "
                   f"the verdict / {VERDICT_WITHIN:g} s", slowest, [VERDICT_WITHIN] * repeat, 1.0, False)
 
 
