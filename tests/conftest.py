@@ -226,6 +226,22 @@ def assert_ddp_series_trained(out: str, ranks: int) -> None:
     assert re.search(r"epoch 1 loss \d+\.\d{4}", out), out
 
 
+# The lab's processes of a run on a host, by their command lines: ranks, host launchers, taggers, port
+# holders; and whatever the warm start forked for a launch (lab.rank.warm: they keep its server's command line)
+RUN_PROCESSES = re.compile(r"lab[.]rank[.](worker|script|node|output|ports)")
+WARM_SERVER = "lab.rank.warm serve"
+HOST_PROCESSES = ("ps", "-eo", "pid=,ppid=,args=")  # (what run_processes reads, run on the host)
+
+
+def run_processes(ps: str) -> list[str]:
+    """The lab's processes of a run in a host's ``ps -eo pid=,ppid=,args=`` (each as ``PID ARGS``): those
+    named above, and what runs below the host's warm server (the server itself is the host's, not a run's)."""
+    rows = [fields for fields in (line.split(None, 2) for line in ps.splitlines()) if len(fields) == 3]
+    warm = {pid for pid, _, args in rows if WARM_SERVER in args}
+    return [f"{pid} {args}" for pid, ppid, args in rows
+            if RUN_PROCESSES.search(args) or (pid in warm and ppid in warm)]
+
+
 # What a run says of its phases on stderr when it is not on a terminal (lab.cli.views.run.phases)
 PHASE_LINE = re.compile(r"lab: (reaching|holding|starting|checking|rendezvous|running|finishing|timing)\b")
 

@@ -22,7 +22,7 @@ import yaml
 from lab.containerlab import containers, engine, resources, sshd, state, topology
 from lab.errors import ExitCode
 
-from .conftest import REPO, WRONG, Lab, Result, said_apart_from_phases
+from .conftest import HOST_PROCESSES, REPO, WRONG, Lab, Result, run_processes, said_apart_from_phases
 from .load import cpu_hog
 from .test_compose import compose_tools
 from .test_train_programs import OTHER_LAUNCHERS
@@ -61,11 +61,9 @@ def lab_up() -> Iterator[Lab]:
 
 
 def workers_on(container: str) -> list[str]:
-    """The lab's processes still alive in a host container: ranks, host launchers, taggers, port holders."""
-    pattern = "lab[.]rank[.](worker|script|node|output|ports)"
-    done = subprocess.run(["docker", "exec", container, "pgrep", "-af", pattern], capture_output=True, text=True,
-                          timeout=30)
-    return done.stdout.split("\n") if done.stdout.strip() else []
+    """The lab's processes of a run still alive in a host container (conftest.run_processes)."""
+    done = subprocess.run(["docker", "exec", container, *HOST_PROCESSES], capture_output=True, text=True, timeout=30)
+    return run_processes(done.stdout)
 
 
 def assert_no_workers_anywhere(lab: topology.Topology = TOPOLOGY) -> None:
@@ -100,6 +98,23 @@ def test_status_shows_every_host_answering(lab_up: Lab) -> None:
     for i in TOPOLOGY.indices():
         assert TOPOLOGY.container(i) in result.out and TOPOLOGY.address(i) in result.out
     assert result.out.count("answers") == TOPOLOGY.hosts
+
+
+def served_on(container: str) -> int:
+    """How many launches the host's warm server has taken (lab.rank.warm), as its user reads it."""
+    done = subprocess.run(["docker", "exec", "-u", "lab", container, "sh", "-c", "cat /run/lab-warm/$(id -u)/served"],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout)
+
+
+def test_a_run_on_the_lab_is_forked_warm_on_every_host_and_leaves_nothing(lab_up: Lab) -> None:
+    hosts = [TOPOLOGY.container(i) for i in TOPOLOGY.indices()]
+    before = {host: served_on(host) for host in hosts}
+    result = lab_up("run", "p2p", "all-reduce", "--hosts", str(INVENTORY))
+    assert result.code == 0, result.text
+    assert {host: served_on(host) - before[host] for host in hosts} == {host: 1 for host in hosts}
+    assert_no_workers_anywhere()
 
 
 def test_a_host_stopped_mid_run_is_named_and_nothing_is_left(lab_up: Lab) -> None:

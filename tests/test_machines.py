@@ -27,14 +27,13 @@ from lab.containerlab.swarm import JOINED_LABEL
 from lab.errors import ExitCode
 
 from . import machines
-from .conftest import Lab, Result
+from .conftest import HOST_PROCESSES, Lab, Result, run_processes
 
 pytestmark = pytest.mark.machines
 LAB = "mtest"  # the lab across the machines (overlay network)
 HOST_LAB = "mtest-host"  # the one in --network host
 URL_LAB = "mtest-urls"  # the one whose machines are named by docker_host URLs
 PREFIX = "lab-test-machine"  # the machines' containers: lab-test-machine-m1, -m2
-RANK_PROCESSES = "lab[.]rank[.](worker|script|node|output|ports)"
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +99,7 @@ class Spread:
         return sorted(done.stdout.split())
 
     def ranks_in(self, machine: str, container: str) -> list[str]:
-        done = self.machines.docker(machine, "exec", container, "pgrep", "-af", RANK_PROCESSES)
-        return done.stdout.split("\n") if done.stdout.strip() else []
+        return run_processes(self.machines.docker(machine, "exec", container, *HOST_PROCESSES).stdout)
 
     def swarm(self, machine: str) -> str:
         return self.machines.docker(machine, "info", "--format", "{{.Swarm.LocalNodeState}}").stdout.strip()

@@ -195,7 +195,19 @@ def main() -> int:
     # Not dumpable from the start (execve made it so again): this process holds the launch's
     # streams, where only the launcher speaks, and no rank of this user may open them in /proc.
     inputs.not_dumpable()
-    mode, args = MODES[sys.argv[1]], sys.argv[2:]
+    if sys.argv[1] == "fork":  # (the zygote, forked from a server that has torch imported, where one answers)
+        from lab.rank import warm
+
+        status = warm.hand_over(sys.argv[1:])
+        if status is not None:
+            return status
+    return start(sys.argv[1], sys.argv[2:])
+
+
+def start(name: str, args: list[str]) -> int:
+    """Start the host's ranks in mode ``name`` from this process (a cold start, or the warm server's
+    zygote: lab.rank.warm)."""
+    mode = MODES[name]
     helper = preflight.begin() if mode.checks_network else None  # (before it imports torch)
     if helper is None and not mode.watches_stdin:
         stop_when_orphaned()  # (else once torch is imported: ready())
