@@ -2,6 +2,9 @@
 
     launch-ssh    `lab launch --hosts` on 4 container hosts (over SSH)
                   / the same script started by parallel `docker exec` on them         goal <= 1.10
+    warm-start    `lab run p2p` on 4 container hosts, forked from each host's warm server
+                  / the same run started cold (--env PYTHONHASHSEED=0, a setting the servers
+                  did not start with: each host's launcher imports torch)             goal <= 0.60
     run-all       the `processes` exercise / the whole `run all` on 8 container hosts goal <  0.25
     up            `lab up --no-smoke` / `docker-compose up -d` of the same 4 hosts
                   (image built, no container yet)                                      goal <= 1.20
@@ -170,6 +173,14 @@ def launch_ssh(repeat: int, script: Path) -> Figure:
 
         ours, theirs = alternating(repeat, over_ssh, by_docker_exec)
     return Figure("launch-ssh", "lab launch --hosts (4 hosts) / parallel docker exec", ours, theirs, 1.10, False)
+
+
+def warm_start(repeat: int) -> Figure:
+    with ContainerLab("bench4", 4) as lab:
+        run = [*LAB, "run", "p2p", "--hosts", str(lab.inventory)]
+        ours, theirs = alternating(repeat, lambda: timed(run, "lab run p2p (warm)")[0],
+                                   lambda: timed([*run, "--env", "PYTHONHASHSEED=0"], "lab run p2p (cold)")[0])
+    return Figure("warm-start", "run p2p on 4 hosts, warm / cold", ours, theirs, 0.6, False)
 
 
 def run_all(repeat: int) -> Figure:
@@ -491,8 +502,8 @@ def p2p_eight(repeat: int) -> Figure:
 
 
 def main() -> int:
-    names = ("launch-ssh", "run-all", "up", "doctor", "launch-local", "hang-verdict", "hang-training", "preflight",
-             "requirements", "bring-back", "cross-vpc", "busy", "p2p-8", "cli-start", "crash-training")
+    names = ("launch-ssh", "warm-start", "run-all", "up", "doctor", "launch-local", "hang-verdict", "hang-training",
+             "preflight", "requirements", "bring-back", "cross-vpc", "busy", "p2p-8", "cli-start", "crash-training")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"of {', '.join(names)} (default all)")
     parser.add_argument("--repeat", type=int, default=3)
@@ -506,7 +517,8 @@ def main() -> int:
         script = Path(directory, "allreduce_once.py")
         script.write_text(SCRIPT)
         script.chmod(0o644)
-        runs = {"launch-ssh": lambda: launch_ssh(args.repeat, script), "run-all": lambda: run_all(args.repeat),
+        runs = {"launch-ssh": lambda: launch_ssh(args.repeat, script), "warm-start": lambda: warm_start(args.repeat),
+                "run-all": lambda: run_all(args.repeat),
                 "up": lambda: up(args.repeat), "doctor": lambda: doctor(args.repeat),
                 "launch-local": lambda: launch_local(args.repeat, script),
                 "hang-verdict": lambda: hang_verdict(args.repeat, script),

@@ -3,7 +3,9 @@ imported already, instead of each importing it again (about 1.5 s of CPU a host,
 small run costs).
 
 ``python -m lab.rank.warm serve DIR`` (the container lab's hosts start one for the ``lab`` user as
-they start: images/lab-host/entrypoint.sh) imports torch once and listens on ``DIR/socket``; DIR is
+they start: images/lab-host/entrypoint.sh) listens on ``DIR/socket`` and imports torch once, on
+the first launch it takes (a host's start pays nothing for it; that launch waits for the import as
+it would have waited to import torch itself); DIR is
 ``WARM_DIR/<uid>``, the user's own (0700), in a folder only root may write. ``lab.rank.node fork``
 (the host's launcher, started under the lab's reaper as always) first offers its launch to it
 (:func:`hand_over`); where no server answers, or the launch is not one it can take, the launcher
@@ -69,6 +71,7 @@ LAUNCH_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 # passed on to the zygote's group
 SIGNALS: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
 ANSWER_WAIT = 5.0  # seconds for the server to answer a launch (else it starts cold)
+IMPORT_WAIT = 120.0  # seconds for it to import torch, on the first launch it takes
 REQUEST_MAX = 1 << 20  # bytes of a request
 PR_SET_DUMPABLE = 4
 PR_SET_CHILD_SUBREAPER = 36
@@ -151,6 +154,9 @@ def _offer(conn: socket.socket, argv: list[str]) -> int | None:
     try:
         socket.send_fds(conn, [frame(request)], [0, 1, 2])
         answer = read_frame(conn)
+        if answer == {"importing": True}:  # (the first launch: the server imports torch now)
+            conn.settimeout(IMPORT_WAIT)
+            answer = read_frame(conn)
         if not isinstance(answer, dict) or not isinstance(answer.get("pid"), int):
             return None
         conn.sendall(frame({"go": True}))
@@ -250,15 +256,12 @@ def serve(directory: str) -> NoReturn:
     os.umask(0o077)
     _prctl(PR_SET_DUMPABLE, 0)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)  # (what a keeper that was killed leaves comes here, and is killed)
-    for name in PRELOAD:
-        with contextlib.suppress(Exception):
-            importlib.import_module(name)
-    env, limits = dict(os.environ), own_limits()
     listener, inode = _listen(directory)
-    keepers: set[int] = set()
-    said: set[str] = set()  # the reasons to start cold it has logged (each once)
     served = 0
     _write_served(directory, served)
+    env, limits = dict(os.environ), own_limits()
+    keepers: set[int] = set()
+    said: set[str] = set()  # the reasons to start cold it has logged (each once)
     while True:
         if select.select([listener], [], [], 1.0)[0]:
             with contextlib.suppress(OSError):
@@ -344,7 +347,7 @@ def _take(conn: socket.socket, listener: socket.socket, env: dict[str, str], lim
             return "a launch larger than a launch may be"
         body = data[4:] + (_exactly(conn, size - len(data) + 4) if size > len(data) - 4 else b"")
         request = json.loads(body)
-        reason = cold_reason(request, env, limits)
+        reason = cold_reason(request, env, limits) or _preload(conn)
         if reason is not None:
             conn.sendall(frame({"cold": reason}))
             return reason
@@ -361,6 +364,25 @@ def _take(conn: socket.socket, listener: socket.socket, env: dict[str, str], lim
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _preload(conn: socket.socket) -> str | None:
+    """torch imported, on the first launch that can be forked from it (so that a host's start, and a
+    host no launch comes to, pays nothing for it; the first launch waits as it would have waited to
+    import it itself); why not, where it cannot be."""
+    if "torch" not in sys.modules and not _unloadable:
+        conn.sendall(frame({"importing": True}))  # (the launcher waits IMPORT_WAIT for it, not ANSWER_WAIT)
+        for name in PRELOAD:
+            try:
+                importlib.import_module(name)
+            except Exception as exc:  # (the zygote's own import of it says what it is)
+                if name == "torch":
+                    _unloadable.append(f"torch cannot be imported: {exc}"[:200])
+                    break
+    return _unloadable[0] if _unloadable else None
+
+
+_unloadable: list[str] = []  # why torch could not be imported, once it could not
 
 
 def keep(conn: socket.socket, fds: list[int], request: dict[str, Any]) -> NoReturn:
