@@ -82,10 +82,15 @@ class _Stdin:
 
 
 def launcher_cpu() -> float:
-    """The CPU seconds the launcher (this helper's parent) has used: utime and stime of its
-    /proc/PID/stat, which the kernel shows whatever the process is doing."""
+    """The CPU seconds the launcher (this helper's parent) has used."""
+    return cpu_of(os.getppid())
+
+
+def cpu_of(pid: int) -> float:
+    """The CPU seconds process ``pid`` has used: utime and stime of its /proc/PID/stat, which the
+    kernel shows whatever the process is doing (of any process of the user's); 0 where unreadable."""
     try:
-        with open(f"/proc/{os.getppid()}/stat", encoding="ascii") as file:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as file:
             fields = file.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):

@@ -52,6 +52,7 @@ import socket
 import stat
 import struct
 import sys
+import time
 from typing import Any, NoReturn
 
 WARM_DIR = "/run/lab-warm"  # root's; in it a folder per user that has a server: WARM_DIR/<uid>
@@ -154,9 +155,9 @@ def _offer(conn: socket.socket, argv: list[str]) -> int | None:
     try:
         socket.send_fds(conn, [frame(request)], [0, 1, 2])
         answer = read_frame(conn)
-        if answer == {"importing": True}:  # (the first launch: the server imports torch now)
-            conn.settimeout(IMPORT_WAIT)
-            answer = read_frame(conn)
+        if isinstance(answer, dict) and answer.get("importing"):  # (the first launch: the server imports torch now)
+            server = answer.get("pid")
+            answer = _await_import(conn, server if isinstance(server, int) else 0)
         if not isinstance(answer, dict) or not isinstance(answer.get("pid"), int):
             return None
         conn.sendall(frame({"go": True}))
@@ -164,6 +165,25 @@ def _offer(conn: socket.socket, argv: list[str]) -> int | None:
         return int(answer["pid"])
     except (OSError, ValueError):
         return None
+
+
+def _await_import(conn: socket.socket, server: int) -> Any:
+    """The server's answer once it has imported torch (IMPORT_WAIT at most), saying meanwhile, as a
+    cold launcher's start-up helper does (lab.rank.preflight), how much CPU the import has used: the
+    controller's start-up deadline counts only time in which nothing moved, however slowly a busy
+    machine lets it go."""
+    from lab.rank.preflight import PULSE_EVERY, cpu_of
+    from lab.rank.protocol import emit
+    from lab.rank.worker import TOKEN_VAR
+
+    token, deadline = os.environ.get(TOKEN_VAR, ""), time.monotonic() + IMPORT_WAIT
+    began = cpu_of(server)
+    while not select.select([conn], [], [], PULSE_EVERY)[0]:
+        if time.monotonic() > deadline:
+            raise ValueError("the server did not import torch in time")
+        if token:
+            emit(token, "pulse", cpu=round(max(0.0, cpu_of(server) - began), 2))
+    return read_frame(conn)
 
 
 def _ended(conn: socket.socket) -> int:
@@ -251,8 +271,8 @@ def _within(value: int, bound: int) -> bool:
 
 
 def serve(directory: str) -> NoReturn:
-    """Import torch, then take the launches of this user that come to ``directory``'s socket, one
-    at a time, each forked to a keeper of its own, until killed."""
+    """Take the launches of this user that come to ``directory``'s socket, one at a time, each forked
+    to a keeper of its own (torch imported on the first: :func:`_preload`), until killed."""
     os.umask(0o077)
     _prctl(PR_SET_DUMPABLE, 0)
     _prctl(PR_SET_CHILD_SUBREAPER, 1)  # (what a keeper that was killed leaves comes here, and is killed)
@@ -371,7 +391,7 @@ def _preload(conn: socket.socket) -> str | None:
     host no launch comes to, pays nothing for it; the first launch waits as it would have waited to
     import it itself); why not, where it cannot be."""
     if "torch" not in sys.modules and not _unloadable:
-        conn.sendall(frame({"importing": True}))  # (the launcher waits IMPORT_WAIT for it, not ANSWER_WAIT)
+        conn.sendall(frame({"importing": True, "pid": os.getpid()}))  # (the launcher waits IMPORT_WAIT for it)
         for name in PRELOAD:
             try:
                 importlib.import_module(name)
