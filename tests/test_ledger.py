@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from lab.core.judge import the_network_may_be_why
-from lab.core.ledger import Ledger
+from lab.core.ledger import TIMEOUT_SETTLE, Ledger
 from lab.core.outcome import Cause, RunOutcome
 from lab.core.plan import Options
 from lab.core.planner import build_launch_plan, build_plan
@@ -236,3 +236,34 @@ def test_the_doctor_is_asked_of_a_hang_at_the_rendezvous_unless_the_run_named_it
     outcome = RunOutcome(run.plan, run.states, run.runs, "hung", 30.0, hung=[0, 1, 2],
                          cause=Cause(cause, "What the analysis said.") if cause else None)  # type: ignore[arg-type]
     assert the_network_may_be_why(outcome) is asked
+
+
+TIMED_OUT_ERROR = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting "
+                   "4000ms for recv operation to complete")
+
+
+def ended(run: Ledger, now: float, rank: int, error: str) -> None:
+    """Rank ``rank``'s program raised ``error`` and the rank ended (its launcher said so)."""
+    send(run, now, "end", rank, how="raised", code=1, error=error, where="train.py:30", traceback="")
+    send(run, now, "exit", rank, code=1)
+
+
+@pytest.mark.parametrize("error, told", [(TIMED_OUT_ERROR, True), ("ValueError: bad batch", False)])
+def test_once_the_ranks_that_died_timed_out_and_the_others_in_the_call_had_time_to_nothing_more_is_waited_for(
+        error: str, told: bool) -> None:
+    """The crash's grace (what the live ranks may still say) ends once the first rank that died timed out
+    waiting and none died for TIMEOUT_SETTLE: its peers in the call have timed out by then too, and
+    those that waited on it have lost it."""
+    run = Ledger(build_launch_plan(local_inventory(4), "/x/train.py", [], 30.0, token="t0k3n"), 0.0)
+    run.begin(0.0)
+    for rank in range(4):
+        send(run, 1.0, "hello", rank, pid=100 + rank, hostname="local", local_rank=rank)
+    assert not run.crash_told(9.0)  # (nothing died yet)
+    ended(run, 9.0, 1, error)
+    assert not run.crash_told(9.5)  # ranks 2 and 3, which waited in that call too, may time out still
+    ended(run, 9.6, 2, error)
+    assert not run.crash_told(10.5)
+    assert run.crash_told(9.6 + TIMEOUT_SETTLE) is told  # (rank 3 is still running: rank 0's stacks say where)
+    ended(run, 11.0, 3, "RuntimeError: Connection closed by peer")  # it lost a peer that died: it follows
+    assert not run.crash_told(11.5)
+    assert run.crash_told(11.0 + TIMEOUT_SETTLE) is told

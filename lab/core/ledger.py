@@ -34,7 +34,7 @@ from lab.core.outcome import SYS_EXIT, ExerciseRun, LaunchState, RankState, Rest
 from lab.core.plan import Plan
 from lab.core.preflight import EVENTS as PREFLIGHT_EVENTS
 from lab.core.preflight import Preflight
-from lab.core.rankview import LOST
+from lab.core.rankview import LOST, TIMED_OUT
 from lab.core.stacks import is_stack_line, where_stopped
 from lab.core.streams import claimed_rank
 from lab.rank import steps
@@ -73,6 +73,7 @@ log = logging.getLogger(__name__)
 VIOLATIONS_KEPT = 10  # of one rank's
 DUMP_MAX = 10_000  # lines of one rank's stack dump kept
 STREAM_GRACE = 1.0  # seconds to wait for the last lines of a process that ended
+TIMEOUT_SETTLE = 1.0  # seconds after the last rank that timed out, for the others in its call to time out too
 HeardSince = Callable[[str, float], bool]  # (host, since when): whether its transport heard from it since
 
 
@@ -356,6 +357,18 @@ class Ledger:
         began the exercise, whatever steps it took since, until it reports on it."""
         return any(now - began > self.plan.timeout and not self.runs[name].reported(state.spec.rank)
                    for name, began in state.entered.items())
+
+    def crash_told(self, now: float) -> bool:
+        """After a crash, whether what the ranks still running could say of it is in already, so that the
+        runner need not wait out its grace for them: the first rank that died ended its program with a
+        timeout (it waited its group's timeout for ranks that never came: those will not come now
+        either), and no rank has died for TIMEOUT_SETTLE seconds (the others waiting in that call, which
+        began their wait a moment apart, have timed out by then too, and those waiting on the ones that
+        died have lost them). Where the rest are is for their stacks to tell."""
+        died = sorted((s for s in self.states if s.died), key=lambda s: s.ended_at or 0.0)
+        live = [s for s in self.states if s.exit_code is None and s.ended_at is None]
+        return bool(died) and bool(live) and died[0].end is not None and \
+            TIMED_OUT.search(died[0].end.error) is not None and now - (died[-1].ended_at or now) >= TIMEOUT_SETTLE
 
     def hung(self, now: float, heard_since: HeardSince) -> list[int]:
         """The live ranks, when they hang: every one waits in a torch.distributed call and says that

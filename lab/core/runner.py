@@ -296,7 +296,7 @@ class Run:
             crashed_at = crashed_at or ended
             if crashed_at is None and any(s.died for s in self.states):  # (a host's launcher said one ended)
                 crashed_at = now
-            if crashed_at is not None and now - crashed_at > CRASH_GRACE:
+            if crashed_at is not None and (now - crashed_at > CRASH_GRACE or self.ledger.crash_told(now)):
                 if any(state.exit_code is None for state in self.states):
                     self._locate_hangs()  # (where the ranks still running are: one may be why the others failed)
                 return "crashed", []
