@@ -403,6 +403,29 @@ def test_an_all_to_all_keeps_its_splits_as_given_then_and_none_it_cannot_read() 
     assert "in_splits" not in to_json(call(flight, ALL_REDUCE))
 
 
+
+def all_gather(tensor_list: Any, tensor: Any, group: Any = None, async_op: bool = False) -> None: ...
+
+
+def gather(tensor: Any, gather_list: Any = None, dst: Any = None, group: Any = None, async_op: bool = False,
+           group_dst: Any = None) -> None: ...
+
+
+def sized(n: int) -> SimpleNamespace:
+    return SimpleNamespace(shape=(n,), dtype="torch.float32", numel=lambda: n)
+
+
+def test_a_gather_keeps_the_tensor_it_sends_and_the_size_of_each_it_takes() -> None:
+    flight, _ = torch_flight(ProcessGroup([0, 1, 2], "0"))
+    spec = spec_for("all_gather", all_gather)
+    room = [sized(30), sized(31), sized(30)]
+    made = to_json(call(flight, spec, room, sized(31)))
+    room.append(sized(5))  # (changed once the call returned: the record is of the call)
+    assert (made["numel"], made["out_splits"], "in_splits" in made) == (31, [30, 31, 30], False)
+    off_root = to_json(call(flight, spec_for("gather", gather), sized(4), None, 0))  # (a gather_list is its root's)
+    assert off_root["numel"] == 4 and "out_splits" not in off_root
+    assert "out_splits" not in to_json(call(flight, spec, Unreadable(), sized(3)))
+
 # --- the files a program saves and misses (lab.rank.files) --------------------------------------------------
 
 

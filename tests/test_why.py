@@ -778,12 +778,14 @@ def test_splits_that_do_not_meet_are_said_pair_by_pair_with_each_ranks_splits() 
         "The ranks' splits of all_to_all_single #2 at moe.py:25 do not meet: rank 0 sends rank 1 3 rows "
         "(input_split_sizes[1]), which expects 2 from it (output_split_sizes[0])."))
     assert lines(cause) == [
-        "rank 0 (node1): all_to_all_single #2, 4 floats, input splits [2, 3], output splits [2, 2] at moe.py:25",
-        "rank 1 (node2): all_to_all_single #2, 4 floats, input splits [2, 2], output splits [2, 2] at moe.py:25"]
+        "rank 0 (node1): all_to_all_single #2, 4 floats, input_split_sizes [2, 3], output_split_sizes [2, 2] "
+        "at moe.py:25",
+        "rank 1 (node2): all_to_all_single #2, 4 floats, input_split_sizes [2, 2], output_split_sizes [2, 2] "
+        "at moe.py:25"]
     assert cause.fix is not None and "exchange the counts first" in cause.fix
     unrecorded = rank(2, records=[rec(1, "init_process_group")], inflight=[rec(2, "all_to_all_single", "in_flight")])
     some = explain(exchanging({0: ([2, 3, 1], [2, 2, 1]), 1: ([1, 2, 1], [2, 2, 1])}) + [unrecorded])
-    assert "do not meet (2 of the 4 pairs of ranks 0, 1, whose splits were recorded): " in some.headline
+    assert "do not meet (2 of the 4 pairs whose splits were recorded): " in some.headline
 
 
 def test_uneven_splits_that_meet_are_no_mismatch_and_a_groups_places_are_its_ranks() -> None:
@@ -794,6 +796,85 @@ def test_uneven_splits_that_meet_are_no_mismatch_and_a_groups_places_are_its_ran
     assert crossed.headline == (
         "The ranks' splits of all_to_all_single #2 on group [1, 3] at moe.py:25 do not meet: rank 3 sends rank 1 "
         "3 rows (input_split_sizes[0]), which expects 2 from it (output_split_sizes[1])."), crossed.headline
+
+
+# The lists of a tensor a peer (all_gather's tensor_list, gather's gather_list, scatter's scatter_list)
+
+
+def gathering(op: str, sizes: dict[int, tuple[int, list[int] | None, list[int] | None]],
+              root: int | None = None) -> list[RankFacts]:
+    """Ranks in ``op`` #2 at eval.py:25, each with (its tensor's elements, its list to the peers, its list
+    from them)."""
+    return [rank(r, records=[rec(1, "init_process_group")], inflight=[rec(
+        2, op, "in_flight", where="eval.py:25", numel=n, shape=[n], root=root, in_splits=ins, out_splits=outs)])
+        for r, (n, ins, outs) in sizes.items()]
+
+
+def test_an_all_gather_whose_lists_are_made_like_the_ranks_own_tensor_is_said_pair_by_pair() -> None:
+    cause = explain(gathering("all_gather", {r: (30 + r % 2, None, [30 + r % 2] * 4) for r in range(4)}))
+    assert (cause.kind, cause.headline) == ("collective-mismatch", (
+        "The ranks' sizes of all_gather #2 at eval.py:25 do not meet (8 of the 16 pairs): rank 0 sends rank 1 30 "
+        "floats (tensor), which expects 31 floats from it (tensor_list[0]); rank 0 sends rank 3 30 floats (tensor), "
+        "which expects 31 floats from it (tensor_list[0]); rank 1 sends rank 0 31 floats (tensor), which expects 30 "
+        "floats from it (tensor_list[1]); and 5 more."))
+    assert lines(cause)[1] == ("rank 1 (node2): all_gather #2, 31 floats, tensor_list sizes [31, 31, 31, 31] at "
+                               "eval.py:25")
+    assert cause.fix is not None and "all_gather the counts first" in cause.fix
+
+
+def test_uneven_gathers_that_meet_are_no_mismatch_and_the_others_crash_is_the_cause() -> None:
+    met = gathering("all_gather", {r: (30 + r % 2, None, [30, 31, 30, 31]) for r in range(3)})
+    crashed = [*met, rank(3, records=[rec(1, "init_process_group"), rec(2, "all_gather", where="eval.py:25",
+                                                                            numel=31, out_splits=[30, 31, 30, 31])],
+                              ended="raised", error="KeyError: 'w'", exit_code=1, failed_at=2000.0)]
+    cause = explain(crashed)
+    assert cause.headline == "Rank 3 (node4) failed first: it raised KeyError: 'w'; ranks 0-2 still wait in all_gather."
+
+
+def test_an_uneven_gather_that_meets_but_gloo_refuses_says_gloo_gathers_equal_sizes_only() -> None:
+    refused = "RuntimeError: ProcessGroupGloo::allgather: invalid tensor size at index 1 (expected (30), got (31))"
+
+    def ranks(lists: list[int] | None) -> list[RankFacts]:
+        return [rank(r, records=[rec(1, "init_process_group"), rec(2, "all_gather", "raised", where="eval.py:25",
+                                                                    numel=30 + r % 2, out_splits=lists, error=refused)],
+                     ended="raised", error=refused, exit_code=1, failed_at=2000.0) for r in range(4)]
+
+    cause = explain(ranks([30, 31, 30, 31]))
+    assert cause.headline == (
+        "The ranks' sizes of all_gather #2 at eval.py:25 differ (30 floats to 31 floats) and meet, each rank's "
+        "tensor_list sized as its peers pass, but gloo gathers equal sizes only: it refused the call on ranks 0-3 "
+        "(ProcessGroupGloo::allgather: invalid tensor size).")
+    assert cause.fix is not None and "pad every rank's tensor to the largest" in cause.fix
+    assert "and meet" not in explain(ranks(None)).headline  # (no lists recorded: whether they meet is not known)
+
+
+def test_a_gather_and_a_scatter_are_held_to_their_roots_lists() -> None:
+    gather = explain(gathering("gather", {0: (4, None, [4, 4, 4]), 1: (4, None, None), 2: (5, None, None)}, root=0))
+    assert gather.headline.startswith(
+        "The ranks' sizes of gather #2 to 0 at eval.py:25 do not meet: rank 2 sends rank 0 5 floats (tensor), which "
+        "expects 4 floats from it (gather_list[2])")
+    scatter = explain(gathering("scatter", {0: (4, [4, 6, 4], None), 1: (4, None, None), 2: (4, None, None)}, root=0))
+    assert scatter.headline.startswith(
+        "The ranks' sizes of scatter #2 from 0 at eval.py:25 do not meet: rank 0 sends rank 1 6 floats "
+        "(scatter_list[1]), which expects 4 floats from it (tensor)")
+
+
+def test_a_rank_gloo_aborted_in_a_gather_is_held_to_the_lists_of_the_ranks_that_lost_it() -> None:
+    abort = ("gloo::EnforceNotMet: [enforce fail at ../third_party/gloo/gloo/transport/tcp/pair.cc:456] "
+             "op.preamble.length <= op.nbytes. 62 vs 60. Received data size doesn't match expected size.")
+    lost = [rank(r, records=[rec(1, "init_process_group"), rec(11, "all_gather", "raised", where="eval.py:25",
+                                                               numel=31, out_splits=[31] * 4, error=LOST)],
+                 ended="raised", error=LOST, exit_code=1, failed_at=2000.0) for r in (1, 3)]
+    died = [rank(r, records=None, ended="exited", exit_code=-6, error=abort, failed_at=1999.0 + r / 10,
+                 died_in=rec(2, "all_gather", "in_flight", where="eval.py:25", numel=30)) for r in (0, 2)]
+    cause = explain([died[0], lost[0], died[1], lost[1]])
+    assert cause.headline.startswith(
+        "The ranks' sizes of all_gather #11 at eval.py:25 do not meet (4 of the 8 pairs whose sizes were recorded): "
+        "rank 0 sends rank 1 30 floats (tensor), which expects 31 floats from it (tensor_list[0]);")
+    assert cause.headline.endswith("; gloo aborted ranks 0, 2 on them: Received data size doesn't match expected "
+                                   "size (62 vs 60 bytes).")
+    # (a rank's relay numbers only the collectives the program called: its line says none)
+    assert lines(cause)[0] == "rank 0 (node1): all_gather, 30 floats at eval.py:25"
 
 
 # A file one rank loads that another saves (torch.load, torch.save: lab.rank.files)

@@ -30,7 +30,7 @@ from lab.rank.flightrecords import (
     merged,
     text,
 )
-from lab.rank.ops import FROM_ROOT, canonical
+from lab.rank.ops import FROM_ROOT, PER_PEER, SPLIT_SIZES, canonical
 from lab.rank.record import Record
 
 Ended = Literal["running", "exited", "raised"]
@@ -274,8 +274,9 @@ def size(call: Record) -> str | None:
     return f"{call.numel} {call.dtype + ' ' if call.dtype else ''}value{'' if call.numel == 1 else 's'}"
 
 
-def named(call: Record) -> str:
-    """Which call it is: ``recv from 0``, ``all_reduce #5``, ``broadcast #2 on group [0, 1] from 0``."""
+def named(call: Record, numbered: bool = True) -> str:
+    """Which call it is: ``recv from 0``, ``all_reduce #5``, ``broadcast #2 on group [0, 1] from 0``
+    (``all_reduce`` unnumbered: a rank's relay counts only the collectives the program called itself)."""
     direction = call.direction
     if direction == "send":
         return f"{call.op} to {call.peer}"
@@ -283,22 +284,24 @@ def named(call: Record) -> str:
         return f"{call.op} from {'any rank' if call.peer is None else call.peer}"
     if direction == "batch":
         return call.op
-    head = f"{call.by + ' ' if call.by else ''}{call.op} #{call.seq}{on_group(call.group)}"
+    head = f"{call.by + ' ' if call.by else ''}{call.op}{f' #{call.seq}' if numbered else ''}{on_group(call.group)}"
     if call.root is not None:
         head += f" {'from' if canonical(call.op) in FROM_ROOT else 'to'} {call.root}"
     return head
 
 
-def describe(call: Record) -> str:
+def describe(call: Record, numbered: bool = True) -> str:
     """A call as a person reads it: ``recv from 0, tag 0, 4 floats``, ``all_reduce #5, SUM, 1024 floats``,
-    ``all_to_all_single #2, 512 floats, input splits [9, 7, 8, 8], output splits [8, 8, 8, 8]``."""
+    ``all_to_all_single #2, 512 floats, input_split_sizes [9, 7, 8, 8], output_split_sizes [8, 8, 8, 8]``,
+    ``all_gather #3, 30 floats, tensor_list sizes [30, 31, 30, 31]``."""
     direction = call.direction
-    parts = [named(call), *([call.reduce_op] if call.reduce_op and direction == "collective" else [])]
+    parts = [named(call, numbered), *([call.reduce_op] if call.reduce_op and direction == "collective" else [])]
     if direction in ("send", "recv") and call.tag is not None:
         parts.append(f"tag {call.tag}")
     parts += [s for s in (size(call),) if s]
-    parts += [f"{name} [{_counts(found)}]" for name, found in (("input splits", call.in_splits),
-                                                               ("output splits", call.out_splits)) if found]
+    names = PER_PEER.get(canonical(call.op), ("", ""))  # (the arguments that gave them: counts, or a list's sizes)
+    parts += [f"{name}{'' if canonical(call.op) in SPLIT_SIZES else ' sizes'} [{_counts(found)}]"
+              for name, found in zip(names, (call.in_splits, call.out_splits), strict=True) if name and found]
     if call.state == "waiting" and not call.by:
         parts.append("in wait()")
     return ", ".join(parts)
@@ -400,5 +403,5 @@ def state(rank: Rank) -> str:
     if rank.failed_in is not None:
         return f"{describe(rank.failed_in)}: {said}"
     if rank.died_in is not None:  # (its relay's word: the call it died in, by a signal)
-        return f"{describe(rank.died_in)}: {said.removeprefix('was ')}"
+        return f"{describe(rank.died_in, numbered=False)}: {said.removeprefix('was ')}"
     return next((said.removeprefix(word) for word in ("is ", "has ", "was ") if said.startswith(word)), said)

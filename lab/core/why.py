@@ -31,7 +31,7 @@ import re
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
 from lab.core import waitfor
@@ -64,7 +64,7 @@ from lab.core.rankview import (
 from lab.core.stacks import called_in, is_stack_line, program_files, where_stopped
 from lab.rank.events import Error
 from lab.rank.flightrecords import Calls, GroupMade, StepMark, text
-from lab.rank.ops import FROM_ROOT, REDUCING, ROOTED, SIZES_DIFFER, canonical
+from lab.rank.ops import FROM_ROOT, PER_PEER, REDUCING, ROOTED, SIZES_DIFFER, SPLIT_SIZES, canonical
 from lab.rank.record import Record
 
 __all__ = ["Cause", "CauseKind", "Evidence", "RankFacts", "explain"]
@@ -105,7 +105,7 @@ def _evidence(rank: Rank, call: Record | None) -> Evidence:
     waited = rank.facts.stopped_at.split(" ", 1)[0] if rank.facts.stopped_at and call.state == "waiting" else None
     if waited and call.where and waited != call.where:
         return Evidence(rank.rank, text(rank.host), f"{describe(call)} (posted at {call.where})", text(waited))
-    return Evidence(rank.rank, text(rank.host), describe(call), place(call))
+    return Evidence(rank.rank, text(rank.host), describe(call, numbered=call is not rank.died_in), place(call))
 
 
 def _some(ranks: list[Rank], say: Callable[[Rank], str]) -> str:
@@ -345,6 +345,12 @@ def _size_abort(root: Rank, ranks: dict[int, Rank]) -> Finding | None:
                     f"{at(place(call))}; gloo aborted rank {root.rank} on their sizes: Received data size doesn't "
                     f"match expected size{sizes}")
         return Finding("collective-mismatch", headline, _OWN_COLLECTIVE, same)
+    # the ranks gloo aborted in the same call (their relays' word: no number, and no lists of its tensors)
+    died = {r.rank: r.died_in for r in ranks.values() if r.failure == "own" and r.died_in is not None
+            and canonical(r.died_in.op) == canonical(call.op) and r.died_in.where == call.where}
+    if (crossed := _peers_crossed(died | same, sorted(members(call.group, ranks.values())))) is not None:
+        return replace(crossed, headline=f"{crossed.headline}; gloo aborted {ranks_named(died or [root.rank])} on "
+                                         f"them: Received data size doesn't match expected size{sizes}")
     theirs = f" {size(call)}" if size(call) else " theirs"
     own = size(root.died_in) if root.died_in else None
     whose = f", which passes {own}" if own else ", whose size differs"
@@ -485,41 +491,110 @@ def _mismatch(ranks: dict[int, Rank]) -> Finding | None:
             if c.direction == "collective":
                 slots.setdefault((c.group, c.seq), {})[k] = c
     for (group, seq), calls in sorted(slots.items(), key=lambda kv: (min(c.t0 for c in kv[1].values()), kv[0])):
+        # (a call that sends each peer its own tensor, its lists recorded, is held to them pair by pair: below)
+        by_peer = any(canonical(c.op) in PER_PEER and (c.in_splits or c.out_splits) for c in calls.values())
         for aspect, value, fix in _ASPECTS:
+            if aspect == "size" and by_peer:
+                continue
             values = {k: v for k, v in ((k, value(c)) for k, c in calls.items()) if v is not None}
             if len(set(values.values())) > 1:
                 return (aspect == "op" and _skipped(ranks, calls)) or _against_torch(calls) or Finding(
                     "collective-mismatch", _disagree(aspect, group, seq, calls, values), fix, calls)
-        if crossed := _splits_crossed(calls, sorted(members(group, ranks.values()))):
-            return Finding("collective-mismatch", crossed, _SPLITS_FIX, calls)
+        if found := _peers_crossed(calls, sorted(members(group, ranks.values()))) or _unequal_for_gloo(calls):
+            return found
     return None
 
 
 _SPLITS_FIX = ("In all_to_all_single, each rank's output_split_sizes must be what each peer sends it (that peer's "
                "input_split_sizes): exchange the counts first (an all_to_all_single of a tensor of one count per "
                "rank), then size the output and its splits from what came.")
+_PEER_SIZES_FIX = {
+    "all_gather": "In all_gather, each rank's tensor_list[i] must be as large as the tensor rank i passes, and gloo "
+                  "gathers equal sizes only: all_gather the counts first, pad every rank's tensor to the largest, "
+                  "gather, and cut each back to its count (for a few Python values, all_gather_object).",
+    "gather": "In gather, the root's gather_list[i] must be as large as the tensor rank i passes: gather the counts "
+              "first, pad every rank's tensor to the largest, and cut each back to its count on the root.",
+    "scatter": "In scatter, each rank's tensor must be as large as its tensor in the root's scatter_list: broadcast "
+               "the sizes first, or scatter equal pieces.",
+    "all_to_all": "In all_to_all, each rank's output_tensor_list[i] must be as large as what rank i sends it (its "
+                  "input_tensor_list[j]): exchange the counts first, then size the outputs from what came.",
+    "all_to_all_single": _SPLITS_FIX,
+}
 
 
-def _splits_crossed(calls: dict[int, Record], group: list[int]) -> str:
-    """Where the ranks at one all_to_all_single gave splits that do not meet: a rank sends a peer rows
-    (its input_split_sizes) that the peer does not expect from it (its output_split_sizes), said pair by
-    pair; "" where they meet, or were not recorded. A split's place is a rank of ``group``, sorted."""
+def _peer_sizes(call: Record, places: dict[int, int]) -> tuple[dict[int, tuple[int, str]], dict[int, tuple[int, str]]]:
+    """What one rank's call sends each peer and what it takes from each, by the peer's place in the group
+    (its global rank's index among the group's, sorted): the amount and the argument that gave it. Only
+    what the rank's record holds (a gather's list is its root's; a rank that died has no lists)."""
+    op, n = canonical(call.op), len(places)
+    to_peers, from_peers = PER_PEER[op]
+    root = places.get(call.root) if call.root is not None else None
+    ins, outs = call.in_splits, call.out_splits
+    sends: dict[int, tuple[int, str]] = {}
+    takes: dict[int, tuple[int, str]] = {}
+    if to_peers and ins is not None and len(ins) == n:
+        sends = {j: (ins[j], f"{to_peers}[{j}]") for j in range(n)}
+    elif not to_peers and call.numel is not None:  # (all_gather's tensor goes to every rank, gather's to its root)
+        sends = {j: (call.numel, "tensor") for j in range(n) if op == "all_gather" or j == root}
+    if from_peers and outs is not None and len(outs) == n:
+        takes = {i: (outs[i], f"{from_peers}[{i}]") for i in range(n)}
+    elif not from_peers and call.numel is not None and root is not None:  # (scatter's tensor comes from its root)
+        takes = {root: (call.numel, "tensor")}
+    return sends, takes
+
+
+def _peers_crossed(calls: dict[int, Record], group: list[int]) -> Finding | None:
+    """Where the ranks at one call that sends each peer its own tensor (all_to_all_single's splits,
+    all_gather's list...) gave sizes that do not meet: a rank sends a peer what the peer does not
+    expect from it, said pair by pair; None where they meet, or were not recorded. A place in a list
+    or the splits is a rank of ``group``, sorted."""
     place = {r: n for n, r in enumerate(group)}
-    given = {k: (c.in_splits, c.out_splits) for k, c in calls.items() if k in place and c.in_splits is not None
-             and c.out_splits is not None and len(c.in_splits) == len(c.out_splits) == len(group)}
-    crossed = [(i, j, given[i][0][place[j]], given[j][1][place[i]]) for i in sorted(given) for j in sorted(given)
-               if given[i][0][place[j]] != given[j][1][place[i]]]
+    known = {k: _peer_sizes(c, place) for k, c in calls.items() if k in place and canonical(c.op) in PER_PEER}
+    pairs = [(i, j, known[i][0][place[j]], known[j][1][place[i]]) for i in sorted(known) for j in sorted(known)
+             if place[j] in known[i][0] and place[i] in known[j][1]]
+    crossed = [(i, j, sent, expected) for i, j, sent, expected in pairs if sent[0] != expected[0]]
     if not crossed:
-        return ""
-    call = calls[crossed[0][0]]
-    said = [f"rank {i} sends {'itself' if i == j else f'rank {j}'} {sent} row{'' if sent == 1 else 's'} "
-            f"(input_split_sizes[{place[j]}]), {'and' if i == j else 'which'} expects {expected}"
-            f"{'' if i == j else ' from it'} (output_split_sizes[{place[i]}])"
-            for i, j, sent, expected in crossed[:HEADLINE_RANKS]]
+        return None
+    call = calls[crossed[0][1]]  # (named as the rank that expected it recorded it: a whole record, numbered)
+    op = canonical(call.op)
+    rows = op in SPLIT_SIZES
+
+    def amount(n: int) -> str:
+        return f"{n} row{'' if n == 1 else 's'}" if rows else size(replace(call, numel=n)) or str(n)
+
+    said = [f"rank {i} sends {'itself' if i == j else f'rank {j}'} {amount(sent)} ({how}), "
+            f"{'and' if i == j else 'which'} expects {amount(expected) if not rows else expected}"
+            f"{'' if i == j else ' from it'} ({whence})"
+            for i, j, (sent, how), (expected, whence) in crossed[:HEADLINE_RANKS]]
     more = f"; and {len(crossed) - HEADLINE_RANKS} more" if len(crossed) > HEADLINE_RANKS else ""
-    recorded = "" if len(given) == len(group) else f" of {ranks_named(given)}, whose splits were recorded"
-    pairs = f" ({len(crossed)} of the {len(given) ** 2} pairs{recorded})" if len(crossed) > 1 else ""
-    return f"The ranks' splits of {named(call)}{at(call.where)} do not meet{pairs}: {'; '.join(said)}{more}"
+    word = "splits" if rows else "sizes"
+    whole = len(group) == sum(bool(sends and takes) for sends, takes in known.values())
+    recorded = "" if whole else f" whose {word} were recorded"
+    counted = f" ({len(crossed)} of the {len(pairs)} pairs{recorded})" if len(crossed) > 1 else ""
+    headline = f"The ranks' {word} of {named(call)}{at(call.where)} do not meet{counted}: {'; '.join(said)}{more}"
+    return Finding("collective-mismatch", headline, _PEER_SIZES_FIX[op], calls)
+
+
+_GLOO_UNEQUAL = re.compile(r"ProcessGroupGloo::allgather: invalid tensor size")
+_GLOO_UNEQUAL_FIX = ("gloo's all_gather takes tensors of one size from every rank (NCCL's takes uneven ones): "
+                     "pad every rank's tensor to the largest of the counts gathered, gather, and cut each back to its "
+                     "count.")
+
+
+def _unequal_for_gloo(calls: dict[int, Record]) -> Finding | None:
+    """An all_gather whose sizes differ from rank to rank but meet (each rank's tensor_list sized from
+    what each passes: _peers_crossed found none crossed), that gloo refused: it gathers equal sizes only."""
+    refused = {k: c for k, c in calls.items() if c.error and _GLOO_UNEQUAL.search(c.error)}
+    call = next(iter(calls.values()))
+    sizes = sorted({c.numel for c in calls.values() if c.numel is not None})
+    if not refused or canonical(call.op) != "all_gather" or len(sizes) < 2 or any(
+            c.out_splits is None for c in calls.values()):
+        return None
+    least, most = (size(replace(call, numel=n)) for n in (sizes[0], sizes[-1]))
+    headline = (f"The ranks' sizes of {named(call)}{at(call.where)} differ ({least} to {most}) and meet, each rank's "
+                f"tensor_list sized as its peers pass, but gloo gathers equal sizes only: it refused the call on "
+                f"{ranks_named(refused)} (ProcessGroupGloo::allgather: invalid tensor size)")
+    return Finding("collective-mismatch", headline, _GLOO_UNEQUAL_FIX, calls)
 
 
 def _against_torch(calls: dict[int, Record]) -> Finding | None:

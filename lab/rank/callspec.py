@@ -1,5 +1,6 @@
 """Where torch.distributed's functions take what the flight recorder records (``lab.rank.flight``):
-the tensor, the group, the peer or root, the tag, the reduce op, an all_to_all's splits; found once
+the tensor, the group, the peer or root, the tag, the reduce op, what goes to and comes from each
+peer (an all_to_all_single's splits, the lists of all_gather, gather, scatter, all_to_all); found once
 per function, from its signature, so that each call costs a few lookups. Standard library only: it runs on every host.
 """
 from __future__ import annotations
@@ -9,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lab.rank.ops import METHOD, P2P, ROOTED, TO_TARGET
+from lab.rank.ops import METHOD, P2P, PER_PEER, ROOTED, SPLIT_SIZES, TO_TARGET
 
 Slot = tuple[int, str, Any]  # an argument: its position, its name, its default
 
@@ -21,14 +22,18 @@ class Spec:
     op: str
     p2p: bool = False
     batch: bool = False  # batch_isend_irecv: its isends and irecvs are recorded, not itself
-    tensor: Slot | None = None  # the tensor (or list of them) whose shape and dtype are recorded
+    tensor: Slot | None = None  # the tensor (or list of them: its first) whose shape and dtype are recorded
     group: Slot | None = None
     target: Slot | None = None  # the peer (p2p) or root, a global rank
     group_target: Slot | None = None  # the same as a rank of the group
     tag: Slot | None = None
     reduce_op: Slot | None = None
     extra: bool = False  # any of target, group_target, tag
-    splits: tuple[Slot, Slot] | None = None  # all_to_all_single's input and output split sizes
+    # what goes to each peer and what comes from each (lab.rank.ops.PER_PEER): split sizes where ``counts``,
+    # else lists of a tensor a peer
+    to_peers: Slot | None = None
+    from_peers: Slot | None = None
+    counts: bool = False
 
 
 def spec_for(name: str, fn: Callable[..., Any]) -> Spec:
@@ -44,11 +49,12 @@ def spec_for(name: str, fn: Callable[..., Any]) -> Spec:
     rooted = name in P2P or name in ROOTED
     extra = {"target": slots.get(side) if rooted else None,
              "group_target": slots.get(f"group_{side}") if rooted else None, "tag": slots.get("tag")}
-    return Spec(name, p2p=name in P2P, batch=name == "batch_isend_irecv",
-                tensor=slots[first] if first not in ("group", "p2p_op_list", "") else None,
-                group=slots.get("group"), reduce_op=slots.get("op"), extra=any(extra.values()),
-                splits=(slots["input_split_sizes"], slots["output_split_sizes"])
-                if "input_split_sizes" in slots and "output_split_sizes" in slots else None, **extra)
+    # (all_gather's tensor is the one it sends, not the first of its output list: the ranks' may differ)
+    tensor = slots.get("tensor") or (slots[first] if first not in ("group", "p2p_op_list", "") else None)
+    to_peers, from_peers = PER_PEER.get(name, ("", ""))
+    return Spec(name, p2p=name in P2P, batch=name == "batch_isend_irecv", tensor=tensor,
+                to_peers=slots.get(to_peers), from_peers=slots.get(from_peers), counts=name in SPLIT_SIZES,
+                group=slots.get("group"), reduce_op=slots.get("op"), extra=any(extra.values()), **extra)
 
 
 NEW_GROUP = Spec("new_group")

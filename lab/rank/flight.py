@@ -90,7 +90,8 @@ _now = time.time
 # a collective the program did not call itself, "DDP's gradient"; RETURNED: when the call returned,
 # its Work if async; WORLD: the world_size init_process_group was given;
 # CALLER: for a collective torch issued, the program's frame that led to the user's, in another file;
-# SPLITS: an all_to_all_single's input and output split sizes, as the program gave them).
+# SPLITS: what the call sends each peer and takes from each: an all_to_all_single's input and output
+# split sizes as the program gave them (rows), the elements of each tensor of a list a tensor a peer).
 (SEQ, GROUP, OP, SHAPE, DTYPE, PEER, ROOT, TAG, REDUCE_OP, ASYNC, CODE, LASTI, STATE, ERROR, T0, T1,
  DUMPED, BY, RETURNED, WORLD, CALLER, SPLITS) = range(22)
 Call: TypeAlias = "list[Any]"
@@ -113,6 +114,16 @@ def _shape(shape: Any) -> list[int] | None:
         return None if shape is None else [int(n) for n in shape]
     except (TypeError, ValueError):
         return None
+
+
+def _numels(value: Any) -> tuple[int, ...] | None:
+    """The elements of each tensor of a list that holds one a peer; None: no list (a gather's off its
+    root), or not one of tensors."""
+    try:
+        found = tuple(int(t.numel()) for t in value) if value and len(value) <= SPLITS_MAX else None
+    except Exception:  # (whatever the program passed: its call goes on as torch takes it)
+        return None
+    return found if found and all(n >= 0 for n in found) else None
 
 
 def _splits(value: Any) -> tuple[int, ...] | None:
@@ -301,8 +312,10 @@ class Flight:
                 None]
         if spec.extra:
             self._extra(call, spec, args, kwargs)
-        if spec.splits is not None:  # (copied now: the program may change its lists once the call returns)
-            call[SPLITS] = (_splits(get(args, kwargs, spec.splits[0])), _splits(get(args, kwargs, spec.splits[1])))
+        if spec.to_peers is not None or spec.from_peers is not None:  # (copied now: the program may change its
+            read = _splits if spec.counts else _numels  # lists once the call returns)
+            call[SPLITS] = (None if spec.to_peers is None else read(get(args, kwargs, spec.to_peers)),
+                            None if spec.from_peers is None else read(get(args, kwargs, spec.from_peers)))
         if self.page is not None:
             self._on_page(call)
         self.ring.append(call)

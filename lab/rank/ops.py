@@ -24,6 +24,9 @@ class Op:
     from_root: bool = False  # its data go from the root to the others (broadcast, scatter)
     reduces: bool = False  # it takes a reduce op, on which every rank must agree
     sizes_differ: bool = False  # the ranks' sizes may differ (objects, all_to_all, a barrier's none)
+    # The arguments that say what a rank sends each rank of the group and what it takes from each ("": none):
+    # split sizes (all_to_all_single's rows) or lists of a tensor a rank; the ranks' must meet pair by pair.
+    peers: tuple[str, str] | None = None
     objects: bool = False  # it takes Python objects, pickled, not tensors
     older: tuple[str, ...] = ()  # older public functions that are the same operation
     methods: tuple[str, ...] = ()  # ProcessGroup's methods that are the same operation
@@ -41,16 +44,18 @@ OPS: tuple[Op, ...] = (
     Op("broadcast", rooted=True, from_root=True, methods=("broadcast",)),
     Op("all_reduce", reduces=True, methods=("allreduce",)),
     Op("reduce", rooted=True, reduces=True, methods=("reduce",)),
-    Op("all_gather", methods=("allgather",)),
+    Op("all_gather", peers=("", "tensor_list"), methods=("allgather",)),
     Op("all_gather_into_tensor", older=("_all_gather_base",), methods=("_allgather_base",)),
     Op("all_gather_single"),  # (FSDP2's)
-    Op("gather", rooted=True, methods=("gather",)),
-    Op("scatter", rooted=True, from_root=True, methods=("scatter",)),
+    Op("gather", rooted=True, peers=("", "gather_list"), methods=("gather",)),
+    Op("scatter", rooted=True, from_root=True, peers=("scatter_list", ""), methods=("scatter",)),
     Op("reduce_scatter", reduces=True, methods=("reduce_scatter",)),
     Op("reduce_scatter_tensor", reduces=True, older=("_reduce_scatter_base",), methods=("_reduce_scatter_base",)),
     Op("reduce_scatter_single", reduces=True),  # (FSDP2's)
-    Op("all_to_all", sizes_differ=True, methods=("alltoall",)),
-    Op("all_to_all_single", sizes_differ=True, methods=("alltoall_base",)),
+    Op("all_to_all", sizes_differ=True, peers=("input_tensor_list", "output_tensor_list"),
+       methods=("alltoall",)),
+    Op("all_to_all_single", sizes_differ=True, peers=("input_split_sizes", "output_split_sizes"),
+       methods=("alltoall_base",)),
     Op("all_reduce_coalesced", reduces=True, methods=("allreduce_coalesced",)),
     Op("all_gather_coalesced", methods=("allgather_coalesced",)),
     Op("allgather_into_tensor_coalesced", methods=("allgather_into_tensor_coalesced",), public=False),
@@ -89,6 +94,8 @@ ROOTED = frozenset(op.name for op in OPS if op.rooted)
 FROM_ROOT = frozenset(op.name for op in OPS if op.from_root)
 REDUCING = frozenset(op.name for op in OPS if op.reduces)
 SIZES_DIFFER = frozenset(op.name for op in OPS if op.sizes_differ)
+PER_PEER = {op.name: op.peers for op in OPS if op.peers}  # (the arguments: Op.peers)
+SPLIT_SIZES = frozenset(op.name for op in OPS if op.peers and op.peers[0].endswith("_split_sizes"))  # (counts)
 # The functions whose peer or root is a ``dst`` argument (sends, and what goes to a root), else ``src``.
 TO_TARGET = frozenset(op.name for op in OPS if op.kind == "send" or (op.rooted and not op.from_root))
 

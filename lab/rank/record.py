@@ -27,9 +27,11 @@ and, where they apply (:data:`SCHEMA` marks them sparse: left out when empty), `
 * ``by``: who issued a collective the program did not call itself ("DDP's gradient", "DDP's",
   "torch's"); ``caller``: for one of those, the program's line in another file that led to ``where``;
   ``world_size``: the one the program gave ``init_process_group``.
-* ``in_splits``, ``out_splits``: an ``all_to_all_single``'s ``input_split_sizes`` and
-  ``output_split_sizes`` as the program gave them (rows to and from each rank of the group), where it
-  gave them.
+* ``in_splits``, ``out_splits``: what the call sends each rank of the group and takes from each:
+  an ``all_to_all_single``'s ``input_split_sizes`` and ``output_split_sizes`` as the program gave
+  them (rows), where it gave them; the elements of each tensor of a list that holds one a rank
+  (``all_to_all``'s input and output lists, ``scatter``'s ``scatter_list``, ``all_gather``'s
+  ``tensor_list`` and ``gather``'s ``gather_list``: their ``out_splits``), where the rank gave one.
 
 What a rank sends is its own word, and a rank runs a student's program: the reader
 (:func:`from_wire`) takes nothing on trust. A record is checked field by field against the schema,

@@ -4,7 +4,7 @@ routing, but takes the output splits as even, never exchanged (the all_to_all of
 gloo refuses the call on the ranks whose own share differs; the records show every pair that does not meet.
 
 expect: kind=collective-mismatch; nproc=4; exit=1; headline contains "splits of all_to_all_single";
-        headline contains "at moe_token_splits.py:25 do not meet"; report contains "input splits [";
+        headline contains "at moe_token_splits.py:25 do not meet"; report contains "input_split_sizes [";
         report contains "exchange the counts first"
 """
 import torch
