@@ -52,7 +52,7 @@ EXPECTED = {
     "dave": ("fail", "out of memory (the limit is 768 MB per rank)"),
     "erin": ("pass", ""),
     "frank": ("pass", ""),
-    "grace": ("fail", "rank 1 (sandbox) exited with status 0 during ring-allreduce"),
+    "grace": ("fail", "rank 1 (sandbox-r1) exited with status 0 during ring-allreduce"),
     "heidi": ("error", "SyntaxError: expected ':' at heidi.py:7"),
     "ivan": ("fail", "called all_reduce: ring-allreduce must be built from point-to-point calls"),
     "judy": ("fail", "called all_reduce: ring-allreduce must be built from point-to-point calls"),  # (one part)
@@ -69,7 +69,8 @@ EXPECTED = {
     # nor can it speak for the launcher that takes that measure: no stream of the launch's is in its reach
     "xavier": ("fail", "went by calls the call recorder did not see"),
     # nor can it stop that measure: its ranks kill the launcher that takes it
-    "zed": ("fail", "the launcher of sandbox ended before it said what the connections carried"),
+    "zed": ("fail", "the launchers of sandbox-r0, sandbox-r1, sandbox-r2 ended before they said what the connections "
+                    "carried"),
     # the answer is nowhere in the process: each function's inputs are drawn apart, so the caller's frame holds
     # the sum of others
     "quentin": ("fail", "rank 0: ring_allreduce(tensor), size 1 float32: positions [0]"),
@@ -77,6 +78,9 @@ EXPECTED = {
     "rupert": ("fail", "less than ring-allreduce's functions must move to compute their results"),
     # a hidden all_reduce, its records forged to look like two honest rings: they claim more than was carried
     "ursula": ("fail", "records that claim more than went over the wire are no evidence of the method"),
+    # every rank's inputs through /dev/shm, a ring's bytes of zeros on the wire: each rank's container has a
+    # /dev/shm of its own (without it she passes: test_grading_without_a_sandbox_on_local_clusters_side_by_side)
+    "yolanda": ("fail", "inputs never came through /dev/shm"),
     "nobody": ("error", "no .py file in nobody/"),
 }
 
@@ -115,13 +119,12 @@ def students_in(out: Path) -> list[str]:
         return [row["student"] for row in csv.DictReader(f)]
 
 
-def assert_graded_as_expected(grades: dict[str, dict[str, str]], expected: dict[str, tuple[str, str]],
-                              host: str = "sandbox") -> None:
+def assert_graded_as_expected(grades: dict[str, dict[str, str]], expected: dict[str, tuple[str, str]]) -> None:
     assert set(grades) == set(expected)
     for student, (verdict, words) in expected.items():
         row = grades[student]
         assert (row["verdict"], row["score"]) == (verdict, "1" if verdict == "pass" else "0"), row
-        assert words.replace("(sandbox)", f"({host})") in row["reason"], row
+        assert words in row["reason"], row
         assert row["exercise"] == "ring-allreduce" and float(row["seconds"]) >= 0
 
 
@@ -393,14 +396,20 @@ def test_bad_grading_input_is_one_line_and_exit_2(lab: Lab, tmp_path: Path) -> N
 
 @pytest.mark.local
 def test_grading_without_a_sandbox_on_local_clusters_side_by_side(lab: Lab, tmp_path: Path) -> None:
-    """Two local clusters at once, each submission its own run: the rows, the JUnit files."""
-    submissions = class_of(tmp_path, "alice", "bob", "heidi", "ivan")
+    """Two local clusters at once, each submission its own run: the rows, the JUnit files. And what
+    the sandbox is for: yolanda's ranks, which share this machine's /dev/shm, pass through it."""
+    submissions = class_of(tmp_path, "alice", "bob", "heidi", "ivan", "yolanda")
     out = tmp_path / "book"
-    result = lab("grade", str(submissions), "--exercise", "ring-allreduce", "--nproc", "3", "--sandbox", "none",
-                 "--parallel", "2", "--out", str(out), timeout=300)
+    try:
+        result = lab("grade", str(submissions), "--exercise", "ring-allreduce", "--nproc", "3", "--sandbox", "none",
+                     "--parallel", "2", "--out", str(out), timeout=300)
+    finally:
+        for left in Path("/dev/shm").glob("yolanda-*"):  # (hers: nothing sweeps a local cluster's)
+            left.unlink(missing_ok=True)
     assert result.code == 0, result.text
-    assert_graded_as_expected(read_grades(out), {s: EXPECTED[s] for s in ("alice", "bob", "heidi", "ivan")})
-    assert "4 graded: 1 pass, 2 fail, 1 error" in result.out
+    assert_graded_as_expected(read_grades(out), {s: EXPECTED[s] for s in ("alice", "bob", "heidi", "ivan")}
+                              | {"yolanda": ("pass", "")})
+    assert "5 graded: 2 pass, 2 fail, 1 error" in result.out
     suite = ET.parse(out / "junit" / "bob.xml").getroot().find("testsuite")
     assert suite is not None and suite.get("name") == "bob" and suite.get("failures") == "1"
     assert lab.leftovers() == []
@@ -670,23 +679,45 @@ def _sleepers() -> list[str]:
 
 def test_sandboxes_that_could_take_more_memory_than_the_machine_are_refused_before_they_start() -> None:
     limits = Limits(memory_mb=1024)
-    limits.check_room(2, 3, 8192)  # 2 x (3 x 1024 + 256) MB fit in 8 GB
-    with pytest.raises(ValueError, match=r"4 sandbox\(es\) of 3 rank\(s\) at 1024 MB each .* may take 13312 MB, "
+    limits.check_room(2, 3, 8192)  # 2 x 3 x (1024 + 256) MB fit in 8 GB
+    with pytest.raises(ValueError, match=r"3 sandbox\(es\) of 3 rank\(s\) at 1024 MB each .* may take 11520 MB, "
                        r"more than the 8192 MB of the engine's machine: lower --parallel or --memory"):
-        limits.check_room(4, 3, 8192)
-    assert Limits.cpus_for(1) == 1.0 and Limits.cpus_for(10_000) == float(os.cpu_count() or 1)
+        limits.check_room(3, 3, 8192)
 
 
 @pytest.mark.docker
-def test_a_sandbox_keeps_a_bounded_log_and_a_cpu_a_rank(docker_client) -> None:  # type: ignore[no-untyped-def]
+def test_a_sandbox_is_a_container_a_rank_with_its_own_files_user_and_processes_on_one_loopback(
+        docker_client) -> None:  # type: ignore[no-untyped-def]
+    """Each rank's container: a bounded log, a CPU, a user of its own, its own /tmp, /dev/shm, IPC and
+    processes; and the ranks' one loopback, on which one's listener is the other's to reach."""
     with Sandbox(docker_client, 2, Limits()) as box:
-        config = docker_client.api.inspect_container(box.name)["HostConfig"]
-        assert config["LogConfig"] == {"Type": "json-file", "Config": {"max-size": LOG_MAX, "max-file": "1"}}
-        assert config["NanoCpus"] == int(Limits.cpus_for(2) * 1e9)
+        ranks = [docker_client.containers.get(box.rank_container(k)) for k in range(2)]
+        for container in ranks:
+            config = docker_client.api.inspect_container(container.id)["HostConfig"]
+            assert config["LogConfig"] == {"Type": "json-file", "Config": {"max-size": LOG_MAX, "max-file": "1"}}
+            assert config["NanoCpus"] == 10**9
+        joined = docker_client.api.inspect_container(ranks[1].id)["HostConfig"]["NetworkMode"]
+        assert joined == f"container:{ranks[0].id}"
         flood = "head -c 5000000 /dev/zero | tr '\\0' x > /proc/1/fd/1"  # a rank writing to PID 1's output
-        docker_client.containers.get(box.name).exec_run(["/bin/sh", "-c", flood], user="65534:65534")
-        log = Path(docker_client.api.inspect_container(box.name)["LogPath"])
-        assert log.stat().st_size <= 2 << 20  # (1 MiB kept, in JSON lines)
+        ranks[0].exec_run(["/bin/sh", "-c", flood])
+        assert Path(docker_client.api.inspect_container(ranks[0].id)["LogPath"]).stat().st_size <= 2 << 20
+
+        def sh(k: int, command: str) -> str:
+            code, out = ranks[k].exec_run(["/bin/sh", "-c", command])
+            return f"{code}:{bytes(out).decode().strip()}"
+
+        assert sh(0, "echo x > /tmp/left && echo y > /dev/shm/left && id -u") == "0:65534"
+        assert sh(1, "id -u") == "0:65533"
+        assert sh(1, "ls /tmp/left /dev/shm/left 2>&1 | grep -c 'No such file'") == "0:2"
+        spaces = "readlink /proc/self/ns/ipc /proc/self/ns/mnt /proc/self/ns/pid /proc/self/ns/net"
+        (ipc0, mnt0, pid0, net0), (ipc1, mnt1, pid1, net1) = (sh(k, spaces).split("\n") for k in range(2))
+        assert ipc0 != ipc1 and mnt0 != mnt1 and pid0 != pid1 and net0 == net1
+        listen = "python3 -c \"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 29511)); s.listen(); " \
+                 "time.sleep(5)\" >/dev/null 2>&1 &"
+        sh(0, listen)
+        reach = "python3 -c \"import socket, time; time.sleep(1); socket.create_connection(('127.0.0.1', 29511), 2); " \
+                "print('reached')\""
+        assert sh(1, reach) == "0:reached"
     assert sandboxes(docker_client) == []
 
 

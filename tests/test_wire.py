@@ -159,6 +159,15 @@ def test_more_carried_than_recorded_fails_every_rank_and_says_how_much_went_unse
     assert [(m.what, m.expected, m.got) for m in verdict.mismatches[1:]] == [
         ("bytes a's connections carried (rank 0)", "its records' 528 bytes, and headers", "6.0 MB"),
         ("bytes b's connections carried (ranks 1, 2)", "its records' 1.1 KB, and headers", "7.9 MB")]
+    # the launchers of ranks that share a network namespace (a sandbox's) count its sockets once between them,
+    # the most any of them saw; the others' hosts add theirs
+    shared = world({h: Carried(n, space="boot/net:[1]") for h, n in (("r0", 13_878_848), ("r1", 13_000_000))}
+                   | {"r2": Carried(1_000_000)}, ("r0", "r1", "r2"))
+    verdict = carried("p2p", nonblocking(), calls, shared)
+    assert "carried 14.9 MB" in verdict.reason
+    assert [(m.what, m.got) for m in verdict.mismatches[1:]] == [
+        ("bytes r0, r1's connections carried (ranks 0, 1)", "13.9 MB"), ("bytes r2's connections carried (rank 2)",
+                                                                         "1.0 MB")]
     # a program that makes groups is allowed their members' connecting anew (20 groups of 3, as measured)
     made = {r: {"counts": {}, "sent": {}, "messages": 0, "groups": 20} for r in range(3)}
     assert carried("p2p", point_to_point(), made, world({"sandbox": Carried(76_516)})).passed

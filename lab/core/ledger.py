@@ -130,7 +130,7 @@ class Ledger:
                 self.violation(self.first_rank(launch), f"wrote a second word of {launch.launch.host}'s launcher "
                                "on what its connections carried (the launcher says it once)")
                 return
-            launch.carried = Carried(event.carried, event.lost, event.error, event.failed)
+            launch.carried = Carried(event.carried, event.lost, event.error, event.failed, event.space)
             return
         if event.SENDER not in ("rank", "launcher") or not isinstance(event, RankEvent):
             self.violation(self.first_rank(launch), f"sent a {event.kind!r} event, which no rank sends")

@@ -1,15 +1,19 @@
-"""A throwaway container for one submission: where ``lab grade`` runs a student's code.
+"""Throwaway containers for one submission: where ``lab grade`` runs a student's code.
 
-The container is made from the lab's host image (it has the pinned torch) and can reach nothing
-the grader trusts: no network but its own loopback (its ranks talk over 127.0.0.1), a read-only
-root with a small tmpfs scratch at /tmp (the run's files go there), user ``nobody``, every
-capability dropped, no new privileges, a clean environment (the image's own), and the limits of
-:class:`Limits`: memory and processes for its ranks together, a CPU a rank (at most the
-machine's), scratch space, and what its PID 1 writes kept to LOG_MAX by the engine. The grader starts
-the ranks in it through the docker transport (one ``docker exec`` each) and removes it after:
-whatever the submission started, daemons included, goes with it. Sandboxes carry the lab's
-labels (role ``sandbox``), so one a killed grader left behind is removed by ``lab down``; one whose
-grader still runs is not the lab's (``lab down`` and ``lab up`` leave it to its grader).
+A sandbox is a container per rank, made from the lab's host image (it has the pinned torch), that
+can reach nothing the grader trusts: no network but a loopback the submission's ranks share (the
+others' containers join rank 0's network namespace, which has no other: ``network_mode container:``),
+a read-only root with a small tmpfs scratch at /tmp (the run's files go there), a user of its own
+(rank k runs as uid 65534 - k: ``nobody`` for rank 0), every capability dropped, no new
+privileges, a clean environment (the image's own), and the limits of :class:`Limits`: memory and
+processes, a CPU, scratch space, and what its PID 1 writes kept to LOG_MAX by the engine. So each
+rank has its own files, /tmp, /dev/shm, System V IPC and processes: the ranks of one submission
+can reach each other through their loopback's TCP, which the launchers measure, and not through
+a file or shared memory, which nothing measures. The grader starts each rank in its container
+through the docker transport (the sandbox is a cluster of one-rank hosts) and removes them all
+after: whatever the submission started, daemons included, goes with them. Sandboxes carry the
+lab's labels (role ``sandbox``), so one a killed grader left behind is removed by ``lab down``;
+one whose grader still runs is not the lab's (``lab down`` and ``lab up`` leave it to its grader).
 """
 from __future__ import annotations
 
@@ -20,8 +24,10 @@ import re
 import secrets
 import socket
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
@@ -40,15 +46,17 @@ log = logging.getLogger(__name__)
 IMAGE = f"{HOST_IMAGE}:latest"
 ROLE_NAME = SANDBOX_ROLE
 PYTHON = "/usr/bin/python3"  # the image's interpreter, with torch
-OVERHEAD_MB = 256  # the reapers, the port holder, docker-init
-LOG_MAX = "1m"  # of what the sandbox's PID 1 writes, kept by the engine (a rank can write there: /proc/1/fd/1)
+OVERHEAD_MB = 256  # of a rank's container: its launcher, reaper and relay, docker-init
+LOG_MAX = "1m"  # of what a container's PID 1 writes, kept by the engine (a rank can write there: /proc/1/fd/1)
+NOBODY = 65534  # rank k's uid is NOBODY - k, its group nobody's
+START_WORKERS = 8  # rank containers made at once
+CPU = 10**9  # of a rank's container, in nano-CPUs: one
 
 
 @dataclass(frozen=True)
 class Limits:
-    """What one submission may use; memory and processes are per rank. Each rank's memory limit is
-    its own (the worker sets RLIMIT_DATA); the sandbox holds all the ranks and gets the sum, and
-    OVERHEAD_MB for the lab's own processes in it, as a second fence."""
+    """What one submission may use, per rank: each rank's container gets them (its memory, and
+    OVERHEAD_MB for the lab's own processes in it, as a second fence to the worker's RLIMIT_DATA)."""
 
     memory_mb: int = 1024
     pids: int = 64
@@ -60,22 +68,18 @@ class Limits:
             if value < least:
                 raise ValueError(f"--{name} must be at least {least}, got {value}")
 
-    def memory_mb_for(self, ranks: int) -> int:
-        """The memory of a sandbox of ``ranks`` ranks."""
-        return self.memory_mb * ranks + OVERHEAD_MB
-
-    @staticmethod
-    def cpus_for(ranks: int) -> float:
-        """The CPUs a sandbox of ``ranks`` ranks may use: one a rank, at most the machine's."""
-        return float(min(ranks, os.cpu_count() or 1))
+    @property
+    def container_mb(self) -> int:
+        """The memory of one rank's container."""
+        return self.memory_mb + OVERHEAD_MB
 
     def check_room(self, sandboxes: int, ranks: int, machine_mb: int) -> None:
         """ValueError when ``sandboxes`` sandboxes at once could take more memory than the machine has."""
-        need = sandboxes * self.memory_mb_for(ranks)
+        need = sandboxes * ranks * self.container_mb
         if need > machine_mb:
             raise ValueError(f"{sandboxes} sandbox(es) of {ranks} rank(s) at {self.memory_mb} MB each (and "
-                             f"{OVERHEAD_MB} MB for the lab's own) may take {need} MB, more than the {machine_mb} MB "
-                             f"of the engine's machine: lower --parallel or --memory")
+                             f"{OVERHEAD_MB} MB a rank for the lab's own) may take {need} MB, more than the "
+                             f"{machine_mb} MB of the engine's machine: lower --parallel or --memory")
 
 
 class Sandbox:
@@ -83,41 +87,56 @@ class Sandbox:
 
     def __init__(self, client: docker.DockerClient, ranks: int, limits: Limits) -> None:
         self.client, self.ranks, self.limits = client, ranks, limits
-        self.name = f"lab-sandbox-{secrets.token_hex(4)}"
-        self._container_id: str | None = None
+        self.name = f"lab-sandbox-{secrets.token_hex(4)}"  # rank k's container is NAME-rK
+        self._made: list[str] = []  # the ids of its containers, rank 0's first
+
+    def rank_container(self, rank: int) -> str:
+        return f"{self.name}-r{rank}"
 
     def __enter__(self) -> Sandbox:
-        memory = f"{self.limits.memory_mb_for(self.ranks)}m"
+        try:  # rank 0's container holds the network namespace (no network but its loopback) the others join
+            first = self._run_rank(0, network_mode="none", hostname=ROLE_NAME, extra_hosts={ROLE_NAME: "127.0.0.1"})
+            with ThreadPoolExecutor(min(max(self.ranks - 1, 1), START_WORKERS)) as pool:
+                list(pool.map(lambda k: self._run_rank(k, network_mode=f"container:{first}"), range(1, self.ranks)))
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _run_rank(self, rank: int, **network: Any) -> str:
+        memory = f"{self.limits.container_mb}m"
+        return self._run(self.rank_container(rank), user=f"{NOBODY - rank}:{NOBODY}",
+                         environment={"USER": f"rank{rank}", "LOGNAME": f"rank{rank}"},  # (a uid with no passwd entry)
+                         tmpfs={"/tmp": f"rw,nosuid,nodev,size={self.limits.scratch_mb}m,mode=1777"},
+                         mem_limit=memory, memswap_limit=memory, pids_limit=self.limits.pids, nano_cpus=CPU, **network)
+
+    def _run(self, name: str, **settings: Any) -> str:
         try:
             container = self.client.containers.run(
-                IMAGE, ["sleep", "infinity"], entrypoint=[], name=self.name, hostname=ROLE_NAME, detach=True,
-                extra_hosts={ROLE_NAME: "127.0.0.1"},
+                IMAGE, ["sleep", "infinity"], entrypoint=[], name=name, detach=True, working_dir="/tmp",
                 labels={LABEL: "1", NAME_LABEL: DEFAULT_LAB, ROLE: ROLE_NAME, OWNER_LABEL: owner()},
-                network_mode="none", read_only=True, user="65534:65534", working_dir="/tmp",
-                tmpfs={"/tmp": f"rw,nosuid,nodev,size={self.limits.scratch_mb}m,mode=1777"},
-                mem_limit=memory, memswap_limit=memory, pids_limit=self.limits.pids * self.ranks,
-                nano_cpus=int(self.limits.cpus_for(self.ranks) * 1e9),
-                log_config=LogConfig(type="json-file", config={"max-size": LOG_MAX, "max-file": "1"}),
-                cap_drop=["ALL"], security_opt=["no-new-privileges"], init=True)
+                read_only=True, log_config=LogConfig(type="json-file", config={"max-size": LOG_MAX, "max-file": "1"}),
+                cap_drop=["ALL"], security_opt=["no-new-privileges"], init=True, **settings)
         except ImageNotFound:
             raise EngineError(f"no lab image {IMAGE} on the Docker engine (it was removed while grading)") from None
         except (APIError, DockerException) as exc:
             raise EngineError(f"cannot start a sandbox: {exc}") from None
-        self._container_id = container.id
-        return self
+        self._made.append(container.id)
+        return str(container.id)
 
     def __exit__(self, *_: object) -> None:
-        if self._container_id is not None:
+        for container in reversed(self._made):  # (rank 0's last: the others are in its network namespace)
             with contextlib.suppress(NotFound, APIError, DockerException):
-                self.client.api.remove_container(self._container_id, force=True)
-            self._container_id = None
+                self.client.api.remove_container(container, force=True)
+        self._made = []
 
     @property
     def inventory(self) -> Inventory:
-        """The sandbox as a one-host cluster, reached with ``docker exec``."""
-        host = Host(name=ROLE_NAME, address="127.0.0.1", connection="docker", container=self.name,
-                    python=PYTHON, slots=self.ranks, network_interface="lo", source=f"sandbox {self.name}")
-        return Inventory(f"sandbox {self.name}", (host,))
+        """The sandbox as a cluster of one-rank hosts, each reached with ``docker exec``, all on one loopback."""
+        hosts = tuple(Host(name=f"{ROLE_NAME}-r{k}", address="127.0.0.1", connection="docker",
+                           container=self.rank_container(k), python=PYTHON, slots=1, network_interface="lo",
+                           source=f"sandbox {self.name}") for k in range(self.ranks))
+        return Inventory(f"sandbox {self.name}", hosts)
 
     def leftovers(self) -> list[str]:
         """Nothing: whatever the submission started goes with the sandbox."""
@@ -129,23 +148,27 @@ class Sandbox:
 
     @property
     def own_users(self) -> bool:
-        """No: every sandbox runs as ``nobody`` (its processes are bounded by the container's pids limit)."""
+        """No: a rank's processes are bounded by its container's pids limit, not by its user's."""
         return False
 
     @property
     def wire(self) -> WireMode:
-        """Every TCP socket in the sandbox's network namespace is the submission's."""
+        """Every TCP socket of the ranks' network namespace is the submission's (each rank's launcher counts
+        them all, and says which namespace it counted: the checker counts it once)."""
         return "netns"
 
     def memory_kills(self) -> int:
         """How many processes the kernel killed in the sandbox for want of memory."""
         command = "cat /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null"
-        try:
-            _, output = self.client.containers.get(self.name).exec_run(["/bin/sh", "-c", command])
-        except (NotFound, APIError, DockerException):
-            return 0
-        counts = re.findall(rb"^oom_kill (\d+)$", bytes(output), re.MULTILINE)
-        return max((int(n) for n in counts), default=0)
+        kills = 0
+        for k in range(self.ranks):
+            try:
+                _, output = self.client.containers.get(self.rank_container(k)).exec_run(["/bin/sh", "-c", command])
+            except (NotFound, APIError, DockerException):
+                continue
+            counts = re.findall(rb"^oom_kill (\d+)$", bytes(output), re.MULTILINE)
+            kills += max((int(n) for n in counts), default=0)
+        return kills
 
 
 def ensure_sandbox_image(client: docker.DockerClient, state_dir: Path, say: Say, progress: Progress) -> None:

@@ -211,6 +211,7 @@ class WireMeasure(RankEvent):
     lost: int
     error: str = ""
     failed: str = ""
+    space: str = ""  # the network namespace whose every socket it counted (lab.rank.wire.space)
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,10 @@ rendezvous store, a socket of the student's own.
 
 Which sockets are the run's (:data:`MODES`):
 
-* ``netns``: every TCP socket in the network namespace (a sandbox container, which holds one
-  submission and nothing else);
+* ``netns``: every TCP socket in the network namespace (a sandbox's, which holds one submission and
+  nothing else). The launchers of the ranks that share one (each rank of a sandbox has a container of
+  its own, in one namespace) count the same sockets: each says which namespace it counted
+  (:func:`space`), and the checker counts each namespace once;
 * ``uid``: the sockets this user owns (a host where the submission runs as a user it has to itself:
   ``grade_users``). Never for a user other runs share: their sockets would count.
 
@@ -61,6 +63,17 @@ REQUEST = struct.Struct("=BBBBI48x")  # struct inet_diag_req_v2: family, protoco
 MESSAGE_SIZE: Final = 72  # struct inet_diag_msg
 COOKIE_AT, UID_AT = 44, 64  # its id.idiag_cookie, idiag_uid
 RECEIVE_BUFFER: Final = 1 << 20  # bytes asked for the destroy messages' queue (the kernel may give less)
+
+
+def space() -> str:
+    """This process's network namespace, as no other on any machine names its own: the machine's boot id
+    and the namespace's inode (``/proc/self/ns/net``)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/net')}"
+    except OSError:
+        return ""
 
 
 @dataclass(frozen=True)

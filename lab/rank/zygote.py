@@ -63,7 +63,7 @@ from lab.rank.protocol import (
     write_all,
 )
 from lab.rank.stdin import HOLD_MAX, STDIN_VAR, Feeder
-from lab.rank.wire import MODES, WIRE_VAR, Wire
+from lab.rank.wire import MODES, WIRE_VAR, Wire, space
 from lab.rank.worker import RELAY_WAIT, TOKEN_VAR, WATCHED_BY_PARENT
 
 # What every rank imports, imported here once before the ranks are forked. A module that fails to
@@ -223,8 +223,9 @@ class Measure:
                 carried, lost = self.wire.carried(), self.wire.lost
             except OSError as exc:
                 self._failed(exc)
+        shared = space() if self.wire is not None and self.wire.mode == "netns" else ""
         return {"carried": carried, "lost": lost, **({"error": self.error} if self.error else {}),
-                **({"failed": self.failed} if self.failed else {})}
+                **({"failed": self.failed} if self.failed else {}), **({"space": shared} if shared else {})}
 
     def _failed(self, exc: OSError) -> None:
         self.failed = f"the kernel's socket diagnostics failed: {exc.strerror or exc}"

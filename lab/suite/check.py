@@ -31,6 +31,7 @@ class Carried:
     lost: int = 0  # the kernel's messages of closed connections it lost: it may fall short
     error: str = ""  # why it could not measure (then ``carried`` says nothing)
     failed: str = ""  # why it stopped measuring while the ranks ran (then ``carried`` says nothing)
+    space: str = ""  # the network namespace whose every socket it counted: hosts that name one count the same
 
 
 @dataclass(frozen=True)

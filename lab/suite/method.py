@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lab.suite.check import Mismatch, Verdict, World, ranks_named
+from lab.suite.check import Carried, Mismatch, Verdict, World, ranks_named
 
 TAMPERED_MAX = 300  # characters kept of what a summary says was done to its recorder
 
@@ -220,8 +220,10 @@ def check_carried(exercise: str, method: Method | None, calls: Calls, world: Wor
     hosts = sorted(set(world.hosts))
     silent = [h for h in hosts if h not in world.carried]
     if silent:
-        return Verdict(False, f"the launcher of {', '.join(silent)} ended before it said what the connections "
-                              f"carried: {exercise}'s method is not shown",
+        launchers = "the launcher of {} ended before it said" if len(silent) == 1 else \
+            "the launchers of {} ended before they said"
+        return Verdict(False, f"{launchers.format(', '.join(silent))} what the connections carried: {exercise}'s "
+                              "method is not shown",
                        (Mismatch(None, "bytes the connections carried", "measured on every host", "not said"),))
     failed = [f"{h} ({world.carried[h].failed})" for h in hosts if world.carried[h].failed]
     if failed:  # (it began, so the kernel can: what stopped it happened while the program ran)
@@ -231,7 +233,7 @@ def check_carried(exercise: str, method: Method | None, calls: Calls, world: Wor
     unmeasured = [f"{h}: {world.carried[h].error}" for h in hosts if world.carried[h].error]
     if unmeasured:
         return Verdict(True, notes=(f"the connections were not measured ({'; '.join(unmeasured)})",))
-    carried = sum(world.carried[h].carried for h in hosts)
+    carried = sum(_carried_once(world.carried, hosts).values())
     summaries = [calls[r] for r in range(world.world_size) if r in calls]
     recorded = sum(s.bytes_sent or 0 for s in summaries)
     messages = sum(s.messages for s in summaries)
@@ -277,17 +279,29 @@ def check_carried(exercise: str, method: Method | None, calls: Calls, world: Wor
     return Verdict(True, notes=notes)
 
 
-def _by_host(calls: Calls, world: World, hosts: list[str]) -> tuple[Mismatch, ...]:
-    """Where the run had several hosts, what each one's connections carried against its ranks' records."""
-    if len(hosts) < 2:
-        return ()
-    assert world.carried is not None
-    rows = []
+def _carried_once(measures: Mapping[str, Carried], hosts: list[str]) -> dict[tuple[str, ...], int]:
+    """What the hosts' connections carried, each network namespace's once: the hosts whose launchers
+    counted every socket of one namespace (a sandbox's ranks share theirs) counted the same bytes, of
+    which the launcher that saw the most (it began first) is taken. By the hosts each count covers."""
+    spaces: dict[str, list[str]] = {}
     for host in hosts:
-        ranks = [r for r in range(world.world_size) if world.hosts[r] == host]
+        spaces.setdefault(measures[host].space or f"host {host}", []).append(host)
+    return {tuple(together): max(measures[h].carried for h in together) for together in spaces.values()}
+
+
+def _by_host(calls: Calls, world: World, hosts: list[str]) -> tuple[Mismatch, ...]:
+    """Where the run had several hosts (or namespaces), what each one's connections carried against its
+    ranks' records."""
+    assert world.carried is not None
+    counts = _carried_once(world.carried, hosts)
+    if len(counts) < 2:
+        return ()
+    rows = []
+    for together, carried in counts.items():
+        ranks = [r for r in range(world.world_size) if world.hosts[r] in together]
         recorded = sum(calls[r].bytes_sent or 0 for r in ranks if r in calls)
-        rows.append(Mismatch(None, f"bytes {host}'s connections carried ({ranks_named(ranks)})",
-                             f"its records' {_size(recorded)}, and headers", _size(world.carried[host].carried)))
+        rows.append(Mismatch(None, f"bytes {', '.join(together)}'s connections carried ({ranks_named(ranks)})",
+                             f"its records' {_size(recorded)}, and headers", _size(carried)))
     return tuple(rows)
 
 
