@@ -59,7 +59,9 @@ def lab_networks(client: docker.DockerClient, lab: str | None = DEFAULT_LAB) -> 
 
 
 def lab_volumes(client: docker.DockerClient, lab: str | None) -> list[Volume]:
-    return [v for v in client.volumes.list(filters={"label": LABEL}) if of_lab(v.attrs.get("Labels"), lab)]
+    """The volumes of ``lab`` (None: of every lab); a live grader's sandboxes' are its own."""
+    return [v for v in client.volumes.list(filters={"label": LABEL})
+            if of_lab(v.attrs.get("Labels"), lab) and not graded_now(v.attrs.get("Labels") or {})]
 
 
 def lab_resources(client: docker.DockerClient, lab: str | None = DEFAULT_LAB) -> set[str]:

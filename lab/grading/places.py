@@ -380,4 +380,5 @@ def places_for(request: GradeRequest, ssh: SSHSettings, say: Say, working: Worki
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         with sandbox.sandboxes_of(client):
-            yield Places([sandbox.maker(client, request.nproc, request.limits)] * request.parallel)
+            shared = request.exercise.rendezvous == "file"  # (its ranks meet in a file: a folder they all see)
+            yield Places([sandbox.maker(client, request.nproc, request.limits, shared)] * request.parallel)

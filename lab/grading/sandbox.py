@@ -3,13 +3,14 @@
 A sandbox is a container per rank, made from the lab's host image (it has the pinned torch), that
 can reach nothing the grader trusts: no network but a loopback the submission's ranks share (the
 others' containers join rank 0's network namespace, which has no other: ``network_mode container:``),
-a read-only root with a small tmpfs scratch at /tmp (the run's files go there), a user of its own
-(rank k runs as uid 65534 - k: ``nobody`` for rank 0), every capability dropped, no new
-privileges, a clean environment (the image's own), and the limits of :class:`Limits`: memory and
-processes, a CPU, scratch space, and what its PID 1 writes kept to LOG_MAX by the engine. So each
-rank has its own files, /tmp, /dev/shm, System V IPC and processes: the ranks of one submission
-can reach each other through their loopback's TCP, which the launchers measure, and not through
-a file or shared memory, which nothing measures. The grader starts each rank in its container
+a read-only root with a small tmpfs scratch at /tmp (the run's files go there), user ``nobody``,
+every capability dropped, no new privileges, a clean environment (the image's own), and the limits
+of :class:`Limits`: memory and processes, a CPU, scratch space, and what its PID 1 writes kept to
+LOG_MAX by the engine. So each rank has its own files, /tmp, /dev/shm, System V IPC and processes
+(a process namespace of its own: the others' are not there to signal or read), and the ranks of one
+submission reach each other through their loopback's TCP, which the launchers measure, not through a
+file or shared memory, which nothing measures; only an exercise whose ranks meet in a file (file://)
+gets a folder they all mount (in memory, of the scratch's size). The grader starts each rank in its container
 through the docker transport (the sandbox is a cluster of one-rank hosts) and removes them all
 after: whatever the submission started, daemons included, goes with them. Sandboxes carry the
 lab's labels (role ``sandbox``), so one a killed grader left behind is removed by ``lab down``;
@@ -48,9 +49,9 @@ ROLE_NAME = SANDBOX_ROLE
 PYTHON = "/usr/bin/python3"  # the image's interpreter, with torch
 OVERHEAD_MB = 256  # of a rank's container: its launcher, reaper and relay, docker-init
 LOG_MAX = "1m"  # of what a container's PID 1 writes, kept by the engine (a rank can write there: /proc/1/fd/1)
-NOBODY = 65534  # rank k's uid is NOBODY - k, its group nobody's
 START_WORKERS = 8  # rank containers made at once
 CPU = 10**9  # of a rank's container, in nano-CPUs: one
+SHARED_DIR = "/shared"  # where the ranks of an exercise that meets in a file see their folder
 
 
 @dataclass(frozen=True)
@@ -85,16 +86,24 @@ class Limits:
 class Sandbox:
     """One running sandbox for ``ranks`` ranks; a context manager that removes it."""
 
-    def __init__(self, client: docker.DockerClient, ranks: int, limits: Limits) -> None:
+    def __init__(self, client: docker.DockerClient, ranks: int, limits: Limits, shared: bool = False) -> None:
         self.client, self.ranks, self.limits = client, ranks, limits
         self.name = f"lab-sandbox-{secrets.token_hex(4)}"  # rank k's container is NAME-rK
+        # For an exercise whose ranks meet in a file (file://): a folder they all mount, in memory, of the
+        # scratch's size: the one thing of theirs they share besides the loopback
+        self.shared = f"{self.name}-shared" if shared else None
         self._made: list[str] = []  # the ids of its containers, rank 0's first
+        self._volume: str | None = None
 
     def rank_container(self, rank: int) -> str:
         return f"{self.name}-r{rank}"
 
     def __enter__(self) -> Sandbox:
         try:  # rank 0's container holds the network namespace (no network but its loopback) the others join
+            if self.shared:
+                memory = {"type": "tmpfs", "device": "tmpfs", "o": f"size={self.limits.scratch_mb}m,mode=1777"}
+                self._volume = self.client.volumes.create(self.shared, driver="local", driver_opts=memory,
+                                                          labels=self._labels()).name
             first = self._run_rank(0, network_mode="none", hostname=ROLE_NAME, extra_hosts={ROLE_NAME: "127.0.0.1"})
             with ThreadPoolExecutor(min(max(self.ranks - 1, 1), START_WORKERS)) as pool:
                 list(pool.map(lambda k: self._run_rank(k, network_mode=f"container:{first}"), range(1, self.ranks)))
@@ -105,16 +114,20 @@ class Sandbox:
 
     def _run_rank(self, rank: int, **network: Any) -> str:
         memory = f"{self.limits.container_mb}m"
-        return self._run(self.rank_container(rank), user=f"{NOBODY - rank}:{NOBODY}",
-                         environment={"USER": f"rank{rank}", "LOGNAME": f"rank{rank}"},  # (a uid with no passwd entry)
+        return self._run(self.rank_container(rank), user="65534:65534",
                          tmpfs={"/tmp": f"rw,nosuid,nodev,size={self.limits.scratch_mb}m,mode=1777"},
-                         mem_limit=memory, memswap_limit=memory, pids_limit=self.limits.pids, nano_cpus=CPU, **network)
+                         mem_limit=memory, memswap_limit=memory, pids_limit=self.limits.pids, nano_cpus=CPU,
+                         volumes={self.shared: {"bind": SHARED_DIR, "mode": "rw"}} if self.shared else None, **network)
+
+    @staticmethod
+    def _labels() -> dict[str, str]:
+        return {LABEL: "1", NAME_LABEL: DEFAULT_LAB, ROLE: ROLE_NAME, OWNER_LABEL: owner()}
 
     def _run(self, name: str, **settings: Any) -> str:
         try:
             container = self.client.containers.run(
                 IMAGE, ["sleep", "infinity"], entrypoint=[], name=name, detach=True, working_dir="/tmp",
-                labels={LABEL: "1", NAME_LABEL: DEFAULT_LAB, ROLE: ROLE_NAME, OWNER_LABEL: owner()},
+                labels=self._labels(),
                 read_only=True, log_config=LogConfig(type="json-file", config={"max-size": LOG_MAX, "max-file": "1"}),
                 cap_drop=["ALL"], security_opt=["no-new-privileges"], init=True, **settings)
         except ImageNotFound:
@@ -129,13 +142,18 @@ class Sandbox:
             with contextlib.suppress(NotFound, APIError, DockerException):
                 self.client.api.remove_container(container, force=True)
         self._made = []
+        if self._volume is not None:
+            with contextlib.suppress(NotFound, APIError, DockerException):
+                self.client.api.remove_volume(self._volume, force=True)
+            self._volume = None
 
     @property
     def inventory(self) -> Inventory:
         """The sandbox as a cluster of one-rank hosts, each reached with ``docker exec``, all on one loopback."""
         hosts = tuple(Host(name=f"{ROLE_NAME}-r{k}", address="127.0.0.1", connection="docker",
                            container=self.rank_container(k), python=PYTHON, slots=1, network_interface="lo",
-                           source=f"sandbox {self.name}") for k in range(self.ranks))
+                           shared_dir=SHARED_DIR if self.shared else None, source=f"sandbox {self.name}")
+                      for k in range(self.ranks))
         return Inventory(f"sandbox {self.name}", hosts)
 
     def leftovers(self) -> list[str]:
@@ -181,9 +199,10 @@ def ensure_sandbox_image(client: docker.DockerClient, state_dir: Path, say: Say,
         image.ensure_image(client, image.DEFAULT_BASE, state_dir, say, progress)
 
 
-def maker(client: docker.DockerClient, ranks: int, limits: Limits) -> Callable[[], Sandbox]:
-    """A fresh sandbox for each submission (lab.grading.places' PlaceMaker)."""
-    return lambda: Sandbox(client, ranks, limits)
+def maker(client: docker.DockerClient, ranks: int, limits: Limits, shared: bool = False) -> Callable[[], Sandbox]:
+    """A fresh sandbox for each submission (lab.grading.places' PlaceMaker); ``shared``: with a folder its
+    ranks all see (an exercise that meets in a file)."""
+    return lambda: Sandbox(client, ranks, limits, shared)
 
 
 def owner() -> str:
@@ -200,6 +219,11 @@ def remove_orphans(client: docker.DockerClient) -> int:
             with contextlib.suppress(NotFound, APIError):
                 c.remove(force=True)
                 removed += 1
+    for v in client.volumes.list(filters={"label": f"{ROLE}={ROLE_NAME}"}):  # (after the containers that mount them)
+        host, _, pid = (v.attrs.get("Labels") or {}).get(OWNER_LABEL, "").rpartition(":")
+        if host == here and pid.isdigit() and not alive(int(pid)):
+            with contextlib.suppress(NotFound, APIError):
+                v.remove(force=True)
     return removed
 
 
@@ -213,3 +237,6 @@ def sandboxes_of(client: docker.DockerClient) -> Iterator[None]:
         for c in client.containers.list(all=True, ignore_removed=True, filters={"label": [f"{OWNER_LABEL}={owner()}"]}):
             with contextlib.suppress(NotFound, APIError):
                 c.remove(force=True)
+        for v in client.volumes.list(filters={"label": [f"{OWNER_LABEL}={owner()}"]}):
+            with contextlib.suppress(NotFound, APIError):
+                v.remove(force=True)
