@@ -8,6 +8,8 @@ student name), 3 ranks each, graded three ways in one run:
 * ``lab grade --parallel 1``: each submission in its own throwaway sandbox container;
 * ``lab grade --parallel 2``: two sandboxes at a time.
 
+``--sandbox ranks`` grades with a container a rank instead (``lab grade --sandbox ranks``).
+
 It prints seconds per submission and the ratios: containment (grade --parallel 1 against the
 baseline; goal at most 1.2) and throughput (--parallel 2 against --parallel 1; goal at least
 1.6), the bound the machine's cores put on any parallelism (the CPU seconds the baseline's
@@ -17,7 +19,7 @@ submission's run: every run above pays it too, and what the measure of each sand
 (lab.rank.wire, which only `lab grade` takes) costs against the CPU a submission uses. Needs the
 Docker engine and the lab image (``make lab-up`` builds it).
 
-    python benchmarks/grade_class.py [--students 40] [--nproc 3]
+    python benchmarks/grade_class.py [--students 40] [--nproc 3] [--sandbox container|ranks]
 """
 from __future__ import annotations
 
@@ -72,10 +74,11 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def grade(root: Path, nproc: int, parallel: int, out: Path) -> float:
+def grade(root: Path, nproc: int, parallel: int, out: Path, sandbox: str) -> float:
     started = time.monotonic()
     done = subprocess.run([*LAB, "grade", str(root), "--exercise", "ring-allreduce", "--nproc", str(nproc),
-                           "--parallel", str(parallel), "--out", str(out)], cwd=REPO, capture_output=True, text=True)
+                           "--parallel", str(parallel), "--sandbox", sandbox, "--out", str(out)], cwd=REPO,
+                          capture_output=True, text=True)
     seconds = time.monotonic() - started
     with (out / "grades.csv").open() as f:
         verdicts = [row["verdict"] for row in csv.DictReader(f)]
@@ -86,15 +89,13 @@ def grade(root: Path, nproc: int, parallel: int, out: Path) -> float:
 
 
 def inputs_cost(nproc: int, repeat: int = 20) -> float:
-    """Seconds the controller spends per submission on its drawn inputs: the draw (lab.core.random_inputs), the
-    files the runner carries, and the check's sums, on a correct report of that draw."""
+    """Seconds the controller spends per submission on its drawn inputs: the draw (lab.core.random_inputs) and
+    the check's sums, on a correct report of that draw (the runner hands the transports the drawn bytes)."""
     spent = 0.0
     for _ in range(repeat):
         started = time.perf_counter()
         seed = random_inputs.new_seed()
         inputs = {rank: random_inputs.draw(ring_cases.DRAWN, seed, rank) for rank in range(nproc)}
-        with random_inputs.staged(inputs):
-            pass
         world = replace(World.local(nproc), inputs={r: random_inputs.values(d) for r, d in inputs.items()})
         spent += time.perf_counter() - started
         results = _correct(world)  # (the ranks' part: not the controller's)
@@ -148,26 +149,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--students", type=int, default=40)
     parser.add_argument("--nproc", type=int, default=3)
+    parser.add_argument("--sandbox", choices=("container", "ranks"), default="container",
+                        help="lab grade's sandbox: a container a submission, or one a rank")
     args = parser.parse_args()
     os.environ["PYTHONPATH"] = str(REPO)
     with tempfile.TemporaryDirectory() as directory:
         root = make_class(Path(directory), args.students)
         plain, cpu = baseline(root, args.nproc)
-        one = grade(root, args.nproc, 1, Path(directory, "p1"))
-        two = grade(root, args.nproc, 2, Path(directory, "p2"))
+        one = grade(root, args.nproc, 1, Path(directory, "p1"), args.sandbox)
+        two = grade(root, args.nproc, 2, Path(directory, "p2"), args.sandbox)
     drawn = inputs_cost(args.nproc)
     sample = wire_cost()
     n, cores = args.students, os.cpu_count() or 1
     bound = cpu / cores  # no schedule of these processes on this machine's cores can take less
     print(f"{n} ring-allreduce submissions, {args.nproc} ranks each, {cores} CPU(s)")
     print(f"  run --solution, one after another   {plain:7.1f}s  {plain / n:5.2f}s per submission")
-    print(f"  grade --parallel 1 (sandboxed)      {one:7.1f}s  {one / n:5.2f}s per submission")
-    print(f"  grade --parallel 2 (sandboxed)      {two:7.1f}s  {two / n:5.2f}s per submission")
+    print(f"  grade --parallel 1 (--sandbox {args.sandbox:9}) {one:7.1f}s  {one / n:5.2f}s per submission")
+    print(f"  grade --parallel 2 (--sandbox {args.sandbox:9}) {two:7.1f}s  {two / n:5.2f}s per submission")
     print(f"containment cost (grade -p1 / run):   {one / plain:.2f}x  (goal <= 1.2)")
     print(f"throughput of -p2 over -p1:           {one / two:.2f}x  (goal >= 1.6)")
     print(f"CPU a submission's processes use:     {cpu / n:5.2f}s, so on {cores} core(s) no --parallel can take "
           f"less than {bound / n:.2f}s per submission: at best {one / bound:.2f}x over -p1")
-    print(f"drawn inputs (draw, files, the check's sums): {drawn * 1000:.0f} ms per submission, "
+    print(f"drawn inputs (draw, the check's sums): {drawn * 1000:.0f} ms per submission, "
           f"{drawn / (plain / n):.3f} of a submission's run")
     sampled = sample * (one / n) / wire.POLL  # CPU seconds one submission's samples take in its sandbox
     print(f"the measure of the connections: {sample * 1e6:.0f} us a sample, one every {wire.POLL:g}s: "

@@ -52,7 +52,7 @@ EXPECTED = {
     "dave": ("fail", "out of memory (the limit is 768 MB per rank)"),
     "erin": ("pass", ""),
     "frank": ("pass", ""),
-    "grace": ("fail", "rank 1 (sandbox-r1) exited with status 0 during ring-allreduce"),
+    "grace": ("fail", "rank 1 (sandbox) exited with status 0 during ring-allreduce"),
     "heidi": ("error", "SyntaxError: expected ':' at heidi.py:7"),
     "ivan": ("fail", "called all_reduce: ring-allreduce must be built from point-to-point calls"),
     "judy": ("fail", "called all_reduce: ring-allreduce must be built from point-to-point calls"),  # (one part)
@@ -69,8 +69,7 @@ EXPECTED = {
     # nor can it speak for the launcher that takes that measure: no stream of the launch's is in its reach
     "xavier": ("fail", "went by calls the call recorder did not see"),
     # nor can it stop that measure: its ranks kill the launcher that takes it
-    "zed": ("fail", "the launchers of sandbox-r0, sandbox-r1, sandbox-r2 ended before they said what the connections "
-                    "carried"),
+    "zed": ("fail", "the launcher of sandbox ended before it said what the connections carried"),
     # the answer is nowhere in the process: each function's inputs are drawn apart, so the caller's frame holds
     # the sum of others
     "quentin": ("fail", "rank 0: ring_allreduce(tensor), size 1 float32: positions [0]"),
@@ -78,9 +77,6 @@ EXPECTED = {
     "rupert": ("fail", "less than ring-allreduce's functions must move to compute their results"),
     # a hidden all_reduce, its records forged to look like two honest rings: they claim more than was carried
     "ursula": ("fail", "records that claim more than went over the wire are no evidence of the method"),
-    # every rank's inputs through /dev/shm, a ring's bytes of zeros on the wire: each rank's container has a
-    # /dev/shm of its own (without it she passes: test_grading_without_a_sandbox_on_local_clusters_side_by_side)
-    "yolanda": ("fail", "inputs never came through /dev/shm"),
     "nobody": ("error", "no .py file in nobody/"),
 }
 
@@ -396,20 +392,14 @@ def test_bad_grading_input_is_one_line_and_exit_2(lab: Lab, tmp_path: Path) -> N
 
 @pytest.mark.local
 def test_grading_without_a_sandbox_on_local_clusters_side_by_side(lab: Lab, tmp_path: Path) -> None:
-    """Two local clusters at once, each submission its own run: the rows, the JUnit files. And what
-    the sandbox is for: yolanda's ranks, which share this machine's /dev/shm, pass through it."""
-    submissions = class_of(tmp_path, "alice", "bob", "heidi", "ivan", "yolanda")
+    """Two local clusters at once, each submission its own run: the rows, the JUnit files."""
+    submissions = class_of(tmp_path, "alice", "bob", "heidi", "ivan")
     out = tmp_path / "book"
-    try:
-        result = lab("grade", str(submissions), "--exercise", "ring-allreduce", "--nproc", "3", "--sandbox", "none",
-                     "--parallel", "2", "--out", str(out), timeout=300)
-    finally:
-        for left in Path("/dev/shm").glob("yolanda-*"):  # (hers: nothing sweeps a local cluster's)
-            left.unlink(missing_ok=True)
+    result = lab("grade", str(submissions), "--exercise", "ring-allreduce", "--nproc", "3", "--sandbox", "none",
+                 "--parallel", "2", "--out", str(out), timeout=300)
     assert result.code == 0, result.text
-    assert_graded_as_expected(read_grades(out), {s: EXPECTED[s] for s in ("alice", "bob", "heidi", "ivan")}
-                              | {"yolanda": ("pass", "")})
-    assert "5 graded: 2 pass, 2 fail, 1 error" in result.out
+    assert_graded_as_expected(read_grades(out), {s: EXPECTED[s] for s in ("alice", "bob", "heidi", "ivan")})
+    assert "4 graded: 1 pass, 2 fail, 1 error" in result.out
     suite = ET.parse(out / "junit" / "bob.xml").getroot().find("testsuite")
     assert suite is not None and suite.get("name") == "bob" and suite.get("failures") == "1"
     assert lab.leftovers() == []
@@ -673,14 +663,33 @@ def run(rank, size):
 
 
 @pytest.mark.docker
-def test_an_exercise_whose_ranks_meet_in_a_file_gets_a_folder_they_share_and_nothing_stays(
+def test_ranks_of_a_container_each_meet_only_where_the_lab_measures_and_in_a_file_where_they_must(
         lab: Lab, tmp_path: Path, docker_client) -> None:  # type: ignore[no-untyped-def]
+    """yolanda hands every rank's inputs round through /dev/shm: in one sandbox container she passes
+    (its ranks share it: said in docs/classroom.md); with a container a rank (--sandbox ranks) the
+    others' inputs never come, while alice's ring passes; and an exercise whose ranks meet in a file
+    gets a folder they all mount, gone with the sandbox."""
     submissions = tmp_path / "class"
     submissions.mkdir()
-    (submissions / "fay.py").write_text((REPO / "lab" / "suite" / "exercises" / "init_file.py").read_text())
-    result = lab("grade", str(submissions), "--exercise", "init-file", "--nproc", "2", "--out", str(tmp_path / "book"),
-                 timeout=300)
-    assert result.code == 0 and read_grades(tmp_path / "book")["fay"]["verdict"] == "pass", result.text[-3000:]
+    (submissions / "alice.py").write_text((CLASS / "alice.py").read_text())
+    (submissions / "yolanda.py").write_text((CLASS.parent / "sandbox" / "yolanda.py").read_text())
+    apart = lab("grade", str(submissions), "--exercise", "ring-allreduce", "--nproc", "3", "--sandbox", "ranks",
+                "--parallel", "2", "--out", str(tmp_path / "apart"), timeout=300)
+    assert apart.code == 0, apart.text[-3000:]
+    grades = read_grades(tmp_path / "apart")
+    assert grades["alice"]["verdict"] == "pass" and "connections carried 17." in (
+        tmp_path / "apart" / "feedback" / "alice.md").read_text()  # (its namespace counted once, not three times)
+    yolanda = grades["yolanda"]
+    assert yolanda["verdict"] == "fail" and "inputs never came through /dev/shm" in yolanda["reason"], yolanda
+    together = lab("grade", str(submissions), "--exercise", "ring-allreduce", "--nproc", "3", "--student", "yolanda",
+                   "--out", str(tmp_path / "together"), timeout=300)
+    assert together.code == 0 and read_grades(tmp_path / "together")["yolanda"]["verdict"] == "pass", together.text
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "fay.py").write_text((REPO / "lab" / "suite" / "exercises" / "init_file.py").read_text())
+    met = lab("grade", str(files), "--exercise", "init-file", "--nproc", "2", "--sandbox", "ranks", "--out",
+              str(tmp_path / "met"), timeout=300)
+    assert met.code == 0 and read_grades(tmp_path / "met")["fay"]["verdict"] == "pass", met.text[-3000:]
     assert sandboxes(docker_client) == []
     assert docker_client.volumes.list(filters={"label": f"{ROLE}={ROLE_NAME}"}) == []
 
@@ -692,19 +701,35 @@ def _sleepers() -> list[str]:
 
 def test_sandboxes_that_could_take_more_memory_than_the_machine_are_refused_before_they_start() -> None:
     limits = Limits(memory_mb=1024)
-    limits.check_room(2, 3, 8192)  # 2 x 3 x (1024 + 256) MB fit in 8 GB
-    with pytest.raises(ValueError, match=r"3 sandbox\(es\) of 3 rank\(s\) at 1024 MB each .* may take 11520 MB, "
+    limits.check_room(2, 3, 8192)  # 2 x (3 x 1024 + 256) MB fit in 8 GB
+    with pytest.raises(ValueError, match=r"4 sandbox\(es\) of 3 rank\(s\) at 1024 MB each .* may take 13312 MB, "
                        r"more than the 8192 MB of the engine's machine: lower --parallel or --memory"):
-        limits.check_room(3, 3, 8192)
+        limits.check_room(4, 3, 8192)
+    with pytest.raises(ValueError, match=r"may take 15360 MB"):  # (a container a rank: 4 x 3 x (1024 + 256))
+        limits.check_room(4, 3, 8192, per_rank=True)
+    assert Limits.cpus_for(1) == 1.0 and Limits.cpus_for(10_000) == float(os.cpu_count() or 1)
+
+
+@pytest.mark.docker
+def test_a_sandbox_keeps_a_bounded_log_and_a_cpu_a_rank(docker_client) -> None:  # type: ignore[no-untyped-def]
+    with Sandbox(docker_client, 2, Limits()) as box:
+        config = docker_client.api.inspect_container(box.name)["HostConfig"]
+        assert config["LogConfig"] == {"Type": "json-file", "Config": {"max-size": LOG_MAX, "max-file": "1"}}
+        assert config["NanoCpus"] == int(Limits.cpus_for(2) * 1e9)
+        flood = "head -c 5000000 /dev/zero | tr '\\0' x > /proc/1/fd/1"  # a rank writing to PID 1's output
+        docker_client.containers.get(box.name).exec_run(["/bin/sh", "-c", flood], user="65534:65534")
+        log = Path(docker_client.api.inspect_container(box.name)["LogPath"])
+        assert log.stat().st_size <= 2 << 20  # (1 MiB kept, in JSON lines)
+    assert sandboxes(docker_client) == []
 
 
 @pytest.mark.docker
 def test_a_sandbox_is_a_container_a_rank_with_its_own_files_and_processes_on_one_loopback(
         docker_client) -> None:  # type: ignore[no-untyped-def]
-    """Each rank's container: a bounded log, a CPU, user nobody, its own /tmp, /dev/shm, IPC and
-    processes; and the ranks' one loopback, on which one's listener is the other's to reach."""
-    with Sandbox(docker_client, 2, Limits()) as box:
-        ranks = [docker_client.containers.get(box.rank_container(k)) for k in range(2)]
+    """--sandbox ranks: each rank's container has a bounded log, a CPU, user nobody, its own /tmp,
+    /dev/shm, IPC and processes; the ranks have one loopback, on which one's listener is the other's."""
+    with Sandbox(docker_client, 2, Limits(), per_rank=True) as box:
+        ranks = [docker_client.containers.get(name) for name in box.containers]
         for container in ranks:
             config = docker_client.api.inspect_container(container.id)["HostConfig"]
             assert config["LogConfig"] == {"Type": "json-file", "Config": {"max-size": LOG_MAX, "max-file": "1"}}

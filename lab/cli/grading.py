@@ -20,7 +20,7 @@ from lab.cli.views import screen
 from lab.core.plan import BACKENDS, DEFAULT_TIMEOUT
 from lab.errors import ExitCode, UsageError
 from lab.grading.grade import Gradebook, find_submissions, grade_all
-from lab.grading.places import DEFAULT_WALL, GradeRequest, places_for
+from lab.grading.places import DEFAULT_WALL, SANDBOXES, GradeRequest, places_for
 from lab.grading.sandbox import Limits
 from lab.suite import registry
 
@@ -52,9 +52,11 @@ def add_grade(commands: Commands) -> None:
     grading.add_argument("--parallel", type=int, default=1, metavar="K",
                          help="grade K submissions at once, each on its own share of the cluster (default 1)")
     grading.add_argument("--out", default="grades", metavar="DIR", help="where the gradebook goes (default grades)")
-    grading.add_argument("--sandbox", choices=("container", "none"),
+    grading.add_argument("--sandbox", choices=SANDBOXES,
                          help="local cluster: container (default) runs each submission in a throwaway "
-                              "container; none runs it as you, like `run --solution` (with --hosts: none)")
+                              "container; ranks gives each rank a container of its own (its files, /dev/shm, "
+                              "IPC and processes apart from the others': a torch import a rank, about twice "
+                              "the CPU); none runs it as you, like `run --solution` (with --hosts: none)")
     grading.add_argument("--memory", type=int, default=Limits.memory_mb, metavar="MB",
                          help=f"data memory per rank (RLIMIT_DATA, on every kind of host; default {Limits.memory_mb})")
     grading.add_argument("--pids", type=int, default=Limits.pids, metavar="N",

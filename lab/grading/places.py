@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, Protocol, get_args
 
 from docker.errors import DockerException
 
@@ -37,7 +37,8 @@ from lab.transport.reach import transport_for, with_master_address
 from lab.transport.ssh.settings import SSHSettings
 
 DEFAULT_WALL = 300.0  # seconds one submission may take in all
-SandboxChoice = Literal["container", "none"]
+SandboxChoice = Literal["container", "ranks", "none"]
+SANDBOXES: tuple[SandboxChoice, ...] = get_args(SandboxChoice)
 Working = Callable[[str], AbstractContextManager[Progress]]  # shows what is being done, and how it goes
 
 
@@ -307,8 +308,8 @@ class GradeRequest:
         for option, value in (("timeout", self.timeout), ("wall", self.wall)):
             if value <= 0:
                 raise UsageError(f"--{option} must be positive, got {value:g}")
-        if self.hosts and self.sandbox == "container":
-            raise UsageError("--sandbox container is for the local cluster: with --hosts the submissions run "
+        if self.hosts and self.sandbox in ("container", "ranks"):
+            raise UsageError(f"--sandbox {self.sandbox} is for the local cluster: with --hosts the submissions run "
                              "on the inventory's hosts")
         try:
             self.limits.check()
@@ -376,9 +377,10 @@ def places_for(request: GradeRequest, ssh: SSHSettings, say: Say, working: Worki
         machine_mb = int(client.info().get("MemTotal") or 0) >> 20  # (0: the engine does not say)
         try:
             if machine_mb:
-                request.limits.check_room(request.parallel, request.nproc, machine_mb)
+                request.limits.check_room(request.parallel, request.nproc, machine_mb, request.sandbox == "ranks")
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         with sandbox.sandboxes_of(client):
             shared = request.exercise.rendezvous == "file"  # (its ranks meet in a file: a folder they all see)
-            yield Places([sandbox.maker(client, request.nproc, request.limits, shared)] * request.parallel)
+            per_rank = request.sandbox == "ranks"
+            yield Places([sandbox.maker(client, request.nproc, request.limits, per_rank, shared)] * request.parallel)

@@ -1,20 +1,21 @@
 """Throwaway containers for one submission: where ``lab grade`` runs a student's code.
 
-A sandbox is a container per rank, made from the lab's host image (it has the pinned torch), that
-can reach nothing the grader trusts: no network but a loopback the submission's ranks share (the
-others' containers join rank 0's network namespace, which has no other: ``network_mode container:``),
-a read-only root with a small tmpfs scratch at /tmp (the run's files go there), user ``nobody``,
-every capability dropped, no new privileges, a clean environment (the image's own), and the limits
-of :class:`Limits`: memory and processes, a CPU, scratch space, and what its PID 1 writes kept to
-LOG_MAX by the engine. So each rank has its own files, /tmp, /dev/shm, System V IPC and processes
-(a process namespace of its own: the others' are not there to signal or read), and the ranks of one
-submission reach each other through their loopback's TCP, which the launchers measure, not through a
-file or shared memory, which nothing measures; only an exercise whose ranks meet in a file (file://)
-gets a folder they all mount (in memory, of the scratch's size). The grader starts each rank in its container
-through the docker transport (the sandbox is a cluster of one-rank hosts) and removes them all
-after: whatever the submission started, daemons included, goes with them. Sandboxes carry the
-lab's labels (role ``sandbox``), so one a killed grader left behind is removed by ``lab down``;
-one whose grader still runs is not the lab's (``lab down`` and ``lab up`` leave it to its grader).
+A sandbox is made from the lab's host image (it has the pinned torch) and can reach nothing the
+grader trusts: no network but its own loopback (its ranks talk over 127.0.0.1), a read-only root
+with a small tmpfs scratch at /tmp (the run's files go there), user ``nobody``, every capability
+dropped, no new privileges, a clean environment (the image's own), and the limits of
+:class:`Limits`: memory and processes for its ranks, a CPU a rank (at most the machine's), scratch
+space, and what its PID 1 writes kept to LOG_MAX by the engine. By default it is one container for
+the submission's ranks, which share its files, /dev/shm and processes (one user: a rank can read
+another's memory). ``--sandbox ranks`` gives each rank a container of its own (files, /tmp,
+/dev/shm, System V IPC, a process namespace), the others joining rank 0's network namespace, so
+that the ranks reach each other only by the loopback's TCP, which the launchers measure; it costs a
+torch import a rank (the one container forks every rank from one launcher that imported it). An
+exercise whose ranks meet in a file (file://) then gets a folder they all mount, in memory. The
+grader starts the ranks through the docker transport and removes the containers after: whatever
+the submission started, daemons included, goes with them. Sandboxes carry the lab's labels (role
+``sandbox``), so one a killed grader left behind is removed by ``lab down``; one whose grader still
+runs is not the lab's (``lab down`` and ``lab up`` leave it to its grader).
 """
 from __future__ import annotations
 
@@ -47,17 +48,17 @@ log = logging.getLogger(__name__)
 IMAGE = f"{HOST_IMAGE}:latest"
 ROLE_NAME = SANDBOX_ROLE
 PYTHON = "/usr/bin/python3"  # the image's interpreter, with torch
-OVERHEAD_MB = 256  # of a rank's container: its launcher, reaper and relay, docker-init
+OVERHEAD_MB = 256  # of a sandbox's container: the launcher, reapers and relays, the port holder, docker-init
 LOG_MAX = "1m"  # of what a container's PID 1 writes, kept by the engine (a rank can write there: /proc/1/fd/1)
-START_WORKERS = 8  # rank containers made at once
-CPU = 10**9  # of a rank's container, in nano-CPUs: one
-SHARED_DIR = "/shared"  # where the ranks of an exercise that meets in a file see their folder
+START_WORKERS = 8  # containers made at once
+SHARED_DIR = "/shared"  # where the ranks of an exercise that meets in a file see their folder (per rank)
 
 
 @dataclass(frozen=True)
 class Limits:
-    """What one submission may use, per rank: each rank's container gets them (its memory, and
-    OVERHEAD_MB for the lab's own processes in it, as a second fence to the worker's RLIMIT_DATA)."""
+    """What one submission may use; memory and processes are per rank. Each rank's memory limit is
+    its own (the worker sets RLIMIT_DATA); a sandbox's container holds its ranks and gets the sum, and
+    OVERHEAD_MB for the lab's own processes in it, as a second fence."""
 
     memory_mb: int = 1024
     pids: int = 64
@@ -69,54 +70,66 @@ class Limits:
             if value < least:
                 raise ValueError(f"--{name} must be at least {least}, got {value}")
 
-    @property
-    def container_mb(self) -> int:
-        """The memory of one rank's container."""
-        return self.memory_mb + OVERHEAD_MB
+    def memory_mb_for(self, ranks: int) -> int:
+        """The memory of a container of ``ranks`` ranks."""
+        return self.memory_mb * ranks + OVERHEAD_MB
 
-    def check_room(self, sandboxes: int, ranks: int, machine_mb: int) -> None:
+    @staticmethod
+    def cpus_for(ranks: int) -> float:
+        """The CPUs a container of ``ranks`` ranks may use: one a rank, at most the machine's."""
+        return float(min(ranks, os.cpu_count() or 1))
+
+    def check_room(self, sandboxes: int, ranks: int, machine_mb: int, per_rank: bool = False) -> None:
         """ValueError when ``sandboxes`` sandboxes at once could take more memory than the machine has."""
-        need = sandboxes * ranks * self.container_mb
+        need = sandboxes * (self.memory_mb * ranks + OVERHEAD_MB * (ranks if per_rank else 1))
         if need > machine_mb:
             raise ValueError(f"{sandboxes} sandbox(es) of {ranks} rank(s) at {self.memory_mb} MB each (and "
-                             f"{OVERHEAD_MB} MB a rank for the lab's own) may take {need} MB, more than the "
+                             f"{OVERHEAD_MB} MB a container for the lab's own) may take {need} MB, more than the "
                              f"{machine_mb} MB of the engine's machine: lower --parallel or --memory")
 
 
 class Sandbox:
-    """One running sandbox for ``ranks`` ranks; a context manager that removes it."""
+    """One running sandbox for ``ranks`` ranks, in one container or (``per_rank``) a container each; a
+    context manager that removes it."""
 
-    def __init__(self, client: docker.DockerClient, ranks: int, limits: Limits, shared: bool = False) -> None:
-        self.client, self.ranks, self.limits = client, ranks, limits
-        self.name = f"lab-sandbox-{secrets.token_hex(4)}"  # rank k's container is NAME-rK
-        # For an exercise whose ranks meet in a file (file://): a folder they all mount, in memory, of the
-        # scratch's size: the one thing of theirs they share besides the loopback
-        self.shared = f"{self.name}-shared" if shared else None
-        self._made: list[str] = []  # the ids of its containers, rank 0's first
+    def __init__(self, client: docker.DockerClient, ranks: int, limits: Limits, per_rank: bool = False,
+                 shared: bool = False) -> None:
+        self.client, self.ranks, self.limits, self.per_rank = client, ranks, limits, per_rank
+        self.name = f"lab-sandbox-{secrets.token_hex(4)}"  # its container's, or (per rank) NAME-rK rank k's
+        # For an exercise whose ranks meet in a file (file://), when they have a container each: a folder they
+        # all mount, in memory, of the scratch's size (in one container they share its scratch anyway)
+        self.shared = f"{self.name}-shared" if shared and per_rank else None
+        self._made: list[str] = []  # the ids of its containers, the first's first
         self._volume: str | None = None
 
-    def rank_container(self, rank: int) -> str:
-        return f"{self.name}-r{rank}"
+    @property
+    def containers(self) -> list[str]:
+        """Its containers' names, rank 0's first."""
+        return [f"{self.name}-r{k}" for k in range(self.ranks)] if self.per_rank else [self.name]
 
     def __enter__(self) -> Sandbox:
-        try:  # rank 0's container holds the network namespace (no network but its loopback) the others join
+        try:  # the first container holds the network namespace (no network but its loopback) the others join
             if self.shared:
                 memory = {"type": "tmpfs", "device": "tmpfs", "o": f"size={self.limits.scratch_mb}m,mode=1777"}
                 self._volume = self.client.volumes.create(self.shared, driver="local", driver_opts=memory,
                                                           labels=self._labels()).name
-            first = self._run_rank(0, network_mode="none", hostname=ROLE_NAME, extra_hosts={ROLE_NAME: "127.0.0.1"})
-            with ThreadPoolExecutor(min(max(self.ranks - 1, 1), START_WORKERS)) as pool:
-                list(pool.map(lambda k: self._run_rank(k, network_mode=f"container:{first}"), range(1, self.ranks)))
+            first, *others = self.containers
+            held = self._run_container(first, network_mode="none", hostname=ROLE_NAME,
+                                       extra_hosts={ROLE_NAME: "127.0.0.1"})
+            with ThreadPoolExecutor(min(max(len(others), 1), START_WORKERS)) as pool:
+                list(pool.map(lambda name: self._run_container(name, network_mode=f"container:{held}"), others))
         except BaseException:
             self.__exit__()
             raise
         return self
 
-    def _run_rank(self, rank: int, **network: Any) -> str:
-        memory = f"{self.limits.container_mb}m"
-        return self._run(self.rank_container(rank), user="65534:65534",
+    def _run_container(self, name: str, **network: Any) -> str:
+        ranks = 1 if self.per_rank else self.ranks
+        memory = f"{self.limits.memory_mb_for(ranks)}m"
+        return self._run(name, user="65534:65534",
                          tmpfs={"/tmp": f"rw,nosuid,nodev,size={self.limits.scratch_mb}m,mode=1777"},
-                         mem_limit=memory, memswap_limit=memory, pids_limit=self.limits.pids, nano_cpus=CPU,
+                         mem_limit=memory, memswap_limit=memory, pids_limit=self.limits.pids * ranks,
+                         nano_cpus=int(self.limits.cpus_for(ranks) * 1e9),
                          volumes={self.shared: {"bind": SHARED_DIR, "mode": "rw"}} if self.shared else None, **network)
 
     @staticmethod
@@ -149,11 +162,16 @@ class Sandbox:
 
     @property
     def inventory(self) -> Inventory:
-        """The sandbox as a cluster of one-rank hosts, each reached with ``docker exec``, all on one loopback."""
-        hosts = tuple(Host(name=f"{ROLE_NAME}-r{k}", address="127.0.0.1", connection="docker",
-                           container=self.rank_container(k), python=PYTHON, slots=1, network_interface="lo",
-                           shared_dir=SHARED_DIR if self.shared else None, source=f"sandbox {self.name}")
-                      for k in range(self.ranks))
+        """The sandbox as a cluster reached with ``docker exec``: one host, or (per rank) one-rank hosts on
+        one loopback."""
+        if not self.per_rank:
+            return Inventory(f"sandbox {self.name}", (Host(
+                name=ROLE_NAME, address="127.0.0.1", connection="docker", container=self.name, python=PYTHON,
+                slots=self.ranks, network_interface="lo", source=f"sandbox {self.name}"),))
+        shared = SHARED_DIR if self.shared else None
+        hosts = tuple(Host(name=f"{ROLE_NAME}-r{k}", address="127.0.0.1", connection="docker", container=container,
+                           python=PYTHON, slots=1, network_interface="lo", shared_dir=shared,
+                           source=f"sandbox {self.name}") for k, container in enumerate(self.containers))
         return Inventory(f"sandbox {self.name}", hosts)
 
     def leftovers(self) -> list[str]:
@@ -166,22 +184,22 @@ class Sandbox:
 
     @property
     def own_users(self) -> bool:
-        """No: a rank's processes are bounded by its container's pids limit, not by its user's."""
+        """No: every sandbox runs as ``nobody`` (its processes are bounded by the container's pids limit)."""
         return False
 
     @property
     def wire(self) -> WireMode:
-        """Every TCP socket of the ranks' network namespace is the submission's (each rank's launcher counts
-        them all, and says which namespace it counted: the checker counts it once)."""
+        """Every TCP socket of the ranks' network namespace is the submission's (per rank, each rank's
+        launcher counts them all, and says which namespace it counted: the checker counts it once)."""
         return "netns"
 
     def memory_kills(self) -> int:
         """How many processes the kernel killed in the sandbox for want of memory."""
         command = "cat /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null"
         kills = 0
-        for k in range(self.ranks):
+        for container in self.containers:
             try:
-                _, output = self.client.containers.get(self.rank_container(k)).exec_run(["/bin/sh", "-c", command])
+                _, output = self.client.containers.get(container).exec_run(["/bin/sh", "-c", command])
             except (NotFound, APIError, DockerException):
                 continue
             counts = re.findall(rb"^oom_kill (\d+)$", bytes(output), re.MULTILINE)
@@ -199,10 +217,11 @@ def ensure_sandbox_image(client: docker.DockerClient, state_dir: Path, say: Say,
         image.ensure_image(client, image.DEFAULT_BASE, state_dir, say, progress)
 
 
-def maker(client: docker.DockerClient, ranks: int, limits: Limits, shared: bool = False) -> Callable[[], Sandbox]:
-    """A fresh sandbox for each submission (lab.grading.places' PlaceMaker); ``shared``: with a folder its
-    ranks all see (an exercise that meets in a file)."""
-    return lambda: Sandbox(client, ranks, limits, shared)
+def maker(client: docker.DockerClient, ranks: int, limits: Limits, per_rank: bool = False,
+          shared: bool = False) -> Callable[[], Sandbox]:
+    """A fresh sandbox for each submission (lab.grading.places' PlaceMaker): a container, or one a rank
+    (``per_rank``); ``shared``: with a folder its ranks all see (an exercise that meets in a file)."""
+    return lambda: Sandbox(client, ranks, limits, per_rank, shared)
 
 
 def owner() -> str:

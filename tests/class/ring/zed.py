@@ -1,7 +1,7 @@
 """Dishonest toward the measure: a correct ring, whose ranks kill their host's launcher (the
 process that forked them, and that measures what the host's connections carry) as they exit, so
 that it never says what was carried. The values are right; but a run that was to be measured and
-was not shows no method: "the launchers of sandbox-r0, ... ended before they said what the connections
+was not shows no method: "the launcher of sandbox ended before it said what the connections
 carried"."""
 import atexit
 import os
