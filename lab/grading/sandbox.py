@@ -81,7 +81,7 @@ class Limits:
 
     def check_room(self, sandboxes: int, ranks: int, machine_mb: int, per_rank: bool = False) -> None:
         """ValueError when ``sandboxes`` sandboxes at once could take more memory than the machine has."""
-        need = sandboxes * (self.memory_mb * ranks + OVERHEAD_MB * (ranks if per_rank else 1))
+        need = sandboxes * (ranks * self.memory_mb_for(1) if per_rank else self.memory_mb_for(ranks))
         if need > machine_mb:
             raise ValueError(f"{sandboxes} sandbox(es) of {ranks} rank(s) at {self.memory_mb} MB each (and "
                              f"{OVERHEAD_MB} MB a container for the lab's own) may take {need} MB, more than the "
@@ -229,21 +229,9 @@ def owner() -> str:
 
 
 def remove_orphans(client: docker.DockerClient) -> int:
-    """Remove the sandboxes of graders on this machine that are gone (killed before they could)."""
-    removed = 0
-    here = socket.gethostname()
-    for c in client.containers.list(all=True, ignore_removed=True, filters={"label": [f"{ROLE}={ROLE_NAME}"]}):
-        host, _, pid = c.labels.get(OWNER_LABEL, "").rpartition(":")
-        if host == here and pid.isdigit() and not alive(int(pid)):
-            with contextlib.suppress(NotFound, APIError):
-                c.remove(force=True)
-                removed += 1
-    for v in client.volumes.list(filters={"label": f"{ROLE}={ROLE_NAME}"}):  # (after the containers that mount them)
-        host, _, pid = (v.attrs.get("Labels") or {}).get(OWNER_LABEL, "").rpartition(":")
-        if host == here and pid.isdigit() and not alive(int(pid)):
-            with contextlib.suppress(NotFound, APIError):
-                v.remove(force=True)
-    return removed
+    """Remove the sandboxes of graders on this machine that are gone (killed before they could): their
+    containers, then the folders those mounted. How many containers went."""
+    return _remove(client, {"label": [f"{ROLE}={ROLE_NAME}"]}, _left_by_a_dead_grader)
 
 
 @contextlib.contextmanager
@@ -253,9 +241,25 @@ def sandboxes_of(client: docker.DockerClient) -> Iterator[None]:
     try:
         yield
     finally:
-        for c in client.containers.list(all=True, ignore_removed=True, filters={"label": [f"{OWNER_LABEL}={owner()}"]}):
+        _remove(client, {"label": [f"{OWNER_LABEL}={owner()}"]}, lambda labels: True)
+
+
+def _left_by_a_dead_grader(labels: dict[str, str]) -> bool:
+    host, _, pid = labels.get(OWNER_LABEL, "").rpartition(":")
+    return host == socket.gethostname() and pid.isdigit() and not alive(int(pid))
+
+
+def _remove(client: docker.DockerClient, filters: dict[str, list[str]], which: Callable[[dict[str, str]], bool]) -> int:
+    """Remove the containers, then the volumes (which they mount), that ``filters`` finds and ``which``
+    takes by their labels; how many containers went."""
+    removed = 0
+    for c in client.containers.list(all=True, ignore_removed=True, filters=filters):
+        if which(c.labels):
             with contextlib.suppress(NotFound, APIError):
                 c.remove(force=True)
-        for v in client.volumes.list(filters={"label": [f"{OWNER_LABEL}={owner()}"]}):
+                removed += 1
+    for v in client.volumes.list(filters=filters):
+        if which(v.attrs.get("Labels") or {}):
             with contextlib.suppress(NotFound, APIError):
                 v.remove(force=True)
+    return removed
