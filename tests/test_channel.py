@@ -194,7 +194,7 @@ def test_every_kind_of_event_has_its_class_and_every_field_a_check() -> None:
     for kind, cls in EVENT_TYPES.items():  # (the zygote passes on a rank's alone; the ledger takes its launcher's too)
         senders.setdefault(cls.SENDER, set()).add(kind)
     assert senders == {"rank": {"hello", "step", "result", "error", "fatal", "done", "progress", "flight", "trace",
-                                "torchdump", "died", "end", "alive", "saved"},
+                                "torchdump", "died", "end", "alive", "saved", "cell"},
                        "launcher": {"exit", "bad"}, "host": {"wire"}, "holder": {"ports"}, "preflight": {"pulse"}}
     assert Probe.SENDER == "probe" and set(get_args(events.Sender)) == {*senders, "probe"}
     for cls in EVENT_TYPES.values():  # (an annotation the checks do not know would make every such event malformed)

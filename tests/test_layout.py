@@ -11,7 +11,7 @@ from pathlib import Path
 from lab.transport.base import PACKAGE_DIR, code_uploads
 
 CONTROLLER_SIDE = ("lab.cli", "lab.core", "lab.net", "lab.transport", "lab.doctor", "lab.containerlab", "lab.grading",
-                   "lab.errors", "lab.inventory")
+                   "lab.errors", "lab.inventory", "lab.notebook")
 THIRD_PARTY = ("yaml", "paramiko", "docker", "rich", "cryptography")
 # The floors, lowest first: a module imports only from its own floor and the ones below it. A module
 # is on the lowest floor that names it or a package above it: the inventory's room stands on two, its
@@ -29,7 +29,7 @@ FLOORS = (
     ("lab.containerlab",),
     ("lab.grading",),
     ("lab.doctor",),
-    ("lab.cli", "lab.__main__"),
+    ("lab.cli", "lab.__main__", "lab.notebook"),
 )
 VIEWS = "lab.cli.views"  # the one part of the controller side that prints for a person (and imports rich)
 

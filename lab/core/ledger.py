@@ -30,7 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from lab.core import launchers
-from lab.core.outcome import SYS_EXIT, ExerciseRun, LaunchState, RankState, Restart
+from lab.core.outcome import SYS_EXIT, ExerciseRun, LaunchState, RankState, Restart, between_cells
 from lab.core.plan import Plan
 from lab.core.preflight import EVENTS as PREFLIGHT_EVENTS
 from lab.core.preflight import Preflight
@@ -41,6 +41,7 @@ from lab.rank import steps
 from lab.rank.events import (
     Alive,
     Bad,
+    Cell,
     Died,
     Done,
     End,
@@ -211,6 +212,10 @@ class Ledger:
                 state.flight, state.flight_at = event, now
             case End():
                 state.end, state.end_at = event, now
+            case Cell():  # (a notebook's rank: whether it waits for the next cell, for the hang rule)
+                state.cell = event
+                if not event.ended:  # (each cell's output is shown within bounds of its own)
+                    state.output.new_window()
             case Saved(path=path, size=size):  # (--sync-back: the runner brings it back while the job goes on)
                 self.saved.append((launch.launch.host, path, size))
 
@@ -376,8 +381,10 @@ class Ledger:
         (its progress events: two looks of the kernel's counters, on the rank's own clock, not this
         one's, which a busy machine can stall), and every host of theirs has answered since (its
         transport's keepalives: ``heard_since``). A rank computing outside torch.distributed is no
-        hang: the others wait on it (a straggler); neither is a slow collective, whose bytes move."""
-        live = [s for s in self.states if s.exit_code is None]
+        hang: the others wait on it (a straggler); neither is a slow collective, whose bytes move. A
+        notebook's rank that has ended its cell and waits for the next is not live: its peers wait on
+        it in vain (lab.core.outcome.between_cells)."""
+        live = [s for s in self.states if s.exit_code is None and between_cells(s, self.states) is None]
         said = [(s.progress, s.progress_at or now) for s in live]
         if not live or any(p is None or p.inflight is None or not quiet_enough(p.quiet, self.plan.options.hang_after)
                            for p, _ in said):

@@ -14,12 +14,12 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from lab.core.plan import Launch, Plan, RankSpec, bind_macros
-from lab.rank.events import Died, End, Error, Flight, Hello, Progress
+from lab.rank.events import Cell, Died, End, Error, Flight, Hello, Progress
 from lab.rank.protocol import LINE_MAX
 from lab.rank.record import Record
 from lab.rank.steps import STARTUP, RankStep
@@ -36,16 +36,19 @@ SYS_EXIT = "SystemExit: "  # how the worker reports an exercise that called sys.
 class Output:
     """What one rank (or a host's launcher itself) printed, within bounds whatever it prints:
     every line counted, the first SHOWN_LINES shown, the last TAIL_LINES kept (each cut at
-    LINE_MAX bytes), the rest dropped. Its stdout and stderr readers both add to it."""
+    LINE_MAX bytes), the rest dropped. Its stdout and stderr readers both add to it. A notebook's
+    rank shows SHOWN_LINES of each cell: each cell opens a new window (:meth:`new_window`)."""
 
     lines: int = 0
     size: int = 0  # its bytes as printed, line ends included
+    window: int = 0  # the lines counted before the window that is open now
+    shown_before: int = 0  # the lines shown in the windows before it
     last: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, text: str, size: int) -> int:
         """Count a line of ``size`` bytes and keep ``text``, its start (up to OUTPUT_MAX bytes
-        printed); how many lines so far."""
+        printed); how many lines so far in the window."""
         with self.lock:
             self.lines += 1
             self.size += size
@@ -53,7 +56,18 @@ class Output:
                 self.last.append(text)
             elif self.size - size <= OUTPUT_MAX:
                 self.last.append(_PAST_MAX)
-            return self.lines
+            return self.lines - self.window
+
+    def new_window(self) -> None:
+        """Show the next SHOWN_LINES lines too (a notebook's cell begins)."""
+        with self.lock:
+            self.shown_before += min(self.lines - self.window, SHOWN_LINES)
+            self.window = self.lines
+
+    @property
+    def in_window(self) -> int:
+        """The lines counted since the window opened."""
+        return self.lines - self.window
 
     def add_block(self, block: bytes, tag: bytes = b"") -> None:
         """Count a block of whole lines (each ends with its newline and starts with ``tag``, which
@@ -72,7 +86,7 @@ class Output:
 
     @property
     def shown(self) -> int:
-        return min(self.lines, SHOWN_LINES)
+        return self.shown_before + min(self.lines - self.window, SHOWN_LINES)
 
     @property
     def dropped(self) -> int:
@@ -167,6 +181,7 @@ class RankState:
     trace_overflow: int = 0  # records of its the controller left out (past TRACE_MAX)
     torch_dump: dict[str, Any] | None = None  # --fr-dir: torch's own recorder, as it last sent it
     last_call: Died | None = None  # what its relay said it was in as it died (lab.rank.lastcall)
+    cell: Cell | None = None  # a notebook's rank: the cell it last began or ended (lab.rank.cells)
 
     @property
     def label(self) -> str:
@@ -302,6 +317,18 @@ class RunOutcome:
     def master_port(self) -> int | None:
         """The port rank 0's store (or torchrun's rendezvous) listened on."""
         return int(bind_macros(self.plan.master_port, "", self.ports)) if self.plan.master_port and self.ports else None
+
+
+def between_cells(state: RankState, states: Sequence[RankState]) -> Cell | None:
+    """The cell a notebook's rank has ended (lab.rank.cells) and waits for the next one after: the
+    newest cell any rank began was not sent to it, or it has ended it (a peer that waits on it in a
+    call waits in vain); None for a rank in a cell, or of another run."""
+    if state.cell is None:
+        return None
+    newest = max((s.cell for s in states if s.cell is not None), key=lambda cell: cell.n)
+    if state.spec.rank not in newest.ranks or state.cell.n == newest.n and state.cell.ended:
+        return state.cell
+    return None
 
 
 # preflight: the hosts' launchers found the network unfit for the job; no rank started (lab.core.preflight)

@@ -118,6 +118,9 @@ class Options:
     # lab launch --sync-back: what rank 0's host's ranks save with torch.save that comes back as it is saved,
     # while the job goes on (.gitignore's patterns; lab.rank.saves, lab.core.bringback.sync)
     sync_back: tuple[str, ...] = ()
+    # a notebook's ranks (lab.notebook, lab.rank.cells): the mark that ends each cell's output on their
+    # streams (those lines always reach on_line); what the run's stdin carries goes to every rank
+    cells_mark: str = ""
 
 
 @dataclass(frozen=True)

@@ -177,7 +177,7 @@ def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], ti
                       module: bool = False, max_restarts: int = 0, trace: bool = False,
                       torch_dumps: bool = False, in_place: Path | None = None,
                       bring_back_max: int = 1 << 30, sync_back: Sequence[str] = (),
-                      requirements: Mapping[str, Requirements] | None = None) -> Plan:
+                      requirements: Mapping[str, Requirements] | None = None, cells_mark: str = "") -> Plan:
     """``lab launch``: the user's script on every rank, the rendezvous in its environment
     (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE), set by the launcher. The
     ranks start in a copy of the project (``workdir``) on every host, or in the project folder
@@ -185,7 +185,8 @@ def build_launch_plan(inventory: Inventory, script: str, args: Sequence[str], ti
     host's ``requirements`` (by host name) on their path."""
     options = Options((), timeout=timeout, launcher=launcher, partition=partition, hang_after=hang_after,
                       preflight=preflight, rank_env=dict(rank_env or {}), max_restarts=max_restarts, trace=trace,
-                      torch_dumps=torch_dumps, bring_back_max=bring_back_max, sync_back=tuple(sync_back))
+                      torch_dumps=torch_dumps, bring_back_max=bring_back_max, sync_back=tuple(sync_back),
+                      cells_mark=cells_mark)
     starter, hosts = _placed(inventory, options)
     master = hosts[0].peer_address
     port = port_macro(0)

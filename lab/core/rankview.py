@@ -85,6 +85,8 @@ class RankFacts:
     destroyed: str | None = None  # where its program destroyed the world ("file.py:LINE"), as its last dump says
     timeouts: GroupTimeouts | None = None  # the timeouts its program gave its groups, as its last dump says
     files: FilesSeen | None = None  # the files its program saved and looked for in vain, as its last dump says
+    cell_ended: str | None = None  # a notebook's rank: the cell it ended and waits for the next one after ("cell [7]")
+    cell_error: str = ""  # the exception that cell raised on it, if it raised one
 
 
 @dataclass(frozen=True)
@@ -124,8 +126,10 @@ class Rank:
 
     @property
     def outside(self) -> bool:
-        """Running, seen, and in no torch.distributed call: it computes, and may still call."""
-        return self.running and self.seen and self.position is None and not self.absent
+        """Running, seen, and in no torch.distributed call: it computes, and may still call (a notebook's
+        rank that ended its cell and waits for the next will not)."""
+        return self.running and self.seen and self.position is None and not self.absent and \
+            self.facts.cell_ended is None
 
     @property
     def stuck(self) -> Record | None:
@@ -352,7 +356,9 @@ _SOURCE_PLACE = re.compile(r"\[(?:enforce fail at )?[^\]\s]{0,300}\.(?:cc|cpp|h|
 
 def where_of(rank: Rank) -> str | None:
     """Where the rank is or failed: its call's line, its traceback's, its stack dump's, the line of the
-    call it died in."""
+    call it died in; none for a notebook's rank that waits for its next cell (in the lab's loop)."""
+    if rank.facts.cell_ended is not None and rank.position is None:
+        return None
     for call in (rank.position, rank.failed_in):
         if call is not None and call.where:
             return call.where
@@ -387,6 +393,9 @@ def doing(rank: Rank, many: bool = False, where: bool = True) -> str:
             return f"raised {error_of(rank)}{said}"
         how = ended(rank.facts.exit_code)
         return (how.replace("was ", "were ", 1) if many else how) + said
+    if rank.facts.cell_ended is not None:
+        how = f"raising {rank.facts.cell_error}" if rank.facts.cell_error else "without it"
+        return f"{have} ended {rank.facts.cell_ended} {how} and {'wait' if many else 'waits'} for the next cell"
     if rank.absent:
         return f"{have} not started" if rank.facts.stage == "starting" else f"{be} still in init_process_group{said}"
     if not rank.seen:

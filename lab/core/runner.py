@@ -93,7 +93,8 @@ def run_plan(plan: Plan, on_line: OnLine = lambda *_: None, keep: bool = False,
     thread's way to interrupt the run (as Ctrl-C does in this one). ``on_phase``: told what the run
     is doing whenever that changes (reaching the hosts, the ports, the preflight, starting the
     ranks, running), so that no command is silent while it works. ``stdin``: a descriptor whose
-    bytes go to rank 0's stdin, where the launcher passes it one (lab.rank.stdin). ``on_note``: told
+    bytes go to rank 0's stdin (every rank's, where the plan says so), where the launcher passes
+    it one (lab.rank.stdin). ``on_note``: told
     each line the run says as it goes (a checkpoint brought back as it was saved: --sync-back)."""
     run = Run(plan, {h.name: transport_for(h, ssh) for h in plan.hosts}, on_line, wall, stop or threading.Event(),
               on_phase)
@@ -138,7 +139,7 @@ class Run:
         self.ports: tuple[int, ...] = ()
         self.wall = wall
         self.deadline = self.started + wall if wall else None  # when the whole run's time is up
-        self.stdin: int | None = None  # what goes to rank 0's stdin, where its launch takes it
+        self.stdin: int | None = None  # what goes to rank 0's stdin (or every rank's), where their launches take it
         self.on_note: Callable[[str], None] = lambda _: None
         self.synced: bringback.Synced = {}  # what --sync-back put in the project while the job ran
         self.syncing: threading.Thread | None = None  # the one sync at work, if any
@@ -169,18 +170,20 @@ class Run:
         if not any(STDIN_VAR in launch.launch.env for launch in self.launches):  # (no launch passes it on)
             self.stdin = None
 
-    def _stdin_once_rank_0_runs(self) -> None:
-        """Once rank 0 said hello (its launcher's start-up, which reads the same stdin for the
-        preflight, has ended), what comes on ``stdin`` goes to its launch."""
-        taking = next(p for launch, p in zip(self.launches, self.processes) if STDIN_VAR in launch.launch.env)
-        if self.stdin is not None and taking is not None and self.states[0].info is not None:
-            threading.Thread(target=self._pass_stdin, args=(self.stdin, taking), name="lab-stdin",
-                             daemon=True).start()
+    def _stdin_once_ranks_run(self) -> None:
+        """Once a rank of each launch that passes it on said hello (its launcher's start-up, which reads
+        the same stdin for the preflight, has ended), what comes on ``stdin`` goes to those launches."""
+        taking = [(launch, p) for launch, p in zip(self.launches, self.processes) if STDIN_VAR in launch.launch.env]
+        if self.stdin is not None and all(p is not None and any(self.states[r].info is not None
+                                                                 for r in launch.launch.ranks)
+                                          for launch, p in taking):
+            threading.Thread(target=self._pass_stdin, args=(self.stdin, [p for _, p in taking if p is not None]),
+                             name="lab-stdin", daemon=True).start()
             self.stdin = None
 
-    def _pass_stdin(self, fd: int, process: RankProcess) -> None:
-        """What comes on ``fd`` to rank 0's launch, in frames (lab.rank.stdin), until it ends (the
-        end said) or the run does. A terminal is read only while this process is in its foreground,
+    def _pass_stdin(self, fd: int, processes: list[RankProcess]) -> None:
+        """What comes on ``fd`` to the launches that take it, in frames (lab.rank.stdin), until it ends
+        (the end said) or the run does. A terminal is read only while this process is in its foreground,
         as a shell's job reads it."""
         while not self.stopped.is_set():
             try:
@@ -190,7 +193,8 @@ class Run:
                     time.sleep(0.5)
                     continue
                 data = os.read(fd, 1 << 16)
-                process.send(frame(data))
+                for process in processes:
+                    process.send(frame(data))
             except OSError:
                 return
             if not data:
@@ -269,7 +273,7 @@ class Run:
             assert process is not None
             for stream_name, stream in (("out", process.stdout), ("err", process.stderr)):
                 reader = StreamReader(i, stream_name, launch, self.states, self.events, self.plan.token,
-                                      self.dumping, self.stopped)
+                                      self.dumping, self.stopped, self.plan.options.cells_mark)
                 threading.Thread(target=reader.pump, args=(stream,), name=f"lab-read-{i}-{stream_name}",
                                  daemon=True).start()
         self.ledger.begin(now)
@@ -363,7 +367,7 @@ class Run:
         elif kind == "event":
             self.ledger.apply(launch, line, time.monotonic())
             if self.stdin is not None:
-                self._stdin_once_rank_0_runs()
+                self._stdin_once_ranks_run()
         elif kind == "bad":
             self.ledger.violation(whose if isinstance(whose, RankState) else self.ledger.first_rank(launch), line)
         elif whose is not None:

@@ -8,8 +8,9 @@ read in pieces and dropped, never held) and sorts them itself:
   EVENT_MAX, or past its budget (lab.rank.protocol.EventBudget), is its sender's failure, not output;
 * any other line is the output of a rank (or of a host's launcher itself): its ``Output``
   (lab.core.outcome) counts it and keeps its last lines, and only the first SHOWN_LINES of each
-  rank go on to the queue and ``on_line``; then ``on_line`` is told once that the rest of that
-  rank's output is counted, not shown, and the report says how much each such rank printed.
+  rank go on to the queue and ``on_line`` (of each cell, for a notebook's ranks, whose marks always
+  go on); then ``on_line`` is told once that the rest of that rank's output is counted, not shown,
+  and the report says how much each such rank printed.
 
 Past SHOWN_LINES of a rank, the lines of that rank already buffered in a local pipe are taken in
 one block, counted with one pass over their bytes, so a flood of short lines costs no Python per
@@ -53,6 +54,7 @@ class StreamReader:
     token: str
     dumping: threading.Event
     stopped: threading.Event
+    always: str = ""  # lines that start with it are always shown (a notebook's marks: lab.rank.cells)
 
     def pump(self, stream: IO[bytes]) -> None:
         """Queue each event line whole, count each other line for its rank and queue the first
@@ -78,7 +80,8 @@ class StreamReader:
                     whose, body, size, whole = _whose_line(self.launch, self.states, raw, size, kind == "whole")
                     text = kept_text(body, size, whole)
                     count = whose.output.add(text, size)
-                    if count <= SHOWN_LINES or (self.stream == "err" and self.dumping.is_set()):
+                    if count <= SHOWN_LINES or (self.stream == "err" and self.dumping.is_set()) or \
+                            self.always and text.startswith(self.always):
                         self._put(self.stream, whose, text)
                     elif count == SHOWN_LINES + 1:
                         self._put("lab", whose, f"[lab: more than {SHOWN_LINES} lines: the rest of this "
@@ -97,15 +100,15 @@ class StreamReader:
     def _in_blocks(self) -> bool:
         """Whether to look for blocks: one of the launch's ranks is past SHOWN_LINES (and this is
         not stderr while ranks dump their stacks)."""
-        return any(self.states[r].output.lines > SHOWN_LINES for r in self.launch.launch.ranks) and not (
-            self.stream == "err" and self.dumping.is_set())
+        return any(self.states[r].output.in_window > SHOWN_LINES for r in self.launch.launch.ranks) and not (
+            self.stream == "err" and self.dumping.is_set()) and not self.always
 
     def _block(self, data: bytes) -> int:
         """How much of ``data`` (whole lines, buffered) to take as one block: the lines at its
         start that are one rank's, if that rank is past SHOWN_LINES (0: none)."""
         rank, _, cut = untag(data[:TAG_MAX])
         if rank is None or cut is not None or not (
-                rank < len(self.states) and self.states[rank].output.lines > SHOWN_LINES):
+                rank < len(self.states) and self.states[rank].output.in_window > SHOWN_LINES):
             return 0
         other = _other_line(rank_tag(rank)).search(data, 0, len(data) - 1)  # (data ends with a line end)
         return other.start() + 1 if other else len(data)

@@ -35,7 +35,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 
 from lab.core import waitfor
-from lab.core.outcome import SYS_EXIT, Cause, CauseKind, Evidence, ExerciseRun, RankState, RunOutcome, ended
+from lab.core.outcome import (
+    SYS_EXIT,
+    Cause,
+    CauseKind,
+    Evidence,
+    ExerciseRun,
+    RankState,
+    RunOutcome,
+    between_cells,
+    ended,
+)
 from lab.core.rankview import (
     TIMED_OUT,
     Ended,
@@ -708,12 +718,18 @@ def _missing(ranks: dict[int, Rank]) -> Finding | None:
         headline = (f"{ranks_named(r.rank for r in slot.there)} {slot.waits} in {_by(call)}{canonical(call.op)} "
                     f"#{call.seq}{on_group(call.group)} for {_some(slot.missing, doing)}")
         elsewhere = any(r.position is not None for r in slot.missing)
-        fix = ("Every rank of a group must reach each of its collectives: look for one in a branch on the rank, "
+        fix = (_CELL_FIX if any(r.facts.cell_ended for r in slot.missing) else
+               "Every rank of a group must reach each of its collectives: look for one in a branch on the rank, "
                "or a call only some ranks make before it." if elsewhere else
                "Every rank must make the same collective calls before it ends." if
                any(not r.running for r in slot.missing) else None)
         return Finding("missing-rank", headline, fix, {r.rank: r.stuck for r in slot.there if r.stuck})
     return None
+
+
+_CELL_FIX = ("Every rank of the group must make each of its collectives in the same cell: look for one in a branch on "
+             "the rank (if rank == 0:), or a cell run with --ranks on some ranks that calls a collective of the world "
+             "(make a group of those ranks with dist.new_group, on every rank, and call it on that group).")
 
 
 def _by(call: Record) -> str:
@@ -901,7 +917,11 @@ def explain_run(outcome: RunOutcome) -> Cause | None:
     order = sorted((s.ended_at, s.spec.rank) for s in outcome.ranks if s.ended_at is not None)
     arrival = {rank: i for i, (_, rank) in enumerate(order)}
     programs = program_files(outcome.plan)
-    return explain([facts_of(s, outcome.exercises, arrival.get(s.spec.rank), programs) for s in outcome.ranks])
+    cells = {s.spec.rank: between_cells(s, outcome.ranks) for s in outcome.ranks}  # (a notebook's ranks)
+    return explain([replace(facts_of(s, outcome.exercises, arrival.get(s.spec.rank), programs),
+                            cell_ended=cell.name if (cell := cells[s.spec.rank]) else None,
+                            cell_error=cell.error if cell else "")
+                    for s in outcome.ranks])
 
 
 def facts_of(state: RankState, runs: Mapping[str, ExerciseRun], arrival: int | None = None,

@@ -49,6 +49,7 @@ class MalformedEvent(ValueError):
 # it); the port holder; a host's launcher in its preflight; the doctor's probe.
 Sender = Literal["rank", "launcher", "host", "holder", "preflight", "probe"]
 PortNumbers: TypeAlias = tuple[int, ...]  # (a ``ports`` event's list, each checked to be a TCP port)
+RankNumbers: TypeAlias = tuple[int, ...]  # (a list of ranks, each checked to be 0 or more)
 
 
 @dataclass(frozen=True)
@@ -197,6 +198,16 @@ class Saved(RankEvent):
 
 
 @dataclass(frozen=True)
+class Cell(RankEvent):
+    KIND: ClassVar[str] = "cell"
+    n: int  # the cell's number in the session (lab.rank.cells)
+    name: str  # its name in the notebook ("cell [7]": its code's file name)
+    ended: bool  # false as it begins, true once it ended
+    ranks: RankNumbers  # the ranks it was sent to
+    error: str = ""  # once ended: the exception it raised ("Type: message"), "" where it raised none
+
+
+@dataclass(frozen=True)
 class Ports(Event):
     KIND: ClassVar[str] = "ports"
     SENDER: ClassVar[Sender] = "holder"
@@ -243,7 +254,7 @@ class Probe(Event):
 
 EVENT_TYPES: Final[dict[str, type[Event]]] = {cls.KIND: cls for cls in (
     Hello, Step, Result, Error, Fatal, Done, Progress, Flight, Trace, TorchDump, Died, End, Exit, Bad, Ports,
-    WireMeasure, Alive, Pulse, Saved)}
+    WireMeasure, Alive, Pulse, Saved, Cell)}
 PROBE_EVENTS: Final = EVENT_KINDS - set(EVENT_TYPES)
 
 
@@ -337,6 +348,8 @@ _READERS: Final[dict[str, Callable[[Any], Any]]] = {
     "object": lambda value: value,
     "PortNumbers": lambda value: tuple(value) if isinstance(value, list) and all(
         _whole(p) and 0 < p < 65536 for p in value) else _REFUSED,
+    "RankNumbers": lambda value: tuple(value) if isinstance(value, list) and all(
+        _whole(r) and r >= 0 for r in value) else _REFUSED,
     "dict[str, Any]": _checked(lambda value: isinstance(value, dict)),
     "dict[str, Any] | None": _checked(lambda value: value is None or isinstance(value, dict)),
     "Record | None": _record,
@@ -353,7 +366,8 @@ _READERS: Final[dict[str, Callable[[Any], Any]]] = {
 _TYPE_WORDS: Final[dict[str, str]] = {
     "int": "an integer", "bool": "true or false", "str": "a string", "str | None": "a string or null",
     "float": "a finite number", "object": "a value",
-    "PortNumbers": "a list of TCP ports", "dict[str, Any]": "an object", "dict[str, Any] | None": "an object or null",
+    "PortNumbers": "a list of TCP ports", "RankNumbers": "a list of ranks", "dict[str, Any]": "an object",
+    "dict[str, Any] | None": "an object or null",
     "Record | None": "a flight record or null", "Calls": "a list of flight records", "Counts": "an object",
     "Steps | None": "a list or null", "GroupsMade | None": "a list or null",
     "GroupTimeouts | None": "a list or null", "FilesSeen | None": "a list or null"}

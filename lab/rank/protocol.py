@@ -103,6 +103,10 @@ facts     see ``lab.rank.probe``                      the doctor's probe: the ho
 runtime   torch, cuda_devices, nccl, ...              the probe: what torch says on the host
 links     links                                       the probe: its connections to its targets
 heard     sources, lookups                            the probe: who connected to its listeners
+cell      rank, n, name, ended, ranks, [error]        a notebook's rank (``lab.rank.cells``) begins
+                                                      (``ended`` false) or has ended (true) cell
+                                                      ``n`` (``name``), which was sent to ``ranks``;
+                                                      ``error``: the exception it raised
 alive     rank, cpu                                   a rank in start-up (``lab.rank.worker``), each
                                                       second until its first step: the CPU seconds
                                                       its process has used
@@ -146,7 +150,7 @@ FLIGHT_RATE: Final = 4096  # bytes a second of them, for each rank, allowed past
 
 EventKind = Literal["hello", "step", "result", "error", "fatal", "done", "progress", "flight", "trace", "torchdump",
                     "died", "end", "exit", "bad", "ports", "facts", "runtime", "links", "heard", "closed", "wire",
-                    "alive", "pulse", "saved"]
+                    "alive", "pulse", "saved", "cell"]
 EVENT_KINDS: Final[frozenset[str]] = frozenset(get_args(EventKind))  # (who sends each: lab.rank.events)
 
 

@@ -1,21 +1,25 @@
-"""Rank 0's stdin, as torchrun gives it: what ``lab launch`` reads on its own stdin goes to rank 0.
+"""Rank 0's stdin, as torchrun gives it: what ``lab launch`` reads on its own stdin goes to rank 0
+(and, for a notebook's ranks, to every rank: :data:`EVERY_RANK`).
 
 A host's launcher's stdin is the controller's line to it (its closing means the controller is gone:
 the launcher ends its ranks), so what the user types or pipes goes along it in frames: a length, a
 newline and that many bytes, each; a frame of length 0 is the end of the user's stdin. Under
-``--launcher lab`` the zygote of rank 0's host (the one whose environment has :data:`STDIN_VAR`)
-gives rank 0 a pipe for its fd 0 and writes the frames' bytes into it as rank 0 reads (a
-:class:`Feeder`, never blocking the zygote), closing it at the end; every other rank has /dev/null.
-What rank 0 leaves unread is held up to :data:`HOLD_MAX` bytes, past which the rest is dropped and
-said once.
+``--launcher lab`` the zygote of rank 0's host (the one whose environment has :data:`STDIN_VAR`
+:data:`RANK_0`) gives rank 0 a pipe for its fd 0 and writes the frames' bytes into it as rank 0
+reads (a :class:`Feeder`, never blocking the zygote), closing it at the end; every other rank has
+/dev/null. With :data:`EVERY_RANK` (set on every host's launch) each rank gets a pipe of its own and
+the same bytes. What a rank leaves unread is held up to :data:`HOLD_MAX` bytes, past which the rest
+is dropped and said once.
 """
 from __future__ import annotations
 
 import errno
 import os
 
-STDIN_VAR = "LAB_STDIN"  # set in the environment of the launch of rank 0: its zygote passes it its stdin
-HOLD_MAX = 64 << 20  # bytes of stdin held for a rank 0 that does not read it
+STDIN_VAR = "LAB_STDIN"  # set in the environment of a launch whose zygote passes its stdin on: to whom
+RANK_0 = "1"  # (the launch of rank 0) to rank 0
+EVERY_RANK = "every"  # to every rank of the host
+HOLD_MAX = 64 << 20  # bytes of stdin held for a rank that does not read it
 LENGTH_MAX = 20  # digits of a frame's length
 
 
@@ -56,12 +60,13 @@ class Frames:
 
 
 class Feeder:
-    """The zygote's side of rank 0's stdin: the write end of its pipe (non-blocking), what is still
+    """The zygote's side of a rank's stdin: the write end of its pipe (non-blocking), what is still
     to go into it, and whether the user's stdin has ended (the pipe closes once the rest is in)."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, rank: int = 0) -> None:
         os.set_blocking(fd, False)
         self.fd: int | None = fd
+        self.rank = rank
         self.frames = Frames()
         self.held = b""
         self.dropped = 0  # bytes over HOLD_MAX, not passed on
@@ -82,7 +87,7 @@ class Feeder:
         return self.fd is not None and bool(self.held)
 
     def write(self) -> None:
-        """As much as the pipe takes now; a rank 0 that closed its stdin or ended takes nothing more."""
+        """As much as the pipe takes now; a rank that closed its stdin or ended takes nothing more."""
         if self.fd is None:
             return
         try:

@@ -62,7 +62,7 @@ from lab.rank.protocol import (
     rank_tag,
     write_all,
 )
-from lab.rank.stdin import HOLD_MAX, STDIN_VAR, Feeder
+from lab.rank.stdin import EVERY_RANK, HOLD_MAX, RANK_0, STDIN_VAR, Feeder
 from lab.rank.wire import MODES, WIRE_VAR, Wire, space
 from lab.rank.worker import RELAY_WAIT, TOKEN_VAR, WATCHED_BY_PARENT
 
@@ -266,19 +266,24 @@ def main(options: argparse.Namespace, first_local_rank: int = 0,
     token = os.environ.get(TOKEN_VAR, "")
     held = inputs.hold(range(options.first_rank, options.first_rank + options.nprocs))
     measure = Measure.begin(os.environ.get(WIRE_VAR))
-    # rank 0's stdin, where the controller passes it its own (lab.rank.stdin): read end, write end
-    stdin = os.pipe() if os.environ.pop(STDIN_VAR, "") and options.first_rank == 0 else None
+    # the ranks whose stdin is the controller's (lab.rank.stdin): rank 0, or every rank (a notebook's)
+    asked = os.environ.pop(STDIN_VAR, "")
+    reading = asked == EVERY_RANK or asked == RANK_0 and options.first_rank == 0
     ranks: list[Rank] = []
+    feeders: list[Feeder] = []
     for local_rank in range(options.nprocs):
         rank = options.first_rank + local_rank
+        stdin = os.pipe() if reading and (asked == EVERY_RANK or rank == 0) else None
+        feeding = [f.fd for f in feeders if f.fd is not None] + ([stdin[1]] if stdin else [])
         ranks.append(_fork(rank, first_local_rank + local_rank, options.module, options.args, token,
-                           [fd for r in ranks for fd in r.pipes] + measure.fds + ([stdin[1]] if stdin else []), held,
-                           stdin[0] if stdin and rank == 0 else None))
-        if stdin and rank == 0:
-            os.close(stdin[0])  # (rank 0 has it; no rank after it does)
+                           [fd for r in ranks for fd in r.pipes] + measure.fds + feeding, held,
+                           stdin[0] if stdin else None))
+        if stdin:
+            os.close(stdin[0])  # (the rank has it; no rank after it does)
+            feeders.append(Feeder(stdin[1], rank))
     for fd in held.values():
         os.close(fd)
-    _pass_on(ranks, token, measure, Feeder(stdin[1]) if stdin else None)
+    _pass_on(ranks, token, measure, feeders)
     if measure.asked:
         _write(1, event_line(token, "wire", rank=options.first_rank, **measure.end()).encode())
     sys.stdout.flush()
@@ -351,27 +356,29 @@ def _status(code: object) -> int:
     return 1
 
 
-def _pass_on(ranks: list[Rank], token: str, measure: Measure, feeder: Feeder | None) -> None:
+def _pass_on(ranks: list[Rank], token: str, measure: Measure, feeders: list[Feeder]) -> None:
     """Pass the ranks' streams on, reap them and report each one's end, until all have ended,
-    measuring the host's connections all the while (where asked), and rank 0's stdin from the
-    controller's frames (``feeder``: lab.rank.stdin). Stdin closing (the controller is gone) or the
-    controller's streams breaking kills the group."""
-    stdin_open, dropped_said = True, False
+    measuring the host's connections all the while (where asked), and the controller's frames to
+    the stdin of the ranks that read them (``feeders``: lab.rank.stdin). Stdin closing (the
+    controller is gone) or the controller's streams breaking kills the group."""
+    stdin_open, dropped_said = True, set()
     while not all(r.reported for r in ranks):
         measured = measure.fds  # (taken once: a measure that fails in look() has none after it)
         fds = [fd for r in ranks for fd in r.pipes] + ([0] if stdin_open else []) + measured
-        feeding = [feeder.fd] if feeder is not None and feeder.fd is not None and feeder.waiting else []
+        feeding = [f.fd for f in feeders if f.fd is not None and f.waiting]
         ready, writable, _ = select.select(fds, feeding, [], 0.1)
         measure.look(closed=any(fd in measured for fd in ready))
-        if writable and feeder is not None:
-            feeder.write()
+        for feeder in feeders:
+            if feeder.fd in writable:
+                feeder.write()
         for fd in ready:
             if fd == 0:
-                stdin_open = _stdin_is_open(feeder)
-                if feeder is not None and feeder.dropped and not dropped_said:
-                    _write(2, f"lab: rank 0 has not read {HOLD_MAX >> 20} MiB of its stdin: the rest of it is "
-                              "dropped\n".encode())
-                    dropped_said = True
+                stdin_open = _stdin_is_open(feeders)
+                for feeder in feeders:
+                    if feeder.dropped and feeder.rank not in dropped_said:
+                        _write(2, f"lab: rank {feeder.rank} has not read {HOLD_MAX >> 20} MiB of its stdin: the rest "
+                                  "of it is dropped\n".encode())
+                        dropped_said.add(feeder.rank)
                 continue
             if fd in measured:
                 continue
@@ -392,12 +399,12 @@ def _pass_on(ranks: list[Rank], token: str, measure: Measure, feeder: Feeder | N
                 rank.reported = True
 
 
-def _stdin_is_open(feeder: Feeder | None) -> bool:
-    """Read what the controller sent (rank 0's stdin, where ``feeder``), whether it is still there."""
+def _stdin_is_open(feeders: list[Feeder]) -> bool:
+    """Read what the controller sent (for the ranks' stdin, ``feeders``), whether it is still there."""
     try:
         data = os.read(0, READ)
         if data:
-            if feeder is not None:
+            for feeder in feeders:
                 feeder.take(data)
             return True
     except (OSError, ValueError):  # (ValueError: not the frames of lab.rank.stdin)

@@ -18,7 +18,7 @@ from lab.core.plan import Launch, Plan, interface_env
 from lab.errors import LabError, UsageError
 from lab.inventory.model import Host
 from lab.rank.preflight import PREFLIGHT_VAR
-from lab.rank.stdin import STDIN_VAR
+from lab.rank.stdin import EVERY_RANK, RANK_0, STDIN_VAR
 from lab.rank.wire import WIRE_VAR
 from lab.suite.check import Launched
 
@@ -46,7 +46,8 @@ class Launcher:
     measures_wire: ClassVar[bool] = False
     # the launcher tags its ranks' lines itself (the lab's zygote); else each rank's relay does
     tags_output: ClassVar[bool] = False
-    # its process on rank 0's host passes rank 0 what `lab launch` reads on its stdin (lab.rank.stdin)
+    # its process on rank 0's host passes rank 0 what `lab launch` reads on its stdin (lab.rank.stdin), and
+    # each host's every rank of its host, where the plan asks (a notebook's cells)
     passes_stdin: ClassVar[bool] = False
     # torchrun's agent may restart the ranks after one fails (--max-restarts), each time with a new hello
     restarts_ranks: ClassVar[bool] = False
@@ -75,8 +76,10 @@ class Launcher:
             args = self.node_args(plan, node_rank, host, ranks, env)
             if plan.wire is not None:
                 env[WIRE_VAR] = plan.wire
-            if self.passes_stdin and plan.is_launch and 0 in ranks:
-                env[STDIN_VAR] = "1"
+            if self.passes_stdin and plan.is_launch and plan.options.cells_mark:
+                env[STDIN_VAR] = EVERY_RANK
+            elif self.passes_stdin and plan.is_launch and 0 in ranks:
+                env[STDIN_VAR] = RANK_0
             if plan.checks_network:
                 env[PREFLIGHT_VAR] = json.dumps({"name": host.name, "master_addr": plan.master_addr,
                                                  "master_port": plan.master_port if node_rank == 0 else None,

@@ -1,0 +1,168 @@
+"""The notebook's words: ``%lab start|stop|status`` and ``%%dist`` (see ``lab.notebook``)."""
+from __future__ import annotations
+
+import argparse
+import shlex
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from lab.cli.common import cluster, cluster_options, env_options, rank_env, ssh_settings, watch_options
+from lab.cli.views import notebook as views
+from lab.cli.views import run as run_views
+from lab.core import workdir
+from lab.errors import LabError, UsageError
+from lab.notebook.session import CellEnd, Session, notebook_plan
+from lab.transport.reach import with_master_address
+
+
+class LabSaid(Exception):
+    """What the lab says of a cell that failed, shown as its lines alone (no traceback of the lab's):
+    IPython shows what ``_render_traceback_`` returns in the traceback's place, and the cell counts
+    as failed (a notebook run top to bottom stops there)."""
+
+    def __init__(self, lines: Sequence[str]) -> None:
+        super().__init__("\n".join(lines))
+        self.lines = list(lines)
+
+    def _render_traceback_(self) -> list[str]:
+        return self.lines
+
+
+class _Parser(argparse.ArgumentParser):
+    """A magic's arguments: a mistake is the lab's one line, not argparse's exit."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"%{self.prog}: {message}")
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        raise _Helped()
+
+
+class _Helped(Exception):
+    """--help was asked for, and printed."""
+
+
+def _start_parser() -> _Parser:
+    parser = _Parser(prog="lab start", description="Start the notebook's ranks (as `lab launch` starts them): "
+                     "--nproc N on this machine, or the hosts of --hosts INVENTORY; each forms the process group "
+                     "and keeps its variables between %%dist cells.")
+    cluster_options(parser)
+    env_options(parser)
+    watch_options(parser)
+    return parser
+
+
+def _dist_parser() -> _Parser:
+    parser = _Parser(prog="%dist", description="Run the cell on every rank of the notebook's (or on --ranks).")
+    parser.add_argument("--ranks", type=_ranks, metavar="R,R...", help="the ranks to run it on (default: all)")
+    return parser
+
+
+def _ranks(text: str) -> tuple[int, ...]:
+    try:
+        ranks = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of ranks: {text!r}") from None
+    if any(r < 0 for r in ranks):
+        raise argparse.ArgumentTypeError(f"not a list of ranks: {text!r}")
+    return ranks
+
+
+class LabMagics:
+    """``%lab`` and ``%%dist`` (registered as the kernel's magics: lab.notebook), holding the kernel's one
+    session of ranks."""
+
+    def __init__(self, shell: Any) -> None:
+        self.shell = shell  # (IPython's: the number of the cell that runs)
+        self.session: Session | None = None
+
+    def lab(self, line: str) -> None:
+        """%lab start [--nproc N | --hosts INVENTORY ...] | %lab stop | %lab status"""
+        words = shlex.split(line)
+        command, rest = (words[0], words[1:]) if words else ("status", [])
+        handlers = {"start": self._start, "stop": self._stop, "status": self._status}
+        if command not in handlers:
+            raise LabSaid([f"lab: %lab {command}: not a command of the notebook's: {', '.join(handlers)}"])
+        _said(lambda: handlers[command](rest))
+
+    def dist(self, line: str, cell: str) -> None:
+        """%%dist [--ranks R,R...]: the cell, on every rank (or those)."""
+        def run() -> None:
+            args = _dist_parser().parse_args(shlex.split(line))
+            if self.session is None:
+                raise UsageError("no ranks: %lab start --nproc N (or --hosts INVENTORY) first")
+            # (the body after its %%dist line: its lines numbered as the notebook shows them)
+            _ended(self.session.run("\n" + cell, args.ranks, views.show_line,
+                                    f"cell [{self.shell.execution_count - 1}]"))
+
+        _said(run)
+
+    def _start(self, words: list[str]) -> None:
+        if self.session is not None and self.session.running:
+            raise UsageError(f"the notebook's {self.session.world_size} ranks are running: %lab stop first")
+        args = _start_parser().parse_args(words)
+        settings = ssh_settings(args)
+        inventory = with_master_address(cluster(args), settings)
+        root = Path.cwd()
+        local = all(host.is_local for host in inventory.hosts)
+        project = None if local else workdir.collect(root, (), workdir.DEFAULT_MAX_MB, ())
+        if project is not None:
+            run_views.print_skipped(project.root, project.skipped)
+        plan = notebook_plan(inventory, args.hang_after, rank_env(args, root, not local), project,
+                             root if local else None, args.preflight)
+        self.session = Session(plan, settings)
+        started = self.session.start(views.show_line)
+        if started.outcome is not None or started.error is not None:
+            self.session = None
+            _ended(started)
+        hosts = sorted({r.host for r in plan.ranks})
+        views.show_lines([f"{plan.world_size} rank(s) on {', '.join(hosts)} formed their group ({plan.backend}): "
+                          "%%dist cells run on every rank"])
+
+    def _stop(self, words: list[str]) -> None:
+        if words:
+            raise UsageError(f"%lab stop takes no arguments, got {' '.join(words)}")
+        session, self.session = self.session, None
+        if session is None:
+            views.show_lines(["no ranks to stop"])
+            return
+        outcome = session.stop()
+        views.show_lines([f"the notebook's {session.world_size} rank(s) ended"
+                          + (f" ({outcome.status})" if outcome is not None and outcome.status != "completed" else "")])
+
+    def _status(self, words: list[str]) -> None:
+        session = self.session
+        if session is None:
+            views.show_lines(["no ranks: %lab start --nproc N (or --hosts INVENTORY) starts them"])
+            return
+        state = "running" if session.running else "ended: %lab stop, then %lab start"
+        views.show_lines([f"{session.world_size} rank(s) on {', '.join(sorted(set(session.hosts.values())))}, "
+                          f"{session.cells} cell(s) run, {state}"])
+
+    def stop_all(self) -> None:
+        """The kernel is going: end the ranks (nothing is left on any host)."""
+        if self.session is not None:
+            self.session.stop(at_once=True)
+            self.session = None
+
+
+def _said(work: Callable[[], None]) -> None:
+    """Run ``work``; a LabError is the lab's one line, the cell failed."""
+    try:
+        work()
+    except _Helped:
+        return
+    except LabError as exc:
+        raise LabSaid([f"lab: {exc}"]) from None
+
+
+def _ended(end: CellEnd) -> None:
+    """A cell's end, said where it is not simply "ok" on every rank (the cell then fails)."""
+    if end.outcome is not None:
+        raise LabSaid([views.run_end_text(end.outcome), "lab: the notebook's ranks have ended: %lab stop, then "
+                       "%lab start starts new ones"])
+    if end.error is not None:
+        raise LabSaid([f"lab: {end.error}", "lab: the notebook's ranks have ended"])
+    if end.raised:
+        raise LabSaid([f"lab: rank {rank} {how}" for rank, how in sorted(end.raised.items())])

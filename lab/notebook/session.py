@@ -1,0 +1,189 @@
+"""A notebook's ranks: a run of ``lab.rank.cells`` on every rank, kept going between cells.
+
+The run is an ordinary ``lab launch`` (``lab.core.runner``, in a thread of the kernel's): the same
+hosts, transports, launchers, rendezvous and hang rule. What the notebook adds is its line to the
+ranks: the run's stdin, which under ``--launcher lab`` reaches every rank (``Options.cells_mark``:
+the host's launcher passes it to each of its ranks, as it passes rank 0 its stdin under ``lab
+launch``), carries each cell as one JSON line; nothing else listens anywhere.
+
+A cell is numbered and sent only when every rank has ended the one before (or, after an
+interrupt, when the ranks were stopped): what a cell left unfinished can never pair with the next
+one's collectives. A cell is over on a rank once both of the rank's streams said so (its mark, the
+session's own, ``lab.rank.cells``); what came before the marks is the cell's output. A cell that
+hangs, or a rank that dies, ends the run: the outcome holds the lab's why, as a run's does, and the
+session is over (:attr:`Session.outcome`); ``%lab restart`` starts a new one.
+
+No printing here: lines go to the caller's ``on_line`` as they come, and what a cell came to is
+data (:class:`CellEnd`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lab.core.outcome import LaunchState, RankState, RunOutcome
+from lab.core.plan import DEFAULT_HANG_AFTER, Plan, default_backend
+from lab.core.planner import build_launch_plan
+from lab.core.workdir import Workdir
+from lab.errors import LabError, UsageError
+from lab.inventory.model import Inventory
+from lab.rank.cells import BACKEND_VAR, MARK_VAR, READY
+from lab.transport.ssh.settings import SSHSettings
+
+START_WAIT = 300.0  # seconds for every rank to form the group and say it is ready
+STOP_WAIT = 15.0  # seconds for the ranks to end once their stdin closed, before they are stopped
+SETTLE = 0.05  # seconds between two looks at a cell that may have ended
+
+Whose = RankState | LaunchState
+OnLine = Callable[[Whose, str, str], None]  # (whose line, "out" | "err" | "lab", the line)
+
+
+@dataclass
+class CellEnd:
+    """What a cell came to: how it ended on each rank it ran on ("ok", or "raised Type: message at
+    cell [7]:3"), and, where the run ended in it (a hang, a rank that died), the run's outcome."""
+
+    n: int
+    ranks: tuple[int, ...]
+    how: dict[int, str] = field(default_factory=dict)
+    outcome: RunOutcome | None = None
+    error: LabError | None = None  # the run failed as no rank's fault (a host lost...)
+    interrupted: bool = False
+
+    @property
+    def raised(self) -> dict[int, str]:
+        return {rank: how for rank, how in self.how.items() if how != "ok"}
+
+
+class Session:
+    """One run of a notebook's ranks, from ``start`` to ``stop`` (or to a cell that ends it)."""
+
+    def __init__(self, plan: Plan, ssh: SSHSettings | None = None) -> None:
+        self.plan, self.ssh = plan, ssh
+        self.mark = plan.options.cells_mark
+        self._read, self._write = os.pipe()
+        self._lines: queue.Queue[tuple[Whose, str, str] | None] = queue.Queue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lab-notebook-run", daemon=True)
+        self.outcome: RunOutcome | None = None  # once the run is over
+        self.error: LabError | None = None  # the run could not start, or failed as no rank's fault
+        self.cells = 0  # cells sent
+        self.hosts: dict[int, str] = {r.rank: r.host for r in plan.ranks}
+        self._ended = threading.Event()
+
+    @property
+    def world_size(self) -> int:
+        return self.plan.world_size
+
+    @property
+    def running(self) -> bool:
+        return not self._ended.is_set()
+
+    # -- the run, in its thread ---------------------------------------------------------
+
+    def _run(self) -> None:
+        from lab.core.runner import run_plan  # (the runner's transports: once a session starts)
+
+        try:
+            self.outcome = run_plan(self.plan, on_line=self._line, ssh=self.ssh, stop=self._stop, stdin=self._read)
+        except LabError as exc:
+            self.error = exc
+        finally:
+            os.close(self._read)
+            self._ended.set()
+            self._lines.put(None)
+
+    def _line(self, whose: Whose, stream: str, line: str) -> None:
+        self._lines.put((whose, stream, line))
+
+    # -- the notebook's side ------------------------------------------------------------
+
+    def start(self, on_line: OnLine, wait: float = START_WAIT) -> CellEnd:
+        """Start the ranks; return once every one has formed the group (``how``: "ready" each), or
+        the run ended (its outcome, or error)."""
+        self._thread.start()
+        return self._collect(READY, tuple(range(self.world_size)), on_line, time.monotonic() + wait)
+
+    def run(self, code: str, ranks: Sequence[int] | None, on_line: OnLine, name: str = "") -> CellEnd:
+        """Run ``code`` as the next cell on ``ranks`` (None: every rank), compiled as ``name`` (the
+        notebook's "cell [7]"); its output goes to ``on_line`` as it comes. Ctrl-C (KeyboardInterrupt)
+        stops the run: the cell ends interrupted."""
+        if not self.running:
+            raise UsageError("the notebook's ranks have ended: %lab start (or %lab restart) starts them again")
+        targets = tuple(range(self.world_size)) if ranks is None else tuple(sorted(set(ranks)))
+        bad = [r for r in targets if not 0 <= r < self.world_size]
+        if bad:
+            raise UsageError(f"--ranks {','.join(map(str, bad))}: the ranks are 0 to {self.world_size - 1}")
+        self.cells += 1
+        message = json.dumps({"n": self.cells, "name": name, "code": code,
+                               "ranks": None if ranks is None else list(targets)})
+        _write_all(self._write, message.encode() + b"\n")
+        return self._collect(self.cells, targets, on_line, None)
+
+    def _collect(self, n: int, ranks: tuple[int, ...], on_line: OnLine, deadline: float | None) -> CellEnd:
+        """The lines of cell ``n`` until both marks of each of ``ranks`` came, or the run ended."""
+        end = CellEnd(n, ranks)
+        pending = {(rank, stream) for rank in ranks for stream in ("out", "err")}
+        prefix = f"{self.mark} "
+        try:
+            while pending:
+                if deadline is not None and time.monotonic() > deadline:
+                    self._stop.set()
+                try:
+                    item = self._lines.get(timeout=SETTLE * 10)
+                except queue.Empty:
+                    continue
+                if item is None:  # the run is over
+                    self._thread.join()
+                    end.outcome, end.error = self.outcome, self.error
+                    return end
+                whose, stream, line = item
+                if isinstance(whose, RankState) and line.startswith(prefix):
+                    said, _, how = line[len(prefix):].partition(" ")
+                    if said == str(n):
+                        pending.discard((whose.spec.rank, stream))
+                        if stream == "out":
+                            end.how[whose.spec.rank] = how
+                    continue
+                on_line(whose, stream, line)
+        except KeyboardInterrupt:
+            end.interrupted = True
+            self.stop(at_once=True)
+            end.outcome, end.error = self.outcome, self.error
+        return end
+
+    def stop(self, at_once: bool = False) -> RunOutcome | None:
+        """End the ranks: their stdin closes and each ends as a script that returned (or, ``at_once``
+        or past STOP_WAIT, the run is stopped: nothing is left on any host); the run's outcome."""
+        if self._write >= 0:
+            os.close(self._write)
+            self._write = -1
+        if not self._thread.is_alive() and not self._ended.is_set():
+            return None  # (never started)
+        if at_once or not self._ended.wait(STOP_WAIT):
+            self._stop.set()
+        self._thread.join()
+        return self.outcome
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def notebook_plan(inventory: Inventory, hang_after: float = DEFAULT_HANG_AFTER, rank_env: dict[str, str] | None = None,
+                  workdir: Workdir | None = None, in_place: Path | None = None, preflight: bool = True) -> Plan:
+    """The plan of a notebook's ranks on ``inventory``'s hosts (``--launcher lab``: the one whose
+    launchers pass the notebook's line to every rank), in the notebook's folder (``in_place``) or a
+    copy of it (``workdir``)."""
+    mark = f"lab-cell-{secrets.token_hex(8)}"
+    env = {**(rank_env or {}), MARK_VAR: mark, BACKEND_VAR: default_backend(inventory.hosts)}
+    return build_launch_plan(inventory, "lab.rank.cells", (), 0, "lab", hang_after=hang_after, preflight=preflight,
+                             rank_env=env, workdir=workdir, module=True, in_place=in_place, cells_mark=mark)

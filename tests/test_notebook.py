@@ -1,0 +1,182 @@
+"""The lab in a notebook (lab.notebook): real notebooks run by nbclient in a real IPython kernel, their
+%%dist cells on real ranks of this machine; what each cell shows is read from the notebook's outputs."""
+from __future__ import annotations
+
+import os
+import re
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from lab.core.outcome import Output, RankState, between_cells
+from lab.core.plan import RankSpec
+from lab.rank.events import Cell, MalformedEvent, parse_event
+from lab.rank.protocol import event_line
+
+from .conftest import live_pids_with
+
+
+@pytest.fixture
+def marker() -> Iterator[str]:
+    """A mark in the kernel's environment, which every rank inherits: what is left of a notebook is found by it."""
+    mark = uuid.uuid4().hex
+    yield mark
+    deadline = time.monotonic() + 10
+    while live_pids_with(f"LAB_TEST_MARKER={mark}") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert live_pids_with(f"LAB_TEST_MARKER={mark}") == []
+
+
+def run_notebook(cells: list[str], folder: Path, marker: str, timeout: float = 120) -> list[dict[str, Any]]:
+    """Run ``cells`` as a notebook in a kernel of its own (in ``folder``) and return each cell's outputs:
+    {"out": stdout, "err": stderr, "error": what the failed cell showed}."""
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(source) for source in cells]
+    client = NotebookClient(notebook, timeout=timeout, kernel_name="python3", allow_errors=True,
+                            resources={"metadata": {"path": str(folder)}})
+    client.execute(env={**os.environ, "LAB_TEST_MARKER": marker})
+    shown = []
+    for cell in notebook.cells:
+        said: dict[str, Any] = {"out": "", "err": "", "error": None, "count": cell.execution_count}
+        for output in cell.outputs:
+            if output.output_type == "stream":
+                said["out" if output.name == "stdout" else "err"] += output.text
+            elif output.output_type == "error":
+                said["error"] = "\n".join(output.traceback)
+        shown.append(said)
+    return shown
+
+
+START = "%load_ext lab.notebook\n%lab start --nproc 3 --hang-after 3"
+
+
+@pytest.mark.local
+def test_cells_run_on_every_rank_keep_their_variables_and_name_the_rank_that_raised(tmp_path: Path,
+                                                                                     marker: str) -> None:
+    said = run_notebook([
+        START,
+        "%%dist\nx = torch.tensor([rank + 1.0])\ndist.all_reduce(x)\nprint('sum', x.item())",
+        "%%dist\nprint('kept', (x * rank).item())",
+        "%%dist --ranks 1,2\nprint('only', rank)",
+        "%%dist\nif rank == 1:\n    raise ValueError('rank one says no')\nprint('went on', rank)",
+        "%%dist\ny = torch.ones(2) * rank\ndist.broadcast(y, src=2)\nprint('after the error', y.tolist())",
+        "%lab status",
+        "%lab stop",
+    ], tmp_path, marker)
+    start, summed, kept, some, raised, after, status, stop = said
+    assert start["error"] is None and "3 rank(s) on local formed their group (gloo)" in start["out"], start
+    assert sorted(re.findall(r"\[local r(\d)\] sum 6\.0", summed["out"])) == ["0", "1", "2"], summed
+    assert sorted(re.findall(r"\[local r(\d)\] kept (\d+)\.0", kept["out"])) == [("0", "0"), ("1", "6"), ("2", "12")]
+    assert sorted(re.findall(r"\[local r(\d)\] only", some["out"])) == ["1", "2"], some
+    # the rank that raised is named with the cell's own line; the others went on, and so does the notebook
+    assert f"rank 1 raised ValueError: rank one says no at cell [{raised['count']}]:3" in raised["error"], raised
+    assert f'[local r1]   File "cell [{raised["count"]}]", line 3, in <module>' in raised["err"], raised
+    assert sorted(re.findall(r"\[local r(\d)\] went on", raised["out"])) == ["0", "2"], raised
+    assert after["error"] is None and after["out"].count("after the error [2.0, 2.0]") == 3, after
+    assert "3 rank(s) on local, 5 cell(s) run, running" in status["out"], status
+    assert "the notebook's 3 rank(s) ended" in stop["out"] and stop["error"] is None, stop
+
+
+@pytest.mark.local
+def test_a_cell_that_hangs_ends_with_the_why_across_the_ranks_and_its_own_line(tmp_path: Path, marker: str) -> None:
+    said = run_notebook([
+        START,
+        "%%dist\nx = torch.ones(1)\nif rank == 0:\n    dist.all_reduce(x)",
+        "%lab status",
+        "%%dist\nprint('never')",
+        "%lab stop",
+    ], tmp_path, marker)
+    _, hung, status, after, _ = said
+    error, cell = hung["error"], f"cell [{hung['count']}]"
+    assert error is not None, hung
+    assert f"all_reduce #2, SUM, 1 float at {cell}:4" in error, error
+    assert f"rank 1 (local): ended {cell} without it and waits for the next cell" in error, error
+    assert f"rank 2 (local): ended {cell} without it and waits for the next cell" in error, error
+    assert "fix: Every rank of the group must make each of its collectives in the same cell" in error, error
+    assert "hung: nothing moved on any rank's connections for 3s" in error, error
+    assert "ended: %lab stop, then %lab start" in status["out"], status
+    assert "the notebook's ranks have ended" in after["error"] and "never" not in after["out"], after
+
+
+@pytest.mark.local
+def test_a_rank_that_dies_in_a_cell_is_named_with_how_and_where(tmp_path: Path, marker: str) -> None:
+    said = run_notebook([
+        START,
+        "%%dist\nimport os\nif rank == 2:\n    os._exit(3)\nx = torch.ones(1)\ndist.all_reduce(x)",
+    ], tmp_path, marker)
+    error = said[1]["error"]
+    assert error is not None, said[1]
+    cell = f"cell [{said[1]['count']}]"
+    assert f"Rank 2 (local) failed first: it exited with status 3 at {cell}:4" in error, error
+    assert f"rank 2 (local): exited with status 3 at {cell}:4" in error, error
+
+
+@pytest.mark.local
+def test_a_kernel_that_goes_away_leaves_no_rank_behind(tmp_path: Path, marker: str) -> None:
+    """No %lab stop: the kernel ends, and its ranks with it (the marker fixture finds none left)."""
+    said = run_notebook([START, "%%dist\nprint('up', rank)"], tmp_path, marker)
+    assert said[1]["out"].count(" up ") == 3, said
+
+
+@pytest.mark.local
+def test_a_mistake_in_a_magic_is_one_line_and_no_traceback(tmp_path: Path, marker: str) -> None:
+    said = run_notebook([
+        "%load_ext lab.notebook",
+        "%%dist\nprint(1)",
+        "%lab start --nproc 0",
+        "%lab launch",
+        "%lab start --nproc 2 --hang-after 3\n",
+        "%%dist --ranks 5\nprint(1)",
+        "%lab start --nproc 2",
+        "%lab stop",
+    ], tmp_path, marker)
+    _, early, zero, unknown, _, beyond, again, _ = said
+    assert early["error"] == "lab: no ranks: %lab start --nproc N (or --hosts INVENTORY) first", early
+    assert zero["error"] == "lab: --nproc must be at least 1, got 0", zero
+    assert unknown["error"] == "lab: %lab launch: not a command of the notebook's: start, stop, status", unknown
+    assert beyond["error"] == "lab: --ranks 5: the ranks are 0 to 1", beyond
+    assert again["error"] == "lab: the notebook's 2 ranks are running: %lab stop first", again
+
+
+# -- the parts, without a kernel ----------------------------------------------------------------
+
+
+def _state(rank: int, cell: Cell | None) -> RankState:
+    from lab.core.outcome import LaunchState
+    from lab.core.plan import Launch
+
+    return RankState(RankSpec(rank, rank, "local", "cpu", {}), LaunchState(Launch("local", (rank,), (), {}), "lab"),
+                     cell=cell)
+
+
+def test_a_rank_waits_for_its_next_cell_once_it_ended_the_newest_or_was_not_sent_it() -> None:
+    def cell(rank: int, n: int, ended: bool, ranks: tuple[int, ...] = (0, 1, 2)) -> Cell:
+        return Cell(rank, n, f"cell [{n}]", ended, ranks)
+
+    states = [_state(0, cell(0, 4, False)), _state(1, cell(1, 4, True)), _state(2, cell(2, 3, True))]
+    assert [between_cells(s, states) is not None for s in states] == [False, True, False]  # (2 has not begun 4)
+    states = [_state(0, cell(0, 5, False, (0,))), _state(1, cell(1, 4, True)), _state(2, None)]
+    assert [between_cells(s, states) is not None for s in states] == [False, True, False]  # (2: no cell yet)
+
+
+def test_a_cell_event_is_checked_as_every_event_is() -> None:
+    line = event_line("t0k", "cell", rank=1, n=2, name="cell [5]", ended=True, ranks=[0, 1])
+    assert parse_event(line.rstrip("\n"), "t0k") == Cell(1, 2, "cell [5]", True, (0, 1))
+    with pytest.raises(MalformedEvent, match="ranks"):
+        parse_event(event_line("t0k", "cell", rank=1, n=2, name="x", ended=True, ranks=[-1]).rstrip("\n"), "t0k")
+
+
+def test_each_cell_shows_its_own_lines_within_the_bound() -> None:
+    from lab.core.outcome import SHOWN_LINES
+
+    output = Output()
+    counts = [output.add("x", 2) for _ in range(SHOWN_LINES + 5)]
+    assert counts[-1] == SHOWN_LINES + 5 and output.shown == SHOWN_LINES
+    output.new_window()
+    assert output.add("y", 2) == 1 and output.shown == SHOWN_LINES + 1 and output.lines == SHOWN_LINES + 6
