@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -100,8 +102,67 @@ def test_a_cell_that_hangs_ends_with_the_why_across_the_ranks_and_its_own_line(t
     assert f"rank 2 (local): ended {cell} without it and waits for the next cell" in error, error
     assert "fix: Every rank of the group must make each of its collectives in the same cell" in error, error
     assert "hung: nothing moved on any rank's connections for 3s" in error, error
-    assert "ended: %lab stop, then %lab start" in status["out"], status
+    assert "ended: %lab restart starts fresh ones" in status["out"], status
     assert "the notebook's ranks have ended" in after["error"] and "never" not in after["out"], after
+
+
+def interrupt_when(folder: Path, name: str) -> threading.Thread:
+    """Ctrl-C the notebook's kernel (its pid in ``folder``/kernel.pid) once ``folder``/``name`` is there."""
+    def interrupt() -> None:
+        deadline = time.monotonic() + 90
+        while not (folder / name).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        os.kill(int((folder / "kernel.pid").read_text()), signal.SIGINT)
+
+    thread = threading.Thread(target=interrupt, daemon=True)
+    thread.start()
+    return thread
+
+
+PID = "import os, pathlib\npathlib.Path('kernel.pid').write_text(str(os.getpid()))"
+
+
+@pytest.mark.local
+def test_ctrl_c_interrupts_the_cell_on_every_rank_which_keeps_its_variables(tmp_path: Path, marker: str) -> None:
+    interrupter = interrupt_when(tmp_path, "sleeping-2")
+    said = run_notebook([
+        PID, START,
+        "%%dist\nimport pathlib, time\nx = 40 + rank\npathlib.Path(f'sleeping-{rank}').touch()\ntime.sleep(60)",
+        "%%dist\nprint('kept', x)",
+        "%lab stop",
+    ], tmp_path, marker)
+    interrupter.join()
+    _, _, slept, kept, _ = said
+    cell = f"cell [{slept['count']}]"
+    assert slept["error"] == (f"lab: interrupted: rank 0 at {cell}:5, rank 1 at {cell}:5, rank 2 at {cell}:5; the "
+                              "ranks keep their variables"), slept
+    assert sorted(re.findall(r"\[local r\d\] kept (\d+)", kept["out"])) == ["40", "41", "42"], kept
+
+
+@pytest.mark.local
+def test_a_rank_stuck_in_a_collective_past_the_interrupt_is_ended_and_a_restart_replays_the_cells(
+        tmp_path: Path, marker: str) -> None:
+    interrupter = interrupt_when(tmp_path, "stuck")
+    said = run_notebook([
+        PID,
+        "%load_ext lab.notebook\n%lab start --nproc 3 --hang-after 60",
+        "%%dist\nx = torch.tensor([rank + 1.0])\ndist.all_reduce(x)",
+        "%%dist\nraise RuntimeError('not replayed')",
+        "%%dist\nimport pathlib\nif rank == 0:\n    pathlib.Path('stuck').touch()\n    dist.all_reduce(x)",
+        "%lab restart",
+        "%%dist\nprint('restored', x.item(), rank)",
+        "%lab stop",
+    ], tmp_path, marker, timeout=180)
+    interrupter.join()
+    stuck, restarted, restored = said[4], said[5], said[6]
+    cell = f"cell [{stuck['count']}]"
+    assert "interrupted; where each rank was:" in stuck["error"], stuck
+    assert f"rank 0 (local): all_reduce #3, SUM, 1 float at {cell}:5" in stuck["error"], stuck
+    assert "%lab restart starts fresh ones and replays the cells that ran" in stuck["error"], stuck
+    assert restarted["error"] is None, restarted
+    assert f"replayed 1 cell(s): cell [{said[2]['count']}]" in restarted["out"], restarted
+    assert sorted(re.findall(r"restored 6\.0 (\d)", restored["out"])) == ["0", "1", "2"], restored
 
 
 @pytest.mark.local
@@ -139,9 +200,11 @@ def test_a_mistake_in_a_magic_is_one_line_and_no_traceback(tmp_path: Path, marke
     _, early, zero, unknown, _, beyond, again, _ = said
     assert early["error"] == "lab: no ranks: %lab start --nproc N (or --hosts INVENTORY) first", early
     assert zero["error"] == "lab: --nproc must be at least 1, got 0", zero
-    assert unknown["error"] == "lab: %lab launch: not a command of the notebook's: start, stop, status", unknown
+    assert unknown["error"] == "lab: %lab launch: not a command of the notebook's: start, restart, stop, status", \
+        unknown
     assert beyond["error"] == "lab: --ranks 5: the ranks are 0 to 1", beyond
-    assert again["error"] == "lab: the notebook's 2 ranks are running: %lab stop first", again
+    assert again["error"] == "lab: the notebook's 2 ranks are running: %lab stop first (or %lab restart)", \
+        again
 
 
 # -- the parts, without a kernel ----------------------------------------------------------------

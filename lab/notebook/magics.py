@@ -56,6 +56,8 @@ def _start_parser() -> _Parser:
 def _dist_parser() -> _Parser:
     parser = _Parser(prog="%dist", description="Run the cell on every rank of the notebook's (or on --ranks).")
     parser.add_argument("--ranks", type=_ranks, metavar="R,R...", help="the ranks to run it on (default: all)")
+    parser.add_argument("--setup", action="store_true", help="a cell %%lab restart replays: where any cell is "
+                        "one, a restart replays these alone (else every cell that ran on every rank without error)")
     return parser
 
 
@@ -76,12 +78,13 @@ class LabMagics:
     def __init__(self, shell: Any) -> None:
         self.shell = shell  # (IPython's: the number of the cell that runs)
         self.session: Session | None = None
+        self.started_with: list[str] | None = None  # the words of the last %lab start (what %lab restart starts)
 
     def lab(self, line: str) -> None:
-        """%lab start [--nproc N | --hosts INVENTORY ...] | %lab stop | %lab status"""
+        """%lab start [--nproc N | --hosts INVENTORY ...] | %lab restart | %lab stop | %lab status"""
         words = shlex.split(line)
         command, rest = (words[0], words[1:]) if words else ("status", [])
-        handlers = {"start": self._start, "stop": self._stop, "status": self._status}
+        handlers = {"start": self._start, "restart": self._restart, "stop": self._stop, "status": self._status}
         if command not in handlers:
             raise LabSaid([f"lab: %lab {command}: not a command of the notebook's: {', '.join(handlers)}"])
         _said(lambda: handlers[command](rest))
@@ -94,14 +97,16 @@ class LabMagics:
                 raise UsageError("no ranks: %lab start --nproc N (or --hosts INVENTORY) first")
             # (the body after its %%dist line: its lines numbered as the notebook shows them)
             _ended(self.session.run("\n" + cell, args.ranks, views.show_line,
-                                    f"cell [{self.shell.execution_count - 1}]"))
+                                    f"cell [{self.shell.execution_count - 1}]", args.setup))
 
         _said(run)
 
-    def _start(self, words: list[str]) -> None:
+    def _start(self, words: list[str]) -> Session:
         if self.session is not None and self.session.running:
-            raise UsageError(f"the notebook's {self.session.world_size} ranks are running: %lab stop first")
+            raise UsageError(f"the notebook's {self.session.world_size} ranks are running: %lab stop first "
+                             "(or %lab restart)")
         args = _start_parser().parse_args(words)
+        self.started_with = words
         settings = ssh_settings(args)
         inventory = with_master_address(cluster(args), settings)
         root = Path.cwd()
@@ -111,14 +116,38 @@ class LabMagics:
             run_views.print_skipped(project.root, project.skipped)
         plan = notebook_plan(inventory, args.hang_after, rank_env(args, root, not local), project,
                              root if local else None, args.preflight)
-        self.session = Session(plan, settings)
-        started = self.session.start(views.show_line)
+        session = self.session = Session(plan, settings)
+        started = session.start(views.show_line)
         if started.outcome is not None or started.error is not None:
             self.session = None
             _ended(started)
         hosts = sorted({r.host for r in plan.ranks})
         views.show_lines([f"{plan.world_size} rank(s) on {', '.join(hosts)} formed their group ({plan.backend}): "
                           "%%dist cells run on every rank"])
+        return session
+
+    def _restart(self, words: list[str]) -> None:
+        """Fresh ranks as the last %lab start started them, made whole again: the cells that ran on every
+        rank without error replayed in order (those marked --setup alone, where any is)."""
+        if words:
+            raise UsageError(f"%lab restart takes no arguments, got {' '.join(words)} (it starts the ranks as the "
+                             "last %lab start did)")
+        if self.started_with is None:
+            raise UsageError("no ranks to restart: %lab start --nproc N (or --hosts INVENTORY) first")
+        old, self.session = self.session, None
+        history = old.history if old is not None else []
+        if old is not None:
+            old.stop(at_once=True)
+        session = self._start(self.started_with)
+        setup = [cell for cell in history if cell.setup]
+        replayed, failed = session.replay(setup or history)
+        names = ", ".join(cell.name for cell in replayed) or "none"
+        views.show_lines([f"replayed {len(replayed)} cell(s){' marked --setup' if setup else ''}: {names}"])
+        if failed is not None:
+            cell = (setup or history)[len(replayed)]
+            views.show_lines([f"{cell.name} did not end as it had when replayed: the ranks have what the cells "
+                              "before it made"], error=True)
+            _ended(failed)
 
     def _stop(self, words: list[str]) -> None:
         if words:
@@ -136,7 +165,7 @@ class LabMagics:
         if session is None:
             views.show_lines(["no ranks: %lab start --nproc N (or --hosts INVENTORY) starts them"])
             return
-        state = "running" if session.running else "ended: %lab stop, then %lab start"
+        state = "running" if session.running else "ended: %lab restart starts fresh ones"
         views.show_lines([f"{session.world_size} rank(s) on {', '.join(sorted(set(session.hosts.values())))}, "
                           f"{session.cells} cell(s) run, {state}"])
 
@@ -147,7 +176,7 @@ class LabMagics:
             self.session = None
 
 
-def _said(work: Callable[[], None]) -> None:
+def _said(work: Callable[[], object]) -> None:
     """Run ``work``; a LabError is the lab's one line, the cell failed."""
     try:
         work()
@@ -160,8 +189,12 @@ def _said(work: Callable[[], None]) -> None:
 def _ended(end: CellEnd) -> None:
     """A cell's end, said where it is not simply "ok" on every rank (the cell then fails)."""
     if end.outcome is not None:
-        raise LabSaid([views.run_end_text(end.outcome), "lab: the notebook's ranks have ended: %lab stop, then "
-                       "%lab start starts new ones"])
+        raise LabSaid([views.run_end_text(end.outcome), "lab: the notebook's ranks have ended: %lab restart starts "
+                       "fresh ones and replays the cells that ran"])
+    if end.interrupted:
+        stuck = [rank for rank in end.ranks if rank not in end.how]
+        raise LabSaid([f"lab: interrupted: {views.interrupted_where(end.how)}; the ranks keep their variables"
+                       + (f" (ranks {', '.join(map(str, stuck))} had not ended it)" if stuck else "")])
     if end.error is not None:
         raise LabSaid([f"lab: {end.error}", "lab: the notebook's ranks have ended"])
     if end.raised:

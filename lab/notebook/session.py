@@ -40,6 +40,7 @@ from lab.transport.ssh.settings import SSHSettings
 START_WAIT = 300.0  # seconds for every rank to form the group and say it is ready
 STOP_WAIT = 15.0  # seconds for the ranks to end once their stdin closed, before they are stopped
 SETTLE = 0.05  # seconds between two looks at a cell that may have ended
+INTERRUPT_WAIT = 3.0  # seconds an interrupted cell has to end on every rank before the ranks are stopped
 
 Whose = RankState | LaunchState
 OnLine = Callable[[Whose, str, str], None]  # (whose line, "out" | "err" | "lab", the line)
@@ -61,6 +62,22 @@ class CellEnd:
     def raised(self) -> dict[int, str]:
         return {rank: how for rank, how in self.how.items() if how != "ok"}
 
+    @property
+    def ok(self) -> bool:
+        """It ended on every rank it ran on, raising nothing."""
+        return not self.interrupted and self.outcome is None and self.error is None and not self.raised and \
+            set(self.how) == set(self.ranks)
+
+
+@dataclass(frozen=True)
+class SentCell:
+    """A cell as the notebook sent it (what a restart replays)."""
+
+    code: str
+    ranks: tuple[int, ...] | None
+    name: str
+    setup: bool = False  # %%dist --setup: a restart replays these alone, where there are any
+
 
 class Session:
     """One run of a notebook's ranks, from ``start`` to ``stop`` (or to a cell that ends it)."""
@@ -75,6 +92,7 @@ class Session:
         self.outcome: RunOutcome | None = None  # once the run is over
         self.error: LabError | None = None  # the run could not start, or failed as no rank's fault
         self.cells = 0  # cells sent
+        self.history: list[SentCell] = []  # the cells that ended on every rank they ran on, raising nothing
         self.hosts: dict[int, str] = {r.rank: r.host for r in plan.ranks}
         self._ended = threading.Event()
 
@@ -111,10 +129,11 @@ class Session:
         self._thread.start()
         return self._collect(READY, tuple(range(self.world_size)), on_line, time.monotonic() + wait)
 
-    def run(self, code: str, ranks: Sequence[int] | None, on_line: OnLine, name: str = "") -> CellEnd:
+    def run(self, code: str, ranks: Sequence[int] | None, on_line: OnLine, name: str = "",
+            setup: bool = False) -> CellEnd:
         """Run ``code`` as the next cell on ``ranks`` (None: every rank), compiled as ``name`` (the
         notebook's "cell [7]"); its output goes to ``on_line`` as it comes. Ctrl-C (KeyboardInterrupt)
-        stops the run: the cell ends interrupted."""
+        interrupts it on every rank (:meth:`_collect`). ``setup``: a cell a restart replays."""
         if not self.running:
             raise UsageError("the notebook's ranks have ended: %lab start (or %lab restart) starts them again")
         targets = tuple(range(self.world_size)) if ranks is None else tuple(sorted(set(ranks)))
@@ -125,39 +144,65 @@ class Session:
         message = json.dumps({"n": self.cells, "name": name, "code": code,
                                "ranks": None if ranks is None else list(targets)})
         _write_all(self._write, message.encode() + b"\n")
-        return self._collect(self.cells, targets, on_line, None)
+        end = self._collect(self.cells, targets, on_line, None)
+        if end.ok:
+            self.history.append(SentCell(code, None if ranks is None else targets, name, setup))
+        return end
+
+    def replay(self, cells: Sequence[SentCell]) -> tuple[list[SentCell], CellEnd | None]:
+        """Run ``cells`` again, in order, their output dropped (another session's: a restart); those that
+        ended as before, and the end of the first that did not (the rest are not run)."""
+        done: list[SentCell] = []
+        for cell in cells:
+            end = self.run(cell.code, cell.ranks, lambda *_: None, cell.name, cell.setup)
+            if not end.ok:
+                return done, end
+            done.append(cell)
+        return done, None
 
     def _collect(self, n: int, ranks: tuple[int, ...], on_line: OnLine, deadline: float | None) -> CellEnd:
-        """The lines of cell ``n`` until both marks of each of ``ranks`` came, or the run ended."""
+        """The lines of cell ``n`` until both marks of each of ``ranks`` came, or the run ended (past
+        ``deadline``, it is stopped). Ctrl-C interrupts the cell on every rank; a rank that has not
+        ended it INTERRUPT_WAIT seconds later (stuck in C++), or a second Ctrl-C, stops the run."""
         end = CellEnd(n, ranks)
         pending = {(rank, stream) for rank in ranks for stream in ("out", "err")}
-        prefix = f"{self.mark} "
-        try:
-            while pending:
+        while pending:
+            try:
                 if deadline is not None and time.monotonic() > deadline:
                     self._stop.set()
-                try:
-                    item = self._lines.get(timeout=SETTLE * 10)
-                except queue.Empty:
+                if not self._take(n, end, pending, on_line):
+                    break
+            except KeyboardInterrupt:
+                if end.interrupted or n == READY or self._write < 0:
+                    self._stop.set()
                     continue
-                if item is None:  # the run is over
-                    self._thread.join()
-                    end.outcome, end.error = self.outcome, self.error
-                    return end
-                whose, stream, line = item
-                if isinstance(whose, RankState) and line.startswith(prefix):
-                    said, _, how = line[len(prefix):].partition(" ")
-                    if said == str(n):
-                        pending.discard((whose.spec.rank, stream))
-                        if stream == "out":
-                            end.how[whose.spec.rank] = how
-                    continue
-                on_line(whose, stream, line)
-        except KeyboardInterrupt:
-            end.interrupted = True
-            self.stop(at_once=True)
+                end.interrupted = True
+                _write_all(self._write, json.dumps({"interrupt": n}).encode() + b"\n")
+                deadline = time.monotonic() + INTERRUPT_WAIT
+        if not self.running:
+            self._thread.join()
             end.outcome, end.error = self.outcome, self.error
         return end
+
+    def _take(self, n: int, end: CellEnd, pending: set[tuple[int, str]], on_line: OnLine) -> bool:
+        """Take the next line (if one comes soon) for cell ``n``: a mark, or output for ``on_line``;
+        False once the run is over."""
+        try:
+            item = self._lines.get(timeout=SETTLE * 10)
+        except queue.Empty:
+            return True
+        if item is None:
+            return False
+        whose, stream, line = item
+        if isinstance(whose, RankState) and line.startswith(f"{self.mark} "):
+            said, _, how = line[len(self.mark) + 1:].partition(" ")
+            if said == str(n):
+                pending.discard((whose.spec.rank, stream))
+                if stream == "out":
+                    end.how[whose.spec.rank] = how
+            return True
+        on_line(whose, stream, line)
+        return True
 
     def stop(self, at_once: bool = False) -> RunOutcome | None:
         """End the ranks: their stdin closes and each ends as a script that returned (or, ``at_once``

@@ -7,6 +7,7 @@ under ``--launcher lab`` every rank has (``lab.rank.stdin``: the notebook's line
 the host's launcher's, as for rank 0's stdin under ``lab launch``), one JSON object a line::
 
     {"n": 12, "name": "cell [7]", "code": "...", "ranks": [0, 2]}      # ranks: null for every rank
+    {"interrupt": 12}                                                  # Ctrl-C in the notebook
 
 ``n`` numbers the session's cells; ``name`` is the notebook's (its execution count). A cell is
 compiled as its name (so a traceback, the flight recorder's lines and the lab's why say
@@ -15,6 +16,11 @@ compiled as its name (so a traceback, the flight recorder's lines and the lab's 
 Python prints it, without the lab's frames, and the rank goes on to the next cell; a cell that
 ends the process (``sys.exit``, ``os._exit``, a signal) ends the rank, as in a script. Cells not for
 this rank are skipped.
+
+An interrupt of the cell that runs raises KeyboardInterrupt in it (a SIGINT to the rank's main thread,
+from the thread that reads the line: a sleep or a wait in Python ends at once), which the cell ends
+with, as an exception it raised; outside a cell the rank takes no interrupt. A rank stuck in C++ (a
+collective whose peers never come) does not see it until that call returns: the notebook stops those.
 
 Around each cell the rank says where it is, twice:
 
@@ -32,8 +38,12 @@ from __future__ import annotations
 import json
 import linecache
 import os
+import queue
+import signal
 import sys
+import threading
 import traceback
+from types import FrameType
 from typing import Any
 
 from lab.rank import protocol
@@ -60,30 +70,65 @@ def main() -> None:
     dist.init_process_group(os.environ.pop(BACKEND_VAR, "gloo"))
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__, "torch": torch, "dist": dist,
                                  "rank": rank, "world_size": world_size}
+    cells: queue.Queue[dict[str, Any] | None] = queue.Queue()
+    signal.signal(signal.SIGINT, _interrupted)
+    threading.Thread(target=_read, args=(cells,), name="lab-cells", daemon=True).start()
     said(mark, READY, "ready")
-    for line in sys.stdin:
-        cell = json.loads(line)
+    for cell in iter(cells.get, None):
         n, ranks, name = int(cell["n"]), cell.get("ranks"), str(cell.get("name") or cell_name(cell["n"]))
         if ranks is not None and rank not in ranks:
             continue
         targets = list(range(world_size)) if ranks is None else [int(r) for r in ranks]
         _tell(rank, n, name, False, targets)
-        error, where = run_cell(name, str(cell["code"]), namespace)
+        error, where = run_cell(n, name, str(cell["code"]), namespace)
+        _Running.n = None  # (however the cell ended: no interrupt after it)
         _tell(rank, n, name, True, targets, error)
         said(mark, n, f"raised {error}" + (f" at {where}" if where else "") if error else "ok")
 
 
-def run_cell(name: str, code: str, namespace: dict[str, Any]) -> tuple[str, str]:
-    """Run a cell's ``code`` in ``namespace``, compiled as ``name``: the exception it raised ("Type:
+class _Running:
+    """The cell the main thread runs, if any (a number), for the reader's interrupts."""
+
+    lock = threading.Lock()
+    n: int | None = None
+
+
+def _read(cells: queue.Queue[dict[str, Any] | None]) -> None:
+    """The notebook's line: cells to the main thread, in order; an interrupt of the cell that runs,
+    at once. The line's end (the notebook stopped the ranks) ends the rank once its cell is over."""
+    for line in sys.stdin:
+        message = json.loads(line)
+        if "interrupt" in message:
+            with _Running.lock:
+                if _Running.n == message["interrupt"]:
+                    signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+            continue
+        cells.put(message)
+    cells.put(None)
+
+
+def _interrupted(signum: int, frame: FrameType | None) -> None:
+    """SIGINT: KeyboardInterrupt in the cell that runs; none between cells."""
+    if _Running.n is not None:
+        raise KeyboardInterrupt
+
+
+def run_cell(n: int, name: str, code: str, namespace: dict[str, Any]) -> tuple[str, str]:
+    """Run cell ``n``'s ``code`` in ``namespace``, compiled as ``name``: the exception it raised ("Type:
     message", "" for none) and the user's line it came from (what it printed went to the streams)."""
     linecache.cache[name] = (len(code), None, code.splitlines(True), name)  # (its lines in tracebacks)
     try:
-        exec(compile(code, name, "exec"), namespace)
+        try:
+            _Running.n = n
+            exec(compile(code, name, "exec"), namespace)
+        finally:
+            with _Running.lock:
+                _Running.n = None
     except SystemExit:
         raise
     except BaseException as exc:  # (KeyboardInterrupt too: the cell was interrupted, the rank goes on)
         sys.stderr.write("".join(traceback.format_exception(without_lab(exc))))
-        return capped(error_text(exc)), raised_at(exc.__traceback__)
+        return capped(error_text(exc).removesuffix(": ")), raised_at(exc.__traceback__)
     return "", ""
 
 

@@ -30,6 +30,17 @@ def show_lines(lines: Iterable[str], error: bool = False) -> None:
     out.flush()
 
 
+def interrupted_where(how: dict[int, str]) -> str:
+    """Where each rank's interrupted cell ended: "rank 0 at cell [7]:3, rank 1 had ended it, ..."."""
+    def where(said: str) -> str:
+        if said == "ok":
+            return "had ended it"
+        interrupted, _, at = said.partition(" at ")
+        return f"at {at}" if interrupted == "raised KeyboardInterrupt" and at else said
+
+    return ", ".join(f"rank {rank} {where(how[rank])}" for rank in sorted(how))
+
+
 def run_end_text(outcome: RunOutcome) -> str:
     """What ``lab launch`` says of a run that ended (its why first), as plain text."""
     text = io.StringIO()
