@@ -69,9 +69,11 @@ def test_cells_run_on_every_rank_keep_their_variables_and_name_the_rank_that_rai
         "%%dist\nif rank == 1:\n    raise ValueError('rank one says no')\nprint('went on', rank)",
         "%%dist\ny = torch.ones(2) * rank\ndist.broadcast(y, src=2)\nprint('after the error', y.tolist())",
         "%lab status",
+        "xs = %lab pull x\nprint(xs)\nys = %lab pull y --ranks 0,2\nprint(ys)",
+        "%lab pull nothing",
         "%lab stop",
     ], tmp_path, marker)
-    start, summed, kept, some, raised, after, status, stop = said
+    start, summed, kept, some, raised, after, status, pulled, nothing, stop = said
     assert start["error"] is None and "3 rank(s) on local formed their group (gloo)" in start["out"], start
     assert sorted(re.findall(r"\[local r(\d)\] sum 6\.0", summed["out"])) == ["0", "1", "2"], summed
     assert sorted(re.findall(r"\[local r(\d)\] kept (\d+)\.0", kept["out"])) == [("0", "0"), ("1", "6"), ("2", "12")]
@@ -82,6 +84,11 @@ def test_cells_run_on_every_rank_keep_their_variables_and_name_the_rank_that_rai
     assert sorted(re.findall(r"\[local r(\d)\] went on", raised["out"])) == ["0", "2"], raised
     assert after["error"] is None and after["out"].count("after the error [2.0, 2.0]") == 3, after
     assert "3 rank(s) on local, 5 cell(s) run, running" in status["out"], status
+    assert pulled["error"] is None, pulled
+    assert pulled["out"] == "[tensor([6.]), tensor([6.]), tensor([6.])]\n[tensor([2., 2.]), tensor([2., 2.])]\n", pulled
+    assert nothing["error"] == ("lab: rank 0 raised NameError: name 'nothing' is not defined\n"
+                                "lab: rank 1 raised NameError: name 'nothing' is not defined\n"
+                                "lab: rank 2 raised NameError: name 'nothing' is not defined"), nothing
     assert "the notebook's 3 rank(s) ended" in stop["out"] and stop["error"] is None, stop
 
 

@@ -61,6 +61,13 @@ def _dist_parser() -> _Parser:
     return parser
 
 
+def _pull_parser() -> _Parser:
+    parser = _Parser(prog="lab pull", description="Each rank's value of NAME, as a list by rank (tensors on the CPU)")
+    parser.add_argument("name", metavar="NAME", help="a variable of the ranks'")
+    parser.add_argument("--ranks", type=_ranks, metavar="R,R...", help="the ranks whose values to bring (default: all)")
+    return parser
+
+
 def _ranks(text: str) -> tuple[int, ...]:
     try:
         ranks = tuple(int(part) for part in text.split(","))
@@ -80,14 +87,17 @@ class LabMagics:
         self.session: Session | None = None
         self.started_with: list[str] | None = None  # the words of the last %lab start (what %lab restart starts)
 
-    def lab(self, line: str) -> None:
-        """%lab start [--nproc N | --hosts INVENTORY ...] | %lab restart | %lab stop | %lab status"""
+    def lab(self, line: str) -> object:
+        """%lab start [--nproc N | --hosts INVENTORY ...] | %lab restart | %lab pull NAME | %lab stop | %lab status"""
         words = shlex.split(line)
         command, rest = (words[0], words[1:]) if words else ("status", [])
-        handlers = {"start": self._start, "restart": self._restart, "stop": self._stop, "status": self._status}
+        handlers: dict[str, Callable[[list[str]], object]] = {
+            "start": self._start, "restart": self._restart, "pull": self._pull, "stop": self._stop,
+            "status": self._status}
         if command not in handlers:
             raise LabSaid([f"lab: %lab {command}: not a command of the notebook's: {', '.join(handlers)}"])
-        _said(lambda: handlers[command](rest))
+        result = _said(lambda: handlers[command](rest))
+        return result if command == "pull" else None
 
     def dist(self, line: str, cell: str) -> None:
         """%%dist [--ranks R,R...]: the cell, on every rank (or those)."""
@@ -149,6 +159,15 @@ class LabMagics:
                               "before it made"], error=True)
             _ended(failed)
 
+    def _pull(self, words: list[str]) -> list[object]:
+        """Each rank's value of a variable, as a list by rank (``xs = %lab pull x``)."""
+        args = _pull_parser().parse_args(words)
+        if self.session is None:
+            raise UsageError("no ranks: %lab start --nproc N (or --hosts INVENTORY) first")
+        values, end = self.session.pull(args.name, args.ranks)
+        _ended(end)
+        return values
+
     def _stop(self, words: list[str]) -> None:
         if words:
             raise UsageError(f"%lab stop takes no arguments, got {' '.join(words)}")
@@ -176,12 +195,12 @@ class LabMagics:
             self.session = None
 
 
-def _said(work: Callable[[], object]) -> None:
-    """Run ``work``; a LabError is the lab's one line, the cell failed."""
+def _said(work: Callable[[], object]) -> object:
+    """Run ``work`` (what it returns); a LabError is the lab's one line, the cell failed."""
     try:
-        work()
+        return work()
     except _Helped:
-        return
+        return None
     except LabError as exc:
         raise LabSaid([f"lab: {exc}"]) from None
 

@@ -18,6 +18,8 @@ data (:class:`CellEnd`).
 """
 from __future__ import annotations
 
+import base64
+import io
 import json
 import os
 import queue
@@ -27,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from lab.core.outcome import LaunchState, RankState, RunOutcome
 from lab.core.plan import DEFAULT_HANG_AFTER, Plan, default_backend
@@ -54,6 +57,7 @@ class CellEnd:
     n: int
     ranks: tuple[int, ...]
     how: dict[int, str] = field(default_factory=dict)
+    data: dict[int, list[str]] = field(default_factory=dict)  # a pull's: each rank's value, in base64 lines
     outcome: RunOutcome | None = None
     error: LabError | None = None  # the run failed as no rank's fault (a host lost...)
     interrupted: bool = False
@@ -134,20 +138,26 @@ class Session:
         """Run ``code`` as the next cell on ``ranks`` (None: every rank), compiled as ``name`` (the
         notebook's "cell [7]"); its output goes to ``on_line`` as it comes. Ctrl-C (KeyboardInterrupt)
         interrupts it on every rank (:meth:`_collect`). ``setup``: a cell a restart replays."""
-        if not self.running:
-            raise UsageError("the notebook's ranks have ended: %lab start (or %lab restart) starts them again")
-        targets = tuple(range(self.world_size)) if ranks is None else tuple(sorted(set(ranks)))
-        bad = [r for r in targets if not 0 <= r < self.world_size]
-        if bad:
-            raise UsageError(f"--ranks {','.join(map(str, bad))}: the ranks are 0 to {self.world_size - 1}")
-        self.cells += 1
-        message = json.dumps({"n": self.cells, "name": name, "code": code,
-                               "ranks": None if ranks is None else list(targets)})
-        _write_all(self._write, message.encode() + b"\n")
-        end = self._collect(self.cells, targets, on_line, None)
+        end = self._send({"code": code}, ranks, name, on_line)
         if end.ok:
-            self.history.append(SentCell(code, None if ranks is None else targets, name, setup))
+            self.history.append(SentCell(code, None if ranks is None else end.ranks, name, setup))
         return end
+
+    def pull(self, name: str, ranks: Sequence[int] | None = None) -> tuple[list[Any], CellEnd]:
+        """Each rank's value of ``name`` (of ``ranks``, else all), in rank order: tensors, numbers,
+        strings and lists, tuples and dicts of them, as ``torch.load(weights_only=True)`` takes them
+        (nothing a rank sends runs code here); and how the pull ended (a rank that has no such value)."""
+        if not name.isidentifier():
+            raise UsageError(f"%lab pull {name[:80]!r}: not a variable's name")
+        end = self._send({"pull": name}, ranks, f"pull {name}", lambda *_: None)
+        values = []
+        for rank in end.ranks:
+            if rank in end.data and end.how.get(rank) == "ok":
+                try:
+                    values.append(_loaded(end.data[rank]))
+                except Exception as exc:
+                    end.how[rank] = f"raised {type(exc).__name__} reading its value: {str(exc)[:200]}"
+        return values, end
 
     def replay(self, cells: Sequence[SentCell]) -> tuple[list[SentCell], CellEnd | None]:
         """Run ``cells`` again, in order, their output dropped (another session's: a restart); those that
@@ -159,6 +169,19 @@ class Session:
                 return done, end
             done.append(cell)
         return done, None
+
+    def _send(self, what: dict[str, str], ranks: Sequence[int] | None, name: str, on_line: OnLine) -> CellEnd:
+        """Send the next cell (``what`` it is: its code, or a pull) to ``ranks`` and collect its end."""
+        if not self.running:
+            raise UsageError("the notebook's ranks have ended: %lab restart starts fresh ones")
+        targets = tuple(range(self.world_size)) if ranks is None else tuple(sorted(set(ranks)))
+        bad = [r for r in targets if not 0 <= r < self.world_size]
+        if bad:
+            raise UsageError(f"--ranks {','.join(map(str, bad))}: the ranks are 0 to {self.world_size - 1}")
+        self.cells += 1
+        message = {"n": self.cells, "name": name, **what, "ranks": None if ranks is None else list(targets)}
+        _write_all(self._write, json.dumps(message).encode() + b"\n")
+        return self._collect(self.cells, targets, on_line, None)
 
     def _collect(self, n: int, ranks: tuple[int, ...], on_line: OnLine, deadline: float | None) -> CellEnd:
         """The lines of cell ``n`` until both marks of each of ``ranks`` came, or the run ended (past
@@ -196,7 +219,9 @@ class Session:
         whose, stream, line = item
         if isinstance(whose, RankState) and line.startswith(f"{self.mark} "):
             said, _, how = line[len(self.mark) + 1:].partition(" ")
-            if said == str(n):
+            if said == str(n) and how.startswith("data ") and stream == "out":
+                end.data.setdefault(whose.spec.rank, []).append(how[len("data "):])
+            elif said == str(n):
                 pending.discard((whose.spec.rank, stream))
                 if stream == "out":
                     end.how[whose.spec.rank] = how
@@ -216,6 +241,14 @@ class Session:
             self._stop.set()
         self._thread.join()
         return self.outcome
+
+
+def _loaded(lines: list[str]) -> Any:
+    """A value a rank pulled (base64 lines of what torch.save wrote), loaded with weights_only: only
+    tensors and plain data, never an object whose loading runs code."""
+    import torch
+
+    return torch.load(io.BytesIO(base64.b64decode("".join(lines))), weights_only=True)
 
 
 def _write_all(fd: int, data: bytes) -> None:

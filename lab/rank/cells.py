@@ -8,6 +8,7 @@ the host's launcher's, as for rank 0's stdin under ``lab launch``), one JSON obj
 
     {"n": 12, "name": "cell [7]", "code": "...", "ranks": [0, 2]}      # ranks: null for every rank
     {"interrupt": 12}                                                  # Ctrl-C in the notebook
+    {"n": 13, "name": "pull x", "pull": "x", "ranks": null}            # %lab pull x
 
 ``n`` numbers the session's cells; ``name`` is the notebook's (its execution count). A cell is
 compiled as its name (so a traceback, the flight recorder's lines and the lab's why say
@@ -27,6 +28,8 @@ Around each cell the rank says where it is, twice:
 * to the controller, a ``cell`` event (``ended`` false as it begins, true when it has ended): the
   ledger counts a rank that has ended the newest cell it was sent as waiting for the next one, not
   as a rank its peers wait on in vain (``lab.core.ledger``);
+* to the notebook, for a pull, the value (``torch.save``'d, tensors moved to the CPU, at most
+  :data:`PULL_MAX` bytes) in lines of its mark, ``N data BASE64``, before the marks below;
 * to the notebook, a line on each of its streams once the cell's output is all written there:
   the session's mark (:data:`MARK_VAR`), the cell's number and, on stdout, how it ended
   (``ok`` or ``raised Type: message at cell [7]:3``); ``0 ready`` once the group is formed. The
@@ -53,6 +56,8 @@ from lab.rank.worker import capped, error_text
 BACKEND_VAR = "LAB_CELLS_BACKEND"  # the process group's backend (gloo, nccl)
 MARK_VAR = "LAB_CELLS_MARK"  # the session's mark, which begins the lines that end a cell's output
 READY = 0  # the number of the mark that says the group is formed
+PULL_MAX = 256 << 20  # bytes of a value %lab pull brings back from one rank
+CHUNK = 3000  # base64 characters a line of a pulled value (a line of output is kept whole up to LINE_MAX bytes)
 
 
 def cell_name(n: int) -> str:
@@ -80,7 +85,10 @@ def main() -> None:
             continue
         targets = list(range(world_size)) if ranks is None else [int(r) for r in ranks]
         _tell(rank, n, name, False, targets)
-        error, where = run_cell(n, name, str(cell["code"]), namespace)
+        if "pull" in cell:
+            error, where = pull(mark, n, str(cell["pull"]), namespace)
+        else:
+            error, where = run_cell(n, name, str(cell["code"]), namespace)
         _Running.n = None  # (however the cell ended: no interrupt after it)
         _tell(rank, n, name, True, targets, error)
         said(mark, n, f"raised {error}" + (f" at {where}" if where else "") if error else "ok")
@@ -130,6 +138,43 @@ def run_cell(n: int, name: str, code: str, namespace: dict[str, Any]) -> tuple[s
         sys.stderr.write("".join(traceback.format_exception(without_lab(exc))))
         return capped(error_text(exc).removesuffix(": ")), raised_at(exc.__traceback__)
     return "", ""
+
+
+def pull(mark: str, n: int, name: str, namespace: dict[str, Any]) -> tuple[str, str]:
+    """Send the rank's value of ``name`` to the notebook (see the module): the error where it cannot."""
+    import base64
+    import io
+
+    import torch
+
+    if name not in namespace:
+        return f"NameError: name {name!r} is not defined", ""
+    data = io.BytesIO()
+    try:
+        torch.save(_on_cpu(namespace[name]), data)
+    except Exception as exc:
+        return f"{error_text(exc)} (saving {name})", ""
+    if data.tell() > PULL_MAX:
+        return f"{name} is {data.tell() >> 20} MiB, more than %lab pull brings ({PULL_MAX >> 20} MiB)", ""
+    text = base64.b64encode(data.getvalue()).decode()
+    sys.stdout.flush()
+    for start in range(0, len(text), CHUNK):
+        sys.stdout.write(f"{mark} {n} data {text[start:start + CHUNK]}\n")
+    sys.stdout.flush()
+    return "", ""
+
+
+def _on_cpu(value: Any) -> Any:
+    """``value`` with its tensors (in lists, tuples and dicts too) detached and on the CPU."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_cpu(v) for v in value) if type(value) in (list, tuple) else value
+    if isinstance(value, dict):
+        return {k: _on_cpu(v) for k, v in value.items()}
+    return value
 
 
 def said(mark: str, n: int, how: str) -> None:
