@@ -23,6 +23,7 @@ from .conftest import DDP_SERIES, REPO, TOKENIZED, WRONG, Lab, assert_ddp_series
 from .test_lab_docker import _client, assert_no_workers_anywhere, inventory_variant, run_json
 from .test_launchers import FAILS_IN_ITS_FIRST_ATTEMPTS
 from .test_local_run import STDIN_ECHO
+from .test_notebook import run_notebook
 from .tutorials import assert_prints_as_shown, tutorial_scripts
 from .wheels import tokenized_project
 
@@ -91,6 +92,34 @@ def test_the_docker_transport_runs_ranks_by_docker_exec(jobs: Jobs, tmp_path: Pa
     code, report = run_json(jobs.lab, "p2p", "--hosts", str(inventory), "--timeout", "15",
                             "--solution", str(WRONG / "p2p_never_sends.py"))
     assert code == 4 and "p2p_never_sends.py" in report["exercises"][0]["reason"]
+    assert_no_workers_anywhere(jobs.topology)
+
+
+def test_a_notebook_runs_its_cells_on_the_four_hosts_and_a_hang_across_them_says_why(jobs: Jobs,
+                                                                                    tmp_path: Path) -> None:
+    """The notebook's ranks on the container lab, reached over SSH as a launch's are: each rank in its own
+    container, a value pulled from each, a hang named across the hosts, and nothing left on any."""
+    said = run_notebook([
+        f"%load_ext lab.notebook\n%lab start --hosts {jobs.inventory} --hang-after 3",
+        "%%dist\nimport socket\nx = torch.tensor([rank + 1.0])\ndist.all_reduce(x)\n"
+        "print(socket.gethostname(), x.item())",
+        "xs = %lab pull x\nprint([v.item() for v in xs])",
+        "%%dist\nimport pathlib\npathlib.Path(f'from-{rank}.txt').write_text(socket.gethostname())",
+        "%lab stop",
+        f"%lab start --hosts {jobs.inventory} --hang-after 3",
+        "%%dist\nif rank == 3:\n    dist.all_reduce(torch.ones(1))",
+    ], tmp_path, "jobs-notebook")
+    started, summed, pulled, wrote, stopped, _, hung = said
+    # what the ranks wrote in their copies of the notebook's folder came back into it
+    assert wrote["error"] is None and "brought back" in stopped["out"], stopped
+    assert sorted(p.read_text() for p in tmp_path.glob("from-*.txt")) == ["node1", "node2", "node3", "node4"]
+    assert "4 rank(s) on node1, node2, node3, node4 formed their group (gloo)" in started["out"], started
+    assert sorted(re.findall(r"\[(node\d) r\d\] (node\d) 10\.0", summed["out"])) == [
+        (f"node{i}", f"node{i}") for i in jobs.topology.indices()], summed
+    assert pulled["out"] == "[10.0, 10.0, 10.0, 10.0]\n", pulled
+    cell = f"cell [{hung['count']}]"
+    assert f"Rank 3 waits in all_reduce #2 for ranks 0-2, which have ended {cell} without it" in hung["error"]
+    assert f"rank 3 (node4): all_reduce #2, SUM, 1 float at {cell}:3" in hung["error"], hung
     assert_no_workers_anywhere(jobs.topology)
 
 

@@ -222,7 +222,7 @@ class Run:
             if self.plan.in_place and not transport.host.is_local:  # (the project in the folder the hosts share)
                 script = Path(self.plan.script[0]) if self.plan.script and not self.plan.module else None
                 workcache.check_shared(transport, self.plan.in_place, script or Path(self.plan.in_place))
-            if not work:
+            if not self.plan.work_key:  # (no project: an empty one is still carried, and what it gets comes back)
                 run_dir = transport.prepare(self.plan.run_name, own)
             else:
                 run_dir, carried = workcache.carry(transport, self.plan.run_name, own, work, self.plan.work_key)
@@ -321,7 +321,7 @@ class Run:
         goes on, where the launch asked (--sync-back): one sync at a time, the next taking what was
         said meanwhile; what other hosts' ranks saved comes back at the end."""
         plan = self.plan
-        if not plan.work or not plan.options.sync_back or not plan.options.bring_back_max:
+        if not plan.work_key or not plan.options.sync_back or not plan.options.bring_back_max:
             self.ledger.saved.clear()
             return
         if self.syncing is not None and self.syncing.is_alive():
@@ -448,7 +448,7 @@ class Run:
         kept: set[str] = set()
         if self.syncing is not None:  # (a sync under way ends before the end's bring-back)
             self.syncing.join(bringback.FETCH_TIMEOUT)
-        if plan.work and plan.options.bring_back_max and self.processes[0] is not None:
+        if plan.work_key and plan.options.bring_back_max and self.processes[0] is not None:
             self._tell("finishing", "bringing back what the ranks wrote into the project")
             try:
                 self.brought, kept = bringback.bring_back(self.transports, Path(plan.work_root),

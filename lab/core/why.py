@@ -715,8 +715,11 @@ def _missing(ranks: dict[int, Rank]) -> Finding | None:
         if all(not r.running and r.failure is None and r.facts.exit_call is None for r in slot.missing):
             return _uneven(slot)  # (they ran to their end: a rank that called exit left early)
         call = slot.call
+        said = {doing(r, many=True) for r in slot.missing}
+        missing = (f"{ranks_named(r.rank for r in slot.missing)}, which {said.pop()}"
+                   if len(slot.missing) > 1 and len(said) == 1 else _some(slot.missing, doing))
         headline = (f"{ranks_named(r.rank for r in slot.there)} {slot.waits} in {_by(call)}{canonical(call.op)} "
-                    f"#{call.seq}{on_group(call.group)} for {_some(slot.missing, doing)}")
+                    f"#{call.seq}{on_group(call.group)} for {missing}")
         elsewhere = any(r.position is not None for r in slot.missing)
         fix = (_CELL_FIX if any(r.facts.cell_ended for r in slot.missing) else
                "Every rank of a group must reach each of its collectives: look for one in a branch on the rank, "

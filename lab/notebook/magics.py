@@ -177,7 +177,8 @@ class LabMagics:
             return
         outcome = session.stop()
         views.show_lines([f"the notebook's {session.world_size} rank(s) ended"
-                          + (f" ({outcome.status})" if outcome is not None and outcome.status != "completed" else "")])
+                          + (f" ({outcome.status})" if outcome is not None and outcome.status != "completed" else ""),
+                          *(outcome.brought_back if outcome is not None else ())])
 
     def _status(self, words: list[str]) -> None:
         session = self.session
