@@ -143,12 +143,14 @@ def test_submissions_are_files_or_folders_named_after_their_students(tmp_path: P
         "ben": Submission("ben", tmp_path / "ben" / "ring_allreduce.py"),
         "cat": Submission("cat", tmp_path / "cat" / "solution.py"),
         "dan": Submission("dan", tmp_path / "dan" / "mine.py"),
-        "eve": Submission("eve", None, "no .py file in eve/"),
-        "fay": Submission("fay", None, "2 .py files in fay/ and none is ring_allreduce.py or solution.py"),
-        ".git": Submission(".git", None, "no .py file in .git/"),  # (every entry is a row: see below)
-        "__pycache__": Submission("__pycache__", None, "no .py file in __pycache__/"),
-        "notes.txt": Submission("notes.txt", None, "not graded: notes.txt is not a .py file (hand in NAME.py, or a "
-                                                   "folder NAME/ holding ring_allreduce.py)"),
+        "eve": Submission("eve", None, "no .py file or notebook in eve/"),
+        "fay": Submission("fay", None, "2 .py files or notebooks in fay/ and none is ring_allreduce.py or "
+                                       "solution.py"),
+        ".git": Submission(".git", None, "no .py file or notebook in .git/"),  # (every entry is a row: see below)
+        "__pycache__": Submission("__pycache__", None, "no .py file or notebook in __pycache__/"),
+        "notes.txt": Submission("notes.txt", None, "not graded: notes.txt is not a .py file or a notebook (hand in "
+                                                   "NAME.py or NAME.ipynb, or a folder NAME/ holding "
+                                                   "ring_allreduce.py)"),
     }
     with pytest.raises(UsageError, match="no submissions"):
         find_submissions(tmp_path / "eve", "ring_allreduce")
@@ -846,3 +848,53 @@ def test_a_live_graders_sandbox_is_no_labs_but_a_killed_graders_is(docker_client
     finally:
         for container in made:
             container.remove(force=True)
+
+
+# -- notebooks handed in -----------------------------------------------------------------------
+
+P2P_RUN = (REPO / "lab" / "suite" / "exercises" / "p2p.py").read_text().split('"""', 2)[2]  # (imports and run())
+
+
+def notebook(path: Path, *cells: str | tuple[str, dict[str, object]]) -> Path:
+    """A notebook of code cells (a cell with metadata: (source, metadata)), written as Jupyter writes one."""
+    import nbformat
+
+    made = nbformat.v4.new_notebook()
+    made.cells = [nbformat.v4.new_code_cell(c) if isinstance(c, str) else
+                  nbformat.v4.new_code_cell(c[0], metadata=c[1]) for c in cells]
+    nbformat.write(made, path)
+    return path
+
+
+@pytest.mark.local
+def test_notebooks_handed_in_are_graded_from_the_cells_that_define_the_functions_and_nothing_else_runs(
+        lab: Lab, tmp_path: Path) -> None:
+    submissions = tmp_path / "class"
+    submissions.mkdir()
+    # nora: every cell taken, and a statement that would end the run if any but the definitions ran
+    notebook(submissions / "nora.ipynb", "%load_ext lab.notebook\n%lab start --nproc 2",
+             "import os\nos._exit(7)", f"%%dist\n{P2P_RUN}", "%%dist\nprint(run(rank, world_size, 'cpu'))")
+    # otto: his answer tagged (otter's tag, nbgrader's mark); a draft above it, untagged, is not his answer
+    notebook(submissions / "otto.ipynb", "def run(rank, size, device):\n    return {}",
+             (P2P_RUN.replace("import torch.distributed as dist\n", ""), {"tags": ["otter_answer_cell"]}),
+             ("import torch.distributed as dist", {"nbgrader": {"solution": True, "grade_id": "imports"}}))
+    # pia: a wrong ring (every rank receives its own rank)
+    notebook(submissions / "pia.ipynb", P2P_RUN.replace("return {\"pair\": tensor.item(), \"ring\": received.item()}",
+                                                        "return {\"pair\": tensor.item(), \"ring\": float(rank)}"))
+    (submissions / "quinn.ipynb").write_text("{not json")
+    (submissions / "rosa").mkdir()
+    notebook(submissions / "rosa" / "solution.ipynb", P2P_RUN)
+    out = tmp_path / "book"
+    result = lab("grade", str(submissions), "--exercise", "p2p", "--nproc", "2", "--sandbox", "none",
+                 "--out", str(out), timeout=300)
+    grades = read_grades(out)
+    assert {s: row["verdict"] for s, row in grades.items()} == {
+        "nora": "pass", "otto": "pass", "pia": "fail", "quinn": "error", "rosa": "pass"}, (grades, result.text)
+    assert "ring" in grades["pia"]["reason"], grades["pia"]
+    assert grades["quinn"]["reason"].startswith("not graded: quinn.ipynb: not a notebook (not JSON: "), grades
+    assert result.code == 0 and "5 graded: 3 pass, 1 fail, 1 error" in result.out, result.text  # (it did its job)
+    ran = (out / "notebooks" / "nora" / "solution.py").read_text()
+    assert "os._exit" not in ran and "# cell 3\ndef run(rank, size, device):" in ran, ran
+    page = (out / "feedback" / "otto.md").read_text()
+    assert "## The notebook's cells that ran" in page and "return {}" not in page, page
+    assert lab.leftovers() == []

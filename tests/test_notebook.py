@@ -18,6 +18,8 @@ from nbclient import NotebookClient
 
 from lab.core.outcome import Output, RankState, between_cells
 from lab.core.plan import RankSpec
+from lab.errors import UsageError
+from lab.grading.notebooks import NotebookCell, extract, read_cells
 from lab.rank.events import Cell, MalformedEvent, parse_event
 from lab.rank.protocol import event_line
 
@@ -250,3 +252,66 @@ def test_each_cell_shows_its_own_lines_within_the_bound() -> None:
     assert counts[-1] == SHOWN_LINES + 5 and output.shown == SHOWN_LINES
     output.new_window()
     assert output.add("y", 2) == 1 and output.shown == SHOWN_LINES + 1 and output.lines == SHOWN_LINES + 6
+
+
+P2P_RUN = (Path(__file__).parents[1] / "lab" / "suite" / "exercises" / "p2p.py").read_text().split('"""', 2)[2]
+
+
+@pytest.mark.local
+def test_an_exercise_is_checked_from_a_cell_with_the_functions_the_notebook_defined(tmp_path: Path,
+                                                                                    marker: str) -> None:
+    """%lab check runs the exercise as `lab run --solution` would, with the notebook's definitions, on its cluster."""
+    said = run_notebook([
+        "%load_ext lab.notebook\n%lab start --nproc 2",
+        f"%%dist\n{P2P_RUN}",
+        "%lab check p2p",
+        "%%dist\ndef run(rank, size, device):\n    return {'pair': 1.0, 'ring': 5.0}",
+        "%lab check p2p",
+        "%lab check nonesuch",
+        "%lab stop",
+    ], tmp_path, marker, timeout=200)
+    _, _, passed, _, failed, unknown, _ = said
+    assert passed["error"] is None and "PASS    p2p" in passed["out"], passed
+    assert "FAIL    p2p" in failed["out"] and "expected 1.0, got 5.0" in failed["out"], failed
+    assert failed["error"] == "lab: p2p: not passed with this notebook's run (lab run's exit code 1)", failed
+    assert unknown["error"].startswith("lab: unknown exercise 'nonesuch'"), unknown
+
+
+def _cells(*sources: str) -> list[NotebookCell]:
+    return [NotebookCell(f"cell [{n}]", source) for n, source in enumerate(sources, 1)]
+
+
+def test_a_notebook_s_solution_is_its_imports_definitions_and_constants_the_last_definition_winning() -> None:
+    taken = extract(_cells("%load_ext lab.notebook\n%lab start --nproc 2",
+                           "%%dist\nimport torch\nN = 3\ndef run(rank, size, device):\n    return 1\nrun(0, 1, 'cpu')",
+                           "%%bash\nrm -rf /", "def broken(:\n    pass", "import os\nos._exit(3)",
+                           "@functools.cache\ndef run(rank, size, device):\n    return N\nlimit = len('x')"),
+                    "hw.ipynb")
+    assert taken.defines == ("run",)
+    assert taken.notes == ("cell [4] is not Python (invalid syntax, line 1): skipped",)
+    body = taken.source.split('"""', 2)[2]
+    assert body == ("\nimport torch\nimport os\n\n\n# cell [2]\nN = 3\n\n\n"
+                    "# cell [6]\n@functools.cache\ndef run(rank, size, device):\n    return N\n"), body
+
+
+def test_the_cells_marked_as_the_answer_are_the_only_ones_taken(tmp_path: Path) -> None:
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell("def run():\n    return 'draft'"),
+                      nbformat.v4.new_code_cell("def run():\n    return 'answer'", metadata={"tags": ["solution"]}),
+                      nbformat.v4.new_code_cell("import math", metadata={"nbgrader": {"solution": True}}),
+                      nbformat.v4.new_markdown_cell("def run(): no code of a markdown cell")]
+    nbformat.write(notebook, tmp_path / "hw.ipynb")
+    taken = extract(read_cells(tmp_path / "hw.ipynb"), "hw.ipynb")
+    assert "'answer'" in taken.source and "'draft'" not in taken.source and "import math" in taken.source
+
+
+@pytest.mark.parametrize("text, said", [
+    ("{not json", "hw.ipynb: not a notebook (not JSON: "),
+    ('{"cells": 3}', "hw.ipynb: not a notebook (no list of cells)"),
+    ("[]", "hw.ipynb: not a notebook (no list of cells)"),
+])
+def test_a_file_that_is_no_notebook_is_one_line(tmp_path: Path, text: str, said: str) -> None:
+    (tmp_path / "hw.ipynb").write_text(text)
+    with pytest.raises(UsageError) as raised:
+        read_cells(tmp_path / "hw.ipynb")
+    assert str(raised.value).startswith(said) and "\n" not in str(raised.value)

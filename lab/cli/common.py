@@ -16,6 +16,7 @@ from lab.core import launchers, rankenv
 from lab.core.plan import DEFAULT_HANG_AFTER, RUN_DIR, WORK_DIR
 from lab.core.slurm import ALLOCATION, allocation_inventory
 from lab.errors import ExitCode, UsageError
+from lab.grading import notebooks
 from lab.inventory.hosts import load_inventory, local_inventory
 from lab.inventory.model import Inventory
 from lab.suite import registry
@@ -196,9 +197,15 @@ def unknown_exercise(name: str) -> UsageError:
 
 
 def solution_file(text: str) -> str:
+    """The solution to run: a .py file, or a notebook's (.ipynb: the functions its cells define, taken
+    into a .py file of a temporary folder of this command's: lab.grading.notebooks)."""
     path = Path(text)
+    if path.suffix == ".ipynb" and path.is_file():
+        extracted = notebooks.extract(notebooks.read_cells(path), path.name)
+        run_views.print_notebook_notes(path.name, extracted.notes)
+        return str(notebooks.written(extracted, path.stem))
     if path.suffix != ".py" or not path.is_file():
-        raise UsageError(f"--solution {text}: not a readable .py file")
+        raise UsageError(f"--solution {text}: not a readable .py file (or .ipynb notebook)")
     return str(path.resolve())
 
 

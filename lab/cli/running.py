@@ -82,7 +82,8 @@ def add_run(commands: Commands) -> None:
                      "functions it asks for (ring-allreduce: allreduce or ring_allreduce)")
     run.add_argument("--seed", metavar="SEED", help="draw the inputs of an exercise that takes some (ring-allreduce) "
                      "from SEED, as the run that showed it did: to replay a graded run exactly (default: fresh ones)")
-    run.add_argument("--solution", metavar="FILE.py", help="run this file in place of the exercise's "
+    run.add_argument("--solution", metavar="FILE.py", help="run this file (or a notebook's, FILE.ipynb: the "
+                     "functions its cells define) in place of the exercise's "
                      "reference program (one exercise) and check it the same way; it runs as you, with "
                      "your environment and files: for other people's code use `grade`")
     run.add_argument("--json", action="store_true", help="print the results as JSON on stdout "

@@ -20,6 +20,7 @@ from markdown_it import MarkdownIt
 from lab.core.judge import ExerciseReport
 from lab.core.outcome import RunOutcome
 from lab.core.stacks import users_lines, users_traceback
+from lab.grading.notebooks import Extracted
 from lab.rank.text import printable
 from lab.suite.check import distinct
 
@@ -28,8 +29,10 @@ TAIL_LINES = 20  # of each failing rank's output
 
 
 def feedback(student: str, exercise: str, verdict: str, score: float, reason: str,
-             report: ExerciseReport | None = None, outcome: RunOutcome | None = None) -> str:
-    """The page for one submission (``report`` and ``outcome``: its judged run, when it ran)."""
+             report: ExerciseReport | None = None, outcome: RunOutcome | None = None,
+             notebook: Extracted | None = None) -> str:
+    """The page for one submission (``report`` and ``outcome``: its judged run, when it ran; ``notebook``:
+    what was taken of a notebook hand-in, its cells as they ran)."""
     lines = [f"# {_text(exercise)}: {_text(student)}", "",
              f"**{verdict}**, score {score:g}" + (f": {_text(reason)}" if reason else ""), ""]
     seed = outcome.plan.seed if outcome is not None else None
@@ -63,6 +66,11 @@ def feedback(student: str, exercise: str, verdict: str, score: float, reason: st
             if shown:
                 title = f"Rank {rank}'s traceback" if raised else f"The last lines of rank {rank}"
                 lines += [f"## {title}", "", *_fenced([printable(line) for line in shown]), ""]
+    if notebook is not None:
+        lines += ["## The notebook's cells that ran", "", "Its imports, functions, classes and constants; no other "
+                  "statement of it runs.", "", *_fenced([printable(line) for line in notebook.source.splitlines()]),
+                  ""]
+        lines += [f"- {_text(note)}" for note in notebook.notes] + ([""] if notebook.notes else [])
     return "\n".join(lines)
 
 

@@ -37,6 +37,7 @@ from lab.core.planner import build_plan
 from lab.core.report import to_junit
 from lab.core.runner import run_plan
 from lab.errors import ExitCode, LabError, UsageError
+from lab.grading import notebooks
 from lab.grading.feedback import feedback, feedback_page
 from lab.grading.page import Row, class_page
 from lab.grading.places import PlaceMaker
@@ -52,6 +53,7 @@ LOAD_ERRORS = ("SyntaxError", "IndentationError", "TabError", "ImportError", "Mo
 
 
 SUBMISSION_MAX = 1 << 20  # bytes a submission's file may have (a solution is a few KB): a larger one is not run
+# (a notebook's may have notebooks.NOTEBOOK_MAX: its outputs, plots too, are in it)
 DIGEST_CHUNK = 1 << 16  # bytes read at a time as a submission's file is digested
 
 
@@ -63,7 +65,7 @@ class Submission:
 
     def digest(self) -> str:
         """What the submission is, for a grader started again: its file's SHA-256 (or its problem), read
-        in chunks and no further than SUBMISSION_MAX bytes (the file was found no larger)."""
+        in chunks and no further than its most bytes (the file was found no larger)."""
         if self.path is None:
             return f"none: {self.problem}"
         sha = hashlib.sha256()
@@ -71,8 +73,8 @@ class Submission:
             with self.path.open("rb") as f:
                 for chunk in iter(lambda: f.read(DIGEST_CHUNK), b""):
                     sha.update(chunk)
-                    if f.tell() > SUBMISSION_MAX:
-                        return f"grown past {SUBMISSION_MAX} bytes"
+                    if f.tell() > most_bytes(self.path):
+                        return f"grown past {most_bytes(self.path)} bytes"
         except OSError as exc:
             return f"unreadable: {exc.strerror}"
         return sha.hexdigest()
@@ -109,9 +111,10 @@ class Grade:
 
 
 def find_submissions(root: Path, program: str) -> list[Submission]:
-    """One submission for every entry of ``root``, whatever it holds: each ``NAME.py`` file is student
-    NAME's; each folder NAME holds student NAME's file: ``<program>.py`` (the exercise's own file
-    name), else ``solution.py``, else its only ``.py`` file. Any other entry (a .zip, a file of another
+    """One submission for every entry of ``root``, whatever it holds: each ``NAME.py`` file (or
+    ``NAME.ipynb``, a notebook: lab.grading.notebooks) is student NAME's; each folder NAME holds student
+    NAME's file: ``<program>.py`` (the exercise's own file name), else ``solution.py``, else the same
+    as notebooks, else its only ``.py`` or ``.ipynb`` file. Any other entry (a .zip, a file of another
     kind, a link) is a submission that is not run, and says why, as are a folder without such a file
     and a file over SUBMISSION_MAX bytes: none is left out of the gradebook. A symbolic link, or a path
     that resolves outside ``root``, is refused: only what the students handed in is run as theirs,
@@ -123,7 +126,7 @@ def find_submissions(root: Path, program: str) -> list[Submission]:
     if not entries:
         raise UsageError(f"{root}: no submissions (a NAME.py file or a NAME/ folder per student)")
     full = {entry: entry.name for entry in entries}
-    names = {entry: entry.stem if _named_as_py(entry) else entry.name for entry in entries}
+    names = {entry: entry.stem if _named_as_hand_in(entry) else entry.name for entry in entries}
     while True:  # (an entry's full name is unique in its folder: moving to it ends every clash)
         seen: dict[str, int] = {}
         for name in names.values():
@@ -136,9 +139,18 @@ def find_submissions(root: Path, program: str) -> list[Submission]:
     return [_submission(entry, names[entry], program, root) for entry in entries]
 
 
-def _named_as_py(entry: Path) -> bool:
-    """Whether an entry is named as a student's file, NAME.py, and is no folder: its student is NAME."""
-    return entry.suffix == ".py" and not entry.is_dir()
+HAND_INS = (".py", ".ipynb")  # the files a student hands in: a program, or a notebook
+
+
+def most_bytes(path: Path) -> int:
+    """The most bytes a hand-in may have: a notebook's hold its outputs too."""
+    return notebooks.NOTEBOOK_MAX if path.suffix == ".ipynb" else SUBMISSION_MAX
+
+
+def _named_as_hand_in(entry: Path) -> bool:
+    """Whether an entry is named as a student's file, NAME.py or NAME.ipynb, and is no folder: its student
+    is NAME."""
+    return entry.suffix in HAND_INS and not entry.is_dir()
 
 
 def _submission(entry: Path, student: str, program: str, root: Path) -> Submission:
@@ -150,22 +162,22 @@ def _submission(entry: Path, student: str, program: str, root: Path) -> Submissi
         return _in_folder(entry, student, program, root)
     if not entry.is_file():
         return Submission(student, None, f"not graded: {shown} is not a regular file")
-    if entry.suffix != ".py":
-        return Submission(student, None, f"not graded: {shown} is not a .py file (hand in NAME.py, or a folder "
-                                         f"NAME/ holding {program}.py)")
+    if entry.suffix not in HAND_INS:
+        return Submission(student, None, f"not graded: {shown} is not a .py file or a notebook (hand in NAME.py "
+                                         f"or NAME.ipynb, or a folder NAME/ holding {program}.py)")
     return _sized(Submission(student, entry), shown)
 
 
 def _sized(submission: Submission, shown: Path) -> Submission:
-    """The submission, or, where its file is larger than SUBMISSION_MAX bytes, why it is not run."""
+    """The submission, or, where its file is larger than it may be (most_bytes), why it is not run."""
     assert submission.path is not None
     try:
         size = submission.path.stat().st_size
     except OSError as exc:
         return Submission(submission.student, None, f"not graded: {shown} cannot be read ({exc.strerror})")
-    if size > SUBMISSION_MAX:
+    if size > most_bytes(submission.path):
         return Submission(submission.student, None, f"not graded: {shown} has {size} bytes, more than a "
-                                                    f"submission may ({SUBMISSION_MAX >> 20} MiB)")
+                                                    f"submission may ({most_bytes(submission.path) >> 20} MiB)")
     return submission
 
 
@@ -182,14 +194,14 @@ def _refused(path: Path, root: Path) -> str | None:
 
 
 def _in_folder(folder: Path, student: str, program: str, root: Path) -> Submission:
-    wanted = (folder / f"{program}.py", folder / "solution.py")
+    wanted = [folder / f"{name}{suffix}" for suffix in HAND_INS for name in (program, "solution")]
     chosen = next((p for p in wanted if p.is_symlink() or p.is_file()), None)
     if chosen is None:
-        files = sorted(p for p in folder.glob("*.py") if p.is_symlink() or p.is_file())
+        files = sorted(p for p in folder.iterdir() if p.suffix in HAND_INS and (p.is_symlink() or p.is_file()))
         if not files:
-            return Submission(student, None, f"no .py file in {folder.name}/")
+            return Submission(student, None, f"no .py file or notebook in {folder.name}/")
         if len(files) > 1:
-            return Submission(student, None, f"{len(files)} .py files in {folder.name}/ and none is "
+            return Submission(student, None, f"{len(files)} .py files or notebooks in {folder.name}/ and none is "
                                              f"{program}.py or solution.py")
         chosen = files[0]
     refused = _refused(chosen, root)
@@ -233,6 +245,10 @@ class Gradebook:
 
     def feedback_path(self, student: str) -> Path:
         return self.out / "feedback" / f"{self.files[student]}.md"
+
+    def notebook_folder(self, student: str) -> Path:
+        """Where a student's notebook's solution is written (what ran of it, for whoever looks)."""
+        return self.out / "notebooks" / self.files[student]
 
     def note(self, text: str) -> None:
         """Something the class page says of how the class was graded (one share at a time, and why)."""
@@ -434,9 +450,18 @@ def grade_one(submission: Submission, options: Options, make_place: PlaceMaker, 
         book.write_feedback(submission.student, feedback(submission.student, exercise, "error", 0.0,
                                                          submission.problem))
         return Grade(submission.student, exercise, "error", submission.problem, 0.0), ""
+    program, taken = submission.path.resolve(), None
+    if program.suffix == ".ipynb":  # (the functions its cells define, as a .py file kept beside the book)
+        try:
+            taken = notebooks.extract(notebooks.read_cells(program), submission.path.name)
+        except UsageError as exc:
+            reason = f"not graded: {exc}"
+            book.write_feedback(submission.student, feedback(submission.student, exercise, "error", 0.0, reason))
+            return Grade(submission.student, exercise, "error", reason, 0.0), ""
+        program = notebooks.written(taken, "solution", book.notebook_folder(submission.student))
     try:
         with make_place() as place:
-            plan = build_plan(place.inventory, replace(options, solution=str(submission.path.resolve()),
+            plan = build_plan(place.inventory, replace(options, solution=str(program),
                                                        pids=options.pids if place.own_users else None,
                                                        wire=place.wire))
             outcome = run_plan(plan, ssh=ssh, wall=wall, stop=stop)
@@ -461,7 +486,7 @@ def grade_one(submission: Submission, options: Options, make_place: PlaceMaker, 
     grade = Grade(submission.student, exercise, verdict, reason, time.monotonic() - started, partial=partial,
                   parts=tuple((p.name, p.passed) for p in report.parts) if report else (), seed=outcome.plan.seed)
     book.write_feedback(submission.student, feedback(submission.student, exercise, verdict, grade.score, reason,
-                                                     report, outcome))
+                                                     report, outcome, taken))
     return grade, unclean
 
 

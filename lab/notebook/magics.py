@@ -2,16 +2,29 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from lab.cli.common import cluster, cluster_options, env_options, rank_env, ssh_settings, watch_options
+from lab.cli.common import (
+    cluster,
+    cluster_options,
+    env_options,
+    exercises,
+    rank_env,
+    ssh_settings,
+    watch_options,
+)
 from lab.cli.views import notebook as views
 from lab.cli.views import run as run_views
 from lab.core import workdir
-from lab.errors import LabError, UsageError
+from lab.errors import ExitCode, LabError, UsageError
+from lab.grading import notebooks
+from lab.grading.notebooks import NotebookCell
 from lab.notebook.session import CellEnd, Session, notebook_plan
 from lab.transport.reach import with_master_address
 
@@ -68,6 +81,13 @@ def _pull_parser() -> _Parser:
     return parser
 
 
+def _check_parser() -> _Parser:
+    parser = _Parser(prog="lab check", description="Check an exercise with the functions this notebook's cells "
+                     "define, as `lab run EXERCISE --solution` checks a file")
+    parser.add_argument("exercise", metavar="EXERCISE", help="the exercise (see `python -m lab list`)")
+    return parser
+
+
 def _ranks(text: str) -> tuple[int, ...]:
     try:
         ranks = tuple(int(part) for part in text.split(","))
@@ -88,12 +108,13 @@ class LabMagics:
         self.started_with: list[str] | None = None  # the words of the last %lab start (what %lab restart starts)
 
     def lab(self, line: str) -> object:
-        """%lab start [--nproc N | --hosts INVENTORY ...] | %lab restart | %lab pull NAME | %lab stop | %lab status"""
+        """%lab start [--nproc N | --hosts INVENTORY ...] | %lab restart | %lab pull NAME | %lab check EXERCISE |
+        %lab stop | %lab status"""
         words = shlex.split(line)
         command, rest = (words[0], words[1:]) if words else ("status", [])
         handlers: dict[str, Callable[[list[str]], object]] = {
-            "start": self._start, "restart": self._restart, "pull": self._pull, "stop": self._stop,
-            "status": self._status}
+            "start": self._start, "restart": self._restart, "pull": self._pull, "check": self._check,
+            "stop": self._stop, "status": self._status}
         if command not in handlers:
             raise LabSaid([f"lab: %lab {command}: not a command of the notebook's: {', '.join(handlers)}"])
         result = _said(lambda: handlers[command](rest))
@@ -167,6 +188,28 @@ class LabMagics:
         values, end = self.session.pull(args.name, args.ranks)
         _ended(end)
         return values
+
+    def _check(self, words: list[str]) -> None:
+        """The exercise checked by the lab's oracle with the functions this notebook's cells define (as
+        `lab run EXERCISE --solution` checks a file: a run of its own, on the cluster of %lab start)."""
+        args = _check_parser().parse_args(words)
+        exercises([args.exercise])
+        inputs = list(self.shell.history_manager.input_hist_raw)[:-1]  # (every cell run so far but this one)
+        cells = [NotebookCell(f"cell [{n}]", source) for n, source in enumerate(inputs) if n and source.strip()]
+        extracted = notebooks.extract(cells, "the notebook")
+        views.show_lines([f"{cell}" for cell in extracted.notes], error=True)
+        solution = notebooks.written(extracted, "notebook")
+        command = [sys.executable, "-m", "lab", "run", args.exercise, "--solution", str(solution),
+                   *(self.started_with or ())]
+        plain = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "CLICOLOR_FORCE")}  # (the kernel's)
+        done = subprocess.run(command, cwd=Path.cwd(), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              check=False, env={**plain, "NO_COLOR": "1", "TERM": "dumb"})
+        # (its report; what it said on stderr, its phases too, where it did not get to one)
+        views.show_text(done.stdout, done.stderr if done.returncode not in (ExitCode.OK, ExitCode.CHECK_FAILED) else "")
+        if done.returncode != 0:
+            raise LabSaid([f"lab: {args.exercise}: not passed with this notebook's "
+                           f"{', '.join(extracted.defines) or 'definitions (it defines no function)'} "
+                           f"(lab run's exit code {done.returncode})"])
 
     def _stop(self, words: list[str]) -> None:
         if words:

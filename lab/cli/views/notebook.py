@@ -30,6 +30,14 @@ def show_lines(lines: Iterable[str], error: bool = False) -> None:
     out.flush()
 
 
+def show_text(out: str, err: str = "") -> None:
+    """What a command the notebook ran printed, as it printed it."""
+    sys.stdout.write(out)
+    sys.stdout.flush()
+    sys.stderr.write(err)
+    sys.stderr.flush()
+
+
 def interrupted_where(how: dict[int, str]) -> str:
     """Where each rank's interrupted cell ended: "rank 0 at cell [7]:3, rank 1 had ended it, ..."."""
     def where(said: str) -> str:

@@ -104,6 +104,12 @@ def print_note(line: str) -> None:
     print(printable(f"lab: {line}"), file=sys.stderr, flush=True)
 
 
+def print_notebook_notes(name: str, notes: Iterable[str]) -> None:
+    """What of a notebook taken as a solution was skipped (lab.grading.notebooks)."""
+    for note in notes:
+        print(f"lab: {name}: {printable(note)}", file=sys.stderr)
+
+
 def print_reserved(names: Iterable[str]) -> None:
     names = list(names)
     if names:
