@@ -23,7 +23,7 @@ from .conftest import DDP_SERIES, REPO, TOKENIZED, WRONG, Lab, assert_ddp_series
 from .test_lab_docker import _client, assert_no_workers_anywhere, inventory_variant, run_json
 from .test_launchers import FAILS_IN_ITS_FIRST_ATTEMPTS
 from .test_local_run import STDIN_ECHO
-from .test_notebook import run_notebook
+from .test_notebook import NOTEBOOKS, run_notebook, run_tutorial
 from .tutorials import assert_prints_as_shown, tutorial_scripts
 from .wheels import tokenized_project
 
@@ -120,6 +120,16 @@ def test_a_notebook_runs_its_cells_on_the_four_hosts_and_a_hang_across_them_says
     cell = f"cell [{hung['count']}]"
     assert f"Rank 3 waits in all_reduce #2 for ranks 0-2, which have ended {cell} without it" in hung["error"]
     assert f"rank 3 (node4): all_reduce #2, SUM, 1 float at {cell}:3" in hung["error"], hung
+    assert_no_workers_anywhere(jobs.topology)
+
+
+def test_the_tutorial_notebooks_run_top_to_bottom_on_the_four_hosts(jobs: Jobs, tmp_path: Path) -> None:
+    for path in NOTEBOOKS:
+        folder = tmp_path / path.stem
+        folder.mkdir()
+        checks = run_tutorial(path, folder, {"LAB_NOTEBOOK_CLUSTER": f"--hosts {jobs.inventory}"})
+        assert checks and all(f"PASS    {exercise}" in said for exercise, said in checks), (path.name, checks)
+        assert "world size 4" in checks[0][1], checks
     assert_no_workers_anywhere(jobs.topology)
 
 

@@ -290,7 +290,7 @@ def test_a_notebook_s_solution_is_its_imports_definitions_and_constants_the_last
     assert taken.defines == ("run",)
     assert taken.notes == ("cell [4] is not Python (invalid syntax, line 1): skipped",)
     body = taken.source.split('"""', 2)[2]
-    assert body == ("\nimport torch\nimport os\n\n\n# cell [2]\nN = 3\n\n\n"
+    assert body == ("\nimport torch.distributed as dist\nimport torch\nimport os\n\n\n# cell [2]\nN = 3\n\n\n"
                     "# cell [6]\n@functools.cache\ndef run(rank, size, device):\n    return N\n"), body
 
 
@@ -315,3 +315,26 @@ def test_a_file_that_is_no_notebook_is_one_line(tmp_path: Path, text: str, said:
     with pytest.raises(UsageError) as raised:
         read_cells(tmp_path / "hw.ipynb")
     assert str(raised.value).startswith(said) and "\n" not in str(raised.value)
+
+
+NOTEBOOKS = sorted((Path(__file__).parents[1] / "notebooks").glob("*.ipynb"))
+
+
+def run_tutorial(path: Path, folder: Path, env: dict[str, str]) -> list[tuple[str, str]]:
+    """Run a tutorial notebook top to bottom as a student would (a failed cell fails it: CellExecutionError),
+    in ``folder``; each ``%lab check`` cell's exercise and what it printed."""
+    notebook = nbformat.read(path, as_version=4)
+    client = NotebookClient(notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(folder)}})
+    client.execute(env={**os.environ, **env})
+    return [(cell.source.split()[2], "".join(o.get("text", "") for o in cell.outputs))
+            for cell in notebook.cells if cell.cell_type == "code" and cell.source.startswith("%lab check")]
+
+
+@pytest.mark.local
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_each_tutorial_notebook_runs_top_to_bottom_and_passes_its_checks(path: Path, tmp_path: Path,
+                                                                         marker: str) -> None:
+    checks = run_tutorial(path, tmp_path, {"LAB_TEST_MARKER": marker})
+    assert checks, path
+    for exercise, said in checks:
+        assert f"PASS    {exercise}" in said, (exercise, said)

@@ -3,10 +3,12 @@ run and checked exactly as a ``.py`` hand-in is (``lab grade``, ``run --solution
 
 What is taken, and nothing else (no other statement of the notebook runs):
 
+* what the notebook's ranks start with (``lab.rank.cells``: ``torch``, ``torch.distributed as dist``);
 * the cells marked as the student's answer, where any is: tagged ``solution`` (or ``otter``'s
   ``otter_answer_cell``), or nbgrader's ``"nbgrader": {"solution": true}``; else every code cell;
 * of those, in order, each top-level ``import``, function and class (a name defined again: its last
-  definition), and each assignment of a constant (a literal value) to a name; a ``%%dist`` cell's
+  definition), and each assignment to a name of a value computed without a call (a constant, a table
+  of names: ``OPS = {"SUM": dist.ReduceOp.SUM}``); a ``%%dist`` cell's
   body is Python (its first line, the magic, is left out), and any other line of IPython's (``%...``,
   ``!...``) is left out;
 * a cell that is not Python is skipped and said; each definition is marked with the cell it came from
@@ -26,6 +28,7 @@ from typing import Any, TypeVar
 from lab.errors import UsageError
 
 T = TypeVar("T", dict, list)  # type: ignore[type-arg]
+PRELUDE = ("import torch", "import torch.distributed as dist")  # what a notebook's ranks have (lab.rank.cells)
 ANSWER_TAGS = ("solution", "otter_answer_cell")
 NOTEBOOK_MAX = 16 << 20  # bytes of a notebook read (its outputs may hold images)
 
@@ -115,8 +118,9 @@ def extract(cells: list[NotebookCell], origin: str) -> Extracted:
                     functions.discard(target.id)
     defines = tuple(name for name in order if name in functions)
     body = "\n\n\n".join(kept[name] for name in order)
+    imports = [*(line for line in PRELUDE if line not in imports), *imports]
     source = (f'"""{_quoted(origin)}: its imports, functions, classes and constants, as the lab took them (no '
-              f'other statement of it runs)."""\n' + "\n".join(imports) + ("\n\n\n" if imports else "\n") + body + "\n")
+              f'other statement of it runs)."""\n' + "\n".join(imports) + "\n\n\n" + body + "\n")
     return Extracted(source, defines, tuple(notes))
 
 
@@ -132,13 +136,16 @@ def written(extracted: Extracted, stem: str, folder: Path | None = None) -> Path
 
 
 def python_of(source: str) -> str:
-    """A cell's Python: a ``%%dist`` cell's body (its lines where they were), IPython's other lines left out."""
+    """A cell's Python: a ``%%dist`` cell's body (its lines where they were); IPython's own syntax
+    (``%magic``, ``x = %lab pull x``, ``!cmd``) made Python as IPython makes it, calls that are not taken."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
     lines = source.splitlines()
     if lines and lines[0].lstrip().startswith("%%"):
         if not lines[0].lstrip().startswith("%%dist"):
             return ""  # (another cell magic's body is not Python: %%bash, %%writefile ...)
         lines[0] = ""
-    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in lines)
+    return str(TransformerManager().transform_cell("\n".join(lines)))  # type: ignore[no-untyped-call]
 
 
 def _keep(kept: dict[str, str], order: list[str], name: str, text: str) -> None:
@@ -149,11 +156,10 @@ def _keep(kept: dict[str, str], order: list[str], name: str, text: str) -> None:
 
 
 def _constant(node: ast.expr) -> bool:
-    try:
-        ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return False
-    return True
+    """Whether a value is computed without calling anything (literals, names, attributes, operators:
+    ``N = 4``, ``OPS = {"SUM": dist.ReduceOp.SUM}``), so that taking it runs none of the notebook's code."""
+    return not any(isinstance(part, (ast.Call, ast.Await, ast.Yield, ast.YieldFrom, ast.NamedExpr))
+                   for part in ast.walk(node))
 
 
 def _quoted(text: str) -> str:
