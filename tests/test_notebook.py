@@ -51,6 +51,9 @@ def run_notebook(cells: list[str], folder: Path, marker: str, timeout: float = 1
         for output in cell.outputs:
             if output.output_type == "stream":
                 said["out" if output.name == "stdout" else "err"] += output.text
+            elif output.output_type == "display_data":  # (a %%dist cell's lines: text, and HTML by rank)
+                said["out"] += output.data["text/plain"] + "\n"
+                said["html"] = output.data["text/html"]
             elif output.output_type == "error":
                 said["error"] = "\n".join(output.traceback)
         shown.append(said)
@@ -73,16 +76,20 @@ def test_cells_run_on_every_rank_keep_their_variables_and_name_the_rank_that_rai
         "%lab status",
         "xs = %lab pull x\nprint(xs)\nys = %lab pull y --ranks 0,2\nprint(ys)",
         "%lab pull nothing",
+        "%%dist\nimport sys\nfor step in range(1, 4):\n    sys.stderr.write(f'\\rstep {step}/3')\n"
+        "    sys.stderr.flush()\nsys.stderr.write('\\n')",
         "%lab stop",
     ], tmp_path, marker)
-    start, summed, kept, some, raised, after, status, pulled, nothing, stop = said
+    start, summed, kept, some, raised, after, status, pulled, nothing, bar, stop = said
     assert start["error"] is None and "3 rank(s) on local formed their group (gloo)" in start["out"], start
     assert sorted(re.findall(r"\[local r(\d)\] sum 6\.0", summed["out"])) == ["0", "1", "2"], summed
     assert sorted(re.findall(r"\[local r(\d)\] kept (\d+)\.0", kept["out"])) == [("0", "0"), ("1", "6"), ("2", "12")]
     assert sorted(re.findall(r"\[local r(\d)\] only", some["out"])) == ["1", "2"], some
     # the rank that raised is named with the cell's own line; the others went on, and so does the notebook
     assert f"rank 1 raised ValueError: rank one says no at cell [{raised['count']}]:3" in raised["error"], raised
-    assert f'[local r1]   File "cell [{raised["count"]}]", line 3, in <module>' in raised["err"], raised
+    assert f'[local r1]   File "cell [{raised["count"]}]", line 3, in <module>' in raised["out"], raised
+    assert '<span style="color:#c00">ValueError: rank one says no</span>' in raised["html"], raised  # (stderr)
+    assert raised["html"].count("<details open>") == 3 and "<b>local r2</b>" in raised["html"], raised
     assert sorted(re.findall(r"\[local r(\d)\] went on", raised["out"])) == ["0", "2"], raised
     assert after["error"] is None and after["out"].count("after the error [2.0, 2.0]") == 3, after
     assert "3 rank(s) on local, 5 cell(s) run, running" in status["out"], status
@@ -91,6 +98,8 @@ def test_cells_run_on_every_rank_keep_their_variables_and_name_the_rank_that_rai
     assert nothing["error"] == ("lab: rank 0 raised NameError: name 'nothing' is not defined\n"
                                 "lab: rank 1 raised NameError: name 'nothing' is not defined\n"
                                 "lab: rank 2 raised NameError: name 'nothing' is not defined"), nothing
+    # a progress bar, redrawn with carriage returns (as tqdm draws one), shows as it was drawn last
+    assert bar["out"].count("step 3/3") == 3 and "step 1/3" not in bar["out"], bar
     assert "the notebook's 3 rank(s) ended" in stop["out"] and stop["error"] is None, stop
 
 
@@ -209,8 +218,8 @@ def test_a_mistake_in_a_magic_is_one_line_and_no_traceback(tmp_path: Path, marke
     _, early, zero, unknown, _, beyond, again, _ = said
     assert early["error"] == "lab: no ranks: %lab start --nproc N (or --hosts INVENTORY) first", early
     assert zero["error"] == "lab: --nproc must be at least 1, got 0", zero
-    assert unknown["error"] == "lab: %lab launch: not a command of the notebook's: start, restart, stop, status", \
-        unknown
+    assert unknown["error"] == ("lab: %lab launch: not a command of the notebook's: start, restart, pull, check, stop, "
+                                "status"), unknown
     assert beyond["error"] == "lab: --ranks 5: the ranks are 0 to 1", beyond
     assert again["error"] == "lab: the notebook's 2 ranks are running: %lab stop first (or %lab restart)", \
         again

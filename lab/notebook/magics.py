@@ -127,8 +127,13 @@ class LabMagics:
             if self.session is None:
                 raise UsageError("no ranks: %lab start --nproc N (or --hosts INVENTORY) first")
             # (the body after its %%dist line: its lines numbered as the notebook shows them)
-            _ended(self.session.run("\n" + cell, args.ranks, views.show_line,
-                                    f"cell [{self.shell.execution_count - 1}]", args.setup))
+            view = views.CellView(self.shell)
+            try:
+                end = self.session.run("\n" + cell, args.ranks, view, f"cell [{self.shell.execution_count - 1}]",
+                                       args.setup)
+            finally:
+                view.show()
+            _ended(end)
 
         _said(run)
 

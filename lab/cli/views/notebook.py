@@ -1,11 +1,19 @@
 """What a notebook shows of its ranks (``lab.notebook``): each line as it comes, ``[host rN]`` first
 (stderr's on the cell's stderr), and a cell's end: the ranks where it raised, or the run's why
-when the cell ended it (a hang, a rank that died), as ``lab launch`` says it."""
+when the cell ended it (a hang, a rank that died), as ``lab launch`` says it.
+
+In a Jupyter kernel a cell's lines are one live display instead, updated as they come: grouped by
+rank with its host (HTML, a collapsible group a rank, stderr in red) where the front-end shows HTML,
+and the same ``[host rN]`` lines in arrival order where it shows text. A line a progress bar redraws
+(``\r``, tqdm's) shows as it was drawn last."""
 from __future__ import annotations
 
+import html
 import io
 import sys
+import time
 from collections.abc import Iterable
+from typing import Any
 
 from rich.console import Console
 
@@ -13,13 +21,79 @@ from lab.cli.views.run import print_launch
 from lab.core.outcome import LaunchState, RankState, RunOutcome
 from lab.rank.text import printable
 
+REDRAW = 0.25  # seconds between two updates of a cell's live display
+
 
 def show_line(whose: RankState | LaunchState, stream: str, line: str) -> None:
     """One line of a rank's (or of a host's launcher), as it comes."""
-    tag = f"[{whose.spec.host} r{whose.spec.rank}]" if isinstance(whose, RankState) else f"[{whose.launch.host}]"
     out = sys.stderr if stream == "err" else sys.stdout
-    out.write(f"{tag} {printable(line)}\n")
+    out.write(f"{_tag(whose)} {_drawn(line)}\n")
     out.flush()
+
+
+def _tag(whose: RankState | LaunchState) -> str:
+    return f"[{whose.spec.host} r{whose.spec.rank}]" if isinstance(whose, RankState) else f"[{whose.launch.host}]"
+
+
+def _drawn(line: str) -> str:
+    """A line as a terminal would show it: what was drawn after its last carriage return."""
+    return printable(line.rstrip("\r").rsplit("\r", 1)[-1])
+
+
+class CellView:
+    """A cell's lines in a Jupyter kernel: one display, updated as they come (see the module); elsewhere
+    (a terminal's IPython) each line printed as it comes."""
+
+    def __init__(self, shell: Any) -> None:
+        self.live = type(shell).__name__ == "ZMQInteractiveShell"  # (ipykernel's: a front-end that displays)
+        self.lines: list[tuple[str, int, str, str]] = []  # (tag, its rank or -1, stream, line) as they came
+        self.handle: Any = None
+        self.shown_at = 0.0
+
+    def __call__(self, whose: RankState | LaunchState, stream: str, line: str) -> None:
+        if not self.live:
+            show_line(whose, stream, line)
+            return
+        self.lines.append((_tag(whose), whose.spec.rank if isinstance(whose, RankState) else -1, stream,
+                           _drawn(line)))
+        if time.monotonic() - self.shown_at > REDRAW:
+            self.show()
+
+    def show(self) -> None:
+        """Update the display (make it, the first time) with every line so far."""
+        if not self.live or not self.lines:
+            return
+        from IPython.display import display
+
+        shown = _Grouped(list(self.lines))
+        if self.handle is None:
+            self.handle = display(shown, display_id=True)  # type: ignore[no-untyped-call]
+        else:
+            self.handle.update(shown)
+        self.shown_at = time.monotonic()
+
+
+class _Grouped:
+    """A cell's lines: text in arrival order, HTML grouped by rank."""
+
+    def __init__(self, lines: list[tuple[str, int, str, str]]) -> None:
+        self.lines = lines
+
+    def __repr__(self) -> str:
+        return "\n".join(f"{tag} {line}" for tag, _, _, line in self.lines)
+
+    def _repr_html_(self) -> str:
+        groups: dict[tuple[int, str], list[tuple[str, str]]] = {}
+        for tag, rank, stream, line in self.lines:
+            groups.setdefault((rank, tag), []).append((stream, line))
+        parts = []
+        for (_, tag), lines in sorted(groups.items()):
+            shown = "".join(f'<span style="color:#c00">{html.escape(line)}</span>\n' if stream == "err"
+                            else f"{html.escape(line)}\n" for stream, line in lines)
+            parts.append(f'<details open><summary style="cursor:pointer"><b>{html.escape(tag.strip("[]"))}</b> '
+                         f'<span style="color:#888">{len(lines)} line(s)</span></summary>'
+                         f'<pre style="margin:2px 0 6px 1em">{shown}</pre></details>')
+        return "".join(parts)
 
 
 def show_lines(lines: Iterable[str], error: bool = False) -> None:
