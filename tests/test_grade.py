@@ -175,9 +175,10 @@ def test_every_entry_of_the_folder_is_one_row_under_a_name_of_its_own_whatever_i
         "visible": "visible.py", "_x": "_x.py", ".x": ".x.py", "alice": "solution.py", "alice.py": "alice.py",
         "y" * 252: "y" * 252 + ".py"}
     assert {name: s.problem for name, s in found.items() if not s.path} == {
-        "x.zip": "not graded: x.zip is not a .py file (hand in NAME.py, or a folder NAME/ holding ring_allreduce.py)",
-        "x.py.txt": "not graded: x.py.txt is not a .py file (hand in NAME.py, or a folder NAME/ holding "
-                    "ring_allreduce.py)",
+        "x.zip": "not graded: x.zip is not a .py file or a notebook (hand in NAME.py or NAME.ipynb, or a folder "
+                 "NAME/ holding ring_allreduce.py)",
+        "x.py.txt": "not graded: x.py.txt is not a .py file or a notebook (hand in NAME.py or NAME.ipynb, or a "
+                    "folder NAME/ holding ring_allreduce.py)",
         "pipe": "not graded: pipe.py is not a regular file",
         "huge": "not graded: huge.py has 1099511627776 bytes, more than a submission may (1 MiB)"}
     book = Gradebook(tmp_path / "book", list(found), {"exercise": "ring-allreduce"})
