@@ -347,3 +347,25 @@ def test_each_tutorial_notebook_runs_top_to_bottom_and_passes_its_checks(path: P
     assert checks, path
     for exercise, said in checks:
         assert f"PASS    {exercise}" in said, (exercise, said)
+
+
+@pytest.mark.local
+def test_a_dist_cell_run_in_jupyterlab_in_a_real_browser_shows_each_rank_s_lines(tmp_path: Path, marker: str) -> None:
+    """JupyterLab's own page, in headless Chromium: Run All, and the page shows each rank's group (the
+    screenshot is docs/images/notebook.png's)."""
+    from .jupyterlab import run_all_in_jupyterlab
+    from .test_grade import chromium
+
+    notebook = nbformat.v4.new_notebook()
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    notebook.cells = [nbformat.v4.new_code_cell(source) for source in (
+        "%load_ext lab.notebook\n%lab start --nproc 4",
+        "%%dist\nx = torch.tensor([rank + 1.0])\ndist.all_reduce(x)\nprint('sum', x.item())",
+        "%lab stop")]
+    nbformat.write(notebook, tmp_path / "demo.ipynb")
+    text, groups = run_all_in_jupyterlab(tmp_path, "demo.ipynb", chromium(), {"LAB_TEST_MARKER": marker},
+                                         "rank(s) ended", tmp_path / "notebook.png")
+    assert "4 rank(s) on local formed their group (gloo)" in text, text
+    assert groups == 4 and [f"local r{r}" in text for r in range(4)] == [True] * 4, text
+    assert text.count("sum 10.0") == 4, text
+    assert (tmp_path / "notebook.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
