@@ -51,9 +51,10 @@ def run_notebook(cells: list[str], folder: Path, marker: str, timeout: float = 1
         for output in cell.outputs:
             if output.output_type == "stream":
                 said["out" if output.name == "stdout" else "err"] += output.text
-            elif output.output_type == "display_data":  # (a %%dist cell's lines: text, and HTML by rank)
+            elif output.output_type == "display_data":  # (a %%dist cell's lines, text and HTML; a picture)
                 said["out"] += output.data["text/plain"] + "\n"
-                said["html"] = output.data["text/html"]
+                said["html"] = output.data.get("text/html", "")
+                said["svg"] = output.data.get("image/svg+xml", "")
             elif output.output_type == "error":
                 said["error"] = "\n".join(output.traceback)
         shown.append(said)
@@ -73,6 +74,7 @@ def test_cells_run_on_every_rank_keep_their_variables_and_name_the_rank_that_rai
         "%%dist --ranks 1,2\nprint('only', rank)",
         "%%dist\nif rank == 1:\n    raise ValueError('rank one says no')\nprint('went on', rank)",
         "%%dist\ny = torch.ones(2) * rank\ndist.broadcast(y, src=2)\nprint('after the error', y.tolist())",
+        "%lab trace",
         "%lab status",
         "xs = %lab pull x\nprint(xs)\nys = %lab pull y --ranks 0,2\nprint(ys)",
         "%lab pull nothing",
@@ -80,7 +82,7 @@ def test_cells_run_on_every_rank_keep_their_variables_and_name_the_rank_that_rai
         "    sys.stderr.flush()\nsys.stderr.write('\\n')",
         "%lab stop",
     ], tmp_path, marker)
-    start, summed, kept, some, raised, after, status, pulled, nothing, bar, stop = said
+    start, summed, kept, some, raised, after, trace, status, pulled, nothing, bar, stop = said
     assert start["error"] is None and "3 rank(s) on local formed their group (gloo)" in start["out"], start
     assert sorted(re.findall(r"\[local r(\d)\] sum 6\.0", summed["out"])) == ["0", "1", "2"], summed
     assert sorted(re.findall(r"\[local r(\d)\] kept (\d+)\.0", kept["out"])) == [("0", "0"), ("1", "6"), ("2", "12")]
@@ -92,6 +94,10 @@ def test_cells_run_on_every_rank_keep_their_variables_and_name_the_rank_that_rai
     assert raised["html"].count("<details open>") == 3 and "<b>local r2</b>" in raised["html"], raised
     assert sorted(re.findall(r"\[local r(\d)\] went on", raised["out"])) == ["0", "2"], raised
     assert after["error"] is None and after["out"].count("after the error [2.0, 2.0]") == 3, after
+    # the last cell's calls, a row a rank: in text, and as a picture
+    drawn = re.findall(r"rank (\d) \(local\): broadcast #\d+ [\d.]+-[\d.]+$", trace["out"], re.M)
+    assert drawn == ["0", "1", "2"], trace
+    assert trace["svg"].startswith("<svg") and trace["svg"].count("<rect") == 3, trace
     assert "3 rank(s) on local, 5 cell(s) run, running" in status["out"], status
     assert pulled["error"] is None, pulled
     assert pulled["out"] == "[tensor([6.]), tensor([6.]), tensor([6.])]\n[tensor([2., 2.]), tensor([2., 2.])]\n", pulled

@@ -6,6 +6,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -27,6 +28,8 @@ from lab.grading import notebooks
 from lab.grading.notebooks import NotebookCell
 from lab.notebook.session import CellEnd, Session, notebook_plan
 from lab.transport.reach import with_master_address
+
+TRACE_WAIT = 1.2  # seconds for the ranks' last records of a cell (they send them once a second)
 
 
 class LabSaid(Exception):
@@ -109,12 +112,12 @@ class LabMagics:
 
     def lab(self, line: str) -> object:
         """%lab start [--nproc N | --hosts INVENTORY ...] | %lab restart | %lab pull NAME | %lab check EXERCISE |
-        %lab stop | %lab status"""
+        %lab trace | %lab stop | %lab status"""
         words = shlex.split(line)
         command, rest = (words[0], words[1:]) if words else ("status", [])
         handlers: dict[str, Callable[[list[str]], object]] = {
             "start": self._start, "restart": self._restart, "pull": self._pull, "check": self._check,
-            "stop": self._stop, "status": self._status}
+            "trace": self._trace, "stop": self._stop, "status": self._status}
         if command not in handlers:
             raise LabSaid([f"lab: %lab {command}: not a command of the notebook's: {', '.join(handlers)}"])
         result = _said(lambda: handlers[command](rest))
@@ -215,6 +218,15 @@ class LabMagics:
             raise LabSaid([f"lab: {args.exercise}: not passed with this notebook's "
                            f"{', '.join(extracted.defines) or 'definitions (it defines no function)'} "
                            f"(lab run's exit code {done.returncode})"])
+
+    def _trace(self, words: list[str]) -> None:
+        """The last %%dist cell's torch.distributed calls on each rank, as a timeline picture."""
+        if words:
+            raise UsageError(f"%lab trace takes no arguments, got {' '.join(words)} (it draws the last %%dist cell)")
+        if self.session is None or not self.session.last_name:
+            raise UsageError("no %%dist cell to draw: %lab start, then a %%dist cell, first")
+        time.sleep(TRACE_WAIT)  # (each rank sends the records of its calls once a second)
+        views.show_timeline(self.session.last_name, self.session.calls(self.session.last_name))
 
     def _stop(self, words: list[str]) -> None:
         if words:

@@ -38,6 +38,7 @@ from lab.core.workdir import Workdir
 from lab.errors import LabError, UsageError
 from lab.inventory.model import Inventory
 from lab.rank.cells import BACKEND_VAR, MARK_VAR, READY
+from lab.rank.record import Record
 from lab.transport.ssh.settings import SSHSettings
 
 START_WAIT = 300.0  # seconds for every rank to form the group and say it is ready
@@ -97,6 +98,8 @@ class Session:
         self.error: LabError | None = None  # the run could not start, or failed as no rank's fault
         self.cells = 0  # cells sent
         self.history: list[SentCell] = []  # the cells that ended on every rank they ran on, raising nothing
+        self.states: dict[int, RankState] = {}  # each rank's, as the run keeps it (its trace: %lab trace)
+        self.last_name = ""  # the name of the last cell sent
         self.hosts: dict[int, str] = {r.rank: r.host for r in plan.ranks}
         self._ended = threading.Event()
 
@@ -159,6 +162,18 @@ class Session:
                     end.how[rank] = f"raised {type(exc).__name__} reading its value: {str(exc)[:200]}"
         return values, end
 
+    def calls(self, name: str) -> dict[int, tuple[str, list[tuple[float, float | None, Record]]]]:
+        """The torch.distributed calls cell ``name`` made on each rank (its trace, as the ranks sent it
+        each second), by rank: the rank's host and each call's start and end on this machine's clock
+        (time.monotonic(); None: not ended)."""
+        made = {}
+        for rank, state in sorted(self.states.items()):
+            clock = state.clock or 0.0
+            calls = [(r.t0 + clock, None if r.t1 is None else r.t1 + clock, r) for r in list(state.trace.values())
+                     if (r.where or "").startswith(f"{name}:") or (r.caller or "").startswith(f"{name}:")]
+            made[rank] = (state.spec.host, sorted(calls, key=lambda call: call[0]))
+        return made
+
     def replay(self, cells: Sequence[SentCell]) -> tuple[list[SentCell], CellEnd | None]:
         """Run ``cells`` again, in order, their output dropped (another session's: a restart); those that
         ended as before, and the end of the first that did not (the rest are not run)."""
@@ -179,6 +194,7 @@ class Session:
         if bad:
             raise UsageError(f"--ranks {','.join(map(str, bad))}: the ranks are 0 to {self.world_size - 1}")
         self.cells += 1
+        self.last_name = name if "code" in what else self.last_name
         message = {"n": self.cells, "name": name, **what, "ranks": None if ranks is None else list(targets)}
         _write_all(self._write, json.dumps(message).encode() + b"\n")
         return self._collect(self.cells, targets, on_line, None)
@@ -217,6 +233,8 @@ class Session:
         if item is None:
             return False
         whose, stream, line = item
+        if isinstance(whose, RankState):
+            self.states.setdefault(whose.spec.rank, whose)
         if isinstance(whose, RankState) and line.startswith(f"{self.mark} "):
             said, _, how = line[len(self.mark) + 1:].partition(" ")
             if said == str(n) and how.startswith("data ") and stream == "out":
@@ -264,4 +282,5 @@ def notebook_plan(inventory: Inventory, hang_after: float = DEFAULT_HANG_AFTER, 
     mark = f"lab-cell-{secrets.token_hex(8)}"
     env = {**(rank_env or {}), MARK_VAR: mark, BACKEND_VAR: default_backend(inventory.hosts)}
     return build_launch_plan(inventory, "lab.rank.cells", (), 0, "lab", hang_after=hang_after, preflight=preflight,
-                             rank_env=env, workdir=workdir, module=True, in_place=in_place, cells_mark=mark)
+                             rank_env=env, workdir=workdir, module=True, in_place=in_place, cells_mark=mark,
+                             trace=True)  # (each call's record comes as it ends: %lab trace draws a cell's)

@@ -112,6 +112,54 @@ def show_text(out: str, err: str = "") -> None:
     sys.stderr.flush()
 
 
+def show_timeline(name: str, calls: dict[int, tuple[str, list[tuple[float, float | None, Any]]]]) -> None:
+    """A cell's calls on each rank: a picture (SVG: a row a rank, a bar a call, its op and line on
+    hover) where the front-end shows one, and a line a call in text."""
+    from IPython.display import display
+
+    display(_Timeline(name, calls))  # type: ignore[no-untyped-call]
+
+
+class _Timeline:
+    WIDTH, ROW, LEFT = 900, 26, 110
+    COLORS = {"send": "#1f77b4", "recv": "#ff7f0e", "collective": "#2ca02c", "batch": "#9467bd"}
+
+    def __init__(self, name: str, calls: dict[int, tuple[str, list[tuple[float, float | None, Any]]]]) -> None:
+        self.name, self.calls = name, calls
+        starts = [t0 for _, made in calls.values() for t0, _, _ in made]
+        ends = [t1 if t1 is not None else t0 for _, made in calls.values() for t0, t1, _ in made]
+        self.zero = min(starts, default=0.0)
+        self.span = max(max(ends, default=0.0) - self.zero, 1e-6)
+
+    def __repr__(self) -> str:
+        lines = [f"{self.name}: the calls of each rank (ms from the first call's start)"]
+        for rank, (host, made) in sorted(self.calls.items()):
+            said = ", ".join(f"{r.op} #{r.seq} {1000 * (t0 - self.zero):.1f}-"
+                             + (f"{1000 * (t1 - self.zero):.1f}" if t1 is not None else "...") for t0, t1, r in made)
+            lines.append(f"  rank {rank} ({host}): {said or 'no call'}")
+        return "\n".join(lines)
+
+    def _repr_svg_(self) -> str:
+        scale = (self.WIDTH - self.LEFT - 10) / self.span
+        height = self.ROW * (len(self.calls) + 1) + 10
+        parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{self.WIDTH}" height="{height}" '
+                 f'font-family="sans-serif" font-size="12">',
+                 f'<text x="4" y="16" font-weight="bold">{html.escape(self.name)}: each rank\'s calls, '
+                 f'{1000 * self.span:.1f} ms</text>']
+        for row, (rank, (host, made)) in enumerate(sorted(self.calls.items()), 1):
+            y = row * self.ROW + 6
+            parts.append(f'<text x="4" y="{y + 14}">rank {rank} ({html.escape(host)})</text>')
+            for t0, t1, record in made:
+                x = self.LEFT + (t0 - self.zero) * scale
+                width = max(((t1 if t1 is not None else self.zero + self.span) - t0) * scale, 2.0)
+                color = self.COLORS.get(record.direction, "#7f7f7f") if t1 is not None else "#d62728"
+                tip = f"{record.op} #{record.seq} at {record.where or '?'}: {1000 * ((t1 or t0) - t0):.2f} ms"
+                parts.append(f'<rect x="{x:.1f}" y="{y}" width="{width:.1f}" height="{self.ROW - 8}" '
+                             f'fill="{color}"><title>{html.escape(tip)}</title></rect>')
+        parts.append("</svg>")
+        return "".join(parts)
+
+
 def interrupted_where(how: dict[int, str]) -> str:
     """Where each rank's interrupted cell ended: "rank 0 at cell [7]:3, rank 1 had ended it, ..."."""
     def where(said: str) -> str:
