@@ -77,7 +77,9 @@ EXPECTED = {
     "rupert": ("fail", "less than ring-allreduce's functions must move to compute their results"),
     # a hidden all_reduce, its records forged to look like two honest rings: they claim more than was carried
     "ursula": ("fail", "records that claim more than went over the wire are no evidence of the method"),
-    "nobody": ("error", "no .py file in nobody/"),
+    "nobody": ("error", "no .py file or notebook in nobody/"),
+    # alice's ring in a notebook's %%dist cell; its other cells (an os._exit among them) never run when graded
+    "nell": ("pass", ""),
 }
 
 

@@ -174,6 +174,9 @@ def test_a_class_graded_across_the_lab_two_shares_at_once(jobs: Jobs, tmp_path: 
     expected.update({s: EXPECTED[s] for s in section_1 + section_2})
     for student in expected:
         (submissions / f"{student}.py").write_text((CLASS / f"{student}.py").read_text())
+    # nell hands in a notebook: graded on a share as a .py hand-in is, its other cells never run
+    (submissions / "nell.ipynb").write_bytes((CLASS / "nell.ipynb").read_bytes())
+    expected["nell"] = EXPECTED["nell"]
     # mallet would kill the reaper above its sleeper, but /proc shows it none of its ancestors (hidepid):
     # it kills its rank, the reaper takes in the sleeper and ends it with the launch (none left below)
     (submissions / "mallet.py").write_text((CLASS.parent / "hosts" / "mallet.py").read_text())
