@@ -35,10 +35,11 @@ from lab.core.outcome import LaunchState, RankState, RunOutcome
 from lab.core.plan import DEFAULT_HANG_AFTER, Plan, default_backend
 from lab.core.planner import build_launch_plan
 from lab.core.workdir import Workdir
-from lab.errors import LabError, UsageError
+from lab.errors import LabError, RunError, UsageError
 from lab.inventory.model import Inventory
 from lab.rank.cells import BACKEND_VAR, MARK_VAR, READY
 from lab.rank.record import Record
+from lab.rank.text import exception_line
 from lab.transport.ssh.settings import SSHSettings
 
 START_WAIT = 300.0  # seconds for every rank to form the group and say it is ready
@@ -120,6 +121,8 @@ class Session:
             self.outcome = run_plan(self.plan, on_line=self._line, ssh=self.ssh, stop=self._stop, stdin=self._read)
         except LabError as exc:
             self.error = exc
+        except Exception as exc:  # (the lab's own failure: said as such, and the notebook goes on without ranks)
+            self.error = RunError(f"the notebook's ranks failed: internal error ({exception_line(exc)})")
         finally:
             os.close(self._read)
             self._ended.set()

@@ -56,7 +56,7 @@ from lab.rank.worker import capped, error_text
 BACKEND_VAR = "LAB_CELLS_BACKEND"  # the process group's backend (gloo, nccl)
 MARK_VAR = "LAB_CELLS_MARK"  # the session's mark, which begins the lines that end a cell's output
 READY = 0  # the number of the mark that says the group is formed
-PULL_MAX = 256 << 20  # bytes of a value %lab pull brings back from one rank
+PULL_MAX = 64 << 20  # bytes of a value %lab pull brings back from one rank (it is held in the kernel)
 CHUNK = 3000  # base64 characters a line of a pulled value (a line of output is kept whole up to LINE_MAX bytes)
 
 
