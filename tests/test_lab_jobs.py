@@ -106,14 +106,15 @@ def test_a_notebook_runs_its_cells_on_the_four_hosts_and_a_hang_across_them_says
         "xs = %lab pull x\nprint([v.item() for v in xs])",
         "%%dist\nimport pathlib\npathlib.Path(f'from-{rank}.txt').write_text(socket.gethostname())",
         "%lab stop",
-        f"%lab start --hosts {jobs.inventory} --hang-after 3",
+        f"%lab start --hosts {jobs.inventory} --hang-after 3 --init file",
         "%%dist\nif rank == 3:\n    dist.all_reduce(torch.ones(1))",
     ], tmp_path, "jobs-notebook")
-    started, summed, pulled, wrote, stopped, _, hung = said
+    started, summed, pulled, wrote, stopped, by_file, hung = said
+    assert "formed their group (gloo, file://)" in by_file["out"], by_file  # (a file in the hosts' shared folder)
     # what the ranks wrote in their copies of the notebook's folder came back into it
     assert wrote["error"] is None and "brought back" in stopped["out"], stopped
     assert sorted(p.read_text() for p in tmp_path.glob("from-*.txt")) == ["node1", "node2", "node3", "node4"]
-    assert "4 rank(s) on node1, node2, node3, node4 formed their group (gloo)" in started["out"], started
+    assert "4 rank(s) on node1, node2, node3, node4 formed their group (gloo, env://)" in started["out"], started
     assert sorted(re.findall(r"\[(node\d) r\d\] (node\d) 10\.0", summed["out"])) == [
         (f"node{i}", f"node{i}") for i in jobs.topology.indices()], summed
     assert pulled["out"] == "[10.0, 10.0, 10.0, 10.0]\n", pulled

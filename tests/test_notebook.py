@@ -83,7 +83,7 @@ def test_cells_run_on_every_rank_keep_their_variables_and_name_the_rank_that_rai
         "%lab stop",
     ], tmp_path, marker)
     start, summed, kept, some, raised, after, trace, status, pulled, nothing, bar, stop = said
-    assert start["error"] is None and "3 rank(s) on local formed their group (gloo)" in start["out"], start
+    assert start["error"] is None and "3 rank(s) on local formed their group (gloo, env://)" in start["out"], start
     assert sorted(re.findall(r"\[local r(\d)\] sum 6\.0", summed["out"])) == ["0", "1", "2"], summed
     assert sorted(re.findall(r"\[local r(\d)\] kept (\d+)\.0", kept["out"])) == [("0", "0"), ("1", "6"), ("2", "12")]
     assert sorted(re.findall(r"\[local r(\d)\] only", some["out"])) == ["1", "2"], some
@@ -207,6 +207,28 @@ def test_a_kernel_that_goes_away_leaves_no_rank_behind(tmp_path: Path, marker: s
     """No %lab stop: the kernel ends, and its ranks with it (the marker fixture finds none left)."""
     said = run_notebook([START, "%%dist\nprint('up', rank)"], tmp_path, marker)
     assert said[1]["out"].count(" up ") == 3, said
+
+
+@pytest.mark.local
+def test_the_ranks_form_their_group_by_the_init_method_asked_for(tmp_path: Path, marker: str) -> None:
+    said = run_notebook([
+        "%load_ext lab.notebook\n%lab start --nproc 2 --init tcp",
+        "%%dist\nx = torch.ones(1)\ndist.all_reduce(x)\nprint('sum', x.item())",
+        "%lab stop\n%lab start --nproc 2 --init file",
+        "%%dist\nx = torch.ones(1)\ndist.all_reduce(x)\nprint('sum', x.item())",
+        "%lab stop",
+    ], tmp_path, marker)
+    assert "formed their group (gloo, tcp://)" in said[0]["out"] and said[1]["out"].count("sum 2.0") == 2, said
+    assert "formed their group (gloo, file://)" in said[2]["out"] and said[3]["out"].count("sum 2.0") == 2, said
+
+
+def test_a_file_rendezvous_across_hosts_that_share_no_folder_is_refused_in_one_line() -> None:
+    from lab.inventory.model import Host, Inventory
+    from lab.notebook.session import notebook_plan
+
+    hosts = Inventory("hosts.yaml", (Host("a", "10.0.0.1", slots=1), Host("b", "10.0.0.2", slots=1)))
+    with pytest.raises(UsageError, match=r"^--init file: the hosts share no folder"):
+        notebook_plan(hosts, init="file")
 
 
 @pytest.mark.local
@@ -371,7 +393,7 @@ def test_a_dist_cell_run_in_jupyterlab_in_a_real_browser_shows_each_rank_s_lines
     nbformat.write(notebook, tmp_path / "demo.ipynb")
     text, groups = run_all_in_jupyterlab(tmp_path, "demo.ipynb", chromium(), {"LAB_TEST_MARKER": marker},
                                          "rank(s) ended", tmp_path / "notebook.png")
-    assert "4 rank(s) on local formed their group (gloo)" in text, text
+    assert "4 rank(s) on local formed their group (gloo, env://)" in text, text
     assert groups == 4 and [f"local r{r}" in text for r in range(4)] == [True] * 4, text
     assert text.count("sum 10.0") == 4, text
     assert (tmp_path / "notebook.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

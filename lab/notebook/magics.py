@@ -23,6 +23,7 @@ from lab.cli.common import (
 from lab.cli.views import notebook as views
 from lab.cli.views import run as run_views
 from lab.core import workdir
+from lab.core.plan import INIT_METHODS
 from lab.errors import ExitCode, LabError, UsageError
 from lab.grading import notebooks
 from lab.grading.notebooks import NotebookCell
@@ -64,6 +65,9 @@ def _start_parser() -> _Parser:
                      "--nproc N on this machine, or the hosts of --hosts INVENTORY; each forms the process group "
                      "and keeps its variables between %%dist cells.")
     cluster_options(parser)
+    parser.add_argument("--init", choices=INIT_METHODS, default="env",
+                        help="how the ranks form their group: env:// (default), tcp://MASTER_ADDR:MASTER_PORT, or a "
+                             "file:// every rank sees (the run's folder here; with --hosts, in their shared_dir)")
     env_options(parser)
     watch_options(parser)
     return parser
@@ -154,15 +158,15 @@ class LabMagics:
         if project is not None:
             run_views.print_skipped(project.root, project.skipped)
         plan = notebook_plan(inventory, args.hang_after, rank_env(args, root, not local), project,
-                             root if local else None, args.preflight)
+                             root if local else None, args.preflight, args.init)
         session = self.session = Session(plan, settings)
         started = session.start(views.show_line)
         if started.outcome is not None or started.error is not None:
             self.session = None
             _ended(started)
         hosts = sorted({r.host for r in plan.ranks})
-        views.show_lines([f"{plan.world_size} rank(s) on {', '.join(hosts)} formed their group ({plan.backend}): "
-                          "%%dist cells run on every rank"])
+        views.show_lines([f"{plan.world_size} rank(s) on {', '.join(hosts)} formed their group ({plan.backend}, "
+                          f"{args.init}://): %%dist cells run on every rank"])
         return session
 
     def _restart(self, words: list[str]) -> None:

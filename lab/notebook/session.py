@@ -32,12 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from lab.core.outcome import LaunchState, RankState, RunOutcome
-from lab.core.plan import DEFAULT_HANG_AFTER, Plan, default_backend
+from lab.core.plan import DEFAULT_HANG_AFTER, RUN_DIR, Plan, default_backend, shared_run_dir
 from lab.core.planner import build_launch_plan
 from lab.core.workdir import Workdir
 from lab.errors import LabError, RunError, UsageError
 from lab.inventory.model import Inventory
-from lab.rank.cells import BACKEND_VAR, MARK_VAR, READY
+from lab.rank.cells import BACKEND_VAR, INIT_VAR, MARK_VAR, READY
 from lab.rank.record import Record
 from lab.rank.text import exception_line
 from lab.transport.ssh.settings import SSHSettings
@@ -278,12 +278,19 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def notebook_plan(inventory: Inventory, hang_after: float = DEFAULT_HANG_AFTER, rank_env: dict[str, str] | None = None,
-                  workdir: Workdir | None = None, in_place: Path | None = None, preflight: bool = True) -> Plan:
+                  workdir: Workdir | None = None, in_place: Path | None = None, preflight: bool = True,
+                  init: str = "env") -> Plan:
     """The plan of a notebook's ranks on ``inventory``'s hosts (``--launcher lab``: the one whose
     launchers pass the notebook's line to every rank), in the notebook's folder (``in_place``) or a
-    copy of it (``workdir``)."""
+    copy of it (``workdir``), their group formed by ``init`` (env, tcp, file)."""
     mark = f"lab-cell-{secrets.token_hex(8)}"
-    env = {**(rank_env or {}), MARK_VAR: mark, BACKEND_VAR: default_backend(inventory.hosts)}
+    if init == "file":  # (a file every rank sees: the run's directory here, else in the folder all hosts share)
+        shared = shared_run_dir(inventory.hosts, "notebook")
+        if shared is None and not all(host.is_local for host in inventory.hosts):
+            raise UsageError("--init file: the hosts share no folder (the inventory's shared_dir) where every rank "
+                             "would find the rendezvous file; use --init env or tcp")
+        init = f"file://{shared or RUN_DIR}/rendezvous-{mark}"
+    env = {**(rank_env or {}), MARK_VAR: mark, BACKEND_VAR: default_backend(inventory.hosts), INIT_VAR: init}
     return build_launch_plan(inventory, "lab.rank.cells", (), 0, "lab", hang_after=hang_after, preflight=preflight,
                              rank_env=env, workdir=workdir, module=True, in_place=in_place, cells_mark=mark,
                              trace=True)  # (each call's record comes as it ends: %lab trace draws a cell's)

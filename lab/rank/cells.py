@@ -1,10 +1,12 @@
 """``lab launch -m lab.rank.cells``: a rank that runs a notebook's cells (``lab.notebook``), one after
 another, keeping its variables between them, until the notebook stops it.
 
-It forms the process group first (``torch.distributed.init_process_group`` from the environment the
-launcher set, the backend :data:`BACKEND_VAR` names), then reads the cells on its stdin, which
-under ``--launcher lab`` every rank has (``lab.rank.stdin``: the notebook's line to its ranks is
-the host's launcher's, as for rank 0's stdin under ``lab launch``), one JSON object a line::
+It forms the process group first (``torch.distributed.init_process_group`` with the backend
+:data:`BACKEND_VAR` names, by the init method :data:`INIT_VAR` names: ``env`` from the environment
+the launcher set, ``tcp`` at MASTER_ADDR:MASTER_PORT, or a ``file://`` every rank sees), then
+reads the cells on its stdin, which under ``--launcher lab`` every rank has (``lab.rank.stdin``:
+the notebook's line to its ranks is the host's launcher's, as for rank 0's stdin under ``lab
+launch``), one JSON object a line::
 
     {"n": 12, "name": "cell [7]", "code": "...", "ranks": [0, 2]}      # ranks: null for every rank
     {"interrupt": 12}                                                  # Ctrl-C in the notebook
@@ -54,6 +56,7 @@ from lab.rank.script import raised_at, without_lab
 from lab.rank.worker import capped, error_text
 
 BACKEND_VAR = "LAB_CELLS_BACKEND"  # the process group's backend (gloo, nccl)
+INIT_VAR = "LAB_CELLS_INIT"  # how it forms: env, tcp, or file://PATH
 MARK_VAR = "LAB_CELLS_MARK"  # the session's mark, which begins the lines that end a cell's output
 READY = 0  # the number of the mark that says the group is formed
 PULL_MAX = 64 << 20  # bytes of a value %lab pull brings back from one rank (it is held in the kernel)
@@ -72,7 +75,12 @@ def main() -> None:
 
     mark = os.environ.pop(MARK_VAR, "")
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dist.init_process_group(os.environ.pop(BACKEND_VAR, "gloo"))
+    backend, init = os.environ.pop(BACKEND_VAR, "gloo"), os.environ.pop(INIT_VAR, "env")
+    if init == "env":
+        dist.init_process_group(backend)
+    else:
+        address = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}" if init == "tcp" else init
+        dist.init_process_group(backend, init_method=address, rank=rank, world_size=world_size)
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__, "torch": torch, "dist": dist,
                                  "rank": rank, "world_size": world_size}
     cells: queue.Queue[dict[str, Any] | None] = queue.Queue()
