@@ -23,7 +23,7 @@ from .conftest import DDP_SERIES, REPO, TOKENIZED, WRONG, Lab, assert_ddp_series
 from .test_lab_docker import _client, assert_no_workers_anywhere, inventory_variant, run_json
 from .test_launchers import FAILS_IN_ITS_FIRST_ATTEMPTS
 from .test_local_run import STDIN_ECHO
-from .test_notebook import NOTEBOOKS, run_notebook, run_tutorial
+from .test_notebook import NOTEBOOKS, PID, interrupt_when, run_notebook, run_tutorial
 from .tutorials import assert_prints_as_shown, tutorial_scripts
 from .wheels import tokenized_project
 
@@ -121,6 +121,28 @@ def test_a_notebook_runs_its_cells_on_the_four_hosts_and_a_hang_across_them_says
     cell = f"cell [{hung['count']}]"
     assert f"Rank 3 waits in all_reduce #2 for ranks 0-2, which have ended {cell} without it" in hung["error"]
     assert f"rank 3 (node4): all_reduce #2, SUM, 1 float at {cell}:3" in hung["error"], hung
+    assert_no_workers_anywhere(jobs.topology)
+
+
+def test_a_notebook_s_rank_stuck_across_the_hosts_is_ended_at_ctrl_c_and_a_restart_replays_the_cells(
+        jobs: Jobs, tmp_path: Path) -> None:
+    interrupter = interrupt_when(tmp_path, "go", after=3)  # (the kernel's own cell says when the next one starts)
+    said = run_notebook([
+        PID, f"%load_ext lab.notebook\n%lab start --hosts {jobs.inventory} --hang-after 60",
+        "%%dist\nx = torch.tensor([rank + 1.0])\ndist.all_reduce(x)",
+        "import pathlib\npathlib.Path('go').touch()",
+        "%%dist\nif rank == 0:\n    dist.all_reduce(x)",
+        "%lab restart",
+        "%%dist\nimport socket\nprint('restored', x.item(), socket.gethostname())",
+        "%lab stop",
+    ], tmp_path, "jobs-notebook-restart", timeout=240)
+    interrupter.join()
+    stuck, restarted, restored = said[4], said[5], said[6]
+    assert "interrupted; where each rank was:" in stuck["error"], stuck
+    assert f"rank 0 (node1): all_reduce #3, SUM, 1 float at cell [{stuck['count']}]:3" in stuck["error"], stuck
+    assert f"replayed 1 cell(s): cell [{said[2]['count']}]" in restarted["out"], restarted
+    assert sorted(re.findall(r"restored 10\.0 (node\d)", restored["out"])) == [
+        f"node{i}" for i in jobs.topology.indices()], restored
     assert_no_workers_anywhere(jobs.topology)
 
 

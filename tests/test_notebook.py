@@ -130,13 +130,14 @@ def test_a_cell_that_hangs_ends_with_the_why_across_the_ranks_and_its_own_line(t
     assert "the notebook's ranks have ended" in after["error"] and "never" not in after["out"], after
 
 
-def interrupt_when(folder: Path, name: str) -> threading.Thread:
-    """Ctrl-C the notebook's kernel (its pid in ``folder``/kernel.pid) once ``folder``/``name`` is there."""
+def interrupt_when(folder: Path, name: str, after: float = 0.5) -> threading.Thread:
+    """Ctrl-C the notebook's kernel (its pid in ``folder``/kernel.pid) ``after`` seconds once ``folder``/``name``
+    is there."""
     def interrupt() -> None:
         deadline = time.monotonic() + 90
         while not (folder / name).exists() and time.monotonic() < deadline:
             time.sleep(0.1)
-        time.sleep(0.5)
+        time.sleep(after)
         os.kill(int((folder / "kernel.pid").read_text()), signal.SIGINT)
 
     thread = threading.Thread(target=interrupt, daemon=True)

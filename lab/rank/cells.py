@@ -15,7 +15,8 @@ launch``), one JSON object a line::
 ``n`` numbers the session's cells; ``name`` is the notebook's (its execution count). A cell is
 compiled as its name (so a traceback, the flight recorder's lines and the lab's why say
 ``cell [7]:3``: the cell's own line) and run in the rank's namespace, which holds ``dist``,
-``torch``, ``rank`` and ``world_size`` from the start. An exception a cell raises is printed as
+``torch``, ``rank``, ``world_size`` and ``device`` (the rank's GPU under nccl, else the CPU) from
+the start. An exception a cell raises is printed as
 Python prints it, without the lab's frames, and the rank goes on to the next cell; a cell that
 ends the process (``sys.exit``, ``os._exit``, a signal) ends the rank, as in a script. Cells not for
 this rank are skipped.
@@ -76,13 +77,17 @@ def main() -> None:
     mark = os.environ.pop(MARK_VAR, "")
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     backend, init = os.environ.pop(BACKEND_VAR, "gloo"), os.environ.pop(INIT_VAR, "env")
+    device = torch.device("cpu")
+    if backend == "nccl":  # (a GPU a rank: its local rank's)
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
     if init == "env":
         dist.init_process_group(backend)
     else:
         address = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}" if init == "tcp" else init
         dist.init_process_group(backend, init_method=address, rank=rank, world_size=world_size)
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__, "torch": torch, "dist": dist,
-                                 "rank": rank, "world_size": world_size}
+                                 "rank": rank, "world_size": world_size, "device": device}
     cells: queue.Queue[dict[str, Any] | None] = queue.Queue()
     signal.signal(signal.SIGINT, _interrupted)
     threading.Thread(target=_read, args=(cells,), name="lab-cells", daemon=True).start()
