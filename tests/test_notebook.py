@@ -247,8 +247,8 @@ def test_a_mistake_in_a_magic_is_one_line_and_no_traceback(tmp_path: Path, marke
     _, early, zero, unknown, _, beyond, again, _ = said
     assert early["error"] == "lab: no ranks: %lab start --nproc N (or --hosts INVENTORY) first", early
     assert zero["error"] == "lab: --nproc must be at least 1, got 0", zero
-    assert unknown["error"] == ("lab: %lab launch: not a command of the notebook's: start, restart, pull, check, stop, "
-                                "status"), unknown
+    assert unknown["error"] == ("lab: %lab launch: not a command of the notebook's: start, restart, pull, check, "
+                                "trace, stop, status"), unknown
     assert beyond["error"] == "lab: --ranks 5: the ranks are 0 to 1", beyond
     assert again["error"] == "lab: the notebook's 2 ranks are running: %lab stop first (or %lab restart)", \
         again

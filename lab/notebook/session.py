@@ -27,12 +27,20 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from lab.core.outcome import LaunchState, RankState, RunOutcome
-from lab.core.plan import DEFAULT_HANG_AFTER, RUN_DIR, Plan, default_backend, shared_run_dir
+from lab.core.plan import (
+    DEFAULT_HANG_AFTER,
+    RUN_DIR,
+    Plan,
+    default_backend,
+    new_token,
+    run_name,
+    shared_run_dir,
+)
 from lab.core.planner import build_launch_plan
 from lab.core.workdir import Workdir
 from lab.errors import LabError, RunError, UsageError
@@ -283,14 +291,15 @@ def notebook_plan(inventory: Inventory, hang_after: float = DEFAULT_HANG_AFTER, 
     """The plan of a notebook's ranks on ``inventory``'s hosts (``--launcher lab``: the one whose
     launchers pass the notebook's line to every rank), in the notebook's folder (``in_place``) or a
     copy of it (``workdir``), their group formed by ``init`` (env, tcp, file)."""
-    mark = f"lab-cell-{secrets.token_hex(8)}"
-    if init == "file":  # (a file every rank sees: the run's directory here, else in the folder all hosts share)
-        shared = shared_run_dir(inventory.hosts, "notebook")
+    mark, token, shared = f"lab-cell-{secrets.token_hex(8)}", new_token(), None
+    if init == "file":  # (a file every rank sees: the run's directory here, else the run's in the folder all share)
+        shared = shared_run_dir(inventory.hosts, run_name(token))
         if shared is None and not all(host.is_local for host in inventory.hosts):
             raise UsageError("--init file: the hosts share no folder (the inventory's shared_dir) where every rank "
                              "would find the rendezvous file; use --init env or tcp")
-        init = f"file://{shared or RUN_DIR}/rendezvous-{mark}"
+        init = f"file://{shared or RUN_DIR}/rendezvous"
     env = {**(rank_env or {}), MARK_VAR: mark, BACKEND_VAR: default_backend(inventory.hosts), INIT_VAR: init}
-    return build_launch_plan(inventory, "lab.rank.cells", (), 0, "lab", hang_after=hang_after, preflight=preflight,
-                             rank_env=env, workdir=workdir, module=True, in_place=in_place, cells_mark=mark,
-                             trace=True)  # (each call's record comes as it ends: %lab trace draws a cell's)
+    plan = build_launch_plan(inventory, "lab.rank.cells", (), 0, "lab", token=token, hang_after=hang_after,
+                             preflight=preflight, rank_env=env, workdir=workdir, module=True, in_place=in_place,
+                             cells_mark=mark, trace=True)  # (each call's record as it ends: %lab trace draws a cell's)
+    return replace(plan, shared_run_dir=shared) if shared else plan  # (the runner removes that folder at the end)

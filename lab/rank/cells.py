@@ -54,11 +54,12 @@ from typing import Any
 
 from lab.rank import protocol
 from lab.rank.script import raised_at, without_lab
-from lab.rank.worker import capped, error_text
+from lab.rank.worker import capped, ensure_shared_path, error_text
 
 BACKEND_VAR = "LAB_CELLS_BACKEND"  # the process group's backend (gloo, nccl)
 INIT_VAR = "LAB_CELLS_INIT"  # how it forms: env, tcp, or file://PATH
 MARK_VAR = "LAB_CELLS_MARK"  # the session's mark, which begins the lines that end a cell's output
+SHARED_WAIT = 15.0  # seconds for every rank to see the folder of a file:// rendezvous
 READY = 0  # the number of the mark that says the group is formed
 PULL_MAX = 64 << 20  # bytes of a value %lab pull brings back from one rank (it is held in the kernel)
 CHUNK = 3000  # base64 characters a line of a pulled value (a line of output is kept whole up to LINE_MAX bytes)
@@ -85,6 +86,10 @@ def main() -> None:
         dist.init_process_group(backend)
     else:
         address = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}" if init == "tcp" else init
+        if address.startswith("file://"):  # (its folder made, and seen by every rank: else FileStore waits forever)
+            path = address.removeprefix("file://")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            ensure_shared_path(path, rank, world_size, SHARED_WAIT)
         dist.init_process_group(backend, init_method=address, rank=rank, world_size=world_size)
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": __builtins__, "torch": torch, "dist": dist,
                                  "rank": rank, "world_size": world_size, "device": device}
