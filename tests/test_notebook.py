@@ -270,9 +270,10 @@ def test_a_rank_waits_for_its_next_cell_once_it_ended_the_newest_or_was_not_sent
         return Cell(rank, n, f"cell [{n}]", ended, ranks)
 
     states = [_state(0, cell(0, 4, False)), _state(1, cell(1, 4, True)), _state(2, cell(2, 3, True))]
-    assert [between_cells(s, states) is not None for s in states] == [False, True, False]  # (2 has not begun 4)
+    assert [r in between_cells(states) for r in range(3)] == [False, True, False]  # (2 has not begun 4)
     states = [_state(0, cell(0, 5, False, (0,))), _state(1, cell(1, 4, True)), _state(2, None)]
-    assert [between_cells(s, states) is not None for s in states] == [False, True, False]  # (2: no cell yet)
+    assert [r in between_cells(states) for r in range(3)] == [False, True, False]  # (2: no cell yet)
+    assert between_cells([_state(0, None)]) == {}
 
 
 def test_a_cell_event_is_checked_as_every_event_is() -> None:

@@ -384,7 +384,8 @@ class Ledger:
         hang: the others wait on it (a straggler); neither is a slow collective, whose bytes move. A
         notebook's rank that has ended its cell and waits for the next is not live: its peers wait on
         it in vain (lab.core.outcome.between_cells)."""
-        live = [s for s in self.states if s.exit_code is None and between_cells(s, self.states) is None]
+        waiting = between_cells(self.states)
+        live = [s for s in self.states if s.exit_code is None and s.spec.rank not in waiting]
         said = [(s.progress, s.progress_at or now) for s in live]
         if not live or any(p is None or p.inflight is None or not quiet_enough(p.quiet, self.plan.options.hang_after)
                            for p, _ in said):

@@ -319,16 +319,16 @@ class RunOutcome:
         return int(bind_macros(self.plan.master_port, "", self.ports)) if self.plan.master_port and self.ports else None
 
 
-def between_cells(state: RankState, states: Sequence[RankState]) -> Cell | None:
-    """The cell a notebook's rank has ended (lab.rank.cells) and waits for the next one after: the
-    newest cell any rank began was not sent to it, or it has ended it (a peer that waits on it in a
-    call waits in vain); None for a rank in a cell, or of another run."""
-    if state.cell is None:
-        return None
-    newest = max((s.cell for s in states if s.cell is not None), key=lambda cell: cell.n)
-    if state.spec.rank not in newest.ranks or state.cell.n == newest.n and state.cell.ended:
-        return state.cell
-    return None
+def between_cells(states: Sequence[RankState]) -> dict[int, Cell]:
+    """The notebook's ranks that wait for their next cell (lab.rank.cells), each with the cell it ended:
+    the newest cell any rank began was not sent to it, or it has ended it (a peer that waits on it in a
+    call waits in vain). None of a run that is no notebook's."""
+    began = [s.cell for s in states if s.cell is not None]
+    if not began:
+        return {}
+    newest = max(began, key=lambda cell: cell.n)
+    return {s.spec.rank: s.cell for s in states if s.cell is not None and (
+        s.spec.rank not in newest.ranks or s.cell.n == newest.n and s.cell.ended)}
 
 
 # preflight: the hosts' launchers found the network unfit for the job; no rank started (lab.core.preflight)

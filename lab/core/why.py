@@ -920,9 +920,9 @@ def explain_run(outcome: RunOutcome) -> Cause | None:
     order = sorted((s.ended_at, s.spec.rank) for s in outcome.ranks if s.ended_at is not None)
     arrival = {rank: i for i, (_, rank) in enumerate(order)}
     programs = program_files(outcome.plan)
-    cells = {s.spec.rank: between_cells(s, outcome.ranks) for s in outcome.ranks}  # (a notebook's ranks)
+    cells = between_cells(outcome.ranks)  # (a notebook's ranks)
     return explain([replace(facts_of(s, outcome.exercises, arrival.get(s.spec.rank), programs),
-                            cell_ended=cell.name if (cell := cells[s.spec.rank]) else None,
+                            cell_ended=cell.name if (cell := cells.get(s.spec.rank)) else None,
                             cell_error=cell.error if cell else "")
                     for s in outcome.ranks])
 
