@@ -344,7 +344,14 @@ def test_the_cells_marked_as_the_answer_are_the_only_ones_taken(tmp_path: Path) 
     assert "'answer'" in taken.source and "'draft'" not in taken.source and "import math" in taken.source
 
 
+def test_a_cell_nested_past_what_python_reads_is_skipped_and_said() -> None:
+    taken = extract(_cells("x = " + "[" * 200_000 + "]" * 200_000, "def run():\n    return 1", "a = 1\0"),
+                    "hw.ipynb")
+    assert taken.defines == ("run",) and len(taken.notes) == 2 and all("skipped" in n for n in taken.notes), taken
+
+
 @pytest.mark.parametrize("text, said", [
+    ("[" * 100_000 + "]" * 100_000, "hw.ipynb: not a notebook (JSON nested too deep to read)"),
     ("{not json", "hw.ipynb: not a notebook (not JSON: "),
     ('{"cells": 3}', "hw.ipynb: not a notebook (no list of cells)"),
     ("[]", "hw.ipynb: not a notebook (no list of cells)"),

@@ -60,6 +60,8 @@ def read_cells(path: Path) -> list[NotebookCell]:
         notebook = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path.name}: not a notebook (not JSON: {str(exc)[:120]})") from None
+    except RecursionError:  # (JSON nested deeper than the reader goes: a hand-in's, hostile or broken)
+        raise UsageError(f"{path.name}: not a notebook (JSON nested too deep to read)") from None
     cells = notebook.get("cells") if isinstance(notebook, dict) else None
     if not isinstance(cells, list):
         raise UsageError(f"{path.name}: not a notebook (no list of cells)")
@@ -93,11 +95,14 @@ def extract(cells: list[NotebookCell], origin: str) -> Extracted:
     imports: list[str] = []
     notes: list[str] = []
     for cell in chosen:
-        code = python_of(cell.source)
         try:
+            code = python_of(cell.source)
             tree = ast.parse(code)
         except SyntaxError as exc:
             notes.append(f"{cell.label} is not Python ({exc.msg}, line {exc.lineno}): skipped")
+            continue
+        except (RecursionError, MemoryError, ValueError):  # (nested deeper than the parser goes; a NUL byte)
+            notes.append(f"{cell.label} is not Python the lab can read: skipped")
             continue
         for node in tree.body:
             text = ast.get_source_segment(code, node, padded=False) or ""
