@@ -191,6 +191,25 @@ def test_a_rank_stuck_in_a_collective_past_the_interrupt_is_ended_and_a_restart_
 
 
 @pytest.mark.local
+@pytest.mark.load
+def test_on_a_busy_machine_cells_still_run_and_a_hang_is_named_not_a_healthy_cell(tmp_path: Path, marker: str) -> None:
+    """Twice as many busy processes as cores: a slow cell is no hang, and the hang in the next one is named."""
+    from .load import cpu_hog
+
+    with cpu_hog(seconds=300):
+        said = run_notebook([
+            START,
+            "%%dist\nimport time\nx = torch.ones(1)\nfor _ in range(20):\n    dist.all_reduce(x)\n"
+            "    time.sleep(0.2 * rank)\nprint('sum', x.item())",
+            "%%dist\nif rank == 1:\n    dist.all_reduce(x)",
+        ], tmp_path, marker, timeout=240)
+    _, slow, hung = said
+    assert slow["error"] is None and slow["out"].count("sum") == 3, slow
+    assert f"Rank 1 waits in all_reduce #22 for ranks 0, 2, which have ended cell [{hung['count']}] without it" in \
+        hung["error"], hung
+
+
+@pytest.mark.local
 def test_a_rank_that_dies_in_a_cell_is_named_with_how_and_where(tmp_path: Path, marker: str) -> None:
     said = run_notebook([
         START,
