@@ -14,13 +14,14 @@ import re
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from lab.errors import RunError
+from lab.errors import HostUnreachable, RunError
 from lab.inventory.model import Host
 from lab.transport.ssh.settings import SSHSettings
 from lab.transport.ssh.transport import SSHTransport
@@ -168,6 +169,51 @@ def test_a_host_that_goes_silent_mid_run_is_named_lost_within_the_keepalive_boun
     gone = wait_for(lambda: processes_with(marker) == [], 20)
     kill_all(processes_with(marker))
     assert gone, "the silent host's ranks did not stop once the controller was gone"
+
+
+def starting_through(victim: SSHServer, tmp_path: Path, python: str) -> SSHTransport:
+    """A transport to ``victim`` whose rank's interpreter is the shell script ``python``: what runs
+    on the host between the login and the reaper's pid line."""
+    tmp_path.mkdir()
+    interpreter = tmp_path / "python"
+    interpreter.write_text(f"#!/bin/sh\n{python}\n")
+    interpreter.chmod(0o755)
+    kh = tmp_path / "kh"
+    kh.write_text(victim.known_hosts_line)
+    return SSHTransport(Host("b", "127.0.0.1", port=victim.port, user="root", key_file=str(victim.client_key),
+                             known_hosts=str(kh), python=str(interpreter)),
+                        SSHSettings(connect_timeout=5.0, ssh_config=str(tmp_path / "none")))
+
+
+@pytest.mark.sshd
+def test_a_host_gone_while_a_rank_starts_is_lost_and_a_shell_that_ends_is_not(victim: SSHServer,
+                                                                                tmp_path: Path) -> None:
+    """The host goes down between the login and the rank's pid line (every sshd process of it
+    killed: the connection closed from its end, no new login answered): the host is named lost, as
+    it is once the rank runs (exit 3), not "cannot start" (exit 5). A login shell that ends there on
+    a host that is up is the command's own failure."""
+    t = starting_through(victim, tmp_path / "ended", "exit 0")
+    try:
+        with pytest.raises(RunError, match="the remote shell ended without starting it"):
+            t.start(["true"], {}, "/")
+    finally:
+        t.close()
+    started = tmp_path / "started"
+    t = starting_through(victim, tmp_path / "gone", f"touch {started}; while [ -e {started} ]; do sleep 0.1; done")
+
+    def host_down() -> None:  # once the login shell runs the interpreter, before any pid line
+        if wait_for(started.exists, 60):
+            kill_all(victim.sshd_pids())
+
+    threading.Thread(target=host_down, daemon=True).start()
+    try:
+        with pytest.raises(HostUnreachable) as lost:
+            t.start(["true"], {}, "/")
+        assert str(lost.value) == (f"host b (127.0.0.1:{victim.port}): lost: its SSH connection was closed from the "
+                                   "other end (the host went down, or its sshd)")
+    finally:
+        started.unlink(missing_ok=True)  # (the interpreter waits on it)
+        t.close()
 
 
 @pytest.mark.sshd

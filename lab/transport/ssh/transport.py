@@ -416,6 +416,8 @@ class SSHTransport(Transport):
             errors = stderr.read().decode("utf-8", "replace").strip().splitlines()
         except TimeoutError:
             raise RunError(f"{what}: no answer within {self.settings.connect_timeout:g}s") from None
+        if channel.exit_status < 0:  # no exit status (yet): if the connection dropped, the host is lost
+            self.check_alive(ended=True)
         raise RunError(f"{what}: {errors[-1] if errors else 'the remote shell ended without starting it'}")
 
     @contextmanager
