@@ -166,7 +166,7 @@ def test_ctrl_c_interrupts_the_cell_on_every_rank_which_keeps_its_variables(tmp_
 
 
 @pytest.mark.local
-def test_a_rank_stuck_in_a_collective_past_the_interrupt_is_ended_and_a_restart_replays_the_cells(
+def test_ranks_stuck_past_the_interrupt_are_ended_said_where_each_was_and_a_restart_replays_the_cells(
         tmp_path: Path, marker: str) -> None:
     interrupter = interrupt_when(tmp_path, "stuck")
     said = run_notebook([
@@ -174,7 +174,10 @@ def test_a_rank_stuck_in_a_collective_past_the_interrupt_is_ended_and_a_restart_
         "%load_ext lab.notebook\n%lab start --nproc 3 --hang-after 60",
         "%%dist\nx = torch.tensor([rank + 1.0])\ndist.all_reduce(x)",
         "%%dist\nraise RuntimeError('not replayed')",
-        "%%dist\nimport pathlib\nif rank == 0:\n    pathlib.Path('stuck').touch()\n    dist.all_reduce(x)",
+        "%%dist\nimport pathlib, signal, time\nif rank == 0:\n    while not pathlib.Path('blocked').exists():\n"
+        "        time.sleep(0.05)\n    pathlib.Path('stuck').touch()\n    dist.all_reduce(x)\nelif rank == 1:\n"
+        "    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])  # (as a rank deep in C++ is)\n"
+        "    pathlib.Path('blocked').touch()\n    time.sleep(60)",
         "%lab restart",
         "%%dist\nprint('restored', x.item(), rank)",
         "%lab stop",
@@ -183,7 +186,8 @@ def test_a_rank_stuck_in_a_collective_past_the_interrupt_is_ended_and_a_restart_
     stuck, restarted, restored = said[4], said[5], said[6]
     cell = f"cell [{stuck['count']}]"
     assert "interrupted; where each rank was:" in stuck["error"], stuck
-    assert f"rank 0 (local): all_reduce #3, SUM, 1 float at {cell}:5" in stuck["error"], stuck
+    assert f"rank 0 (local): all_reduce #3, SUM, 1 float at {cell}:7" in stuck["error"], stuck
+    assert f"rank 1 (local): not in a torch.distributed call at {cell}:11 in <module>" in stuck["error"], stuck
     assert "%lab restart starts fresh ones and replays the cells that ran" in stuck["error"], stuck
     assert restarted["error"] is None, restarted
     assert f"replayed 1 cell(s): cell [{said[2]['count']}]" in restarted["out"], restarted

@@ -61,6 +61,20 @@ def test_where_stopped_outside_any_program_names_the_exercise_threads_innermost_
     assert where_stopped(["no frames here"], {}) is None
 
 
+def test_where_stopped_names_a_notebooks_cell_and_never_the_labs_own_frame() -> None:
+    """A rank stuck in its cell's line (in C++ there, past Ctrl-C): that line, as the notebook shows it.
+    A rank in the lab's own code (writing to its pipe) has no place to show: not the lab's frame."""
+    cell = ["Current thread 0x00007f0000000002 (most recent call first):",
+            '  File "/usr/lib/python3/site-packages/torch/cuda/__init__.py", line 1085 in synchronize',
+            '  File "cell [8]", line 4 in <module>',
+            '  File "/srv/run/lab/rank/cells.py", line 150 in run_cell']
+    assert where_stopped(cell, {}) == "cell [8]:4 in <module>"
+    writing = ["Current thread 0x00007f0000000002 (most recent call first):",
+               '  File "/srv/run/lab/rank/protocol.py", line 268 in write_all',
+               '  File "/srv/run/lab/rank/worker.py", line 170 in run_exercise']
+    assert where_stopped(writing, {}) is None
+
+
 TRACEBACK = """Traceback (most recent call last):
   File "/tmp/lab-run-1/code/lab/rank/worker.py", line 330, in run_exercise
     value = call_with_context(program.run, self.context(init_method))

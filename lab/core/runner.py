@@ -106,6 +106,8 @@ def run_plan(plan: Plan, on_line: OnLine = lambda *_: None, keep: bool = False,
         status, hung = run.watch()
     except KeyboardInterrupt:
         status = "interrupted"
+        with contextlib.suppress(KeyboardInterrupt):  # (where each rank was; a second Ctrl-C cuts it short)
+            run.locate_ranks()
     finally:
         run.clean_up(status, keep)
     run.raise_refusal()
@@ -286,6 +288,7 @@ class Run:
         crashed_at: float | None = None
         while not all(launch.finished for launch in self.launches):
             if self.stop.is_set():
+                self.locate_ranks()  # (where each rank was: in a call, or in its own code)
                 return "interrupted", []
             for item in self._take(0.2):
                 self._handle_item(item)
@@ -302,17 +305,17 @@ class Run:
                 crashed_at = now
             if crashed_at is not None and (now - crashed_at > CRASH_GRACE or self.ledger.crash_told(now)):
                 if any(state.exit_code is None for state in self.states):
-                    self._locate_hangs()  # (where the ranks still running are: one may be why the others failed)
+                    self.locate_ranks()  # (where the ranks still running are: one may be why the others failed)
                 return "crashed", []
             late = self._late(now)
             if late:
-                self._locate_hangs()
+                self.locate_ranks()
                 return "timeout", late
             hung = self.ledger.hung(now, lambda host, since: self.transports[host].heard_since(since))
             if hung:
                 self.hang_found = now
                 self._await_flight(hung)
-                self._locate_hangs()
+                self.locate_ranks()
                 return "hung", hung
         return ("completed" if all(s.done for s in self.states) else "crashed"), []
 
@@ -411,9 +414,11 @@ class Run:
 
     # -- stopping ---------------------------------------------------------------------------
 
-    def _locate_hangs(self) -> None:
-        """Ask every live rank for its stacks and note where each one stopped (a hang, the timeout, and
-        the ranks still running when others crashed)."""
+    def locate_ranks(self) -> None:
+        """Ask every live rank for its stacks and note where each one stopped (a hang, the timeout, the
+        ranks still running when others crashed, and where each was when the run was interrupted)."""
+        if all(process is None for process in self.processes):
+            return
         self.dumping.set()  # from now on the readers pass on every line of stderr, shown or not
         for launch, process in zip(self.launches, self.processes):
             if launch.exit_code is None and process is not None:

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 from lab.core.plan import WORK_DIR, Plan
+from lab.rank.cells import CELL_NAME
 from lab.rank.ops import FUNCTIONS
 from lab.transport.base import PACKAGE_DIR
 
@@ -57,8 +58,9 @@ def is_labs_frame(line: str) -> bool:
 
 def where_stopped(dump: list[str], programs: dict[str, Path]) -> str | None:
     """Where a faulthandler dump shows the rank: the innermost frame inside a program of the run
-    (``programs``: see program_files), as ``file.py:LINE in FUNC: source``; else the innermost frame
-    of the thread that runs the exercises (the one with lab/rank/worker.py frames), e.g. inside torch."""
+    (``programs``: see program_files) or a notebook's cell, as ``file.py:LINE in FUNC: source``
+    (``cell [7]:4 in <module>``); else the innermost frame of the thread that runs the exercises (the
+    one with lab/rank/worker.py frames), e.g. inside torch, but never one of the lab's own."""
     threads: list[list[re.Match[str]]] = [[]]
     for text in dump:
         if text.startswith(_THREAD):
@@ -66,10 +68,10 @@ def where_stopped(dump: list[str], programs: dict[str, Path]) -> str | None:
         elif m := _FRAME.match(text):
             threads[-1].append(m)
     frames = [f for t in threads for f in t]
-    mine = [m for m in frames if _program_of(m["path"], programs) is not None]
+    mine = [m for m in frames if _program_of(m["path"], programs) is not None or CELL_NAME.match(m["path"])]
     main = next((t for t in threads if any(f["path"].endswith("lab/rank/worker.py") and f["func"] != "watch"
                                            for f in t)), None)
-    candidates = mine or main or frames
+    candidates = mine or [f for f in main or frames if not _LABS.search(f["path"])]  # (never the lab's own)
     if not candidates:
         return None
     frame = candidates[0]

@@ -45,6 +45,7 @@ import json
 import linecache
 import os
 import queue
+import re
 import signal
 import sys
 import threading
@@ -63,6 +64,9 @@ SHARED_WAIT = 15.0  # seconds for every rank to see the folder of a file:// rend
 READY = 0  # the number of the mark that says the group is formed
 PULL_MAX = 64 << 20  # bytes of a value %lab pull brings back from one rank (it is held in the kernel)
 CHUNK = 3000  # base64 characters a line of a pulled value (a line of output is kept whole up to LINE_MAX bytes)
+
+
+CELL_NAME = re.compile(r"cell \[\d+\]\Z")  # a cell's code as compiled: its "file" in tracebacks and stacks
 
 
 def cell_name(n: int) -> str:
