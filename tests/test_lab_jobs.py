@@ -98,9 +98,11 @@ def test_the_docker_transport_runs_ranks_by_docker_exec(jobs: Jobs, tmp_path: Pa
 def test_a_notebook_runs_its_cells_on_the_four_hosts_and_a_hang_across_them_says_why(jobs: Jobs,
                                                                                     tmp_path: Path) -> None:
     """The notebook's ranks on the container lab, reached over SSH as a launch's are: each rank in its own
-    container, a value pulled from each, a hang named across the hosts, and nothing left on any."""
+    container (first started by torchrun's agents, each host's process relaying the cells to its rank;
+    then by the lab's own launcher), a value pulled from each, a hang named across the hosts, and
+    nothing left on any."""
     said = run_notebook([
-        f"%load_ext lab.notebook\n%lab start --hosts {jobs.inventory} --hang-after 3",
+        f"%load_ext lab.notebook\n%lab start --hosts {jobs.inventory} --hang-after 3 --launcher torchrun",
         "%%dist\nimport socket\nx = torch.tensor([rank + 1.0])\ndist.all_reduce(x)\n"
         "print(socket.gethostname(), x.item())",
         "xs = %lab pull x\nprint([v.item() for v in xs])",
@@ -332,14 +334,16 @@ def test_a_trainer_that_needs_a_package_gets_it_on_every_host_once_and_resumes_a
     assert_no_workers_anywhere(jobs.topology)
 
 
-def test_rank_0_on_its_host_reads_the_launchs_stdin(jobs: Jobs, tmp_path: Path) -> None:
+@pytest.mark.parametrize("launcher", ["lab", "torchrun"])
+def test_rank_0_on_its_host_reads_the_launchs_stdin(jobs: Jobs, tmp_path: Path, launcher: str) -> None:
     """Across hosts as on this machine: what `lab launch` reads on its stdin goes over SSH, after the
-    preflight, to rank 0 on node1, whole; rank 1 on node2 reads nothing."""
+    preflight, to rank 0 on node1, whole (under torchrun through node1's relay); rank 1 on node2 reads
+    nothing."""
     script = tmp_path / "echo.py"
     script.write_text(STDIN_ECHO)
     text = "".join(f"line {i} of the launch's stdin\n" for i in range(100_000))
     result = jobs.lab("launch", "--hosts", str(jobs.inventory), "--nnodes", "2", "--nproc-per-node", "1",
-                      str(script), stdin=text, timeout=120)
+                      "--launcher", launcher, str(script), stdin=text, timeout=120)
     assert result.code == 0, result.text[-3000:]
     assert f"[node1 r0] rank 0 read {len(text)} bytes {hashlib.sha256(text.encode()).hexdigest()[:16]}" in result.out
     assert "[node2 r1] rank 1 read 0 bytes" in result.out, result.out

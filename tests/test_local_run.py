@@ -679,13 +679,15 @@ print("rank", os.environ["RANK"], "read", len(data), "bytes", hashlib.sha256(dat
 """
 
 
-def test_rank_0_reads_the_launchs_stdin_and_the_others_read_nothing(lab: Lab, tmp_path: Path) -> None:
+@pytest.mark.parametrize("launcher", ["lab", "torchrun", "spawn"])
+def test_rank_0_reads_the_launchs_stdin_and_the_others_read_nothing(lab: Lab, tmp_path: Path, launcher: str) -> None:
     """As under torchrun: what `lab launch` reads on its stdin, 6 MiB of it, is rank 0's, whole and
-    in order, and its end is rank 0's end of file; the other ranks' stdin is empty."""
+    in order, and its end is rank 0's end of file; the other ranks' stdin is empty. Under torchrun
+    and mp.spawn, whose agents start the ranks, through the host's relay (lab.rank.stdin.Relay)."""
     script = tmp_path / "echo.py"
     script.write_text(STDIN_ECHO)
     text = "".join(f"line {i} of the launch's stdin\n" for i in range(200_000))
-    result = lab("launch", "--nproc", "3", str(script), stdin=text)
+    result = lab("launch", "--nproc", "3", "--launcher", launcher, str(script), stdin=text)
     assert result.code == 0, result.text[-3000:]
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     assert f"[local r0] rank 0 read {len(text)} bytes {digest}" in result.out, result.out

@@ -130,6 +130,26 @@ def test_a_cell_that_hangs_ends_with_the_why_across_the_ranks_and_its_own_line(t
     assert "the notebook's ranks have ended" in after["error"] and "never" not in after["out"], after
 
 
+@pytest.mark.local
+@pytest.mark.parametrize("launcher", ["torchrun", "spawn"])
+def test_ranks_started_by_torchrun_or_mp_spawn_take_the_cells_and_a_hang_is_named(tmp_path: Path, marker: str,
+                                                                                   launcher: str) -> None:
+    """Their agents start the ranks with stdin of their own: each host's process relays the notebook's
+    line to every rank (lab.rank.stdin.Relay). The rest is as under the lab's launcher."""
+    said = run_notebook([
+        f"%load_ext lab.notebook\n%lab start --nproc 3 --hang-after 3 --launcher {launcher}",
+        "%%dist\nx = torch.tensor([rank + 1.0])\ndist.all_reduce(x)\nprint('sum', x.item())",
+        "%%dist\nimport os\nprint('kept', (x * rank).item(), os.environ['LOCAL_RANK'])",
+        "%%dist\nif rank == 2:\n    dist.all_reduce(x)",
+    ], tmp_path, marker)
+    start, summed, kept, hung = said
+    assert start["error"] is None and "3 rank(s) on local formed their group (gloo, env://)" in start["out"], start
+    assert sorted(re.findall(r"\[local r(\d)\] sum 6\.0", summed["out"])) == ["0", "1", "2"], summed
+    assert sorted(re.findall(r"\[local r\d\] kept (\d+)\.0 (\d)", kept["out"])) == [("0", "0"), ("12", "2"), ("6", "1")]
+    assert f"Rank 2 waits in all_reduce #3 for ranks 0, 1, which have ended cell [{hung['count']}] without it" in \
+        (hung["error"] or ""), hung
+
+
 def interrupt_when(folder: Path, name: str, after: float = 0.5) -> threading.Thread:
     """Ctrl-C the notebook's kernel (its pid in ``folder``/kernel.pid) ``after`` seconds once ``folder``/``name``
     is there."""
@@ -297,6 +317,25 @@ def test_a_rank_waits_for_its_next_cell_once_it_ended_the_newest_or_was_not_sent
     states = [_state(0, cell(0, 5, False, (0,))), _state(1, cell(1, 4, True)), _state(2, None)]
     assert [r in between_cells(states) for r in range(3)] == [False, True, False]  # (2: no cell yet)
     assert between_cells([_state(0, None)]) == {}
+
+
+def test_a_launcher_that_passes_no_stdin_on_cannot_start_a_notebooks_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launcher added (docs/extending.md) whose hosts' processes pass the controller's stdin to no
+    rank could never give the ranks their cells: refused in one line, naming those that can."""
+    from lab.core import launchers
+    from lab.core.launchers.torchrun import Torchrun
+    from lab.inventory.hosts import local_inventory
+    from lab.notebook.session import notebook_plan
+
+    class Silent(Torchrun):
+        name = "silent"
+        passes_stdin = False
+
+    monkeypatch.setitem(launchers.LAUNCHERS, "silent", Silent())
+    with pytest.raises(UsageError) as refused:
+        notebook_plan(local_inventory(2), launcher="silent", in_place=Path.cwd())
+    assert str(refused.value) == ("--launcher silent cannot pass the notebook's cells to its ranks; use lab, torchrun, "
+                                  "spawn, srun or srun-torchrun")
 
 
 def test_a_cell_event_is_checked_as_every_event_is() -> None:

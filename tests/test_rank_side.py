@@ -311,3 +311,43 @@ def test_os_exit_exits_with_its_status_whatever_the_channel_does(tmp_path: Path)
     assert (held.code, closed.code) == (7, 5), held.stderr + closed.stderr
     assert time.monotonic() - started < EXIT_WAIT + 20  # (the held lock costs EXIT_WAIT, no more)
     assert ends(held) == ends(closed) == [] and held.stderr == closed.stderr == ""
+
+
+RELAY = """\
+import os, select, socket, sys, time
+from lab.rank.stdin import RELAY_VAR, Relay, frame
+line, write = os.pipe()  # (the controller's line to the host's launcher)
+os.dup2(line, 0)
+os.close(line)
+Relay(2).start()
+def connected():
+    rank = socket.socket(socket.AF_UNIX)
+    rank.connect(os.environ[RELAY_VAR])
+    return rank
+def whole(rank):
+    data = b""
+    while chunk := rank.recv(4096):
+        data += chunk
+    return data
+first = connected()
+os.write(write, frame(b"one\\n") + frame(b"two\\n"))
+time.sleep(0.3)
+late = connected()
+os.write(write, frame(b"three\\n") + frame(b""))
+print(whole(first), whole(late), select.select([0], [], [], 0.3)[0], os.environ[RELAY_VAR], flush=True)
+os.close(write)  # the controller goes away
+time.sleep(10)
+"""
+
+
+@pytest.mark.local
+def test_a_hosts_relay_gives_each_rank_the_whole_stdin_and_ends_its_group_with_the_controller(tmp_path: Path) -> None:
+    """lab.rank.stdin.Relay, as torchrun's or mp.spawn's host runs it: each rank that connects, late or
+    not, reads every byte the controller's frames carried and then its end of file; the fd 0 the ranks
+    inherit carries nothing; the controller's line closing ends the process group at once, the socket
+    removed."""
+    done = subprocess.run([sys.executable, "-c", RELAY], cwd=tmp_path, capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True)
+    first, late, readable, path = done.stdout.split()
+    assert (first, late, readable) == ("b'one\\ntwo\\nthree\\n'", "b'one\\ntwo\\nthree\\n'", "[]"), done.stdout
+    assert done.returncode == -9 and not os.path.exists(path), done.stderr

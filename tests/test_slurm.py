@@ -23,6 +23,7 @@ from lab.errors import UsageError
 
 from .conftest import DDP_SERIES, REPO, Lab, assert_ddp_series_trained
 from .test_lab_docker import _client, inventory_variant, workers_on
+from .test_notebook import run_notebook
 from .test_train_programs import OTHER_LAUNCHERS
 from .test_why_fixtures import assert_report_names_the_cause
 from .tutorials import assert_prints_as_shown, tutorial_scripts
@@ -194,6 +195,29 @@ def test_a_real_project_runs_as_slurm_tasks(slurm_lab: tuple[Lab, Path], tmp_pat
                  timeout=300)
     assert result.code == 0, result.text[-3000:]
     assert_ddp_series_trained(result.out, 2)
+    assert_nothing_left()
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("launcher", ["srun", "srun-torchrun"])
+def test_a_notebooks_ranks_are_the_tasks_of_a_slurm_job_and_a_hang_among_them_is_named(
+        slurm_lab: tuple[Lab, Path], tmp_path: Path, launcher: str) -> None:
+    """%lab start --launcher srun (srun-torchrun): the ranks are one Slurm job's tasks (or its torchrun
+    agents' ranks); srun passes the notebook's line to every task, each task's launcher on to its ranks."""
+    _, inventory = slurm_lab
+    said = run_notebook([
+        f"%load_ext lab.notebook\n%lab start --hosts {inventory} --launcher {launcher} --hang-after 3",
+        "%%dist\nimport socket\nx = torch.tensor([rank + 1.0])\ndist.all_reduce(x)\n"
+        "print(socket.gethostname(), x.item())",
+        "%%dist\nif rank == 0:\n    dist.all_reduce(x)",
+    ], tmp_path, f"slurm-notebook-{launcher}", timeout=240)
+    start, summed, hung = said
+    assert start["error"] is None and "4 rank(s) on node1, node2 formed their group (gloo, env://)" in start["out"], \
+        start
+    assert sorted(re.findall(r"\[node\d r(\d)\] (node\d) 10\.0", summed["out"])) == [
+        ("0", "node1"), ("1", "node1"), ("2", "node2"), ("3", "node2")], summed
+    assert re.search(rf"Rank 0 waits in all_reduce #\d+ for ranks 1-3, which have ended cell \[{hung['count']}\] "
+                     "without it", hung["error"] or ""), hung
     assert_nothing_left()
 
 

@@ -175,8 +175,8 @@ def add_launch(commands: Commands) -> None:
         description="Run SCRIPT on every rank of the cluster with MASTER_ADDR, MASTER_PORT, RANK, "
                     "WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE in its environment, set by the lab, by "
                     "torchrun or by mp.spawn on each host (--launcher), across the hosts of an inventory. "
-                    "The tutorials' torchrun scripts run unchanged. Under --launcher lab, rank 0 reads this "
-                    "command's stdin, as under torchrun; the other ranks read nothing.")
+                    "The tutorials' torchrun scripts run unchanged. Rank 0 reads this command's stdin, as under "
+                    "torchrun; the other ranks read nothing.")
     cluster_options(launch)
     launcher_option(launch)
     launch.add_argument("--timeout", type=float, default=0.0, metavar="SECONDS",

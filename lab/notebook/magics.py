@@ -16,13 +16,14 @@ from lab.cli.common import (
     cluster_options,
     env_options,
     exercises,
+    launcher_option,
     rank_env,
     ssh_settings,
     watch_options,
 )
 from lab.cli.views import notebook as views
 from lab.cli.views import run as run_views
-from lab.core import workdir
+from lab.core import launchers, workdir
 from lab.core.plan import INIT_METHODS
 from lab.errors import ExitCode, LabError, UsageError
 from lab.grading import notebooks
@@ -65,6 +66,7 @@ def _start_parser() -> _Parser:
                      "--nproc N on this machine, or the hosts of --hosts INVENTORY; each forms the process group "
                      "and keeps its variables between %%dist cells.")
     cluster_options(parser)
+    launcher_option(parser)
     parser.add_argument("--init", choices=INIT_METHODS, default="env",
                         help="how the ranks form their group: env:// (default), tcp://MASTER_ADDR:MASTER_PORT, or a "
                              "file:// every rank sees (the run's folder here; with --hosts, in their shared_dir)")
@@ -158,7 +160,7 @@ class LabMagics:
         if project is not None:
             run_views.print_skipped(project.root, project.skipped)
         plan = notebook_plan(inventory, args.hang_after, rank_env(args, root, not local), project,
-                             root if local else None, args.preflight, args.init)
+                             root if local else None, args.preflight, args.init, args.launcher or launchers.DEFAULT)
         session = self.session = Session(plan, settings)
         started = session.start(views.show_line)
         if started.outcome is not None or started.error is not None:

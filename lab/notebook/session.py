@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from lab.core import launchers
 from lab.core.outcome import LaunchState, RankState, RunOutcome
 from lab.core.plan import (
     DEFAULT_HANG_AFTER,
@@ -287,10 +288,14 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def notebook_plan(inventory: Inventory, hang_after: float = DEFAULT_HANG_AFTER, rank_env: dict[str, str] | None = None,
                   workdir: Workdir | None = None, in_place: Path | None = None, preflight: bool = True,
-                  init: str = "env") -> Plan:
-    """The plan of a notebook's ranks on ``inventory``'s hosts (``--launcher lab``: the one whose
-    launchers pass the notebook's line to every rank), in the notebook's folder (``in_place``) or a
-    copy of it (``workdir``), their group formed by ``init`` (env, tcp, file)."""
+                  init: str = "env", launcher: str = launchers.DEFAULT) -> Plan:
+    """The plan of a notebook's ranks on ``inventory``'s hosts, started by ``launcher`` (one whose
+    hosts' processes pass the notebook's line to every rank), in the notebook's folder (``in_place``)
+    or a copy of it (``workdir``), their group formed by ``init`` (env, tcp, file)."""
+    if not launchers.find(launcher).passes_stdin:
+        passing = [name for name, kind in launchers.LAUNCHERS.items() if kind.passes_stdin]
+        raise UsageError(f"--launcher {launcher} cannot pass the notebook's cells to its ranks; use "
+                         f"{', '.join(passing[:-1])} or {passing[-1]}")
     mark, token, shared = f"lab-cell-{secrets.token_hex(8)}", new_token(), None
     if init == "file":  # (a file every rank sees: the run's directory here, else the run's in the folder all share)
         shared = shared_run_dir(inventory.hosts, run_name(token))
@@ -299,7 +304,7 @@ def notebook_plan(inventory: Inventory, hang_after: float = DEFAULT_HANG_AFTER, 
                              "would find the rendezvous file; use --init env or tcp")
         init = f"file://{shared or RUN_DIR}/rendezvous"
     env = {**(rank_env or {}), MARK_VAR: mark, BACKEND_VAR: default_backend(inventory.hosts), INIT_VAR: init}
-    plan = build_launch_plan(inventory, "lab.rank.cells", (), 0, "lab", token=token, hang_after=hang_after,
+    plan = build_launch_plan(inventory, "lab.rank.cells", (), 0, launcher, token=token, hang_after=hang_after,
                              preflight=preflight, rank_env=env, workdir=workdir, module=True, in_place=in_place,
                              cells_mark=mark, trace=True)  # (each call's record as it ends: %lab trace draws a cell's)
     return replace(plan, shared_run_dir=shared) if shared else plan  # (the runner removes that folder at the end)

@@ -46,6 +46,7 @@ from typing import Literal, NoReturn
 
 from lab.rank import inputs, preflight
 from lab.rank.protocol import report_exits
+from lab.rank.stdin import EVERY_RANK, RANK_0, STDIN_VAR, Relay
 from lab.rank.worker import WATCHED_BY_PARENT, stop_when_orphaned
 
 
@@ -74,7 +75,7 @@ def torchrun(args: list[str], helper: preflight.StartupHelper | None = None) -> 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
-    ready(helper)
+    ready(helper, int(args[args.index("--nproc-per-node") + 1]) if "--nproc-per-node" in args else 1)
     signal.signal(signal.SIGUSR1, _forward_to_children)
     try:
         torchrun_main(args)
@@ -102,8 +103,8 @@ def spawn(args: list[str], helper: preflight.StartupHelper | None = None) -> int
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessException
 
-    ready(helper)
     options = host_ranks("spawn", args)
+    ready(helper, options.nprocs)
     # The ranks in this group dump their stacks on SIGUSR1; this process and the start of each
     # rank (the disposition is inherited until the program installs its dump) ignore it.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
@@ -158,6 +159,7 @@ class Mode:
     start: Callable[[list[str], preflight.StartupHelper | None], int]
     checks_network: bool  # forks the start-up helper before it imports torch (lab.rank.preflight)
     watches_stdin: bool  # it stops itself when the controller goes away (the zygote); else main() sees to it
+    relays_stdin: bool = False  # an agent of torch's starts the ranks: their stdin relayed (ready())
 
 
 def _fork(args: list[str], helper: preflight.StartupHelper | None) -> int:
@@ -175,9 +177,9 @@ def _srun(args: list[str], helper: preflight.StartupHelper | None) -> int:
 ModeName = Literal["fork", "torchrun", "spawn", "srun", "task"]  # (MODES' keys: a test holds them equal)
 MODES: dict[str, Mode] = {
     "fork": Mode(_fork, checks_network=True, watches_stdin=True),
-    "torchrun": Mode(torchrun, checks_network=True, watches_stdin=False),
-    "spawn": Mode(spawn, checks_network=True, watches_stdin=False),
-    "srun": Mode(_srun, checks_network=False, watches_stdin=False),
+    "torchrun": Mode(torchrun, checks_network=True, watches_stdin=False, relays_stdin=True),
+    "spawn": Mode(spawn, checks_network=True, watches_stdin=False, relays_stdin=True),
+    "srun": Mode(_srun, checks_network=False, watches_stdin=True),  # (it passes its stdin on to srun's tasks)
     "task": Mode(lambda args, helper: task(args), checks_network=False, watches_stdin=True),
 }
 
@@ -209,17 +211,20 @@ def start(name: str, args: list[str]) -> int:
     zygote: lab.rank.warm)."""
     mode = MODES[name]
     helper = preflight.begin() if mode.checks_network else None  # (before it imports torch)
-    if helper is None and not mode.watches_stdin:
+    if helper is None and not mode.watches_stdin and not mode.relays_stdin:
         stop_when_orphaned()  # (else once torch is imported: ready())
     return mode.start(args, helper)
 
 
-def ready(helper: preflight.StartupHelper | None) -> None:
-    """torch is imported: the helper stopped (with the preflight's verdict), then stop when the
-    controller goes away."""
+def ready(helper: preflight.StartupHelper | None, ranks: int) -> None:
+    """torch is imported (torchrun's agent or mp.spawn is about to start the host's ``ranks`` ranks):
+    the helper stopped (with the preflight's verdict), then a relay of the controller's line
+    (lab.rank.stdin.Relay): the ranks' stdin what the controller sends them, if any, else /dev/null,
+    and all of this process group stopped when the controller goes away."""
     if helper is not None:
         helper.end()
-        stop_when_orphaned()
+    reading = {EVERY_RANK: ranks, RANK_0: 1}.get(os.environ.get(STDIN_VAR, ""), 0)
+    Relay(reading).start()
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 It runs ``srun --label --kill-on-bad-exit=1 SRUN_OPTIONS python -m lab.rank.node KIND ARGS``: one
 job whose tasks are the ranks (KIND ``task``: each a zygote of one rank, ``lab.rank.node.task``)
 or one torchrun per node (KIND ``torchrun``: the tutorials' ``srun torchrun``). srun passes this
-process's environment and standard input on to every task, and SIGUSR1 (the lab asking for
+process's environment and standard input (which it passes on: the controller's line) on to every
+task, and SIGUSR1 (the lab asking for
 stacks) too; when one task fails it ends the others, and this process ends as srun does.
 
 Every task's stream is whole lines of the lab's (a zygote's, or a torchrun agent's whose ranks tag
@@ -73,12 +74,13 @@ def main(args: list[str]) -> int:
             *args[at + 1:]]
     signal.signal(signal.SIGUSR1, lambda *_: None)  # (srun, in this group, passes it on to the tasks)
     try:
-        job = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        job = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except OSError as exc:
         print(f"lab.rank.node: cannot run srun on this host ({exc.strerror}): is it a Slurm cluster's "
               f"login host?", file=sys.stderr)
         return 127
-    assert job.stdout is not None and job.stderr is not None
+    assert job.stdin is not None and job.stdout is not None and job.stderr is not None
+    threading.Thread(target=_pass_stdin, args=(job.stdin,), name="lab-srun-stdin", daemon=True).start()
     errors = threading.Thread(target=_pass_on, args=(job.stderr, 2), daemon=True)
     errors.start()
     _pass_on(job.stdout, 1)
@@ -93,3 +95,21 @@ def _pass_on(stream: IO[bytes], fd: int) -> None:
     for line in iter(lambda: stream.readline(SRUN_PIECE + 64), b""):
         write_all(fd, unlabel.feed(line))
     write_all(fd, unlabel.close())
+
+
+def _pass_stdin(srun: IO[bytes]) -> None:
+    """This process's stdin, the controller's line, on to srun's, which passes it to every task (each
+    task's launcher takes what is its ranks': lab.rank.stdin); once the line closes (the controller is
+    gone) this process group ends, srun with it, as lab.rank.worker.stop_when_orphaned would."""
+    passing = True
+    try:
+        while data := os.read(0, 1 << 16):
+            if passing:
+                try:
+                    srun.write(data)
+                    srun.flush()
+                except OSError:  # srun has ended: what comes is no task's now
+                    passing = False
+    except OSError:
+        pass
+    os.killpg(os.getpgrp(), signal.SIGKILL)

@@ -49,6 +49,7 @@ from typing import Any
 
 from lab.rank import inputs, protocol, steps
 from lab.rank.protocol import EVENT_MAX, Channel, EventKind, emit, event_line
+from lab.rank.stdin import take_relayed
 
 GROUP_TIMEOUT_MARGIN = 30.0  # seconds
 PLAN_VAR = "LAB_RANK_PLAN"
@@ -58,12 +59,13 @@ PULSE_EVERY = 1.0  # seconds between two ``alive`` events of a rank in start-up
 WATCHED_BY_PARENT = "LAB_WATCHED_BY_PARENT"  # set for ranks whose parent stops them with its group
 
 
-def stop_when_orphaned() -> None:
-    """End this rank's whole process group once the controller closes our stdin."""
+def stop_when_orphaned(fd: int = 0) -> None:
+    """End this rank's whole process group once the controller closes our stdin (``fd``: where a
+    relay of the host's took fd 0's place, what stands for it: lab.rank.stdin.take_relayed)."""
 
     def watch() -> None:
         try:
-            while os.read(0, 4096):  # unbuffered: no lock held at interpreter shutdown
+            while os.read(fd, 4096):  # unbuffered: no lock held at interpreter shutdown
                 pass
         except OSError:
             pass
@@ -83,6 +85,7 @@ def start_rank() -> None:
     from lab.rank.output import divert_output
 
     token = os.environ.pop(TOKEN_VAR, None)
+    controller = take_relayed()  # (where the host relays the controller's stdin: the rank's fd 0 is the relay)
     rank = os.environ.get("RANK", "")
     rank_number = int(rank) if rank.isdigit() and len(rank) < 10 else None
     tag = rank_number if os.environ.get("LAB_TAG_OUTPUT") else None
@@ -97,7 +100,7 @@ def start_rank() -> None:
     # match") runs no handler of Python's and sends nothing more, but its stacks show the call it was in
     faulthandler.enable(file=sys.stderr, all_threads=True)
     if not os.environ.get(WATCHED_BY_PARENT):
-        stop_when_orphaned()
+        stop_when_orphaned(controller)
 
 
 def finish_output(relay: int) -> None:

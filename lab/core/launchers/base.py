@@ -76,16 +76,19 @@ class Launcher:
             args = self.node_args(plan, node_rank, host, ranks, env)
             if plan.wire is not None:
                 env[WIRE_VAR] = plan.wire
-            if self.passes_stdin and plan.is_launch and plan.options.cells_mark:
-                env[STDIN_VAR] = EVERY_RANK
-            elif self.passes_stdin and plan.is_launch and 0 in ranks:
-                env[STDIN_VAR] = RANK_0
+            self.pass_stdin(plan, ranks, env)
             if plan.checks_network:
                 env[PREFLIGHT_VAR] = json.dumps({"name": host.name, "master_addr": plan.master_addr,
                                                  "master_port": plan.master_port if node_rank == 0 else None,
                                                  "take_master_port": plan.hands_over_ports and node_rank == 0})
             launches.append(Launch(host.name, ranks, (*args, *plan.program), env))
         return tuple(launches)
+
+    def pass_stdin(self, plan: Plan, ranks: Sequence[int], env: dict[str, str]) -> None:
+        """Where the launch of ``ranks`` passes the controller's stdin on (lab.rank.stdin), say to whom
+        in its ``env``: every rank (a notebook's cells), else rank 0 (``lab launch``'s stdin)."""
+        if self.passes_stdin and plan.is_launch and (plan.options.cells_mark or 0 in ranks):
+            env[STDIN_VAR] = EVERY_RANK if plan.options.cells_mark else RANK_0
 
     def node_args(self, plan: Plan, node_rank: int, host: Host, ranks: tuple[int, ...],
                   env: dict[str, str]) -> tuple[str, ...]:

@@ -16,6 +16,7 @@ class Spawn(Launcher):
     summary: ClassVar[str] = "one process per host that mp.spawns its ranks"
     hands_over_ports: ClassVar[bool] = True
     launched: ClassVar[Launched] = Launched(rank_parent="mp.spawn parent")
+    passes_stdin: ClassVar[bool] = True  # (through a relay of the host's process: lab.rank.stdin.Relay)
 
     def node_args(self, plan: Plan, node_rank: int, host: Host, ranks: tuple[int, ...],
                   env: dict[str, str]) -> tuple[str, ...]:

@@ -39,6 +39,7 @@ class Srun(Launcher):
     places_ranks: ClassVar[bool] = False
     checks_network: ClassVar[bool] = False
     tags_output: ClassVar[bool] = True  # (each task is forked from the lab's zygote: lab.rank.node task)
+    passes_stdin: ClassVar[bool] = True  # (srun passes its stdin to every task: each task's launcher takes its rank's)
     launched: ClassVar[Launched] = Launched(sets_group_rank=True)  # (each task a parent of its own)
 
     def check(self, hosts: Sequence[Host], partition: str | None) -> None:
@@ -64,7 +65,9 @@ class Srun(Launcher):
             f"--nodelist={','.join(h.name for h in plan.hosts)}", f"--job-name={plan.job_name}",
             f"--immediate={srun_wait(plan.timeout)}",
             *((f"--partition={plan.options.partition}",) if plan.options.partition else ()), "--", mode)
-        return (Launch(login.name, tuple(r.rank for r in plan.ranks), (*srun, *task, *plan.program), env),)
+        ranks = tuple(r.rank for r in plan.ranks)
+        self.pass_stdin(plan, ranks, env)
+        return (Launch(login.name, ranks, (*srun, *task, *plan.program), env),)
 
     def task(self, plan: Plan, login: Host, env: dict[str, str]) -> tuple[int, node.ModeName, tuple[str, ...]]:
         """The tasks per node, and what each task runs before the program (``lab.rank.node``'s mode and

@@ -22,6 +22,7 @@ class Torchrun(Launcher):
     places_ranks: ClassVar[bool] = False
     restarts_ranks: ClassVar[bool] = True
     launched: ClassVar[Launched] = Launched(rank_parent="torchrun agent", sets_group_rank=True)
+    passes_stdin: ClassVar[bool] = True  # (through a relay of the host's process: lab.rank.stdin.Relay)
 
     def order(self, hosts: Sequence[Host]) -> tuple[Host, ...]:
         """torchrun's c10d rendezvous numbers the nodes in the sorted order of their addresses
