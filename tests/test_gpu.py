@@ -128,3 +128,29 @@ def test_a_notebooks_ranks_use_the_gpu_and_a_cell_stuck_on_it_is_ended_at_the_in
     assert f"replayed 2 cell(s): cell [{summed['count']}], cell [{went_on['count']}]" in restarted["out"], restarted
     assert "[local r0] after cuda:0 [0.0, 1.0, 2.0, 3.0]" in after["out"], after
     assert stop["error"] is None, stop
+
+
+def test_a_public_projects_trainer_trains_in_a_notebook_cell_on_the_gpu_under_torchrun(tmp_path: Path,
+                                                                                      marker: str) -> None:  # noqa: F811
+    """pytorch/examples' Trainer imported and trained in a cell, its rank started as torchrun starts it
+    (--launcher torchrun: LOCAL_RANK, the nccl group formed, the cells relayed by the host's process);
+    its snapshot in the notebook's folder, its model kept on the GPU for the next cell."""
+    shutil.copytree(DDP_TUTORIAL, tmp_path / "tutorial")
+    said = run_notebook([
+        "%load_ext lab.notebook\n%lab start --nproc 1 --launcher torchrun",
+        "%%dist\nimport sys\nsys.path.insert(0, 'tutorial')\n"
+        "from multigpu_torchrun import Trainer, load_train_objs, prepare_dataloader\n"
+        "dataset, model, optimizer = load_train_objs()\n"
+        "trainer = Trainer(model, prepare_dataloader(dataset, 32), optimizer, 1, 'snapshot.pt')\n"
+        "trainer.train(2)",
+        "%%dist\nprint('weights on', next(trainer.model.parameters()).device)",
+        "%lab stop",
+    ], tmp_path, marker, timeout=240)
+    start, trained, kept, stop = said
+    assert start["error"] is None and "1 rank(s) on local formed their group (nccl, env://)" in start["out"], start
+    assert trained["error"] is None, trained
+    assert re.findall(r"\[GPU0\] Epoch (\d) \| Batchsize: 32 \| Steps: 64", trained["out"]) == ["0", "1"], trained
+    assert "Epoch 1 | Training snapshot saved at snapshot.pt" in trained["out"], trained
+    assert (tmp_path / "snapshot.pt").is_file()
+    assert "[local r0] weights on cuda:0" in kept["out"], kept
+    assert stop["error"] is None, stop
