@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,15 @@ def test_torchrun_takes_only_its_own_rendezvous(lab: Lab) -> None:
     assert result.err.strip().splitlines() == [
         "lab: error: with --launcher torchrun, torchrun forms the process group (env://): "
         "--init tcp and file need --launcher lab, spawn or srun"]
+
+
+@pytest.mark.skipif(shutil.which("srun") is not None, reason="this machine is a Slurm login host")
+def test_srun_where_there_is_none_is_one_line(lab: Lab) -> None:
+    result = lab("run", "p2p", "--nproc", "2", "--launcher", "srun")
+    assert result.code == 2, result.text
+    assert result.err.strip().splitlines()[-1] == ("lab: error: host local: cannot run srun on this host (No such "
+                                                   "file or directory): is it a Slurm cluster's login host?")
+    assert lab.leftovers() == []
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "spawn"])

@@ -126,6 +126,9 @@ def test_the_batch_script_runs_the_lab_from_its_clone_on_the_allocations_nodes(t
       "srun: error: Unable to allocate resources: Requested nodes are busy"],
      ExitCode.UNREACHABLE, "Requested nodes are busy (Required node not available (down, drained or reserved)): "
                            "`sinfo` there shows the nodes' states"),
+    (["lab.rank.node: cannot run srun on this host (No such file or directory): is it a Slurm cluster's login host?"],
+     ExitCode.BAD_INPUT, "host node1: cannot run srun on this host (No such file or directory): is it a Slurm "
+                         "cluster's login host?"),
 ])
 def test_slurms_refusals_are_one_line_with_their_exit_code(lines: list[str], code: ExitCode, says: str) -> None:
     refused = slurm.refusal(lines, "host node1")

@@ -17,6 +17,7 @@ from lab.errors import ExitCode, LabError, UsageError
 from lab.inventory.keys import HOST_NAME, PLAIN_PATH
 from lab.inventory.model import Host, Inventory
 from lab.rank.node import per_node_counts
+from lab.rank.srun import NO_SRUN
 from lab.transport.base import Transport
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,8 @@ def refusal(lines: Iterable[str], where: str) -> SlurmError | None:
     waited = ""  # why srun said the job had to wait, before it gave up
     for line in lines:
         line = line.strip()
+        if line.startswith(NO_SRUN):
+            return SlurmError(f"{where}: {line.removeprefix('lab.rank.node: ')}", ExitCode.BAD_INPUT)
         if (pending := _PENDING.match(line)) is not None:
             waited = pending["why"]
         found = _REFUSED.match(line)

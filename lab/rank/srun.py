@@ -29,6 +29,7 @@ from typing import IO
 from lab.rank.output import HOLD
 from lab.rank.protocol import write_all
 
+NO_SRUN = "lab.rank.node: cannot run srun on this host"  # (the controller makes it a refusal: lab.core.slurm)
 SRUN_PIECE = 1024  # bytes of a line srun passes on at a time (Slurm's MAX_MSG_LEN): a longer one comes in pieces
 _LABEL = re.compile(rb"^ *(\d{1,9}): ")
 
@@ -76,8 +77,7 @@ def main(args: list[str]) -> int:
     try:
         job = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except OSError as exc:
-        print(f"lab.rank.node: cannot run srun on this host ({exc.strerror}): is it a Slurm cluster's "
-              f"login host?", file=sys.stderr)
+        print(f"{NO_SRUN} ({exc.strerror}): is it a Slurm cluster's login host?", file=sys.stderr)
         return 127
     assert job.stdin is not None and job.stdout is not None and job.stderr is not None
     threading.Thread(target=_pass_stdin, args=(job.stdin,), name="lab-srun-stdin", daemon=True).start()
