@@ -475,6 +475,14 @@ def test_a_project_is_carried_once_and_its_kept_copy_never_written(tmp_path: Pat
     kept.chmod(0o755)  # (not safely the user's: others may look in)
     unsafe = launch()
     assert "no kept projects (unsafe)" in unsafe and "value 22" in unsafe
+    # an empty project (a notebook's new folder) has its folder there all the same: its ranks start in it
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    plan = build_launch_plan(local_inventory(2), "platform", (), 120.0, workdir=workdir.collect(empty), module=True,
+                             bring_back_max=0)
+    lines: list[str] = []
+    outcome = run_plan(plan, on_line=lambda _state, _stream, line: lines.append(line))
+    assert outcome.status == "completed" and all(s.done for s in outcome.ranks), lines[-20:]
 
 
 def test_what_the_ranks_write_in_a_carried_project_comes_back_into_it(tmp_path: Path) -> None:

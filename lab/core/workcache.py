@@ -75,7 +75,8 @@ def carry(transport: Transport, run_name: str, uploads: Mapping[str, Upload], wo
         log.debug("host %s: no kept projects (%s): the project goes into the run's directory", transport.host.name,
                   " ".join(said))
         transport.prepare(run_name, {f"{WORK_DIR}/{p}": f for p, f in work.items()})
-        status, output = transport.call(["touch", posixpath.join(run_dir, MARK)], CALL_TIMEOUT)
+        status, output = transport.call(["/bin/sh", "-c", 'mkdir -p -- "$1" && touch -- "$2"', "sh", project,
+                                         posixpath.join(run_dir, MARK)], CALL_TIMEOUT)  # (an empty project too)
         if status != 0:
             raise RunError(f"host {transport.host.name}: cannot mark the project's copy in {run_dir}: "
                            f"{output.strip() or f'exit {status}'}")
@@ -102,8 +103,11 @@ def check_shared(transport: Transport, project: str, probe: Path) -> None:
 def _copy(transport: Transport, key: str, project: str, part: str) -> list[str]:
     """The host's word on its kept project ``key`` (see _COPY): ["copied"], ["missing", UID], ["unsafe"]."""
     status, said = transport.call(["/bin/sh", "-c", _COPY, "sh", key, project, part], CALL_TIMEOUT)
-    words = said.split()
     if status != 0:
         raise RunError(f"host {transport.host.name}: cannot copy the project into the run's directory: "
                        f"{said.strip().splitlines()[-1] if said.strip() else f'exit {status}'}")
-    return words[-2:] if len(words) >= 2 and words[-2] == "missing" else words[-1:] or ["unsafe"]
+    for line in reversed(said.splitlines()):  # (its own line: what runs it may say more, as srun's warnings)
+        words = line.split()
+        if words in (["copied"], ["unsafe"]) or len(words) == 2 and words[0] == "missing" and words[1].isdigit():
+            return words
+    return ["unsafe"]
