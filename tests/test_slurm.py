@@ -377,6 +377,41 @@ def test_hosts_slurm_runs_on_the_nodes_of_an_allocation() -> None:
     assert_nothing_left()
 
 
+NOTEBOOK_ON_NODE1 = """\
+import nbformat
+from nbclient import NotebookClient
+notebook = nbformat.v4.new_notebook()
+notebook.cells = [nbformat.v4.new_code_cell(source) for source in (
+    "%load_ext lab.notebook\\n%lab start --hosts slurm --hang-after 3",
+    "%%dist\\nimport socket\\nx = torch.tensor([rank + 1.0])\\ndist.all_reduce(x)\\n"
+    "print(socket.gethostname(), x.item())",
+    "%lab stop")]
+NotebookClient(notebook, timeout=180, kernel_name="python3", allow_errors=True).execute()
+for cell in notebook.cells:
+    for output in cell.outputs:
+        print(output.get("text") or output.get("data", {}).get("text/plain") or "\\n".join(output.get("traceback", [])))
+"""
+
+
+@pytest.mark.docker
+@pytest.mark.usefixtures("controller_on_node1")
+def test_a_notebook_inside_an_allocation_runs_its_cells_on_the_allocations_nodes() -> None:
+    """A notebook's kernel on node1 as the lab user inside ``salloc -N2 --ntasks-per-node=2`` (nbclient, a
+    real IPython kernel): `%lab start --hosts slurm` starts the ranks as the allocation's tasks (srun,
+    the default there), and a cell runs on all four."""
+    done = in_host(1, "salloc", "--nodes=2", "--ntasks-per-node=2", "sh", "-c",
+                   f"mkdir -p /tmp/nb && cd /tmp/nb && echo '{{}}' > lesson.ipynb && exec env PYTHONPATH={CONTROLLER} "
+                   f"XDG_STATE_HOME={CONTROLLER}/state LAB_SHARED_DIR=/shared lab-python -c \"$0\"", NOTEBOOK_ON_NODE1,
+                   user="lab")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "4 rank(s) on node1, node2 formed their group (gloo, env://)" in done.stdout, done.stdout[-3000:]
+    assert sorted(re.findall(r"\[node\d r(\d)\] (node\d) 10\.0", done.stdout)) == [
+        ("0", "node1"), ("1", "node1"), ("2", "node2"), ("3", "node2")], done.stdout[-3000:]
+    assert "the notebook's 4 rank(s) ended" in done.stdout, done.stdout[-3000:]
+    in_host(1, "rm", "-rf", "/tmp/nb", user="lab")
+    assert_nothing_left()
+
+
 @pytest.mark.docker
 @pytest.mark.usefixtures("controller_on_node1")
 def test_submit_runs_the_exercises_as_a_batch_job() -> None:

@@ -16,6 +16,7 @@ from lab.cli.common import (
     cluster_options,
     env_options,
     exercises,
+    launcher,
     launcher_option,
     rank_env,
     ssh_settings,
@@ -23,7 +24,7 @@ from lab.cli.common import (
 )
 from lab.cli.views import notebook as views
 from lab.cli.views import run as run_views
-from lab.core import launchers, workdir
+from lab.core import workdir
 from lab.core.plan import INIT_METHODS
 from lab.errors import ExitCode, LabError, UsageError
 from lab.grading import notebooks
@@ -160,7 +161,7 @@ class LabMagics:
         if project is not None:
             run_views.print_skipped(project.root, project.skipped)
         plan = notebook_plan(inventory, args.hang_after, rank_env(args, root, not local), project,
-                             root if local else None, args.preflight, args.init, args.launcher or launchers.DEFAULT)
+                             root if local else None, args.preflight, args.init, launcher(args))
         session = self.session = Session(plan, settings)
         started = session.start(views.show_line)
         if started.outcome is not None or started.error is not None:
