@@ -234,25 +234,24 @@ class Relay:
 
     def _serve(self, connection: socket.socket, number: int) -> None:
         """One rank's stdin: everything from the start, as it comes, and its end."""
-        with connection:
+        try:
             while True:
                 with self.lock:
                     self.lock.wait_for(lambda: self.base + len(self.held) > self.taken[number] or self.ended)
                     data = self.held[self.taken[number] - self.base:]
-                    if not data:  # (ended, and all taken)
-                        del self.taken[number]
-                        self._let_go()
-                        return
-                try:
-                    connection.sendall(data)
-                except OSError:  # the rank closed its stdin, or ended: it takes nothing more
-                    with self.lock:
-                        del self.taken[number]
-                        self._let_go()
+                if not data:  # (ended, and all taken)
                     return
+                connection.sendall(data)
                 with self.lock:
                     self.taken[number] += len(data)
                     self._let_go()
+        except OSError:  # the rank closed its stdin, or ended: it takes nothing more
+            pass
+        finally:
+            connection.close()
+            with self.lock:
+                del self.taken[number]
+                self._let_go()
 
     def _let_go(self) -> None:
         """(With the lock held.) What every rank that will come has taken is not held any longer."""
