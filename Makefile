@@ -12,8 +12,8 @@ LAB_UP_ARGS ?=
 BENCH ?=
 REPEAT ?= 3
 # the suite on several workers (pytest-xdist; tests/conftest.py groups what must run one at a time):
-# one by default, since on a 2-core machine its CPU-heavy tests starve each other side by side (README)
-WORKERS ?= 1
+# two lanes by default, the container labs' tests in one, the rest beside them (README)
+WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
 
 .DEFAULT_GOAL := help
@@ -34,7 +34,7 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps --editable .
 	touch $@
 
-test: venv test-host ## run every test, one at a time (WORKERS=N: on N pytest workers) (installs what the Docker and sshd tiers need, as root on Debian)
+test: venv test-host ## run every test, on two pytest workers (WORKERS=N: on N; 1: one at a time) (installs what the Docker and sshd tiers need, as root on Debian)
 	$(PYTEST)
 
 test-host:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -18,33 +20,44 @@ from typing import Any
 
 import pytest
 
+from lab.rank import warm
 from lab.rank.events import parse_event
 from lab.rank.protocol import MARK
+from lab.rank.reaper import descendants
 
 from .sshd import SSHServer, require_sshd, start_sshd
 
 REPO = Path(__file__).resolve().parents[1]
 WRONG = Path(__file__).resolve().parent / "wrong"
 
-# -- the suite on several workers (make test: pytest-xdist, --dist loadgroup) -------------------------
-# A module's tests run in one worker, one after another, so that its module fixtures (a lab up, an
-# sshd, a batch of launches) are made once. The tests of the default container lab share a group
-# (one worker, one test at a time): they change the lab named "lab" (up, down, faults, shaped links),
-# and its hosts are theirs alone while a test counts what is left on them; the tests that only run jobs
-# on a container lab (test_lab_jobs), the cross-VPC, Slurm and machines labs have labs of their own
-# name and run beside it. The groups that take longest go first, one to a worker, so that none is left
-# to run two of them at the end (as CI ran them one by one on 2026-12-01, in seconds: the default lab's
-# 620 before the jobs' 280 left it, the cross-VPC lab's 250, the machines' 270, ...); the rest are dealt
-# out as workers free up.
+# -- the suite on two workers (make test: pytest-xdist, --dist loadgroup) ---------------------------
+# Two lanes. The container lane: every test of the docker and machines tiers, one after another in one
+# worker (their labs' containers are CPU-heavy in bursts, and two labs side by side on 2 cores starved
+# each other's timing); in it, the default lab's tests together (they change the lab named "lab": up,
+# down, faults, shaped links, and its hosts are theirs alone while a test counts what is left on them),
+# with test_doctor's that use it as they leave it. The other lane: the rest (unit, local, sshd), a
+# module at a time in whichever worker is free, so that a module's fixtures (an sshd, a batch of
+# launches) are made once. The container lane goes first (the longest by far), then the other lane's
+# longest modules, so that none is left to run alone at the end.
+CONTAINER_TIERS = ("docker", "machines")
+CONTAINER_LANE = "containers"
 DEFAULT_LAB_MODULES = ("test_lab_docker",)
 DEFAULT_LAB_FIXTURE = "container_lab"  # (test_doctor's: the lab up, as those modules leave it or find it)
-LONGEST_FIRST = ("default-lab", "test_lab_jobs", "test_machines", "test_cross_vpc", "test_local_run", "test_slurm",
-                 "test_grade", "test_launchers", "test_why_fixtures", "test_ssh_hosts", "test_train_programs",
-                 "test_flight")
+LONGEST_FIRST = (CONTAINER_LANE, "default-lab", "test_lab_jobs", "test_machines", "test_cross_vpc", "test_slurm",
+                 "test_local_run", "test_notebook", "test_train_programs", "test_launchers", "test_why_fixtures",
+                 "test_grade", "test_ssh_hosts", "test_flight", "test_method")
 
 
 def group_of(item: pytest.Item) -> str:
-    """The xdist group a test runs in: the default lab's, or its module's."""
+    """The xdist group a test runs in: the container lane's, or its module's."""
+    part = _part_of(item)
+    if part == "default-lab" or any(item.get_closest_marker(tier) for tier in CONTAINER_TIERS):
+        return CONTAINER_LANE
+    return part
+
+
+def _part_of(item: pytest.Item) -> str:
+    """The default lab's tests, or the test's module."""
     module = Path(item.nodeid.split("::", 1)[0]).stem
     uses_lab = DEFAULT_LAB_FIXTURE in getattr(item, "fixturenames", ())
     return "default-lab" if module in DEFAULT_LAB_MODULES or uses_lab else module
@@ -55,7 +68,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     first = {group: n for n, group in enumerate(LONGEST_FIRST)}
     for item in items:
         item.add_marker(pytest.mark.xdist_group(group_of(item)))
-    items.sort(key=lambda item: first.get(group_of(item), len(first)))  # (stable: the rest in their order)
+    # (stable: the rest in their order)
+    items.sort(key=lambda item: (first.get(group_of(item), len(first)), first.get(_part_of(item), len(first))))
 
 
 @dataclass
@@ -113,13 +127,87 @@ def lines_of(program: str) -> dict[str, int]:
     return {m: n for n, line in enumerate(program.splitlines(), 1) for m in re.findall(r"# @(\w+)", line)}
 
 
-class Lab:
-    """Runs ``python -m lab`` with a marker in its environment that every rank inherits,
-    so a test can find any process the run left behind."""
+class WarmServer:
+    """``python -m lab.rank.warm serve`` for this user, in its folder under ``root`` (LAB_WARM_DIR)."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: Path, env: dict[str, str] | None = None) -> None:
+        self.root = root
+        self.folder = root / str(os.getuid())
+        self.folder.mkdir(mode=0o700)
+        self.process = subprocess.Popen([sys.executable, "-m", "lab.rank.warm", "serve", str(self.folder)],
+                                        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})}, cwd=REPO,
+                                        start_new_session=True, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while not (self.folder / warm.SERVED).exists():
+            assert self.process.poll() is None and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.1)
+
+    @property
+    def served(self) -> int:
+        return int((self.folder / warm.SERVED).read_text())
+
+    @property
+    def log(self) -> str:
+        return (self.folder / warm.LOG).read_text() if (self.folder / warm.LOG).exists() else ""
+
+    def below(self) -> list[int]:
+        """What runs below the server now: a launch's keeper, its zygote, its ranks, what they left."""
+        return descendants(self.process.pid)
+
+    def left_below(self) -> list[int]:
+        """What is still below the server a moment after the runs through it ended (a keeper sweeps,
+        says how its launch ended, then ends)."""
+        deadline = time.monotonic() + 10
+        while self.below() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return self.below()
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait(30)
+
+
+_SHARED_WARM: list[WarmServer] = []  # this worker's server for the tests' local runs (shared_warm_server)
+
+
+def shared_warm_server() -> WarmServer:
+    """This worker's warm server, which the local runs of every test's :class:`Lab` but a cold one are
+    forked from (one torch import for the session, as a container host's server gives the lab's runs
+    on its host: docs/engineers.md); started on first use, and again where a run stopped it."""
+    if _SHARED_WARM and _SHARED_WARM[0].process.poll() is not None:
+        _stop_shared_warm_server()
+    if not _SHARED_WARM:
+        _SHARED_WARM.append(WarmServer(Path(tempfile.mkdtemp(prefix="lab-tests-warm-"))))
+    return _SHARED_WARM[0]
+
+
+def _stop_shared_warm_server() -> None:
+    for server in _SHARED_WARM:
+        server.stop()
+        shutil.rmtree(server.root, ignore_errors=True)
+    _SHARED_WARM.clear()
+
+
+def pytest_sessionfinish() -> None:
+    _stop_shared_warm_server()
+
+
+class Lab:
+    """Runs ``python -m lab`` with a marker in its environment that every rank inherits, so a test
+    can find any process the run left behind.
+
+    Its local runs under ``--launcher lab`` are forked from this worker's warm server
+    (:func:`shared_warm_server`): what they leave is what is left below the server (a forked rank
+    keeps the server's environment, marker-less). A ``cold`` lab's start as a user's own machine
+    starts them (each run imports torch in its zygote): for what a test asks of that start itself
+    (the import, its pulses, the reaper's sweep, the processes a run counts while it runs)."""
+
+    def __init__(self, *, cold: bool = False) -> None:
         self.marker = uuid.uuid4().hex
         self.env = {**os.environ, "LAB_TEST_MARKER": self.marker, "COLUMNS": "200"}
+        self.warm = None if cold else shared_warm_server()
+        if self.warm is not None:
+            self.env[warm.WARM_DIR_VAR] = str(self.warm.root)
 
     def argv(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "lab", *args]
@@ -165,14 +253,26 @@ class Lab:
                                 stderr=subprocess.STDOUT, text=True, preexec_fn=_ignore_sigint)
 
     def leftovers(self) -> list[int]:
-        """Pids of live processes that carry this test's marker."""
+        """Pids of live processes that carry this test's marker, and (a warm lab's) what its runs left
+        below the warm server: for after a run, where no other lab runs beside it."""
+        return self.marked() + (self.warm.left_below() if self.warm else [])
+
+    def marked(self) -> list[int]:
+        """Pids of live processes that carry this test's marker (a warm lab's runs: not the processes
+        forked from the warm server)."""
         return live_pids_with(f"LAB_TEST_MARKER={self.marker}")
+
+    def running(self) -> list[int]:
+        """The processes of this lab's run that runs now (a cold lab's: a warm server's processes
+        carry no marker)."""
+        assert self.warm is None, "a test that counts a run's processes while it runs starts it cold"
+        return self.marked()
 
     def interrupt_when_running(self, proc: subprocess.Popen[str], processes: int) -> tuple[int, str]:
         """Ctrl-C ``proc`` once ``processes`` of its processes are up and have had time to get
         into their work; its exit code and output."""
         deadline = time.monotonic() + 60
-        while len(self.leftovers()) < processes and time.monotonic() < deadline:
+        while len(self.running()) < processes and time.monotonic() < deadline:
             time.sleep(0.2)
         time.sleep(2)
         proc.send_signal(signal.SIGINT)
@@ -211,8 +311,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHServer]:
 
 
 @pytest.fixture
-def lab() -> Lab:
-    return Lab()
+def lab(request: pytest.FixtureRequest) -> Lab:
+    """A :class:`Lab`; a cold one for a test marked ``cold``."""
+    return Lab(cold=request.node.get_closest_marker("cold") is not None)
 
 
 DDP_SERIES = REPO / "tests" / "projects" / "ddp_series"  # a project shaped as pytorch/examples' DDP series

@@ -80,6 +80,7 @@ def test_a_hang_or_crash_inside_a_host_launcher_is_pinned_on_its_rank(
     assert lab.leftovers() == []
 
 
+@pytest.mark.cold
 def test_sigint_under_torchrun_stops_the_agents_and_their_ranks(lab: Lab, two_hosts: Path) -> None:
     proc = lab.popen("run", "p2p", "--hosts", str(two_hosts), "--launcher", "torchrun", "--timeout", "120",
                      "--solution", str(WRONG / "p2p_never_sends.py"))

@@ -48,7 +48,9 @@ def by_name(report: dict) -> dict[str, dict]:
 
 # Each rendezvous method of the shared group once and each world size once (the two are independent:
 # the init-* exercises form their own groups by each method in every run, and the sizes try the rings'
-# remainders): three runs instead of nine.
+# remainders): three runs instead of nine. Started as on a user's own machine (cold), as are the
+# start-up's own tests below.
+@pytest.mark.cold
 @pytest.mark.parametrize(("init", "nproc"), [("env", 2), ("tcp", 3), ("file", 4)])
 def test_run_all_passes(lab: Lab, nproc: int, init: str) -> None:
     code, report = run_json(lab, "all", "--nproc", str(nproc), "--init", init, "--backend", "gloo")
@@ -197,6 +199,7 @@ def test_a_hanging_rank_is_stopped_at_the_timeout_and_located(lab: Lab) -> None:
 
 
 @pytest.mark.load
+@pytest.mark.cold
 def test_on_a_busy_machine_a_start_up_longer_than_the_timeout_is_no_timeout_while_it_moves(lab: Lab) -> None:
     """On a busy machine, importing torch takes longer than --timeout 3: the lab's own start-up is
     judged by the CPU seconds its launchers and ranks say they used, not by a clock load can stop; the
@@ -222,6 +225,7 @@ def test_no_hang_is_said_while_a_connection_of_the_ranks_still_moves(lab: Lab) -
     assert lab.leftovers() == []
 
 
+@pytest.mark.cold
 def test_sigint_stops_every_rank(lab: Lab) -> None:
     proc = lab.popen("run", "p2p", "--nproc", "3", "--timeout", "120",
                      "--solution", str(WRONG / "p2p_never_sends.py"))

@@ -7,7 +7,6 @@ import os
 import pwd
 import resource
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -20,10 +19,9 @@ from lab.core.plan import Options
 from lab.core.planner import build_plan
 from lab.inventory.model import Host, Inventory
 from lab.rank import warm
-from lab.rank.reaper import descendants
 from lab.suite import registry
 
-from .conftest import REPO, Lab
+from .conftest import REPO, Lab, WarmServer
 
 WHY = REPO / "tests" / "why"
 
@@ -99,77 +97,38 @@ def test_frames_carry_json_and_a_peer_that_closes_early_is_no_frame() -> None:
 # -- on this machine: a real server, real launches ------------------------------------------------------
 
 
-class Server:
-    """``python -m lab.rank.warm serve`` for this user, in its folder under ``root`` (LAB_WARM_DIR)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.folder = root / str(os.getuid())
-        self.folder.mkdir(mode=0o700)
-        self.process = subprocess.Popen([sys.executable, "-m", "lab.rank.warm", "serve", str(self.folder)],
-                                        env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO, start_new_session=True,
-                                        stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 120
-        while not (self.folder / warm.SERVED).exists():
-            assert self.process.poll() is None and time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.1)
-
-    @property
-    def served(self) -> int:
-        return int((self.folder / warm.SERVED).read_text())
-
-    @property
-    def log(self) -> str:
-        return (self.folder / warm.LOG).read_text() if (self.folder / warm.LOG).exists() else ""
-
-    def below(self) -> list[int]:
-        """What runs below the server now: a launch's keeper, its zygote, its ranks, what they left."""
-        return descendants(self.process.pid)
-
-    def stop(self) -> None:
-        self.process.kill()
-        self.process.wait(30)
-
-
 @pytest.fixture
-def server() -> Iterator[Server]:
+def server() -> Iterator[WarmServer]:
     with tempfile.TemporaryDirectory() as root:
-        started = Server(Path(root))
+        started = WarmServer(Path(root))
         yield started
         started.stop()
 
 
-def warm_lab(server: Server) -> Lab:
-    lab = Lab()
+def warm_lab(server: WarmServer) -> Lab:
+    """A lab whose runs are forked from this test's own server (not the tests' shared one)."""
+    lab = Lab(cold=True)
     lab.env[warm.WARM_DIR_VAR] = str(server.root)
     return lab
 
 
-def gone_below(server: Server) -> list[int]:
-    """What is still below the server a moment after a run ended (a keeper sweeps, then ends)."""
-    deadline = time.monotonic() + 10
-    while server.below() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return server.below()
-
-
 @pytest.mark.local
-def test_a_run_is_forked_from_the_warm_server_passes_and_leaves_nothing(server: Server) -> None:
+def test_a_run_is_forked_from_the_warm_server_passes_and_leaves_nothing(server: WarmServer) -> None:
     result = warm_lab(server)("run", "p2p", "all-reduce", "--nproc", "4")
     assert result.code == 0, result.text
     assert "2 passed, 0 failed" in result.out
     assert server.served == 1  # (a run's exercises are one launch a host)
-    assert gone_below(server) == []
+    assert server.left_below() == []
 
 
 @pytest.mark.local
-def test_a_hang_through_the_warm_start_is_named_as_the_cold_start_names_it(server: Server) -> None:
+def test_a_hang_through_the_warm_start_is_named_as_the_cold_start_names_it(server: WarmServer) -> None:
     lab = warm_lab(server)
     result = lab("launch", "--nproc", "4", "--hang-after", "3", str(WHY / "recv_cycle.py"))
     assert result.code == 4, result.text
     assert "every rank receives first" in result.out and "recv_cycle.py:17" in result.out, result.text
     assert server.served == 1
-    assert gone_below(server) == []
+    assert server.left_below() == []
 
 
 DAEMON = """\
@@ -184,13 +143,13 @@ print("rank", os.environ["RANK"], "done", flush=True)
 
 
 @pytest.mark.local
-def test_a_daemon_a_rank_leaves_is_swept_and_ctrl_c_leaves_nothing(server: Server, tmp_path: Path) -> None:
+def test_a_daemon_a_rank_leaves_is_swept_and_ctrl_c_leaves_nothing(server: WarmServer, tmp_path: Path) -> None:
     script = tmp_path / "daemon.py"
     script.write_text(DAEMON)
     lab = warm_lab(server)
     result = lab("launch", "--nproc", "2", str(script))
     assert result.code == 0, result.text
-    assert gone_below(server) == []
+    assert server.left_below() == []
     sleeper = tmp_path / "sleeper.py"
     sleeper.write_text("import time\ntime.sleep(600)\n")
     proc = lab.popen("launch", "--nproc", "3", str(sleeper))
@@ -201,11 +160,11 @@ def test_a_daemon_a_rank_leaves_is_swept_and_ctrl_c_leaves_nothing(server: Serve
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
     assert server.served == 2
-    assert gone_below(server) == []
+    assert server.left_below() == []
 
 
 @pytest.mark.local
-def test_a_launch_the_server_cannot_take_starts_cold_and_says_why_in_its_log(server: Server) -> None:
+def test_a_launch_the_server_cannot_take_starts_cold_and_says_why_in_its_log(server: WarmServer) -> None:
     result = warm_lab(server)("launch", "--nproc", "2", "--env", "TORCH_SHOW_CPP_STACKTRACES=1",
                               str(WHY / "healthy_loop.py"))
     assert result.code == 0, result.text
@@ -215,7 +174,7 @@ def test_a_launch_the_server_cannot_take_starts_cold_and_says_why_in_its_log(ser
 
 @pytest.mark.local
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root, to be another user")
-def test_only_the_users_own_server_in_a_folder_of_its_own_is_ever_used(server: Server) -> None:
+def test_only_the_users_own_server_in_a_folder_of_its_own_is_ever_used(server: WarmServer) -> None:
     nobody = pwd.getpwnam("nobody")
     os.chown(server.folder, nobody.pw_uid, -1)  # (a folder of another user's where this user looks)
     result = warm_lab(server)("run", "p2p", "--nproc", "2")

@@ -8,12 +8,12 @@ import ast
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
-from .conftest import Lab, Result
+from .conftest import Lab, Result, shared_warm_server
 
 WHY = Path(__file__).resolve().parent / "why"
 FIXTURES = sorted(WHY.glob("*.py"))
@@ -217,14 +217,15 @@ class Launched:
     leftovers: list[str]
 
 
-def launched(lab: Lab, path: Path, *cluster: str) -> Launched:
-    """A fixture run through ``lab launch CLUSTER --hang-after HANG_AFTER`` (default ``--nproc N``)."""
+def launched(lab: Lab, path: Path, *cluster: str, alone: bool = True) -> Launched:
+    """A fixture run through ``lab launch CLUSTER --hang-after HANG_AFTER`` (default ``--nproc N``);
+    not ``alone`` (other labs run beside it), its leftovers are only those that carry its marker."""
     expect = expectation(path)
     timeout = expect.timeout or TIMEOUT
     started = time.monotonic()
     result = lab("launch", *(cluster or ("--nproc", str(expect.nproc))), "--timeout", f"{timeout:g}",
                  "--hang-after", str(HANG_AFTER), str(path), timeout=timeout + 120)
-    return Launched(expect, result, time.monotonic() - started, lab.leftovers())
+    return Launched(expect, result, time.monotonic() - started, lab.leftovers() if alone else lab.marked())
 
 
 def assert_launched_as_expected(run: Launched, found_within: float = FOUND_WITHIN) -> None:
@@ -244,9 +245,12 @@ AT_ONCE = 2  # fixtures run at a time here: each also runs on a machine another 
 
 def launched_at_once(paths: list[Path]) -> dict[Path, Launched]:
     """Each fixture through ``lab launch --hang-after``, AT_ONCE at a time (each with a lab of its own:
-    what one leaves running is its own)."""
+    what one leaves running with its marker is its own; what is left below the warm server once
+    they have all ended counts against each)."""
     with ThreadPoolExecutor(AT_ONCE) as pool:
-        return dict(zip(paths, pool.map(lambda path: launched(Lab(), path), paths)))
+        runs = dict(zip(paths, pool.map(lambda path: launched(Lab(), path, alone=False), paths)))
+    left = shared_warm_server().left_below()
+    return {path: replace(run, leftovers=run.leftovers + left) for path, run in runs.items()}
 
 
 @pytest.fixture(scope="module")
