@@ -164,6 +164,28 @@ def test_a_daemon_a_rank_leaves_is_swept_and_ctrl_c_leaves_nothing(server: WarmS
 
 
 @pytest.mark.local
+def test_a_launch_writes_its_temporary_files_where_its_own_tmpdir_says(tmp_path: Path) -> None:
+    """Python reads TMPDIR once: a server that had asked (here its site's customization did) must not
+    hand its folder on to the launches it forks."""
+    site, theirs, ours, root = (tmp_path / name for name in ("site", "server-tmp", "launch-tmp", "warm"))
+    for folder in (site, theirs, ours, root):
+        folder.mkdir()
+    (site / "sitecustomize.py").write_text("import tempfile\ntempfile.gettempdir()\n")
+    program = tmp_path / "where.py"
+    program.write_text("import tempfile\nprint('temp:', tempfile.gettempdir(), flush=True)\n")
+    server = WarmServer(root, {"PYTHONPATH": f"{REPO}:{site}", "TMPDIR": str(theirs)})
+    try:
+        lab = warm_lab(server)
+        lab.env["TMPDIR"] = str(ours)
+        result = lab("launch", "--nproc", "1", str(program))
+    finally:
+        server.stop()
+    assert result.code == 0, result.text
+    assert server.served == 1
+    assert f"temp: {ours}" in result.out, result.out
+
+
+@pytest.mark.local
 def test_a_launch_the_server_cannot_take_starts_cold_and_says_why_in_its_log(server: WarmServer) -> None:
     result = warm_lab(server)("launch", "--nproc", "2", "--env", "TORCH_SHOW_CPP_STACKTRACES=1",
                               str(WHY / "healthy_loop.py"))

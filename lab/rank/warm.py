@@ -52,6 +52,7 @@ import socket
 import stat
 import struct
 import sys
+import tempfile
 import time
 from typing import Any, NoReturn
 
@@ -483,6 +484,7 @@ def become(fds: list[int], request: dict[str, Any]) -> NoReturn:
                        *(p for p in sys.path[1:] if p not in server_path.split(":"))]
         for name in [n for n in sys.modules if n == "lab" or n.startswith("lab.")]:
             del sys.modules[name]
+        tempfile.tempdir = None  # (its folder is read from TMPDIR once: the launch's, not the server's)
         importlib.invalidate_caches()
         random.seed()  # (numpy's generator, where torch loaded it: as fresh as a new process's)
         if "numpy" in sys.modules:
