@@ -95,6 +95,19 @@ def test_the_docker_transport_runs_ranks_by_docker_exec(jobs: Jobs, tmp_path: Pa
     assert_no_workers_anywhere(jobs.topology)
 
 
+def test_a_rank_that_raised_on_a_host_is_the_cause_at_its_own_line_never_the_warm_starts(jobs: Jobs) -> None:
+    """Each host's launch is forked from its warm server, whose copy of the lab (the image's) lies
+    below the run's own in every rank's stack: those frames are the lab's too. Rank 1's exception is
+    the cause, at the student's line, not a mismatch against the lab's own barrier "at warm.py"."""
+    result = jobs.lab("run", "dsgd", "--hosts", str(jobs.inventory), "--solution",
+                      str(WRONG / "dsgd_raises_on_one_rank.py"), "--timeout", "30", "--hang-after", "3", timeout=180)
+    headline = next(line for line in result.out.splitlines() if line.startswith("lab: "))
+    assert headline.startswith("lab: Rank 1 (node2) failed first: it raised ValueError: rank 1 gives up at "
+                               "dsgd_raises_on_one_rank.py:14; "), result.out
+    assert "warm.py" not in result.out, result.out
+    assert_no_workers_anywhere(jobs.topology)
+
+
 def test_a_notebook_runs_its_cells_on_the_four_hosts_and_a_hang_across_them_says_why(jobs: Jobs,
                                                                                     tmp_path: Path) -> None:
     """The notebook's ranks on the container lab, reached over SSH as a launch's are: each rank in its own

@@ -72,6 +72,7 @@ from lab.rank import lastcall
 from lab.rank.callspec import INIT_PROCESS_GROUP, NEW_GROUP, Spec, get
 from lab.rank.flightrecords import MEMBERS_MAX
 from lab.rank.groups import Group, Groups
+from lab.rank.labfiles import lab_dirs
 from lab.rank.record import SPLITS_MAX, Record, to_wire
 
 RING_MAX = 64  # records of the last calls kept
@@ -80,7 +81,7 @@ MADE_KEPT = 64  # the groups a rank made that are kept: its first since the worl
 ASYNC_MAX = 256  # async calls not yet waited kept; the oldest past it are dropped and counted
 ERROR_MAX = 500  # characters of a call's error kept
 WALK_MAX = 64  # frames looked at to find the user's
-LAB_DIR = os.path.dirname(os.path.dirname(__file__)) + os.sep  # the lab package's, as its code names it
+LAB_DIRS = lab_dirs()  # the lab's own code, as its frames name it (lab.rank.warm)
 
 _now = time.time
 
@@ -155,7 +156,8 @@ def _where(code: CodeType | None, lasti: int) -> str:
     line = next((n for start, end, n in code.co_lines() if start <= lasti < end and n is not None),
                 code.co_firstlineno)
     path = code.co_filename
-    name = "lab/" + path[len(LAB_DIR):] if path.startswith(LAB_DIR) else os.path.basename(path)
+    lab = next((folder for folder in LAB_DIRS if path.startswith(folder)), None)
+    name = "lab/" + path[len(lab):] if lab is not None else os.path.basename(path)
     return f"{name}:{line}"
 
 
@@ -205,7 +207,7 @@ class Flight:
         self.begun = 0  # the calls recorded so far
         self.lock = threading.Lock()
         self.local = _Batch()
-        self.internal: tuple[str, ...] = (LAB_DIR, "<frozen ")  # frames that are not the user's
+        self.internal: tuple[str, ...] = (*LAB_DIRS, "<frozen ")  # frames that are not the user's
         self.torch_dir = "\0"
         self.user_code: CodeType | None = None  # the code of the last call's caller, if the user's
         self.work_class: Any = type(None)
@@ -238,7 +240,7 @@ class Flight:
         import torch.distributed.distributed_c10d as c10d
 
         self.torch_dir = os.path.dirname(torch.__file__) + os.sep
-        self.internal = (self.torch_dir, LAB_DIR, "<frozen ")
+        self.internal = (self.torch_dir, *LAB_DIRS, "<frozen ")
         self.work_class, self.c10d = c10d.Work, c10d
         self.groups.bind(c10d)
         self.page = lastcall.PAGE
@@ -524,7 +526,7 @@ class Flight:
             group = args[0] if args else kwargs.get("group")
             if group is None or group is self.c10d.GroupMember.WORLD:
                 code, lasti = self.user_frame(sys._getframe(1))
-                if code is not None and not code.co_filename.startswith(LAB_DIR):
+                if code is not None and not code.co_filename.startswith(LAB_DIRS):
                     self.destroyed = (code, lasti)
             return fn(*args, **kwargs)
 

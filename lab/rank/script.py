@@ -49,7 +49,7 @@ from typing import NoReturn
 
 from lab.rank import protocol, saves
 from lab.rank.files import FILES
-from lab.rank.flight import LAB_DIR
+from lab.rank.flight import LAB_DIRS
 from lab.rank.torchcalls import TORCH_CALLS
 from lab.rank.watcher import WATCHER
 from lab.rank.worker import capped, error_text, start_rank
@@ -156,7 +156,7 @@ def show_traceback(exc: BaseException, text: str) -> None:
 def is_users(frame: FrameType) -> bool:
     """Whether ``frame`` runs the user's code: not the lab's (its files), nor torch's, nor the
     standard library's (their modules)."""
-    if frame.f_code.co_filename.startswith(LAB_DIR):
+    if frame.f_code.co_filename.startswith(LAB_DIRS):
         return False
     module = frame.f_globals.get("__name__")
     top = module.partition(".")[0] if isinstance(module, str) else ""
@@ -209,7 +209,7 @@ def _kept(tb: TracebackType | None) -> TracebackType | None:
     kept = []
     while tb is not None:
         frame = tb.tb_frame
-        if not frame.f_code.co_filename.startswith(LAB_DIR) and frame.f_globals.get("__name__") != "runpy":
+        if not frame.f_code.co_filename.startswith(LAB_DIRS) and frame.f_globals.get("__name__") != "runpy":
             kept.append(tb)
         tb = tb.tb_next
     rebuilt = None
@@ -231,7 +231,7 @@ def reported_exit(rank: int, real_exit: Callable[[int], NoReturn]) -> Callable[[
         try:
             caller = sys._getframe(1)
             if os.getpid() == pid and isinstance(status, int) and -(1 << 31) <= status < 1 << 31 and \
-                    not caller.f_code.co_filename.startswith(LAB_DIR):  # (a status os._exit takes: a C int)
+                    not caller.f_code.co_filename.startswith(LAB_DIRS):  # (a status os._exit takes: a C int)
                 last_words = threading.Thread(target=_last_words, args=(rank, status, called_from(caller)),
                                               name="lab-exit", daemon=True)
                 last_words.start()

@@ -56,6 +56,8 @@ import tempfile
 import time
 from typing import Any, NoReturn
 
+from lab.rank.labfiles import LAB_DIR, SERVER_LAB_VAR
+
 WARM_DIR = "/run/lab-warm"  # root's; in it a folder per user that has a server: WARM_DIR/<uid>
 WARM_DIR_VAR = "LAB_WARM_DIR"  # another place for WARM_DIR (a launch's own setting: its user's servers only)
 SOCKET = "socket"
@@ -480,6 +482,7 @@ def become(fds: list[int], request: dict[str, Any]) -> NoReturn:
         server_path = os.environ.get("PYTHONPATH", "")
         os.environ.clear()
         os.environ.update(request["env"])
+        os.environ[SERVER_LAB_VAR] = LAB_DIR
         sys.path[:] = [request["cwd"], *(p for p in os.environ.get("PYTHONPATH", "").split(":") if p),
                        *(p for p in sys.path[1:] if p not in server_path.split(":"))]
         for name in [n for n in sys.modules if n == "lab" or n.startswith("lab.")]:

@@ -48,6 +48,7 @@ from types import ModuleType
 from typing import Any
 
 from lab.rank import inputs, protocol, steps
+from lab.rank.labfiles import lab_dirs
 from lab.rank.protocol import EVENT_MAX, Channel, EventKind, emit, event_line
 from lab.rank.stdin import take_relayed
 
@@ -509,7 +510,6 @@ def limit_processes(per_rank: int | None, local_ranks: int) -> None:
 
 
 LAB_PROCESSES = 16
-LAB_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the lab package's
 TEXT_FIELDS = ("error", "where", "traceback")
 TEXT_MAX = 64 * 1024  # characters of each of an error's texts sent (an event line has at most EVENT_MAX bytes)
 
@@ -532,7 +532,7 @@ def error_text(exc: BaseException) -> str:
 def program_traceback(exc: BaseException) -> str:
     """The traceback of an exercise's exception as its program's author should see it: the frames of
     the program and of torch, not the lab's own (the worker, the exercise's driver)."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(LAB_DIR)]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(lab_dirs())]
     return ("Traceback (most recent call last):\n" + "".join(traceback.format_list(frames))
             + "".join(traceback.format_exception_only(type(exc), exc)))
 
