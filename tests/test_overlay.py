@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from lab.errors import InventoryError
+from lab.errors import InventoryError, LabError
 from lab.inventory.hosts import inventory_text, load_inventory
-from lab.net import wireguard
+from lab.net import overlay, wireguard
 from lab.net.wireguard import Member, PeerState
 from lab.netcheck.model import Master
 from lab.netcheck.rules import analyse
@@ -76,6 +76,41 @@ def test_the_key_is_made_once_for_root_only_and_only_its_public_half_is_printed(
     assert stat.S_IMODE(key.stat().st_mode) == 0o600 and key.read_text() == "PRIVATE-KEY\n"
     key.write_text("KEPT\n")
     assert sh(wireguard.keygen_script(str(key)), fake_wg) == "public-of-KEPT\n"  # a second up keeps it
+
+
+class Saying(overlay.End):
+    """An end whose shell says, to each script in turn, the next of ``answers``."""
+
+    def __init__(self, answers: list[str]) -> None:
+        super().__init__("node3", "10.0.0.3")
+        self.answers, self.scripts = answers, 0
+
+    def sh(self, script: str) -> str:
+        self.scripts += 1
+        return self.answers.pop(0)
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def set_hosts(self, script: str) -> None:
+        raise NotImplementedError
+
+    def remove(self) -> bool:
+        raise NotImplementedError
+
+
+KEY = "x" * 42 + "Y="  # (a WireGuard key's shape: 43 base64 digits and its =)
+
+
+def test_a_public_key_whose_reading_came_back_empty_is_read_again_and_none_at_all_is_the_hosts_error() -> None:
+    """An engine's exec can lose a short command's output (docker-py #2042): seen as a peer with an
+    empty key on another host ("Key is not the correct length or format"), where the host's own
+    failure, or its key, was due."""
+    lost_once = Saying(["", f"{KEY}\n"])
+    assert overlay.public_key(lost_once) == KEY and lost_once.scripts == 2
+    said = r"^host node3: no WireGuard public key could be read from it \(it said 'oops'\)$"
+    with pytest.raises(LabError, match=said):
+        overlay.public_key(Saying(["", "", "oops"]))
 
 
 def test_show_never_prints_the_private_key_and_its_peers_are_read(fake_wg: dict[str, str]) -> None:

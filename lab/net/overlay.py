@@ -12,6 +12,7 @@ every end, before it is raised. What the overlay is, is read from the interfaces
 from __future__ import annotations
 
 import ipaddress
+import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -92,7 +93,7 @@ def up(ends: Sequence[End], subnet: str, say: Say, mtu: int | None = None,
     addresses = wireguard.member_addresses(subnet, len(ends))
     try:
         on_each(ends, lambda end: end.start())
-        keys = on_each(ends, lambda end: end.sh(wireguard.keygen_script(end.key_file)).strip())
+        keys = on_each(ends, public_key)
         members = [Member(end.name, end.endpoint, address, key, port) for end, address, key in zip(ends, addresses,
                                                                                                    keys)]
         chosen = mtu if mtu is not None else wireguard.overlay_mtu(
@@ -107,6 +108,21 @@ def up(ends: Sequence[End], subnet: str, say: Say, mtu: int | None = None,
     except BaseException:
         on_each(ends, lambda end: end.remove())
         raise
+
+
+PUBLIC_KEY = re.compile(r"[A-Za-z0-9+/]{43}=")  # a WireGuard key, as wg prints it (32 bytes in base64)
+KEY_READS = 3  # an engine's exec can lose a short command's output (docker-py #2042, moby #27289): read again
+
+
+def public_key(end: End) -> str:
+    """The end's public key (its private key made on the first read, and kept); LabError naming the
+    host where no key could be read from it."""
+    said = ""
+    for _ in range(KEY_READS):
+        said = end.sh(wireguard.keygen_script(end.key_file)).strip()
+        if PUBLIC_KEY.fullmatch(said):
+            return said
+    raise LabError(f"host {end.name}: no WireGuard public key could be read from it (it said {said[-200:]!r})")
 
 
 def down(ends: Sequence[End], say: Say) -> int:
