@@ -72,7 +72,7 @@ from lab.rank import lastcall
 from lab.rank.callspec import INIT_PROCESS_GROUP, NEW_GROUP, Spec, get
 from lab.rank.flightrecords import MEMBERS_MAX
 from lab.rank.groups import Group, Groups
-from lab.rank.labfiles import lab_dirs
+from lab.rank.labfiles import LAB_DIRS
 from lab.rank.record import SPLITS_MAX, Record, to_wire
 
 RING_MAX = 64  # records of the last calls kept
@@ -81,7 +81,6 @@ MADE_KEPT = 64  # the groups a rank made that are kept: its first since the worl
 ASYNC_MAX = 256  # async calls not yet waited kept; the oldest past it are dropped and counted
 ERROR_MAX = 500  # characters of a call's error kept
 WALK_MAX = 64  # frames looked at to find the user's
-LAB_DIRS = lab_dirs()  # the lab's own code, as its frames name it (lab.rank.warm)
 
 _now = time.time
 

@@ -13,8 +13,11 @@ SERVER_LAB_VAR = "LAB_WARM_SERVER_LAB"  # in a launch forked from a warm server:
 LAB_DIR = os.path.dirname(os.path.dirname(__file__)) + os.sep  # this copy's package, as its code names it
 
 
-def lab_dirs() -> tuple[str, ...]:
-    """The folders of the lab's own code: this copy's, and (in a launch forked from a warm server)
-    the server's."""
+def _lab_dirs() -> tuple[str, ...]:
     server = os.environ.get(SERVER_LAB_VAR, "")
     return (LAB_DIR, server) if os.path.isabs(server) and server.endswith(os.sep) and server != LAB_DIR else (LAB_DIR,)
+
+
+# The folders of the lab's own code: this copy's, and (in a launch forked from a warm server) the
+# server's (a zygote imports this module afresh, once the server has said where its copy is)
+LAB_DIRS = _lab_dirs()

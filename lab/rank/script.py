@@ -49,7 +49,7 @@ from typing import NoReturn
 
 from lab.rank import protocol, saves
 from lab.rank.files import FILES
-from lab.rank.flight import LAB_DIRS
+from lab.rank.labfiles import LAB_DIRS
 from lab.rank.torchcalls import TORCH_CALLS
 from lab.rank.watcher import WATCHER
 from lab.rank.worker import capped, error_text, start_rank

@@ -48,7 +48,7 @@ from types import ModuleType
 from typing import Any
 
 from lab.rank import inputs, protocol, steps
-from lab.rank.labfiles import lab_dirs
+from lab.rank.labfiles import LAB_DIRS
 from lab.rank.protocol import EVENT_MAX, Channel, EventKind, emit, event_line
 from lab.rank.stdin import take_relayed
 
@@ -532,7 +532,7 @@ def error_text(exc: BaseException) -> str:
 def program_traceback(exc: BaseException) -> str:
     """The traceback of an exercise's exception as its program's author should see it: the frames of
     the program and of torch, not the lab's own (the worker, the exercise's driver)."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(lab_dirs())]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(LAB_DIRS)]
     return ("Traceback (most recent call last):\n" + "".join(traceback.format_list(frames))
             + "".join(traceback.format_exception_only(type(exc), exc)))
 
