@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from lab.rank import torchfr
+from lab.rank import protocol, torchfr
 from lab.rank.callspec import Spec, spec_for
 from lab.rank.files import FILES_KEPT, Files
 from lab.rank.flight import ASYNC_MAX, RETURNED, RING_MAX, SEQ, STATE, T0, T1, Call, Flight, to_json
@@ -380,6 +380,26 @@ def test_a_dump_holds_the_programs_records_and_torchs_oldest_first_and_every_cal
     assert fields["inflight"] == [to_json(c) for c in (unwaited, issued[0], blocked)]
     assert (fields["counts"], fields["dropped"], "steps" in fields, "files" in fields) == \
         ({"world": {"all_reduce": 1}}, 0, False, False)
+
+
+def test_a_call_a_look_sends_has_the_number_torchs_collectives_before_it_give_it(
+        dump: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gather right after DDP's training took its number as it began, before any read found DDP's
+    collectives: the look that names it in a progress (the last word of a rank that dies in it) reads
+    torch's recorder first, so the number it says is the one the other ranks have for it."""
+    flight, torch = torch_flight(ProcessGroup([0, 1], "0"))
+    init = call(flight)
+    flight.ended(init, None)
+    at(init, 100.0, 100.5, 100.5)
+    gather = at(call(flight), 102.0)
+    assert to_json(gather)["seq"] == 2  # (as it began: DDP's were not read yet)
+    dump["entries"] = [entry(0, 101.0, seq=2, retired=True), entry(1, 101.5, seq=3, retired=True)]
+    sent: list[tuple[str, dict[str, Any]]] = []
+    channel = SimpleNamespace(token="t", send=lambda event, **fields: sent.append((event, fields)),
+                              write=lambda line: sent.append(("line", {})))
+    monkeypatch.setattr(protocol, "CHANNEL", channel)
+    Watcher(flight, flight.groups, torch, Files(flight))._tick(102.2)
+    assert [fields["inflight"]["seq"] for event, fields in sent if event == "progress"] == [4]
 
 
 def all_to_all_single(output: Any, input: Any, output_split_sizes: Any = None, input_split_sizes: Any = None,

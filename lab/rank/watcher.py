@@ -94,13 +94,17 @@ class Watcher:
             pass
 
     def _tick(self, now: float) -> float:
-        """One look; the seconds to the next."""
+        """One look; the seconds to the next. A call of the program's took its number among its group's
+        collectives as it began, counting those torch issued that a read had found by then; a look
+        that sends one (the call a progress names, a trace's records) reads torch's recorder first,
+        so that it goes out with the number it has on every rank (DDP's collectives counted before
+        the gather right after training, which a rank may die in before any other look)."""
         self.flight.poll()
         blocking = self.flight.blocking()
+        if blocking or self.tracing:
+            self.torch.read(now)
         if not blocking:
             blocking = self.torch.blocking(now)
-        elif any(now - since >= FLIGHT_AFTER and not call[DUMPED] for call, since in blocking):
-            self.torch.read(now)  # (its number, counting the collectives torch issued before it)
         wait = self._progress(blocking)
         slow = [call for call, since in blocking if not call[DUMPED] and now - since >= FLIGHT_AFTER]
         for call in slow:
