@@ -250,8 +250,13 @@ import torch
 import torch.distributed as dist
 
 rank = int(os.environ["RANK"])
-if rank == 1:
-    time.sleep(4.5)  # loading its data: rank 0 waits in the rendezvous
+if rank == 0:
+    open("rank-0-meets", "w").close()
+else:  # loading its data once rank 0 meets (however late it started): rank 0 waits in the rendezvous
+    deadline = time.monotonic() + 60
+    while not os.path.exists("rank-0-meets") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(4.5)
 dist.init_process_group("gloo", init_method=os.environ["STORE"])  # @init
 t = torch.ones(2)
 dist.all_reduce(t)  # @first
