@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from lab.rank import protocol, torchfr
-from lab.rank.callspec import Spec, spec_for
+from lab.rank.callspec import INIT_PROCESS_GROUP, Spec, spec_for
 from lab.rank.files import FILES_KEPT, Files
 from lab.rank.flight import ASYNC_MAX, RETURNED, RING_MAX, SEQ, STATE, T0, T1, Call, Flight, to_json
 from lab.rank.groups import GROUPS_MAX, Group, Groups
@@ -400,6 +400,18 @@ def test_a_call_a_look_sends_has_the_number_torchs_collectives_before_it_give_it
     monkeypatch.setattr(protocol, "CHANNEL", channel)
     Watcher(flight, flight.groups, torch, Files(flight))._tick(102.2)
     assert [fields["inflight"]["seq"] for event, fields in sent if event == "progress"] == [4]
+
+
+def test_no_look_reads_torchs_recorder_while_a_group_is_being_made(
+        dump: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's dump reads its table of groups unlocked, which a group being made writes: a look while
+    init_process_group (or new_group) is in flight leaves torch's recorder alone."""
+    flight, torch = torch_flight(ProcessGroup([0, 1], "0"))
+    call(flight, INIT_PROCESS_GROUP)
+    monkeypatch.setattr(protocol, "CHANNEL", SimpleNamespace(token="t", send=lambda event, **fields: None,
+                                                             write=lambda line: None))
+    Watcher(flight, flight.groups, torch, Files(flight))._tick(102.2)
+    assert dump["reads"] == 0
 
 
 def all_to_all_single(output: Any, input: Any, output_split_sizes: Any = None, input_split_sizes: Any = None,

@@ -36,8 +36,9 @@ import time
 from typing import Any
 
 from lab.rank import protocol, tcpinfo, torchfr
+from lab.rank.callspec import INIT_PROCESS_GROUP, NEW_GROUP
 from lab.rank.files import FILES, Files
-from lab.rank.flight import DUMPED, FLIGHT, RING_MAX, STATE, T0, Call, Flight, to_json
+from lab.rank.flight import DUMPED, FLIGHT, OP, RING_MAX, STATE, T0, Call, Flight, to_json
 from lab.rank.groups import Groups
 from lab.rank.protocol import EVENT_MAX
 from lab.rank.quiet import PROGRESS_EVERY, Look, Quiet
@@ -49,6 +50,7 @@ TORCH_DUMPS_VAR = "LAB_TORCH_DUMPS"  # "1": send torch's own recorder with each 
 TRACE_BUDGET = 16 << 20  # bytes of trace events a rank sends; past it, what is left out is counted
 FLIGHT_AFTER = 2.0  # seconds a blocking call is in flight before the rank dumps its records
 FLIGHT_BUDGET = 8 << 20  # bytes of dumps sent before the last one (the last is always sent)
+GROUP_MAKERS = frozenset({INIT_PROCESS_GROUP.op, NEW_GROUP.op})  # the calls that make a process group
 
 
 class Watcher:
@@ -98,10 +100,13 @@ class Watcher:
         collectives as it began, counting those torch issued that a read had found by then; a look
         that sends one (the call a progress names, a trace's records) reads torch's recorder first,
         so that it goes out with the number it has on every rank (DDP's collectives counted before
-        the gather right after training, which a rank may die in before any other look)."""
+        the gather right after training, which a rank may die in before any other look). Not while a
+        call that makes a group is in flight: torch's dump reads its table of groups unlocked, as a
+        group being made writes it (a call that makes one is a world's or group's first, numbered
+        without torch's)."""
         self.flight.poll()
         blocking = self.flight.blocking()
-        if blocking or self.tracing:
+        if (blocking or self.tracing) and not any(call[OP] in GROUP_MAKERS for call, _ in blocking):
             self.torch.read(now)
         if not blocking:
             blocking = self.torch.blocking(now)
