@@ -104,7 +104,12 @@ def up(ends: Sequence[End], subnet: str, say: Say, mtu: int | None = None,
         say(f"{INTERFACE} on {subnet}, MTU {chosen}, UDP port {port}; waiting for every pair's handshake")
         _wait_for_handshakes(ends, members)
         on_each(ends, lambda end: end.set_hosts(wireguard.hosts_script(members)))
-        return show(ends)
+        made = show(ends)
+        unread = [end.name for end in ends if end.name not in {found.host for found in made}]
+        if unread:
+            raise LabError(f"host {unread[0]}: its {INTERFACE} could not be read once it was up "
+                           f"(`wg show {INTERFACE}` said no public key {KEY_READS} times)")
+        return made
     except BaseException:
         on_each(ends, lambda end: end.remove())
         raise
@@ -155,8 +160,13 @@ def _path_mtus(end: End, members: Sequence[Member]) -> list[int]:
 
 
 def _read_end(end: End) -> HostOverlay:
-    out = end.sh(wireguard.state_script())
-    fields = dict(line.partition(" ")[::2] for line in out.splitlines() if "\t" not in line)
+    """The end as its interface says (no public key: it has none, or the engine lost what it said,
+    which a read again tells apart: KEY_READS)."""
+    for _ in range(KEY_READS):
+        out = end.sh(wireguard.state_script())
+        fields = dict(line.partition(" ")[::2] for line in out.splitlines() if "\t" not in line)
+        if PUBLIC_KEY.fullmatch(fields.get("key", "")):
+            break
     return HostOverlay(end.name, fields.get("address", ""), int(fields.get("mtu") or 0), fields.get("key", ""),
                        tuple(("", peer) for peer in wireguard.parse_peers(out)))
 
