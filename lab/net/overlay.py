@@ -119,14 +119,23 @@ PUBLIC_KEY = re.compile(r"[A-Za-z0-9+/]{43}=")  # a WireGuard key, as wg prints 
 KEY_READS = 3  # an engine's exec can lose a short command's output (docker-py #2042, moby #27289): read again
 
 
+def _said_with_key(end: End, script: str, key_of: Callable[[str], str]) -> str:
+    """What ``script`` printed on the end, read again (KEY_READS at most) while the key ``key_of``
+    finds in it is not a WireGuard key: the last it said."""
+    said = ""
+    for _ in range(KEY_READS):
+        said = end.sh(script)
+        if PUBLIC_KEY.fullmatch(key_of(said)):
+            break
+    return said
+
+
 def public_key(end: End) -> str:
     """The end's public key (its private key made on the first read, and kept); LabError naming the
     host where no key could be read from it."""
-    said = ""
-    for _ in range(KEY_READS):
-        said = end.sh(wireguard.keygen_script(end.key_file)).strip()
-        if PUBLIC_KEY.fullmatch(said):
-            return said
+    said = _said_with_key(end, wireguard.keygen_script(end.key_file), str.strip).strip()
+    if PUBLIC_KEY.fullmatch(said):
+        return said
     raise LabError(f"host {end.name}: no WireGuard public key could be read from it (it said {said[-200:]!r})")
 
 
@@ -162,13 +171,15 @@ def _path_mtus(end: End, members: Sequence[Member]) -> list[int]:
 def _read_end(end: End) -> HostOverlay:
     """The end as its interface says (no public key: it has none, or the engine lost what it said,
     which a read again tells apart: KEY_READS)."""
-    for _ in range(KEY_READS):
-        out = end.sh(wireguard.state_script())
-        fields = dict(line.partition(" ")[::2] for line in out.splitlines() if "\t" not in line)
-        if PUBLIC_KEY.fullmatch(fields.get("key", "")):
-            break
+    out = _said_with_key(end, wireguard.state_script(), lambda said: _fields(said).get("key", ""))
+    fields = _fields(out)
     return HostOverlay(end.name, fields.get("address", ""), int(fields.get("mtu") or 0), fields.get("key", ""),
                        tuple(("", peer) for peer in wireguard.parse_peers(out)))
+
+
+def _fields(state: str) -> dict[str, str]:
+    """The ``name value`` lines of what state_script printed (its peers' lines left out)."""
+    return dict(line.partition(" ")[::2] for line in state.splitlines() if "\t" not in line)
 
 
 def _wait_for_handshakes(ends: Sequence[End], members: Sequence[Member]) -> None:
