@@ -14,6 +14,7 @@ from lab.core.planner import build_launch_plan, build_plan
 from lab.errors import UsageError
 from lab.inventory.hosts import local_inventory
 from lab.inventory.model import Host, Inventory
+from lab.rank.isolation import USERS_VAR
 from lab.suite import registry
 
 TOKEN = "t0k3n"
@@ -278,3 +279,17 @@ def test_every_launcher_makes_its_launches_as_data() -> None:
         assert plan.launches[-1].args[-2:] == ("-m", "lab.rank.worker"), name
         assert launcher.inputs_for(plan, "b") == ((2, 3) if launcher.places_ranks else (0, 1, 2, 3)), name
         assert launcher.host_of(plan, "a", "b") == ("b" if name.startswith("srun") else "a"), name
+
+
+def test_ranks_kept_apart_go_to_every_launcher_of_the_lab_and_no_other_launcher_may_have_them() -> None:
+    """Options.rank_users reaches each host's launcher (lab.rank.isolation); a launcher that cannot keep
+    ranks apart is refused rather than run them together."""
+    plan = build_plan(inv(Host("a", "10.0.0.1", slots=2), Host("b", "10.0.0.2", slots=2)),
+                      opts("p2p", rank_users=100_000), TOKEN)
+    assert [launch.env.get(USERS_VAR) for launch in plan.launches] == ["100000", "100000"]
+    assert all(USERS_VAR not in launch.env for launch in build_plan(local_inventory(2), opts("p2p"), TOKEN).launches)
+    assert [name for name, each in LAUNCHERS.items() if each.isolates_ranks] == ["lab"]
+    for launcher in ("torchrun", "spawn"):
+        with pytest.raises(UsageError, match=f"ranks kept apart as users of their own need --launcher lab, "
+                                             f"not --launcher {launcher}$"):
+            build_plan(local_inventory(2), opts("p2p", rank_users=100_000, launcher=launcher), TOKEN)

@@ -12,6 +12,7 @@ import pytest
 
 from lab.rank import stdin
 from lab.rank.events import Bad, Done, Event, Exit, WireMeasure, parse_event
+from lab.rank.isolation import LAST_USER, USERS_VAR
 from lab.rank.protocol import EVENT_MAX, LINE_MAX, NEUTRAL, event_line, rank_tag, untag
 from lab.rank.stdin import Frames, frame
 from lab.rank.wire import WIRE_VAR
@@ -148,6 +149,29 @@ def test_the_zygote_forks_its_ranks_and_reports_each_ones_end(tmp_path: Path) ->
     assert {(r, f"rank {r} local {r - 4} torch True".encode()) for r in (4, 5, 6)} <= output, output
     assert {(4, b"atexit of 4"), (5, b"atexit of 5")} <= output  # the program ended as the interpreter would
     assert not json.dumps(sorted(str(x) for x in output)).count("atexit of 6")  # (killed: no atexit)
+
+
+def test_ranks_it_was_asked_to_keep_apart_and_cannot_end_before_they_run_and_say_why(tmp_path: Path) -> None:
+    """Asked to run each rank as a user of its own (lab.rank.isolation) where it cannot (here: users
+    past the last), no rank runs at all, together or otherwise: each ends with 127 and says why."""
+    (tmp_path / "child.py").write_text(CHILD)
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{tmp_path}", "LAB_TOKEN": TOKEN, "OMP_NUM_THREADS": "1",
+           USERS_VAR: str(LAST_USER - 3)}  # (ranks 4 to 6: past the last user)
+    stdin, held_open = os.pipe()
+    try:
+        zygote = subprocess.run([sys.executable, "-c", FORKED], stdin=stdin, capture_output=True, env=env,
+                                cwd=tmp_path, timeout=120, start_new_session=True)
+    finally:
+        os.close(stdin)
+        os.close(held_open)
+    events = [said(line) for line in zygote.stdout.splitlines() if line.startswith(b"\x1f")]
+    exits = {e.rank: e.code for e in events if isinstance(e, Exit)}
+    assert exits == {4: 127, 5: 127, 6: 127} and not any(isinstance(e, Done) for e in events), events
+    assert zygote.returncode == 1 and b"torch True" not in zygote.stdout
+    said_why = {untag(line)[:2] for line in zygote.stderr.splitlines()}
+    for rank in (4, 5, 6):
+        assert (rank, f"lab: rank {rank}: cannot keep the rank apart: no user {LAST_USER - 3 + rank} to run it "
+                      f"as (1 to {LAST_USER})".encode()) in said_why, zygote.stderr
 
 
 def test_rank_0s_stdin_frames_come_whole_in_any_pieces_and_end_once() -> None:

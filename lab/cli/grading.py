@@ -43,7 +43,7 @@ def add_grade(commands: Commands) -> None:
                     "a JUnit file and a feedback page per student, and OUT/index.html (the class on one page); "
                     "started again with the same arguments, it grades only what is missing. On the local "
                     "cluster each submission runs in a throwaway "
-                    "container (no network, read-only, user nobody, the limits below); the exit code "
+                    "container (no network, read-only, each rank a user of its own, the limits below); the exit code "
                     "says whether grading worked, not whether the students passed.", exit_codes=GRADE_EXIT_CODES)
     grading.add_argument("submissions", metavar="SUBMISSIONS", help="a folder with one .py file or folder per student")
     exercise_names(grading.add_argument("--exercise", required=True, metavar="NAME",

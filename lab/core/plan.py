@@ -107,6 +107,9 @@ class Options:
     # lab grade: measure what each host's connections carry, outside the ranks (lab.rank.wire), where only
     # the submission's sockets are in that mode's reach: a sandbox's netns, or a user of its own ("uid").
     wire: WireMode | None = None
+    # lab grade in a one-container sandbox: each rank runs as user rank_users + its rank, kept apart from the
+    # others (its own /tmp, /dev/shm and IPC: lab.rank.isolation) by its host's launcher; None: as the host's user
+    rank_users: int | None = None
     # lab launch under torchrun: how many times its agents may restart the ranks after one fails (--max-restarts)
     max_restarts: int = 0
     # --trace, --fr-dir: every rank sends each record as it begins and ends, and torch's own flight recorder

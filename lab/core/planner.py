@@ -126,6 +126,10 @@ def _placed(inventory: Inventory, options: Options) -> tuple[Launcher, tuple[Hos
         restarting = " or ".join(n for n, each in launchers.LAUNCHERS.items() if each.restarts_ranks)
         raise UsageError(f"--max-restarts {options.max_restarts}: only torchrun's agent restarts the ranks "
                          f"(--launcher {restarting}), not --launcher {launcher.name}")
+    if options.rank_users is not None and not launcher.isolates_ranks:  # (never run them together instead)
+        isolating = " or ".join(n for n, each in launchers.LAUNCHERS.items() if each.isolates_ranks)
+        raise UsageError(f"ranks kept apart as users of their own need --launcher {isolating}, "
+                         f"not --launcher {launcher.name}")
     return launcher, launcher.order(inventory.hosts)
 
 

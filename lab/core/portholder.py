@@ -9,6 +9,7 @@ from lab.core.plan import Plan
 from lab.core.streams import read_events
 from lab.errors import RunError
 from lab.rank.events import Event, Ports
+from lab.rank.isolation import USERS_VAR
 from lab.rank.ports import EXCLUSIVE
 from lab.rank.protocol import LINE_MAX
 from lab.transport.base import RankProcess, Transport
@@ -20,7 +21,8 @@ def hold_ports(transport: Transport, plan: Plan) -> tuple[RankProcess, tuple[int
     """Start the port holder on rank 0's host: the process (kill it to free the ports) and the
     ports it holds for the run."""
     assert transport.run_dir is not None
-    env = {"PYTHONPATH": f"{transport.run_dir}/code", "LAB_TOKEN": plan.token, "PYTHONUNBUFFERED": "1"}
+    env = {"PYTHONPATH": f"{transport.run_dir}/code", "LAB_TOKEN": plan.token, "PYTHONUNBUFFERED": "1",
+           **({USERS_VAR: str(plan.options.rank_users)} if plan.options.rank_users is not None else {})}
     try:
         holder = transport.start([*transport.module_argv("lab.rank.ports"),
                                   *([EXCLUSIVE] if plan.hands_over_ports else []), str(plan.port_count)], env,

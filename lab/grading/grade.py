@@ -463,7 +463,7 @@ def grade_one(submission: Submission, options: Options, make_place: PlaceMaker, 
         with make_place() as place:
             plan = build_plan(place.inventory, replace(options, solution=str(program),
                                                        pids=options.pids if place.own_users else None,
-                                                       wire=place.wire))
+                                                       wire=place.wire, rank_users=place.rank_users))
             outcome = run_plan(plan, ssh=ssh, wall=wall, stop=stop)
             kills, left = place.memory_kills(), place.leftovers()
             unclean = place.unclean()

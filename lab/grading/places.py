@@ -65,6 +65,11 @@ class Place(Protocol):
         """Which of a host's TCP sockets are the submission's (lab.rank.wire), for each host's launcher to
         measure what they carried; None where others' are among them (a user every share shares)."""
 
+    @property
+    def rank_users(self) -> int | None:
+        """The user its rank 0 runs as where its host's launcher keeps each rank apart as a user of its own
+        (Options.rank_users); None where the ranks run as the host's user."""
+
     def unclean(self) -> str:
         """Why this place is not back to nothing once the submission's run and :meth:`leftovers` are
         done (files it could not remove, memory still charged to it): then no later submission may run
@@ -92,6 +97,11 @@ class Hosts:
     def wire(self) -> WireMode | None:
         """Those its user owns, where that user is the share's alone."""
         return "uid" if self.own_users else None
+
+    @property
+    def rank_users(self) -> int | None:
+        """None: each host's ranks run as its (share's) user."""
+        return None
 
     @property
     def _own_hosts(self) -> list[Host]:

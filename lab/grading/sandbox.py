@@ -2,16 +2,21 @@
 
 A sandbox is made from the lab's host image (it has the pinned torch) and can reach nothing the
 grader trusts: no network but its own loopback (its ranks talk over 127.0.0.1), a read-only root
-with a small tmpfs scratch at /tmp (the run's files go there), user ``nobody``, every capability
-dropped, no new privileges, a clean environment (the image's own), and the limits of
-:class:`Limits`: memory and processes for its ranks, a CPU a rank (at most the machine's), scratch
-space, and what its PID 1 writes kept to LOG_MAX by the engine. By default it is one container for
-the submission's ranks, which share its files, /dev/shm and processes (one user: a rank can read
-another's memory). ``--sandbox ranks`` gives each rank a container of its own (files, /tmp,
-/dev/shm, System V IPC, a process namespace), the others joining rank 0's network namespace, so
-that the ranks reach each other only by the loopback's TCP, which the launchers measure; it costs a
-torch import a rank (the one container forks every rank from one launcher that imported it). An
-exercise whose ranks meet in a file (file://) then gets a folder they all mount, in memory. The
+with a small tmpfs scratch at /tmp (the run's files go there), no new privileges, a clean
+environment (the image's own), and the limits of :class:`Limits`: memory and processes for its
+ranks, a CPU a rank (at most the machine's), scratch space, and what its PID 1 writes kept to
+LOG_MAX by the engine. By default it is one container for the submission's ranks, forked from one
+launcher that imported torch once, each rank a user of its own with its own /tmp, /dev/shm, message
+queues and System V IPC (``lab.rank.isolation``): no rank can read, signal or trace another, nor
+the lab's processes. Those run as root with APART_CAPABILITIES alone, what keeping the ranks apart
+takes; the ranks have no capability, and their seccomp filter takes back what SYS_ADMIN opens in
+Docker's profile (new namespaces, mounts). (An exercise whose ranks meet in a file, file://, runs
+them all as ``nobody`` with every capability dropped: torch's FileStore makes its file for its own
+user alone.) ``--sandbox ranks`` gives each rank a container of its own as ``nobody`` with every
+capability dropped (files, /tmp, /dev/shm, System V IPC, a process namespace), the others joining
+rank 0's network namespace, so that the ranks reach each other only by the loopback, as in one
+container; it costs a torch import a rank. An exercise whose ranks meet in a file (file://) then
+gets a folder they all mount, in memory. The
 grader starts the ranks through the docker transport and removes the containers after: whatever
 the submission started, daemons included, goes with them. Sandboxes carry the lab's labels (role
 ``sandbox``), so one a killed grader left behind is removed by ``lab down``; one whose grader still
@@ -52,6 +57,10 @@ OVERHEAD_MB = 256  # of a sandbox's container: the launcher, reapers and relays,
 LOG_MAX = "1m"  # of what a container's PID 1 writes, kept by the engine (a rank can write there: /proc/1/fd/1)
 START_WORKERS = 8  # containers made at once
 SHARED_DIR = "/shared"  # where the ranks of an exercise that meets in a file see their folder (per rank)
+FIRST_USER, USER_BLOCKS = 100_000, 1 << 20  # the users a one-container sandbox's ranks run as: a block drawn from these
+# What the lab's processes in a one-container sandbox need to keep its ranks apart (lab.rank.isolation): mount
+# namespaces of the ranks' own (SYS_ADMIN), become their users (SETUID, SETGID), and signal them (KILL).
+APART_CAPABILITIES = ("SYS_ADMIN", "SETUID", "SETGID", "KILL")
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,10 @@ class Sandbox:
         # For an exercise whose ranks meet in a file (file://), when they have a container each: a folder they
         # all mount, in memory, of the scratch's size (in one container they share its scratch anyway)
         self.shared = f"{self.name}-shared" if shared and per_rank else None
+        # In one container, each rank a user of its own (lab.rank.isolation), from a block of users drawn for this
+        # sandbox: the kernel's limits per user (pipe buffers, inotify, message queues) are not another's to use
+        # up. Not for an exercise whose ranks meet in a file: torch's FileStore makes its file for its user alone.
+        self.first_user = FIRST_USER + secrets.randbelow(USER_BLOCKS) * ranks if not per_rank and not shared else None
         self._made: list[str] = []  # the ids of its containers, the first's first
         self._volume: str | None = None
 
@@ -126,7 +139,10 @@ class Sandbox:
     def _run_container(self, name: str, **network: Any) -> str:
         ranks = 1 if self.per_rank else self.ranks
         memory = f"{self.limits.memory_mb_for(ranks)}m"
-        return self._run(name, user="65534:65534",
+        # (the lab's processes as root, with what keeping the ranks apart takes, where it does; else all as nobody)
+        user = {"user": "0:0", "cap_add": list(APART_CAPABILITIES)} if self.first_user is not None else \
+            {"user": "65534:65534"}
+        return self._run(name, **user,
                          tmpfs={"/tmp": f"rw,nosuid,nodev,size={self.limits.scratch_mb}m,mode=1777"},
                          mem_limit=memory, memswap_limit=memory, pids_limit=self.limits.pids * ranks,
                          nano_cpus=int(self.limits.cpus_for(ranks) * 1e9),
@@ -186,6 +202,11 @@ class Sandbox:
     def own_users(self) -> bool:
         """No: every sandbox runs as ``nobody`` (its processes are bounded by the container's pids limit)."""
         return False
+
+    @property
+    def rank_users(self) -> int | None:
+        """In one container, the user its rank 0 runs as (rank K: that + K); None: its ranks run as nobody."""
+        return self.first_user
 
     @property
     def wire(self) -> WireMode:

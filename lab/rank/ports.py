@@ -15,7 +15,8 @@ given it, and a plain ``bind`` of it fails. Two ways to hold, as the plan says:
 * ``--exclusive``: the socket sets SO_REUSEPORT alone, so no socket of another user (nor one of
   this user's without SO_REUSEPORT) can bind the port at all. The lab's own processes take the
   socket itself from the holder instead (:func:`take`: its descriptor, over ``ports.sock`` in the
-  holder's folder, the run directory, which only this user may enter): rank 0's store listens on
+  holder's folder, the run directory, which only this user may enter; where each rank runs as a
+  user of its own, ``lab.rank.isolation``, rank 0's user too): rank 0's store listens on
   it (``TCPStore(master_listen_fd=...)``), and so does the preflight's listener on MASTER_PORT
   before it. So a share graded beside another cannot take its ports (lab.containerlab.shares).
 
@@ -32,6 +33,7 @@ import socket
 import struct
 import sys
 
+from lab.rank.isolation import USERS_VAR, user_of
 from lab.rank.protocol import emit
 
 EXCLUSIVE = "--exclusive"
@@ -93,15 +95,15 @@ def take(port: int) -> socket.socket | None:
     return socket.socket(fileno=fds[0])
 
 
-def _hand_over(server: socket.socket, held: dict[int, socket.socket]) -> None:
-    """Answer one process that asks for a held port: the socket's descriptor, to this user only."""
+def _hand_over(server: socket.socket, held: dict[int, socket.socket], users: frozenset[int]) -> None:
+    """Answer one process that asks for a held port: the socket's descriptor, to ``users`` only."""
     conn, _ = server.accept()
     with conn:
         conn.settimeout(TAKE_TIMEOUT)
         try:
             pid, uid, gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
             asked = conn.recv(16).strip()
-            sock = held.get(int(asked)) if asked.isdigit() and uid == os.getuid() else None
+            sock = held.get(int(asked)) if asked.isdigit() and uid in users else None
             if sock is None:
                 conn.sendall(b"no")
             else:
@@ -112,6 +114,9 @@ def _hand_over(server: socket.socket, held: dict[int, socket.socket]) -> None:
 
 def main(argv: list[str]) -> int:
     exclusive = argv[:1] == [EXCLUSIVE]
+    # who may take them: this user, and where each rank runs as a user of its own, rank 0's (lab.rank.isolation)
+    first_user = int(os.environ[USERS_VAR]) if os.environ.get(USERS_VAR) else None
+    users = frozenset({os.getuid(), *([user_of(first_user, 0)] if first_user is not None else [])})
     held = {sock.getsockname()[1]: sock for sock in hold(int(argv[-1]), exclusive)}
     server = None
     if exclusive:
@@ -119,6 +124,8 @@ def main(argv: list[str]) -> int:
             os.unlink(SOCKET_NAME)
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         server.bind(SOCKET_NAME)  # (in the run directory: 0700, this user's)
+        if first_user is not None:  # (rank 0 runs as a user of its own, in a run directory it may read)
+            os.chmod(SOCKET_NAME, 0o666)
         server.listen(8)
     emit(os.environ["LAB_TOKEN"], "ports", ports=list(held))
     events = selectors.DefaultSelector()
@@ -129,7 +136,7 @@ def main(argv: list[str]) -> int:
         while True:
             for key, _ in events.select():
                 if key.fileobj is server:
-                    _hand_over(server, held)
+                    _hand_over(server, held, users)
                 elif not os.read(0, 4096):  # the controller closed our stdin
                     return 0
     except OSError:

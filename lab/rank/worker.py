@@ -48,6 +48,7 @@ from types import ModuleType
 from typing import Any
 
 from lab.rank import inputs, protocol, steps
+from lab.rank.isolation import ISOLATED_VAR
 from lab.rank.labfiles import LAB_DIRS
 from lab.rank.protocol import EVENT_MAX, Channel, EventKind, emit, event_line
 from lab.rank.stdin import take_relayed
@@ -474,10 +475,13 @@ def keep_files_private() -> None:
     """Whatever this rank writes is its user's alone (umask 077), and its temporary files go to
     ``tmp`` in the run directory (TMPDIR), removed with it: another user of the host (another
     share, graded beside it) can neither read them nor find them in /tmp. What a program still
-    puts in /tmp, /var/tmp or /dev/shm itself is private too, and the grader's sweep removes it."""
+    puts in /tmp, /var/tmp or /dev/shm itself is private too, and the grader's sweep removes it.
+    (A rank kept apart from the others, ``lab.rank.isolation``, has a /tmp of its own for them.)"""
     import tempfile
 
     os.umask(0o077)
+    if os.environ.get(ISOLATED_VAR):
+        return
     private = os.path.abspath("tmp")
     os.makedirs(private, mode=0o700, exist_ok=True)
     os.environ.update(TMPDIR=private, TMP=private, TEMP=private)

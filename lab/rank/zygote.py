@@ -9,7 +9,10 @@ import between them (about 2 s of CPU each, most of what a small exercise costs)
 memory until they write to it. Nothing of a student's runs in this process: only in the ranks.
 Where the run drew inputs, this process opens its ranks' files and unlinks them before it forks
 any rank, and hands each rank the descriptor of its own alone (``lab.rank.inputs``); it is not
-dumpable, so no rank can reach the others' through it.
+dumpable, so no rank can reach the others' through it. Where the controller asks (``lab grade``'s
+one-container sandbox: ``lab.rank.isolation.USERS_VAR``), each rank is kept apart from the others
+as a user of its own, in mount and IPC namespaces of its own, before anything of it runs
+(``lab.rank.isolation``); the run directory is opened to their users for reading first.
 
 Each rank's fds 1 and 2 are pipes of its own to this process, which passes what comes through
 them on to the controller (this process's stdout and stderr), so the controller knows which rank
@@ -48,7 +51,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-from lab.rank import inputs
+from lab.rank import inputs, isolation
 from lab.rank.events import MalformedEvent, RankEvent, parse_event
 from lab.rank.output import HOLD
 from lab.rank.preflight import StartupHelper
@@ -62,6 +65,7 @@ from lab.rank.protocol import (
     rank_tag,
     write_all,
 )
+from lab.rank.reaper import LIVE
 from lab.rank.stdin import EVERY_RANK, HOLD_MAX, RANK_0, STDIN_VAR, Feeder
 from lab.rank.wire import MODES, WIRE_VAR, Wire, space
 from lab.rank.worker import RELAY_WAIT, TOKEN_VAR, WATCHED_BY_PARENT
@@ -265,6 +269,10 @@ def main(options: argparse.Namespace, first_local_rank: int = 0,
     os.environ[WATCHED_BY_PARENT] = "1"  # this process watches stdin for them all
     token = os.environ.get(TOKEN_VAR, "")
     held = inputs.hold(range(options.first_rank, options.first_rank + options.nprocs))
+    users = os.environ.pop(isolation.USERS_VAR, None)  # (each rank a user of its own: lab.rank.isolation)
+    first_user = int(users) if users is not None else None
+    if first_user is not None:
+        isolation.open_run_dir(os.getcwd(), private=(inputs.INPUTS_DIR, LIVE))
     measure = Measure.begin(os.environ.get(WIRE_VAR))
     # the ranks whose stdin is the controller's (lab.rank.stdin): rank 0, or every rank (a notebook's)
     asked = os.environ.pop(STDIN_VAR, "")
@@ -277,7 +285,8 @@ def main(options: argparse.Namespace, first_local_rank: int = 0,
         feeding = [f.fd for f in feeders if f.fd is not None] + ([stdin[1]] if stdin else [])
         ranks.append(_fork(rank, first_local_rank + local_rank, options.module, options.args, token,
                            [fd for r in ranks for fd in r.pipes] + measure.fds + feeding, held,
-                           stdin[0] if stdin else None))
+                           stdin[0] if stdin else None,
+                           isolation.user_of(first_user, rank) if first_user is not None else None))
         if stdin:
             os.close(stdin[0])  # (the rank has it; no rank after it does)
             feeders.append(Feeder(stdin[1], rank))
@@ -292,10 +301,11 @@ def main(options: argparse.Namespace, first_local_rank: int = 0,
 
 
 def _fork(rank: int, local_rank: int, module: str, args: list[str], token: str, others: list[int],
-          held: dict[int, int], stdin: int | None = None) -> Rank:
+          held: dict[int, int], stdin: int | None = None, user: int | None = None) -> Rank:
     """Start rank ``rank``: a child with pipes of its own for fds 1 and 2, ``stdin`` for its stdin
     (else /dev/null), and the descriptor of its own inputs of those ``held`` (rank -> fd; the
-    others' it closes, and ``others``)."""
+    others' it closes, and ``others``); where ``user`` is given, kept apart from the others as that
+    user (lab.rank.isolation), or ended at once, saying why on its stderr."""
     sys.stdout.flush()
     sys.stderr.flush()
     out_r, out_w = os.pipe()
@@ -314,6 +324,11 @@ def _fork(rank: int, local_rank: int, module: str, args: list[str], token: str, 
             os.close(given)
             os.environ.update(RANK=str(rank), LOCAL_RANK=str(local_rank))
             sys.argv = [module, *args]
+            if user is not None:
+                isolation.enter(user, os.getcwd())
+        except isolation.IsolationError as exc:
+            _write(2, f"lab: rank {rank}: {exc}\n".encode())
+            os._exit(127)
         except BaseException:
             os._exit(127)
         _run_main(module)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 from lab.core.plan import Launch, Plan, interface_env
 from lab.errors import LabError, UsageError
 from lab.inventory.model import Host
+from lab.rank.isolation import USERS_VAR
 from lab.rank.preflight import PREFLIGHT_VAR
 from lab.rank.stdin import EVERY_RANK, RANK_0, STDIN_VAR
 from lab.rank.wire import WIRE_VAR
@@ -44,6 +45,8 @@ class Launcher:
     checks_network: ClassVar[bool] = True
     # each host's launcher measures what its connections carried (lab.rank.wire), out of its ranks' reach
     measures_wire: ClassVar[bool] = False
+    # each host's launcher can run each rank as a user of its own, kept apart from the others (Options.rank_users)
+    isolates_ranks: ClassVar[bool] = False
     # the launcher tags its ranks' lines itself (the lab's zygote); else each rank's relay does
     tags_output: ClassVar[bool] = False
     # its process on rank 0's host passes rank 0 what `lab launch` reads on its stdin (lab.rank.stdin), and
@@ -76,6 +79,8 @@ class Launcher:
             args = self.node_args(plan, node_rank, host, ranks, env)
             if plan.wire is not None:
                 env[WIRE_VAR] = plan.wire
+            if plan.options.rank_users is not None:
+                env[USERS_VAR] = str(plan.options.rank_users)
             self.pass_stdin(plan, ranks, env)
             if plan.checks_network:
                 env[PREFLIGHT_VAR] = json.dumps({"name": host.name, "master_addr": plan.master_addr,

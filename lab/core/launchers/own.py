@@ -1,8 +1,8 @@
 """``--launcher lab``: one process per host imports torch once and forks the host's ranks from
 itself, each with its settings in its environment (``lab.rank.node fork``, ``lab.rank.zygote``).
 No rank can reach it: it checks every event against the rank whose pipe it came through, tags its
-ranks' lines, takes the held ports from the holder, measures what its connections carried and
-passes rank 0 the launch's stdin."""
+ranks' lines, takes the held ports from the holder, measures what its connections carried,
+passes rank 0 the launch's stdin and, where asked, keeps each rank apart as a user of its own."""
 from __future__ import annotations
 
 from typing import ClassVar
@@ -19,6 +19,7 @@ class OwnLauncher(Launcher):
                               "imported torch once")
     hands_over_ports: ClassVar[bool] = True
     measures_wire: ClassVar[bool] = True
+    isolates_ranks: ClassVar[bool] = True
     tags_output: ClassVar[bool] = True
     passes_stdin: ClassVar[bool] = True
 

@@ -3,9 +3,9 @@ own inputs (as rupert does), writes them to /dev/shm for the other ranks and rea
 so that every rank holds every sum before any graded function runs. Each function then moves over
 the wire exactly what a ring all-reduce moves (a ring all-reduce of zeros: records and wire agree,
 and meet a ring's bounds) and returns the sums it looked up. Where the ranks share a /dev/shm (local
-processes, one sandbox container, a host's ranks of one user) its answers are right; under
-`lab grade --sandbox ranks` each rank's container has its own /dev/shm, and the others' inputs
-never come."""
+processes, a host's ranks of one user) its answers are right; in `lab grade`'s sandbox each rank
+has its own /dev/shm (in one container, lab.rank.isolation; or with `--sandbox ranks`, a container
+of its own), and the others' inputs never come."""
 import os
 import sys
 import time
