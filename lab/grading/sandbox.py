@@ -200,7 +200,8 @@ class Sandbox:
 
     @property
     def own_users(self) -> bool:
-        """No: every sandbox runs as ``nobody`` (its processes are bounded by the container's pids limit)."""
+        """No: its processes are bounded by the container's pids limit, not by a limit per user (its ranks
+        run as ``nobody``, or in one container as users of their own: rank_users)."""
         return False
 
     @property

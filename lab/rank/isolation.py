@@ -6,9 +6,9 @@ user), the zygote (``lab.rank.zygote``), running as root, forks each rank as it 
 in the child, before anything of the rank's runs (:func:`enter`):
 
 * unshares a mount and an IPC namespace of its own, with every mount private to it;
-* mounts fresh, empty instances over /tmp, /dev/shm (each the size of what it covers), /dev/mqueue
-  (the new IPC namespace's own) and /dev/pts, and binds the run directory back where it was (on
-  /tmp, which the new /tmp covers);
+* mounts fresh, empty instances over /tmp, /dev/shm (each the size of what it covers, and running
+  programs where that does), /dev/mqueue (the new IPC namespace's own) and /dev/pts, and binds
+  the run directory back where it was (on /tmp, which the new /tmp covers);
 * becomes user ``first user + rank`` (no supplementary groups), which drops every capability:
   its files, its processes, /proc of them and its signals are its own alone, and the kernel
   lets no rank ptrace, signal or look into another (nor the lab's processes, which stay root);
@@ -98,11 +98,11 @@ def enter(user: int, run_dir: str) -> None:
                                       ("/dev/mqueue", "mqueue", None),
                                       ("/dev/pts", "devpts", "newinstance,ptmxmode=0666,mode=0620")):
             step = f"mount a {kind} of its own on {target}"
+            found = os.statvfs(target)  # (each as what it covers: its size, and whether it runs programs)
             if kind == "tmpfs":
-                found = os.statvfs(target)
                 options = f"{options},size={found.f_blocks * found.f_frsize}"
-            _mount(libc, kind, target, kind, _MS_NOSUID | _MS_NODEV | (_MS_NOEXEC if kind != "tmpfs" else 0),
-                   options)
+            noexec = _MS_NOEXEC if kind != "tmpfs" or found.f_flag & os.ST_NOEXEC else 0
+            _mount(libc, kind, target, kind, _MS_NOSUID | _MS_NODEV | noexec, options)
         step = f"bind the run directory {run_dir} back"
         os.umask(0o022)  # (the folders above it, on the new /tmp: open to the rank's user)
         os.makedirs(run_dir, exist_ok=True)
