@@ -713,7 +713,8 @@ def test_the_ranks_of_one_sandbox_container_are_users_of_their_own_with_their_ow
         lab: Lab, tmp_path: Path, docker_client) -> None:  # type: ignore[no-untyped-def]
     """wendy's two ranks each leave a file in /tmp, /dev/shm and /dev/mqueue and a System V segment,
     and look for the other's; look into the other rank through /proc, signal it and their launcher,
-    and make a user namespace: in one sandbox container none of it reaches (lab.rank.isolation)."""
+    make a user namespace and a UDP socket: in one sandbox container none of it reaches
+    (lab.rank.isolation)."""
     submissions = tmp_path / "class"
     submissions.mkdir()
     (submissions / "wendy.py").write_text((CLASS.parent / "sandbox" / "wendy.py").read_text())
@@ -724,7 +725,7 @@ def test_the_ranks_of_one_sandbox_container_are_users_of_their_own_with_their_ow
     assert "'made': True, 'seen': {'/tmp': False, '/dev/shm': False, '/dev/mqueue': False, 'sysv': False}" in reason, \
         reason
     assert "'peer': True, 'root': 'EACCES', 'mem': 'EACCES', 'signal': 'EPERM', 'launcher': 'EPERM'" in reason, reason
-    assert "'userns': 'EPERM'" in reason, reason
+    assert "'userns': 'EPERM', 'udp': 'EPERM'" in reason, reason
     uid = re.search(r"'uid': (\d+), 'user': 'rank(\d+)'", reason)
     assert uid is not None and int(uid[1]) == int(uid[2]) >= FIRST_USER, reason
     assert sandboxes(docker_client) == []

@@ -16,10 +16,11 @@ in the child, before anything of the rank's runs (:func:`enter`):
   has CAP_SYS_ADMIN (for the mounts above): new namespaces (``unshare``, ``clone`` with a
   namespace flag; ``clone3`` says ENOSYS, and the C library falls back to ``clone``), ``setns``
   and every call that mounts. So a rank can make no user namespace, and its kernel surface is
-  what it was without the capability.
+  what it was without the capability. It refuses UDP sockets too (IPv4 and IPv6): the ranks'
+  only network is the loopback they share, where the launcher measures TCP alone.
 
 What the ranks still share: the network namespace (they meet over the loopback's TCP, which the
-launcher measures), so its abstract Unix sockets and UDP too; the process list (/proc shows
+launcher measures), so its abstract Unix sockets too; the process list (/proc shows
 their command lines, nothing more); the run directory, read-only to them. The zygote makes the
 run directory readable to the ranks' users (:func:`open_run_dir`: the code, the program), after
 it has taken every rank's drawn inputs out of it (``lab.rank.inputs``).
@@ -47,11 +48,12 @@ _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
 _EPERM, _ENOSYS = 1, 38
 
 # The calls the filter refuses, by architecture: its AUDIT_ARCH value, the numbers of unshare, setns
-# and the calls that mount, clone's and clone3's.
+# and the calls that mount, clone's, clone3's and socket's.
 _ARCHES: Final = {
-    "x86_64": (0xC000003E, (272, 308, 165, 166, 155, 428, 429, 430, 431, 432, 433, 442), 56, 435),
-    "aarch64": (0xC00000B7, (97, 268, 40, 39, 41, 428, 429, 430, 431, 432, 433, 442), 220, 435),
+    "x86_64": (0xC000003E, (272, 308, 165, 166, 155, 428, 429, 430, 431, 432, 433, 442), 56, 435, 41),
+    "aarch64": (0xC00000B7, (97, 268, 40, 39, 41, 428, 429, 430, 431, 432, 433, 442), 220, 435, 198),
 }
+_AF_INET, _AF_INET6, _SOCK_DGRAM, _SOCK_TYPE = 2, 10, 2, 0xF  # (a socket's type, without its flags)
 LAST_USER: Final = 2**31 - 1  # (uid_t is 32 bits; the kernel's own tools stop here)
 _X32 = 0x40000000  # x86_64's x32 calls: their numbers with this bit (none is this filter's to allow)
 
@@ -134,10 +136,13 @@ def _mount(libc: ctypes.CDLL, source: str | None, target: str, kind: str | None,
     _check(libc.mount(encoded[0], encoded[1], encoded[2], ctypes.c_ulong(flags), encoded[3]), f"mount {target}")
 
 
-def _filter(libc: ctypes.CDLL, audit_arch: int, refused: tuple[int, ...], clone: int, clone3: int) -> None:
+def _filter(libc: ctypes.CDLL, audit_arch: int, refused: tuple[int, ...], clone: int, clone3: int,
+            socket: int) -> None:
     """Install the seccomp filter (see the module) for this architecture's calls."""
     allow, deny, no_such = 0x7FFF0000, 0x00050000 | _EPERM, 0x00050000 | _ENOSYS
     load, jeq, jset, ret = 0x20, 0x15, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JSET|K, BPF_RET|K
+    bitand = 0x54  # BPF_ALU|BPF_AND|BPF_K
+    first, second = 16, 24  # where a call's first and second arguments are (their low halves)
     program: list[tuple[int, int, int, int]] = [
         (load, 0, 0, 4),  # the architecture
         (jeq, 1, 0, audit_arch),
@@ -149,8 +154,11 @@ def _filter(libc: ctypes.CDLL, audit_arch: int, refused: tuple[int, ...], clone:
     for number in refused:
         program += [(jeq, 0, 1, number), (ret, 0, 0, deny)]
     program += [(jeq, 0, 1, clone3), (ret, 0, 0, no_such),
-                (jeq, 0, 3, clone), (load, 0, 0, 16),  # clone's flags (the low half of its first argument)
-                (jset, 0, 1, _NAMESPACE_FLAGS), (ret, 0, 0, deny),
+                (jeq, 0, 4, clone), (load, 0, 0, first),  # clone's flags
+                (jset, 0, 1, _NAMESPACE_FLAGS), (ret, 0, 0, deny), (ret, 0, 0, allow),
+                (jeq, 0, 7, socket), (load, 0, 0, first),  # a socket's family, then its type: no UDP
+                (jeq, 1, 0, _AF_INET), (jeq, 0, 4, _AF_INET6), (load, 0, 0, second), (bitand, 0, 0, _SOCK_TYPE),
+                (jeq, 0, 1, _SOCK_DGRAM), (ret, 0, 0, deny),
                 (ret, 0, 0, allow)]
     code = b"".join(struct.pack("HBBI", *instruction) for instruction in program)
     buffer = ctypes.create_string_buffer(code, len(code))

@@ -2,10 +2,12 @@
 a student who hands values round off the wire would), and reports what it found as its error:
 each rank leaves a file in /tmp and /dev/shm, a POSIX message queue and a System V segment,
 then looks for the other's; looks into the other rank's process through /proc, signals it and
-its launcher, and tries to make a user namespace of its own (where it could mount what it likes)."""
+its launcher, tries to make a user namespace of its own (where it could mount what it likes) and
+a UDP socket (which the measure of the wire does not count)."""
 import ctypes
 import errno
 import os
+import socket
 import time
 
 WAIT = 4.0  # seconds for the other's traces
@@ -48,6 +50,7 @@ def run(rank, size):
         found["signal"] = _outcome(lambda: os.kill(int(pid), 0))
     found["launcher"] = _outcome(lambda: os.kill(os.getppid(), 0))
     found["userns"] = "made" if libc.unshare(0x10000000) == 0 else errno.errorcode.get(ctypes.get_errno(), "?")
+    found["udp"] = _outcome(lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM).close())
     time.sleep(WAIT)  # (the other rank is still there while this one looks)
     raise RuntimeError(repr(found))
 
