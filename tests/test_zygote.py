@@ -124,17 +124,21 @@ def main():
 """
 
 
-def test_the_zygote_forks_its_ranks_and_reports_each_ones_end(tmp_path: Path) -> None:
+def forked_children(tmp_path: Path, **settings: str) -> subprocess.CompletedProcess[bytes]:
+    """The zygote of FORKED, run to its end with ``settings`` in its environment, forking CHILD's ranks."""
     (tmp_path / "child.py").write_text(CHILD)
-    env = {**os.environ, "PYTHONPATH": f"{REPO}:{tmp_path}", "LAB_TOKEN": TOKEN, "OMP_NUM_THREADS": "1",
-           WIRE_VAR: "uid"}
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{tmp_path}", "LAB_TOKEN": TOKEN, "OMP_NUM_THREADS": "1", **settings}
     stdin, held_open = os.pipe()  # (the zygote ends its group when its stdin closes: the controller is gone)
     try:
-        zygote = subprocess.run([sys.executable, "-c", FORKED], stdin=stdin, capture_output=True, env=env,
-                                cwd=tmp_path, timeout=120, start_new_session=True)
+        return subprocess.run([sys.executable, "-c", FORKED], stdin=stdin, capture_output=True, env=env,
+                              cwd=tmp_path, timeout=120, start_new_session=True)
     finally:
         os.close(stdin)
         os.close(held_open)
+
+
+def test_the_zygote_forks_its_ranks_and_reports_each_ones_end(tmp_path: Path) -> None:
+    zygote = forked_children(tmp_path, **{WIRE_VAR: "uid"})
     assert zygote.returncode == 1, zygote.stderr  # not every rank ended with status 0
     lines = zygote.stdout.splitlines()
     events = [said(line) for line in lines if line.startswith(b"\x1f")]
@@ -154,16 +158,7 @@ def test_the_zygote_forks_its_ranks_and_reports_each_ones_end(tmp_path: Path) ->
 def test_ranks_it_was_asked_to_keep_apart_and_cannot_end_before_they_run_and_say_why(tmp_path: Path) -> None:
     """Asked to run each rank as a user of its own (lab.rank.isolation) where it cannot (here: users
     past the last), no rank runs at all, together or otherwise: each ends with 127 and says why."""
-    (tmp_path / "child.py").write_text(CHILD)
-    env = {**os.environ, "PYTHONPATH": f"{REPO}:{tmp_path}", "LAB_TOKEN": TOKEN, "OMP_NUM_THREADS": "1",
-           USERS_VAR: str(LAST_USER - 3)}  # (ranks 4 to 6: past the last user)
-    stdin, held_open = os.pipe()
-    try:
-        zygote = subprocess.run([sys.executable, "-c", FORKED], stdin=stdin, capture_output=True, env=env,
-                                cwd=tmp_path, timeout=120, start_new_session=True)
-    finally:
-        os.close(stdin)
-        os.close(held_open)
+    zygote = forked_children(tmp_path, **{USERS_VAR: str(LAST_USER - 3)})  # (ranks 4 to 6: past the last user)
     events = [said(line) for line in zygote.stdout.splitlines() if line.startswith(b"\x1f")]
     exits = {e.rank: e.code for e in events if isinstance(e, Exit)}
     assert exits == {4: 127, 5: 127, 6: 127} and not any(isinstance(e, Done) for e in events), events
