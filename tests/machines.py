@@ -214,7 +214,7 @@ def _tar(files: dict[str, bytes]) -> bytes:
 
 def remove(client: docker.DockerClient, prefix: str) -> None:
     """Every machine of ``prefix``, its volume and network, and its engine's cgroup directories."""
-    for c in client.containers.list(all=True, filters={"label": f"{TEST_LABEL}={prefix}"}):
+    for c in client.containers.list(all=True, ignore_removed=True, filters={"label": f"{TEST_LABEL}={prefix}"}):
         c.remove(force=True, v=True)
     for v in client.volumes.list(filters={"label": f"{TEST_LABEL}={prefix}"}):
         v.remove(force=True)

@@ -103,12 +103,14 @@ def graded_then_killed(lab: Lab, args: tuple[str, ...], out: Path,
     """Start ``lab grade``, SIGKILL it once two rows are written (and ``ready``): the rows it left,
     whole rows only (nothing of the grader's own runs after a SIGKILL)."""
     grader = lab.popen(*args)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and not (
-            len(read_grades(out) if (out / "grades.csv").exists() else {}) >= 2 and ready()):
-        time.sleep(0.1)
-    grader.kill()
-    grader.communicate(timeout=30)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not (
+                len(read_grades(out) if (out / "grades.csv").exists() else {}) >= 2 and ready()):
+            time.sleep(0.1)
+    finally:  # (a failing wait leaves no grader to run on into the next test)
+        grader.kill()
+        grader.communicate(timeout=30)
     return read_grades(out)
 
 
@@ -582,7 +584,9 @@ def docker_client():  # type: ignore[no-untyped-def]
 
 
 def sandboxes(client) -> list[str]:  # type: ignore[no-untyped-def]
-    return [c.name for c in client.containers.list(all=True, filters={"label": f"{ROLE}={ROLE_NAME}"})]
+    """The sandboxes of every grader now (one removed while listed is not one)."""
+    return [c.name for c in client.containers.list(all=True, ignore_removed=True,
+                                                   filters={"label": f"{ROLE}={ROLE_NAME}"})]
 
 
 @pytest.mark.docker
