@@ -73,7 +73,7 @@ from lab.transport.ssh.settings import SSHSettings
 log = logging.getLogger(__name__)
 
 BATCH = 256  # queued items handled between two looks at the processes and the clock
-DUMP_WAIT = 1.5  # seconds to wait for stack dumps after SIGUSR1, at most
+DUMP_WAIT = 5.0  # seconds to wait for stack dumps after SIGUSR1, at most (it ends when every live rank's came)
 DUMP_SETTLE = 0.3  # seconds with no line of a dump after every live rank's came: the dumps are whole
 FLIGHT_WAIT = 3.0  # seconds to wait for hung ranks' flight dumps (each sends one with its quiet progress)
 CRASH_GRACE = 5.0  # seconds peers get to report after a rank died
