@@ -583,10 +583,13 @@ def docker_client():  # type: ignore[no-untyped-def]
     return client
 
 
-def sandboxes(client) -> list[str]:  # type: ignore[no-untyped-def]
-    """The sandboxes of every grader now (one removed while listed is not one)."""
+def sandboxes(client, lab: Lab | None = None) -> list[str]:  # type: ignore[no-untyped-def]
+    """The sandboxes of this test's graders (this process's, or those ``lab`` ran) now: the other lane's
+    tests grade in sandboxes of their own meanwhile (one removed while listed is not one)."""
+    owners = {f"{socket.gethostname()}:{pid}" for pid in [os.getpid(), *(lab.started if lab else [])]}
     return [c.name for c in client.containers.list(all=True, ignore_removed=True,
-                                                   filters={"label": f"{ROLE}={ROLE_NAME}"})]
+                                                   filters={"label": f"{ROLE}={ROLE_NAME}"})
+            if c.labels.get(OWNER_LABEL) in owners]
 
 
 @pytest.mark.docker
@@ -600,26 +603,27 @@ def test_a_class_graded_in_sandboxes_two_at_a_time(lab: Lab, tmp_path: Path, doc
     assert_graded_as_expected(read_grades(out), EXPECTED)
     assert sorted(p.name for p in (out / "junit").iterdir()) == sorted(f"{s}.xml" for s in EXPECTED if s != "nobody")
     assert peak_mb < 300, f"the grader grew to {peak_mb} MB"
-    assert sandboxes(docker_client) == []
-    assert _sleepers() == []  # frank's daemons went with his sandbox
+    assert sandboxes(docker_client, lab) == []
+    assert _sleepers(docker_client) == []  # frank's daemons went with his sandbox
     assert lab.leftovers() == []
 
 
 @pytest.mark.docker
+@pytest.mark.default_lab
 def test_a_sandboxed_grader_killed_mid_class_leaves_a_sandbox_the_next_one_removes_first(
         lab: Lab, tmp_path: Path, docker_client) -> None:  # type: ignore[no-untyped-def]
     students = ("alice", "bob", "erin", "heidi", "ivan", "walter")
     out = tmp_path / "book"
     args = ("grade", str(class_of(tmp_path, *students)), "--exercise", "ring-allreduce", "--nproc", "3",
             "--timeout", "15", "--out", str(out))
-    before = graded_then_killed(lab, args, out, ready=lambda: bool(sandboxes(docker_client)))  # (it stays)
+    before = graded_then_killed(lab, args, out, ready=lambda: bool(sandboxes(docker_client, lab)))  # (it stays)
     assert 2 <= len(before) < len(students), before
-    assert sandboxes(docker_client), "the killed grader's sandbox is gone already: nothing was tested"
+    assert sandboxes(docker_client, lab), "the killed grader's sandbox is gone already: nothing was tested"
     result = lab(*args, timeout=300)
     assert result.code == 0, result.text
     assert sorted(students_in(out)) == sorted(students)  # each exactly once
     assert_graded_as_expected(read_grades(out), {s: EXPECTED[s] for s in students})
-    assert sandboxes(docker_client) == []  # the killed one's too
+    assert sandboxes(docker_client, lab) == []  # the killed one's too
     assert lab.leftovers() == []
 
 
@@ -670,7 +674,7 @@ def run(rank, size):
     assert "'root': 'read-only'" in reason and "'keys': False" in reason, reason
     assert "LAB_TEST_MARKER" not in reason and "SSH_AUTH_SOCK" not in reason, reason
     assert "'fork': '" in reason and "then BlockingIOError" in reason, reason
-    assert sandboxes(docker_client) == []
+    assert sandboxes(docker_client, lab) == []
 
 
 @pytest.mark.docker
@@ -708,7 +712,7 @@ def test_ranks_of_a_container_each_meet_only_where_the_lab_measures_and_in_a_fil
     met = lab("grade", str(files), "--exercise", "init-file", "--nproc", "2", "--sandbox", "ranks", "--out",
               str(tmp_path / "met"), timeout=300)
     assert met.code == 0 and read_grades(tmp_path / "met")["fay"]["verdict"] == "pass", met.text[-3000:]
-    assert sandboxes(docker_client) == []
+    assert sandboxes(docker_client, lab) == []
     assert docker_client.volumes.list(filters={"label": f"{ROLE}={ROLE_NAME}"}) == []
 
 
@@ -732,12 +736,24 @@ def test_the_ranks_of_one_sandbox_container_are_users_of_their_own_with_their_ow
     assert "'userns': 'EPERM', 'udp': 'EPERM'" in reason, reason
     uid = re.search(r"'uid': (\d+), 'user': 'rank(\d+)'", reason)
     assert uid is not None and int(uid[1]) == int(uid[2]) >= FIRST_USER, reason
-    assert sandboxes(docker_client) == []
+    assert sandboxes(docker_client, lab) == []
 
 
-def _sleepers() -> list[str]:
+def _sleepers(client) -> list[str]:  # type: ignore[no-untyped-def]
+    """frank's daemons (``sleep 900``) on this machine, but those in another test's containers (a lab's
+    hosts, where the container lane grades him too): in a sandbox, or in none."""
+    others = [c.id for c in client.containers.list(ignore_removed=True) if c.labels.get(ROLE) != ROLE_NAME]
     done = subprocess.run(["pgrep", "-af", "sleep 900"], capture_output=True, text=True)
-    return [line for line in done.stdout.splitlines() if line.strip()]
+    found = [(line, _cgroups_of(int(line.split()[0]))) for line in done.stdout.splitlines() if line.strip()]
+    return [line for line, groups in found if groups is not None and not any(c in groups for c in others)]
+
+
+def _cgroups_of(pid: int) -> str | None:
+    """The process's control groups (where it runs: a container's id is in its paths); None once it ended."""
+    try:
+        return Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return None
 
 
 def test_sandboxes_that_could_take_more_memory_than_the_machine_are_refused_before_they_start() -> None:
@@ -876,6 +892,7 @@ def test_the_class_page_renders_in_a_real_browser_sorts_and_shows_what_students_
 
 
 @pytest.mark.docker
+@pytest.mark.default_lab
 def test_a_live_graders_sandbox_is_no_labs_but_a_killed_graders_is(docker_client) -> None:  # type: ignore[no-untyped-def]
     """`lab down` and `lab up` of the default lab leave the sandboxes of a grader that still runs (it
     grades in them), and take those a killed grader left (the owner label says whose)."""
