@@ -40,9 +40,9 @@ WRONG = Path(__file__).resolve().parent / "wrong"
 # launches) are made once. The container lane goes first (the longest by far), then the other lane's
 # longest modules, so that none is left to run alone at the end. The grader's sandbox tests start no
 # lab (a container a share, on no network of a lab's): they run with their module in the other lane,
-# beside a lab as the local runs do, which evens the lanes (the container lane was 3 minutes longer);
-# but those marked default_lab, whose sandboxes are the default lab's for a moment (a killed
-# grader's: `lab down` takes them), which the container lane's tests would count or take.
+# beside a lab as the local runs do, which evens the lanes (the container lane was 3 minutes longer).
+# Not those marked default_lab: their sandboxes are the default lab's for a moment (a killed
+# grader's, which `lab down` takes), and the container lane's tests count that lab's containers.
 CONTAINER_TIERS = ("docker", "machines")
 CONTAINER_LANE = "containers"
 BESIDE_THE_LABS = ("test_grade",)
