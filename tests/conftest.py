@@ -222,10 +222,8 @@ class Lab:
 
     def __call__(self, *args: str, timeout: float = 240, stdin: str | None = None) -> Result:
         """The command's end; ``stdin``: what it reads on its stdin (else nothing: /dev/null)."""
-        with subprocess.Popen(self.argv(*args), cwd=REPO, env=self.env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True,
-                              stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE) as proc:
-            self.started.append(proc.pid)
+        with self._start(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE) as proc:
             try:
                 out, err = proc.communicate(stdin, timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -235,9 +233,7 @@ class Lab:
 
     def measured(self, *args: str, timeout: float = 240) -> tuple[Result, int]:
         """Like calling it, and its peak resident memory in MB (VmHWM, read from /proc while it runs)."""
-        proc = subprocess.Popen(self.argv(*args), cwd=REPO, env=self.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
-        self.started.append(proc.pid)
+        proc = self._start(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         streams: dict[str, bytes] = {}
         readers = [threading.Thread(target=lambda n=n, s=s: streams.__setitem__(n, s.read()))
                    for n, s in (("out", proc.stdout), ("err", proc.stderr))]
@@ -264,8 +260,12 @@ class Lab:
     def popen(self, *args: str) -> subprocess.Popen[str]:
         """The lab in the background, started as a non-interactive shell starts a background job
         (and as many CI runners do): with SIGINT ignored. Ctrl-C must stop it all the same."""
-        proc = subprocess.Popen(self.argv(*args), cwd=REPO, env=self.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, preexec_fn=_ignore_sigint)
+        return self._start(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           preexec_fn=_ignore_sigint)
+
+    def _start(self, args: tuple[str, ...], **how: Any) -> subprocess.Popen[Any]:
+        """``lab ARGS`` started from the repository with this lab's environment (and ``how``), its pid kept."""
+        proc = subprocess.Popen(self.argv(*args), cwd=REPO, env=self.env, **how)
         self.started.append(proc.pid)
         return proc
 
