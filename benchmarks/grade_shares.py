@@ -3,10 +3,12 @@
 A class of N copies of a correct ring (tests/class/ring/alice.py), graded on the container lab's
 node1 with 4 slots as two shares at once (``--parallel 2``: users share1 and share2 on one host),
 alternately with everything that keeps shares apart in place (lab.containerlab.shares: the packet
-filter, a control group per share, /proc hidepid) and with all of it undone (the filter's chains
-emptied, the groups unmounted, /proc as it was; the marker left, so the grader still grades the
-shares at once): seconds per submission, and the ratio (goal at most 1.2). Everything is put back
-at the end. Needs the default lab up (``make lab-up``); it takes the lab for itself while it runs.
+filter, a control group per share, /proc hidepid; lab.containerlab.sharehosts: a network of its own
+per share, through share hosts) and with all of it undone (the filter's chains emptied, the groups
+unmounted, /proc as it was, and the grader run without share hosts, each share on the host's own
+network; the marker left, so the grader still grades the shares at once): seconds per submission,
+and the ratio (goal at most 1.2). Everything is put back at the end. Needs the default lab up
+(``make lab-up``); it takes the lab for itself while it runs.
 
     python benchmarks/grade_shares.py [--students 10] [--repeat 3]
 """
@@ -32,6 +34,10 @@ from lab.containerlab.topology import Topology  # noqa: E402
 
 CORRECT = REPO / "tests" / "class" / "ring" / "alice.py"
 LAB = [sys.executable, "-m", "lab"]
+# The same CLI with the shares on the hosts' own network (no share hosts): the baseline's grader.
+ON_HOSTS_NETWORK = [sys.executable, "-c", "import runpy, sys; import lab.grading.places as places; "
+                    "places.through_share_hosts = lambda split, lab, say: (split, [h.name for h in split[0].hosts]); "
+                    "sys.argv[0] = 'lab'; runpy.run_module('lab', run_name='__main__')"]
 EMPTY = " && ".join(f"iptables -w 5 -t {table} -F {chain}" for table, chain in
                     (("mangle", "LAB-SHARES-OUT"), ("mangle", "LAB-SHARES-IN"), ("filter", "LAB-SHARES-ANSWER")))
 UNGROUP = (" && ".join(f"umount {shares.GROUPS}/{c}" for c in shares.CONTROLLERS)
@@ -54,13 +60,14 @@ def one_host(directory: Path) -> Path:
     return path
 
 
-def grade(root: Path, inventory: Path, out: Path) -> float:
+def grade(root: Path, inventory: Path, out: Path, apart: bool) -> float:
     started = time.monotonic()
-    done = subprocess.run([*LAB, "grade", str(root), "--exercise", "ring-allreduce", "--hosts", str(inventory),
-                           "--parallel", "2", "--out", str(out)], cwd=REPO, capture_output=True, text=True,
-                          timeout=1800)
-    if done.returncode != 0 or "cannot keep shares apart" in done.stdout:
-        sys.exit(f"lab grade failed or graded one share at a time:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    done = subprocess.run([*(LAB if apart else ON_HOSTS_NETWORK), "grade", str(root), "--exercise", "ring-allreduce",
+                           "--hosts", str(inventory), "--parallel", "2", "--out", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0 or "cannot keep shares apart" in done.stdout or apart == ("share its ports" in done.stdout):
+        sys.exit(f"lab grade failed, graded one share at a time or not as asked:\n{done.stdout[-2000:]}"
+                 f"{done.stderr[-2000:]}")
     return time.monotonic() - started
 
 
@@ -81,9 +88,9 @@ def main() -> None:
             inventory = one_host(Path(directory))
             for round_ in range(args.repeat):
                 keep_apart(client, topology, True)
-                with_filter.append(grade(root, inventory, Path(directory, f"on{round_}")) / args.students)
+                with_filter.append(grade(root, inventory, Path(directory, f"on{round_}"), True) / args.students)
                 keep_apart(client, topology, False)
-                without.append(grade(root, inventory, Path(directory, f"off{round_}")) / args.students)
+                without.append(grade(root, inventory, Path(directory, f"off{round_}"), False) / args.students)
     finally:
         keep_apart(client, topology, True)
     on, off = statistics.median(with_filter), statistics.median(without)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab.containerlab import containers, engine, resources, sshd, state, topology
+from lab.containerlab import containers, engine, resources, sharehosts, sshd, state, topology
 from lab.errors import ExitCode
 
 from .conftest import HOST_PROCESSES, REPO, WRONG, Lab, Result, run_processes, said_apart_from_phases
@@ -292,9 +292,9 @@ def test_a_named_cross_vpc_lab_stands_beside_the_default_one(lab_up: Lab, tmp_pa
 def test_a_share_cannot_reach_another_shares_listeners_on_its_host(lab_up: Lab, tmp_path: Path) -> None:
     """ann and eve graded at once on node1's four slots: eve connects to every listener of another
     user it sees (ann's store, her gloo ports) and writes junk, looks for ann's processes to signal
-    them and read their environment, and reads her files; the lab's packet filter lets none of the
-    listeners answer, /proc shows eve none of ann's processes, ann's files are hers alone, and ann
-    passes as she would alone."""
+    them and read their environment, and reads her files; each share has a network of its own on
+    the host (its share host), so eve sees none of ann's sockets, /proc shows eve none of ann's
+    processes, ann's files are hers alone, and ann passes as she would alone."""
     submissions = tmp_path / "class"
     submissions.mkdir()
     (submissions / "eve.py").write_text((REPO / "tests" / "class" / "shares" / "eve.py").read_text())
@@ -319,14 +319,59 @@ def test_a_share_cannot_reach_another_shares_listeners_on_its_host(lab_up: Lab, 
                      r"processes, read (\d+) of (\d+) of their files", grades["eve"]["reason"])
     assert seen is not None, grades["eve"]
     reached, listeners, touched, processes, read, files = map(int, seen.groups())
-    # (/proc shows eve none of ann's processes: hidepid; she could not have signalled them anyway)
-    assert (reached, touched, processes, read) == (0, 0, 0, 0) and min(listeners, files) > 0, grades["eve"]
+    # (eve's /proc/net shows her own network's sockets alone; /proc shows her none of ann's processes:
+    # hidepid, and she could not have signalled them anyway; she saw ann's files, and read none)
+    assert (reached, listeners, touched, processes, read) == (0, 0, 0, 0, 0) and files > 0, grades["eve"]
     assert "cannot keep shares apart" not in result.out and "share its CPU and memory" not in result.out
     # the two shares on node1 have half its memory each
     host = _client().containers.get(TOPOLOGY.container(1))
     for user in ("share1", "share2"):
         code, limit = host.exec_run(["cat", f"/run/lab-groups/memory/{user}/memory.limit_in_bytes"])
         assert code == 0 and abs(int(limit) - host.attrs["HostConfig"]["Memory"] // 2) < 4096, (user, limit)
+
+
+def test_a_share_that_holds_every_port_of_its_host_takes_none_from_another_share(lab_up: Lab, tmp_path: Path) -> None:
+    """hugo binds every port of node1's ephemeral range and holds them while ann, graded at once on
+    the same host, makes new gloo connections (a group of her own, once she sees the hoard): each
+    share has its own network on the host (its share host: lab.containerlab.sharehosts), so ann
+    passes. The share hosts: on networks of their own, reaching neither each other nor the host's
+    own address; their sshd has no capability the host's lacks."""
+    submissions = tmp_path / "class"
+    submissions.mkdir()
+    (submissions / "hugo.py").write_text((REPO / "tests" / "class" / "shares" / "hugo.py").read_text())
+    # ann: alice's ring, whose ranks first wait for hugo's hoard (or fail), then make a group of their own
+    (submissions / "ann.py").write_text(
+        "import os, time\n" + (REPO / "tests" / "class" / "ring" / "alice.py").read_text()
+        .replace("def ring_allreduce(tensor):\n", "_met = []\n\n\n"
+                 "def ring_allreduce(tensor):\n    if not _met:\n"
+                 "        deadline = time.monotonic() + 60\n"
+                 "        while not os.path.exists('/tmp/hugo-holds-the-ports'):\n"
+                 "            if time.monotonic() > deadline:\n"
+                 "                raise RuntimeError('ann: never saw the hoard')\n"
+                 "            time.sleep(0.05)\n"
+                 "        _met.append(dist.barrier(group=dist.new_group(backend='gloo')))\n", 1))
+    result, grades = grade_two_shares_on_node1(lab_up, tmp_path, submissions)
+    assert grades["ann"]["verdict"] == "pass", grades
+    held = re.search(r"hoard: held (\d+) of (\d+) ephemeral ports", grades["hugo"]["reason"])
+    assert held is not None and int(held[1]) >= 0.99 * int(held[2]), grades["hugo"]
+    assert "share its ports" not in result.out, result.out
+    doors = {door.user: door for door in sharehosts.running(_client(), "lab") if door.host == 1}
+    assert {"share1", "share2"} <= set(doors), doors
+
+    def answers(door: sharehosts.ShareHost, address: str) -> bool:
+        """Whether sshd answers at ``address`` from the share host's network namespace."""
+        probe = f"import socket; socket.create_connection(({address!r}, 22), timeout=3).recv(4)"
+        return door.container.exec_run(["python3", "-c", probe]).exit_code == 0
+
+    one, two = doors["share1"], doors["share2"]
+    assert (answers(two, two.address), answers(two, one.address), answers(two, TOPOLOGY.address(1))) == \
+        (True, False, False)
+    for door in (one, two):
+        sshd = int(door.container.attrs["State"]["Pid"])  # (the engine's host sees it: this machine)
+        status = dict(line.split(":\t", 1) for line in Path(f"/proc/{sshd}/status").read_text().splitlines()
+                      if ":\t" in line)
+        wanted = sum(1 << CAPABILITY_BITS[name] for name in topology.HostLimits.CAPABILITIES)
+        assert (int(status["CapBnd"], 16), status["NoNewPrivs"].strip()) == (wanted, "1"), status
 
 
 def grade_two_shares_on_node1(lab_up: Lab, tmp_path: Path, submissions: Path) -> tuple[Result, dict]:
@@ -360,6 +405,8 @@ def test_two_shares_on_one_host_are_two_users_who_cannot_read_each_other(lab_up:
     said = " ".join(result.out.split())
     assert "node1 name no grade_users" in said and "connections are not measured" in said, result.text[-3000:]
     assert "they can read each other's run files" in said
+    # (as one user, not a share's, they have no share hosts: they share node1's ports, and the grader says so)
+    assert "the shares graded at once on node1 share its ports" in said, said
     grades = read_grades(tmp_path / "book2")
     assert all("read another share's run" in g["reason"] for g in grades.values()), grades
 

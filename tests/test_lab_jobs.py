@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab.containerlab import containers, resources, topology
+from lab.containerlab import containers, resources, sharehosts, topology
 
 from .conftest import DDP_SERIES, REPO, TOKENIZED, WRONG, Lab, assert_ddp_series_trained
 from .test_lab_docker import _client, assert_no_workers_anywhere, inventory_variant, run_json
@@ -188,10 +188,14 @@ done
 """
 
 
-def share_remains(container: str) -> str:
-    """What the share users left on a lab host, as root there sees it ("" when nothing)."""
-    return subprocess.run(["docker", "exec", "-u", "root", container, "sh", "-c", SHARE_REMAINS],
-                          capture_output=True, text=True, timeout=60).stdout.strip()
+def share_remains(lab: topology.Topology, i: int) -> str:
+    """What the share users left on lab host i, as root there sees it, and in each of its share hosts
+    (in the host's mount namespace and the share host's own IPC namespace) ("" when nothing)."""
+    doors = [door.container.name for door in sharehosts.running(_client(), lab.lab) if door.host == i]
+    return "".join(subprocess.run(["docker", "exec", "-u", "root", container, *enter, "sh", "-c", SHARE_REMAINS],
+                                  capture_output=True, text=True, timeout=60).stdout.strip()
+                   for container, enter in [(lab.container(i), []), *((door, ["nsenter", "-t", "1", "-m", "--"])
+                                                                        for door in doors)])
 
 
 def test_a_class_graded_across_the_lab_two_shares_at_once(jobs: Jobs, tmp_path: Path) -> None:
@@ -244,7 +248,10 @@ def test_a_class_graded_across_the_lab_two_shares_at_once(jobs: Jobs, tmp_path: 
         left = subprocess.run(["docker", "exec", jobs.topology.container(i), "pgrep", "-af", "sleep 90[07]"],
                               capture_output=True, text=True, timeout=30).stdout
         assert left.strip() == "", f"{jobs.topology.container(i)}: {left}"
-        assert share_remains(jobs.topology.container(i)) == "", jobs.topology.container(i)
+        assert share_remains(jobs.topology, i) == "", jobs.topology.container(i)
+    # each share ran through share hosts of its own (a network namespace each): nodes 1-2, then 3-4
+    assert sorted((door.host, door.user) for door in sharehosts.running(_client(), jobs.topology.lab)) == \
+        [(1, "share1"), (2, "share1"), (3, "share2"), (4, "share2")]
     # nor can a submission leave a file in the lab user's home for the next one (a .bashrc...)
     planted = subprocess.run(["docker", "exec", "--user", "lab", jobs.topology.container(1), "sh", "-c",
                               "echo exit >> ~/.bashrc"], capture_output=True, text=True, timeout=30)

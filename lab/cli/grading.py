@@ -100,7 +100,8 @@ def cmd_grade(args: argparse.Namespace) -> int:
             if places.one_user_hosts:
                 views.print_one_user_hosts(console, places.one_user_hosts, places.at_once)
             for note in ([views.one_share_at_a_time(places.unisolated)] if places.unisolated else []) + \
-                    ([views.sharing_a_host(places.crowded)] if places.crowded else []):
+                    ([views.sharing_a_host(places.crowded)] if places.crowded else []) + \
+                    ([views.sharing_ports(places.shared_ports)] if places.shared_ports else []):
                 book.note(note)
                 console.print(f"note: {note}", style="yellow")
             with views.grading_progress(console, request.exercise.name, len(todo)) as graded:

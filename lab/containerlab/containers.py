@@ -26,6 +26,7 @@ from lab.containerlab.topology import (
     ROLE,
     SCHEDULER_LABEL,
     SHAPED_LABEL,
+    SHARE_ROLE,
     SIDECAR_ROLES,
     SLOTS_LABEL,
     TOPOLOGY_LABEL,
@@ -259,7 +260,8 @@ def labs(client: docker.DockerClient) -> list[LabSummary]:
     nets = lab_networks(client, None)
     return [LabSummary(name, found[0].labels.get(TOPOLOGY_LABEL, "?"), len(found),
                        int(found[0].labels.get(SLOTS_LABEL, "1")), sum(c.status == "running" for c in found),
-                       tuple(s for n in nets if of_lab(n.attrs.get("Labels"), name) for s in subnets_of(n)),
+                       tuple(s for n in nets if of_lab(n.attrs.get("Labels"), name)
+                             and (n.attrs.get("Labels") or {}).get(ROLE) != SHARE_ROLE for s in subnets_of(n)),
                        found[0].labels.get(SCHEDULER_LABEL, "none"))
             for name, found in sorted(by_lab.items())]
 

@@ -27,6 +27,9 @@ from lab.containerlab.resources import lab_containers, lab_resources
 from lab.containerlab.topology import (
     LABEL,
     NAME_LABEL,
+    ROLE,
+    SHAPED_LABEL,
+    SHARE_ROLE,
     SHARED_DIR,
     SLOTS_LABEL,
     HostLimits,
@@ -95,7 +98,8 @@ def _start_hosts(client: docker.DockerClient, topology: Topology, tag: str, path
     """One container per host, made anew when its image, address or limits are not the wanted ones."""
     wanted = {topology.container(i) for i in topology.indices()}
     for c in lab_containers(client, topology.lab):
-        if c.name not in wanted:
+        kept_share_host = c.labels.get(ROLE) == SHARE_ROLE and c.labels.get(SHAPED_LABEL) in wanted  # (see kept)
+        if c.name not in wanted and not kept_share_host:
             say(f"removing {c.name} (not in a {topology.hosts}-host lab)")
             c.remove(force=True)
     _ensure_shared_volume(client, topology)

@@ -14,7 +14,7 @@ from docker.models.networks import Network
 from lab.containerlab.crossvpc import untrack_bridge
 from lab.containerlab.engine import EngineError, Say
 from lab.containerlab.resources import lab_containers, lab_networks
-from lab.containerlab.topology import DEFAULT_LAB, DEFAULT_SUBNETS, LABEL, NAME_LABEL, Topology
+from lab.containerlab.topology import DEFAULT_LAB, DEFAULT_SUBNETS, LABEL, NAME_LABEL, ROLE, SHARE_ROLE, Topology
 from lab.net.subnets import Subnet, free_subnets, routes_in
 
 ROUTES_COMMAND = ["ip", "-j", "-4", "route"]
@@ -64,6 +64,32 @@ def claim_networks(client: docker.DockerClient, topology: Topology, say: Say) ->
     raise AssertionError("unreachable")  # (the last attempt returns or raises)
 
 
+def claim_network(client: docker.DockerClient, name: str, labels: dict[str, str], near: str, say: Say) -> Network:
+    """Network ``name`` (a bridge) with ``labels``, made where there is none on a /24 free on the
+    engine and among its host's routes (the first after ``near`` in the lab's pool; never the default
+    plain lab's, which comes up where inventory.yaml says), and chosen again when another network takes
+    that subnet as it is made (as :func:`claim_networks`)."""
+    try:
+        return client.networks.get(name)
+    except NotFound:
+        pass
+    refused = [ipaddress.ip_network(s) for s in DEFAULT_SUBNETS["plain"]]
+    for attempt in range(1, CLAIM_TRIES + 1):
+        subnet = free_subnets([near], engine_subnets(client) + host_routes() + refused)[0]
+        ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(
+            subnet=subnet, gateway=str(ipaddress.ip_network(subnet)[1]))])
+        try:
+            say(f"creating network {name} ({subnet})")
+            return client.networks.create(name, driver="bridge", ipam=ipam, labels=labels)
+        except APIError as exc:
+            if "already exists" in str(exc.explanation or exc):
+                return client.networks.get(name)  # (made by another grader of the lab meanwhile)
+            if "overlap" not in str(exc.explanation or exc).lower() or attempt == CLAIM_TRIES:
+                raise EngineError(f"cannot create network {name} on {subnet}: {exc.explanation or exc}") from None
+            refused.append(ipaddress.ip_network(subnet))
+    raise AssertionError("unreachable")  # (the last attempt returns or raises)
+
+
 def engine_subnets(client: docker.DockerClient, spare: Collection[str] = ()) -> list[Subnet]:
     """The subnets of the engine's networks, but those named in ``spare``."""
     return [ipaddress.ip_network(s, strict=False) for n in client.networks.list()
@@ -83,7 +109,7 @@ def ensure_networks(client: docker.DockerClient, topology: Topology, say: Say) -
     """The topology's networks, each with its subnet; the lab's other networks are removed."""
     wanted = {n.name: n for n in topology.networks()}
     for existing in lab_networks(client, topology.lab):
-        if existing.name not in wanted:
+        if existing.name not in wanted and (existing.attrs.get("Labels") or {}).get(ROLE) != SHARE_ROLE:
             for c in lab_containers(client, topology.lab):
                 c.remove(force=True)
             remove_network(existing, say)

@@ -49,8 +49,9 @@ from dataclasses import dataclass
 
 import docker
 from docker.errors import DockerException
+from docker.models.containers import Container
 
-from lab.containerlab import containers, engine, helper
+from lab.containerlab import containers, engine, helper, sharehosts
 from lab.containerlab.engine import EngineError, each
 from lab.containerlab.topology import GRADE_USERS, Topology
 from lab.rank.reaper import SHARE_CONTROLLERS, SHARE_GROUPS
@@ -228,13 +229,17 @@ class Swept:
 
 
 def sweep_share(client: docker.DockerClient, topology: Topology, i: int, user: str,
-                folders: tuple[str, ...] = ()) -> Swept:
+                folders: tuple[str, ...] = (), share_host: Container | None = None) -> Swept:
     """Root's sweep of share user ``user`` on host i (:data:`ROOT_SWEEP`), ``folders`` besides the
-    temporary ones (the shared folder); one line naming the host when it cannot run."""
-    host = helper.running_host(client, topology, i)
+    temporary ones (the shared folder); one line naming the host when it cannot run. Where the share
+    ran through a share host (lab.containerlab.sharehosts), the sweep runs there, in the host's mount
+    namespace, with the host's capabilities alone (as its sshd): the share's IPC objects are in the share
+    host's own IPC namespace."""
     argv = ["timeout", "-s", "KILL", str(SWEEP_TIMEOUT), "sh", "-c", ROOT_SWEEP, "sh", user, *folders]
+    if share_host is not None:
+        argv = [*sharehosts.ENTER, *argv]
     try:
-        code, out = host.exec_run(argv, user="root")
+        code, out = (share_host or helper.running_host(client, topology, i)).exec_run(argv, user="root")
     except DockerException as exc:
         raise EngineError(f"host {topology.name(i)}: cannot sweep share {user}: {exc}") from None
     lines = bytes(out).decode("utf-8", "replace").splitlines()

@@ -19,10 +19,10 @@ from typing import Literal, Protocol, get_args
 
 from docker.errors import DockerException
 
-from lab.containerlab import containers, engine, shares
+from lab.containerlab import containers, engine, sharehosts, shares
 from lab.containerlab.engine import EngineError, Say
 from lab.containerlab.image import Progress
-from lab.containerlab.topology import DEFAULT_LAB, LabPaths, default_inventory
+from lab.containerlab.topology import DEFAULT_LAB, GRADE_USERS, LabPaths, default_inventory
 from lab.core.plan import DEFAULT_TIMEOUT, Backend, Options
 from lab.core.planner import checked_part
 from lab.errors import UsageError
@@ -194,13 +194,16 @@ def _root_swept(lab: str, hosts: list[Host]) -> dict[str, str | BaseException]:
     except (EngineError, DockerException) as exc:
         return {h.name: exc for h in hosts}
     index = {topology.address(i): i for i in topology.indices()}
+    doors = {(door.address, door.user): door for door in sharehosts.running(client, lab)}
 
     def one(host: Host) -> str | BaseException:
-        if host.address not in index:
+        door = doors.get((host.address, host.user or ""))
+        if door is None and host.address not in index:
             return f"not a host of lab {lab}"
         try:
-            return shares.sweep_share(client, topology, index[host.address], host.user or "",
-                                      (host.shared_dir,) if host.shared_dir else ()).unclean
+            return shares.sweep_share(client, topology, door.host if door else index[host.address], host.user or "",
+                                      (host.shared_dir,) if host.shared_dir else (),
+                                      door.container if door else None).unclean
         except EngineError as exc:
             return exc
 
@@ -284,6 +287,32 @@ def sharing(inventory: Inventory, ssh: SSHSettings | None) -> Sharing:
                    sorted(n for n, words in said.items() if "grouped" not in words))
 
 
+def through_share_hosts(split: list[Inventory], lab: str, say: Say) -> tuple[list[Inventory], list[str]]:
+    """Each share's inventory through its share hosts on ``lab`` (lab.containerlab.sharehosts): a
+    network of its own on every host, so that no share can take another's ports. Where the lab cannot
+    give them (not a plain lab, a host not the lab's or not logged in as a share user, or the engine
+    failing, which a line says), the shares as they were, and the hosts where they share the ports."""
+    every = [h for share in split for h in share.hosts]
+    try:
+        client = engine.client()
+        topology = containers.running_topology(client, lab)
+        index = {topology.address(i): i for i in topology.indices()}
+        if topology.kind != "plain" or any(h.address not in index or h.connection != "ssh"
+                                           or h.user not in GRADE_USERS for h in every):
+            return split, sorted({h.name for h in every})
+        found = sharehosts.ensure(client, topology, sorted({(index[h.address], h.user or "") for h in every}), say)
+    except (EngineError, DockerException) as exc:
+        say(f"cannot give each share a network of its own on lab {lab}: {exc}")
+        return split, sorted({h.name for h in every})
+
+    def through(host: Host) -> Host:
+        door = found[(index[host.address], host.user or "")]
+        return replace(host, address=door.address, data_address=None, network_interface=sharehosts.INTERFACE,
+                       known_hosts=str(sharehosts.known_hosts(lab, door.user)))
+
+    return [Inventory(share.path, tuple(through(h) for h in share.hosts)) for share in split], []
+
+
 def one_user_hosts(inventory: Inventory) -> list[str]:
     """The SSH hosts where every share runs as one user (no ``grade_users``): there what the ranks'
     connections carried is not measured (others' would count: ``Hosts.wire``), and the submissions
@@ -353,6 +382,7 @@ class Places:
     at_once: bool = False  # more than one submission graded at a time
     unisolated: list[str] = field(default_factory=list)  # see sharing: why one share at a time
     crowded: list[str] = field(default_factory=list)  # hosts where several shares run at once, with no group each
+    shared_ports: list[str] = field(default_factory=list)  # hosts where several shares run at once in one port space
 
 
 @contextlib.contextmanager
@@ -372,10 +402,14 @@ def places_for(request: GradeRequest, ssh: SSHSettings, say: Say, working: Worki
             if kept_apart and found.unisolated:
                 say(f"set the packet filter and the share groups that keep shares apart on the hosts of lab {lab}")
                 found = sharing(inventory, ssh)
+        shared_ports = [h.name for h in inventory.hosts if shares_at[h.name] > 1]
+        if request.parallel > 1 and lab is not None and not found.unisolated:
+            split, shared_ports = through_share_hosts(split, lab, say)
         makers = [fixed(share, ssh, lab) for share in split][:1 if found.unisolated else None]
         crowded = [name for name, count in shares_at.items() if count > 1 and name in found.ungrouped]
-        yield Places(makers, one_user_hosts(inventory), len(makers) > 1, found.unisolated,
-                     crowded if len(makers) > 1 else [])
+        at_once = len(makers) > 1
+        yield Places(makers, one_user_hosts(inventory), at_once, found.unisolated, crowded if at_once else [],
+                     [name for name in shared_ports if shares_at[name] > 1] if at_once else [])
     elif request.sandbox == "none":
         yield Places([fixed(local_inventory(request.nproc))] * request.parallel)
     else:

@@ -38,6 +38,12 @@ def sharing_a_host(hosts: list[str]) -> str:
             "share on these hosts), so one share's load can slow another's run")
 
 
+def sharing_ports(hosts: list[str]) -> str:
+    return (f"the shares graded at once on {', '.join(hosts)} share its ports: a submission that holds them all "
+            "leaves another share's ranks none to listen or connect on (only the hosts of a plain lab of this "
+            "machine's engine give each share a network of its own)")
+
+
 @contextlib.contextmanager
 def grading_progress(console: Console, exercise: str, submissions: int) -> Iterator[Callable[[Grade], None]]:
     """A progress bar while the block grades; the callable it gives prints a grade above the bar
