@@ -122,3 +122,13 @@ def test_two_labs_that_choose_one_subnet_at_once_get_two(monkeypatch: pytest.Mon
         for topology in labs:
             for net in lab_networks(client, topology.lab):
                 networks.remove_network(net, said.append)
+
+
+def test_a_share_host_asks_for_the_gpus_its_host_has() -> None:
+    """A share's ranks open the GPUs its share host's device cgroup allows: it asks for its host's."""
+    from lab.containerlab import sharehosts
+    host = {"DeviceRequests": [{"Driver": "", "Count": -1, "DeviceIDs": None, "Capabilities": [["gpu"]],
+                                "Options": {}}]}
+    (asked,) = sharehosts._gpus(host)
+    assert (asked["Count"], asked["Capabilities"], asked["Driver"]) == (-1, [["gpu"]], "")
+    assert sharehosts._gpus({"DeviceRequests": None}) == sharehosts._gpus({}) == []

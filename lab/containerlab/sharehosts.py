@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import docker
 from docker.errors import APIError, DockerException, NotFound
@@ -128,8 +129,8 @@ def _kept_or_made(client: docker.DockerClient, topology: Topology, i: int, user:
                 entrypoint=[], name=name, detach=True, network=network, pid_mode=f"container:{host.id}",
                 cap_drop=["ALL"], cap_add=list(CAPABILITIES), security_opt=["no-new-privileges"],
                 mem_limit=config.get("Memory") or None, pids_limit=config.get("PidsLimit") or None,
-                log_config=LOG_CONFIG, labels={**topology.labels(SHARE_ROLE), SHAPED_LABEL: host.name,
-                                               USER_LABEL: user, HOST_LABEL: str(i)})
+                device_requests=_gpus(config) or None, log_config=LOG_CONFIG,
+                labels={**topology.labels(SHARE_ROLE), SHAPED_LABEL: host.name, USER_LABEL: user, HOST_LABEL: str(i)})
         except APIError as exc:
             if exc.status_code != 409:  # (409: another grader of the lab made it meanwhile)
                 raise
@@ -143,6 +144,14 @@ def _kept_or_made(client: docker.DockerClient, topology: Topology, i: int, user:
     except DockerException as exc:
         raise EngineError(f"host {topology.name(i)}: cannot start the share host {name} for {user}: "
                           f"{reason(exc)}") from None
+
+
+def _gpus(config: dict[str, Any]) -> list[docker.types.DeviceRequest]:
+    """The host's GPUs (its device requests), for the share's ranks: the devices a process may open are
+    its container's (the share host's) to allow."""
+    return [docker.types.DeviceRequest(driver=r.get("Driver") or "", count=r.get("Count") or 0,
+                                       device_ids=r.get("DeviceIDs"), capabilities=r.get("Capabilities"),
+                                       options=r.get("Options")) for r in config.get("DeviceRequests") or []]
 
 
 def _keeps(c: Container, host: Container, network: str) -> bool:
