@@ -301,18 +301,16 @@ def test_a_share_cannot_reach_another_shares_listeners_on_its_host(lab_up: Lab, 
     # ann: alice's ring, whose ranks first check that they are in their share's own control groups,
     # leave a file in /dev/shm and one by tempfile, then wait a few seconds, so that her run is there
     # to attack
-    (submissions / "ann.py").write_text(
-        "import os, pwd, tempfile, time\n" + (REPO / "tests" / "class" / "ring" / "alice.py").read_text()
-        .replace("def ring_allreduce(tensor):\n", "_waited = []\n\n\n"
-                 "def ring_allreduce(tensor):\n    if not _waited:\n"
-                 "        me, groups = pwd.getpwuid(os.getuid()).pw_name, open('/proc/self/cgroup').read()\n"
-                 "        for c in ('cpu', 'memory'):\n"
-                 "            if not any(g.split(':')[1].split(',').count(c) and g.endswith(f'/shares/{me}')\n"
-                 "                       for g in groups.splitlines()):\n"
-                 "                raise RuntimeError(f'not in a {c} group of its share: {groups}')\n"
-                 "        open(f'/dev/shm/ann-{os.getpid()}', 'w').write('secret')\n"
-                 "        tempfile.NamedTemporaryFile(delete=False).write(b'secret')\n"
-                 "        _waited.append(time.sleep(6))\n", 1))
+    (submissions / "ann.py").write_text(alice_who_first(
+        "import os, pwd, tempfile, time",
+        "me, groups = pwd.getpwuid(os.getuid()).pw_name, open('/proc/self/cgroup').read()",
+        "for c in ('cpu', 'memory'):",
+        "    if not any(g.split(':')[1].split(',').count(c) and g.endswith(f'/shares/{me}')",
+        "               for g in groups.splitlines()):",
+        "        raise RuntimeError(f'not in a {c} group of its share: {groups}')",
+        "open(f'/dev/shm/ann-{os.getpid()}', 'w').write('secret')",
+        "tempfile.NamedTemporaryFile(delete=False).write(b'secret')",
+        "time.sleep(6)"))
     result, grades = grade_two_shares_on_node1(lab_up, tmp_path, submissions)
     assert grades["ann"]["verdict"] == "pass", grades
     seen = re.search(r"attack: reached (\d+) of (\d+) listeners of other users, touched (\d+) of (\d+) of their "
@@ -340,16 +338,14 @@ def test_a_share_that_holds_every_port_of_its_host_takes_none_from_another_share
     submissions.mkdir()
     (submissions / "hugo.py").write_text((REPO / "tests" / "class" / "shares" / "hugo.py").read_text())
     # ann: alice's ring, whose ranks first wait for hugo's hoard (or fail), then make a group of their own
-    (submissions / "ann.py").write_text(
-        "import os, time\n" + (REPO / "tests" / "class" / "ring" / "alice.py").read_text()
-        .replace("def ring_allreduce(tensor):\n", "_met = []\n\n\n"
-                 "def ring_allreduce(tensor):\n    if not _met:\n"
-                 "        deadline = time.monotonic() + 60\n"
-                 "        while not os.path.exists('/tmp/hugo-holds-the-ports'):\n"
-                 "            if time.monotonic() > deadline:\n"
-                 "                raise RuntimeError('ann: never saw the hoard')\n"
-                 "            time.sleep(0.05)\n"
-                 "        _met.append(dist.barrier(group=dist.new_group(backend='gloo')))\n", 1))
+    (submissions / "ann.py").write_text(alice_who_first(
+        "import os, time",
+        "deadline = time.monotonic() + 60",
+        "while not os.path.exists('/tmp/hugo-holds-the-ports'):",
+        "    if time.monotonic() > deadline:",
+        "        raise RuntimeError('ann: never saw the hoard')",
+        "    time.sleep(0.05)",
+        "dist.barrier(group=dist.new_group(backend='gloo'))"))
     result, grades = grade_two_shares_on_node1(lab_up, tmp_path, submissions)
     assert grades["ann"]["verdict"] == "pass", grades
     held = re.search(r"hoard: held (\d+) of (\d+) ephemeral ports", grades["hugo"]["reason"])
@@ -372,6 +368,15 @@ def test_a_share_that_holds_every_port_of_its_host_takes_none_from_another_share
                       if ":\t" in line)
         wanted = sum(1 << CAPABILITY_BITS[name] for name in topology.HostLimits.CAPABILITIES)
         assert (int(status["CapBnd"], 16), status["NoNewPrivs"].strip()) == (wanted, "1"), status
+
+
+def alice_who_first(imports: str, *lines: str) -> str:
+    """alice's correct ring (tests/class/ring/alice.py) with ``imports``, whose ranks run ``lines`` (the
+    body of a block) once, as ring_allreduce is first called."""
+    once = "".join(f"        {line}\n" for line in lines)
+    return f"{imports}\n" + (REPO / "tests" / "class" / "ring" / "alice.py").read_text().replace(
+        "def ring_allreduce(tensor):\n",
+        f"_ran = []\n\n\ndef ring_allreduce(tensor):\n    if not _ran:\n{once}        _ran.append(True)\n", 1)
 
 
 def grade_two_shares_on_node1(lab_up: Lab, tmp_path: Path, submissions: Path) -> tuple[Result, dict]:
