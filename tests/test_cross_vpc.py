@@ -258,6 +258,9 @@ def test_on_a_busy_machine_the_overlays_mtu_black_hole_is_named_by_the_run_and_t
     assert lab("net", "overlay", "up", "--inventory", str(overlaid), timeout=300).code == 0
     with cpu_hog():
         healthy = lab("run", "p2p", "--hosts", str(overlaid), timeout=600)
+    # (seen twice in CI, never here: node1 and node4 unreachable to each other over the overlay for the
+    # preflight's 2.5 s right after every pair's handshake; what each end's WireGuard says then, kept)
+    shown = "" if healthy.code == ExitCode.OK else lab("net", "overlay", "show").text
     assert lab("break", "mtu", "node2").code == 0
     try:
         with cpu_hog():
@@ -265,7 +268,7 @@ def test_on_a_busy_machine_the_overlays_mtu_black_hole_is_named_by_the_run_and_t
         code, diagnosis = doctor(lab, overlaid)
     finally:
         assert lab("fix").code == 0
-    assert healthy.code == ExitCode.OK, healthy.text[-4000:]  # the overlay's userspace crypto, loaded: slow, fine
+    assert healthy.code == ExitCode.OK, healthy.text[-4000:] + shown  # the overlay's userspace crypto, loaded: slow
     assert stopped.code == ExitCode.NETWORK, stopped.text[-4000:]  # the preflight: before any rank starts
     cause = json.loads(stopped.out)["cause"]
     assert "small messages pass but large ones do not" in cause["headline"] and "node2" in cause["headline"], cause
