@@ -21,9 +21,12 @@ Which sockets are the run's (:data:`MODES`):
 Sockets are sampled (:meth:`Wire.poll`, every :data:`POLL` seconds at most) and each one's last
 count is taken as it closes, from the kernel's message on the destroy groups: those messages carry
 no owner, so in ``uid`` mode a connection opened and closed between two samples is not counted
-(the measure can fall short, never over). The kernel sends those messages from a work queue, so the
-last count waits for the ones it owes (sockets a sample saw that are gone since). ``netns`` mode
-counts every one. A socket that was there before the measure began is none of the ranks' (they
+(the measure can fall short, never over). ``netns`` mode counts every one. The last count waits for
+the bytes still on their way: a rank that exits right after a send leaves its connection closing,
+the kernel still sending what its peer has not acknowledged (a peer busy elsewhere, its window full:
+most of a tensor), and the kernel sends the destroy messages from a work queue. So it waits for the
+sockets a sample saw that are gone since, and for those closing with bytes to send (:data:`DRAINING`),
+until each one's destroy message has come. A socket that was there before the measure began is none of the ranks' (they
 start after it) and never counts: the SSH connection that carries their output to the controller,
 which the host's sshd holds for the user.
 
@@ -49,7 +52,10 @@ WIRE_VAR: Final = "LAB_WIRE"  # set to a mode in a launcher's environment: measu
 Mode = Literal["netns", "uid"]
 MODES: Final[tuple[Mode, ...]] = ("netns", "uid")
 POLL: Final = 0.1  # seconds between two samples of the host's sockets, at least (each costs ~0.6 ms of CPU)
-SETTLE: Final = 5.0  # seconds the last count waits at most for the destroy messages the kernel owes it
+SETTLE: Final = 5.0  # seconds the last count waits at most for the closing sockets' last counts
+# The TCP states of a socket closed by its process whose peer has not acknowledged all it sent (its FIN
+# at least): FIN_WAIT1, LAST_ACK, CLOSING (include/net/tcp_states.h)
+DRAINING: Final = frozenset({4, 9, 11})
 
 NETLINK_SOCK_DIAG: Final = 4
 SOCK_DIAG_BY_FAMILY: Final = 20
@@ -61,7 +67,7 @@ ALL_STATES: Final = 0xFFFFFFFF
 NLMSG = struct.Struct("=IHHII")  # struct nlmsghdr
 REQUEST = struct.Struct("=BBBBI48x")  # struct inet_diag_req_v2: family, protocol, extensions, pad, states, id
 MESSAGE_SIZE: Final = 72  # struct inet_diag_msg
-COOKIE_AT, UID_AT = 44, 64  # its id.idiag_cookie, idiag_uid
+STATE_AT, COOKIE_AT, UID_AT = 1, 44, 64  # its idiag_state, id.idiag_cookie, idiag_uid
 RECEIVE_BUFFER: Final = 1 << 20  # bytes asked for the destroy messages' queue (the kernel may give less)
 
 
@@ -83,6 +89,7 @@ class Seen:
     cookie: int
     uid: int | None  # None in a destroy message, which names no owner
     acked: int  # payload bytes its peer acknowledged
+    state: int = 0  # its TCP state (include/net/tcp_states.h)
 
 
 @dataclass
@@ -95,6 +102,7 @@ class Wire:
     counted: dict[int, int] = field(default_factory=dict)  # cookie -> most bytes acked seen, of the run's
     lost: int = 0  # times the kernel dropped destroy messages (their queue was full): the measure falls short
     live: set[int] = field(default_factory=set)  # the cookies of the sockets the last sample saw
+    draining: set[int] = field(default_factory=set)  # those of them closing with bytes unacknowledged
     closed: set[int] = field(default_factory=set)  # the cookies of the sockets whose destroy message came
     polled_at: float = 0.0
     events: socket.socket | None = None
@@ -143,23 +151,27 @@ class Wire:
         self.polled_at = now
         live = sockets()
         self.live = {seen.cookie for seen in live}
+        self.draining = {seen.cookie for seen in live if seen.state in DRAINING}
         for seen in live:
             self._take(seen)
 
     def carried(self) -> int:
-        """Bytes the run's sockets carried since the measure began (sampled and closed ones now). A
-        counted socket the last sample saw that is gone now has its destroy message owed: the kernel
-        sends those from a work queue, later on a busy machine, so they are waited for (SETTLE seconds
-        at most; one never owed is never waited for)."""
+        """Bytes the run's sockets carried since the measure began, once the last bytes of those that
+        close have been acknowledged: each counted socket a sample saw that is gone now (its destroy
+        message owed: the kernel sends those from a work queue, later on a busy machine) or closing
+        with bytes still to send (:data:`DRAINING`) is waited for until its destroy message comes
+        (SETTLE seconds at most; one a process of the run's still holds open is not waited for)."""
         self.take_closed()
-        seen = self.live
-        self.poll(force=True)
-        owed = (seen & self.counted.keys()) - self.live - self.closed
+        sampled = self.live & self.counted.keys()
         deadline = time.monotonic() + SETTLE
-        while owed and (left := deadline - time.monotonic()) > 0 and self.events is not None:
-            select.select([self.events], [], [], left)
+        while True:
+            self.poll(force=True)
+            owed = ((sampled - self.live) | (self.draining & self.counted.keys())) - self.closed
+            left = deadline - time.monotonic()
+            if not owed or left <= 0 or self.events is None:
+                break
+            select.select([self.events], [], [], min(left, POLL))
             self.take_closed()
-            owed -= self.closed
         self.take_closed()
         return sum(self.counted.values())
 
@@ -221,6 +233,7 @@ def parse(data: bytes) -> list[Seen]:
 
 
 def _described(message: bytes) -> Seen | None:
+    state = message[STATE_AT]
     cookie = struct.unpack_from("=Q", message, COOKIE_AT)[0]
     uid = struct.unpack_from("=I", message, UID_AT)[0]
     at = MESSAGE_SIZE
@@ -230,7 +243,7 @@ def _described(message: bytes) -> Seen | None:
             break
         if kind == INET_DIAG_INFO and length - 4 >= BYTES_ACKED_AT + 8:
             acked = struct.unpack_from("=Q", message, at + 4 + BYTES_ACKED_AT)[0]
-            return Seen(cookie, uid, acked)
+            return Seen(cookie, uid, acked, state)
         at += _aligned(length)
     return None
 

@@ -252,7 +252,7 @@ def check_carried(exercise: str, method: Method | None, calls: Calls, world: Wor
                               f"{_size(carried)}: records that claim more than went over the wire are no evidence "
                               f"of the method (measured outside the ranks, by each host's launcher)",
                        (Mismatch(None, "bytes the records say were sent", f"at most what the connections carried, "
-                                 f"{_size(carried)}", _size(recorded)),), notes)
+                                 f"{_size(carried)}", _size(recorded)), *_by_host(calls, world, hosts)), notes)
     if carried > allowed:
         unseen = carried - recorded
         return Verdict(False, f"the ranks' connections carried {_size(carried)} but their records account for "
