@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from lab.core.judge import the_network_may_be_why
+from lab.core.judge import judge, the_network_may_be_why
 from lab.core.ledger import TIMEOUT_SETTLE, Ledger
 from lab.core.outcome import Cause, RunOutcome
 from lab.core.plan import Options
@@ -267,3 +267,32 @@ def test_once_the_ranks_that_died_timed_out_and_the_others_in_the_call_had_time_
     ended(run, 11.0, 3, "RuntimeError: Connection closed by peer")  # it lost a peer that died: it follows
     assert not run.crash_told(11.5)
     assert run.crash_told(11.0 + TIMEOUT_SETTLE) is told
+
+
+def test_a_rank_that_died_unheard_in_the_exercise_is_its_cause_and_its_peers_errors_the_echo() -> None:
+    """Rank 0 takes its launcher down as it begins the exercise (kill(-1)): the word that it began went
+    with it, so it was last heard in the rendezvous; rank 1 lost it in the exercise. Rank 0 is the cause,
+    said as it is known; rank 1's error follows it."""
+    run = ledger("ring-allreduce")
+    for rank in range(3):
+        send(run, 1.0, "hello", rank, pid=100 + rank, hostname="local", local_rank=rank)
+        send(run, 1.0, "step", rank, step="init:env")
+    for rank in (1, 2):
+        send(run, 2.0, "step", rank, step="ring-allreduce")
+    send(run, 2.5, "exit", 0, code=-9)
+    send(run, 2.6, "error", 1, exercise="ring-allreduce", error="RuntimeError: Connection reset by peer",
+         where="ring.py:12", traceback="")
+    outcome = RunOutcome(run.plan, run.states, run.runs, "completed", 3.0)
+    [report] = judge(outcome)
+    assert report.status == "fail" and report.ranks == (0, 1), report
+    assert report.reason == ("rank 0 (local) was killed by SIGKILL while the others ran ring-allreduce, last heard in "
+                             "the rendezvous (init_method env://) (and 1 more)"), report.reason
+    # a rank that dies before the exercise, which no rank then ran, is no exercise's failure: it never ran
+    run = ledger("ring-allreduce")
+    for rank in range(3):
+        send(run, 1.0, "hello", rank, pid=100 + rank, hostname="local", local_rank=rank)
+        send(run, 1.0, "step", rank, step="init:env")
+    send(run, 2.5, "exit", 0, code=-9)
+    [report] = judge(RunOutcome(run.plan, run.states, run.runs, "completed", 3.0))
+    assert report.status == "not run" and report.reason.startswith("not run: rank 0 (local) was killed by SIGKILL"), \
+        report

@@ -59,8 +59,7 @@ def judge(outcome: RunOutcome) -> list[ExerciseReport]:
 
 def _judge_one(run: ExerciseRun, outcome: RunOutcome, world: World) -> ExerciseReport:
     seconds = max(run.seconds.values()) if run.seconds else None
-    died = sorted((s for s in outcome.ranks if s.step == steps.exercise(run.name) and s.died),
-                  key=lambda s: s.ended_at or 0.0)
+    died = _died_in(run, outcome)
     if run.violations:  # a rank broke the protocol (lab.rank.protocol): whatever else it reported
         broke = [f"{_named(outcome.ranks[rank])} {what}" for rank, what in sorted(run.violations.items())]
         more = f" (and {len(broke) - 1} more)" if len(broke) > 1 else ""
@@ -131,6 +130,17 @@ def _named(state: RankState) -> str:
     return f"rank {state.spec.rank} ({state.spec.host})"
 
 
+def _died_in(run: ExerciseRun, outcome: RunOutcome) -> list[RankState]:
+    """The ranks that died in ``run``, the first first: those seen in it, and, where it went on on
+    the others (a rank died in it or raised), those last heard before it that never reported on it (a
+    rank that takes its launcher down with it, ``kill(-1)``, takes the word that it began the exercise
+    too)."""
+    here = steps.exercise(run.name)
+    seen_in = [s for s in outcome.ranks if s.died and s.step == here]
+    unheard = [s for s in outcome.ranks if s.died and s.step.kind != "exercise" and s.spec.rank not in run.results]
+    return sorted(seen_in + unheard if seen_in or run.errors else [], key=lambda s: s.ended_at or 0.0)
+
+
 def _death(state: RankState, run: ExerciseRun, exit_error: Error | None) -> str:
     """How a rank that died during ``run`` ended: by its own sys.exit (the worker said where), or not."""
     who = f"rank {state.spec.rank} ({state.spec.host})"
@@ -138,6 +148,8 @@ def _death(state: RankState, run: ExerciseRun, exit_error: Error | None) -> str:
         where = f" at {exit_error.where}" if exit_error.where else ""
         return (f"{who} called {exit_error.error.removeprefix(SYS_EXIT)}{where} during {run.name} "
                 f"and {ended(state.exit_code)}")
+    if state.step != steps.exercise(run.name):
+        return f"{who} {ended(state.exit_code)} while the others ran {run.name}, last heard in {state.step}"
     when = "after" if state.spec.rank in run.results else "before"
     return f"{who} {ended(state.exit_code)} during {run.name}, {when} reporting its result"
 
