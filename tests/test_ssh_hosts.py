@@ -210,7 +210,8 @@ def test_a_host_gone_while_a_rank_starts_is_lost_and_a_shell_that_ends_is_not(vi
         with pytest.raises(HostUnreachable) as lost:
             t.start(["true"], {}, "/")
         assert str(lost.value) == (f"host b (127.0.0.1:{victim.port}): lost: its SSH connection was closed from the "
-                                   "other end (the host went down, or its sshd)")
+                                   "other end (the host went down, or its sshd), and a new login failed: host b "
+                                   f"(127.0.0.1:{victim.port}): cannot connect: Connection refused")
     finally:
         started.unlink(missing_ok=True)  # (the interpreter waits on it)
         t.close()

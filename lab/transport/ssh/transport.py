@@ -298,36 +298,38 @@ class SSHTransport(Transport):
             now = time.monotonic()
             silent = self._connections.silent_for(now)
             closed = not self._connections.all_up(settle=SETTLE if ended else 0.0)
-            if silent < self.settings.alive_timeout and (not closed or self._sessions_ended_there()):
+            failed_login = self._no_new_login() if closed and silent < self.settings.alive_timeout else ""
+            if silent < self.settings.alive_timeout and not failed_login:
                 return
             with self._lock:
                 if self._lost is None:
                     self._lost = (f"{self._connections.where}: lost: " + (
                         f"no answer to SSH keepalives for {silent:.0f}s (the host or the network went silent)"
                         if silent >= self.settings.alive_timeout else
-                        "its SSH connection was closed from the other end (the host went down, or its sshd)"))
+                        "its SSH connection was closed from the other end (the host went down, or its sshd), "
+                        f"and a new login failed: {failed_login}"))
                     log.debug("%s; closing its connections", self._lost)
                     self._connections.cut()
         raise HostUnreachable(self.host.name, self._lost)
 
-    def _sessions_ended_there(self) -> bool:
+    def _no_new_login(self) -> str:
         """Whether the host, whose connections were closed from its end, answers a new login: then
         what closed them ran on the host, not the host going down (its user's processes: a rank that
         signals every process it may, ``kill(-1)``, ends its user's SSH sessions too), and the ranks
         that ran through them ended without an exit status. The new login serves what comes next
-        (the sweep, the cleanup)."""
+        (the sweep, the cleanup). Why the new login failed; "" where it did not."""
         with self._lock:
             if not self._ended_there:
                 try:
                     self._connections.anew()
                 except HostUnreachable as exc:
                     log.debug("%s: no new login after its connections were closed: %s", self.who, exc)
-                    return False
+                    return str(exc)
                 self._ended_there = True
                 log.warning("%s: its SSH sessions were ended on the host, which answers a new login: by its "
                             "user's processes (a rank that signalled every process it may?); its ranks there "
                             "ended with them", self.who)
-        return True
+        return ""
 
     def kill_all(self, processes: Sequence[RankProcess]) -> None:
         """Kill the ranks ``processes`` (started here): every group whose exit status is not in,
