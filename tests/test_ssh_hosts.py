@@ -189,17 +189,43 @@ def starting_through(victim: SSHServer, tmp_path: Path, python: str) -> SSHTrans
 def test_a_host_gone_while_a_rank_starts_is_lost_and_a_shell_that_ends_is_not(victim: SSHServer,
                                                                                 tmp_path: Path) -> None:
     """The host goes down between the login and the rank's pid line (every sshd process of it
-    killed: the connection closed from its end, no new login answered): the host is named lost, as
-    it is once the rank runs (exit 3), not "cannot start" (exit 5). A login shell that ends there on
-    a host that is up is the command's own failure."""
+    killed: the connection closed from its end, its SSH server gone): the host is named lost, as it
+    is once the rank runs (exit 3), not "cannot start" (exit 5). A login shell that ends there on a
+    host that is up is the command's own failure, and so is every session of its user ended on a
+    host whose SSH server answers."""
     t = starting_through(victim, tmp_path / "ended", "exit 0")
     try:
         with pytest.raises(RunError, match="the remote shell ended without starting it"):
             t.start(["true"], {}, "/")
     finally:
         t.close()
+
+    # the host stays up, but every session of its user is ended, again and again (a rank's kill(-1) in a
+    # loop): a new login would end too, but its SSH server answers: the rank ended there, the host is not lost
     started = tmp_path / "started"
-    t = starting_through(victim, tmp_path / "gone", f"touch {started}; while [ -e {started} ]; do sleep 0.1; done")
+    waits = f"touch {started}; while [ -e {started} ]; do sleep 0.1; done"
+    t = starting_through(victim, tmp_path / "ended-there", waits)
+    ending = threading.Event()
+
+    def sessions_ended() -> None:
+        if wait_for(started.exists, 60):
+            while not ending.is_set():
+                kill_all([pid for pid in victim.sshd_pids() if pid != victim.process.pid])
+                time.sleep(0.005)
+
+    threading.Thread(target=sessions_ended, daemon=True).start()
+    try:
+        with pytest.raises(RunError, match="the remote shell ended without starting it"):
+            t.start(["true"], {}, "/")
+        t.check_alive()  # (raises HostUnreachable where the host is lost)
+        assert not t.is_lost
+    finally:
+        ending.set()
+        started.unlink(missing_ok=True)
+        t.close()
+
+    # the host goes down
+    t = starting_through(victim, tmp_path / "gone", waits)
 
     def host_down() -> None:  # once the login shell runs the interpreter, before any pid line
         if wait_for(started.exists, 60):
@@ -210,8 +236,8 @@ def test_a_host_gone_while_a_rank_starts_is_lost_and_a_shell_that_ends_is_not(vi
         with pytest.raises(HostUnreachable) as lost:
             t.start(["true"], {}, "/")
         assert str(lost.value) == (f"host b (127.0.0.1:{victim.port}): lost: its SSH connection was closed from the "
-                                   "other end (the host went down, or its sshd), and a new login failed: host b "
-                                   f"(127.0.0.1:{victim.port}): cannot connect: Connection refused")
+                                   "other end (the host went down, or its sshd), and its SSH server does not answer: "
+                                   "cannot connect: Connection refused")
     finally:
         started.unlink(missing_ok=True)  # (the interpreter waits on it)
         t.close()

@@ -52,6 +52,7 @@ logging.getLogger(WIRE_LOG).addFilter(_only_when_verbose)
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 RANKS_PER_CONNECTION = 8  # sshd allows 10 sessions per connection (MaxSessions); keep two spare
 MAX_JUMPS = 8  # ProxyJump hops before we call it a loop
+BANNER_MAX = 4096  # bytes read for an SSH server's banner, at most (lines may come before it: RFC 4253, 4.2)
 KEEPALIVE_REQUEST = "keepalive@openssh.com"  # OpenSSH's own: any server answers it (with "failure")
 
 
@@ -158,6 +159,36 @@ class Connections:
         with self._lock:
             self.close()
             self.main()
+
+    def no_answer(self) -> str:
+        """Why the host's SSH server does not answer a new connection with its banner ("" where it
+        does): a host whose connections were closed from its end, yet whose sshd answers, is up; what
+        closed them ran there (its user's processes: those a rank may signal, ``kill(-1)``, which may
+        end every new login of that user too, where no banner is theirs to end)."""
+        endpoint = self._endpoint
+        if endpoint is None:
+            return "it was never connected"
+        timeout = self.settings.connect_timeout
+        try:
+            if not endpoint.jumps:
+                sock: socket.socket | paramiko.Channel = socket.create_connection(
+                    (endpoint.address, endpoint.port), timeout=timeout)
+            elif self._hop is not None and is_up(self._hop):
+                sock = self._tunnel(self._hop, endpoint)
+            else:
+                return "the connection to its jump host is closed"
+            try:
+                sock.settimeout(timeout)
+                banner = _has_banner(sock)
+            finally:
+                sock.close()
+        except HostUnreachable as exc:
+            return str(exc).removeprefix(f"{endpoint.where}: ")
+        except TimeoutError:
+            return f"no SSH banner within {timeout:g}s"
+        except OSError as exc:
+            return f"cannot connect: {reason(exc)}"
+        return "" if banner else "no SSH banner (the connection closed, or said something else)"
 
     def cut(self) -> None:
         """Close every connection, the jump hosts' too, for a host that is lost: every read and
@@ -274,6 +305,20 @@ class Connections:
             key_files=own_keys or ((self.host.key_file,) if self.host.key_file else ()),
             jumps=tuple(before) or jumps_of(options, who),
             hash_known_hosts=options.get("hashknownhosts", "no").lower() == "yes")
+
+
+def _has_banner(sock: socket.socket | paramiko.Channel) -> bool:
+    """Whether what the server says first holds an SSH version line (``SSH-2.0-...``; other lines may
+    come before it: RFC 4253, 4.2), read until it does, the connection ends or BANNER_MAX bytes."""
+    said = b""
+    while len(said) < BANNER_MAX:
+        data = sock.recv(BANNER_MAX - len(said))
+        if not data:
+            break
+        said += data
+        if any(line.startswith(b"SSH-") for line in said.split(b"\n")[:-1]):
+            return True
+    return False
 
 
 # -- messages -------------------------------------------------------------------------

@@ -168,7 +168,7 @@ class SSHTransport(Transport):
         self._connections = Connections(host, settings, self.who)
         self._lock = threading.Lock()  # the host is found lost once
         self._lost: str | None = None  # why the host is lost (it went silent), once it is
-        self._ended_there = False  # its sessions were ended on the host, which answered a new login
+        self._ended_there = False  # its sessions were ended on the host, whose SSH server answered
         self._commands = threading.BoundedSemaphore(COMMANDS_PER_CONNECTION)
 
     # -- the Transport interface ------------------------------------------------------
@@ -298,8 +298,8 @@ class SSHTransport(Transport):
             now = time.monotonic()
             silent = self._connections.silent_for(now)
             closed = not self._connections.all_up(settle=SETTLE if ended else 0.0)
-            failed_login = self._no_new_login() if closed and silent < self.settings.alive_timeout else ""
-            if silent < self.settings.alive_timeout and not failed_login:
+            down = self._down() if closed and silent < self.settings.alive_timeout else ""
+            if silent < self.settings.alive_timeout and not down:
                 return
             with self._lock:
                 if self._lost is None:
@@ -307,28 +307,29 @@ class SSHTransport(Transport):
                         f"no answer to SSH keepalives for {silent:.0f}s (the host or the network went silent)"
                         if silent >= self.settings.alive_timeout else
                         "its SSH connection was closed from the other end (the host went down, or its sshd), "
-                        f"and a new login failed: {failed_login}"))
+                        f"and its SSH server does not answer: {down}"))
                     log.debug("%s; closing its connections", self._lost)
                     self._connections.cut()
         raise HostUnreachable(self.host.name, self._lost)
 
-    def _no_new_login(self) -> str:
-        """Whether the host, whose connections were closed from its end, answers a new login: then
-        what closed them ran on the host, not the host going down (its user's processes: a rank that
-        signals every process it may, ``kill(-1)``, ends its user's SSH sessions too), and the ranks
-        that ran through them ended without an exit status. The new login serves what comes next
-        (the sweep, the cleanup). Why the new login failed; "" where it did not."""
+    def _down(self) -> str:
+        """Why the host, whose connections were closed from its end, is down ("" where it is not): its
+        SSH server does not answer a new connection. Where it does, what closed them ran on the host,
+        not the host going down: its user's processes (a rank that signals every process it may,
+        ``kill(-1)``, ends its user's SSH sessions too, and may go on ending each new one: a login
+        would be no test), and the ranks that ran through them ended without an exit status. The
+        connections are let go: what comes next (the cleanup, the sweep) logs in anew."""
+        why = self._connections.no_answer()
+        if why:
+            log.debug("%s: its SSH server does not answer after its connections were closed: %s", self.who, why)
+            return why
         with self._lock:
+            self._connections.close()
             if not self._ended_there:
-                try:
-                    self._connections.anew()
-                except HostUnreachable as exc:
-                    log.debug("%s: no new login after its connections were closed: %s", self.who, exc)
-                    return str(exc)
                 self._ended_there = True
-                log.warning("%s: its SSH sessions were ended on the host, which answers a new login: by its "
-                            "user's processes (a rank that signalled every process it may?); its ranks there "
-                            "ended with them", self.who)
+                log.warning("%s: its SSH sessions were ended on the host, whose SSH server answers: by its user's "
+                            "processes (a rank that signalled every process it may?); its ranks there ended with "
+                            "them", self.who)
         return ""
 
     def kill_all(self, processes: Sequence[RankProcess]) -> None:
