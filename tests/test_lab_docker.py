@@ -199,6 +199,7 @@ def test_a_second_lab_up_reuses_the_image_and_keeps_no_older_one(lab_up: Lab) ->
     assert re.fullmatch(r"lab: error: lab lab is being changed by another lab command \(pid \d+, up\): wait for it to "
                         r"end\n", refused.err), refused.err
     assert "is up to date" in out and "building image" not in out
+    assert "anew" not in out and "starting lab-node" not in out, out  # every host kept as it was
     assert lab_up("status").code == 0  # every host of the lab still there and answering
     current = re.search(r"image (lab-host:\w+) is up to date", out)[1]
     tags = {t for image in engine.client().images.list(name="lab-host") for t in image.tags}

@@ -152,7 +152,7 @@ def test_a_second_up_with_other_hosts_or_limits_removes_and_remakes_what_differs
     after = {name: h["data_address"] for name, h in spread.hosts().items()}
     assert after.keys() == {"node1", "node2"} and not set(after.values()) & set(before.values()), (before, after)
     assert "machine m1: removing mtest-node2 (not in this lab's 2 host(s) there)" in fewer.out, fewer.out
-    assert "starting mtest-node1" in fewer.out, fewer.out  # (its memory limit changed)
+    assert "host node1: making mtest-node1 anew: its memory limit is 4096 MB, not 2048" in fewer.out, fewer.out
     assert (spread.containers("m1"), spread.containers("m2")) == (["mtest-node1"], ["mtest-node2"])
     back = spread.up("--hosts", "4", "--no-smoke")
     assert back.code == 0, back.text[-3000:]

@@ -106,32 +106,48 @@ def host_config(client: docker.DockerClient, limits: HostLimits, gpus: bool, **m
         device_requests=[docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])] if gpus else None, **more))
 
 
-def keeps(c: Container, host: HostContainer) -> bool:
-    """Whether a host's running container is as ``lab up`` would make it now (image, labels,
-    limits, no capability but sshd's, on its network, at its address where it has a fixed one)
-    and logs in the lab's current key (a key made anew is a new file the running container does
-    not see)."""
+def differs(c: Container, host: HostContainer) -> str:
+    """How a host's container differs from what ``lab up`` would make now ("" where it does not):
+    running, its image, labels, limits, no capability but sshd's, on its network, at its address
+    where it has a fixed one, and logging in the lab's current key (a key made anew is a new file
+    the running container does not see)."""
     config = c.attrs["HostConfig"]
     endpoint = c.attrs["NetworkSettings"]["Networks"].get(host.network) or {} if host.network else {}
-    if not (c.status == "running" and host.image in c.image.tags
-            and all(c.labels.get(k) == v for k, v in host.labels.items())
-            and config.get("Memory") == host.limits.memory_mb << 20 and config.get("PidsLimit") == host.limits.pids
-            and config.get("CapDrop") == ["ALL"] and config.get("Tmpfs") == temp_mounts(host.limits)
-            and (host.network is None or bool(endpoint) and (
-                host.address is None or (endpoint.get("IPAMConfig") or {}).get("IPv4Address") == host.address))):
-        return False
+    address = (endpoint.get("IPAMConfig") or {}).get("IPv4Address")
+    labels = sorted(k for k, v in host.labels.items() if c.labels.get(k) != v)
+    if c.status != "running":
+        return f"it is {c.status}"
+    if host.image not in c.image.tags:
+        return f"it runs {', '.join(c.image.tags) or c.image.short_id}, not {host.image}"
+    if labels:
+        return f"its label(s) {', '.join(labels)} differ"
+    if config.get("Memory") != host.limits.memory_mb << 20:
+        return f"its memory limit is {(config.get('Memory') or 0) >> 20} MB, not {host.limits.memory_mb}"
+    if config.get("PidsLimit") != host.limits.pids:
+        return f"its process limit is {config.get('PidsLimit')}, not {host.limits.pids}"
+    if config.get("CapDrop") != ["ALL"] or config.get("Tmpfs") != temp_mounts(host.limits):
+        return "it was made with other capabilities or temporary folders"
+    if host.network is not None and not endpoint:
+        return f"it is not on network {host.network}"
+    if host.address is not None and address != host.address:
+        return f"its address is {address}, not {host.address}"
     code, out = c.exec_run(["cat", KEY_IN_HOST])
-    return code == 0 and bytes(out).strip() == host.public_key.strip()
+    if code != 0:
+        return f"its key cannot be read (status {code})"
+    return "" if bytes(out).strip() == host.public_key.strip() else "it logs in another key than the lab's"
 
 
-def kept(client: docker.DockerClient, host: HostContainer) -> Container | None:
-    """The host's container when it is as wanted (see keeps); one that is not is removed (None),
-    with the shapers in its network namespace; one of another's of that name is an error."""
+def kept(client: docker.DockerClient, host: HostContainer, say: Say) -> Container | None:
+    """The host's container when it is as wanted (see differs); one that is not is removed (None),
+    with the shapers in its network namespace, and a line says why; one of another's of that name is
+    an error."""
     try:
         c = client.containers.get(host.name)
         claim(c, host.lab, host.on_machine)
-        if keeps(c, host):
+        why = differs(c, host)
+        if not why:
             return c
+        say(f"host {host.node}: making {host.name} anew: {why}")
         shaped = {"label": f"{SHAPED_LABEL}={host.name}"}
         for shaper in client.containers.list(all=True, ignore_removed=True, filters=shaped):
             shaper.remove(force=True)  # (in the namespace of the container going away)
@@ -185,7 +201,7 @@ def start_hosts(hosts: Sequence[tuple[docker.DockerClient, HostContainer]], say:
     while it attaches another fails that one ("network not found") and keeps its attachment task
     for good, which then holds the network (no `lab down` could remove it; only leaving the swarm
     does: moby/moby#31068)."""
-    found = each(lambda placed: kept(*placed), hosts)
+    found = each(lambda placed: kept(*placed, say), hosts)
     return each(lambda i: found[i] or start_host(*hosts[i], say), range(len(hosts)))
 
 
