@@ -404,9 +404,11 @@ def test_grading_without_a_sandbox_on_local_clusters_side_by_side(lab: Lab, tmp_
     submissions = class_of(tmp_path, "alice", "bob", "heidi", "ivan")
     out = tmp_path / "book"
     result = lab("grade", str(submissions), "--exercise", "ring-allreduce", "--nproc", "3", "--sandbox", "none",
-                 "--parallel", "2", "--out", str(out), timeout=300)
+                 "--parallel", "2", "--out", str(out), "-v", timeout=300)
     assert result.code == 0, result.text
     assert_graded_as_expected(read_grades(out), {s: EXPECTED[s] for s in ("alice", "bob", "heidi", "ivan")})
+    # -v: the lab's steps with their times, none of a library's (the feedback's Markdown parser logs each rule)
+    assert "lab [+" in result.err and "StateBlock" not in result.err, result.err[-3000:]
     assert "4 graded: 1 pass, 2 fail, 1 error" in result.out
     suite = ET.parse(out / "junit" / "bob.xml").getroot().find("testsuite")
     assert suite is not None and suite.get("name") == "bob" and suite.get("failures") == "1"

@@ -148,16 +148,16 @@ class _StepFormatter(logging.Formatter):
 
 def set_up_logging(verbosity: int) -> None:
     """No log lines but warnings without -v; with -v, the lab's own steps with their times (SSH's
-    own wire talk left out); with -vv, everything, whole."""
+    own wire talk and the libraries' steps left out); with -vv, everything, whole."""
     handler = logging.StreamHandler()
     if verbosity:
         handler.setFormatter(_StepFormatter(whole=verbosity > 1))
     else:
         handler.setFormatter(logging.Formatter("lab: %(message)s"))
-    logging.basicConfig(level=logging.DEBUG if verbosity else logging.WARNING, handlers=[handler])
+    logging.basicConfig(level=logging.DEBUG if verbosity > 1 else logging.WARNING, handlers=[handler])
     if verbosity == 1:
-        for talkative in ("paramiko", WIRE_LOG):
-            logging.getLogger(talkative).setLevel(logging.WARNING)
+        logging.getLogger("lab").setLevel(logging.DEBUG)
+        logging.getLogger(WIRE_LOG).setLevel(logging.WARNING)
 
 
 def _interrupt(signum: int, frame: object) -> None:
