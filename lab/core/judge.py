@@ -132,12 +132,12 @@ def _named(state: RankState) -> str:
 
 def _died_in(run: ExerciseRun, outcome: RunOutcome) -> list[RankState]:
     """The ranks that died in ``run``, the first first: those seen in it, and, where it went on on
-    the others (a rank died in it or raised), those last heard before it that never reported on it (a
+    the others (a rank died in it or raised), those last heard outside it that said nothing of it (a
     rank that takes its launcher down with it, ``kill(-1)``, takes the word that it began the exercise
     too)."""
     here = steps.exercise(run.name)
     seen_in = [s for s in outcome.ranks if s.died and s.step == here]
-    unheard = [s for s in outcome.ranks if s.died and s.step.kind != "exercise" and s.spec.rank not in run.results]
+    unheard = [s for s in outcome.ranks if s.died and s.step.kind != "exercise" and not run.reported(s.spec.rank)]
     return sorted(seen_in + unheard if seen_in or run.errors else [], key=lambda s: s.ended_at or 0.0)
 
 
