@@ -235,9 +235,11 @@ def test_a_host_gone_while_a_rank_starts_is_lost_and_a_shell_that_ends_is_not(vi
     try:
         with pytest.raises(HostUnreachable) as lost:
             t.start(["true"], {}, "/")
-        assert str(lost.value) == (f"host b (127.0.0.1:{victim.port}): lost: its SSH connection was closed from the "
-                                   "other end (the host went down, or its sshd), and its SSH server does not answer: "
-                                   "cannot connect: Connection refused")
+        # (the listener gone, or going as the lab connects: it takes the connection, then resets it)
+        assert re.fullmatch(re.escape(f"host b (127.0.0.1:{victim.port}): lost: its SSH connection was closed from the "
+                                      "other end (the host went down, or its sshd), and its SSH server does not "
+                                      "answer: ") + "(cannot connect: Connection refused|no SSH banner: .*)",
+                            str(lost.value)), lost.value
     finally:
         started.unlink(missing_ok=True)  # (the interpreter waits on it)
         t.close()

@@ -177,17 +177,19 @@ class Connections:
                 sock = self._tunnel(self._hop, endpoint)
             else:
                 return "the connection to its jump host is closed"
-            try:
-                sock.settimeout(timeout)
-                banner = _has_banner(sock)
-            finally:
-                sock.close()
         except HostUnreachable as exc:
             return str(exc).removeprefix(f"{endpoint.where}: ")
+        except OSError as exc:
+            return f"cannot connect: {reason(exc)}"
+        try:
+            sock.settimeout(timeout)
+            banner = _has_banner(sock)
         except TimeoutError:
             return f"no SSH banner within {timeout:g}s"
         except OSError as exc:
-            return f"cannot connect: {reason(exc)}"
+            return f"no SSH banner: {reason(exc)}"
+        finally:
+            sock.close()
         return "" if banner else "no SSH banner (the connection closed, or said something else)"
 
     def cut(self) -> None:
