@@ -7,8 +7,10 @@ from __future__ import annotations
 import gc
 import inspect
 import io
+import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -400,6 +402,35 @@ def test_a_call_a_look_sends_has_the_number_torchs_collectives_before_it_give_it
     monkeypatch.setattr(protocol, "CHANNEL", channel)
     Watcher(flight, flight.groups, torch, Files(flight))._tick(102.2)
     assert [fields["inflight"]["seq"] for event, fields in sent if event == "progress"] == [4]
+
+
+def test_a_ranks_last_word_counts_the_collective_torch_retires_just_after_its_last_wait(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """gloo retires a collective on its own thread after its Work completed: a rank that ends right after
+    its last wait (DDP's gradient all_reduce, then destroy_process_group and return) finds it still in
+    flight as it says its last word. It reads torch's recorder again until torch has retired it, and says
+    it made every one it did (the others' report names how many: "rank 2 finished after 4")."""
+    flight, torch = torch_flight(ProcessGroup([0, 1], "0"))
+    init = call(flight)
+    flight.ended(init, None)
+    at(init, 100.0, 100.5, 100.5)
+    reads = 0
+
+    def retired_on_the_third_read() -> dict[str, Any]:
+        nonlocal reads
+        reads += 1
+        return {"entries": [entry(0, 101.0, seq=2, retired=reads >= 3)]}
+
+    monkeypatch.setattr(torchfr, "read", retired_on_the_third_read)
+    written: list[str] = []
+    monkeypatch.setattr(protocol, "CHANNEL", SimpleNamespace(
+        token="t", send=lambda event, **fields: None, write=lambda line: written.append(line.decode())))
+    watcher = Watcher(flight, flight.groups, torch, Files(flight))
+    watcher.thread, watcher.pid = threading.current_thread(), os.getpid()  # (as watch() would have them)
+    watcher.finish()
+    [last] = [json.loads(line.split(" ", 1)[1]) for line in written]
+    assert last["event"] == "flight" and reads >= 3, (last, reads)
+    assert last["counts"] == {"world": {"all_reduce": 2}} and last["inflight"] == [], last
 
 
 def test_no_look_reads_torchs_recorder_while_a_group_is_being_made(

@@ -50,6 +50,7 @@ TORCH_DUMPS_VAR = "LAB_TORCH_DUMPS"  # "1": send torch's own recorder with each 
 TRACE_BUDGET = 16 << 20  # bytes of trace events a rank sends; past it, what is left out is counted
 FLIGHT_AFTER = 2.0  # seconds a blocking call is in flight before the rank dumps its records
 FLIGHT_BUDGET = 8 << 20  # bytes of dumps sent before the last one (the last is always sent)
+TORCH_SETTLE = 0.5  # seconds a rank's last word waits at most for torch to retire the collectives it issued
 GROUP_MAKERS = frozenset({INIT_PROCESS_GROUP.op, NEW_GROUP.op})  # the calls that make a process group
 
 
@@ -186,11 +187,11 @@ class Watcher:
         if self.thread is not threading.current_thread():
             self.thread.join(timeout=2 * PROGRESS_EVERY)
         self.flight.poll()
+        self._torch_settled()
         try:
             self._progress(self.flight.blocking())
         except OSError:
             return
-        self.torch.read(time.time())
         ring = self.flight.ring
         last, completed = ring[-1] if ring else None, self._completed()
         if last is None or (self.finished is not None and self.finished[0] is last and self.finished[1] == completed):
@@ -202,6 +203,15 @@ class Watcher:
             self._dump(last=True)
         except OSError:
             pass
+
+    def _torch_settled(self) -> None:
+        """Read torch's recorder until none of the collectives it issued is in flight (TORCH_SETTLE seconds
+        at most): gloo retires one on its own thread after its Work completed, so a rank that ends right
+        after the last wait (DDP's gradient all_reduce in backward(), then destroy_process_group and
+        return) would say it made one fewer than it did, as its last word."""
+        deadline = time.monotonic() + TORCH_SETTLE
+        while self.torch.read(time.time()) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def snapshot(self) -> dict[str, Any]:
         """The fields of a ``flight`` event: the records (the program's and those torch issued, oldest
