@@ -207,10 +207,10 @@ def test_a_host_gone_while_a_rank_starts_is_lost_and_a_shell_that_ends_is_not(vi
     t = starting_through(victim, tmp_path / "ended-there", waits)
     ending = threading.Event()
 
-    def sessions_ended() -> None:
+    def sessions_ended() -> None:  # (the user's sshd processes: "sshd: root@notty", not root's before a login)
         if wait_for(started.exists, 60):
             while not ending.is_set():
-                kill_all([pid for pid in victim.sshd_pids() if pid != victim.process.pid])
+                kill_all([pid for pid in victim.sshd_pids() if b"@" in _cmdline(pid)])
                 time.sleep(0.005)
 
     threading.Thread(target=sessions_ended, daemon=True).start()
@@ -244,6 +244,13 @@ def test_a_host_gone_while_a_rank_starts_is_lost_and_a_shell_that_ends_is_not(vi
         started.unlink(missing_ok=True)  # (the interpreter waits on it)
         t.close()
 
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # (gone meanwhile)
+        return b""
 
 @pytest.mark.sshd
 def test_keepalives_ask_every_connection_and_a_live_host_is_never_lost(server: SSHServer, tmp_path: Path) -> None:
