@@ -121,6 +121,7 @@ print(json.dumps({"sent": SENT, **{mode: wire.carried() for mode, wire in wires.
 os.waitpid(reader, 0)
 """
 
+
 def carried(exercise: str, method: Method | None, calls: dict[int, Any], world: World) -> Verdict:
     """The wire check on summaries as they come (JSON data), read as an exercise's judge reads them."""
     return check_carried(exercise, method, read_summaries(calls), world)

@@ -25,10 +25,10 @@ no owner, so in ``uid`` mode a connection opened and closed between two samples 
 the bytes still on their way: a rank that exits right after a send leaves its connection closing,
 the kernel still sending what its peer has not acknowledged (a peer busy elsewhere, its window full:
 most of a tensor), and the kernel sends the destroy messages from a work queue. So it waits for the
-sockets a sample saw that are gone since, and for those closing with bytes to send (:data:`DRAINING`),
-until each one's destroy message has come. A socket that was there before the measure began is none of the ranks' (they
-start after it) and never counts: the SSH connection that carries their output to the controller,
-which the host's sshd holds for the user.
+sockets a sample saw that are gone since, and for those closing with bytes to send
+(:data:`DRAINING`), until each one's destroy message has come. A socket that was there before the
+measure began is none of the ranks' (they start after it) and never counts: the SSH connection that
+carries their output to the controller, which the host's sshd holds for the user.
 
 Pure standard library: it runs on every host. The request and the replies are the kernel's structs
 (``linux/inet_diag.h``, ``linux/tcp.h``), a few fields of each, packed here rather than taking a

@@ -153,13 +153,6 @@ class Connections:
         """Whether every connection to the host is up (see ``is_up``)."""
         return all(is_up(c, settle) for c in list(self._clients))
 
-    def anew(self) -> None:
-        """Let every connection go and log in again (HostUnreachable, one line, when the host does not
-        answer within the settings' bounds)."""
-        with self._lock:
-            self.close()
-            self.main()
-
     def no_answer(self) -> str:
         """Why the host's SSH server does not answer a new connection with its banner ("" where it
         does): a host whose connections were closed from its end, yet whose sshd answers, is up; what
